@@ -1,0 +1,208 @@
+"""Atom actions: state changes (stored, then announced) and running tasks and retries."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import functools
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from flowengine import states
+from flowengine.engines import executor as ex
+from flowengine.retry import EXECUTE_REVERT_HISTORY, REVERT_FLOW_FAILURES, Retry
+from flowengine.storage import Storage
+from flowengine.types.failure import Failure
+from flowengine.types.notifier import Notifier
+
+LOG = logging.getLogger(__name__)
+
+#: Marks "no result given" (None is a valid result).
+NO_RESULT: Any = object()
+_TASK_RESULT_STATES = frozenset((states.SUCCESS, states.FAILURE, states.REVERT_FAILURE,
+                                 states.REVERTED))
+#: Called as ``hook(atom, new_state)`` after every stored state change.
+StateHook = Callable[[Any, str], None]
+_RETRY_RESULT_STATES = frozenset((states.SUCCESS, states.FAILURE, states.REVERT_FAILURE))
+
+
+class TaskAction:
+    """Changes task states and hands tasks to the task executor."""
+
+    def __init__(
+        self, storage: Storage, notifier: Notifier, executor: ex.TaskExecutor, on_state: StateHook
+    ) -> None:
+        self._storage = storage
+        self._notifier = notifier
+        self._executor = executor
+        self._on_state = on_state
+
+    def _announce(self, task: Any, state: str, old_state: str, result: Any) -> None:
+        self._on_state(task, state)
+        details = {
+            "task_name": task.name,
+            "task_uuid": self._storage.get_atom_uuid(task.name),
+            "old_state": old_state,
+        }
+        if result is not NO_RESULT:
+            details["result"] = result
+        self._notifier.notify(state, details)
+
+    @property
+    def executor(self) -> ex.TaskExecutor:
+        """Where tasks run."""
+        return self._executor
+
+    def reset_state(self, task: Any, state: str) -> None:
+        """Forget the task's results and move it to ``state`` (PENDING or IGNORE)."""
+        old_state = self._storage.get_atom_state(task.name)
+        self._storage.reset(task.name, state)
+        self._announce(task, state, old_state, NO_RESULT)
+
+    def change_state(
+        self, task: Any, state: str, progress: float | None = None, result: Any = NO_RESULT
+    ) -> bool:
+        """Store then announce ``task``'s move to ``state``; False if nothing changed."""
+        storage = self._storage
+        old_state = storage.get_atom_state(task.name)
+        if state == old_state and state not in _TASK_RESULT_STATES:
+            if progress is None or storage.get_task_progress(task.name) == progress:
+                return False
+        if state in _TASK_RESULT_STATES:
+            storage.save(task.name, None if result is NO_RESULT else result, state)
+        else:
+            storage.set_atom_state(task.name, state)
+        if progress is not None:
+            storage.set_task_progress(task.name, progress)
+        self._announce(task, state, old_state, result)
+        if progress is not None:
+            task.update_progress(progress)
+        return True
+
+    def _on_update_progress(self, task: Any, event_type: str, details: dict[str, Any]) -> None:
+        # Runs on the task's thread; a failure to record progress must not fail the task.
+        details = dict(details)
+        progress = details.pop("progress", None)
+        if progress is None:
+            return
+        try:
+            self._storage.set_task_progress(task.name, progress, details=details or None)
+        except Exception:
+            LOG.exception("Failed to store progress %s of task %r", progress, task.name)
+
+    def schedule_execution(self, task: Any, arguments: dict[str, Any]) -> cf.Future:
+        """Mark RUNNING (stored before the work starts) and submit the task."""
+        self.change_state(task, states.RUNNING, progress=0.0)
+        return self._executor.execute_task(
+            task, self._storage.get_atom_uuid(task.name), arguments,
+            progress_callback=functools.partial(self._on_update_progress, task),
+        )
+
+    def complete_execution(self, task: Any, result: Any) -> None:
+        """Store the outcome of ``execute``."""
+        if isinstance(result, Failure):
+            self.change_state(task, states.FAILURE, result=result)
+        else:
+            self.change_state(task, states.SUCCESS, result=result, progress=1.0)
+
+    def schedule_reversion(self, task: Any, arguments: dict[str, Any]) -> cf.Future:
+        """Mark REVERTING and submit the task's revert."""
+        self.change_state(task, states.REVERTING, progress=0.0)
+        result = self._storage.get(task.name)
+        failures = self._storage.get_execute_failures()
+        return self._executor.revert_task(
+            task, self._storage.get_atom_uuid(task.name), arguments, result, failures,
+            progress_callback=functools.partial(self._on_update_progress, task),
+        )
+
+    def complete_reversion(self, task: Any, result: Any) -> None:
+        """Store the outcome of ``revert``."""
+        if isinstance(result, Failure):
+            self.change_state(task, states.REVERT_FAILURE, result=result)
+        else:
+            self.change_state(task, states.REVERTED, result=result, progress=1.0)
+
+
+class RetryAction:
+    """Changes retry controller states and runs them (always locally, in the engine)."""
+
+    def __init__(self, storage: Storage, notifier: Notifier, on_state: StateHook) -> None:
+        self._storage = storage
+        self._notifier = notifier
+        self._on_state = on_state
+
+    def _announce(self, retry: Retry, state: str, old_state: str, result: Any) -> None:
+        self._on_state(retry, state)
+        details = {
+            "retry_name": retry.name,
+            "retry_uuid": self._storage.get_atom_uuid(retry.name),
+            "old_state": old_state,
+        }
+        if result is not NO_RESULT:
+            details["result"] = result
+        self._notifier.notify(state, details)
+
+    def reset_state(self, retry: Retry, state: str) -> None:
+        """Forget the retry's history and move it to ``state`` (PENDING or IGNORE)."""
+        old_state = self._storage.get_atom_state(retry.name)
+        self._storage.reset(retry.name, state)
+        self._announce(retry, state, old_state, NO_RESULT)
+
+    def change_state(self, retry: Retry, state: str, result: Any = NO_RESULT) -> bool:
+        """Store then announce ``retry``'s move to ``state``; False if nothing changed."""
+        storage = self._storage
+        old_state = storage.get_atom_state(retry.name)
+        if state in _RETRY_RESULT_STATES:
+            storage.save(retry.name, None if result is NO_RESULT else result, state)
+        elif state == states.REVERTED:
+            storage.cleanup_retry_history(retry.name, state)
+        else:
+            if state == old_state:
+                return False
+            storage.set_atom_state(retry.name, state)
+        self._announce(retry, state, old_state, result)
+        return True
+
+    def _call(self, method: Any, arguments: dict[str, Any], retry: Retry, **extra: Any) -> Any:
+        kwargs = dict(arguments)
+        kwargs[EXECUTE_REVERT_HISTORY] = self._storage.get_retry_history(retry.name)
+        kwargs.update(extra)
+        return method(**kwargs)
+
+    def execute(self, retry: Retry, arguments: dict[str, Any]) -> tuple[str, Any]:
+        """Run ``retry.execute`` now; return ``(EXECUTED, value or Failure)``."""
+        self.change_state(retry, states.RUNNING)
+        try:
+            return ex.EXECUTED, self._call(retry.execute, arguments, retry)
+        except Exception:
+            return ex.EXECUTED, Failure()
+
+    def revert(self, retry: Retry, arguments: dict[str, Any]) -> tuple[str, Any]:
+        """Run ``retry.revert`` now; return ``(REVERTED, value or Failure)``."""
+        self.change_state(retry, states.REVERTING)
+        failures = self._storage.get_execute_failures()
+        try:
+            value = self._call(retry.revert, arguments, retry, **{REVERT_FLOW_FAILURES: failures})
+            return ex.REVERTED, value
+        except Exception:
+            return ex.REVERTED, Failure()
+
+    def complete_execution(self, retry: Retry, result: Any) -> None:
+        """Store the outcome of the retry's ``execute``."""
+        if isinstance(result, Failure):
+            self.change_state(retry, states.FAILURE, result=result)
+        else:
+            self.change_state(retry, states.SUCCESS, result=result)
+
+    def complete_reversion(self, retry: Retry, result: Any) -> None:
+        """Store the outcome of the retry's ``revert``."""
+        if isinstance(result, Failure):
+            self.change_state(retry, states.REVERT_FAILURE, result=result)
+        else:
+            self.change_state(retry, states.REVERTED)
+
+    def on_failure(self, retry: Retry, atom: Any, failure: Failure,
+                   arguments: dict[str, Any]) -> Any:
+        """Record ``atom``'s failure in the retry's history and ask the retry what to do."""
+        self._storage.save_retry_failure(retry.name, atom.name, failure)
+        return self._call(retry.on_failure, arguments, retry)

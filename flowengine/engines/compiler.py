@@ -1,0 +1,213 @@
+"""Compile a flow into an execution graph (networkx) and check it before anything runs.
+
+Every flow becomes two structural nodes, its start and its end, with its retry controller (if
+any) right after the start; each child hangs between them and links join a child's exit to the
+next child's entry. Atoms are graph nodes themselves. Linking whole flows through their end and
+start nodes keeps the edge count linear in the number of atoms.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from typing import Any
+
+import networkx as nx
+
+from flowengine import deciders as de
+from flowengine import exceptions as exc
+from flowengine import flow as flow_mod
+from flowengine.atom import Atom
+from flowengine.retry import Retry
+
+TASK = "task"
+RETRY = "retry"
+FLOW = "flow"
+FLOW_END = "flow_end"
+ATOMS = (TASK, RETRY)
+FLOWS = (FLOW, FLOW_END)
+
+
+class FlowStart:
+    """The structural node every item of ``flow`` starts after."""
+
+    __slots__ = ("flow",)
+
+    def __init__(self, flow: flow_mod.Flow) -> None:
+        self.flow = flow
+
+    @property
+    def name(self) -> str:
+        return self.flow.name
+
+    def __repr__(self) -> str:
+        return f"<start of {self.flow.name!r}>"
+
+
+class FlowEnd(FlowStart):
+    """The structural node that finishes after every item of ``flow``."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return f"<end of {self.flow.name!r}>"
+
+
+@dataclasses.dataclass(frozen=True)
+class EdgeDecider:
+    """A decider guarding an atom: ``decider(history=...)`` may veto running it."""
+
+    from_node: Any
+    kind: str
+    decider: Any
+    depth: de.Depth
+
+
+@dataclasses.dataclass
+class Compilation:
+    """The compiled form of a flow.
+
+    Attributes:
+        execution_graph: DiGraph of atoms and structural nodes; node attribute ``kind`` is one
+            of TASK, RETRY, FLOW, FLOW_END; atoms carry ``retry`` (the controller handling
+            their failures, or None) and ``parents`` (enclosing flows, outermost first).
+        atoms: every atom by name, in a topological order.
+        retry_scopes: for each retry controller's name, the atoms of the flow it controls.
+        flow: the compiled root.
+    """
+
+    execution_graph: nx.DiGraph
+    atoms: dict[str, Atom]
+    retry_scopes: dict[str, list[Atom]]
+    flow: Any
+    _deciders: dict[str, tuple[EdgeDecider, ...]] = dataclasses.field(default_factory=dict)
+
+    def kind(self, node: Any) -> str:
+        """The kind of a graph node."""
+        return self.execution_graph.nodes[node]["kind"]
+
+    def retry_of(self, atom: Atom) -> Retry | None:
+        """The retry controller that handles ``atom``'s failures."""
+        return self.execution_graph.nodes[atom].get(RETRY)
+
+    def parents_of(self, atom: Atom) -> tuple[flow_mod.Flow, ...]:
+        """The flows enclosing ``atom``, outermost first."""
+        return self.execution_graph.nodes[atom]["parents"]
+
+    def edge_deciders(self, atom: Atom) -> tuple[EdgeDecider, ...]:
+        """Deciders on links into ``atom``, or into flows that ``atom`` starts."""
+        found = self._deciders.get(atom.name)
+        if found is None:
+            found = self._deciders[atom.name] = tuple(self._walk_deciders(atom))
+        return found
+
+    def _walk_deciders(self, atom: Atom) -> Iterator[EdgeDecider]:
+        graph = self.execution_graph
+        pending = [(u, atom) for u in graph.predecessors(atom)]
+        seen: set[int] = set()
+        while pending:
+            u, v = pending.pop()
+            data = graph.adj[u][v]
+            decider = data.get(flow_mod.LINK_DECIDER)
+            kind = graph.nodes[u]["kind"]
+            if decider is not None:
+                depth = data.get(flow_mod.LINK_DECIDER_DEPTH) or de.Depth.ALL
+                yield EdgeDecider(u, kind, decider, depth)
+            # A decider on a link into a flow guards the atoms that start that flow.
+            if kind == FLOW and id(u) not in seen:
+                seen.add(id(u))
+                pending.extend((uu, u) for uu in graph.predecessors(u))
+
+    def iter_atoms(self) -> Iterator[Atom]:
+        """Every atom, in a topological order."""
+        return iter(self.atoms.values())
+
+
+class PatternCompiler:
+    """Turns a flow (or a single atom) into a :class:`Compilation`."""
+
+    def __init__(self, root: Any) -> None:
+        self._root = root
+
+    def compile(self) -> Compilation:
+        """Compile and check the root.
+
+        Raises:
+            TypeError: something in the flow is neither an atom nor a flow.
+            Duplicate: two atoms share a name, or one atom object appears twice.
+            CompilationFailure: the graph has a cycle.
+        """
+        graph = nx.DiGraph()
+        scopes: dict[str, list[Atom]] = {}
+        self._graph = graph
+        self._scopes = scopes
+        self._seen_objects: set[int] = set()
+        self._names: dict[str, Any] = {}
+        self._compile(self._root, parents=(), retry=None)
+        try:
+            order = list(nx.topological_sort(graph))
+        except nx.NetworkXUnfeasible as err:
+            raise exc.CompilationFailure(
+                f"Flow {getattr(self._root, 'name', self._root)!r} does not compile: its graph "
+                f"has a cycle"
+            ) from err
+        atoms = {node.name: node for node in order if isinstance(node, Atom)}
+        return Compilation(graph, atoms, scopes, self._root)
+
+    def _add_atom(self, atom: Atom, parents: tuple[Any, ...], retry: Retry | None) -> None:
+        if not isinstance(atom.name, str) or not atom.name:
+            raise exc.CompilationFailure(f"Atom {atom!r} has no name")
+        if id(atom) in self._seen_objects:
+            raise exc.Duplicate(f"Atom {atom.name!r} is added to the flow more than once")
+        if atom.name in self._names:
+            raise exc.Duplicate(f"Atoms with duplicate names found: [{atom.name!r}]")
+        self._seen_objects.add(id(atom))
+        self._names[atom.name] = atom
+        kind = RETRY if isinstance(atom, Retry) else TASK
+        self._graph.add_node(atom, kind=kind, retry=retry, parents=parents)
+        for flow in parents:
+            if flow.retry is not None and flow.retry is not atom:
+                self._scopes[flow.retry.name].append(atom)
+
+    def _compile(self, item: Any, parents: tuple[Any, ...], retry: Retry | None) -> tuple[Any, Any]:
+        """Add ``item`` to the graph; return its (entry node, exit node)."""
+        if isinstance(item, Atom):
+            self._add_atom(item, parents, retry)
+            return item, item
+        if not isinstance(item, flow_mod.Flow):
+            where = f" in flow {parents[-1].name!r}" if parents else ""
+            raise TypeError(
+                f"Can only compile atoms and flows, not {type(item).__name__}{where}: {item!r}"
+            )
+        graph = self._graph
+        start, end = FlowStart(item), FlowEnd(item)
+        graph.add_node(start, kind=FLOW, parents=parents)
+        graph.add_node(end, kind=FLOW_END, parents=parents)
+        head: Any = start
+        inner_retry = retry
+        inner_parents = parents + (item,)
+        if item.retry is not None:
+            if not isinstance(item.retry, Retry):
+                raise TypeError(f"Flow {item.name!r} retry must be a Retry, not {item.retry!r}")
+            self._scopes[item.retry.name] = []
+            self._add_atom(item.retry, inner_parents, retry)
+            graph.add_edge(start, item.retry, **{flow_mod.LINK_INVARIANT: True})
+            head = item.retry
+            inner_retry = item.retry
+        bounds: dict[int, tuple[Any, Any]] = {}
+        for child in item:
+            bounds[id(child)] = self._compile(child, inner_parents, inner_retry)
+        has_in: set[int] = set()
+        has_out: set[int] = set()
+        for u, v, meta in item.iter_links():
+            graph.add_edge(bounds[id(u)][1], bounds[id(v)][0], **dict(meta))
+            has_out.add(id(u))
+            has_in.add(id(v))
+        for key, (entry, exit_) in bounds.items():
+            if key not in has_in:
+                graph.add_edge(head, entry, **{flow_mod.LINK_INVARIANT: True})
+            if key not in has_out:
+                graph.add_edge(exit_, end, **{flow_mod.LINK_INVARIANT: True})
+        if not bounds:
+            graph.add_edge(head, end, **{flow_mod.LINK_INVARIANT: True})
+        return start, end

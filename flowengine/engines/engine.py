@@ -1,0 +1,269 @@
+"""Action engines: compile a flow, keep its state in storage, and run it to an end state."""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from flowengine import exceptions as exc
+from flowengine import states
+from flowengine.engines import executor as ex
+from flowengine.engines.compiler import Compilation, PatternCompiler
+from flowengine.engines.machine import META_STATES, RunLoop
+from flowengine.engines.options import EngineOptions
+from flowengine.engines.runtime import Runtime
+from flowengine.storage import Storage
+from flowengine.types.failure import Failure
+from flowengine.types.notifier import Notifier
+
+
+class ActionEngine:
+    """Runs a flow by acting on its atoms: execute, revert, retry.
+
+    Args:
+        flow: the flow (or single atom) to run.
+        flow_detail: where the run's state lives.
+        backend: persistence backend the state is written through to (or None).
+        options: engine options (see :class:`~flowengine.engines.options.EngineOptions`).
+    """
+
+    #: States the loop passes through that are not flow states.
+    IGNORABLE_STATES = frozenset((states.SCHEDULING, states.WAITING, states.RESUMING,
+                                  states.ANALYZING))
+    #: End states after which no failure is re-raised.
+    NO_RERAISING_STATES = frozenset((states.SUSPENDED, states.SUCCESS))
+
+    def __init__(self, flow: Any, flow_detail: Any, backend: Any,
+                 options: Mapping[str, Any] | None) -> None:
+        self._flow = flow
+        self._flow_detail = flow_detail
+        self._backend = backend
+        self._options = EngineOptions.from_mapping(options)
+        self._notifier = Notifier()
+        self._atom_notifier = Notifier()
+        self._storage: Storage | None = None
+        self._compilation: Compilation | None = None
+        self._runtime: Runtime | None = None
+        self._storage_ensured = False
+        self._validated = False
+        self._lock = threading.RLock()
+        self._statistics: dict[str, Any] = {}
+
+    # -- public properties ------------------------------------------------------------------
+
+    @property
+    def notifier(self) -> Notifier:
+        """Flow state changes are announced here (details: flow_name, flow_uuid, old_state)."""
+        return self._notifier
+
+    @property
+    def atom_notifier(self) -> Notifier:
+        """Atom state changes are announced here (details: task_/retry_ name, uuid, ...)."""
+        return self._atom_notifier
+
+    @property
+    def options(self) -> dict[str, Any]:
+        """The engine's options."""
+        return self._options.as_dict()
+
+    @property
+    def storage(self) -> Storage:
+        """The run's :class:`~flowengine.storage.Storage`."""
+        if self._storage is None:
+            self._storage = Storage(self._flow_detail, backend=self._backend)
+        return self._storage
+
+    @property
+    def statistics(self) -> dict[str, Any]:
+        """Counters and timings of the last run."""
+        return self._statistics
+
+    @property
+    def compilation(self) -> Compilation:
+        """The compiled flow (compiles on first use)."""
+        self.compile()
+        assert self._compilation is not None
+        return self._compilation
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def _task_executor(self) -> ex.TaskExecutor:
+        return ex.SerialTaskExecutor()
+
+    def compile(self) -> None:
+        """Compile the flow into its execution graph (once)."""
+        with self._lock:
+            if self._compilation is not None:
+                return
+            compilation = PatternCompiler(self._flow).compile()
+            self._runtime = Runtime(compilation, self.storage, self._atom_notifier,
+                                    self._task_executor(), self._options)
+            self._compilation = compilation
+
+    def _change_state(self, state: str) -> None:
+        moved, old_state = self.storage.change_flow_state(state)
+        if moved:
+            self._notifier.notify(state, {
+                "engine": self,
+                "flow_name": self.storage.flow_name,
+                "flow_uuid": self.storage.flow_uuid,
+                "old_state": old_state,
+            })
+
+    def prepare(self) -> None:
+        """Make sure every atom has a stored record; reset a flow that ended REVERTED."""
+        self.compile()
+        with self._lock:
+            if not self._storage_ensured:
+                self._change_state(states.RESUMING)
+                storage = self.storage
+                atoms = list(self.compilation.iter_atoms())
+                storage.ensure_atoms(atoms)
+                for atom in atoms:
+                    if atom.inject:
+                        storage.inject_atom_args(atom.name, atom.inject,
+                                                 transient=self._options.inject_transient)
+                self._change_state(states.SUSPENDED)
+                self._storage_ensured = True
+            assert self._runtime is not None
+            if self.storage.get_flow_state() == states.REVERTED:
+                self.reset()
+
+    def validate(self) -> None:
+        """Check that every atom's arguments can be satisfied, before anything runs.
+
+        Raises:
+            MissingDependencies: naming the atom (or the flow, when several atoms miss
+                something) and the missing names.
+        """
+        self.prepare()
+        missing: set[str] = set()
+        last_cause: exc.MissingDependencies | None = None
+        culprits = 0
+        storage = self.storage
+        for atom in self.compilation.iter_atoms():
+            for method, mapping, optional in (("execute", atom.rebind, atom.optional),
+                                              ("revert", atom.revert_rebind, atom.revert_optional)):
+                lacking = storage.fetch_unsatisfied_args(atom.name, mapping,
+                                                         optional_args=optional)
+                if lacking:
+                    last_cause = exc.MissingDependencies(atom, sorted(lacking), cause=last_cause,
+                                                         method=method)
+                    culprits += 1
+                    missing.update(lacking)
+        if missing:
+            assert last_cause is not None
+            if culprits == 1:
+                raise last_cause
+            raise exc.MissingDependencies(self._flow, sorted(missing), cause=last_cause)
+        self._validated = True
+
+    def reset(self) -> None:
+        """Put every atom back to PENDING and the flow to PENDING, to run it again."""
+        self.compile()
+        with self._lock:
+            assert self._runtime is not None
+            self._runtime.reset_all()
+            self._change_state(states.PENDING)
+
+    def suspend(self) -> None:
+        """Ask a running engine to stop: running atoms finish, nothing new starts."""
+        self._change_state(states.SUSPENDING)
+
+    def run(self, timeout: float | None = None) -> None:
+        """Run the flow to an end state, re-raising its failure(s) if it did not succeed.
+
+        Args:
+            timeout: the longest single wait for running atoms (not a deadline).
+        """
+        if not self._lock.acquire(blocking=False):
+            raise exc.ExecutionFailure("Engine currently locked, please try again later")
+        try:
+            for _state in self.run_iter(timeout=timeout):
+                pass
+        finally:
+            self._lock.release()
+
+    def run_iter(self, timeout: float | None = None) -> Iterator[str]:
+        """Run the flow, yielding each state the engine enters.
+
+        Sending a truthy value into the generator asks the engine to suspend.
+        """
+        self.validate()
+        assert self._runtime is not None
+        executor = self._runtime.task_action.executor
+        last: collections.deque[str] = collections.deque(maxlen=1)
+        started = time.monotonic()
+        with _started(executor):
+            self._change_state(states.RUNNING)
+            loop = RunLoop(self._runtime, self._statistics, timeout=timeout)
+            closed = False
+            try:
+                for state in loop.run_iter():
+                    if state in META_STATES:
+                        continue
+                    last.append(state)
+                    if state == states.FAILURE:
+                        Failure.reraise_if_any(loop.failures)
+                    if closed:
+                        continue
+                    try:
+                        try_suspend = yield state
+                    except GeneratorExit:
+                        closed = True
+                        self.suspend()
+                    else:
+                        if try_suspend:
+                            self.suspend()
+            except BaseException:
+                self._change_state(states.FAILURE)
+                raise
+            finally:
+                self._statistics["active_for"] = time.monotonic() - started
+        if last and last[-1] not in self.IGNORABLE_STATES:
+            final = last[-1]
+            self._change_state(final)
+            if final not in self.NO_RERAISING_STATES:
+                failures = list(self.storage.get_execute_failures().values())
+                failures += self.storage.get_revert_failures().values()
+                Failure.reraise_if_any(failures)
+
+
+@contextlib.contextmanager
+def _started(executor: ex.TaskExecutor) -> Iterator[None]:
+    executor.start()
+    try:
+        yield
+    finally:
+        executor.stop()
+
+
+class SerialActionEngine(ActionEngine):
+    """Runs one atom at a time, in the calling thread."""
+
+
+class ParallelActionEngine(ActionEngine):
+    """Runs independent atoms at the same time on a thread pool.
+
+    Options:
+        executor: a ``concurrent.futures.Executor`` to use (never shut down by the engine),
+            or the string "threads".
+        max_workers: size of the engine's own pool when no executor is given.
+    """
+
+    def _task_executor(self) -> ex.TaskExecutor:
+        given = self._options.executor
+        if given is None or (isinstance(given, str) and given.lower() in
+                             ("thread", "threads", "threaded")):
+            return ex.ParallelThreadTaskExecutor(max_workers=self._options.max_workers)
+        if isinstance(given, ex.TaskExecutor):
+            return given
+        if hasattr(given, "submit"):
+            return ex.ParallelThreadTaskExecutor(executor=given)
+        raise ValueError(
+            f"Parallel engine option 'executor' must be an Executor or 'threads', not {given!r}"
+        )

@@ -1,0 +1,213 @@
+"""The engine's run loop as a state machine (built once with automaton, then frozen).
+
+RESUMING -> SCHEDULING -> WAITING -> ANALYZING -> (SCHEDULING | WAITING | GAME_OVER), and from
+GAME_OVER to one of SUCCESS, REVERTED, FAILURE or SUSPENDED. Each state has a handler that does
+its work and returns the next event.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import logging
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from automaton import machines
+
+from flowengine import states as st
+from flowengine.engines.runtime import Runtime
+from flowengine.types.failure import Failure
+
+LOG = logging.getLogger(__name__)
+
+START = "start"
+SCHEDULE = "schedule_next"
+WAIT = "wait_finished"
+ANALYZE = "examine_finished"
+FINISH = "completed"
+FAILED = "failed"
+SUSPENDED = "suspended"
+SUCCESS = "success"
+REVERTED = "reverted"
+
+#: States that are the loop's own business; they are never announced as flow states.
+META_STATES = frozenset((st.GAME_OVER, st.UNDEFINED))
+#: States with time spent in them reported in ``engine.statistics``.
+TIMED_STATES = (st.ANALYZING, st.RESUMING, st.SCHEDULING, st.WAITING)
+
+
+def _build() -> machines.FiniteMachine:
+    m = machines.FiniteMachine()
+    for state in (st.UNDEFINED, st.RESUMING, st.SCHEDULING, st.WAITING, st.ANALYZING,
+                  st.GAME_OVER):
+        m.add_state(state)
+    for state in (st.SUCCESS, st.REVERTED, st.FAILURE, st.SUSPENDED):
+        m.add_state(state, terminal=True)
+    m.default_start_state = st.UNDEFINED
+    m.add_transition(st.UNDEFINED, st.RESUMING, START)
+    m.add_transition(st.RESUMING, st.SCHEDULING, SCHEDULE)
+    m.add_transition(st.SCHEDULING, st.WAITING, WAIT)
+    m.add_transition(st.WAITING, st.ANALYZING, ANALYZE)
+    m.add_transition(st.ANALYZING, st.SCHEDULING, SCHEDULE)
+    m.add_transition(st.ANALYZING, st.WAITING, WAIT)
+    m.add_transition(st.ANALYZING, st.GAME_OVER, FINISH)
+    m.add_transition(st.GAME_OVER, st.SUCCESS, SUCCESS)
+    m.add_transition(st.GAME_OVER, st.REVERTED, REVERTED)
+    m.add_transition(st.GAME_OVER, st.FAILURE, FAILED)
+    m.add_transition(st.GAME_OVER, st.SUSPENDED, SUSPENDED)
+    m.freeze()
+    return m
+
+
+#: The loop's shape, shared by every run (each run works on a copy).
+MACHINE = _build()
+
+
+class RunLoop:
+    """One run of the engine loop over a runtime.
+
+    Args:
+        runtime: the engine's runtime.
+        statistics: dict filled with TaskFlow's statistics keys as the loop runs.
+        timeout: longest single wait for running atoms (None: until one finishes).
+    """
+
+    def __init__(self, runtime: Runtime, statistics: dict[str, Any],
+                 timeout: float | None = None) -> None:
+        self._runtime = runtime
+        self._storage = runtime.storage
+        self._timeout = timeout
+        self.failures: list[Failure] = []
+        self._next_up: list[Any] = []
+        self._in_flight: dict[cf.Future, Any] = {}
+        self._done: list[cf.Future] = []
+        self._stats = statistics
+        statistics.clear()
+        statistics["seconds_per_state"] = {s.lower(): 0.0 for s in TIMED_STATES}
+        for key in ("discarded_failures", "awaiting", "completed", "incomplete"):
+            statistics[key] = 0
+        self._handlers = {
+            st.RESUMING: self._resume,
+            st.SCHEDULING: self._schedule,
+            st.WAITING: self._wait,
+            st.ANALYZING: self._analyze,
+            st.GAME_OVER: self._game_over,
+        }
+
+    def run_iter(self) -> Iterator[str]:
+        """Yield every state the loop enters, ending with a terminal one."""
+        machine = MACHINE.copy()
+        machine.initialize()
+        event = START
+        seconds = self._stats["seconds_per_state"]
+        while True:
+            machine.process_event(event)
+            state = machine.current_state
+            yield state
+            if machine.terminated:
+                return
+            started = time.monotonic()
+            event = self._handlers[state]()
+            if state in seconds:
+                seconds[state] += time.monotonic() - started
+            elif state.lower() in seconds:
+                seconds[state.lower()] += time.monotonic() - started
+
+    def _flow_state(self) -> str:
+        return self._storage.get_flow_state()
+
+    def _resume(self) -> str:
+        unfinished = self._runtime.resume()
+        seen = set(unfinished)
+        self._next_up = list(unfinished) + [a for a in self._runtime.next_atoms() if a not in seen]
+        return SCHEDULE
+
+    def _schedule(self) -> str:
+        if self._flow_state() == st.RUNNING and self._next_up:
+            # Higher priority first; sorted() is stable, so ties keep graph order.
+            ordered = sorted(self._next_up, key=lambda atom: -getattr(atom, "priority", 0))
+            self._next_up = []
+            running = set(self._in_flight.values())
+            for atom in ordered:
+                # Intentions may have changed since the atom was found ready (a failure).
+                if atom in running or not self._runtime.can_start(atom):
+                    continue
+                try:
+                    future = self._runtime.schedule(atom)
+                except Exception:
+                    LOG.exception("Engine failed to schedule atom %r", atom.name)
+                    self.failures.append(Failure())
+                    break
+                self._in_flight[future] = atom
+        elif self._flow_state() == st.SUSPENDING:
+            self._cancel_pending()
+        self._stats["incomplete"] = len(self._in_flight)
+        return WAIT
+
+    def _cancel_pending(self) -> None:
+        for future in list(self._in_flight):
+            if future.cancel():
+                atom = self._in_flight.pop(future)
+                LOG.debug("Cancelled %r because the engine is suspending", atom.name)
+
+    def _wait(self) -> str:
+        if self._in_flight and not any(f.done() for f in self._in_flight):
+            cf.wait(list(self._in_flight), timeout=self._timeout,
+                    return_when=cf.FIRST_COMPLETED)
+        for future in [f for f in self._in_flight if f.done()]:
+            self._done.append(future)
+        return ANALYZE
+
+    def _complete(self, future: cf.Future) -> bool:
+        """Apply one finished future; False if the engine must stop."""
+        atom = self._in_flight.pop(future)
+        if future.cancelled():
+            return True
+        try:
+            outcome, result = future.result()
+            failure = self._runtime.complete(atom, outcome, result)
+        except Exception:
+            LOG.exception("Engine failed completing atom %r", atom.name)
+            self.failures.append(Failure())
+            return False
+        self._stats["completed"] += 1
+        if failure is not None:
+            self.failures.append(failure)
+            return False
+        if isinstance(result, Failure):
+            self._stats["discarded_failures"] += 1
+        return True
+
+    def _analyze(self) -> str:
+        while self._done:
+            self._complete(self._done.pop(0))
+        flow_state = self._flow_state()
+        if not self.failures and flow_state == st.RUNNING:
+            try:
+                more = self._runtime.next_atoms()
+            except Exception:
+                LOG.exception("Engine failed finding the next atoms to run")
+                self.failures.append(Failure())
+                more = []
+            self._next_up.extend(more)
+        else:
+            self._next_up = [] if self.failures else self._next_up
+        self._stats["awaiting"] = len(self._next_up)
+        if self._next_up and flow_state == st.RUNNING and not self.failures:
+            return SCHEDULE
+        if self._in_flight:
+            if flow_state == st.SUSPENDING:
+                self._cancel_pending()
+            return WAIT
+        return FINISH
+
+    def _game_over(self) -> str:
+        self._runtime.timer.cancel_all()
+        if self.failures:
+            return FAILED
+        if self._next_up or self._runtime.leftover():
+            return SUSPENDED
+        if self._runtime.is_success():
+            return SUCCESS
+        return REVERTED

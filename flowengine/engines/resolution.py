@@ -1,0 +1,70 @@
+"""Failure resolution: which atoms revert (and which retry) after an atom fails.
+
+The failed atom's retry controller is asked first (``on_failure``); ``REVERT`` defers to the
+enclosing controller, recursively, as TaskFlow does; with no controller everything reverts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import TYPE_CHECKING, Any
+
+from flowengine import retry as retry_mod
+from flowengine import states
+
+if TYPE_CHECKING:
+    from flowengine.engines.runtime import Runtime
+
+LOG = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class Strategy:
+    """A resolution: ``apply`` changes intentions; ``strategy`` is the decision it stands for."""
+
+    strategy: retry_mod.Decision
+    retry: Any = None
+
+    def apply(self, runtime: Runtime) -> None:
+        """Set the intentions this resolution implies."""
+        if self.strategy is retry_mod.REVERT_ALL:
+            runtime.reset_atoms(runtime.compilation.iter_atoms(), None, states.REVERT)
+        elif self.strategy is retry_mod.REVERT:
+            runtime.reset_atoms([self.retry], None, states.REVERT)
+            runtime.reset_atoms(runtime.compilation.retry_scopes[self.retry.name], None,
+                                states.REVERT)
+        else:
+            runtime.reset_atoms([self.retry], None, states.RETRY)
+            runtime.reset_atoms(runtime.compilation.retry_scopes[self.retry.name], None,
+                                states.REVERT)
+
+    def __str__(self) -> str:
+        target = f" of {self.retry.name!r}" if self.retry is not None else ""
+        return f"{self.strategy.value}{target}"
+
+
+REVERT_EVERYTHING = Strategy(retry_mod.REVERT_ALL)
+
+
+def determine(runtime: Runtime, atom: Any, failure: Any, defer_reverts: bool) -> Strategy:
+    """Ask the controllers above ``atom`` how to handle ``failure``."""
+    controller = runtime.compilation.retry_of(atom)
+    if controller is None:
+        return REVERT_EVERYTHING
+    decision = runtime.ask_retry(controller, atom, failure)
+    if decision == retry_mod.RETRY:
+        return Strategy(retry_mod.RETRY, controller)
+    if decision == retry_mod.REVERT:
+        parent = determine(runtime, controller, failure, defer_reverts)
+        if defer_reverts:
+            return parent
+        if parent is not REVERT_EVERYTHING and parent.strategy != retry_mod.REVERT:
+            return parent
+        return Strategy(retry_mod.REVERT, controller)
+    if decision == retry_mod.REVERT_ALL:
+        return REVERT_EVERYTHING
+    raise ValueError(
+        f"Retry {controller.name!r} returned unknown decision {decision!r} for the failure of "
+        f"{atom.name!r}"
+    )

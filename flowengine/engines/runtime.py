@@ -1,0 +1,319 @@
+"""The runtime: what one engine knows while running a compiled flow.
+
+It joins the compilation, storage, readiness counters and actions, and answers the engine loop's
+three questions: what can be done next (:meth:`Runtime.next_atoms`), how to start it
+(:meth:`Runtime.schedule`) and what its outcome means (:meth:`Runtime.complete`).
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures as cf
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+from flowengine import deciders as de
+from flowengine import retry as retry_mod
+from flowengine import states
+from flowengine.atom import Atom
+from flowengine.engines import executor as ex
+from flowengine.engines import resolution
+from flowengine.engines.actions import RetryAction, TaskAction
+from flowengine.engines.compiler import FLOW, FLOW_END, TASK, Compilation
+from flowengine.engines.frontier import Frontier
+from flowengine.engines.options import EngineOptions
+from flowengine.storage import Storage
+from flowengine.types.failure import Failure
+from flowengine.types.notifier import Notifier
+
+LOG = logging.getLogger(__name__)
+
+#: Outcome of a retry's backoff timer: the retry may now run its next attempt.
+DELAY_ELAPSED = "delay-elapsed"
+_REVERTIBLE = frozenset((states.SUCCESS, states.FAILURE, states.REVERT_FAILURE))
+# A retry left RETRYING by an interrupted run starts its next attempt from there.
+_STARTABLE = frozenset((states.PENDING, states.RETRYING))
+
+
+class _StateHook:
+    """Keeps the readiness counters in step with every stored state change."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self._runtime = runtime
+
+    def __call__(self, atom: Any, state: str) -> None:
+        frontier = self._runtime.frontier
+        if frontier is not None:
+            frontier.state_changed(atom, state)
+
+
+class Runtime:
+    """Shared state and decisions for one engine's runs."""
+
+    def __init__(
+        self,
+        compilation: Compilation,
+        storage: Storage,
+        atom_notifier: Notifier,
+        task_executor: ex.TaskExecutor,
+        options: EngineOptions,
+    ) -> None:
+        self.compilation = compilation
+        self.storage = storage
+        self.options = options
+        self.frontier: Frontier | None = None
+        hook = _StateHook(self)
+        self.task_action = TaskAction(storage, atom_notifier, task_executor, hook)
+        self.retry_action = RetryAction(storage, atom_notifier, hook)
+        self.timer = ex.DelayTimer()
+        self._scope_cache: dict[tuple[str, tuple[str, ...]], list[str]] = {}
+        storage.set_scope_fetcher(self.visible_providers)
+
+    # -- visibility -------------------------------------------------------------------------
+
+    def visible_providers(self, consumer_name: str, candidates: list[str]) -> list[str]:
+        """The candidates ``consumer_name`` can read from (its ancestors), closest first."""
+        key = (consumer_name, tuple(candidates))
+        cached = self._scope_cache.get(key)
+        if cached is not None:
+            return cached
+        consumer = self.compilation.atoms.get(consumer_name)
+        found: list[str] = []
+        if consumer is not None:
+            wanted = set(candidates)
+            wanted.discard(consumer_name)
+            graph = self.compilation.execution_graph
+            seen = {id(consumer)}
+            queue = collections.deque([consumer])
+            while queue and wanted:
+                for pred in graph.predecessors(queue.popleft()):
+                    if id(pred) in seen:
+                        continue
+                    seen.add(id(pred))
+                    if isinstance(pred, Atom) and pred.name in wanted:
+                        found.append(pred.name)
+                        wanted.discard(pred.name)
+                    queue.append(pred)
+        self._scope_cache[key] = found
+        return found
+
+    # -- state ------------------------------------------------------------------------------
+
+    def build_frontier(self) -> None:
+        """(Re)build the readiness counters from stored states."""
+        self.frontier = Frontier(
+            self.compilation,
+            {name: self.storage.get_atom_state(name) for name in self.compilation.atoms},
+        )
+
+    def _action(self, atom: Any) -> Any:
+        return self.retry_action if isinstance(atom, retry_mod.Retry) else self.task_action
+
+    def reset_atoms(self, atoms: Iterable[Any], state: str | None, intention: str | None) -> None:
+        """Move atoms to ``state`` (where allowed, announced) and set their ``intention``."""
+        storage = self.storage
+        for atom in atoms:
+            if state is not None:
+                current = storage.get_atom_state(atom.name)
+                check = (states.check_retry_transition if isinstance(atom, retry_mod.Retry)
+                         else states.check_task_transition)
+                if check(current, state):
+                    if state in (states.PENDING, states.IGNORE):
+                        # A fresh start: forget the old attempt's results and failures.
+                        self._action(atom).reset_state(atom, state)
+                    else:
+                        self._action(atom).change_state(atom, state)
+            if intention is not None:
+                storage.set_atom_intention(atom.name, intention)
+            if self.frontier is not None:
+                self.frontier.candidates.add(atom)
+
+    def reset_all(self) -> None:
+        """Put every atom back to PENDING with the EXECUTE intention."""
+        self.frontier = None
+        self.reset_atoms(self.compilation.iter_atoms(), states.PENDING, states.EXECUTE)
+
+    def retry_subflow(self, retry: retry_mod.Retry) -> None:
+        """Prepare a retry's subflow for another attempt."""
+        self.storage.set_atom_intention(retry.name, states.EXECUTE)
+        self.reset_atoms(self.compilation.retry_scopes[retry.name], states.PENDING,
+                         states.EXECUTE)
+
+    def ask_retry(self, retry: retry_mod.Retry, atom: Any, failure: Failure) -> Any:
+        """Record ``atom``'s failure with ``retry`` and return the retry's decision."""
+        arguments = self.storage.fetch_mapped_args(
+            retry.rebind, atom_name=retry.name, optional_args=retry.optional)
+        return self.retry_action.on_failure(retry, atom, failure, arguments)
+
+    # -- deciding what is next --------------------------------------------------------------
+
+    def resume(self) -> set[Any]:
+        """Resolve stored failures and return atoms a previous run left unfinished."""
+        storage = self.storage
+        if not self.options.never_resolve:
+            for atom in self.compilation.iter_atoms():
+                if (storage.get_atom_state(atom.name) == states.FAILURE
+                        and storage.get_atom_intention(atom.name) == states.EXECUTE):
+                    self.process_failure(atom, storage.get(atom.name))
+            for atom in self.compilation.iter_atoms():
+                if (isinstance(atom, retry_mod.Retry)
+                        and storage.get_atom_state(atom.name) == states.RETRYING):
+                    self.retry_subflow(atom)
+        self.build_frontier()
+        return {atom for atom in self.compilation.iter_atoms()
+                if storage.get_atom_state(atom.name) in (states.RUNNING, states.REVERTING)}
+
+    def _ready(self, atom: Any, state: str, intention: str) -> bool:
+        frontier = self.frontier
+        assert frontier is not None
+        if intention == states.EXECUTE:
+            return state in _STARTABLE and frontier.preds_done(atom)
+        if intention == states.REVERT:
+            return state in _REVERTIBLE and frontier.succs_undone(atom)
+        if intention == states.RETRY:
+            return state not in states.ATOM_ACTIVE_STATES and frontier.succs_undone(atom)
+        return False
+
+    def next_atoms(self, apply_deciders: bool = True) -> list[Any]:
+        """Atoms that can be started now (deciders may ignore some, which frees others)."""
+        frontier = self.frontier
+        assert frontier is not None
+        ready: list[Any] = []
+        storage = self.storage
+        while frontier.candidates:
+            for atom in frontier.take_candidates():
+                state = storage.get_atom_state(atom.name)
+                intention = storage.get_atom_intention(atom.name)
+                if not self._ready(atom, state, intention):
+                    continue
+                if (apply_deciders and intention == states.EXECUTE
+                        and not self._deciders_allow(atom)):
+                    continue
+                ready.append(atom)
+        return ready
+
+    def can_start(self, atom: Any) -> bool:
+        """Whether ``atom`` may be started now; resumed RUNNING/REVERTING atoms may restart."""
+        state = self.storage.get_atom_state(atom.name)
+        intention = self.storage.get_atom_intention(atom.name)
+        if state == states.RUNNING and intention == states.EXECUTE:
+            return True
+        if state == states.REVERTING and intention == states.REVERT:
+            return True
+        return self._ready(atom, state, intention)
+
+    def leftover(self) -> int:
+        """How many atoms could still be started (non-zero after a suspension)."""
+        storage = self.storage
+        return sum(1 for atom in self.compilation.iter_atoms()
+                   if self._ready(atom, storage.get_atom_state(atom.name),
+                                  storage.get_atom_intention(atom.name)))
+
+    def is_success(self) -> bool:
+        """Whether every atom succeeded (or was ignored)."""
+        return all(self.storage.get_atom_state(name) in (states.SUCCESS, states.IGNORE)
+                   for name in self.compilation.atoms)
+
+    def _deciders_allow(self, atom: Any) -> bool:
+        edge_deciders = self.compilation.edge_deciders(atom)
+        if not edge_deciders:
+            return True
+        history: dict[str, Any] = {}
+        for ed in edge_deciders:
+            if isinstance(ed.from_node, Atom):
+                if self.storage.get_atom_state(ed.from_node.name) != states.IGNORE:
+                    history[ed.from_node.name] = self.storage.get(ed.from_node.name)
+        nays = []
+        for ed in edge_deciders:
+            if isinstance(ed.from_node, Atom) and ed.from_node.name not in history:
+                continue  # an ignored atom gets no vote
+            if not ed.decider(history=history):
+                nays.append(ed)
+        if not nays:
+            return True
+        self.reset_atoms(self._affected(atom, de.pick_widest(ed.depth for ed in nays)),
+                         states.IGNORE, states.IGNORE)
+        return False
+
+    def _affected(self, atom: Any, depth: de.Depth) -> list[Any]:
+        graph = self.compilation.execution_graph
+        if depth is de.Depth.ATOM:
+            return [atom]
+        if depth is de.Depth.NEIGHBORS:
+            return [atom] + [s for s in graph.successors(atom) if graph.nodes[s]["kind"] == TASK]
+        found: list[Any] = [atom]
+        seen = {id(atom)}
+        stack = [atom]
+        while stack:
+            for succ in graph.successors(stack.pop()):
+                if id(succ) in seen:
+                    continue
+                seen.add(id(succ))
+                kind = graph.nodes[succ]["kind"]
+                if depth is de.Depth.FLOW and kind in (FLOW, FLOW_END, "retry"):
+                    continue
+                if isinstance(succ, Atom):
+                    found.append(succ)
+                stack.append(succ)
+        return found
+
+    # -- doing it ---------------------------------------------------------------------------
+
+    def _args(self, atom: Any, revert: bool) -> dict[str, Any]:
+        if revert:
+            return self.storage.fetch_mapped_args(
+                atom.revert_rebind, atom_name=atom.name, optional_args=atom.revert_optional)
+        return self.storage.fetch_mapped_args(
+            atom.rebind, atom_name=atom.name, optional_args=atom.optional)
+
+    def schedule(self, atom: Any) -> cf.Future:
+        """Start what ``atom``'s intention calls for; return a future of its outcome."""
+        intention = self.storage.get_atom_intention(atom.name)
+        if isinstance(atom, retry_mod.Retry):
+            return self._schedule_retry(atom, intention)
+        if intention == states.REVERT:
+            return self.task_action.schedule_reversion(atom, self._args(atom, revert=True))
+        return self.task_action.schedule_execution(atom, self._args(atom, revert=False))
+
+    def _schedule_retry(self, retry: retry_mod.Retry, intention: str) -> cf.Future:
+        if intention == states.REVERT:
+            outcome = self.retry_action.revert(retry, self._args(retry, revert=True))
+            return self.timer.after(0, outcome)
+        if intention == states.RETRY:
+            self.retry_action.change_state(retry, states.RETRYING)
+            self.retry_subflow(retry)
+            attempt = len(self.storage.get_retry_history(retry.name)) + 1
+            wait = retry.delay_before(attempt)
+            if wait > 0:
+                LOG.debug("Retry %r waits %.3fs before attempt %d", retry.name, wait, attempt)
+                return self.timer.after(wait, (DELAY_ELAPSED, None))
+        outcome = self.retry_action.execute(retry, self._args(retry, revert=False))
+        return self.timer.after(0, outcome)
+
+    def complete(self, atom: Any, outcome: str, result: Any) -> Failure | None:
+        """Apply an outcome; return a failure that must stop the engine, else None."""
+        if outcome == DELAY_ELAPSED:
+            outcome, result = self.retry_action.execute(atom, self._args(atom, revert=False))
+        action = self._action(atom)
+        if outcome == ex.EXECUTED:
+            if not isinstance(result, Failure) and not isinstance(atom, retry_mod.Retry):
+                try:
+                    self.storage.check_result_shape(atom.name, result)
+                except Exception:
+                    result = Failure()
+            action.complete_execution(atom, result)
+        else:
+            action.complete_reversion(atom, result)
+        if not isinstance(result, Failure):
+            return None
+        if outcome == ex.EXECUTED and not self.options.never_resolve:
+            self.process_failure(atom, result)
+            return None
+        return result
+
+    def process_failure(self, atom: Any, failure: Failure) -> None:
+        """Decide how ``atom``'s failure is handled and set intentions accordingly."""
+        strategy = resolution.determine(self, atom, failure, self.options.defer_reverts)
+        LOG.debug("Resolving failure of %r with %s: %s", atom.name, strategy, failure)
+        strategy.apply(self)

@@ -1,0 +1,104 @@
+"""The flow base class: a named, ordered container of atoms and other flows."""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterator
+from typing import Any
+
+from flowengine.atom import Atom
+
+# Keys of the metadata attached to links between a flow's items.
+LINK_INVARIANT = "invariant"
+LINK_MANUAL = "manual"
+LINK_RETRY = "retry"
+LINK_DECIDER = "decider"
+LINK_DECIDER_DEPTH = "decider_depth"
+LINK_REASONS = "reasons"
+
+Item = Any  # an Atom or a Flow; typed loosely because flows nest.
+
+
+def check_item(flow_name: str, item: object) -> None:
+    """Raise ``TypeError`` naming the flow unless ``item`` is an atom or a flow."""
+    if not isinstance(item, (Atom, Flow)):
+        raise TypeError(
+            f"Flow {flow_name!r} can only contain atoms and flows, not {type(item).__name__}: "
+            f"{item!r}"
+        )
+
+
+class Flow(metaclass=abc.ABCMeta):
+    """A structure of atoms and flows; the patterns in ``flowengine.flows`` define the order.
+
+    Args:
+        name: the flow's name (used in notifications and persistence).
+        retry: optional retry controller for failures inside this flow; if it has no name it is
+            named ``<flow name>_retry``.
+    """
+
+    def __init__(self, name: str, retry: Any = None) -> None:
+        self._name = str(name)
+        self._retry = retry
+        if retry is not None and retry.name is None:
+            retry.name = self._name + "_retry"
+
+    @property
+    def name(self) -> str:
+        """The flow's name."""
+        return self._name
+
+    @property
+    def retry(self) -> Any:
+        """The flow's retry controller, or None."""
+        return self._retry
+
+    @abc.abstractmethod
+    def add(self, *items: Item) -> Flow:
+        """Add atoms or flows and return self."""
+
+    @abc.abstractmethod
+    def __len__(self) -> int:
+        """Number of direct children."""
+
+    @abc.abstractmethod
+    def __iter__(self) -> Iterator[Item]:
+        """Iterate over the direct children."""
+
+    @abc.abstractmethod
+    def iter_links(self) -> Iterator[tuple[Item, Item, dict[str, Any]]]:
+        """Iterate over ``(u, v, metadata)``: v may only start after u has finished."""
+
+    def iter_nodes(self) -> Iterator[tuple[Item, dict[str, Any]]]:
+        """Iterate over ``(child, metadata)`` pairs."""
+        for item in self:
+            yield item, {}
+
+    @property
+    def provides(self) -> frozenset[str]:
+        """Every name some atom in this flow (or its retry) provides."""
+        names: set[str] = set()
+        if self._retry is not None:
+            names.update(self._retry.provides)
+        for item in self:
+            names.update(item.provides)
+        return frozenset(names)
+
+    @property
+    def requires(self) -> frozenset[str]:
+        """Names this flow needs from outside (its atoms need them; nothing inside provides)."""
+        needed: set[str] = set()
+        provided: set[str] = set()
+        if self._retry is not None:
+            needed.update(self._retry.requires)
+            provided.update(self._retry.provides)
+        for item in self:
+            needed.update(item.requires - provided)
+            provided.update(item.provides)
+        return frozenset(needed - (self._retry.provides if self._retry is not None else set()))
+
+    def __str__(self) -> str:
+        return f"{type(self).__module__.rsplit('.', 1)[-1]}.{type(self).__name__}: {self.name}"
+
+    def __repr__(self) -> str:
+        return f"<{self} with {len(self)} items>"

@@ -1,0 +1,246 @@
+"""Graph flow: children ordered by their data dependencies and explicit links."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import networkx as nx
+
+from flowengine import deciders as de
+from flowengine import exceptions as exc
+from flowengine import flow
+
+
+class Flow(flow.Flow):
+    """Runs children in an order that satisfies their dependencies.
+
+    A child that requires a name another child provides runs after it (inferred on ``add``);
+    ``link`` adds explicit orderings, optionally guarded by a decider. Cycles are rejected.
+    """
+
+    def __init__(self, name: str, retry: Any = None) -> None:
+        super().__init__(name, retry)
+        self._graph: nx.DiGraph = nx.DiGraph()
+        # name -> children providing it, so inference is a dict lookup per requirement.
+        self._providers: dict[str, list[flow.Item]] = {}
+        self._requirers: dict[str, list[flow.Item]] = {}
+
+    def _retry_provides(self) -> frozenset[str]:
+        return self.retry.provides if self.retry is not None else frozenset()
+
+    def add(
+        self, *items: flow.Item, resolve_requires: bool = True, resolve_existing: bool = True
+    ) -> Flow:
+        """Add items, linking them to providers of what they require (and vice versa).
+
+        Raises:
+            AmbiguousDependency: a requirement is provided by more than one child.
+            DependencyFailure: the inferred links would create a cycle (nothing is added).
+        """
+        new: list[flow.Item] = []
+        new_set: set[int] = set()
+        for item in items:
+            flow.check_item(self.name, item)
+            if item not in self._graph and id(item) not in new_set:
+                new.append(item)
+                new_set.add(id(item))
+        if not new:
+            return self
+        # Mutate in place and roll back on error: copying the graph (or scanning every node) per
+        # add() would make building an n-item flow one add() at a time quadratic.
+        graph = self._graph
+        providers = self._providers
+        retry_provides = self._retry_provides()
+        for item in new:
+            graph.add_node(item)
+            for name in item.provides:
+                providers.setdefault(name, []).append(item)
+        try:
+            if resolve_requires:
+                for item in new:
+                    for name in sorted(item.requires - retry_provides):
+                        self._link_to_provider(graph, providers, item, name)
+            if resolve_existing:
+                for item in new:
+                    for name in sorted(item.provides):
+                        for requirer in self._requirers.get(name, ()):
+                            if name not in retry_provides:
+                                self._link_to_provider(graph, providers, requirer, name)
+            added = [e for item in new for e in graph.in_edges(item)]
+            added += [e for item in new for e in graph.out_edges(item)]
+            # Every edge made here touches a new item, so these are exactly the new edges.
+            self._check_acyclic(graph, added)
+        except Exception:
+            graph.remove_nodes_from(new)
+            for item in new:
+                for name in item.provides:
+                    providers[name].remove(item)
+            raise
+        for item in new:
+            for name in item.requires:
+                self._requirers.setdefault(name, []).append(item)
+        self._changed()
+        return self
+
+    def _link_to_provider(
+        self,
+        graph: nx.DiGraph,
+        providers: dict[str, list[flow.Item]],
+        item: flow.Item,
+        name: str,
+    ) -> None:
+        candidates = [p for p in providers.get(name, ()) if p is not item]
+        if not candidates:
+            return
+        if len(candidates) > 1:
+            raise exc.AmbiguousDependency(
+                f"Flow {self.name!r}: {item.name!r} requires {name!r}, which is provided by "
+                f"more than one item: {sorted(c.name for c in candidates)}"
+            )
+        _add_link(graph, candidates[0], item, reason=name)
+
+    def link(
+        self,
+        u: flow.Item,
+        v: flow.Item,
+        decider: Callable[..., bool] | None = None,
+        decider_depth: de.Depth | str | None = None,
+    ) -> Flow:
+        """Make ``v`` run after ``u``; ``decider(history=...)`` may veto running ``v``.
+
+        Raises:
+            ValueError: a node is not in the flow, the decider is not callable, or a depth is
+                given without a decider.
+            DependencyFailure: the link would create a cycle.
+        """
+        for node, role in ((u, "from"), (v, "to")):
+            if node not in self._graph:
+                raise ValueError(f"Flow {self.name!r}: node {node!r} not found to link {role}")
+        if decider is not None and not callable(decider):
+            raise ValueError(f"Flow {self.name!r}: decider for link {u} -> {v} must be callable")
+        if decider_depth is not None and decider is None:
+            raise ValueError(f"Flow {self.name!r}: decider depth requires a decider")
+        depth = de.Depth.translate(decider_depth or de.Depth.ALL) if decider else None
+        existed = self._graph.has_edge(u, v)
+        self._check_acyclic(self._graph, [] if existed else [(u, v)])
+        attrs = _add_link(self._graph, u, v)
+        attrs[flow.LINK_MANUAL] = True
+        if decider is not None:
+            attrs[flow.LINK_DECIDER] = decider
+            attrs[flow.LINK_DECIDER_DEPTH] = depth
+        self._changed()
+        return self
+
+    def _check_acyclic(self, graph: nx.DiGraph, new_edges: list[tuple[Any, Any]]) -> None:
+        """Raise DependencyFailure if any new edge u -> v closes a cycle (v already reaches u)."""
+        for u, v in new_edges:
+            if u is v or (v in graph and u in graph and _reaches(graph, v, u, skip=(u, v))):
+                raise exc.DependencyFailure(
+                    f"Flow {self.name!r}: linking {getattr(u, 'name', u)!r} -> "
+                    f"{getattr(v, 'name', v)!r} creates a cycle, so no ordering of its items "
+                    f"satisfies every link"
+                )
+
+    def _changed(self) -> None:
+        """Hook for subclasses that cache views of the graph."""
+
+    def __len__(self) -> int:
+        return self._graph.number_of_nodes()
+
+    def __iter__(self) -> Iterator[flow.Item]:
+        return iter(self._graph.nodes)
+
+    def iter_links(self) -> Iterator[tuple[flow.Item, flow.Item, dict[str, Any]]]:
+        for u, v, data in self._graph.edges(data=True):
+            yield u, v, data
+
+    def iter_nodes(self) -> Iterator[tuple[flow.Item, dict[str, Any]]]:
+        for node, data in self._graph.nodes(data=True):
+            yield node, data
+
+    @property
+    def requires(self) -> frozenset[str]:
+        """Names needed from outside: requirements no predecessor or the retry satisfies."""
+        needed: set[str] = set()
+        retry_provides = self._retry_provides()
+        if self.retry is not None:
+            needed.update(self.retry.requires)
+        for item in self:
+            missing = set(item.requires - retry_provides)
+            if missing:
+                for ancestor in nx.ancestors(self._graph, item):
+                    missing -= ancestor.provides
+            needed.update(missing)
+        return frozenset(needed - retry_provides)
+
+
+def _reaches(graph: nx.DiGraph, start: Any, goal: Any, skip: tuple[Any, Any]) -> bool:
+    """Whether ``goal`` is reachable from ``start`` without using the edge ``skip``."""
+    seen = {start}
+    stack = [start]
+    while stack:
+        node = stack.pop()
+        for succ in graph.successors(node):
+            if (node, succ) == skip or succ in seen:
+                continue
+            if succ is goal:
+                return True
+            seen.add(succ)
+            stack.append(succ)
+    return False
+
+
+def _add_link(graph: nx.DiGraph, u: flow.Item, v: flow.Item, reason: str | None = None) -> dict:
+    if not graph.has_edge(u, v):
+        graph.add_edge(u, v)
+    attrs: dict[str, Any] = graph.edges[u, v]
+    if reason is not None:
+        attrs.setdefault(flow.LINK_REASONS, set()).add(reason)
+    return attrs
+
+
+class TargetedFlow(Flow):
+    """A graph flow that, once given a target, runs only the target and what it depends on."""
+
+    def __init__(self, name: str, retry: Any = None) -> None:
+        super().__init__(name, retry)
+        self._target: flow.Item | None = None
+        self._subgraph: nx.DiGraph | None = None
+
+    def set_target(self, target_node: flow.Item) -> None:
+        """Only ``target_node`` and its predecessors will run."""
+        if target_node not in self._graph:
+            raise ValueError(f"Flow {self.name!r}: target node {target_node!r} not found")
+        self._target = target_node
+        self._subgraph = None
+
+    def reset_target(self) -> None:
+        """Run everything again."""
+        self._target = None
+        self._subgraph = None
+
+    def _changed(self) -> None:
+        self._subgraph = None
+
+    def _active(self) -> nx.DiGraph:
+        if self._target is None:
+            return self._graph
+        if self._subgraph is None:
+            keep = nx.ancestors(self._graph, self._target) | {self._target}
+            self._subgraph = self._graph.subgraph(keep)
+        return self._subgraph
+
+    def __len__(self) -> int:
+        return self._active().number_of_nodes()
+
+    def __iter__(self) -> Iterator[flow.Item]:
+        return iter(self._active().nodes)
+
+    def iter_links(self) -> Iterator[tuple[flow.Item, flow.Item, dict[str, Any]]]:
+        for u, v, data in self._active().edges(data=True):
+            yield u, v, data
+
+    def iter_nodes(self) -> Iterator[tuple[flow.Item, dict[str, Any]]]:
+        for node, data in self._active().nodes(data=True):
+            yield node, data

@@ -1,0 +1,343 @@
+"""The one implementation of TaskFlow's connection semantics, over a small record-store seam.
+
+Every backend (memory, directory, SQL) provides a :class:`RecordStore`: transactions
+(:class:`Session`) that get, list, put and delete single records. :class:`StoreConnection` holds
+what saving means (merging with what is stored, which records must exist, what is returned) and
+how failures are reported, so the backends cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import abc
+import builtins
+import contextlib
+import logging
+from collections.abc import Callable, Iterable
+from typing import TypeVar
+
+from flowengine import exceptions as exc
+from flowengine.persistence import base, models
+from flowengine.persistence._codec import ATOM, BOOK, FLOW
+
+LOG = logging.getLogger(__name__)
+
+_R = TypeVar("_R")
+
+# A write that lost a race (two writers inserting one record) is retried this many times in all.
+_WRITE_ATTEMPTS = 3
+
+
+class Session(abc.ABC):
+    """One transaction against a store; records are models, decoded and checked by the store."""
+
+    @abc.abstractmethod
+    def get_book(self, uuid: str) -> models.LogBook | None:
+        """Return the logbook (without flows) or ``None``."""
+
+    @abc.abstractmethod
+    def get_flow(self, uuid: str) -> models.FlowDetail | None:
+        """Return the flow detail (without atoms) or ``None``."""
+
+    @abc.abstractmethod
+    def get_atom(self, uuid: str) -> models.AtomDetail | None:
+        """Return the atom detail or ``None``."""
+
+    @abc.abstractmethod
+    def books(self) -> list[models.LogBook]:
+        """Return every logbook (without flows)."""
+
+    @abc.abstractmethod
+    def flows_of(self, book_uuid: str) -> list[models.FlowDetail]:
+        """Return the flow details (without atoms) of a logbook."""
+
+    @abc.abstractmethod
+    def atoms_of(self, flow_uuid: str) -> list[models.AtomDetail]:
+        """Return the atom details of a flow detail."""
+
+    def atoms_by_flow(self, flow_uuids: list[str]) -> dict[str, list[models.AtomDetail]]:
+        """Return the atom details of several flow details (stores may do it in one query)."""
+        return {uuid: self.atoms_of(uuid) for uuid in flow_uuids}
+
+    @abc.abstractmethod
+    def put_book(self, book: models.LogBook, new: bool) -> None:
+        """Insert (``new``) or overwrite a logbook record."""
+
+    @abc.abstractmethod
+    def put_flow(self, fd: models.FlowDetail, book_uuid: str | None, new: bool) -> None:
+        """Insert a flow detail into a logbook (``new``) or overwrite its record."""
+
+    @abc.abstractmethod
+    def put_atom(self, ad: models.AtomDetail, flow_uuid: str | None, new: bool) -> None:
+        """Insert an atom detail into a flow detail (``new``) or overwrite its record."""
+
+    @abc.abstractmethod
+    def delete_book(self, uuid: str) -> None:
+        """Delete a logbook and everything in it."""
+
+    @abc.abstractmethod
+    def clear(self) -> None:
+        """Delete every record."""
+
+
+class RecordStore(abc.ABC):
+    """Where a backend keeps records.
+
+    Attributes:
+        description: Names the backend in messages (``dir backend '/var/lib/x'``), secrets masked.
+    """
+
+    description: str = "backend"
+
+    @abc.abstractmethod
+    def session(self, write: bool) -> contextlib.AbstractContextManager[Session]:
+        """Open a transaction; ``write`` ones exclude other writers until they end."""
+
+    def upgrade(self) -> None:
+        """Create or migrate the storage layout (nothing by default)."""
+        return None
+
+    def validate(self) -> None:
+        """Raise if the store cannot be used (nothing by default)."""
+        return None
+
+    def mask(self, text: str) -> str:
+        """Return ``text`` with any secret the store knows replaced by ``***``."""
+        return text
+
+    def is_conflict(self, err: BaseException) -> bool:
+        """Return whether ``err`` means a concurrent writer won a race worth retrying."""
+        return False
+
+
+def _changed(before: dict[str, object], after: dict[str, object]) -> bool:
+    try:
+        return before != after
+    except Exception:
+        # Some results (arrays, for one) refuse a truth value for ==; write them to be safe.
+        return True
+
+
+def _attach_flows(book: models.LogBook, flows: Iterable[models.FlowDetail]) -> None:
+    # LogBook.add stamps updated_at; loading what is stored must not change that record.
+    updated_at = book.updated_at
+    for fd in flows:
+        book.add(fd)
+    book.updated_at = updated_at
+
+
+class StoreConnection(base.Connection):
+    """A :class:`~flowengine.persistence.base.Connection` over a :class:`RecordStore`.
+
+    Args:
+        backend: The backend that made this connection.
+        store: Where the records are.
+    """
+
+    def __init__(self, backend: base.Backend, store: RecordStore) -> None:
+        self._backend = backend
+        self._store = store
+
+    @property
+    def backend(self) -> base.Backend:
+        """The backend this connection belongs to."""
+        return self._backend
+
+    def close(self) -> None:
+        """Nothing to release: the backend owns every resource."""
+
+    def _run(self, what: str, write: bool, work: Callable[[Session], _R]) -> _R:
+        store = self._store
+        for attempt in range(1, _WRITE_ATTEMPTS + 1):
+            try:
+                with store.session(write) as session:
+                    return work(session)
+            except (exc.TaskFlowException, builtins.NotImplementedError):
+                raise
+            except Exception as err:
+                if write and attempt < _WRITE_ATTEMPTS and store.is_conflict(err):
+                    LOG.debug("%s: %s lost a race, retrying", store.description, what)
+                    continue
+                message = f"{store.description}: {what} failed: {store.mask(str(err))}"
+                raise exc.BackendError(message, cause=err) from err
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def upgrade(self) -> None:
+        """Create or migrate the backend's storage layout."""
+        self._guard("upgrading the storage layout", self._store.upgrade)
+
+    def validate(self) -> None:
+        """Raise a :class:`~flowengine.exceptions.StorageFailure` if the backend is unusable."""
+        self._guard("validating", self._store.validate)
+
+    def _guard(self, what: str, call: Callable[[], None]) -> None:
+        try:
+            call()
+        except exc.TaskFlowException:
+            raise
+        except Exception as err:
+            message = f"{self._store.description}: {what} failed: {self._store.mask(str(err))}"
+            raise exc.BackendError(message, cause=err) from err
+
+    def clear_all(self) -> None:
+        """Delete every logbook, flow detail and atom detail."""
+        self._run("clearing all records", True, lambda s: s.clear())
+
+    def save_logbook(self, book: models.LogBook) -> models.LogBook:
+        """Save ``book`` with its flow and atom details; return the stored, merged version."""
+
+        def save(s: Session) -> models.LogBook:
+            stored = s.get_book(book.uuid)
+            if stored is None:
+                s.put_book(book, new=True)
+                merged = book
+            else:
+                merged = stored.merge(book)
+                s.put_book(merged, new=False)
+                _attach_flows(merged, self._populate(s, s.flows_of(book.uuid)))
+            _attach_flows(merged, [self._save_flow(s, fd, book.uuid) for fd in book])
+            return merged
+
+        return self._run(f"saving {BOOK} '{book.uuid}'", True, save)
+
+    def update_flow_details(self, flow_detail: models.FlowDetail) -> models.FlowDetail:
+        """Merge ``flow_detail`` and its atom details into storage; return the stored version."""
+        what = f"updating {FLOW} '{flow_detail.uuid}'"
+        return self._run(what, True, lambda s: self._save_flow(s, flow_detail, None))
+
+    def _save_flow(
+        self, s: Session, fd: models.FlowDetail, book_uuid: str | None
+    ) -> models.FlowDetail:
+        stored = s.get_flow(fd.uuid)
+        if stored is None:
+            if book_uuid is None:
+                raise exc.NotFound(f"{self._store.description}: no {FLOW} with uuid '{fd.uuid}'")
+            s.put_flow(fd, book_uuid, new=True)
+            for ad in fd:
+                s.put_atom(ad, fd.uuid, new=True)
+            return fd
+        merged = stored.merge(fd)
+        s.put_flow(merged, book_uuid, new=False)
+        existing = {ad.uuid: ad for ad in s.atoms_of(fd.uuid)}
+        for ad in fd:
+            current = existing.get(ad.uuid)
+            if current is None:
+                s.put_atom(ad, fd.uuid, new=True)
+                existing[ad.uuid] = ad
+                continue
+            before = current.to_dict()
+            current.merge(ad)
+            # Rewriting every unchanged atom on each flow update costs a write per atom.
+            if _changed(before, current.to_dict()):
+                s.put_atom(current, fd.uuid, new=False)
+        for ad in existing.values():
+            merged.add(ad)
+        return merged
+
+    def update_atom_details(self, atom_detail: models.AtomDetail) -> models.AtomDetail:
+        """Merge ``atom_detail`` into its stored version, save it and return the result."""
+
+        def update(s: Session) -> models.AtomDetail:
+            stored = s.get_atom(atom_detail.uuid)
+            if stored is None:
+                raise exc.NotFound(
+                    f"{self._store.description}: no {ATOM} with uuid '{atom_detail.uuid}'"
+                )
+            stored.merge(atom_detail)
+            s.put_atom(stored, None, new=False)
+            return stored
+
+        return self._run(f"updating {ATOM} '{atom_detail.uuid}'", True, update)
+
+    def destroy_logbook(self, book_uuid: str) -> None:
+        """Delete a logbook with its flow and atom details."""
+
+        def destroy(s: Session) -> None:
+            self._need_book(s, book_uuid)
+            s.delete_book(book_uuid)
+
+        self._run(f"destroying {BOOK} '{book_uuid}'", True, destroy)
+
+    def _need_book(self, s: Session, uuid: str) -> models.LogBook:
+        book = s.get_book(uuid)
+        if book is None:
+            raise exc.NotFound(f"{self._store.description}: no {BOOK} with uuid '{uuid}'")
+        return book
+
+    def _need_flow(self, s: Session, uuid: str) -> models.FlowDetail:
+        fd = s.get_flow(uuid)
+        if fd is None:
+            raise exc.NotFound(f"{self._store.description}: no {FLOW} with uuid '{uuid}'")
+        return fd
+
+    @staticmethod
+    def _populate(s: Session, flows: list[models.FlowDetail]) -> list[models.FlowDetail]:
+        atoms = s.atoms_by_flow([fd.uuid for fd in flows])
+        for fd in flows:
+            for ad in atoms.get(fd.uuid, ()):
+                fd.add(ad)
+        return flows
+
+    def get_logbook(self, book_uuid: str, lazy: bool = False) -> models.LogBook:
+        """Return a stored logbook; with ``lazy`` its flow details are not loaded."""
+
+        def load(s: Session) -> models.LogBook:
+            book = self._need_book(s, book_uuid)
+            if not lazy:
+                _attach_flows(book, self._populate(s, s.flows_of(book_uuid)))
+            return book
+
+        return self._run(f"loading {BOOK} '{book_uuid}'", False, load)
+
+    def get_logbooks(self, lazy: bool = False) -> Iterable[models.LogBook]:
+        """Return every stored logbook; with ``lazy`` their flow details are not loaded."""
+
+        def load(s: Session) -> list[models.LogBook]:
+            books = s.books()
+            if not lazy:
+                for book in books:
+                    _attach_flows(book, self._populate(s, s.flows_of(book.uuid)))
+            return books
+
+        # Loaded inside one transaction, then handed out: no transaction stays open meanwhile.
+        return iter(self._run("loading all logbooks", False, load))
+
+    def get_flows_for_book(
+        self, book_uuid: str, lazy: bool = False
+    ) -> Iterable[models.FlowDetail]:
+        """Return the flow details of a logbook; with ``lazy`` their atoms are not loaded."""
+
+        def load(s: Session) -> list[models.FlowDetail]:
+            self._need_book(s, book_uuid)
+            flows = s.flows_of(book_uuid)
+            return flows if lazy else self._populate(s, flows)
+
+        return iter(self._run(f"loading the flow details of {BOOK} '{book_uuid}'", False, load))
+
+    def get_flow_details(self, fd_uuid: str, lazy: bool = False) -> models.FlowDetail:
+        """Return a stored flow detail; with ``lazy`` its atom details are not loaded."""
+
+        def load(s: Session) -> models.FlowDetail:
+            fd = self._need_flow(s, fd_uuid)
+            return fd if lazy else self._populate(s, [fd])[0]
+
+        return self._run(f"loading {FLOW} '{fd_uuid}'", False, load)
+
+    def get_atom_details(self, ad_uuid: str) -> models.AtomDetail:
+        """Return a stored atom detail."""
+
+        def load(s: Session) -> models.AtomDetail:
+            ad = s.get_atom(ad_uuid)
+            if ad is None:
+                raise exc.NotFound(f"{self._store.description}: no {ATOM} with uuid '{ad_uuid}'")
+            return ad
+
+        return self._run(f"loading {ATOM} '{ad_uuid}'", False, load)
+
+    def get_atoms_for_flow(self, fd_uuid: str) -> Iterable[models.AtomDetail]:
+        """Return the atom details of a flow detail."""
+
+        def load(s: Session) -> list[models.AtomDetail]:
+            self._need_flow(s, fd_uuid)
+            return s.atoms_of(fd_uuid)
+
+        return iter(self._run(f"loading the atom details of {FLOW} '{fd_uuid}'", False, load))

@@ -1,0 +1,1 @@
+"""Private modules of the SQLAlchemy backend: tables, migrations, engine set-up, queries."""

@@ -1,0 +1,225 @@
+"""Building the SQLAlchemy engine from a backend configuration, and keeping secrets out of text.
+
+SQLite files are opened so that several processes can share one: write-ahead logging (readers
+never block the writer), a busy timeout (a writer waits for another instead of failing at once),
+and write transactions that take the write lock when they begin (``BEGIN IMMEDIATE``), because a
+transaction that reads first and upgrades to writing later can fail with "database is locked"
+without waiting at all.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import sqlite3
+import urllib.parse
+from collections.abc import Callable
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import event
+from sqlalchemy import exc as sa_exc
+from sqlalchemy import pool as sa_pool
+
+from flowengine.persistence.backends._uri import mask_urls
+
+LOG = logging.getLogger(__name__)
+
+#: Execution option a write session sets, so the SQLite begin hook takes the write lock at once.
+WRITE_OPTION = "flowengine_write"
+
+_DEFAULT_ISOLATION = {"postgresql": "READ COMMITTED", "mysql": "READ COMMITTED"}
+_MEMORY_SQLITE = ("", ":memory:")
+_OPTION_KEYS = (
+    "echo",
+    "idle_timeout",
+    "max_pool_size",
+    "max_overflow",
+    "pool_timeout",
+    "connect_timeout",
+    "isolation_level",
+    "busy_timeout",
+    "max_retries",
+)
+
+
+def _as_bool(value: Any, key: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off", "", "none"):
+        return False
+    raise ValueError(f"SQLAlchemy backend option '{key}' must be a boolean, not {value!r}")
+
+
+def _as_int(conf: dict[str, Any], key: str, default: int | None) -> int | None:
+    value = conf.get(key, default)
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError) as err:
+        message = f"SQLAlchemy backend option '{key}' must be an integer, not {value!r}"
+        raise ValueError(message) from err
+
+
+@dataclasses.dataclass(frozen=True)
+class SQLOptions:
+    """The SQLAlchemy backend's configuration, checked when built.
+
+    Attributes:
+        url: The database URL (driver made explicit: ``postgresql`` means psycopg 3).
+        echo: Log every statement (SQLAlchemy's ``echo``).
+        idle_timeout: Seconds after which pooled connections are recycled.
+        max_pool_size: Pool size (server databases).
+        max_overflow: Connections allowed beyond the pool (server databases).
+        pool_timeout: Seconds to wait for a pooled connection (server databases).
+        connect_timeout: Seconds to wait for a server connection (PostgreSQL).
+        isolation_level: Transaction isolation (``READ COMMITTED`` on PostgreSQL by default).
+        busy_timeout: Seconds a SQLite writer waits for another writer before failing.
+        max_retries: Extra attempts :meth:`validate` makes to connect, with backoff.
+        engine_args: Further ``create_engine`` arguments, overriding the ones above.
+    """
+
+    url: sa.URL
+    echo: bool = False
+    idle_timeout: int = 3600
+    max_pool_size: int | None = None
+    max_overflow: int | None = None
+    pool_timeout: int | None = None
+    connect_timeout: int = 10
+    isolation_level: str | None = None
+    busy_timeout: float = 30.0
+    max_retries: int = 0
+    engine_args: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def from_conf(cls, conf: dict[str, Any]) -> SQLOptions:
+        """Build the options from a backend configuration dict.
+
+        Raises:
+            ValueError: If ``connection`` is missing or an option has the wrong type.
+        """
+        connection = conf.get("connection")
+        if not connection:
+            raise ValueError("SQLAlchemy backend needs a 'connection' URL; none given")
+        # Options given as URI query parameters are ours, not the database driver's.
+        url = normalize_url(str(connection)).difference_update_query(_OPTION_KEYS)
+        engine_args = conf.get("engine_args") or {}
+        if not isinstance(engine_args, dict):
+            raise ValueError("SQLAlchemy backend option 'engine_args' must be a dict")
+        return cls(
+            url=url,
+            echo=_as_bool(conf.get("echo", False), "echo"),
+            idle_timeout=_as_int(conf, "idle_timeout", 3600) or 3600,
+            max_pool_size=_as_int(conf, "max_pool_size", None),
+            max_overflow=_as_int(conf, "max_overflow", None),
+            pool_timeout=_as_int(conf, "pool_timeout", None),
+            connect_timeout=_as_int(conf, "connect_timeout", 10) or 10,
+            isolation_level=conf.get("isolation_level"),
+            busy_timeout=float(conf.get("busy_timeout", 30.0)),
+            max_retries=max(0, _as_int(conf, "max_retries", 0) or 0),
+            engine_args=dict(engine_args),
+        )
+
+
+def normalize_url(connection: str) -> sa.URL:
+    """Parse a database URL, choosing psycopg 3 for a bare ``postgresql://`` (or ``postgres://``)."""
+    try:
+        url = sa.make_url(connection)
+    except sa_exc.ArgumentError as err:
+        raise ValueError(f"Not a database URL: {mask_urls(connection)!r}") from err
+    if url.drivername in ("postgresql", "postgres"):
+        url = url.set(drivername="postgresql+psycopg")
+    return url
+
+
+def describe(url: sa.URL) -> str:
+    """Name a database in messages, password masked."""
+    return f"sqlalchemy backend '{url.render_as_string(hide_password=True)}'"
+
+
+def masker(url: sa.URL) -> Callable[[str], str]:
+    """Return a function that removes ``url``'s password (plain and URL-quoted) from text."""
+    secrets = [s for s in {url.password, urllib.parse.quote(url.password or "", safe="")} if s]
+
+    def mask(text: str) -> str:
+        text = mask_urls(text)
+        for secret in secrets:
+            text = text.replace(str(secret), "***")
+        return text
+
+    return mask
+
+
+def _on_sqlite_connect(busy_timeout: float) -> Any:
+    def on_connect(dbapi_conn: sqlite3.Connection, record: Any) -> None:
+        # Let the begin hook issue BEGIN itself; the driver's implicit transactions cannot be
+        # told to take the write lock up front.
+        dbapi_conn.isolation_level = None
+        cursor = dbapi_conn.cursor()
+        try:
+            cursor.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
+            cursor.execute("PRAGMA foreign_keys = ON")
+            try:
+                cursor.execute("PRAGMA journal_mode = WAL")
+            except sqlite3.OperationalError as err:
+                # A read-only database can still be read in the journal mode it already has.
+                LOG.debug("SQLite: could not switch to WAL: %s", err)
+        finally:
+            cursor.close()
+
+    return on_connect
+
+
+def _on_sqlite_begin(conn: sa.Connection) -> None:
+    write = conn.get_execution_options().get(WRITE_OPTION, False)
+    conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
+
+
+def create_engine(options: SQLOptions) -> sa.Engine:
+    """Create the engine ``options`` describe, with SQLite's sharing hooks installed.
+
+    Raises:
+        ImportError: If the database's driver is not installed (naming the extra to install).
+    """
+    url = options.url
+    args: dict[str, Any] = {"echo": options.echo, "pool_recycle": options.idle_timeout}
+    backend = url.get_backend_name()
+    if backend == "sqlite":
+        if (url.database or "") in _MEMORY_SQLITE:
+            # One shared connection, or each connection would see its own empty database.
+            args["poolclass"] = sa_pool.StaticPool
+            args["connect_args"] = {"check_same_thread": False}
+        else:
+            # No pooled connections: safe across fork, and SQLite connections are cheap.
+            args["poolclass"] = sa_pool.NullPool
+    else:
+        args["pool_pre_ping"] = True
+        for key, name in (
+            ("pool_size", "max_pool_size"),
+            ("max_overflow", "max_overflow"),
+            ("pool_timeout", "pool_timeout"),
+        ):
+            if getattr(options, name) is not None:
+                args[key] = getattr(options, name)
+        if backend == "postgresql":
+            args["connect_args"] = {"connect_timeout": options.connect_timeout}
+    isolation = options.isolation_level or _DEFAULT_ISOLATION.get(backend)
+    if isolation:
+        args["isolation_level"] = isolation
+    args.update(options.engine_args)
+    try:
+        engine = sa.create_engine(url, **args)
+    except (ImportError, sa_exc.NoSuchModuleError) as err:
+        extra = "postgresql" if backend == "postgresql" else None
+        hint = f"pip install 'flowengine[{extra}]'" if extra else "install its DB-API driver"
+        raise ImportError(
+            f"{describe(url)}: the database driver is not installed ({err}); {hint}"
+        ) from err
+    if backend == "sqlite":
+        event.listen(engine, "connect", _on_sqlite_connect(options.busy_timeout))
+        event.listen(engine, "begin", _on_sqlite_begin)
+    return engine

@@ -1,0 +1,124 @@
+"""Schema versions and the steps from each to the next.
+
+The database records every applied step as a row of ``flowengine_schema`` (version, description,
+when). :func:`upgrade` applies the missing steps, in order, in one transaction that holds the
+database's write lock, so two processes upgrading at once apply each step once. A database whose
+version is newer than :data:`LATEST` was written by a later flowengine: it is refused, never
+changed.
+
+To change the schema, append a :class:`Migration`; never edit one that was released. Once a
+change alters columns, freeze the table definitions step 1 creates inside ``_create_tables``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import sqlalchemy as sa
+
+from flowengine.persistence.backends._sql import tables as schema
+from flowengine.persistence.base import IncompatibleSchema
+
+# An arbitrary constant: the PostgreSQL advisory lock that serialises concurrent upgrades.
+_PG_UPGRADE_LOCK = 0x666C6F77
+
+
+@dataclasses.dataclass(frozen=True)
+class Migration:
+    """One schema step.
+
+    Attributes:
+        version: The version the database has once the step is applied.
+        description: What the step does (stored in ``flowengine_schema``).
+        apply: Runs the step on a connection inside the upgrade transaction.
+    """
+
+    version: int
+    description: str
+    apply: Callable[[sa.Connection], None]
+
+
+def _create_tables(conn: sa.Connection) -> None:
+    tables = schema.define(sa.MetaData())
+    for table in (tables.logbooks, tables.flowdetails, tables.atomdetails):
+        table.create(conn)
+
+
+def _index_parents(conn: sa.Connection) -> None:
+    # Loading a logbook lists its flows, and loading a flow its atoms, by parent_uuid.
+    tables = schema.define(sa.MetaData())
+    sa.Index("flowdetails_parent_uuid_idx", tables.flowdetails.c.parent_uuid).create(conn)
+    sa.Index("atomdetails_parent_uuid_idx", tables.atomdetails.c.parent_uuid).create(conn)
+
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(1, "logbooks, flowdetails and atomdetails tables", _create_tables),
+    Migration(2, "indexes on flowdetails.parent_uuid and atomdetails.parent_uuid", _index_parents),
+)
+
+#: The schema version this code reads and writes.
+LATEST = MIGRATIONS[-1].version
+
+
+def current_version(conn: sa.Connection, where: str) -> int:
+    """Return the database's schema version (0 for an empty database).
+
+    Raises:
+        IncompatibleSchema: If the record tables exist without ``flowengine_schema`` (a TaskFlow
+            database, or another program's tables of the same names).
+    """
+    inspector = sa.inspect(conn)
+    if not inspector.has_table(schema.SCHEMA_TABLE):
+        found = [name for name in schema.RECORD_TABLES if inspector.has_table(name)]
+        if found:
+            raise IncompatibleSchema(
+                f"{where}: tables {', '.join(found)} exist but {schema.SCHEMA_TABLE} does not;"
+                " they were made by TaskFlow or another program, and flowengine will not adopt"
+                " them (use another database, or migrate their rows yourself)"
+            )
+        return 0
+    table = schema.define(sa.MetaData()).schema
+    return int(conn.execute(sa.select(sa.func.max(table.c.version))).scalar() or 0)
+
+
+def check(conn: sa.Connection, where: str) -> int:
+    """Return the schema version, raising if this code cannot use it.
+
+    Raises:
+        IncompatibleSchema: If the schema is newer than :data:`LATEST`, or foreign.
+    """
+    version = current_version(conn, where)
+    if version > LATEST:
+        raise IncompatibleSchema(
+            f"{where}: the database schema is version {version}, newer than version {LATEST}"
+            " that this flowengine understands; upgrade flowengine (the database was left as is)"
+        )
+    return version
+
+
+def upgrade(conn: sa.Connection, where: str) -> list[int]:
+    """Apply the missing migrations on ``conn`` (inside a write transaction).
+
+    Returns:
+        The versions applied (empty when the schema was current).
+
+    Raises:
+        IncompatibleSchema: If the schema is newer than this code, or foreign.
+    """
+    if conn.dialect.name == "postgresql":
+        conn.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": _PG_UPGRADE_LOCK})
+    version = check(conn, where)
+    table = schema.define(sa.MetaData()).schema
+    if version == 0:
+        table.create(conn)
+    applied = []
+    for migration in MIGRATIONS:
+        if migration.version <= version:
+            continue
+        migration.apply(conn)
+        conn.execute(
+            sa.insert(table).values(version=migration.version, description=migration.description)
+        )
+        applied.append(migration.version)
+    return applied

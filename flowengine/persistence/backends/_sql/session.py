@@ -1,0 +1,164 @@
+"""Rows to models and back: the SQL implementation of a record-store session."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+
+from flowengine.persistence import _codec, models
+from flowengine.persistence._store import Session
+from flowengine.persistence.backends._sql.tables import Tables
+
+# Columns holding JSON text, per record table.
+_ATOM_JSON = ("version", "meta", "results", "failure", "revert_results", "revert_failure")
+
+# Bound parameters per IN (...) list, well under every database's limit.
+_CHUNK = 500
+
+
+class SQLSession(Session):
+    """A transaction on one SQLAlchemy connection.
+
+    Args:
+        conn: The connection, inside a transaction.
+        tables: The schema's tables.
+        where: Names the backend in messages.
+        write: Whether rows read are locked (``SELECT ... FOR UPDATE`` where the database has it)
+            so concurrent read-merge-writes of one record take turns.
+    """
+
+    def __init__(self, conn: sa.Connection, tables: Tables, where: str, write: bool) -> None:
+        self._conn = conn
+        self._t = tables
+        self._where = where
+        self._write = write
+
+    def _loads(self, text: str | None, kind: str, uuid: str) -> Any:
+        return None if text is None else _codec.loads(text, self._where, kind, uuid)
+
+    def _dumps(self, value: Any, kind: str, uuid: str) -> str | None:
+        return None if value is None else _codec.dumps(value, self._where, kind, uuid)
+
+    def _select(self, table: sa.Table, where: Any) -> list[sa.Row[Any]]:
+        query = sa.select(table).where(where)
+        if self._write:
+            query = query.with_for_update()
+        return list(self._conn.execute(query))
+
+    def _book(self, row: sa.Row[Any]) -> models.LogBook:
+        uuid = row.uuid
+        with _codec.decoding(self._where, _codec.BOOK, uuid):
+            book = models.LogBook(row.name, uuid=uuid)
+            book.meta = self._loads(row.meta, _codec.BOOK, uuid) or {}
+            book.created_at = row.created_at
+            book.updated_at = row.updated_at
+            if not isinstance(book.meta, dict):
+                raise TypeError(f"meta is a {type(book.meta).__name__}, not an object")
+            return book
+
+    def _flow(self, row: sa.Row[Any]) -> models.FlowDetail:
+        uuid = row.uuid
+        with _codec.decoding(self._where, _codec.FLOW, uuid):
+            meta = self._loads(row.meta, _codec.FLOW, uuid)
+            data = {"uuid": uuid, "name": row.name, "state": row.state, "meta": meta}
+            return models.FlowDetail.from_dict(data)
+
+    def _atom(self, row: sa.Row[Any]) -> models.AtomDetail:
+        uuid = row.uuid
+        with _codec.decoding(self._where, _codec.ATOM, uuid):
+            data = {"uuid": uuid, "name": row.name, "state": row.state}
+            data["intention"] = row.intention
+            for column in _ATOM_JSON:
+                data[column] = self._loads(getattr(row, column), _codec.ATOM, uuid)
+            return models.atom_detail_class(row.atom_type).from_dict(data)
+
+    def get_book(self, uuid: str) -> models.LogBook | None:
+        rows = self._select(self._t.logbooks, self._t.logbooks.c.uuid == uuid)
+        return self._book(rows[0]) if rows else None
+
+    def get_flow(self, uuid: str) -> models.FlowDetail | None:
+        rows = self._select(self._t.flowdetails, self._t.flowdetails.c.uuid == uuid)
+        return self._flow(rows[0]) if rows else None
+
+    def get_atom(self, uuid: str) -> models.AtomDetail | None:
+        rows = self._select(self._t.atomdetails, self._t.atomdetails.c.uuid == uuid)
+        return self._atom(rows[0]) if rows else None
+
+    def books(self) -> list[models.LogBook]:
+        query = sa.select(self._t.logbooks).order_by(self._t.logbooks.c.created_at)
+        return [self._book(row) for row in self._conn.execute(query)]
+
+    def flows_of(self, book_uuid: str) -> list[models.FlowDetail]:
+        table = self._t.flowdetails
+        query = sa.select(table).where(table.c.parent_uuid == book_uuid).order_by(table.c.uuid)
+        return [self._flow(row) for row in self._conn.execute(query)]
+
+    def atoms_of(self, flow_uuid: str) -> list[models.AtomDetail]:
+        return self.atoms_by_flow([flow_uuid]).get(flow_uuid, [])
+
+    def atoms_by_flow(self, flow_uuids: list[str]) -> dict[str, list[models.AtomDetail]]:
+        table = self._t.atomdetails
+        found: dict[str, list[models.AtomDetail]] = {uuid: [] for uuid in flow_uuids}
+        for start in range(0, len(flow_uuids), _CHUNK):
+            chunk = flow_uuids[start : start + _CHUNK]
+            query = sa.select(table).where(table.c.parent_uuid.in_(chunk)).order_by(table.c.uuid)
+            for row in self._conn.execute(query):
+                found[row.parent_uuid].append(self._atom(row))
+        return found
+
+    def put_book(self, book: models.LogBook, new: bool) -> None:
+        table = self._t.logbooks
+        values = {
+            "name": book.name,
+            "meta": self._dumps(book.meta, _codec.BOOK, book.uuid),
+            "created_at": book.created_at,
+            "updated_at": book.updated_at,
+        }
+        self._put(table, book.uuid, values, new)
+
+    def put_flow(self, fd: models.FlowDetail, book_uuid: str | None, new: bool) -> None:
+        values = {
+            "name": fd.name,
+            "state": fd.state,
+            "meta": self._dumps(fd.meta, _codec.FLOW, fd.uuid),
+        }
+        if new:
+            values["parent_uuid"] = book_uuid
+        self._put(self._t.flowdetails, fd.uuid, values, new)
+
+    def put_atom(self, ad: models.AtomDetail, flow_uuid: str | None, new: bool) -> None:
+        data = ad.to_dict()
+        values: dict[str, Any] = {
+            "name": ad.name,
+            "state": ad.state,
+            "intention": ad.intention,
+            "atom_type": models.atom_detail_type(ad),
+        }
+        for column in _ATOM_JSON:
+            values[column] = self._dumps(data[column], _codec.ATOM, ad.uuid)
+        if new:
+            values["parent_uuid"] = flow_uuid
+        self._put(self._t.atomdetails, ad.uuid, values, new)
+
+    def _put(self, table: sa.Table, uuid: str, values: dict[str, Any], new: bool) -> None:
+        if new:
+            self._conn.execute(sa.insert(table).values(uuid=uuid, **values))
+        else:
+            self._conn.execute(sa.update(table).where(table.c.uuid == uuid).values(**values))
+
+    def delete_book(self, uuid: str) -> None:
+        # Explicit, children first: SQLite enforces ON DELETE CASCADE only when told to.
+        flows = sa.select(self._t.flowdetails.c.uuid).where(
+            self._t.flowdetails.c.parent_uuid == uuid
+        )
+        atoms = self._t.atomdetails
+        self._conn.execute(sa.delete(atoms).where(atoms.c.parent_uuid.in_(flows)))
+        flowdetails = self._t.flowdetails
+        self._conn.execute(sa.delete(flowdetails).where(flowdetails.c.parent_uuid == uuid))
+        logbooks = self._t.logbooks
+        self._conn.execute(sa.delete(logbooks).where(logbooks.c.uuid == uuid))
+
+    def clear(self) -> None:
+        for table in (self._t.atomdetails, self._t.flowdetails, self._t.logbooks):
+            self._conn.execute(sa.delete(table))

@@ -1,0 +1,52 @@
+"""Reading persistence URIs, and keeping their passwords out of messages."""
+
+from __future__ import annotations
+
+import urllib.parse
+from typing import Any
+
+# Schemes whose URI path is a filesystem path (file:///abs/path, dir:///abs/path).
+_PATH_SCHEMES = ("dir", "file")
+
+
+def mask_urls(text: str) -> str:
+    """Replace the password of every ``scheme://user:password@host`` URL in ``text`` by ``***``."""
+    parts = text.split("://")
+    for i in range(1, len(parts)):
+        head, sep, tail = parts[i].partition("@")
+        if sep and ":" in head and "/" not in head:
+            parts[i] = head.split(":", 1)[0] + ":***@" + tail
+    return "://".join(parts)
+
+
+def split_conf(conf: str | dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """Return the backend scheme and the configuration dict of a URI or configuration dict.
+
+    The URI's query parameters (and, for ``dir``/``file``, its path as ``path``) are merged into
+    a copy of the dict without overriding keys it sets. A ``+dialect`` suffix is dropped from the
+    returned scheme.
+
+    Raises:
+        TypeError: If ``conf`` is neither a string nor a dict.
+        ValueError: If there is no ``connection``.
+    """
+    if isinstance(conf, str):
+        conf = {"connection": conf}
+    elif not isinstance(conf, dict):
+        raise TypeError(f"Persistence configuration must be a URI or a dict, not {type(conf)}")
+    connection = conf.get("connection")
+    if not isinstance(connection, str) or not connection:
+        raise ValueError("Persistence configuration needs a 'connection' (a URI or scheme name)")
+    conf = dict(conf)
+    if "://" not in connection:
+        return connection.lower(), conf
+    parts = urllib.parse.urlsplit(connection)
+    scheme = parts.scheme.lower().split("+", 1)[0]
+    for key, value in urllib.parse.parse_qsl(parts.query):
+        conf.setdefault(key, value)
+    if scheme in _PATH_SCHEMES:
+        # dir://relative/path keeps its first segment in the host part of the URI.
+        path = urllib.parse.unquote(parts.netloc + parts.path)
+        if path:
+            conf.setdefault("path", path)
+    return scheme, conf

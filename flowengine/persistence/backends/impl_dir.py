@@ -1,0 +1,284 @@
+"""A backend that keeps each record in a JSON file under one directory.
+
+The layout is TaskFlow's ``dir`` backend layout, so a directory TaskFlow wrote can be read::
+
+    <path>/books/<book uuid>/metadata             the logbook record (JSON)
+    <path>/books/<book uuid>/<flow uuid>          symlink: the book holds that flow detail
+    <path>/flow_details/<flow uuid>/metadata      the flow detail record
+    <path>/flow_details/<flow uuid>/<atom uuid>   symlink: the flow holds that atom detail
+    <path>/atom_details/<atom uuid>/metadata      the atom detail record
+
+Several processes (and threads) may share a directory: every file is replaced atomically (a
+temporary file, fsync, then ``os.replace``), so a reader never sees half a record, and each
+operation holds an ``flock`` on ``<path>/.flowengine-lock`` (shared to read, exclusive to write),
+so a read-merge-write is never interleaved with another writer's. The kernel drops the lock of a
+process that dies, so a crash never leaves the directory locked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import shutil
+import uuid as uuidlib
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+from flowengine import exceptions as exc
+from flowengine.persistence import _codec, base, models
+from flowengine.persistence._store import RecordStore, Session, StoreConnection
+
+__all__ = ["DirBackend"]
+
+LOG = logging.getLogger(__name__)
+
+_M = TypeVar("_M")
+
+_BOOKS, _FLOWS, _ATOMS = "books", "flow_details", "atom_details"
+_RECORD = "metadata"
+_LOCK = ".flowengine-lock"
+
+
+def _truthy(value: Any) -> bool:
+    if isinstance(value, str):
+        return value.strip().lower() in ("1", "true", "yes", "on")
+    return bool(value)
+
+
+class _DirSession(Session):
+    def __init__(self, store: _DirStore) -> None:
+        self._store = store
+        self._where = store.description
+
+    def _dir(self, table: str, uuid: str | None = None) -> str:
+        if uuid is None:
+            return os.path.join(self._store.path, table)
+        # The uuid becomes a path component: it must not be able to leave its table directory.
+        if not uuid or uuid in (".", "..") or "/" in uuid or "\0" in uuid or uuid.startswith("."):
+            raise ValueError(f"uuid {uuid!r} cannot be used as a file name")
+        return os.path.join(self._store.path, table, uuid)
+
+    def _read(
+        self, table: str, kind: str, uuid: str, decode: Callable[[str, str, Any], _M]
+    ) -> _M | None:
+        path = os.path.join(self._dir(table, uuid), _RECORD)
+        try:
+            with open(path, "rb") as stream:
+                raw = stream.read()
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        with _codec.decoding(self._where, kind, uuid):
+            text = raw.decode(self._store.encoding)
+        return decode(self._where, uuid, _codec.loads(text, self._where, kind, uuid))
+
+    def _children(self, table: str, uuid: str) -> list[str]:
+        folder = self._dir(table, uuid)
+        try:
+            names = sorted(os.listdir(folder))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        return [
+            name
+            for name in names
+            if not name.startswith(".") and os.path.islink(os.path.join(folder, name))
+        ]
+
+    def _write(self, table: str, kind: str, uuid: str, record: dict[str, Any]) -> None:
+        text = _codec.dumps(record, self._where, kind, uuid)
+        folder = self._dir(table, uuid)
+        os.makedirs(folder, exist_ok=True)
+        temp = os.path.join(folder, f".{_RECORD}.{uuidlib.uuid4().hex}.tmp")
+        try:
+            with open(temp, "wb") as stream:
+                stream.write(text.encode(self._store.encoding))
+                stream.flush()
+                if self._store.fsync:
+                    os.fsync(stream.fileno())
+            os.replace(temp, os.path.join(folder, _RECORD))
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(temp)
+            raise
+
+    def _link(self, parent_table: str, parent_uuid: str, child_table: str, child: str) -> None:
+        # Written after the child's record, so a link never points at a missing record.
+        link = os.path.join(self._dir(parent_table, parent_uuid), child)
+        with contextlib.suppress(FileExistsError):
+            os.symlink(os.path.join("..", "..", child_table, child), link)
+
+    def get_book(self, uuid: str) -> models.LogBook | None:
+        return self._read(_BOOKS, _codec.BOOK, uuid, _codec.decode_book)
+
+    def get_flow(self, uuid: str) -> models.FlowDetail | None:
+        return self._read(_FLOWS, _codec.FLOW, uuid, _codec.decode_flow)
+
+    def get_atom(self, uuid: str) -> models.AtomDetail | None:
+        return self._read(_ATOMS, _codec.ATOM, uuid, _codec.decode_atom)
+
+    def books(self) -> list[models.LogBook]:
+        try:
+            names = sorted(os.listdir(self._dir(_BOOKS)))
+        except FileNotFoundError:
+            return []
+        found = []
+        for name in names:
+            if name.startswith("."):
+                continue
+            book = self.get_book(name)
+            if book is None:
+                # A folder without a record: a writer died between mkdir and its first write.
+                LOG.debug("%s: skipping logbook folder %r without a record", self._where, name)
+                continue
+            found.append(book)
+        return found
+
+    def flows_of(self, book_uuid: str) -> list[models.FlowDetail]:
+        uuids = self._children(_BOOKS, book_uuid)
+        return [self._need(self.get_flow(uuid), _codec.FLOW, uuid) for uuid in uuids]
+
+    def atoms_of(self, flow_uuid: str) -> list[models.AtomDetail]:
+        uuids = self._children(_FLOWS, flow_uuid)
+        return [self._need(self.get_atom(uuid), _codec.ATOM, uuid) for uuid in uuids]
+
+    def _need(self, found: _M | None, kind: str, uuid: str) -> _M:
+        if found is None:
+            raise base.CorruptRecord(
+                f"{self._where}: {kind} '{uuid}' is linked but its record is missing",
+                backend=self._where,
+                kind=kind,
+                uuid=uuid,
+            )
+        return found
+
+    def put_book(self, book: models.LogBook, new: bool) -> None:
+        self._write(_BOOKS, _codec.BOOK, book.uuid, _codec.book_record(book))
+
+    def put_flow(self, fd: models.FlowDetail, book_uuid: str | None, new: bool) -> None:
+        self._write(_FLOWS, _codec.FLOW, fd.uuid, _codec.flow_record(fd))
+        if book_uuid is not None:
+            self._link(_BOOKS, book_uuid, _FLOWS, fd.uuid)
+
+    def put_atom(self, ad: models.AtomDetail, flow_uuid: str | None, new: bool) -> None:
+        self._write(_ATOMS, _codec.ATOM, ad.uuid, _codec.atom_record(ad))
+        if flow_uuid is not None:
+            self._link(_FLOWS, flow_uuid, _ATOMS, ad.uuid)
+
+    def delete_book(self, uuid: str) -> None:
+        # Hide the book first (one atomic rename), so a crash part-way leaves only unlinked files.
+        doomed = os.path.join(self._dir(_BOOKS), f".deleting-{uuid}-{uuidlib.uuid4().hex}")
+        os.rename(self._dir(_BOOKS, uuid), doomed)
+        for flow_uuid in sorted(os.listdir(doomed)):
+            if flow_uuid.startswith(".") or not os.path.islink(os.path.join(doomed, flow_uuid)):
+                continue
+            for atom_uuid in self._children(_FLOWS, flow_uuid):
+                shutil.rmtree(self._dir(_ATOMS, atom_uuid), ignore_errors=True)
+            shutil.rmtree(self._dir(_FLOWS, flow_uuid), ignore_errors=True)
+        shutil.rmtree(doomed)
+
+    def clear(self) -> None:
+        for table in (_BOOKS, _FLOWS, _ATOMS):
+            folder = self._dir(table)
+            if os.path.isdir(folder):
+                doomed = os.path.join(self._store.path, f".{table}.deleting-{uuidlib.uuid4().hex}")
+                os.rename(folder, doomed)
+                os.makedirs(folder)
+                shutil.rmtree(doomed)
+
+
+class _DirStore(RecordStore):
+    def __init__(self, path: str, encoding: str, fsync: bool) -> None:
+        self.path = path
+        self.encoding = encoding
+        self.fsync = fsync
+        self.description = f"dir backend '{path}'"
+
+    @contextlib.contextmanager
+    def _locked(self, write: bool) -> Iterator[None]:
+        lock_path = os.path.join(self.path, _LOCK)
+        if write:
+            os.makedirs(self.path, exist_ok=True)
+        fd: int | None = None
+        try:
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError:
+            if write:
+                raise
+            with contextlib.suppress(OSError):
+                fd = os.open(lock_path, os.O_RDONLY)
+        if fd is None:
+            # Nothing stored yet, or a directory this process cannot write and nobody has
+            # written: each file is still replaced atomically, so reading without a lock is safe.
+            yield
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX if write else fcntl.LOCK_SH)
+            yield
+        finally:
+            os.close(fd)  # closing the descriptor releases the flock
+
+    @contextlib.contextmanager
+    def session(self, write: bool) -> Iterator[Session]:
+        with self._locked(write):
+            yield _DirSession(self)
+
+    def upgrade(self) -> None:
+        with self._locked(True):
+            for table in (_BOOKS, _FLOWS, _ATOMS):
+                os.makedirs(os.path.join(self.path, table), exist_ok=True)
+
+    def validate(self) -> None:
+        for table in (_BOOKS, _FLOWS, _ATOMS):
+            folder = os.path.join(self.path, table)
+            if not os.path.isdir(folder):
+                raise exc.StorageFailure(
+                    f"{self.description}: missing directory '{folder}' (run upgrade() first)"
+                )
+
+
+class DirBackend(base.Backend):
+    """Keeps logbooks as JSON files under a directory that several processes may share.
+
+    Configuration keys:
+
+    * ``path`` (required): the directory; a ``file:///path`` or ``dir:///path`` URI gives it too.
+    * ``encoding`` (default ``utf-8``): the files' text encoding.
+    * ``fsync`` (default ``True``): flush each file to disk before it replaces the old one.
+    * ``max_cache_size``: accepted for TaskFlow compatibility and ignored; files are always
+      read afresh, because another process may have changed them.
+
+    Args:
+        conf: The configuration.
+
+    Raises:
+        ValueError: If no path is given or ``max_cache_size`` is below one.
+    """
+
+    #: The encoding used when the configuration names none.
+    DEFAULT_FILE_ENCODING = "utf-8"
+
+    def __init__(self, conf: dict[str, Any] | None) -> None:
+        super().__init__(conf)
+        path = self._conf.get("path")
+        if not path:
+            raise ValueError("DirBackend needs a 'path' (or a 'file:///path' URI); none given")
+        cache_size = self._conf.get("max_cache_size")
+        if cache_size is not None and int(cache_size) < 1:
+            raise ValueError(f"max_cache_size must be at least one, not {cache_size!r}")
+        self._path = os.path.abspath(os.path.expanduser(str(path)))
+        self.encoding = str(self._conf.get("encoding", self.DEFAULT_FILE_ENCODING))
+        fsync = _truthy(self._conf.get("fsync", True))
+        self._store = _DirStore(self._path, self.encoding, fsync)
+
+    @property
+    def path(self) -> str:
+        """The directory records are stored under (absolute)."""
+        return self._path
+
+    def get_connection(self) -> base.Connection:
+        """Return a connection to the directory (nothing is opened until it is used)."""
+        return StoreConnection(self, self._store)
+
+    def close(self) -> None:
+        """Nothing to release: files are opened and closed by each operation."""

@@ -1,0 +1,180 @@
+"""A backend that keeps records in a SQL database through SQLAlchemy 2.x.
+
+SQLite (a file: the embedded default; several processes may share it) and PostgreSQL (through
+psycopg 3: ``pip install 'flowengine[postgresql]'``) are tested; other SQLAlchemy databases may
+work. The schema is versioned: :meth:`Connection.upgrade` creates it or brings an older one
+forward, and a schema newer than this code is refused with
+:class:`~flowengine.persistence.base.IncompatibleSchema`. See ``doc/persistence.rst``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import exc as sa_exc
+
+from flowengine import exceptions as exc
+from flowengine.persistence import base
+from flowengine.persistence._store import RecordStore, Session, StoreConnection
+from flowengine.persistence.backends._sql import migrations, tables
+from flowengine.persistence.backends._sql.engine import (
+    WRITE_OPTION,
+    SQLOptions,
+    create_engine,
+    describe,
+    masker,
+)
+from flowengine.persistence.backends._sql.session import SQLSession
+
+__all__ = ["SQLAlchemyBackend"]
+
+LOG = logging.getLogger(__name__)
+
+# PostgreSQL SQLSTATEs a retried transaction can get past: serialization failure, deadlock.
+_RETRYABLE_PG_CODES = frozenset({"40001", "40P01"})
+_CONNECT_ERRORS = (sa_exc.OperationalError, sa_exc.InterfaceError, sa_exc.TimeoutError)
+
+
+class _SQLStore(RecordStore):
+    def __init__(self, engine: sa.Engine, max_retries: int) -> None:
+        self.engine = engine
+        self.description = describe(engine.url)
+        self._mask: Callable[[str], str] = masker(engine.url)
+        self._max_retries = max_retries
+        self._tables = tables.define(sa.MetaData())
+        self._schema_ok = False
+        self._sqlite = engine.dialect.name == "sqlite"
+        in_memory = self._sqlite and (engine.url.database or "") in ("", ":memory:")
+        # An in-memory SQLite database is one shared connection: transactions must take turns.
+        self._serial: contextlib.AbstractContextManager[Any] = (
+            threading.Lock() if in_memory else contextlib.nullcontext()
+        )
+
+    def mask(self, text: str) -> str:
+        return self._mask(text)
+
+    def is_conflict(self, err: BaseException) -> bool:
+        if isinstance(err, sa_exc.IntegrityError):
+            return True  # two writers inserted one new record; the retry updates it instead
+        code = getattr(getattr(err, "orig", None), "sqlstate", None)
+        return isinstance(err, sa_exc.DBAPIError) and code in _RETRYABLE_PG_CODES
+
+    @contextlib.contextmanager
+    def _transaction(self, write: bool) -> Iterator[sa.Connection]:
+        with self._serial, self.engine.connect() as conn:
+            if write and self._sqlite:
+                conn.execution_options(**{WRITE_OPTION: True})
+            with conn.begin():
+                yield conn
+
+    @contextlib.contextmanager
+    def session(self, write: bool) -> Iterator[Session]:
+        with self._transaction(write) as conn:
+            if not self._schema_ok:
+                self._require_current(conn)
+            yield SQLSession(conn, self._tables, self.description, write)
+
+    def _require_current(self, conn: sa.Connection) -> None:
+        version = migrations.check(conn, self.description)
+        if version < migrations.LATEST:
+            state = "has no flowengine schema" if version == 0 else f"has schema version {version}"
+            raise exc.StorageFailure(
+                f"{self.description}: the database {state}, and this code needs version"
+                f" {migrations.LATEST}; call Connection.upgrade() (persistence.backends.backend()"
+                " does) before using it"
+            )
+        self._schema_ok = True
+
+    def upgrade(self) -> None:
+        with self._transaction(True) as conn:
+            applied = migrations.upgrade(conn, self.description)
+        if applied:
+            LOG.info("%s: applied schema migrations %s", self.description, applied)
+        self._schema_ok = True
+
+    def validate(self) -> None:
+        delay = 0.5
+        for attempt in range(self._max_retries + 1):
+            try:
+                with self.engine.connect() as conn:
+                    migrations.check(conn, self.description)
+                return
+            except _CONNECT_ERRORS as err:
+                if attempt >= self._max_retries:
+                    raise
+                LOG.warning(
+                    "%s: connecting failed (%s); retrying in %.1fs",
+                    self.description,
+                    self._mask(str(err).splitlines()[0]),
+                    delay,
+                )
+                time.sleep(delay)
+                delay = min(delay * 2, 30.0)
+
+
+class SQLAlchemyBackend(base.Backend):
+    """Keeps logbooks in a SQL database.
+
+    Configuration keys (all but ``connection`` optional):
+
+    * ``connection``: the database URL, e.g. ``sqlite:////var/lib/app/flows.db``,
+      ``postgresql://user:password@host/db`` (``postgresql+psycopg://`` is the same).
+    * ``busy_timeout`` (seconds, default 30): how long a SQLite writer waits for another.
+    * ``max_retries`` (default 0): extra attempts to connect when validating, with backoff.
+    * ``idle_timeout``, ``max_pool_size``, ``max_overflow``, ``pool_timeout``,
+      ``connect_timeout``, ``isolation_level``, ``echo``, ``engine_args``: engine and pool
+      settings (``engine_args`` is passed to :func:`sqlalchemy.create_engine` last).
+
+    Args:
+        conf: The configuration.
+        engine: An engine to use instead of creating one; it is not disposed by :meth:`close`,
+            and SQLite sharing hooks are not added to it.
+
+    Raises:
+        ValueError: If the configuration is invalid.
+        ImportError: If the database driver is missing.
+    """
+
+    def __init__(self, conf: dict[str, Any] | None, engine: sa.Engine | None = None) -> None:
+        super().__init__(conf)
+        if engine is not None:
+            self._engine = engine
+            self._owns_engine = False
+            options = SQLOptions.from_conf({"connection": engine.url, **self._conf})
+        else:
+            options = SQLOptions.from_conf(self._conf)
+            self._engine = create_engine(options)
+            self._owns_engine = True
+        self._store = _SQLStore(self._engine, options.max_retries)
+        self._validated = False
+        LOG.debug("Created %s", self._store.description)
+
+    @property
+    def engine(self) -> sa.Engine:
+        """The SQLAlchemy engine."""
+        return self._engine
+
+    def get_connection(self) -> base.Connection:
+        """Return a connection; the first one checks the database can be reached.
+
+        Raises:
+            flowengine.exceptions.BackendError: If the database cannot be reached.
+            flowengine.persistence.base.IncompatibleSchema: If its schema is newer or foreign.
+        """
+        conn = StoreConnection(self, self._store)
+        if not self._validated:
+            conn.validate()
+            self._validated = True
+        return conn
+
+    def close(self) -> None:
+        """Close pooled connections (of an engine this backend created)."""
+        if self._owns_engine:
+            self._engine.dispose()
+        self._validated = False

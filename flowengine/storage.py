@@ -1,0 +1,605 @@
+"""Storage: the engine's view of one flow detail (atom states, results, injected values).
+
+Every change goes to the flow detail's models and, when a backend is given, is written through
+to it at once, so an interrupted flow can be resumed by a new engine. What ``engine.storage`` is.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid as uuidlib
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from flowengine import exceptions, states
+from flowengine.persistence import models
+from flowengine.retry import History
+from flowengine.types.failure import Failure
+
+LOG = logging.getLogger(__name__)
+
+# Results are readable from these states (revert still sees what execute produced).
+_EXECUTE_RESULT_STATES = frozenset((states.SUCCESS, states.FAILURE, states.REVERTING))
+_REVERT_RESULT_STATES = frozenset((states.REVERTED, states.REVERT_FAILURE, states.REVERTING))
+#: Meta key holding an atom's persistent injected arguments.
+META_INJECTED = "injected"
+#: Meta key holding a task's progress.
+META_PROGRESS = "progress"
+META_PROGRESS_DETAILS = "progress_details"
+
+#: Finds which of ``candidates`` (provider atom names) ``atom_name`` can see, closest first.
+ScopeFetcher = Callable[[str, list[str]], list[str]]
+
+
+def _item_from(container: Any, index: Any) -> Any:
+    if index is None:
+        return container
+    return container[index]
+
+
+class _Provider:
+    """An atom (or the injector) that provides a name, at ``index`` of its result."""
+
+    __slots__ = ("name", "index")
+
+    def __init__(self, name: str, index: Any) -> None:
+        self.name = name
+        self.index = index
+
+    def __repr__(self) -> str:
+        return f"<provider {self.name!r} index={self.index!r}>"
+
+
+class Storage:
+    """Reads and writes the state of one flow's atoms.
+
+    Args:
+        flow_detail: the :class:`~flowengine.persistence.models.FlowDetail` to work on.
+        backend: where changes are written through to (None keeps them in memory only).
+        scope_fetcher: decides which providers an atom may read from (set by the engine).
+    """
+
+    #: The name of the pseudo-atom holding values given to :meth:`inject`.
+    injector_name = "_TASKFLOW_INJECTOR"
+
+    def __init__(
+        self,
+        flow_detail: models.FlowDetail,
+        backend: Any = None,
+        scope_fetcher: ScopeFetcher | None = None,
+    ) -> None:
+        self._flow_detail = flow_detail
+        self._backend = backend
+        self._connection = backend.get_connection() if backend is not None else None
+        self._scope_fetcher = scope_fetcher
+        self._lock = threading.RLock()
+        self._by_name: dict[str, models.AtomDetail] = {ad.name: ad for ad in flow_detail}
+        self._result_mappings: dict[str, dict[str, Any]] = {}
+        self._reverse_mapping: dict[str, list[_Provider]] = {}
+        self._transients: dict[str, Any] = {}
+        self._injected_args: dict[str, dict[str, Any]] = {}
+        # Failures keep their exc_info here; the stored copy loses it on serialization.
+        self._failures: dict[str, dict[str, Failure]] = {}
+        for ad in self._by_name.values():
+            self._remember_failures(ad)
+        injector = self._by_name.get(self.injector_name)
+        if injector is not None and isinstance(injector.results, dict):
+            self._map_results(self.injector_name, {k: k for k in injector.results})
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    @property
+    def lock(self) -> threading.RLock:
+        """The lock serialising changes (re-entrant)."""
+        return self._lock
+
+    @property
+    def backend(self) -> Any:
+        """The persistence backend, or None."""
+        return self._backend
+
+    @property
+    def flow_name(self) -> str:
+        """Name of the flow this storage belongs to."""
+        return self._flow_detail.name
+
+    @property
+    def flow_uuid(self) -> str:
+        """UUID of the flow detail."""
+        return self._flow_detail.uuid
+
+    @property
+    def flow_meta(self) -> dict[str, Any]:
+        """The flow detail's metadata."""
+        return self._flow_detail.meta
+
+    @property
+    def flow_detail(self) -> models.FlowDetail:
+        """The flow detail itself."""
+        return self._flow_detail
+
+    def set_scope_fetcher(self, scope_fetcher: ScopeFetcher | None) -> None:
+        """Install the function deciding which providers an atom can see."""
+        self._scope_fetcher = scope_fetcher
+
+    def _save_atom(self, ad: models.AtomDetail) -> None:
+        if self._connection is not None:
+            try:
+                self._connection.update_atom_details(ad)
+            except exceptions.StorageFailure:
+                raise
+            except Exception as err:
+                raise exceptions.StorageFailure(
+                    f"Could not save atom {ad.name!r} ({ad.uuid}) of flow "
+                    f"{self.flow_name!r} to backend {type(self._backend).__name__}: {err}"
+                ) from err
+
+    def _save_flow(self) -> None:
+        if self._connection is not None:
+            try:
+                self._connection.update_flow_details(self._flow_detail)
+            except exceptions.StorageFailure:
+                raise
+            except Exception as err:
+                raise exceptions.StorageFailure(
+                    f"Could not save flow {self.flow_name!r} ({self.flow_uuid}) to backend "
+                    f"{type(self._backend).__name__}: {err}"
+                ) from err
+
+    def _detail(self, atom_name: str) -> models.AtomDetail:
+        try:
+            return self._by_name[atom_name]
+        except KeyError:
+            raise exceptions.NotFound(
+                f"Unknown atom name {atom_name!r} in flow {self.flow_name!r}"
+            ) from None
+
+    def _remember_failures(self, ad: models.AtomDetail) -> None:
+        cache: dict[str, Failure] = {}
+        if ad.failure is not None:
+            cache[states.EXECUTE] = ad.failure
+        if ad.revert_failure is not None:
+            cache[states.REVERT] = ad.revert_failure
+        self._failures[ad.name] = cache
+
+    def _map_results(self, provider: str, mapping: Mapping[str, Any]) -> None:
+        self._result_mappings[provider] = dict(mapping)
+        for name, index in mapping.items():
+            entries = self._reverse_mapping.setdefault(name, [])
+            if not any(p.name == provider and p.index == index for p in entries):
+                entries.append(_Provider(provider, index))
+
+    # -- atoms ------------------------------------------------------------------------------
+
+    def ensure_atoms(self, atoms: Iterable[Any]) -> list[str]:
+        """Make sure every atom has a detail record; return their uuids in order."""
+        with self._lock:
+            return [self.ensure_atom(atom) for atom in atoms]
+
+    def ensure_atom(self, atom: Any) -> str:
+        """Make sure ``atom`` has a detail of the right kind; return its uuid."""
+        from flowengine.retry import Retry
+
+        with self._lock:
+            kind = models.RetryDetail if isinstance(atom, Retry) else models.TaskDetail
+            ad = self._by_name.get(atom.name)
+            if ad is None:
+                ad = kind(atom.name, str(uuidlib.uuid4()))
+                ad.state = states.PENDING
+                ad.intention = states.EXECUTE
+                ad.version = ".".join(str(v) for v in atom.version)
+                self._flow_detail.add(ad)
+                self._by_name[atom.name] = ad
+                self._save_flow()
+                self._save_atom(ad)
+            elif not isinstance(ad, kind):
+                raise exceptions.Duplicate(
+                    f"Atom {atom.name!r} of flow {self.flow_name!r} is stored as a "
+                    f"{type(ad).__name__}, but the flow now has a {type(atom).__name__} by "
+                    f"that name"
+                )
+            self._map_results(atom.name, atom.save_as)
+            return ad.uuid
+
+    def get_atom_uuid(self, atom_name: str) -> str:
+        """The uuid of the named atom's detail."""
+        return self._detail(atom_name).uuid
+
+    def set_atom_state(self, atom_name: str, state: str) -> None:
+        """Set and store the named atom's state."""
+        with self._lock:
+            ad = self._detail(atom_name)
+            ad.state = state
+            self._save_atom(ad)
+
+    def get_atom_state(self, atom_name: str) -> str:
+        """The named atom's state."""
+        return self._detail(atom_name).state
+
+    def set_atom_intention(self, atom_name: str, intention: str) -> None:
+        """Set and store what the engine intends to do with the atom next."""
+        with self._lock:
+            ad = self._detail(atom_name)
+            ad.intention = intention
+            self._save_atom(ad)
+
+    def get_atom_intention(self, atom_name: str) -> str:
+        """What the engine intends to do with the atom next."""
+        return self._detail(atom_name).intention
+
+    def set_atom_state_and_intention(
+        self, atom_name: str, state: str | None, intention: str | None
+    ) -> None:
+        """Set both in one write (used when resetting many atoms)."""
+        with self._lock:
+            ad = self._detail(atom_name)
+            if state is not None:
+                if state == states.PENDING or state == states.IGNORE:
+                    ad.reset(state)
+                    self._failures[atom_name] = {}
+                else:
+                    ad.state = state
+            if intention is not None:
+                ad.intention = intention
+            self._save_atom(ad)
+
+    def get_atoms_states(self, atom_names: Iterable[str]) -> dict[str, tuple[str, str]]:
+        """``{name: (state, intention)}`` for the given atoms."""
+        with self._lock:
+            return {n: (self._detail(n).state, self._detail(n).intention) for n in atom_names}
+
+    def update_atom_metadata(self, atom_name: str, update_with: Mapping[str, Any]) -> None:
+        """Merge ``update_with`` into the atom's metadata and store it."""
+        if not update_with:
+            return
+        with self._lock:
+            ad = self._detail(atom_name)
+            ad.meta.update(update_with)
+            self._save_atom(ad)
+
+    def set_task_progress(
+        self, task_name: str, progress: float, details: Mapping[str, Any] | None = None
+    ) -> None:
+        """Store a task's progress (0.0-1.0) and optional details."""
+        update: dict[str, Any] = {META_PROGRESS: progress}
+        if details is not None:
+            update[META_PROGRESS_DETAILS] = {"at_progress": progress, "details": dict(details)}
+        else:
+            update[META_PROGRESS_DETAILS] = None
+        self.update_atom_metadata(task_name, update)
+
+    def get_task_progress(self, task_name: str) -> float:
+        """A task's last stored progress (0.0 when none)."""
+        return float(self._detail(task_name).meta.get(META_PROGRESS, 0.0))
+
+    def get_task_progress_details(self, task_name: str) -> dict[str, Any] | None:
+        """A task's last stored progress details, if any."""
+        return self._detail(task_name).meta.get(META_PROGRESS_DETAILS)
+
+    # -- results ----------------------------------------------------------------------------
+
+    def check_result_shape(self, atom_name: str, result: Any) -> None:
+        """Raise InvalidFormat, naming the atom, if ``result`` lacks a name it ``provides``."""
+        for name, index in self._result_mappings.get(atom_name, {}).items():
+            try:
+                _item_from(result, index)
+            except (IndexError, KeyError, TypeError) as err:
+                raise exceptions.InvalidFormat(
+                    f"Atom {atom_name!r} provides {name!r} at index {index!r} of its result, "
+                    f"but its result ({type(result).__name__}) has no such item"
+                ) from err
+
+    def save(self, atom_name: str, result: Any, state: str = states.SUCCESS) -> None:
+        """Store an atom's result (or failure) together with its new state."""
+        with self._lock:
+            ad = self._detail(atom_name)
+            ad.put(state, result)
+            if state in (states.FAILURE, states.REVERT_FAILURE) and ad.intention in (
+                states.EXECUTE, states.REVERT,
+            ):
+                self._failures.setdefault(atom_name, {})[ad.intention] = result
+            self._save_atom(ad)
+
+    def save_retry_failure(self, retry_name: str, failed_atom_name: str, failure: Failure) -> None:
+        """Record a subflow failure in the retry controller's current history entry."""
+        with self._lock:
+            ad = self._detail(retry_name)
+            if not isinstance(ad, models.RetryDetail):
+                raise exceptions.StorageFailure(f"Atom {retry_name!r} is not a retry controller")
+            try:
+                failures = ad.last_failures
+            except exceptions.NotFound as err:
+                raise exceptions.StorageFailure(
+                    f"Retry {retry_name!r} has no history entry to add the failure of "
+                    f"{failed_atom_name!r} to"
+                ) from err
+            if failed_atom_name not in failures:
+                failures[failed_atom_name] = failure
+                self._save_atom(ad)
+
+    def cleanup_retry_history(self, retry_name: str, state: str) -> None:
+        """Forget a retry controller's history and set its state."""
+        with self._lock:
+            ad = self._detail(retry_name)
+            ad.state = state
+            ad.results = []
+            self._save_atom(ad)
+
+    def _get(self, atom_name: str, revert: bool) -> Any:
+        ad = self._detail(atom_name)
+        failure = ad.revert_failure if revert else ad.failure
+        key = states.REVERT if revert else states.EXECUTE
+        if failure is not None:
+            cached = self._failures.get(atom_name, {}).get(key)
+            return cached if cached is not None and cached.matches(failure) else failure
+        allowed = _REVERT_RESULT_STATES if revert else _EXECUTE_RESULT_STATES
+        what = "revert" if revert else "execution"
+        if ad.state not in allowed:
+            reason = " (as it was ignored)" if ad.state == states.IGNORE else ""
+            raise exceptions.NotFound(
+                f"Result for atom {atom_name!r} {what} is not known{reason}: it is in state "
+                f"{ad.state}"
+            )
+        return ad.revert_results if revert else ad.last_results
+
+    def get_execute_result(self, atom_name: str) -> Any:
+        """What the atom's ``execute`` returned (or its Failure)."""
+        return self._get(atom_name, revert=False)
+
+    get = get_execute_result
+
+    def get_revert_result(self, atom_name: str) -> Any:
+        """What the atom's ``revert`` returned (or its Failure)."""
+        return self._get(atom_name, revert=True)
+
+    def _failures_for(self, key: str) -> dict[str, Failure]:
+        return {name: c[key] for name, c in self._failures.items() if key in c}
+
+    def get_execute_failures(self) -> dict[str, Failure]:
+        """``{atom_name: Failure}`` of every failed ``execute``."""
+        return self._failures_for(states.EXECUTE)
+
+    get_failures = get_execute_failures
+
+    def get_revert_failures(self) -> dict[str, Failure]:
+        """``{atom_name: Failure}`` of every failed ``revert``."""
+        return self._failures_for(states.REVERT)
+
+    def has_failures(self) -> bool:
+        """Whether any atom has failed."""
+        return any(self._failures.values())
+
+    def reset(self, atom_name: str, state: str = states.PENDING) -> None:
+        """Forget the atom's results and put it in ``state``."""
+        if atom_name == self.injector_name:
+            return
+        with self._lock:
+            ad = self._detail(atom_name)
+            if ad.state == state:
+                return
+            ad.reset(state)
+            self._failures[atom_name] = {}
+            self._save_atom(ad)
+
+    # -- injected values --------------------------------------------------------------------
+
+    def inject_atom_args(
+        self, atom_name: str, pairs: Mapping[str, Any], transient: bool = True
+    ) -> None:
+        """Give the named atom (only) these argument values."""
+        if atom_name not in self._by_name:
+            raise exceptions.NotFound(f"Unknown atom name {atom_name!r} in flow {self.flow_name!r}")
+        with self._lock:
+            if transient:
+                self._injected_args.setdefault(atom_name, {}).update(pairs)
+            else:
+                ad = self._detail(atom_name)
+                injected = dict(ad.meta.get(META_INJECTED, {}))
+                injected.update(pairs)
+                ad.meta[META_INJECTED] = injected
+                self._save_atom(ad)
+
+    def inject(self, pairs: Mapping[str, Any], transient: bool = False) -> None:
+        """Make values available to every atom by name (stored unless ``transient``)."""
+        with self._lock:
+            if transient:
+                self._transients.update(pairs)
+                for name in pairs:
+                    entries = self._reverse_mapping.setdefault(name, [])
+                    if not any(p.name is _TRANSIENT for p in entries):
+                        entries.insert(0, _Provider(_TRANSIENT, name))
+                return
+            ad = self._by_name.get(self.injector_name)
+            if ad is None:
+                ad = models.TaskDetail(self.injector_name, str(uuidlib.uuid4()))
+                ad.state = states.SUCCESS
+                ad.intention = states.EXECUTE
+                ad.results = {}
+                self._flow_detail.add(ad)
+                self._by_name[self.injector_name] = ad
+                self._save_flow()
+            results = dict(ad.results or {})
+            results.update(pairs)
+            ad.put(states.SUCCESS, results)
+            self._save_atom(ad)
+            self._map_results(self.injector_name, {name: name for name in results})
+
+    # -- argument resolution ----------------------------------------------------------------
+
+    def _provider_results(self, provider: _Provider) -> tuple[bool, Any]:
+        """``(found, value)`` of one provider's item; ignored or unfinished providers miss."""
+        if provider.name is _TRANSIENT:
+            return True, self._transients[provider.index]
+        ad = self._by_name.get(provider.name)
+        if ad is None or ad.state not in _EXECUTE_RESULT_STATES or ad.failure is not None:
+            return False, None
+        try:
+            return True, _item_from(ad.last_results, provider.index)
+        except (IndexError, KeyError, TypeError):
+            return False, None
+
+    def _defaults_first(self, providers: list[_Provider]) -> tuple[list[_Provider], list[_Provider]]:
+        defaults = [p for p in providers if p.name is _TRANSIENT or p.name == self.injector_name]
+        atoms = [p for p in providers if p.name is not _TRANSIENT and p.name != self.injector_name]
+        return defaults, atoms
+
+    def _visible(self, atom_name: str | None, atom_providers: list[_Provider]) -> list[_Provider]:
+        if atom_name is None or self._scope_fetcher is None or not atom_providers:
+            return atom_providers
+        names = self._scope_fetcher(atom_name, [p.name for p in atom_providers])
+        order = {name: i for i, name in enumerate(names)}
+        visible = [p for p in atom_providers if p.name in order]
+        visible.sort(key=lambda p: order[p.name])
+        return visible
+
+    def _lookup(self, atom_name: str | None, name: str) -> tuple[bool, Any, str]:
+        """Find ``name`` for ``atom_name``: ``(found, value, why_not)``."""
+        providers = self._reverse_mapping.get(name)
+        if not providers:
+            return False, None, f"no atom or injected value provides {name!r}"
+        defaults, atoms = self._defaults_first(providers)
+        for provider in defaults:
+            found, value = self._provider_results(provider)
+            if found:
+                return True, value, ""
+        visible = self._visible(atom_name, atoms)
+        for provider in visible:
+            found, value = self._provider_results(provider)
+            if found:
+                return True, value, ""
+        if not visible:
+            who = ", ".join(repr(p.name) for p in atoms)
+            return False, None, f"{name!r} is provided by {who}, which {atom_name!r} cannot see"
+        who = ", ".join(repr(p.name) for p in visible)
+        return False, None, f"{name!r} was not produced by {who} (not run, ignored or failed)"
+
+    def fetch_mapped_args(
+        self,
+        args_mapping: Mapping[str, str],
+        atom_name: str | None = None,
+        scope_walker: Any = None,
+        optional_args: Iterable[str] | None = None,
+    ) -> dict[str, Any]:
+        """Resolve an atom's ``{argument: stored name}`` mapping to ``{argument: value}``.
+
+        Atom-specific injected values win, then flow-level injected values, then the results of
+        the closest visible providers.
+
+        Raises:
+            NotFound: a required name cannot be resolved; the message names atom and argument.
+        """
+        if not args_mapping:
+            return {}
+        optional = set(optional_args or ())
+        sources: list[Mapping[str, Any]] = []
+        if atom_name is not None:
+            sources.append(self._injected_args.get(atom_name, {}))
+            sources.append(self._detail(atom_name).meta.get(META_INJECTED, {}))
+        result: dict[str, Any] = {}
+        with self._lock:
+            for arg, name in args_mapping.items():
+                for source in sources:
+                    if name in source:
+                        result[arg] = source[name]
+                        break
+                else:
+                    found, value, why = self._lookup(atom_name, name)
+                    if found:
+                        result[arg] = value
+                    elif arg not in optional and name not in optional:
+                        raise exceptions.NotFound(
+                            f"Atom {atom_name!r} argument {arg!r} <= {name!r}: {why}"
+                        )
+        return result
+
+    def fetch_unsatisfied_args(
+        self,
+        atom_name: str,
+        args_mapping: Mapping[str, str],
+        scope_walker: Any = None,
+        optional_args: Iterable[str] | None = None,
+    ) -> set[str]:
+        """Names in ``args_mapping`` nothing visible to the atom could ever provide."""
+        optional = set(optional_args or ())
+        injected = dict(self._injected_args.get(atom_name, {}))
+        injected.update(self._detail(atom_name).meta.get(META_INJECTED, {}))
+        missing: set[str] = set()
+        for arg, name in args_mapping.items():
+            if name in injected or arg in optional or name in optional:
+                continue
+            providers = self._reverse_mapping.get(name, [])
+            defaults, atoms = self._defaults_first(providers)
+            if defaults or self._visible(atom_name, atoms):
+                continue
+            missing.add(name)
+        return missing
+
+    def fetch(self, name: str, many_handler: Callable[[list[Any]], Any] | None = None) -> Any:
+        """The value stored under ``name`` (the first of several, unless ``many_handler``)."""
+        with self._lock:
+            values = [v for found, v in map(self._provider_results,
+                                            self._reverse_mapping.get(name, [])) if found]
+        if not values:
+            raise exceptions.NotFound(f"Name {name!r} is not provided by anything in flow "
+                                      f"{self.flow_name!r}")
+        return many_handler(values) if many_handler else values[0]
+
+    def fetch_all(self, many_handler: Callable[[list[Any]], Any] | None = None) -> dict[str, Any]:
+        """Every name with a value: one value, or a list when several providers have one."""
+        def default(values: list[Any]) -> Any:
+            return values if len(values) > 1 else values[0]
+
+        found: dict[str, Any] = {}
+        for name in list(self._reverse_mapping):
+            try:
+                found[name] = self.fetch(name, many_handler or default)
+            except exceptions.NotFound:
+                pass
+        return found
+
+    # -- flow state -------------------------------------------------------------------------
+
+    def set_flow_state(self, state: str) -> None:
+        """Set and store the flow's state."""
+        with self._lock:
+            self._flow_detail.state = state
+            self._save_flow()
+
+    def get_flow_state(self) -> str:
+        """The flow's state (PENDING when never set)."""
+        return self._flow_detail.state or states.PENDING
+
+    def change_flow_state(self, state: str) -> tuple[bool, str]:
+        """Move the flow to ``state`` if allowed; return ``(moved, old_state)``."""
+        with self._lock:
+            old_state = self.get_flow_state()
+            if not states.check_flow_transition(old_state, state):
+                return False, old_state
+            self.set_flow_state(state)
+            return True, old_state
+
+    def update_flow_metadata(self, update_with: Mapping[str, Any]) -> None:
+        """Merge ``update_with`` into the flow's metadata and store it."""
+        with self._lock:
+            self._flow_detail.meta.update(update_with)
+            self._save_flow()
+
+    # -- retries ----------------------------------------------------------------------------
+
+    def get_retry_history(self, retry_name: str) -> History:
+        """The named retry controller's :class:`~flowengine.retry.History`."""
+        ad = self._detail(retry_name)
+        if not isinstance(ad, models.RetryDetail):
+            raise exceptions.NotFound(f"Atom {retry_name!r} is not a retry controller")
+        cached = self._failures.get(retry_name, {}).get(states.EXECUTE)
+        failure = cached if cached is not None else ad.failure
+        return History(list(ad.results), failure=failure)
+
+    def get_retry_histories(self) -> list[tuple[str, History]]:
+        """``(name, History)`` of every retry controller."""
+        return [(ad.name, self.get_retry_history(ad.name))
+                for ad in self._by_name.values() if isinstance(ad, models.RetryDetail)]
+
+
+_TRANSIENT: Any = object()

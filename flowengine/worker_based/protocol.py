@@ -1,0 +1,478 @@
+"""The worker wire protocol: message types, TaskFlow's schemas and the request lifecycle.
+
+The base layer is TaskFlow 6.x's, byte for byte (see ``doc/`` and ``TASKFLOW-WIRE.md``): message
+property ``type`` is NOTIFY, REQUEST or RESPONSE and bodies are JSON documents matching the schemas
+below. flowengine's additions never go into a body a TaskFlow peer reads; they travel in message
+headers named by the ``HEADER_*`` constants, which TaskFlow peers ignore.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import uuid as uuid_mod
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
+
+import futurist
+import jsonschema
+from automaton import machines
+from jsonschema import exceptions as schema_exc
+
+from flowengine import exceptions as exc
+from flowengine.types.failure import Failure
+
+LOG = logging.getLogger(__name__)
+
+# Message types (the kombu ``type`` property).
+NOTIFY = "NOTIFY"
+REQUEST = "REQUEST"
+RESPONSE = "RESPONSE"
+
+# Request states (protocol states, unrelated to atom states) and the progress pseudo-state.
+WAITING = "WAITING"
+PENDING = "PENDING"
+RUNNING = "RUNNING"
+SUCCESS = "SUCCESS"
+FAILURE = "FAILURE"
+EVENT = "EVENT"
+#: States in which ``transition_timeout`` runs; once RUNNING, the engine's lease takes over.
+WAITING_STATES = (WAITING, PENDING)
+STOP_TIMER_STATES = (RUNNING, SUCCESS, FAILURE)
+
+# Remote actions and the executor outcome each maps to (the local executors' constants).
+EXECUTE = "execute"
+REVERT = "revert"
+ACTION_TO_EVENT = {EXECUTE: "executed", REVERT: "reverted"}
+
+#: Seconds a request may stay WAITING/PENDING before it fails (TaskFlow's default).
+REQUEST_TIMEOUT = 60.0
+QUEUE_EXPIRE_TIMEOUT = REQUEST_TIMEOUT
+NOTIFY_PERIOD = 5.0
+EXPIRES_AFTER = 60.0
+
+
+class _NoResult:
+    def __repr__(self) -> str:
+        return "NO_RESULT"
+
+
+#: Marks "no result given" where ``None`` is a valid result.
+NO_RESULT: Any = _NoResult()
+
+# Header extensions (flowengine peers only; every value is a str, int or float).
+PROTOCOL_VERSION = 1
+HEADER_PROTOCOL = "x-flowengine-protocol"  # int: the sender speaks flowengine protocol N
+HEADER_REQUEST_ID = "x-flowengine-request-id"  # str: unique per attempt, echoed in replies
+HEADER_ATTEMPT = "x-flowengine-attempt"  # int: 1 for the first attempt
+HEADER_ATOM_UUID = "x-flowengine-atom-uuid"  # str
+HEADER_TASK_NAME = "x-flowengine-task-name"  # str
+HEADER_ORIGIN = "x-flowengine-origin"  # str: "host:pid" of the sender
+HEADER_WORKER = "x-flowengine-worker"  # str: the replying worker's id
+HEADER_CAPACITY = "x-flowengine-capacity"  # int: the worker's free task slots
+HEADER_DEADLINE = "x-flowengine-deadline"  # float: UNIX time after which a request is void
+HEADER_TIME_LIMIT = "x-flowengine-time-limit"  # float: seconds the task may run
+HEADER_WORKER_STATUS = "x-flowengine-worker-status"  # str: WORKER_ONLINE / WORKER_OFFLINE
+WORKER_ONLINE = "online"
+WORKER_OFFLINE = "offline"
+
+#: Routing key of worker announcements: a NOTIFY reply body, sent unsolicited on the worker's
+#: exchange. Only flowengine engines bind their reply queue with this key, so TaskFlow peers never
+#: see announcements, and nobody declares a queue named after it.
+DISCOVERY_ROUTING_KEY = "flowengine.discovery"
+
+# Bounds applied on receipt, before anything else reads a message.
+MAX_BODY_BYTES = 8 * 1024 * 1024
+MAX_NESTING_DEPTH = 64
+
+
+def origin() -> str:
+    """This process as ``host:pid``, the value of :data:`HEADER_ORIGIN`."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def task_class_name(task: object) -> str:
+    """The wire name of a task class (or of an instance's class): ``module.QualifiedName``."""
+    cls = task if isinstance(task, type) else type(task)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def exceeds_depth(value: Any, limit: int = MAX_NESTING_DEPTH) -> bool:
+    """Tell whether JSON-like ``value`` nests dicts/lists deeper than ``limit`` levels."""
+    # Iterative on purpose: a hostile document must not cost us a RecursionError.
+    stack: list[tuple[Any, int]] = [(value, 1)] if isinstance(value, (dict, list)) else []
+    while stack:
+        item, depth = stack.pop()
+        if depth > limit:
+            return True
+        children = item.values() if isinstance(item, dict) else item
+        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
+    return False
+
+
+def failure_to_dict(failure: Failure) -> dict[str, Any]:
+    """Encode ``failure`` as a JSON-able v1 dict, dropping ``exc_args`` if they are not JSON."""
+    data = failure.to_dict()
+    try:
+        json.dumps(data)
+    except (TypeError, ValueError):
+        return failure.to_dict(include_args=False)
+    return data
+
+
+def _compile(schema: dict[str, Any]) -> Any:
+    base = jsonschema.validators.validator_for(schema)
+    # Locally built dicts hold tuples where decoded JSON has lists; accept both, as TaskFlow does.
+    checker = base.TYPE_CHECKER.redefine("array", lambda _c, v: isinstance(v, (list, tuple)))
+    return jsonschema.validators.extend(base, type_checker=checker)(schema)
+
+
+def _check(validator: Any, data: Any, what: str) -> None:
+    try:
+        validator.validate(data)
+    except schema_exc.ValidationError as err:
+        raise exc.InvalidFormat(f"{what} not of the expected format: {err.message}", err) from err
+
+
+def make_an_event(new_state: str) -> str:
+    """The machine event that moves a request into ``new_state``."""
+    return f"on_{new_state}".lower()
+
+
+def build_a_machine(freeze: bool = True) -> machines.FiniteMachine:
+    """Build the request lifecycle: WAITING -> PENDING -> RUNNING -> SUCCESS | FAILURE."""
+    m = machines.FiniteMachine()
+    for state in (WAITING, PENDING, RUNNING):
+        m.add_state(state)
+    for state in (SUCCESS, FAILURE):
+        m.add_state(state, terminal=True)
+    m.default_start_state = WAITING
+    for start, end in (
+        (WAITING, PENDING),  # published to a worker
+        (WAITING, FAILURE),  # expired, or no worker can run it
+        (PENDING, RUNNING),  # a worker started it
+        (PENDING, FAILURE),  # expired, publish failed, or the worker refused it
+        (RUNNING, SUCCESS),
+        (RUNNING, FAILURE),
+    ):
+        m.add_transition(start, end, make_an_event(end))
+    if freeze:
+        m.freeze()
+    return m
+
+
+#: The one request machine; requests keep their own state and look transitions up here.
+MACHINE = build_a_machine()
+_TRANSITIONS: dict[tuple[str, str], str] = {(s, e): end for s, e, end in MACHINE}
+
+
+class Message(abc.ABC):
+    """Base of the three message types."""
+
+    TYPE: ClassVar[str]
+
+    @abc.abstractmethod
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON-able body."""
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.to_dict()!r}>"
+
+
+class Notify(Message):
+    """Discovery: an engine's ``{}`` query, or a worker's ``{"topic", "tasks"}`` reply."""
+
+    TYPE = NOTIFY
+    RESPONSE_SCHEMA: ClassVar[dict[str, Any]] = {
+        "type": "object",
+        "properties": {
+            "topic": {"type": "string"},
+            "tasks": {"type": "array", "items": {"type": "string"}},
+        },
+        "required": ["topic", "tasks"],
+        "additionalProperties": False,
+    }
+    SENDER_SCHEMA: ClassVar[dict[str, Any]] = {"type": "object", "additionalProperties": False}
+
+    def __init__(self, **data: Any) -> None:
+        self._data = data
+
+    @property
+    def topic(self) -> str | None:
+        """The replying worker's topic (replies only)."""
+        return self._data.get("topic")
+
+    @property
+    def tasks(self) -> list[str] | None:
+        """The task class names the worker runs (replies only)."""
+        return self._data.get("tasks")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The body: ``{}`` for a query, ``{"topic", "tasks"}`` for a reply."""
+        return dict(self._data)
+
+    @classmethod
+    def validate(cls, data: Any, response: bool) -> None:
+        """Check a query (``response=False``) or reply body; raise InvalidFormat if wrong."""
+        if response:
+            _check(_NOTIFY_RESPONSE, data, "Notify message response data")
+        else:
+            _check(_NOTIFY_SENDER, data, "Notify message sender data")
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkUnit:
+    """A validated REQUEST body, decoded for the worker."""
+
+    task_cls: str
+    task_name: str
+    task_version: str | list[Any]
+    action: str
+    arguments: dict[str, Any]
+    result: Any = NO_RESULT
+    failures: dict[str, Failure] | None = None
+
+
+class Request(Message):
+    """One attempt at running a task remotely, as the engine tracks it.
+
+    Created WAITING; ``transition_timeout`` (``timeout``) only runs while it is WAITING or
+    PENDING, measured with ``clock`` so tests can move time without sleeping.
+
+    Args:
+        task: The local task object (gives the class name, name and version on the wire).
+        uuid: The correlation id replies carry.
+        action: :data:`EXECUTE` or :data:`REVERT`.
+        arguments: The resolved keyword arguments (must be JSON-able).
+        timeout: Seconds allowed in WAITING/PENDING; ``None`` waits forever.
+        result: On revert, what execute returned (a value or a Failure).
+        failures: On revert, the flow's failures by atom name.
+        clock: Monotonic clock, in seconds.
+        request_id: Unique id of this attempt (generated when not given).
+        attempt: 1 for the first attempt.
+    """
+
+    TYPE = REQUEST
+    SCHEMA: ClassVar[dict[str, Any]] = {
+        "type": "object",
+        "properties": {
+            "result": {},
+            "failures": {"type": "object"},
+            "task_cls": {"type": "string"},
+            "task_name": {"type": "string"},
+            "task_version": {"oneOf": [{"type": "string"}, {"type": "array"}]},
+            "action": {"type": "string", "enum": list(ACTION_TO_EVENT)},
+            "arguments": {"type": "object"},
+        },
+        "required": ["task_cls", "task_name", "task_version", "action"],
+    }
+
+    def __init__(
+        self,
+        task: Any,
+        uuid: str,
+        action: str,
+        arguments: Mapping[str, Any],
+        timeout: float | None = REQUEST_TIMEOUT,
+        result: Any = NO_RESULT,
+        failures: Mapping[str, Failure] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        request_id: str | None = None,
+        attempt: int = 1,
+    ) -> None:
+        if action not in ACTION_TO_EVENT:
+            raise ValueError(f"Request for task '{task.name}' has unknown action '{action}'")
+        self.task = task
+        self.uuid = uuid
+        self.action = action
+        self.arguments = dict(arguments)
+        self.result = result
+        self.failures = dict(failures) if failures else {}
+        self.timeout = timeout
+        self.request_id = request_id or uuid_mod.uuid4().hex
+        self.attempt = attempt
+        self._clock = clock
+        self.created_on = clock()
+        self._state = WAITING
+        self._lock = threading.Lock()
+        self.future: futurist.Future[Any] = futurist.Future()
+        self.future.atom = task  # type: ignore[attr-defined]
+
+    @property
+    def current_state(self) -> str:
+        """The request's protocol state."""
+        return self._state
+
+    @property
+    def expired(self) -> bool:
+        """Whether it stayed WAITING/PENDING longer than its timeout."""
+        if self._state not in WAITING_STATES or self.timeout is None:
+            return False
+        return self._clock() - self.created_on > self.timeout
+
+    def set_result(self, result: Any) -> None:
+        """Complete the future with ``(executed|reverted, result_or_Failure)``."""
+        self.future.set_result((ACTION_TO_EVENT[self.action], result))
+
+    def transition(self, new_state: str) -> bool:
+        """Move to ``new_state``: True if moved, False if already there.
+
+        Raises:
+            InvalidState: If the lifecycle forbids the move; names the request and both states.
+        """
+        with self._lock:
+            old = self._state
+            if old == new_state:
+                return False
+            target = _TRANSITIONS.get((old, make_an_event(new_state)))
+            if target is None:
+                raise exc.InvalidState(
+                    f"Request {self.request_id} for task '{self.task.name}' cannot go from"
+                    f" {old} to {new_state} (event '{make_an_event(new_state)}')"
+                )
+            self._state = target
+        LOG.debug("Request %s moved from %s to %s", self.request_id, old, target)
+        return True
+
+    def transition_and_log_error(
+        self, new_state: str, logger: logging.Logger | None = None
+    ) -> bool:
+        """Like :meth:`transition`, but log a refused move (and return False) instead of raising."""
+        try:
+            return self.transition(new_state)
+        except exc.InvalidState as err:
+            (logger or LOG).warning("%s", err)
+            return False
+
+    def to_dict(self) -> dict[str, Any]:
+        """The REQUEST body; Failures become v1 failure dicts."""
+        body: dict[str, Any] = {
+            "task_cls": task_class_name(self.task),
+            "task_name": self.task.name,
+            "task_version": list(self.task.version),
+            "action": self.action,
+            "arguments": self.arguments,
+        }
+        if self.result is not NO_RESULT:
+            if isinstance(self.result, Failure):
+                body["result"] = ["failure", failure_to_dict(self.result)]
+            else:
+                body["result"] = ["success", self.result]
+        if self.failures:
+            body["failures"] = {name: failure_to_dict(f) for name, f in self.failures.items()}
+        return body
+
+    @classmethod
+    def validate(cls, data: Any) -> None:
+        """Check a REQUEST body, including every failure dict it carries."""
+        _check(_REQUEST, data, "Request message data")
+        failures = list(data.get("failures", {}).values())
+        if "result" in data:
+            result = data["result"]
+            if not (
+                isinstance(result, (list, tuple))
+                and len(result) == 2
+                and result[0] in ("success", "failure")
+            ):
+                raise exc.InvalidFormat(
+                    f"Request for task '{data['task_name']}' has a 'result' that is not"
+                    " ['success', value] or ['failure', failure]"
+                )
+            if result[0] == "failure":
+                failures.append(result[1])
+        for failure in failures:
+            Failure.validate(failure)
+
+    @staticmethod
+    def from_dict(data: Mapping[str, Any]) -> WorkUnit:
+        """Decode a **validated** REQUEST body (failure dicts become data-only Failures)."""
+        result = NO_RESULT
+        if "result" in data:
+            kind, value = data["result"]
+            result = Failure.from_dict(value) if kind == "failure" else value
+        failures = data.get("failures")
+        return WorkUnit(
+            task_cls=data["task_cls"],
+            task_name=data["task_name"],
+            task_version=data["task_version"],
+            action=data["action"],
+            arguments=dict(data.get("arguments") or {}),
+            result=result,
+            failures={k: Failure.from_dict(v) for k, v in failures.items()} if failures else None,
+        )
+
+
+class Response(Message):
+    """A worker's reply: RUNNING, EVENT (progress), SUCCESS or FAILURE."""
+
+    TYPE = RESPONSE
+    SCHEMA: ClassVar[dict[str, Any]] = {
+        "type": "object",
+        "properties": {
+            "state": {"type": "string", "enum": list(MACHINE.states) + [EVENT]},
+            "data": {
+                "anyOf": [
+                    {"$ref": "#/definitions/event"},
+                    {"$ref": "#/definitions/completion"},
+                    {"$ref": "#/definitions/empty"},
+                ]
+            },
+        },
+        "required": ["state", "data"],
+        "additionalProperties": False,
+        "definitions": {
+            "event": {
+                "type": "object",
+                "properties": {"event_type": {"type": "string"}, "details": {"type": "object"}},
+                "required": ["event_type", "details"],
+                "additionalProperties": False,
+            },
+            "empty": {"type": "object", "additionalProperties": False},
+            "completion": {
+                "type": "object",
+                "properties": {"result": {}},
+                "required": ["result"],
+                "additionalProperties": False,
+            },
+        },
+    }
+
+    def __init__(self, state: str, **data: Any) -> None:
+        self.state = state
+        self.data = data
+
+    def to_dict(self) -> dict[str, Any]:
+        """The RESPONSE body."""
+        return {"state": self.state, "data": self.data}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Response:
+        """Decode a **validated** RESPONSE body; a FAILURE result becomes a Failure."""
+        payload = dict(data["data"])
+        if data["state"] == FAILURE and "result" in payload:
+            payload["result"] = Failure.from_dict(payload["result"])
+        return cls(data["state"], **payload)
+
+    @classmethod
+    def validate(cls, data: Any) -> None:
+        """Check a RESPONSE body; unlike TaskFlow, also the nested failure of a FAILURE."""
+        _check(_RESPONSE, data, "Response message data")
+        state, payload = data["state"], data["data"]
+        if state in (SUCCESS, FAILURE) and "result" not in payload:
+            raise exc.InvalidFormat(f"Response in state {state} has no 'result' in its data")
+        if state == EVENT and "event_type" not in payload:
+            raise exc.InvalidFormat("Response in state EVENT has no 'event_type' in its data")
+        if state == FAILURE:
+            Failure.validate(payload["result"])
+
+
+_NOTIFY_RESPONSE = _compile(Notify.RESPONSE_SCHEMA)
+_NOTIFY_SENDER = _compile(Notify.SENDER_SCHEMA)
+_REQUEST = _compile(Request.SCHEMA)
+_RESPONSE = _compile(Response.SCHEMA)

@@ -1,0 +1,460 @@
+"""The messaging edge: the only flowengine module that talks to kombu.
+
+A :class:`Proxy` owns one exchange and one queue. It publishes JSON messages (declaring the target
+queue, so messages wait for a consumer that has not started yet), consumes its own queue on the
+thread that calls :meth:`Proxy.start`, reconnects with capped, jittered exponential backoff, and
+lets any thread settle (ack, requeue, reject) the messages it delivered.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import queue
+import random
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, NamedTuple
+from urllib.parse import urlsplit, urlunsplit
+
+import kombu
+from kombu import pools, serialization
+from kombu.transport import virtual
+
+from flowengine.worker_based import dispatcher as dp
+from flowengine.worker_based import protocol as pr
+from flowengine.worker_based import transport_fs
+
+LOG = logging.getLogger(__name__)
+
+#: Seconds the consume loop waits for a message before it looks at stop requests and settlements.
+DRAIN_TIMEOUT = 0.05
+PUBLISH_POOL_SIZE = 8
+#: Retry log lines: the first few attempts, then every Nth.
+_LOG_FIRST, _LOG_EVERY = 3, 10
+
+
+class MessageEncodeError(ValueError):
+    """A message body is not JSON-serializable, or is larger than the receive bound."""
+
+
+class ProxyStopped(Exception):
+    """A retry was abandoned because the proxy is stopping."""
+
+
+def mask_url(url: str | None) -> str:
+    """``url`` with passwords replaced by ``***`` (each URL of a ``;`` failover list)."""
+    return ";".join(_mask_one(part) for part in (url or "").split(";"))
+
+
+def _mask_one(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    userinfo, host = parts.netloc.rsplit("@", 1)
+    user = userinfo.split(":", 1)[0]
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+
+
+def encode(msg: pr.Message) -> bytes:
+    """Serialize ``msg`` as the JSON body that goes on the wire.
+
+    Raises:
+        MessageEncodeError: Not JSON-serializable, or over :data:`protocol.MAX_BODY_BYTES`.
+    """
+    try:
+        _, _, data = serialization.dumps(msg.to_dict(), serializer="json")
+    except Exception as err:  # kombu wraps the encoder's TypeError/ValueError
+        raise MessageEncodeError(f"{msg.TYPE} body is not JSON-serializable: {err}") from err
+    body = data.encode("utf-8") if isinstance(data, str) else data
+    if len(body) > pr.MAX_BODY_BYTES:
+        raise MessageEncodeError(
+            f"{msg.TYPE} body is {len(body)} bytes, over the {pr.MAX_BODY_BYTES} byte bound"
+        )
+    return body
+
+
+@dataclasses.dataclass(frozen=True)
+class RetryOptions:
+    """How to retry connecting, consuming and publishing.
+
+    The n-th retry (from 0) sleeps ``min(interval_max, interval_start * multiplier**n)`` reduced
+    by up to ``jitter`` (a fraction), so a fleet that lost its broker does not reconnect in step.
+    ``max_retries=None`` retries until the proxy stops.
+    """
+
+    interval_start: float = 0.2
+    interval_max: float = 30.0
+    multiplier: float = 2.0
+    jitter: float = 0.5
+    max_retries: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("interval_start", "interval_max", "multiplier", "jitter"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"retry_options '{name}' must be >= 0, got {getattr(self, name)}")
+        if self.jitter > 1 or self.multiplier < 1:
+            raise ValueError(f"retry_options need 0 <= jitter <= 1 and multiplier >= 1: {self}")
+        if self.max_retries is not None and self.max_retries < 0:
+            raise ValueError(f"retry_options 'max_retries' must be >= 0, got {self.max_retries}")
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any] | None) -> RetryOptions:
+        """Build from a ``retry_options`` dict; TaskFlow's keys are accepted.
+
+        TaskFlow's ``interval_step`` (a linear increment) is accepted and ignored: the interval
+        grows by ``multiplier`` instead.
+        """
+        options = dict(options or {})
+        options.pop("interval_step", None)
+        unknown = set(options) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise ValueError(f"Unknown retry_options: {', '.join(sorted(unknown))}")
+        converted: dict[str, Any] = {k: float(v) for k, v in options.items() if k != "max_retries"}
+        if options.get("max_retries") is not None:
+            converted["max_retries"] = int(options["max_retries"])
+        return cls(**converted)
+
+    def delay(self, attempt: int, rand: Callable[[], float] = random.random) -> float:
+        """Seconds to sleep before retry number ``attempt`` (from 0)."""
+        base = min(self.interval_max, self.interval_start * self.multiplier ** min(attempt, 64))
+        return base * (1.0 - self.jitter * rand())
+
+
+class _Backoff:
+    """One retry sequence; callable as a kombu ``errback(exc, interval)``."""
+
+    def __init__(self, options: RetryOptions, what: str, where: str, stop: threading.Event):
+        self._options, self._what, self._where, self._stop = options, what, where, stop
+        self.attempt = 0
+
+    @property
+    def exhausted(self) -> bool:
+        limit = self._options.max_retries
+        return limit is not None and self.attempt >= limit
+
+    def __call__(self, exc: BaseException, _interval: float = 0.0) -> None:
+        delay = self._options.delay(self.attempt)
+        self.attempt += 1
+        if self.attempt <= _LOG_FIRST or self.attempt % _LOG_EVERY == 0:
+            LOG.warning(
+                "%s on %s failed (attempt %d): %s; retrying in %.2fs",
+                self._what, self._where, self.attempt, exc, delay,
+            )  # fmt: skip
+        if self._stop.wait(delay):
+            raise ProxyStopped(f"{self._what} on {self._where} abandoned: the proxy is stopping")
+
+
+class ConnectionDetails(NamedTuple):
+    """Read-only facts about a proxy's broker connection (the URI has no password)."""
+
+    uri: str
+    transport: str
+    driver_name: str
+    driver_version: str | None
+    options: dict[str, Any]
+
+
+class Proxy:
+    """Publishes to and consumes from ``<exchange>_<topic>`` on direct exchange ``exchange``.
+
+    Args:
+        topic: Routing key of this proxy's own queue.
+        exchange: Exchange name.
+        type_handlers: Message type -> :class:`~flowengine.worker_based.dispatcher.Handler`.
+        on_wait: Called on the consumer thread after every drain (at least every drain timeout).
+        url: Broker URL; with neither ``url`` nor ``transport``, the embedded filesystem transport.
+        transport: Kombu transport name or class (``memory``, ``redis``, ``flowengine-fs`` ...).
+        transport_options: Kombu transport options (``data_folder`` for ``flowengine-fs``).
+        retry_options: See :class:`RetryOptions`.
+        taskflow_compat: Declare exactly as TaskFlow (non-durable, auto-delete, transient
+            messages) so TaskFlow peers can share the exchange; default is durable and persistent.
+        prefetch_count: Most unsettled messages the consumer holds (None: no limit).
+        extra_routing_keys: More routing keys bound to the own queue (e.g. the discovery key).
+        on_connected: Called on the consumer thread each time consuming (re)starts.
+        drain_timeout: Seconds between checks for stop requests and cross-thread settlements.
+    """
+
+    def __init__(
+        self,
+        topic: str,
+        exchange: str,
+        type_handlers: Mapping[str, dp.Handler] | None = None,
+        on_wait: Callable[[], None] | None = None,
+        url: str | None = None,
+        transport: Any = None,
+        transport_options: Mapping[str, Any] | None = None,
+        retry_options: Mapping[str, Any] | RetryOptions | None = None,
+        taskflow_compat: bool = False,
+        prefetch_count: int | None = None,
+        extra_routing_keys: Iterable[str] = (),
+        on_connected: Callable[[], None] | None = None,
+        drain_timeout: float = DRAIN_TIMEOUT,
+    ) -> None:
+        self._topic, self._exchange_name, self._compat = topic, exchange, taskflow_compat
+        self._on_wait, self._on_connected = on_wait, on_connected
+        self._prefetch_count, self._drain_timeout = prefetch_count, drain_timeout
+        self._extra_routing_keys = tuple(extra_routing_keys)
+        self._retry = (
+            retry_options
+            if isinstance(retry_options, RetryOptions)
+            else RetryOptions.from_options(retry_options)
+        )
+        self._dispatcher = dp.TypeDispatcher(
+            type_handlers, requeue_filters=[lambda _data, _message: not self.is_running]
+        )
+        if url is None and transport is None:
+            url = f"{transport_fs.TRANSPORT_NAME}://"
+        self._transport_options: dict[str, Any] = dict(transport_options or {})
+        self._conn = kombu.Connection(
+            url, transport=transport, transport_options=self._transport_options
+        )
+        # Virtual transports settle from any thread and poll; make their polling brisk.
+        self._virtual = issubclass(self._conn.get_transport_cls(), virtual.Transport)
+        if self._virtual:
+            self._transport_options.setdefault(
+                "polling_interval", transport_fs.DEFAULT_POLLING_INTERVAL
+            )
+        self._producers = pools.ProducerPool(
+            self._conn.Pool(limit=PUBLISH_POOL_SIZE), limit=PUBLISH_POOL_SIZE
+        )
+        self._exchange = kombu.Exchange(
+            exchange, type="direct", durable=not taskflow_compat, auto_delete=taskflow_compat
+        )
+        self._where = f"{self._conn.as_uri()} exchange {exchange!r}"
+        self._running = threading.Event()
+        self._stop_requested = threading.Event()
+        self._stopped = threading.Event()
+        self._stopped.set()
+        self._stop_grace = 0.0
+        self._consumer_thread: int | None = None
+        self._settle_lock = threading.Lock()
+        self._held: dict[Any, Any] = {}
+        self._settlements: queue.SimpleQueue[tuple[Any, str]] = queue.SimpleQueue()
+
+    @property
+    def dispatcher(self) -> dp.TypeDispatcher:
+        """The dispatcher incoming messages go through."""
+        return self._dispatcher
+
+    @property
+    def is_running(self) -> bool:
+        """Whether the proxy is consuming (and not stopping)."""
+        return self._running.is_set()
+
+    @property
+    def unsettled(self) -> int:
+        """Messages delivered to a manual-ack handler and not settled yet."""
+        return len(self._held)
+
+    @property
+    def connection_details(self) -> ConnectionDetails:
+        """The broker URI (password masked) and transport facts."""
+        transport = self._conn.transport
+        version = transport.driver_version()
+        return ConnectionDetails(
+            uri=self._conn.as_uri(),
+            transport=str(transport.driver_type),
+            driver_name=str(transport.driver_name),
+            driver_version=None if not version or version.lower() == "n/a" else str(version),
+            options=dict(self._transport_options),
+        )
+
+    def _queue(self, routing_key: str, extra: Iterable[str] = ()) -> kombu.Queue:
+        name = f"{self._exchange_name}_{routing_key}"
+        keys = [routing_key, *extra]
+        if len(keys) == 1:
+            return kombu.Queue(
+                name, self._exchange, routing_key=routing_key,
+                durable=not self._compat, auto_delete=self._compat,
+            )  # fmt: skip
+        bindings = [kombu.binding(self._exchange, routing_key=key) for key in keys]
+        return kombu.Queue(
+            name, bindings=bindings, durable=not self._compat, auto_delete=self._compat
+        )
+
+    def publish(
+        self,
+        msg: pr.Message,
+        routing_key: str | Iterable[str],
+        reply_to: str | None = None,
+        correlation_id: str | None = None,
+        headers: Mapping[str, Any] | None = None,
+        declare_queue: bool = True,
+        retry: bool = True,
+    ) -> None:
+        """Publish ``msg`` to each routing key; thread-safe.
+
+        The body is serialized first, so an unencodable message raises
+        :class:`MessageEncodeError` before anything reaches the broker.
+
+        Args:
+            msg: The message; its ``TYPE`` becomes the ``type`` property.
+            routing_key: One key or several (empty keys are skipped).
+            reply_to: Routing key replies should go to.
+            correlation_id: Id replies should carry.
+            headers: Extension headers (flowengine peers only read them).
+            declare_queue: Declare ``<exchange>_<routing_key>`` so the message waits for its
+                consumer; False for keys no queue is named after (announcements).
+            retry: Retry with backoff on connection errors (False: one attempt).
+        """
+        body = encode(msg)
+        keys = [routing_key] if isinstance(routing_key, str) else list(routing_key)
+        keys = [key for key in keys if key]
+        if not keys:
+            LOG.warning("No routing key for %s on exchange %r; not sent", msg, self._exchange_name)
+            return
+        properties: dict[str, Any] = {"type": msg.TYPE}
+        if reply_to:
+            properties["reply_to"] = reply_to
+        if correlation_id:
+            properties["correlation_id"] = correlation_id
+        if not self._compat:
+            properties["delivery_mode"] = 2  # persistent
+        with self._producers.acquire(block=True) as producer:
+            send = producer.publish
+            if retry:
+                backoff = _Backoff(self._retry, "Publishing", self._where, self._stop_requested)
+                send = producer.connection.ensure(
+                    producer, producer.publish, errback=backoff,
+                    max_retries=self._retry.max_retries,
+                    interval_start=0, interval_step=0, interval_max=0,
+                )  # fmt: skip
+            for key in keys:
+                send(
+                    body, routing_key=key, exchange=self._exchange,
+                    declare=[self._queue(key)] if declare_queue else [self._exchange],
+                    content_type=dp.JSON_CONTENT_TYPE, content_encoding="utf-8",
+                    headers=dict(headers or {}), **properties,
+                )  # fmt: skip
+
+    def ack(self, message: Any) -> None:
+        """Acknowledge a delivered message (from any thread)."""
+        self._settle(message, "ack")
+
+    def requeue(self, message: Any) -> None:
+        """Give a delivered message back to its queue (from any thread)."""
+        self._settle(message, "requeue")
+
+    def reject(self, message: Any) -> None:
+        """Drop a delivered message (from any thread)."""
+        self._settle(message, "reject")
+
+    def _settle(self, message: Any, action: str) -> None:
+        # Network channels are not thread-safe: other threads queue settlements for the loop.
+        if self._virtual or threading.get_ident() == self._consumer_thread:
+            self._settle_now(message, action)
+        else:
+            self._settlements.put((message, action))
+
+    def _settle_now(self, message: Any, action: str) -> None:
+        with self._settle_lock:
+            self._held.pop(message.delivery_tag, None)
+            if not message.acknowledged:
+                dp.settle(message, action)
+
+    def _flush_settlements(self, block: float = 0.0) -> None:
+        while True:
+            try:
+                message, action = (
+                    self._settlements.get(timeout=block)
+                    if block
+                    else (self._settlements.get_nowait())
+                )
+            except queue.Empty:
+                return
+            self._settle_now(message, action)
+            block = 0.0
+
+    def _on_message(self, message: Any) -> None:
+        self._dispatcher.on_message(message)
+        with self._settle_lock:
+            if not message.acknowledged:
+                self._held[message.delivery_tag] = message
+
+    def start(self) -> None:
+        """Consume until :meth:`stop` (blocks); reconnects as :class:`RetryOptions` allow.
+
+        Raises:
+            kombu connection errors: Only once ``max_retries`` reconnects have failed.
+        """
+        self._stopped.clear()
+        backoff = _Backoff(self._retry, "Consuming", self._where, self._stop_requested)
+        errors = self._conn.connection_errors + self._conn.channel_errors
+        LOG.info("Consuming queue %s_%s on %s", self._exchange_name, self._topic, self._where)
+        try:
+            while not self._stop_requested.is_set():
+                try:
+                    self._consume(backoff)
+                except errors as err:
+                    if backoff.exhausted:
+                        raise
+                    backoff(err)
+        except ProxyStopped:
+            pass
+        finally:
+            self._running.clear()
+            self._stop_requested.clear()
+            self._stopped.set()
+
+    def _consume(self, backoff: _Backoff) -> None:
+        with self._conn.clone() as conn:
+            conn.ensure_connection(
+                errback=backoff, max_retries=self._retry.max_retries,
+                interval_start=0, interval_step=0, interval_max=0,
+            )  # fmt: skip
+            self._held.clear()  # deliveries of a lost connection are the broker's again
+            consumer = conn.Consumer(
+                queues=[self._queue(self._topic, self._extra_routing_keys)],
+                on_message=self._on_message,
+                accept=[dp.JSON_CONTENT_TYPE],
+                prefetch_count=self._prefetch_count,
+                on_decode_error=self._dispatcher.on_decode_error,
+            )
+            with consumer:
+                backoff.attempt = 0
+                self._consumer_thread = threading.get_ident()
+                self._running.set()
+                if self._on_connected is not None:
+                    self._on_connected()
+                while not self._stop_requested.is_set():
+                    try:
+                        conn.drain_events(timeout=self._drain_timeout)
+                    except TimeoutError:
+                        pass
+                    self._flush_settlements()
+                    if self._on_wait is not None:
+                        self._on_wait()
+                consumer.cancel()
+                self._settle_held()
+
+    def _settle_held(self) -> None:
+        deadline = time.monotonic() + self._stop_grace
+        while self._held and time.monotonic() < deadline:
+            self._flush_settlements(block=0.01)
+        self._flush_settlements()
+        if self._held:
+            LOG.warning(
+                "Stopped with %d unsettled message(s) on %s; the broker will redeliver them",
+                len(self._held), self._where,
+            )  # fmt: skip
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the proxy is consuming; False on timeout."""
+        return self._running.wait(timeout)
+
+    def wait_stopped(self, timeout: float | None = None) -> bool:
+        """Block until :meth:`start` has returned; False on timeout."""
+        return self._stopped.wait(timeout)
+
+    def stop(self, grace: float = 0.0) -> None:
+        """Stop consuming (returns at once; see :meth:`wait_stopped`).
+
+        Args:
+            grace: Seconds to keep settling messages still being processed before the channel
+                closes; whatever is unsettled then is redelivered by the broker.
+        """
+        self._stop_grace = grace
+        self._running.clear()
+        self._stop_requested.set()
