@@ -159,7 +159,8 @@ class Atom(metaclass=abc.ABCMeta):
     ) -> None:
         if provides is None:
             provides = self.default_provides
-        self.name = name
+        # None only until a flow names its retry controller; engines only see named atoms.
+        self.name: str = name  # type: ignore[assignment]
         self.version: tuple[int, ...] = (1, 0)
         self.inject: dict[str, Any] | None = dict(inject) if inject else inject  # type: ignore[assignment]
         self.save_as = save_as_mapping(provides)

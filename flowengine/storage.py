@@ -215,7 +215,7 @@ class Storage:
 
     def get_atom_state(self, atom_name: str) -> str:
         """The named atom's state."""
-        return self._detail(atom_name).state
+        return self._detail(atom_name).state  # type: ignore[return-value]
 
     def set_atom_intention(self, atom_name: str, intention: str) -> None:
         """Set and store what the engine intends to do with the atom next."""
@@ -226,7 +226,7 @@ class Storage:
 
     def get_atom_intention(self, atom_name: str) -> str:
         """What the engine intends to do with the atom next."""
-        return self._detail(atom_name).intention
+        return self._detail(atom_name).intention  # type: ignore[return-value]
 
     def set_atom_state_and_intention(
         self, atom_name: str, state: str | None, intention: str | None
@@ -247,7 +247,7 @@ class Storage:
     def get_atoms_states(self, atom_names: Iterable[str]) -> dict[str, tuple[str, str]]:
         """``{name: (state, intention)}`` for the given atoms."""
         with self._lock:
-            return {n: (self._detail(n).state, self._detail(n).intention) for n in atom_names}
+            return {n: (self.get_atom_state(n), self.get_atom_intention(n)) for n in atom_names}
 
     def update_atom_metadata(self, atom_name: str, update_with: Mapping[str, Any]) -> None:
         """Merge ``update_with`` into the atom's metadata and store it."""
@@ -439,7 +439,9 @@ class Storage:
         except (IndexError, KeyError, TypeError):
             return False, None
 
-    def _defaults_first(self, providers: list[_Provider]) -> tuple[list[_Provider], list[_Provider]]:
+    def _defaults_first(
+        self, providers: list[_Provider]
+    ) -> tuple[list[_Provider], list[_Provider]]:
         defaults = [p for p in providers if p.name is _TRANSIENT or p.name == self.injector_name]
         atoms = [p for p in providers if p.name is not _TRANSIENT and p.name != self.injector_name]
         return defaults, atoms

@@ -76,7 +76,7 @@ class Task(atom.Atom):
     def copy(self, retain_listeners: bool = True) -> Task:
         """Return a shallow copy, with or without the notifier's listeners."""
         clone = copy.copy(self)
-        clone._notifier = self._notifier.copy()
+        clone._notifier = self._notifier.copy()  # type: ignore[assignment]
         if not retain_listeners:
             clone._notifier.reset()
         return clone

@@ -87,7 +87,7 @@ def load(
 
     kind, options = _extract_engine(engine, **kwargs)
     if isinstance(backend, (str, Mapping)):
-        backend = p_backends.fetch(backend)
+        backend = p_backends.fetch(backend if isinstance(backend, str) else dict(backend))
     if flow_detail is None:
         flow_detail = p_utils.create_flow_detail(flow, book=book, backend=backend)
     engine_obj = _engine_class(kind)(flow, flow_detail, backend, options)
@@ -176,7 +176,7 @@ def load_from_factory(
 
     flow = flow_factory(*(factory_args or ()), **(factory_kwargs or {}))
     if isinstance(backend, (str, Mapping)):
-        backend = p_backends.fetch(backend)
+        backend = p_backends.fetch(backend if isinstance(backend, str) else dict(backend))
     flow_detail = p_utils.create_flow_detail(flow, book=book, backend=backend)
     save_factory_details(flow_detail, flow_factory, factory_args, factory_kwargs,
                          backend=backend)

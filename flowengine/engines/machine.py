@@ -103,15 +103,13 @@ class RunLoop:
         seconds = self._stats["seconds_per_state"]
         while True:
             machine.process_event(event)
-            state = machine.current_state
+            state: str = machine.current_state  # type: ignore[assignment]
             yield state
             if machine.terminated:
                 return
             started = time.monotonic()
             event = self._handlers[state]()
-            if state in seconds:
-                seconds[state] += time.monotonic() - started
-            elif state.lower() in seconds:
+            if state.lower() in seconds:
                 seconds[state.lower()] += time.monotonic() - started
 
     def _flow_state(self) -> str:

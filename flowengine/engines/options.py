@@ -69,6 +69,7 @@ class EngineOptions:
 
     def as_dict(self) -> dict[str, Any]:
         """The options as a plain dict (what ``engine.options`` returns)."""
-        found = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "extra"}
+        found = {f.name: getattr(self, f.name)
+                 for f in dataclasses.fields(self) if f.name != "extra"}
         found.update(self.extra)
         return found

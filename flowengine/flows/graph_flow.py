@@ -152,12 +152,10 @@ class Flow(flow.Flow):
         return iter(self._graph.nodes)
 
     def iter_links(self) -> Iterator[tuple[flow.Item, flow.Item, dict[str, Any]]]:
-        for u, v, data in self._graph.edges(data=True):
-            yield u, v, data
+        yield from self._graph.edges(data=True)
 
     def iter_nodes(self) -> Iterator[tuple[flow.Item, dict[str, Any]]]:
-        for node, data in self._graph.nodes(data=True):
-            yield node, data
+        yield from self._graph.nodes(data=True)
 
     @property
     def requires(self) -> frozenset[str]:
@@ -238,9 +236,7 @@ class TargetedFlow(Flow):
         return iter(self._active().nodes)
 
     def iter_links(self) -> Iterator[tuple[flow.Item, flow.Item, dict[str, Any]]]:
-        for u, v, data in self._active().edges(data=True):
-            yield u, v, data
+        yield from self._active().edges(data=True)
 
     def iter_nodes(self) -> Iterator[tuple[flow.Item, dict[str, Any]]]:
-        for node, data in self._active().nodes(data=True):
-            yield node, data
+        yield from self._active().nodes(data=True)

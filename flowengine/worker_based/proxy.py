@@ -222,7 +222,7 @@ class Proxy:
         self._exchange = kombu.Exchange(
             exchange, type="direct", durable=not taskflow_compat, auto_delete=taskflow_compat
         )
-        self._where = f"{self._conn.as_uri()} exchange {exchange!r}"
+        self._where = f"{mask_url(self._conn.as_uri(include_password=True))} exchange {exchange!r}"
         self._running = threading.Event()
         self._stop_requested = threading.Event()
         self._stopped = threading.Event()
@@ -254,7 +254,7 @@ class Proxy:
         transport = self._conn.transport
         version = transport.driver_version()
         return ConnectionDetails(
-            uri=self._conn.as_uri(),
+            uri=mask_url(self._conn.as_uri(include_password=True)),
             transport=str(transport.driver_type),
             driver_name=str(transport.driver_name),
             driver_version=None if not version or version.lower() == "n/a" else str(version),

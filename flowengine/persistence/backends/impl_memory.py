@@ -83,7 +83,7 @@ class _MemorySession(Session):
         return None if data is None else _codec.decode_atom(self._where, uuid, self._copy(data))
 
     def books(self) -> list[models.LogBook]:
-        return [book for uuid in list(self._t.books) if (book := self.get_book(uuid))]
+        return [book for uuid in list(self._t.books) if (book := self.get_book(uuid)) is not None]
 
     def flows_of(self, book_uuid: str) -> list[models.FlowDetail]:
         uuids = self._t.book_flows.get(book_uuid, {})
