@@ -45,12 +45,15 @@ start_rabbitmq() {
     port_open 5672 && return 0
     export RABBITMQ_NODE_IP_ADDRESS=127.0.0.1 RABBITMQ_NODE_PORT=5672 RABBITMQ_NODENAME=rabbit@localhost
     export RABBITMQ_DIST_PORT=25672 ERL_EPMD_ADDRESS=127.0.0.1
+    export RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="-kernel inet_dist_use_interface {127,0,0,1}"
+    export RABBITMQ_CTL_ERL_ARGS="-kernel inet_dist_use_interface {127,0,0,1}"
     export RABBITMQ_MNESIA_BASE="$base/rabbitmq/mnesia" RABBITMQ_LOG_BASE="$base/rabbitmq/log"
     mkdir -p "$RABBITMQ_MNESIA_BASE" "$RABBITMQ_LOG_BASE"
     chown -R rabbitmq:rabbitmq "$base/rabbitmq" 2>/dev/null || true
     # The Debian package may have started a node already listening on all interfaces: stop it.
     (service rabbitmq-server stop || true) >/dev/null 2>&1
-    rabbitmq-server -detached >/dev/null 2>&1 || rabbitmq-server >"$base/rabbitmq.out" 2>&1 &
+    pgrep -x epmd >/dev/null || epmd -address 127.0.0.1 -daemon
+    nohup rabbitmq-server >"$base/rabbitmq.out" 2>&1 &
     wait_port 5672 rabbitmq
 }
 

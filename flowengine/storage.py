@@ -173,44 +173,56 @@ class Storage:
     # -- atoms ------------------------------------------------------------------------------
 
     def ensure_atoms(self, atoms: Iterable[Any]) -> list[str]:
-        """Make sure every atom has a detail record; return their uuids in order."""
+        """Make sure every atom has a detail record; return their uuids in order.
+
+        New records are written in one flow-detail update, not one write per atom.
+        """
         with self._lock:
-            return [self.ensure_atom(atom) for atom in atoms]
+            created: list[models.AtomDetail] = []
+            uuids = [self._ensure(atom, created) for atom in atoms]
+            if created:
+                self._save_flow()
+            return uuids
 
     def ensure_atom(self, atom: Any) -> str:
         """Make sure ``atom`` has a detail of the right kind; return its uuid."""
+        return self.ensure_atoms([atom])[0]
+
+    def _ensure(self, atom: Any, created: list[models.AtomDetail]) -> str:
         from flowengine.retry import Retry
 
-        with self._lock:
-            kind = models.RetryDetail if isinstance(atom, Retry) else models.TaskDetail
-            ad = self._by_name.get(atom.name)
-            if ad is None:
-                ad = kind(atom.name, str(uuidlib.uuid4()))
-                ad.state = states.PENDING
-                ad.intention = states.EXECUTE
-                ad.version = ".".join(str(v) for v in atom.version)
-                self._flow_detail.add(ad)
-                self._by_name[atom.name] = ad
-                self._save_flow()
-                self._save_atom(ad)
-            elif not isinstance(ad, kind):
-                raise exceptions.Duplicate(
-                    f"Atom {atom.name!r} of flow {self.flow_name!r} is stored as a "
-                    f"{type(ad).__name__}, but the flow now has a {type(atom).__name__} by "
-                    f"that name"
-                )
-            self._map_results(atom.name, atom.save_as)
-            return ad.uuid
+        kind = models.RetryDetail if isinstance(atom, Retry) else models.TaskDetail
+        ad = self._by_name.get(atom.name)
+        if ad is None:
+            ad = kind(atom.name, str(uuidlib.uuid4()))
+            ad.state = states.PENDING
+            ad.intention = states.EXECUTE
+            ad.version = ".".join(str(v) for v in atom.version)
+            self._flow_detail.add(ad)
+            self._by_name[atom.name] = ad
+            self._failures[atom.name] = {}
+            created.append(ad)
+        elif not isinstance(ad, kind):
+            raise exceptions.Duplicate(
+                f"Atom {atom.name!r} of flow {self.flow_name!r} is stored as a "
+                f"{type(ad).__name__}, but the flow now has a {type(atom).__name__} by "
+                f"that name"
+            )
+        self._map_results(atom.name, atom.save_as)
+        return ad.uuid
 
     def get_atom_uuid(self, atom_name: str) -> str:
         """The uuid of the named atom's detail."""
         return self._detail(atom_name).uuid
 
-    def set_atom_state(self, atom_name: str, state: str) -> None:
-        """Set and store the named atom's state."""
+    def set_atom_state(self, atom_name: str, state: str, progress: float | None = None) -> None:
+        """Set and store the named atom's state (and, in the same write, its progress)."""
         with self._lock:
             ad = self._detail(atom_name)
             ad.state = state
+            if progress is not None:
+                ad.meta[META_PROGRESS] = progress
+                ad.meta[META_PROGRESS_DETAILS] = None
             self._save_atom(ad)
 
     def get_atom_state(self, atom_name: str) -> str:
@@ -290,11 +302,17 @@ class Storage:
                     f"but its result ({type(result).__name__}) has no such item"
                 ) from err
 
-    def save(self, atom_name: str, result: Any, state: str = states.SUCCESS) -> None:
-        """Store an atom's result (or failure) together with its new state."""
+    def save(
+        self, atom_name: str, result: Any, state: str = states.SUCCESS,
+        progress: float | None = None,
+    ) -> None:
+        """Store an atom's result (or failure) with its new state (and progress) in one write."""
         with self._lock:
             ad = self._detail(atom_name)
             ad.put(state, result)
+            if progress is not None:
+                ad.meta[META_PROGRESS] = progress
+                ad.meta[META_PROGRESS_DETAILS] = None
             if state in (states.FAILURE, states.REVERT_FAILURE) and ad.intention in (
                 states.EXECUTE, states.REVERT,
             ):

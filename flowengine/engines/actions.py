@@ -69,11 +69,10 @@ class TaskAction:
             if progress is None or storage.get_task_progress(task.name) == progress:
                 return False
         if state in _TASK_RESULT_STATES:
-            storage.save(task.name, None if result is NO_RESULT else result, state)
+            storage.save(task.name, None if result is NO_RESULT else result, state,
+                         progress=progress)
         else:
-            storage.set_atom_state(task.name, state)
-        if progress is not None:
-            storage.set_task_progress(task.name, progress)
+            storage.set_atom_state(task.name, state, progress=progress)
         self._announce(task, state, old_state, result)
         if progress is not None:
             task.update_progress(progress)

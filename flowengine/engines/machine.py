@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import logging
+import queue
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -81,6 +82,9 @@ class RunLoop:
         self.failures: list[Failure] = []
         self._next_up: list[Any] = []
         self._in_flight: dict[cf.Future, Any] = {}
+        # Futures report completion here, so waiting costs O(1) per finished atom rather than a
+        # scan of everything in flight.
+        self._finished: queue.SimpleQueue[cf.Future] = queue.SimpleQueue()
         self._done: list[cf.Future] = []
         self._stats = statistics
         statistics.clear()
@@ -138,23 +142,26 @@ class RunLoop:
                     self.failures.append(Failure())
                     break
                 self._in_flight[future] = atom
+                future.add_done_callback(self._finished.put)
         elif self._flow_state() == st.SUSPENDING:
             self._cancel_pending()
         self._stats["incomplete"] = len(self._in_flight)
         return WAIT
 
     def _cancel_pending(self) -> None:
-        for future in list(self._in_flight):
+        for future, atom in list(self._in_flight.items()):
             if future.cancel():
-                atom = self._in_flight.pop(future)
                 LOG.debug("Cancelled %r because the engine is suspending", atom.name)
 
     def _wait(self) -> str:
-        if self._in_flight and not any(f.done() for f in self._in_flight):
-            cf.wait(list(self._in_flight), timeout=self._timeout,
-                    return_when=cf.FIRST_COMPLETED)
-        for future in [f for f in self._in_flight if f.done()]:
-            self._done.append(future)
+        finished = self._finished
+        if self._in_flight and finished.empty():
+            try:
+                self._done.append(finished.get(timeout=self._timeout))
+            except queue.Empty:
+                return ANALYZE
+        while not finished.empty():
+            self._done.append(finished.get_nowait())
         return ANALYZE
 
     def _complete(self, future: cf.Future) -> bool:
@@ -178,8 +185,10 @@ class RunLoop:
         return True
 
     def _analyze(self) -> str:
-        while self._done:
-            self._complete(self._done.pop(0))
+        done, self._done = self._done, []
+        for future in done:
+            if future in self._in_flight:
+                self._complete(future)
         flow_state = self._flow_state()
         if not self.failures and flow_state == st.RUNNING:
             try:

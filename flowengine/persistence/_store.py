@@ -167,7 +167,7 @@ class StoreConnection(base.Connection):
 
     def validate(self) -> None:
         """Raise a :class:`~flowengine.exceptions.StorageFailure` if the backend is unusable."""
-        self._guard("validating", self._store.validate)
+        self._guard("connecting", self._store.validate)
 
     def _guard(self, what: str, call: Callable[[], None]) -> None:
         try:
@@ -301,9 +301,7 @@ class StoreConnection(base.Connection):
         # Loaded inside one transaction, then handed out: no transaction stays open meanwhile.
         return iter(self._run("loading all logbooks", False, load))
 
-    def get_flows_for_book(
-        self, book_uuid: str, lazy: bool = False
-    ) -> Iterable[models.FlowDetail]:
+    def get_flows_for_book(self, book_uuid: str, lazy: bool = False) -> Iterable[models.FlowDetail]:
         """Return the flow details of a logbook; with ``lazy`` their atoms are not loaded."""
 
         def load(s: Session) -> list[models.FlowDetail]:

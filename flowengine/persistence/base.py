@@ -155,9 +155,7 @@ class Connection(metaclass=abc.ABCMeta):
         """Return every stored logbook; with ``lazy`` their flow details are not loaded."""
 
     @abc.abstractmethod
-    def get_flows_for_book(
-        self, book_uuid: str, lazy: bool = False
-    ) -> Iterable[models.FlowDetail]:
+    def get_flows_for_book(self, book_uuid: str, lazy: bool = False) -> Iterable[models.FlowDetail]:
         """Return the flow details of a logbook; with ``lazy`` their atoms are not loaded.
 
         Raises:

@@ -70,7 +70,7 @@ class Endpoint:
         failures: Mapping[str, Failure] | None,
         event_callback: EventCallback | None = None,
     ) -> Any:
-        """Run ``pre_revert``, ``revert(**arguments, result=..., flow_failures=...)``, ``post_revert``.
+        """Run ``pre_revert``, ``revert(**arguments, result=, flow_failures=)``, ``post_revert``.
 
         Returns:
             What ``revert`` returned, or a :class:`Failure` capturing what it raised.

@@ -205,10 +205,11 @@ class Proxy:
             type_handlers, requeue_filters=[lambda _data, _message: not self.is_running]
         )
         if url is None and transport is None:
-            url = f"{transport_fs.TRANSPORT_NAME}://"
+            transport = transport_fs.TRANSPORT_NAME
         self._transport_options: dict[str, Any] = dict(transport_options or {})
+        # A host name, even for brokerless transports, keeps kombu from warning on every clone.
         self._conn = kombu.Connection(
-            url, transport=transport, transport_options=self._transport_options
+            url or "localhost", transport=transport, transport_options=self._transport_options
         )
         # Virtual transports settle from any thread and poll; make their polling brisk.
         self._virtual = issubclass(self._conn.get_transport_cls(), virtual.Transport)

@@ -91,7 +91,9 @@ def test_logbook_round_trip(store: Store) -> None:
     assert loaded.created_at == book.created_at
     assert loaded.updated_at == book.updated_at
     assert [fd.uuid for fd in loaded] == [flow.uuid]
-    assert sorted(ad.name for ad in loaded.find(flow.uuid)) == ["task-0", "task-1"]
+    loaded_flow = loaded.find(flow.uuid)
+    assert loaded_flow is not None
+    assert sorted(ad.name for ad in loaded_flow) == ["task-0", "task-1"]
 
 
 def test_lazy_loads_skip_contents(store: Store) -> None:
@@ -223,7 +225,8 @@ def test_saving_again_keeps_stored_flows(store: Store) -> None:
     loaded = store.conn.get_logbook(book.uuid)
     assert {fd.uuid for fd in loaded} == {first.uuid, second.uuid}
     assert loaded.meta == {"saved": 2}
-    assert len(loaded.find(first.uuid)) == 1
+    loaded_first = loaded.find(first.uuid)
+    assert loaded_first is not None and len(loaded_first) == 1
 
 
 def test_stored_records_are_copies(store: Store) -> None:

@@ -50,6 +50,8 @@ _BUILTIN = {
     "postgres": "flowengine.persistence.backends.impl_sqlalchemy:SQLAlchemyBackend",
     "mysql": "flowengine.persistence.backends.impl_sqlalchemy:SQLAlchemyBackend",
 }
+
+
 def _load_class(scheme: str, namespace: str, shown: str) -> type[base.Backend]:
     target = _BUILTIN.get(scheme) if namespace == BACKEND_NAMESPACE else None
     if target is None:

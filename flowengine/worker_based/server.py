@@ -1,0 +1,291 @@
+"""The worker side of the protocol: answer discovery, run requested tasks, reply with outcomes.
+
+A REQUEST is acknowledged only after its outcome (SUCCESS or FAILURE) has been published, so a
+worker that dies mid-task leaves the request to be redelivered (at-least-once). Replies are
+serialized before they are published: a result or exception the wire cannot carry becomes a
+FAILURE that says so, instead of a reply that never leaves (where TaskFlow's engine hangs).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+from concurrent.futures import Executor
+from typing import Any
+
+import futurist
+
+from flowengine import exceptions as exc
+from flowengine.types.failure import Failure
+from flowengine.worker_based import dispatcher as dp
+from flowengine.worker_based import endpoint as ep
+from flowengine.worker_based import protocol as pr
+from flowengine.worker_based import proxy as px
+
+LOG = logging.getLogger(__name__)
+
+_ECHOED_HEADERS = (pr.HEADER_REQUEST_ID, pr.HEADER_ATTEMPT)
+
+
+def make_worker_id() -> str:
+    """A worker id unique across hosts, processes and restarts: ``host:pid:random``."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def _major(version: Any) -> str:
+    parts = version.split(".") if isinstance(version, str) else list(version or [])
+    return str(parts[0]) if parts else ""
+
+
+class Server:
+    """Consumes a worker topic and serves requests with the given endpoints.
+
+    Args:
+        topic: The worker topic (queue ``<exchange>_<topic>``).
+        exchange: The exchange engines publish to.
+        executor: Runs tasks (one request per submitted call).
+        endpoints: The task classes this worker runs; nothing else is ever run.
+        url, transport, transport_options, retry_options, taskflow_compat: See
+            :class:`~flowengine.worker_based.proxy.Proxy`.
+        capacity: Task slots (the executor's threads): the prefetch limit, and the free-slot
+            count advertised in replies. ``None``: no prefetch limit, nothing advertised.
+        worker_id: This worker's identity in headers (generated when not given).
+    """
+
+    def __init__(
+        self,
+        topic: str,
+        exchange: str,
+        executor: Executor,
+        endpoints: Iterable[ep.Endpoint],
+        url: str | None = None,
+        transport: Any = None,
+        transport_options: Mapping[str, Any] | None = None,
+        retry_options: Mapping[str, Any] | None = None,
+        taskflow_compat: bool = False,
+        capacity: int | None = None,
+        worker_id: str | None = None,
+    ) -> None:
+        self._topic = topic
+        self._executor = executor
+        self._endpoints = {endpoint.name: endpoint for endpoint in endpoints}
+        self._capacity = capacity
+        self._busy = 0
+        self._busy_lock = threading.Lock()
+        self.worker_id = worker_id or make_worker_id()
+        self._online = False
+        # Discovery is answered off the task threads, so a busy worker still answers at once.
+        self._control = futurist.ThreadPoolExecutor(max_workers=1)
+        handlers = {
+            pr.NOTIFY: dp.Handler(
+                self._on_notify, functools.partial(pr.Notify.validate, response=False)
+            ),
+            pr.REQUEST: dp.Handler(self._on_request, pr.Request.validate, manual_ack=True),
+        }
+        self._proxy = px.Proxy(
+            topic, exchange, handlers, url=url, transport=transport,
+            transport_options=transport_options, retry_options=retry_options,
+            taskflow_compat=taskflow_compat, prefetch_count=capacity,
+            on_connected=lambda: self._submit_control(self.announce),
+        )  # fmt: skip
+
+    @property
+    def connection_details(self) -> px.ConnectionDetails:
+        """The broker URI (password masked) and transport facts."""
+        return self._proxy.connection_details
+
+    @property
+    def task_names(self) -> list[str]:
+        """The task class names this server runs (what NOTIFY replies advertise)."""
+        return list(self._endpoints)
+
+    @property
+    def free_slots(self) -> int | None:
+        """Task slots not running a request, or None when the capacity is unknown."""
+        if self._capacity is None:
+            return None
+        return max(self._capacity - self._busy, 0)
+
+    def _headers(self, request_headers: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        headers: dict[str, Any] = {
+            pr.HEADER_PROTOCOL: pr.PROTOCOL_VERSION,
+            pr.HEADER_WORKER: self.worker_id,
+            pr.HEADER_ORIGIN: pr.origin(),
+        }
+        free = self.free_slots
+        if free is not None:
+            headers[pr.HEADER_CAPACITY] = free
+        for name in _ECHOED_HEADERS:
+            if request_headers and name in request_headers:
+                headers[name] = request_headers[name]
+        return headers
+
+    def _submit_control(self, fn: Any, *args: Any) -> None:
+        try:
+            self._control.submit(fn, *args)
+        except RuntimeError:  # shut down: the worker is stopping
+            LOG.debug("Worker %s is stopping; skipped %s", self.worker_id, fn)
+
+    def announce(self, status: str = pr.WORKER_ONLINE) -> None:
+        """Tell listening engines this worker's topic, tasks and status (best effort)."""
+        notify = pr.Notify(topic=self._topic, tasks=self.task_names)
+        headers = dict(self._headers(), **{pr.HEADER_WORKER_STATUS: status})
+        try:
+            self._proxy.publish(
+                notify, pr.DISCOVERY_ROUTING_KEY, headers=headers, declare_queue=False, retry=False
+            )
+            self._online = status == pr.WORKER_ONLINE
+        except Exception as err:
+            LOG.warning("Worker %s could not announce itself %s: %s", self.worker_id, status, err)
+
+    def _on_notify(self, data: Any, message: Any) -> None:
+        reply_to = message.properties.get("reply_to")
+        if not reply_to:
+            LOG.warning("NOTIFY %s has no reply_to; not answered", dp.describe(message))
+            return
+        self._submit_control(self._reply_notify, reply_to)
+
+    def _reply_notify(self, reply_to: str) -> None:
+        notify = pr.Notify(topic=self._topic, tasks=self.task_names)
+        try:
+            self._proxy.publish(notify, reply_to, headers=self._headers())
+        except Exception as err:
+            LOG.error("Worker %s could not answer NOTIFY of %r: %s", self.worker_id, reply_to, err)
+
+    def _on_request(self, data: Any, message: Any) -> None:
+        props = message.properties
+        if not props.get("reply_to") or not props.get("correlation_id"):
+            LOG.warning(
+                "REQUEST %s lacks reply_to or correlation_id; dropped", dp.describe(message)
+            )
+            self._proxy.reject(message)
+            return
+        with self._busy_lock:
+            self._busy += 1
+        try:
+            self._executor.submit(self._process_request, data, message)
+        except RuntimeError:  # executor shut down: let another worker have it
+            self._done()
+            self._proxy.requeue(message)
+
+    def _done(self) -> None:
+        with self._busy_lock:
+            self._busy -= 1
+
+    def _process_request(self, data: Mapping[str, Any], message: Any) -> None:
+        try:
+            published = self._serve(data, message)
+        except Exception:  # a bug must not leave the request unsettled
+            LOG.exception("Serving request %s failed", dp.describe(message))
+            published = False
+        finally:
+            self._done()
+        if published:
+            self._proxy.ack(message)
+        else:
+            self._proxy.requeue(message)
+
+    def _serve(self, data: Mapping[str, Any], message: Any) -> bool:
+        """Run one request; True once its outcome is published."""
+        props, headers = message.properties, message.headers or {}
+        reply = functools.partial(self._reply, props["reply_to"], props["correlation_id"], headers)
+        name = f"{data.get('task_name')!r} ({data.get('task_cls')})"
+        deadline = headers.get(pr.HEADER_DEADLINE)
+        if isinstance(deadline, (int, float)) and time.time() > deadline:
+            err = exc.RequestTimeout(f"Request for task {name} reached its deadline unstarted")
+            return reply(pr.FAILURE, name, result=pr.failure_to_dict(Failure.from_exception(err)))
+        try:
+            work = pr.Request.from_dict(data)
+            endpoint = self._endpoints.get(work.task_cls)
+            if endpoint is None:
+                raise exc.NotFound(
+                    f"Task class '{work.task_cls}' is not one of the {len(self._endpoints)}"
+                    f" task classes worker {self.worker_id} (topic '{self._topic}') runs"
+                )
+            task = endpoint.generate(name=work.task_name)
+            if _major(work.task_version) != _major(task.version):
+                raise exc.IncompatibleVersion(
+                    f"Task {name} version {work.task_version} was requested; worker"
+                    f" {self.worker_id} runs version {list(task.version)}"
+                )
+        except Exception as err:
+            LOG.warning("Refusing request for task %s: %s", name, err)
+            return reply(pr.FAILURE, name, result=pr.failure_to_dict(Failure()))
+        if not reply(pr.RUNNING, name):
+            return False
+        forward = functools.partial(self._forward_event, props, headers)
+        if work.action == pr.EXECUTE:
+            result = endpoint.execute(task, work.arguments, forward)
+        else:
+            prior = None if work.result is pr.NO_RESULT else work.result
+            result = endpoint.revert(task, work.arguments, prior, work.failures, forward)
+        if isinstance(result, Failure):
+            return reply(pr.FAILURE, name, result=pr.failure_to_dict(result))
+        return reply(pr.SUCCESS, name, result=result)
+
+    def _reply(
+        self, reply_to: str, correlation_id: str, request_headers: Mapping[str, Any],
+        state: str, name: str, **data: Any,
+    ) -> bool:  # fmt: skip
+        response = pr.Response(state, **data)
+        try:
+            try:
+                self._proxy.publish(
+                    response, reply_to, correlation_id=correlation_id,
+                    headers=self._headers(request_headers),
+                )  # fmt: skip
+            except px.MessageEncodeError as err:
+                # The outcome cannot travel as it is: send a FAILURE that says why instead.
+                LOG.warning("Task %s %s reply cannot be sent: %s", name, state, err)
+                why = px.MessageEncodeError(f"Task {name} {state} reply cannot be sent: {err}")
+                why.__cause__ = err
+                failure = pr.failure_to_dict(Failure.from_exception(why))
+                self._proxy.publish(
+                    pr.Response(pr.FAILURE, result=failure), reply_to,
+                    correlation_id=correlation_id, headers=self._headers(request_headers),
+                )  # fmt: skip
+        except Exception as err:
+            LOG.error("Could not send %s reply for task %s to %r: %s", state, name, reply_to, err)
+            return False
+        return True
+
+    def _forward_event(
+        self, props: Mapping[str, Any], headers: Mapping[str, Any], event_type: str,
+        details: Mapping[str, Any],
+    ) -> None:  # fmt: skip
+        # Errors propagate to the task's notifier, which logs and isolates them.
+        event = pr.Response(pr.EVENT, event_type=event_type, details=dict(details))
+        self._proxy.publish(
+            event, props["reply_to"], correlation_id=props["correlation_id"],
+            headers=self._headers(headers),
+        )  # fmt: skip
+
+    def start(self) -> None:
+        """Serve until :meth:`stop` (blocks)."""
+        self._proxy.start()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until serving; False on timeout."""
+        return self._proxy.wait(timeout)
+
+    def wait_stopped(self, timeout: float | None = None) -> bool:
+        """Block until :meth:`start` has returned; False on timeout."""
+        return self._proxy.wait_stopped(timeout)
+
+    def stop(self, grace: float = 0.0) -> None:
+        """Stop taking requests and announce going offline.
+
+        Args:
+            grace: Seconds in-flight requests get to publish their outcome and be acknowledged
+                before the channel closes (the broker redelivers the rest).
+        """
+        self._proxy.stop(grace)
+        self._control.shutdown(wait=True)
+        if self._online:
+            self.announce(pr.WORKER_OFFLINE)

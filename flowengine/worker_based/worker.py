@@ -1,0 +1,192 @@
+"""A worker: runs the task classes it was started with, for any engine on its exchange and topic.
+
+On start (and after every reconnect) a worker announces itself: it publishes its NOTIFY reply body
+``{"topic", "tasks"}`` with routing key ``protocol.DISCOVERY_ROUTING_KEY`` and headers naming its
+id, free capacity and status (``online``; ``offline`` when it stops).
+flowengine engines bind their reply queue with that key and learn of workers without polling;
+TaskFlow engines never bind it, keep polling with NOTIFY, and are answered as before.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+import logging
+import os
+import platform
+import sys
+import threading
+import types
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import Executor
+from typing import Any
+
+import futurist
+
+from flowengine import task as task_mod
+from flowengine.worker_based import endpoint as ep
+from flowengine.worker_based import protocol as pr
+from flowengine.worker_based import server as sv
+
+LOG = logging.getLogger(__name__)
+
+#: Seconds in-flight requests get, on stop, to publish their outcome before being redelivered.
+DEFAULT_STOP_GRACE = 30.0
+
+TaskSpec = str | types.ModuleType | type[task_mod.Task]
+
+
+def _is_task_class(obj: Any) -> bool:
+    return inspect.isclass(obj) and issubclass(obj, task_mod.Task) and not inspect.isabstract(obj)
+
+
+def find_task_classes(tasks: Iterable[TaskSpec]) -> list[type[task_mod.Task]]:
+    """Resolve task specs to Task subclasses, sorted by wire name.
+
+    Args:
+        tasks: Each ``'pkg.mod'`` or a module object (every public Task subclass *defined* in
+            that module), ``'pkg.mod:Class'`` (also ``'pkg.mod:Outer.Inner'``) or a class.
+
+    Raises:
+        ImportError: A named module or class does not exist.
+        TypeError: An item is not a Task subclass, module or string.
+    """
+    found: dict[str, type[task_mod.Task]] = {}
+    for item in tasks:
+        module = None
+        if isinstance(item, str):
+            module_name, _, attr_path = item.partition(":")
+            module = importlib.import_module(module_name)
+            if attr_path:
+                obj: Any = module
+                for attr in attr_path.split("."):
+                    obj = getattr(obj, attr, None)
+                if obj is None:
+                    raise ImportError(f"Task class '{item}' not found")
+                if not _is_task_class(obj):
+                    raise TypeError(f"'{item}' is not a concrete Task subclass: {obj!r}")
+                found[pr.task_class_name(obj)] = obj
+                module = None
+        elif isinstance(item, types.ModuleType):
+            module = item
+        elif _is_task_class(item):
+            found[pr.task_class_name(item)] = item
+        else:
+            raise TypeError(f"Expected a module, 'pkg.mod[:Class]' or Task subclass, got {item!r}")
+        if module is not None:
+            for name, obj in vars(module).items():
+                defined_here = getattr(obj, "__module__", None) == module.__name__
+                if not name.startswith("_") and defined_here and _is_task_class(obj):
+                    found[pr.task_class_name(obj)] = obj
+    return [found[name] for name in sorted(found)]
+
+
+class Worker:
+    """Serves remote task requests on ``<exchange>_<topic>``.
+
+    Args:
+        exchange: The exchange engines publish requests to.
+        topic: This worker's topic; workers sharing a topic share its queue.
+        tasks: Task specs, see :func:`find_task_classes`.
+        executor: Runs tasks; by default a thread pool of ``threads_count`` threads.
+        threads_count: Task threads (default: 5 per CPU); also the prefetch limit.
+        url: Broker URL (default: the embedded filesystem transport).
+        transport: Kombu transport name or class.
+        transport_options: Kombu transport options.
+        retry_options: See :class:`~flowengine.worker_based.proxy.RetryOptions`.
+        taskflow_compat: Use TaskFlow's exact declarations, for fleets mixing TaskFlow peers.
+    """
+
+    def __init__(
+        self,
+        exchange: str,
+        topic: str,
+        tasks: Iterable[TaskSpec],
+        executor: Executor | None = None,
+        threads_count: int | None = None,
+        url: str | None = None,
+        transport: Any = None,
+        transport_options: Mapping[str, Any] | None = None,
+        retry_options: Mapping[str, Any] | None = None,
+        taskflow_compat: bool = False,
+    ) -> None:
+        self._exchange, self._topic = exchange, topic
+        self._owns_executor = executor is None
+        if executor is None:
+            threads_count = threads_count or (os.cpu_count() or 1) * 5
+            executor = futurist.ThreadPoolExecutor(max_workers=threads_count)
+        self._executor = executor
+        self._threads_count = threads_count
+        self._endpoints = [ep.Endpoint(cls) for cls in find_task_classes(tasks)]
+        if not self._endpoints:
+            LOG.warning("Worker on topic '%s' was given no task classes to run", topic)
+        self._run_thread: int | None = None
+        self._server = sv.Server(
+            topic, exchange, executor, self._endpoints, url=url, transport=transport,
+            transport_options=transport_options, retry_options=retry_options,
+            taskflow_compat=taskflow_compat, capacity=threads_count,
+        )  # fmt: skip
+
+    @property
+    def worker_id(self) -> str:
+        """This worker's identity (``host:pid:random``)."""
+        return self._server.worker_id
+
+    @property
+    def endpoints(self) -> list[ep.Endpoint]:
+        """The endpoints this worker serves."""
+        return list(self._endpoints)
+
+    @functools.cached_property
+    def banner(self) -> str:
+        """What the worker is, where it connects (password masked) and what it runs."""
+        details = self._server.connection_details
+        driver = details.driver_name + (
+            f" v{details.driver_version}" if details.driver_version else ""
+        )
+        lines = [
+            f"flowengine worker {self.worker_id}",
+            f"  exchange: {self._exchange}  topic: {self._topic}",
+            f"  transport: {details.transport} ({driver})  uri: {details.uri}",
+            f"  executor: {type(self._executor).__name__}  threads: {self._threads_count or '?'}",
+            f"  host: {platform.node()}  pid: {os.getpid()}  python: {sys.version.split()[0]}",
+            f"  tasks ({len(self._endpoints)}):",
+            *(f"    - {endpoint}" for endpoint in self._endpoints),
+        ]
+        return "\n".join(lines)
+
+    def run(
+        self, display_banner: bool = True, banner_writer: Callable[[str], Any] | None = None
+    ) -> None:
+        """Serve until :meth:`stop` is called (blocks the calling thread).
+
+        Args:
+            display_banner: Show :attr:`banner` first.
+            banner_writer: Gets the banner text; by default each line is logged at INFO.
+        """
+        if display_banner:
+            if banner_writer is None:
+                for line in self.banner.splitlines():
+                    LOG.info(line)
+            else:
+                banner_writer(self.banner)
+        self._run_thread = threading.get_ident()
+        self._server.start()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the worker is serving; False on timeout."""
+        return self._server.wait(timeout)
+
+    def stop(self, grace: float = DEFAULT_STOP_GRACE) -> None:
+        """Stop taking requests, let in-flight ones finish, announce going offline.
+
+        Args:
+            grace: Seconds in-flight requests get to publish their outcome and be acknowledged
+                before the channel closes; the broker redelivers whatever is left.
+        """
+        self._server.stop(grace)
+        if self._owns_executor:
+            self._executor.shutdown(wait=True)
+        if threading.get_ident() != self._run_thread:  # from run()'s thread this would deadlock
+            self._server.wait_stopped(grace + 5.0)

@@ -1,0 +1,1 @@
+"""Engine behaviour suite: one set of scenarios run against every engine and backend."""

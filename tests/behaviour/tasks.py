@@ -1,0 +1,293 @@
+"""Atoms the engine behaviour suite runs, importable by name.
+
+Remote workers build a task from its class and name alone and pass it JSON arguments, so every
+class here is module-level, takes no constructor arguments of its own (behaviour comes from the
+class and from arguments: ``inject``, ``store`` or other atoms' results) and returns JSON values.
+
+Everything an atom does is written to the current :class:`Ledger` as an entry
+``{"seq": n, "event": ..., "atom": ..., **data}``. The ledger is pluggable (:func:`use_ledger`):
+in-process engines share :class:`MemoryLedger`; a cross-process ledger (a file or a queue that
+worker processes append to) only has to implement the same three methods. Barriers used to prove
+concurrency are looked up by key through a registry that is pluggable in the same way.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from flowengine import retry, task
+
+# ---- the ledger ---------------------------------------------------------------------------------
+
+
+class Ledger(Protocol):
+    """Where atoms write down what they did, in the order they did it."""
+
+    def append(self, entry: dict[str, Any]) -> None:
+        """Add ``entry``, giving it the next sequence number as ``seq``."""
+
+    def entries(self) -> list[dict[str, Any]]:
+        """Every entry so far, oldest first."""
+
+    def clear(self) -> None:
+        """Forget every entry."""
+
+
+class MemoryLedger:
+    """A ledger for engines that run atoms in this process (serial and parallel)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._entries: list[dict[str, Any]] = []
+
+    def append(self, entry: dict[str, Any]) -> None:
+        with self._lock:
+            self._entries.append({"seq": len(self._entries), **entry})
+
+    def entries(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return [dict(e) for e in self._entries]
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+
+_ledger: Ledger = MemoryLedger()
+
+
+def use_ledger(ledger: Ledger) -> Ledger:
+    """Make ``ledger`` the one atoms write to; return the previous one."""
+    global _ledger
+    previous, _ledger = _ledger, ledger
+    return previous
+
+
+def record(event: str, atom: str, **data: Any) -> None:
+    """Write one entry to the current ledger."""
+    _ledger.append({"event": event, "atom": atom, **data})
+
+
+def entries(event: str | None = None) -> list[dict[str, Any]]:
+    """Entries of the current ledger (only those of ``event`` when given)."""
+    return [e for e in _ledger.entries() if event is None or e["event"] == event]
+
+
+def names(event: str) -> list[str]:
+    """Names of the atoms that wrote ``event``, in order."""
+    return [e["atom"] for e in entries(event)]
+
+
+def first_seq(event: str, atom: str) -> int:
+    """Sequence number of ``atom``'s first ``event`` entry (KeyError if there is none)."""
+    for e in entries(event):
+        if e["atom"] == atom:
+            return int(e["seq"])
+    raise KeyError(f"no {event!r} entry for {atom!r}")
+
+
+# ---- barriers (proof that atoms run at the same time) -------------------------------------------
+
+BarrierLookup = Callable[[str], threading.Barrier]
+_barriers: dict[str, threading.Barrier] = {}
+
+
+def _local_barrier(key: str) -> threading.Barrier:
+    return _barriers[key]
+
+
+_barrier_lookup: BarrierLookup = _local_barrier
+
+
+def make_barrier(key: str, parties: int, timeout: float = 10.0) -> threading.Barrier:
+    """Create the barrier ``Rendezvous`` atoms with ``barrier=key`` wait on."""
+    _barriers[key] = threading.Barrier(parties, timeout=timeout)
+    return _barriers[key]
+
+
+def use_barrier_lookup(lookup: BarrierLookup) -> BarrierLookup:
+    """Replace how barriers are found (for engines running atoms elsewhere)."""
+    global _barrier_lookup
+    previous, _barrier_lookup = _barrier_lookup, lookup
+    return previous
+
+
+def clear_barriers() -> None:
+    """Abort and forget every local barrier (a stuck atom fails instead of hanging)."""
+    for barrier in _barriers.values():
+        barrier.abort()
+    _barriers.clear()
+
+
+# ---- exceptions atoms raise ---------------------------------------------------------------------
+
+
+class Boom(RuntimeError):
+    """What failing atoms raise (the message names the atom)."""
+
+
+class RevertBoom(RuntimeError):
+    """What atoms whose revert fails raise."""
+
+
+def _failure_summary(flow_failures: dict[str, Any]) -> dict[str, str]:
+    return {name: str(f.exception_str) for name, f in sorted(flow_failures.items())}
+
+
+def _result_summary(result: Any) -> Any:
+    # A Failure is not JSON; record what it says instead.
+    if hasattr(result, "exception_str") and hasattr(result, "check"):
+        return {"failure": str(result.exception_str)}
+    return result
+
+
+# ---- tasks --------------------------------------------------------------------------------------
+
+
+class RecordingTask(task.Task):
+    """Base: records ``revert`` with the result and flow failures it was given."""
+
+    def revert(self, *args: Any, result: Any = None, flow_failures: Any = None,
+               **kwargs: Any) -> None:
+        record("revert", self.name, result=_result_summary(result),
+               flow_failures=_failure_summary(flow_failures or {}), args=kwargs)
+
+
+class Step(RecordingTask):
+    """Needs nothing, returns its own name."""
+
+    def execute(self) -> str:
+        record("execute", self.name)
+        return self.name
+
+
+class Constant(RecordingTask):
+    """Returns its ``value`` argument (give it with ``inject`` or ``rebind``)."""
+
+    def execute(self, value: Any) -> Any:
+        record("execute", self.name, value=value)
+        return value
+
+
+class Add(RecordingTask):
+    """Returns ``x + y``."""
+
+    def execute(self, x: Any, y: Any) -> Any:
+        record("execute", self.name, x=x, y=y)
+        return x + y
+
+
+class Scale(RecordingTask):
+    """Returns ``x * factor``; ``factor`` is optional (default 10)."""
+
+    def execute(self, x: Any, factor: int = 10) -> Any:
+        record("execute", self.name, x=x, factor=factor)
+        return x * factor
+
+
+class Gather(RecordingTask):
+    """Takes whatever ``requires``/``rebind`` give it; returns them as a dict."""
+
+    def execute(self, **kwargs: Any) -> dict[str, Any]:
+        record("execute", self.name, args=dict(kwargs))
+        return dict(kwargs)
+
+
+class Greeting(RecordingTask):
+    """Provides ``greeting`` unless told otherwise (``default_provides``)."""
+
+    default_provides = "greeting"
+
+    def execute(self, who: str) -> str:
+        record("execute", self.name, who=who)
+        return f"hello {who}"
+
+
+class Fail(RecordingTask):
+    """Always raises :class:`Boom` naming itself."""
+
+    def execute(self) -> None:
+        record("execute", self.name)
+        raise Boom(f"{self.name} failed")
+
+
+class FailUntil(RecordingTask):
+    """Fails while ``attempt`` (from a ``Times`` retry) is below ``succeed_at``."""
+
+    def execute(self, attempt: int, succeed_at: int) -> int:
+        record("execute", self.name, attempt=attempt)
+        if attempt < succeed_at:
+            raise Boom(f"{self.name} failed attempt {attempt}")
+        return attempt
+
+
+class FailOn(RecordingTask):
+    """Fails when ``value`` (from a ``ForEach``-like retry) is in ``bad``; else returns it."""
+
+    def execute(self, value: Any, bad: list[Any]) -> Any:
+        record("execute", self.name, value=value)
+        if value in bad:
+            raise Boom(f"{self.name} failed with {value!r}")
+        return value
+
+
+class RevertFails(task.Task):
+    """Succeeds, but raises :class:`RevertBoom` when reverted."""
+
+    def execute(self) -> str:
+        record("execute", self.name)
+        return self.name
+
+    def revert(self, *args: Any, **kwargs: Any) -> None:
+        record("revert", self.name)
+        raise RevertBoom(f"{self.name} revert failed")
+
+
+class Progress(RecordingTask):
+    """Reports progress 0.25, 0.5 and 0.75 while executing."""
+
+    def execute(self) -> str:
+        record("execute", self.name)
+        for value in (0.25, 0.5, 0.75):
+            self.update_progress(value)
+        return self.name
+
+
+class Rendezvous(RecordingTask):
+    """Waits on the barrier named ``barrier`` (fails if the others never arrive)."""
+
+    def execute(self, barrier: str) -> str:
+        record("execute", self.name)
+        _barrier_lookup(barrier).wait()
+        record("passed-barrier", self.name)
+        return self.name
+
+
+class RendezvousThenFail(Rendezvous):
+    """Waits on its barrier, then fails (several failures at the same time)."""
+
+    def execute(self, barrier: str) -> str:
+        super().execute(barrier)
+        raise Boom(f"{self.name} failed")
+
+
+# ---- retry controllers that also record -----------------------------------------------------------
+
+
+class RecordingTimes(retry.Times):
+    """A ``Times`` retry that records each attempt it starts and each decision it makes."""
+
+    def execute(self, history: Any, *args: Any, **kwargs: Any) -> int:
+        attempt = super().execute(history, *args, **kwargs)
+        record("retry-execute", self.name, attempt=attempt)
+        return attempt
+
+    def on_failure(self, history: Any, *args: Any, **kwargs: Any) -> Any:
+        decision = super().on_failure(history, *args, **kwargs)
+        record("retry-decision", self.name, decision=str(decision), attempts=len(history))
+        return decision
+
+    def revert(self, history: Any, *args: Any, **kwargs: Any) -> None:
+        record("revert", self.name, attempts=len(history))

@@ -1,0 +1,207 @@
+"""Tests for flowengine.worker_based.dispatcher: routing, refusals and their reason codes.
+
+Messages are real ``kombu.Message`` objects (so decoding is kombu's); only the channel they would
+be settled on is a recorder.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import pickle
+from typing import Any
+
+import pytest
+from kombu.message import Message
+
+from flowengine import exceptions as exc
+from flowengine.worker_based import dispatcher as dp
+
+JSON = dp.JSON_CONTENT_TYPE
+
+
+class RecordingChannel:
+    """Records how messages were settled."""
+
+    no_ack_consumers = None
+
+    def __init__(self) -> None:
+        self.settled: list[tuple[str, Any]] = []
+
+    def basic_ack(self, delivery_tag: Any, multiple: bool = False) -> None:
+        self.settled.append(("ack", delivery_tag))
+
+    def basic_reject(self, delivery_tag: Any, requeue: bool = False) -> None:
+        self.settled.append(("requeue" if requeue else "reject", delivery_tag))
+
+
+def make_message(
+    channel: RecordingChannel,
+    body: Any = None,
+    message_type: str | None = "REQUEST",
+    content_type: str = JSON,
+    raw: bytes | None = None,
+) -> Message:
+    properties = {} if message_type is None else {"type": message_type}
+    data = raw if raw is not None else json.dumps({} if body is None else body).encode()
+    return Message(
+        body=data, delivery_tag="tag-1", content_type=content_type, content_encoding="utf-8",
+        properties=properties, channel=channel, accept=[JSON],
+    )  # fmt: skip
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, Message]] = []
+
+    def __call__(self, data: Any, message: Message) -> None:
+        self.calls.append((data, message))
+
+
+@pytest.fixture
+def channel() -> RecordingChannel:
+    return RecordingChannel()
+
+
+@pytest.fixture
+def recorder() -> Recorder:
+    return Recorder()
+
+
+def refusals(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "reason=" in r.getMessage()]
+
+
+def test_valid_message_is_acked_then_processed(channel: RecordingChannel) -> None:
+    seen: list[Any] = []
+
+    def handler(data: Any, message: Message) -> None:
+        seen.append((data, list(channel.settled)))
+
+    dispatcher = dp.TypeDispatcher({"REQUEST": dp.Handler(handler)})
+    dispatcher.on_message(make_message(channel, {"a": 1}))
+    assert seen == [({"a": 1}, [("ack", "tag-1")])]
+
+
+def test_manual_ack_handler_settles_itself(channel: RecordingChannel, recorder: Recorder) -> None:
+    dispatcher = dp.TypeDispatcher({"REQUEST": dp.Handler(recorder, manual_ack=True)})
+    dispatcher.on_message(make_message(channel, {"a": 1}))
+    assert len(recorder.calls) == 1 and channel.settled == []
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "reason"),
+    [
+        ({"message_type": None}, "missing-type"),
+        ({"message_type": "GOSSIP"}, "unknown-type"),
+        ({"content_type": "application/x-python-serialize", "raw": pickle.dumps({"a": 1})},
+         "content-type"),
+        ({"raw": b'{"a": 1'}, "decode-error"),
+        ({"raw": b"\xff\xfe not utf-8"}, "decode-error"),
+        ({"raw": b"[" * 80 + b"]" * 80}, "too-deep"),
+        ({"raw": b'"' + b"x" * 2000 + b'"'}, "too-large"),
+    ],
+)  # fmt: skip
+def test_bad_messages_are_rejected_with_one_reasoned_line(
+    channel: RecordingChannel,
+    recorder: Recorder,
+    caplog: pytest.LogCaptureFixture,
+    kwargs: dict[str, Any],
+    reason: str,
+) -> None:
+    dispatcher = dp.TypeDispatcher({"REQUEST": dp.Handler(recorder)}, max_body_bytes=1000)
+    with caplog.at_level(logging.WARNING):
+        dispatcher.on_message(make_message(channel, **kwargs))
+    assert recorder.calls == []
+    assert channel.settled == [("reject", "tag-1")]
+    lines = refusals(caplog)
+    assert len(lines) == 1 and f"reason={reason}" in lines[0]
+
+
+def test_schema_violation_is_rejected(
+    channel: RecordingChannel, recorder: Recorder, caplog: pytest.LogCaptureFixture
+) -> None:
+    def validator(data: Any) -> None:
+        raise exc.InvalidFormat("Request message data not of the expected format: 'action'")
+
+    dispatcher = dp.TypeDispatcher({"REQUEST": dp.Handler(recorder, validator)})
+    with caplog.at_level(logging.WARNING):
+        dispatcher.on_message(make_message(channel, {"a": 1}))
+    assert recorder.calls == [] and channel.settled == [("reject", "tag-1")]
+    assert "reason=invalid-format" in refusals(caplog)[0]
+
+
+def test_requeue_filters_hand_messages_back(channel: RecordingChannel, recorder: Recorder) -> None:
+    votes: list[Any] = []
+
+    def stopping(data: Any, message: Message) -> bool:
+        votes.append(data)
+        return True
+
+    dispatcher = dp.TypeDispatcher({"REQUEST": dp.Handler(recorder)}, requeue_filters=[stopping])
+    dispatcher.on_message(make_message(channel, {"a": 1}))
+    assert votes == [{"a": 1}] and recorder.calls == []
+    assert channel.settled == [("requeue", "tag-1")]
+
+
+def test_a_failing_requeue_filter_does_not_vote(
+    channel: RecordingChannel, recorder: Recorder
+) -> None:
+    def broken(data: Any, message: Message) -> bool:
+        raise RuntimeError("filter bug")
+
+    dispatcher = dp.TypeDispatcher({"REQUEST": dp.Handler(recorder)}, requeue_filters=[broken])
+    dispatcher.on_message(make_message(channel, {"a": 1}))
+    assert len(recorder.calls) == 1 and channel.settled == [("ack", "tag-1")]
+
+
+def test_handler_errors_never_escape(
+    channel: RecordingChannel, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken(data: Any, message: Message) -> None:
+        raise RuntimeError("handler bug")
+
+    dispatcher = dp.TypeDispatcher({"REQUEST": dp.Handler(broken, manual_ack=True)})
+    with caplog.at_level(logging.WARNING):
+        dispatcher.on_message(make_message(channel, {"a": 1}))
+    assert channel.settled == [("reject", "tag-1")]
+    assert "reason=handler-error" in refusals(caplog)[0]
+
+
+def test_auto_acked_message_is_not_settled_twice(channel: RecordingChannel) -> None:
+    def broken(data: Any, message: Message) -> None:
+        raise RuntimeError("handler bug")
+
+    dispatcher = dp.TypeDispatcher({"REQUEST": dp.Handler(broken)})
+    dispatcher.on_message(make_message(channel, {"a": 1}))
+    assert channel.settled == [("ack", "tag-1")]
+
+
+def test_kombu_decode_errors_are_refused(
+    channel: RecordingChannel, caplog: pytest.LogCaptureFixture
+) -> None:
+    dispatcher = dp.TypeDispatcher({})
+    with caplog.at_level(logging.WARNING):
+        dispatcher.on_decode_error(make_message(channel), ValueError("bad compression"))
+    assert channel.settled == [("reject", "tag-1")]
+    assert "reason=decode-error" in refusals(caplog)[0]
+
+
+def test_settling_a_dead_channel_is_logged(caplog: pytest.LogCaptureFixture) -> None:
+    class DeadChannel(RecordingChannel):
+        def basic_ack(self, delivery_tag: Any, multiple: bool = False) -> None:
+            raise ConnectionError("channel closed")
+
+    message = make_message(DeadChannel(), {"a": 1})
+    with caplog.at_level(logging.WARNING):
+        dp.settle(message, "ack")
+    assert "Could not ack" in caplog.text
+
+
+def test_log_lines_name_the_message_but_not_its_body(
+    channel: RecordingChannel, caplog: pytest.LogCaptureFixture
+) -> None:
+    dispatcher = dp.TypeDispatcher({})
+    with caplog.at_level(logging.WARNING):
+        dispatcher.on_message(make_message(channel, {"password": "hunter2"}, message_type="X"))
+    assert "tag-1" in caplog.text and "hunter2" not in caplog.text

@@ -1,0 +1,242 @@
+"""Tests for flowengine's filesystem kombu transport (``flowengine-fs://``)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import kombu
+import pytest
+
+from flowengine.worker_based import transport_fs
+
+EXCHANGE = kombu.Exchange("jobs", type="direct", durable=True)
+WORK = kombu.Queue("jobs_work", EXCHANGE, routing_key="work", durable=True)
+
+
+@pytest.fixture
+def folder(tmp_path: Path) -> Path:
+    return tmp_path / "fs"
+
+
+@pytest.fixture
+def conn(folder: Path) -> Iterator[kombu.Connection]:
+    with kombu.Connection(
+        "flowengine-fs://localhost", transport_options={"data_folder": str(folder)}
+    ) as connection:
+        yield connection
+
+
+def publish(conn: kombu.Connection, bodies: list[Any], declare: bool = True) -> None:
+    producer = conn.Producer(serializer="json")
+    for body in bodies:
+        producer.publish(
+            body, exchange=EXCHANGE, routing_key="work", declare=[WORK] if declare else []
+        )
+
+
+def consume(conn: kombu.Connection, count: int, ack: bool = True) -> list[Any]:
+    got: list[Any] = []
+
+    def on_message(body: Any, message: Any) -> None:
+        got.append(body)
+        if ack:
+            message.ack()
+
+    with conn.Consumer([WORK], callbacks=[on_message], accept=["application/json"]):
+        while len(got) < count:
+            conn.drain_events(timeout=5)
+    return got
+
+
+def test_names_sort_in_send_order_even_when_the_clock_stalls_or_goes_back() -> None:
+    ticks = iter([5, 5, 5, 3, 7])
+    stamper = transport_fs._Stamper(clock=lambda: next(ticks))
+    names = [stamper.next_name() for _ in range(5)]
+    assert names == sorted(names) and len(set(names)) == 5
+
+
+def test_fifo_within_a_sender(conn: kombu.Connection) -> None:
+    publish(conn, [{"n": n} for n in range(300)])
+    assert consume(conn, 300) == [{"n": n} for n in range(300)]
+
+
+def test_polling_is_brisk_by_default(conn: kombu.Connection) -> None:
+    assert conn.transport.polling_interval == transport_fs.DEFAULT_POLLING_INTERVAL <= 0.01
+
+
+def test_ack_deletes_and_nothing_is_left_behind(conn: kombu.Connection, folder: Path) -> None:
+    publish(conn, [{"n": 1}])
+    consume(conn, 1)
+    assert list((folder / "queues" / "jobs_work").iterdir()) == []
+    assert list((folder / "claimed").rglob("*.msg")) == []
+
+
+def test_unacked_messages_return_to_their_queue_in_order(folder: Path) -> None:
+    options = {"data_folder": str(folder)}
+    with kombu.Connection("flowengine-fs://localhost", transport_options=options) as first:
+        publish(first, [{"n": n} for n in range(3)])
+        assert consume(first, 2, ack=False) == [{"n": 0}, {"n": 1}]
+        assert len(list((folder / "claimed").rglob("*.msg"))) == 2
+    with kombu.Connection("flowengine-fs://localhost", transport_options=options) as second:
+        assert consume(second, 3) == [{"n": 0}, {"n": 1}, {"n": 2}]
+
+
+def test_requeue_puts_a_message_back_at_its_place(conn: kombu.Connection) -> None:
+    publish(conn, [{"n": 0}, {"n": 1}])
+    seen: list[Any] = []
+
+    def on_message(body: Any, message: Any) -> None:
+        seen.append(body)
+        if len(seen) == 1:
+            message.requeue()
+        else:
+            message.ack()
+
+    with conn.Consumer([WORK], callbacks=[on_message], accept=["application/json"]):
+        while len(seen) < 3:
+            conn.drain_events(timeout=5)
+    assert seen == [{"n": 0}, {"n": 0}, {"n": 1}]
+
+
+def test_routing_uses_bindings_other_processes_stored(folder: Path) -> None:
+    options = {"data_folder": str(folder)}
+    with kombu.Connection("flowengine-fs://localhost", transport_options=options) as consumer:
+        WORK(consumer.default_channel).declare()
+        fanout = kombu.Exchange("announce", type="fanout", durable=True)
+        listener = kombu.Queue("jobs_listener", fanout, durable=True)
+        listener(consumer.default_channel).declare()
+        # A second connection has its own in-memory broker state: only the files are shared.
+        with kombu.Connection("flowengine-fs://localhost", transport_options=options) as sender:
+            publish(sender, [{"direct": True}], declare=False)
+            sender.Producer(serializer="json").publish({"fanout": True}, exchange="announce")
+        assert consume(consumer, 1) == [{"direct": True}]
+        message = listener(consumer.default_channel).get(no_ack=True)
+        assert message is not None and message.payload == {"fanout": True}
+
+
+def test_undecodable_files_are_moved_aside_and_consuming_goes_on(
+    conn: kombu.Connection, folder: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    WORK(conn.default_channel).declare()
+    queue_dir = folder / "queues" / "jobs_work"
+    (queue_dir / "00000000000000000001.1.0000000000.msg").write_bytes(b'{"not": "an envelope"')
+    (queue_dir / "00000000000000000002.1.0000000000.msg").write_bytes(b'{"properties": 1}')
+    publish(conn, [{"n": "after"}])
+    with caplog.at_level(logging.WARNING):
+        assert consume(conn, 1) == [{"n": "after"}]
+    assert len(list((folder / "bad" / "jobs_work").iterdir())) == 2
+    assert caplog.text.count("reason=decode-error") == 2
+
+
+def test_a_half_written_message_is_never_read(
+    conn: kombu.Connection, folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    WORK(conn.default_channel).declare()
+    half_written, release = threading.Event(), threading.Event()
+    real_write = transport_fs.Channel._write_file
+
+    def slow_write(self: transport_fs.Channel, path: Path, data: bytes) -> None:
+        with open(path, "wb") as handle:
+            handle.write(data[: len(data) // 2])
+            handle.flush()
+            half_written.set()
+            assert release.wait(10)
+            handle.write(data[len(data) // 2 :])
+
+    monkeypatch.setattr(transport_fs.Channel, "_write_file", slow_write)
+    writer = threading.Thread(target=publish, args=(conn.clone(), [{"n": "whole"}]))
+    writer.start()
+    try:
+        assert half_written.wait(10)
+        reader = conn.default_channel
+        with pytest.raises(queue.Empty):
+            reader._get("jobs_work")
+        assert list((folder / "queues" / "jobs_work").iterdir()) == []
+        assert len(list((folder / "tmp").iterdir())) == 1
+    finally:
+        release.set()
+        writer.join(10)
+    monkeypatch.setattr(transport_fs.Channel, "_write_file", real_write)
+    assert consume(conn, 1) == [{"n": "whole"}]
+
+
+def test_claims_of_a_dead_process_are_requeued(folder: Path) -> None:
+    options = {"data_folder": str(folder)}
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    with kombu.Connection("flowengine-fs://localhost", transport_options=options) as first:
+        publish(first, [{"n": "orphan"}])
+        claimed = first.default_channel._get("jobs_work")
+        assert claimed is not None
+    # Pretend a process that has exited held the claim.
+    mine = folder / "claimed" / str(os.getpid())
+    mine.rename(folder / "claimed" / dead.stdout.strip())
+    transport_fs._RECOVERED.discard(str(folder))
+    with kombu.Connection("flowengine-fs://localhost", transport_options=options) as second:
+        assert consume(second, 1) == [{"n": "orphan"}]
+
+
+CHILD = """
+import json, sys, kombu
+import flowengine.worker_based.transport_fs
+exchange = kombu.Exchange("jobs", type="direct", durable=True)
+work = kombu.Queue("jobs_work", exchange, routing_key="work", durable=True)
+got, done = [], []
+def on_message(body, message):
+    message.ack()
+    if body.get("stop"):
+        done.append(True)
+    else:
+        got.append(body["n"])
+with kombu.Connection("flowengine-fs://localhost",
+                      transport_options={"data_folder": sys.argv[1]}) as conn:
+    with conn.Consumer([work], callbacks=[on_message], accept=["application/json"]):
+        print("ready", flush=True)
+        while not done:
+            try:
+                conn.drain_events(timeout=1)
+            except TimeoutError:
+                pass
+print(json.dumps(got), flush=True)
+"""
+
+
+def test_competing_processes_consume_each_message_exactly_once(
+    conn: kombu.Connection, folder: Path
+) -> None:
+    WORK(conn.default_channel).declare()
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-c", CHILD, str(folder)], stdout=subprocess.PIPE, text=True
+        )  # fmt: skip
+        for _ in range(2)
+    ]
+    lines: queue.Queue[tuple[int, str]] = queue.Queue()
+    for index, child in enumerate(children):
+        assert child.stdout is not None
+        threading.Thread(
+            target=lambda i=index, out=child.stdout: [lines.put((i, line)) for line in out],
+            daemon=True,
+        ).start()
+    try:
+        assert sorted(lines.get(timeout=30) for _ in children) == [(0, "ready\n"), (1, "ready\n")]
+        publish(conn, [{"n": n} for n in range(1000)] + [{"stop": True}, {"stop": True}])
+        results = dict(lines.get(timeout=60) for _ in children)
+        assert [child.wait(30) for child in children] == [0, 0]
+    finally:
+        for child in children:
+            child.kill() if child.poll() is None else None
+    consumed = [json.loads(results[0]), json.loads(results[1])]
+    assert sorted(consumed[0] + consumed[1]) == list(range(1000))
+    assert consumed[0] and consumed[1], "both processes should have won some messages"
+    # Each process saw its share in send order.
+    assert all(share == sorted(share) for share in consumed)
