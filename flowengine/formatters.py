@@ -220,5 +220,5 @@ def _lookup(fetch: Callable[..., Any], *args: Any) -> Any:
     """``fetch(*args)``, or ``_NOT_FOUND`` when storage has no such value."""
     try:
         return fetch(*args)
-    except (exc.StorageFailure, exc.NotFound):
+    except (exc.StorageFailure, exc.NotFound, exc.DisallowedAccess):
         return _NOT_FOUND

@@ -121,6 +121,18 @@ def test_dir_leaves_no_temporary_files(tmp_path: Path) -> None:
     assert leftovers == []
 
 
+def test_dir_recovers_from_a_writer_that_died_part_way(tmp_path: Path) -> None:
+    with _connection(f"dir://{tmp_path}") as conn:
+        book, _ = _saved_book(conn)
+        (tmp_path / "books" / "died-before-first-write").mkdir()
+        (tmp_path / "books" / ".deleting-gone-1234").mkdir()
+        (tmp_path / ".atom_details.deleting-5678").mkdir()
+        assert [b.uuid for b in conn.get_logbooks()] == [book.uuid]
+        conn.upgrade()
+    assert not (tmp_path / "books" / ".deleting-gone-1234").exists()
+    assert not (tmp_path / ".atom_details.deleting-5678").exists()
+
+
 # ---- SQL backend -----------------------------------------------------------------------------
 
 

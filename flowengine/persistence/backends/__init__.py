@@ -8,13 +8,13 @@
 The configuration is a URI string or a dict whose ``connection`` key holds one (or just a scheme
 name such as ``"memory"`` or ``"dir"``). The URI's scheme picks the backend:
 
-================================  ===============================================
-``memory://``                     :class:`~.impl_memory.MemoryBackend`
-``file:///path``, ``dir:///path``  :class:`~.impl_dir.DirBackend` (JSON files)
-``sqlite://``, ``sqlite:///path``  :class:`~.impl_sqlalchemy.SQLAlchemyBackend`
-``postgresql://...``              :class:`~.impl_sqlalchemy.SQLAlchemyBackend`
-``mysql://...``                   :class:`~.impl_sqlalchemy.SQLAlchemyBackend`
-================================  ===============================================
+=====================================  =================================================
+``memory://``                          :class:`~.impl_memory.MemoryBackend`
+``file:///path``, ``dir:///path``      :class:`~.impl_dir.DirBackend` (JSON files)
+``sqlite://``, ``sqlite:///path``      :class:`~.impl_sqlalchemy.SQLAlchemyBackend`
+``postgresql://...``                   :class:`~.impl_sqlalchemy.SQLAlchemyBackend`
+``mysql://...``                        :class:`~.impl_sqlalchemy.SQLAlchemyBackend`
+=====================================  =================================================
 
 A dialect suffix (``postgresql+psycopg://``) is allowed. Query parameters become configuration
 keys (``sqlite:///x.db?busy_timeout=5``) unless the dict sets them already. Other schemes are

@@ -227,6 +227,11 @@ class _DirStore(RecordStore):
         with self._locked(True):
             for table in (_BOOKS, _FLOWS, _ATOMS):
                 os.makedirs(os.path.join(self.path, table), exist_ok=True)
+            # Finish deletions a crashed process left half done (already hidden from readers).
+            for folder in (self.path, os.path.join(self.path, _BOOKS)):
+                for name in os.listdir(folder):
+                    if name.startswith(".") and ".deleting-" in name:
+                        shutil.rmtree(os.path.join(folder, name), ignore_errors=True)
 
     def validate(self) -> None:
         for table in (_BOOKS, _FLOWS, _ATOMS):

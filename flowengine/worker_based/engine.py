@@ -1,0 +1,65 @@
+"""WorkerBasedActionEngine: an action engine whose tasks run on remote workers.
+
+Retry controllers, scheduling and storage stay in the engine's process; only tasks travel.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from flowengine.engines import executor as local
+from flowengine.engines.engine import ActionEngine
+from flowengine.engines.options import as_bool
+from flowengine.worker_based import protocol as pr
+from flowengine.worker_based.executor import WorkerTaskExecutor
+
+
+class WorkerBasedActionEngine(ActionEngine):
+    """Runs a flow's tasks on workers reached through a broker.
+
+    Options (as TaskFlow's, plus ``taskflow_compat``):
+        exchange: the exchange workers listen on (default ``"default"``).
+        url: broker URL (None: the embedded filesystem transport).
+        topics: worker topics to ask for workers (flowengine workers also announce themselves).
+        transport, transport_options, retry_options: broker settings.
+        transition_timeout: seconds a request may wait for a worker to take it (default 60).
+        worker_expiry: seconds after which a silent worker is forgotten (default 60).
+        executor: a ready-made :class:`WorkerTaskExecutor` to use instead.
+        taskflow_compat: declare queues exactly as TaskFlow does (for mixed fleets).
+    """
+
+    def __init__(self, flow: Any, flow_detail: Any, backend: Any,
+                 options: Mapping[str, Any] | None) -> None:
+        super().__init__(flow, flow_detail, backend, options)
+        self._worker_executor: local.TaskExecutor | None = None
+
+    def _task_executor(self) -> local.TaskExecutor:
+        if self._worker_executor is not None:
+            return self._worker_executor
+        extra = dict(self._options.extra)
+        given = self._options.executor
+        if given is not None:
+            if not isinstance(given, local.TaskExecutor):
+                raise TypeError(f"Worker-based engine option 'executor' must be a "
+                                f"WorkerTaskExecutor, not {given!r}")
+            self._worker_executor = given
+            return given
+        topics = extra.get("topics") or []
+        if isinstance(topics, str):
+            topics = [t for t in topics.split(",") if t]
+        timeout = extra.get("transition_timeout", pr.REQUEST_TIMEOUT)
+        expiry = extra.get("worker_expiry", pr.EXPIRES_AFTER)
+        self._worker_executor = WorkerTaskExecutor(
+            uuid=self.storage.flow_uuid,
+            exchange=extra.get("exchange", "default"),
+            topics=topics,
+            transition_timeout=None if timeout is None else float(timeout),
+            url=extra.get("url"),
+            transport=extra.get("transport"),
+            transport_options=extra.get("transport_options"),
+            retry_options=extra.get("retry_options"),
+            worker_expiry=None if expiry is None else float(expiry),
+            taskflow_compat=as_bool("taskflow_compat", extra.get("taskflow_compat", False)),
+        )
+        return self._worker_executor

@@ -1,0 +1,185 @@
+"""Worker discovery: which workers exist, what they run, and how busy they are.
+
+Workers are learned from NOTIFY replies, whether answers to an engine's own NOTIFY (how TaskFlow
+workers are found) or announcements flowengine workers broadcast when they start and stop. Each
+worker process is tracked by its own id when it sends one (flowengine), else by its topic
+(TaskFlow, whose processes sharing a topic are indistinguishable).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+LOG = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class TopicWorker:
+    """One known worker.
+
+    Attributes:
+        topic: the queue suffix its requests are published to.
+        tasks: fully-qualified names of the task classes it runs.
+        identity: its worker id (its topic for TaskFlow workers).
+        capacity: free task slots it last advertised (None: unknown).
+        last_seen: when it was last heard from (the finder's clock).
+        flowengine: whether it speaks flowengine's header extensions.
+    """
+
+    topic: str
+    tasks: frozenset[str]
+    identity: str
+    capacity: int | None = None
+    last_seen: float = 0.0
+    flowengine: bool = False
+    in_flight: int = 0
+
+    def performs(self, task_cls: str) -> bool:
+        """Whether it runs the named task class."""
+        return task_cls in self.tasks
+
+
+class WorkerFinder:
+    """Keeps the set of known workers and picks one for a task.
+
+    Args:
+        expiry: seconds after which a worker not heard from is forgotten (None or <= 0: never).
+        clock: monotonic clock in seconds (injected by tests).
+        on_change: called (without locks held) whenever a worker appears or comes back.
+    """
+
+    def __init__(
+        self,
+        expiry: float | None = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+        on_change: Callable[[], None] | None = None,
+    ) -> None:
+        self._expiry = expiry if expiry and expiry > 0 else None
+        self._clock = clock
+        self._on_change = on_change
+        self._workers: dict[str, TopicWorker] = {}
+        self._lock = threading.Lock()
+        self._appeared = threading.Condition(self._lock)
+
+    @property
+    def total_workers(self) -> int:
+        """How many workers are known."""
+        with self._lock:
+            return len(self._workers)
+
+    def workers(self) -> list[TopicWorker]:
+        """A snapshot of the known workers."""
+        with self._lock:
+            return list(self._workers.values())
+
+    def add(
+        self,
+        topic: str,
+        tasks: Iterable[str],
+        identity: str | None = None,
+        capacity: int | None = None,
+        flowengine: bool = False,
+    ) -> TopicWorker:
+        """Record (or refresh) a worker from a NOTIFY reply or announcement."""
+        key = identity or topic
+        with self._lock:
+            worker = self._workers.get(key)
+            new = worker is None or worker.tasks != frozenset(tasks)
+            if worker is None:
+                worker = TopicWorker(topic, frozenset(tasks), key, flowengine=flowengine)
+                self._workers[key] = worker
+                LOG.info("Discovered worker %s (topic %r, %d tasks)", key, topic, len(worker.tasks))
+            worker.tasks = frozenset(tasks)
+            worker.topic = topic
+            worker.last_seen = self._clock()
+            if capacity is not None:
+                worker.capacity = capacity
+            if new:
+                self._appeared.notify_all()
+        if new and self._on_change is not None:
+            self._on_change()
+        return worker
+
+    def remove(self, identity: str) -> TopicWorker | None:
+        """Forget a worker (it said it went offline)."""
+        with self._lock:
+            worker = self._workers.pop(identity, None)
+        if worker is not None:
+            LOG.info("Worker %s (topic %r) went offline", identity, worker.topic)
+        return worker
+
+    def seen(self, identity: str | None, capacity: int | None = None) -> None:
+        """Refresh a worker's liveness (and capacity) from any message it sent."""
+        if not identity:
+            return
+        with self._lock:
+            worker = self._workers.get(identity)
+            if worker is not None:
+                worker.last_seen = self._clock()
+                if capacity is not None:
+                    worker.capacity = capacity
+
+    def expire(self) -> list[TopicWorker]:
+        """Forget workers not heard from within the expiry; return them."""
+        if self._expiry is None:
+            return []
+        cutoff = self._clock() - self._expiry
+        with self._lock:
+            gone = [w for w in self._workers.values() if w.last_seen < cutoff]
+            for worker in gone:
+                del self._workers[worker.identity]
+        for worker in gone:
+            LOG.warning("Worker %s (topic %r) expired: not heard from in %.0fs",
+                        worker.identity, worker.topic, self._expiry)
+        return gone
+
+    def get_worker_for_task(
+        self, task_cls: str, avoid: Iterable[str] = ()
+    ) -> TopicWorker | None:
+        """Pick a worker that runs ``task_cls``: the least loaded, avoiding ``avoid`` if possible.
+
+        Load is the worker's in-flight count against its advertised capacity; ties are broken at
+        random so equal workers share the work.
+        """
+        with self._lock:
+            capable = [w for w in self._workers.values() if w.performs(task_cls)]
+        if not capable:
+            return None
+        avoided = set(avoid)
+        preferred = [w for w in capable if w.identity not in avoided] or capable
+        random.shuffle(preferred)
+        return min(preferred, key=_load)
+
+    def wait_for_workers(self, workers: int = 1, timeout: float | None = None) -> int:
+        """Block until ``workers`` are known; return how many are still missing."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            while len(self._workers) < workers:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    break
+                self._appeared.wait(remaining)
+            return max(workers - len(self._workers), 0)
+
+    def clear(self) -> None:
+        """Forget every worker."""
+        with self._lock:
+            self._workers.clear()
+
+
+def _load(worker: TopicWorker) -> tuple[float, int]:
+    if worker.capacity is None:
+        return (0.5, worker.in_flight)
+    slots = worker.capacity + worker.in_flight
+    return (worker.in_flight / slots if slots else 1.0, worker.in_flight)
+
+
+def header(headers: Any, name: str) -> Any:
+    """Read a header from a kombu message's headers (which may be None)."""
+    return (headers or {}).get(name)

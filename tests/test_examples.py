@@ -1,0 +1,179 @@
+"""Run every script in examples/ as a user would, and check the lines that tell its story."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import subprocess
+import sys
+from collections.abc import Callable
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
+
+#: Scripts that need servers (a broker, a database); they are exercised by integration tests.
+NEEDS_SERVERS: frozenset[str] = frozenset()
+
+#: Lines each script must print, in this order (other lines may come between them).
+EXPECTED_LINES: dict[str, list[str]] = {
+    "hello_linear.py": [
+        "greet: building a greeting for world",
+        "shout: turning 'Hello, world' up",
+        "show: HELLO, WORLD!",
+        "results: greeting='Hello, world' shouted='HELLO, WORLD!'",
+    ],
+    "graph_inferred.py": [
+        "inferred link: compile -> package",
+        "inferred link: compile -> test",
+        "inferred link: fetch_deps -> compile",
+        "inferred link: fetch_source -> compile",
+        "inferred link: package -> publish",
+        "inferred link: test -> publish",
+        "every step ran after the steps it needs",
+        "publish returned 'publish(package, test)'",
+    ],
+    "reverting.py": [
+        "execute flight: reserved flight-42",
+        "execute charge: charging 1200",
+        "revert  charge: nothing to undo (card declined for 1200)",
+        "revert  car: cancelled car-42 (because card declined for 1200)",
+        "revert  hotel: cancelled hotel-42 (because card declined for 1200)",
+        "revert  flight: cancelled flight-42 (because card declined for 1200)",
+        "run raised CardDeclined: card declined for 1200",
+        "revert order: charge -> car -> hotel -> flight",
+        "flow state: REVERTED",
+    ],
+    "retry_flow.py": [
+        "upload: cleaning up the partial upload of attempt 1",
+        "upload: cleaning up the partial upload of attempt 2",
+        "result: uploaded on attempt 3",
+        "download: mirror-a is unreachable",
+        "download: mirror-b is unreachable",
+        "download: fetched from mirror-c",
+        "result: downloaded from mirror-c",
+    ],
+    "parallel_map_reduce.py": [
+        "partial sums: [4900, 35525, 97400, 190525]",
+        "halves: [2450, 17762, 48700, 95262]",
+        "total: 328350 (expected 328350)",
+    ],
+    "deciders.py": [
+        "== usage 95%: the clean-up branch runs ==",
+        "clean_up: removing old logs",
+        "states: inspect=SUCCESS, clean_up=SUCCESS, compact=SUCCESS, report=SUCCESS",
+        "== usage 40%: the decider skips the clean-up branch ==",
+        "states: inspect=SUCCESS, clean_up=IGNORE, compact=IGNORE, report=SUCCESS",
+        "flow state: SUCCESS",
+        "states: inspect=SUCCESS, clean_up=IGNORE, compact=SUCCESS, report=SUCCESS",
+    ],
+    "notifications.py": [
+        "flow  backup: PENDING -> RUNNING",
+        "atom  copy: PENDING -> RUNNING",
+        "progress copy: 25%",
+        "progress copy: 50%",
+        "progress copy: 75%",
+        "atom  copy: RUNNING -> SUCCESS result=4",
+        "atom  verify: RUNNING -> SUCCESS result=True",
+        "flow  backup: RUNNING -> SUCCESS",
+        "stored progress of copy: 1.0",
+    ],
+    "main_job.py": [
+        "health_check   ✔ done -> ok",
+        "flow state: SUCCESS",
+        "health_check   ✘ failed: server did not answer on port 22",
+        "engine.run() raised RuntimeError: server did not answer on port 22",
+        "flow state: REVERTED",
+    ],
+}
+
+
+def _values_after(output: str, prefix: str) -> list[str]:
+    """The ``a -> b -> c`` list printed on the first line starting with ``prefix``."""
+    for line in output.splitlines():
+        if line.startswith(prefix):
+            return line[len(prefix):].strip().split(" -> ")
+    raise AssertionError(f"no line starts with {prefix!r}")
+
+
+def _check_graph_order(output: str) -> None:
+    order = _values_after(output, "execution order:")
+    assert sorted(order) == sorted(
+        ["fetch_source", "fetch_deps", "compile", "test", "package", "publish"])
+    assert order.index("compile") > max(order.index("fetch_source"), order.index("fetch_deps"))
+    assert order[-1] == "publish"
+
+
+def _check_main_job_reverts(output: str) -> None:
+    order = _values_after(output, "revert order:")
+    # The failed check and everything that depends on nothing else revert in reverse run order;
+    # independent steps (the first three) may revert in any order once their dependents have.
+    assert order[:2] == ["health_check", "attach_volume"]
+    assert sorted(order) == sorted(["health_check", "attach_volume", "boot_server",
+                                    "create_volume", "allocate_ip", "fetch_image"])
+    assert order.index("boot_server") < min(order.index("allocate_ip"),
+                                            order.index("fetch_image"))
+
+
+def _check_parallelism(output: str) -> None:
+    most = int(_values_after(output, "most tasks running at once:")[0])
+    assert most >= 2, "the parallel engine ran the map tasks one at a time"
+
+
+EXTRA_CHECKS: dict[str, Callable[[str], None]] = {
+    "graph_inferred.py": _check_graph_order,
+    "main_job.py": _check_main_job_reverts,
+    "parallel_map_reduce.py": _check_parallelism,
+}
+
+
+def _scripts() -> list[str]:
+    return sorted(p.name for p in EXAMPLES.glob("*.py") if p.name not in NEEDS_SERVERS)
+
+
+def _run(script: str) -> str:
+    env = dict(os.environ, PYTHONIOENCODING="utf-8", NO_COLOR="1")
+    env.pop("FORCE_COLOR", None)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    proc = subprocess.run(
+        [sys.executable, str(EXAMPLES / script)],
+        cwd=ROOT, env=env, capture_output=True, text=True, encoding="utf-8", timeout=60,
+    )
+    assert proc.returncode == 0, (
+        f"{script} exited with {proc.returncode}\n--- stdout\n{proc.stdout}\n"
+        f"--- stderr\n{proc.stderr}"
+    )
+    return proc.stdout
+
+
+def assert_lines_in_order(output: str, expected: list[str]) -> None:
+    """Each expected line appears (whole, ignoring surrounding spaces) after the previous one."""
+    lines = [line.strip() for line in output.splitlines()]
+    position = 0
+    for wanted in expected:
+        try:
+            position = lines.index(wanted, position) + 1
+        except ValueError:
+            raise AssertionError(
+                f"missing (or out of order): {wanted!r}\n--- output\n{output}"
+            ) from None
+
+
+def test_every_example_has_expectations() -> None:
+    missing = [name for name in _scripts() if name not in EXPECTED_LINES]
+    assert not missing, f"add the key output lines of {missing} to EXPECTED_LINES"
+
+
+@pytest.mark.parametrize("script", _scripts())
+def test_example(script: str) -> None:
+    output = _run(script)
+    assert_lines_in_order(output, EXPECTED_LINES.get(script, []))
+    check = EXTRA_CHECKS.get(script)
+    if check is not None:
+        check(output)
+
+
+def test_assert_lines_in_order_rejects_wrong_order() -> None:
+    with pytest.raises(AssertionError):
+        assert_lines_in_order("b\na\n", ["a", "b"])

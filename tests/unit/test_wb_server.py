@@ -1,0 +1,490 @@
+"""A real worker (Worker -> Server -> Proxy) driven by a hand-written requester.
+
+Every test runs over kombu's ``memory`` transport and over flowengine's filesystem transport. The
+requester plays the engine: it owns a reply queue (also bound to the discovery key), publishes
+REQUEST/NOTIFY messages and waits on queues with timeouts; nothing sleeps to synchronise.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import queue
+import sys
+import threading
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import kombu
+import pytest
+from taskflow.engines.worker_based import protocol as tf_protocol
+
+from flowengine import task
+from flowengine.types.failure import Failure
+from flowengine.worker_based import dispatcher as dp
+from flowengine.worker_based import protocol as pr
+from flowengine.worker_based import proxy as px
+from flowengine.worker_based import worker as wk
+
+TOPIC = "volumes"
+WAIT = 10.0
+
+
+class VolumeError(RuntimeError):
+    pass
+
+
+class Add(task.Task):
+    def execute(self, x: int, y: int) -> int:
+        self.update_progress(0.5)
+        return x + y
+
+
+class Explode(task.Task):
+    def execute(self) -> None:
+        raise VolumeError("no space left", 42)
+
+
+class ReturnsObject(task.Task):
+    def execute(self) -> Any:
+        return object()
+
+
+class Undo(task.Task):
+    def execute(self) -> None:
+        pass
+
+    def revert(self, result: Any, flow_failures: dict[str, Failure], **kwargs: Any) -> Any:
+        return {"result": result, "failures": sorted(flow_failures), "kwargs": kwargs}
+
+
+GATE = threading.Event()
+RUNS: list[str] = []
+
+
+class Gated(task.Task):
+    def execute(self) -> str:
+        RUNS.append(self.name)
+        assert GATE.wait(WAIT), "test never opened the gate"
+        return "through"
+
+
+class NotServed(task.Task):
+    def execute(self) -> None:
+        pass
+
+
+SERVED = [Add, Explode, ReturnsObject, Undo, Gated]
+
+
+@pytest.fixture(params=["memory", "fs"])
+def transport(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, Any]:
+    if request.param == "memory":
+        return {"transport": "memory"}
+    return {"transport_options": {"data_folder": str(tmp_path / "fs")}}
+
+
+@pytest.fixture
+def exchange() -> str:
+    # The memory transport's broker state is process-wide: every test gets its own exchange.
+    return f"test-{uuid.uuid4().hex[:8]}"
+
+
+def run_in_thread(target: Any) -> threading.Thread:
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    return thread
+
+
+class Requester:
+    """The engine's side, by hand: publishes requests and collects replies by correlation id."""
+
+    def __init__(self, exchange: str, transport: dict[str, Any]) -> None:
+        self.reply_key = uuid.uuid4().hex
+        self.replies: defaultdict[str | None, queue.Queue[tuple[Any, dict[str, Any]]]]
+        self.replies = defaultdict(queue.Queue)
+        handlers = {
+            pr.RESPONSE: dp.Handler(self._collect, pr.Response.validate),
+            pr.NOTIFY: dp.Handler(
+                self._collect, functools.partial(pr.Notify.validate, response=True)
+            ),
+        }
+        self.proxy = px.Proxy(
+            self.reply_key, exchange, handlers,
+            extra_routing_keys=[pr.DISCOVERY_ROUTING_KEY], **transport,
+        )  # fmt: skip
+        self.thread = run_in_thread(self.proxy.start)
+        assert self.proxy.wait(WAIT)
+
+    def _collect(self, data: Any, message: Any) -> None:
+        correlation_id = message.properties.get("correlation_id")
+        self.replies[correlation_id].put((data, dict(message.headers)))
+
+    def send(self, atom: task.Task, action: str = pr.EXECUTE, arguments: Any = None,
+             headers: dict[str, Any] | None = None, **kwargs: Any) -> pr.Request:  # fmt: skip
+        request = pr.Request(atom, uuid.uuid4().hex, action, arguments or {}, **kwargs)
+        self.proxy.publish(
+            request, TOPIC, reply_to=self.reply_key, correlation_id=request.uuid, headers=headers
+        )
+        return request
+
+    def next(self, correlation_id: str | None) -> tuple[Any, dict[str, Any]]:
+        return self.replies[correlation_id].get(timeout=WAIT)
+
+    def outcome(self, request: pr.Request) -> list[dict[str, Any]]:
+        """Replies up to SUCCESS or FAILURE, each also checked by TaskFlow's validator."""
+        bodies = []
+        while not bodies or bodies[-1]["state"] not in (pr.SUCCESS, pr.FAILURE):
+            body, _ = self.next(request.uuid)
+            tf_protocol.Response.validate(body)
+            bodies.append(body)
+        return bodies
+
+    def notify_reply(self, status: str | None = None) -> tuple[Any, dict[str, Any]]:
+        while True:
+            body, headers = self.next(None)
+            if headers.get(pr.HEADER_WORKER_STATUS) == status:
+                return body, headers
+
+    def close(self) -> None:
+        self.proxy.stop()
+        self.thread.join(WAIT)
+
+
+@pytest.fixture
+def requester(exchange: str, transport: dict[str, Any]) -> Iterator[Requester]:
+    requester = Requester(exchange, transport)
+    yield requester
+    requester.close()
+
+
+def start_worker(exchange: str, transport: dict[str, Any], **kwargs: Any) -> wk.Worker:
+    kwargs.setdefault("threads_count", 2)
+    worker = wk.Worker(exchange, TOPIC, SERVED, **transport, **kwargs)
+    worker.thread = run_in_thread(functools.partial(worker.run, display_banner=False))  # type: ignore[attr-defined]
+    assert worker.wait(WAIT)
+    return worker
+
+
+@pytest.fixture
+def worker(exchange: str, transport: dict[str, Any], requester: Requester) -> Iterator[wk.Worker]:
+    GATE.clear()
+    RUNS.clear()
+    worker = start_worker(exchange, transport)
+    yield worker
+    GATE.set()
+    worker.stop(grace=WAIT)
+    worker.thread.join(WAIT)  # type: ignore[attr-defined]
+    assert not worker.thread.is_alive()  # type: ignore[attr-defined]
+
+
+def test_execute_replies_running_progress_then_success(
+    worker: wk.Worker, requester: Requester
+) -> None:
+    request = requester.send(Add(name="add"), arguments={"x": 1, "y": 2}, attempt=3)
+    replies = requester.outcome(request)
+    assert replies == [
+        {"state": pr.RUNNING, "data": {}},
+        {
+            "state": pr.EVENT,
+            "data": {"event_type": "update_progress", "details": {"progress": 0.5}},
+        },
+        {"state": pr.SUCCESS, "data": {"result": 3}},
+    ]
+
+
+def test_replies_carry_worker_identity_and_echo_the_attempt(
+    worker: wk.Worker, requester: Requester
+) -> None:
+    request = requester.send(Add(name="add"), arguments={"x": 1, "y": 2})
+    headers = {pr.HEADER_REQUEST_ID: request.request_id, pr.HEADER_ATTEMPT: 2}
+    request.uuid = uuid.uuid4().hex  # a second attempt, with its own correlation id
+    requester.proxy.publish(request, TOPIC, reply_to=requester.reply_key,
+                            correlation_id=request.uuid, headers=headers)  # fmt: skip
+    _, reply_headers = requester.next(request.uuid)
+    assert reply_headers[pr.HEADER_WORKER] == worker.worker_id
+    assert reply_headers[pr.HEADER_PROTOCOL] == pr.PROTOCOL_VERSION
+    assert reply_headers[pr.HEADER_REQUEST_ID] == request.request_id
+    assert reply_headers[pr.HEADER_ATTEMPT] == 2
+    assert 0 <= reply_headers[pr.HEADER_CAPACITY] <= 2
+
+
+def test_failing_task_replies_a_v1_failure(worker: wk.Worker, requester: Requester) -> None:
+    replies = requester.outcome(requester.send(Explode(name="explode")))
+    assert [r["state"] for r in replies] == [pr.RUNNING, pr.FAILURE]
+    failure = replies[-1]["data"]["result"]
+    Failure.validate(failure)
+    assert failure["version"] == 1
+    assert failure["exc_type_names"][0] == f"{__name__}.VolumeError"
+    assert failure["exc_type_names"][-1] == "Exception"
+    assert failure["exc_args"] == ["no space left", 42]
+    assert "no space left" in failure["exception_str"]
+    assert "raise VolumeError" in failure["traceback_str"]
+
+
+def test_revert_gets_result_and_flow_failures(worker: wk.Worker, requester: Requester) -> None:
+    cause = Failure.from_exception(VolumeError("disk"))
+    request = requester.send(
+        Undo(name="undo"), pr.REVERT, {"extra": 1}, result=cause, failures={"undo": cause}
+    )
+    result = requester.outcome(request)[-1]["data"]["result"]
+    assert result["failures"] == ["undo"] and result["kwargs"] == {"extra": 1}
+    # The Failure travelled as data and was handed to revert() as a Failure.
+    assert "disk" in str(result["result"])
+
+
+def test_unknown_task_fails_without_importing_anything(
+    worker: wk.Worker, requester: Requester
+) -> None:
+    request = requester.send(NotServed(name="nope"))
+    replies = requester.outcome(request)
+    assert [r["state"] for r in replies] == [pr.FAILURE]
+    failure = replies[0]["data"]["result"]
+    assert failure["exc_type_names"][0] == "flowengine.exceptions.NotFound"
+    assert f"{__name__}.NotServed" in failure["exception_str"]
+    body = dict(request.to_dict(), task_cls="wb_never_imported_module.Evil")
+
+    class RawRequest(pr.Message):
+        TYPE = pr.REQUEST
+
+        def to_dict(self) -> dict[str, Any]:
+            return body
+
+    requester.proxy.publish(RawRequest(), TOPIC, reply_to=requester.reply_key,
+                            correlation_id="evil")  # fmt: skip
+    body_reply, _ = requester.next("evil")
+    assert body_reply["state"] == pr.FAILURE
+    assert "wb_never_imported_module" not in sys.modules
+
+
+def test_unserializable_result_becomes_a_failure(worker: wk.Worker, requester: Requester) -> None:
+    replies = requester.outcome(requester.send(ReturnsObject(name="obj")))
+    assert [r["state"] for r in replies] == [pr.RUNNING, pr.FAILURE]
+    failure = replies[-1]["data"]["result"]
+    assert failure["exc_type_names"][0] == "flowengine.worker_based.proxy.MessageEncodeError"
+    assert "not JSON-serializable" in failure["exception_str"] and "obj" in failure["exception_str"]
+
+
+def test_version_mismatch_is_refused(worker: wk.Worker, requester: Requester) -> None:
+    newer = Add(name="add")
+    newer.version = (2, 0)
+    replies = requester.outcome(requester.send(newer, arguments={"x": 1, "y": 1}))
+    assert replies[0]["data"]["result"]["exc_type_names"][0].endswith("IncompatibleVersion")
+
+
+def test_request_past_its_deadline_is_not_run(worker: wk.Worker, requester: Requester) -> None:
+    request = requester.send(Gated(name="late"), headers={pr.HEADER_DEADLINE: time.time() - 1})
+    replies = requester.outcome(request)
+    assert replies[0]["data"]["result"]["exc_type_names"][0].endswith("RequestTimeout")
+    assert RUNS == []
+
+
+def test_notify_is_answered_while_every_task_thread_is_busy(
+    exchange: str, transport: dict[str, Any], requester: Requester
+) -> None:
+    GATE.clear()
+    worker = start_worker(exchange, transport, threads_count=1)
+    try:
+        online, _ = requester.notify_reply(pr.WORKER_ONLINE)
+        assert online == {"topic": TOPIC, "tasks": [wk.pr.task_class_name(c) for c in SERVED]}
+        busy = requester.send(Gated(name="busy"))
+        assert requester.next(busy.uuid)[0]["state"] == pr.RUNNING
+        requester.proxy.publish(pr.Notify(), TOPIC, reply_to=requester.reply_key)
+        body, headers = requester.notify_reply(None)
+        assert body["topic"] == TOPIC and headers[pr.HEADER_CAPACITY] == 0
+        GATE.set()
+        assert requester.outcome(busy)[-1]["data"] == {"result": "through"}
+    finally:
+        GATE.set()
+        worker.stop(grace=WAIT)
+    _, headers = requester.notify_reply(pr.WORKER_OFFLINE)
+    assert headers[pr.HEADER_WORKER] == worker.worker_id
+
+
+def test_malformed_messages_do_not_stop_the_worker(
+    worker: wk.Worker, requester: Requester, exchange: str, transport: dict[str, Any],
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    url = "memory://localhost" if "transport" in transport else "flowengine-fs://localhost"
+    options = transport.get("transport_options", {})
+    target = kombu.Exchange(exchange, type="direct", durable=True)
+    reply = {"reply_to": requester.reply_key, "correlation_id": "bad"}
+    with caplog.at_level(logging.WARNING), kombu.Connection(url, transport_options=options) as conn:
+        producer = conn.Producer()
+        for body, content_type, props in [
+            (b"{}", "application/json", {}),  # no type
+            (b"{}", "application/json", {"type": "GOSSIP"}),
+            (b'{"task_cls": ', "application/json", {"type": pr.REQUEST}),
+            (b"\x80\x04K\x01.", "application/x-python-serialize", {"type": pr.REQUEST}),
+            (b'{"task_cls": 1}', "application/json", {"type": pr.REQUEST}),
+            (json.dumps(Add(name="a").version).encode(), "application/json", {"type": pr.NOTIFY}),
+        ]:
+            producer.publish(body, exchange=target, routing_key=TOPIC, content_type=content_type,
+                             content_encoding="utf-8", **reply, **props)  # fmt: skip
+        request = requester.send(Add(name="add"), arguments={"x": 2, "y": 2})
+        assert requester.outcome(request)[-1]["data"] == {"result": 4}
+    reasons = [r.getMessage().split("reason=")[1].split()[0] for r in caplog.records
+               if "reason=" in r.getMessage()]  # fmt: skip
+    expected = ["missing-type", "unknown-type", "decode-error", "content-type", "invalid-format"]
+    assert reasons == [*expected, "invalid-format"]
+    assert requester.replies["bad"].empty()
+
+
+def test_request_without_reply_to_is_dropped(
+    worker: wk.Worker, requester: Requester, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING):
+        requester.proxy.publish(pr.Request(Add(name="a"), "c", pr.EXECUTE, {}), TOPIC)
+        request = requester.send(Add(name="add"), arguments={"x": 1, "y": 1})
+        assert requester.outcome(request)[-1]["data"] == {"result": 2}
+    assert "lacks reply_to" in caplog.text
+
+
+def test_request_is_acked_only_after_its_outcome(tmp_path: Path, exchange: str) -> None:
+    # Unacknowledged deliveries are visible as claimed files on the fs transport.
+    transport = {"transport_options": {"data_folder": str(tmp_path / "fs")}}
+    claimed = tmp_path / "fs" / "claimed"
+    GATE.clear()
+    requester = Requester(exchange, transport)
+    worker = start_worker(exchange, transport)
+    try:
+        request = requester.send(Gated(name="slow"))
+        assert requester.next(request.uuid)[0]["state"] == pr.RUNNING
+        assert len(list(claimed.rglob("*.msg"))) == 1
+        GATE.set()
+        assert requester.outcome(request)[-1]["state"] == pr.SUCCESS
+    finally:
+        GATE.set()
+        worker.stop(grace=WAIT)  # returns once every outcome is settled
+        requester.close()
+    assert list(claimed.rglob("*.msg")) == []
+
+
+def test_unsettled_deliveries_are_redelivered_after_stop(tmp_path: Path, exchange: str) -> None:
+    options = {"data_folder": str(tmp_path / "fs")}
+    received: queue.Queue[Any] = queue.Queue()
+    first = px.Proxy(TOPIC, exchange, {pr.NOTIFY: dp.Handler(
+        lambda data, message: received.put(("first", message)), manual_ack=True)},
+        transport_options=options)  # fmt: skip
+    thread = run_in_thread(first.start)
+    assert first.wait(WAIT)
+    first.publish(pr.Notify(), TOPIC, reply_to="nobody")
+    assert received.get(timeout=WAIT)[0] == "first"
+    assert first.unsettled == 1
+    first.stop(grace=0)
+    assert first.wait_stopped(WAIT)
+    thread.join(WAIT)
+    second = px.Proxy(
+        TOPIC,
+        exchange,
+        {pr.NOTIFY: dp.Handler(lambda data, message: received.put(("second", message)))},
+        transport_options=options,
+    )
+    thread = run_in_thread(second.start)
+    try:
+        assert received.get(timeout=WAIT)[0] == "second"
+    finally:
+        second.stop()
+        thread.join(WAIT)
+
+
+def test_consumer_reconnects_after_a_connection_error(
+    exchange: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    connected: list[float] = []
+    received: queue.Queue[Any] = queue.Queue()
+    proxy = px.Proxy(TOPIC, exchange, {pr.NOTIFY: dp.Handler(lambda d, m: received.put(d))},
+                     transport="memory", on_connected=lambda: connected.append(time.monotonic()),
+                     retry_options={"interval_start": 0.001, "jitter": 0})  # fmt: skip
+    real_drain = kombu.Connection.drain_events
+    failures = [ConnectionError("broker went away")]
+
+    def flaky_drain(self: kombu.Connection, **kwargs: Any) -> Any:
+        if failures:
+            raise proxy._conn.connection_errors[0](str(failures.pop()))
+        return real_drain(self, **kwargs)
+
+    monkeypatch.setattr(kombu.Connection, "drain_events", flaky_drain)
+    thread = run_in_thread(proxy.start)
+    try:
+        proxy.publish(pr.Notify(), TOPIC, reply_to="r")
+        assert received.get(timeout=WAIT) == {}
+        assert len(connected) == 2
+    finally:
+        proxy.stop()
+        thread.join(WAIT)
+
+
+def test_taskflow_compat_uses_taskflows_declarations() -> None:
+    compat = px.Proxy(TOPIC, "tf", transport="memory", taskflow_compat=True)
+    queue_ = compat._queue(TOPIC)
+    assert queue_.name == f"tf_{TOPIC}" and queue_.routing_key == TOPIC
+    assert (queue_.durable, queue_.auto_delete) == (False, True)
+    assert (queue_.exchange.type, queue_.exchange.durable, queue_.exchange.auto_delete) == (
+        "direct", False, True,
+    )  # fmt: skip
+    durable = px.Proxy(TOPIC, "fe", transport="memory")._queue(TOPIC)
+    assert (durable.durable, durable.auto_delete, durable.exchange.durable) == (True, False, True)
+
+
+def test_retry_delays_grow_capped_and_jittered() -> None:
+    options = px.RetryOptions(interval_start=1, interval_max=10, multiplier=2, jitter=0.5)
+    assert [options.delay(n, rand=lambda: 0.0) for n in range(6)] == [1, 2, 4, 8, 10, 10]
+    assert options.delay(3, rand=lambda: 1.0) == 4
+    assert options.delay(10**6, rand=lambda: 0.0) == 10
+    taskflow_style = px.RetryOptions.from_options(
+        {"interval_start": 1, "interval_step": 1, "interval_max": 1, "max_retries": 3}
+    )
+    assert (taskflow_style.max_retries, taskflow_style.interval_max) == (3, 1.0)
+    with pytest.raises(ValueError, match="interval_start"):
+        px.RetryOptions.from_options({"interval_start": -1})
+    with pytest.raises(ValueError, match="Unknown"):
+        px.RetryOptions.from_options({"interval_strat": 1})
+
+
+def test_retry_log_lines_are_bounded_and_stop_ends_retrying(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    stop = threading.Event()
+    backoff = px._Backoff(px.RetryOptions(interval_start=0), "Consuming", "memory://", stop)
+    with caplog.at_level(logging.WARNING):
+        for _ in range(25):
+            backoff(ConnectionError("down"))
+    assert len(caplog.records) == 5  # attempts 1-3, 10 and 20
+    stop.set()
+    with pytest.raises(px.ProxyStopped):
+        backoff(ConnectionError("down"))
+
+
+def test_urls_are_masked_in_banner_and_details() -> None:
+    worker = wk.Worker("ex", TOPIC, [Add], url="amqp://guest:s3cret@broker:5672//")
+    assert "s3cret" not in worker.banner and "guest:***@broker" in worker.banner
+    assert px.mask_url("redis://:pw@h:6379/0;redis://u:pw2@h2") == (
+        "redis://:***@h:6379/0;redis://u:***@h2"
+    )
+    assert px.mask_url("memory://") == "memory://"
+
+
+def test_message_too_large_is_refused_before_sending() -> None:
+    big = pr.Response(pr.SUCCESS, result="x" * (pr.MAX_BODY_BYTES + 1))
+    with pytest.raises(px.MessageEncodeError, match="bound"):
+        px.encode(big)
+
+
+def test_task_specs_resolve_to_classes_defined_where_named() -> None:
+    module = sys.modules[__name__]
+    names = [c.__name__ for c in wk.find_task_classes([module])]
+    assert names == ["Add", "Explode", "Gated", "NotServed", "ReturnsObject", "Undo"]
+    assert wk.find_task_classes([f"{__name__}:Add", Add]) == [Add]
+    assert wk.find_task_classes([__name__]) == wk.find_task_classes([module])
+    with pytest.raises(TypeError, match="not a concrete Task"):
+        wk.find_task_classes([f"{__name__}:VolumeError"])
+    with pytest.raises(ImportError):
+        wk.find_task_classes([f"{__name__}:Missing"])
+    with pytest.raises(TypeError):
+        wk.find_task_classes([42])  # type: ignore[list-item]
