@@ -29,8 +29,9 @@ class WorkerBasedActionEngine(ActionEngine):
         taskflow_compat: declare queues exactly as TaskFlow does (for mixed fleets).
     """
 
-    def __init__(self, flow: Any, flow_detail: Any, backend: Any,
-                 options: Mapping[str, Any] | None) -> None:
+    def __init__(
+        self, flow: Any, flow_detail: Any, backend: Any, options: Mapping[str, Any] | None
+    ) -> None:
         super().__init__(flow, flow_detail, backend, options)
         self._worker_executor: local.TaskExecutor | None = None
 
@@ -41,8 +42,10 @@ class WorkerBasedActionEngine(ActionEngine):
         given = self._options.executor
         if given is not None:
             if not isinstance(given, local.TaskExecutor):
-                raise TypeError(f"Worker-based engine option 'executor' must be a "
-                                f"WorkerTaskExecutor, not {given!r}")
+                raise TypeError(
+                    f"Worker-based engine option 'executor' must be a "
+                    f"WorkerTaskExecutor, not {given!r}"
+                )
             self._worker_executor = given
             return given
         topics = extra.get("topics") or []

@@ -75,13 +75,21 @@ class WorkerTaskExecutor(local.TaskExecutor):
         self.finder = WorkerFinder(worker_expiry, clock=clock, on_change=self._dispatch_waiting)
         handlers = {
             pr.RESPONSE: dp.Handler(self._on_response, pr.Response.validate),
-            pr.NOTIFY: dp.Handler(self._on_notify,
-                                  functools.partial(pr.Notify.validate, response=True)),
+            pr.NOTIFY: dp.Handler(
+                self._on_notify, functools.partial(pr.Notify.validate, response=True)
+            ),
         }
         self._proxy = px.Proxy(
-            uuid, exchange, handlers, on_wait=self.on_wait, url=url, transport=transport,
-            transport_options=transport_options, retry_options=retry_options,
-            taskflow_compat=taskflow_compat, extra_routing_keys=[pr.DISCOVERY_ROUTING_KEY],
+            uuid,
+            exchange,
+            handlers,
+            on_wait=self.on_wait,
+            url=url,
+            transport=transport,
+            transport_options=transport_options,
+            retry_options=retry_options,
+            taskflow_compat=taskflow_compat,
+            extra_routing_keys=[pr.DISCOVERY_ROUTING_KEY],
             on_connected=self._notify_topics,
         )
         self._thread: threading.Thread | None = None
@@ -93,13 +101,15 @@ class WorkerTaskExecutor(local.TaskExecutor):
         with self._lock:
             if self._thread is not None and self._thread.is_alive():
                 return
-            self._thread = threading.Thread(target=self._proxy.start, daemon=True,
-                                            name=f"flowengine-executor-{self._uuid[:8]}")
+            self._thread = threading.Thread(
+                target=self._proxy.start, daemon=True, name=f"flowengine-executor-{self._uuid[:8]}"
+            )
             self._thread.start()
         if not self._proxy.wait(timeout=30):
             raise exc.ExecutionFailure(
                 f"Executor {self._uuid} could not start consuming from "
-                f"{self._proxy.connection_details.uri}")
+                f"{self._proxy.connection_details.uri}"
+            )
 
     def stop(self) -> None:
         """Stop consuming; requests still outstanding fail with RequestTimeout."""
@@ -110,9 +120,13 @@ class WorkerTaskExecutor(local.TaskExecutor):
         with self._lock:
             leftovers = list(self._ongoing.values())
         for request in leftovers:
-            self._fail(request, exc.RequestTimeout(
-                f"Request {request.request_id} for task {request.task.name!r} was still "
-                f"{request.current_state} when its executor stopped"))
+            self._fail(
+                request,
+                exc.RequestTimeout(
+                    f"Request {request.request_id} for task {request.task.name!r} was still "
+                    f"{request.current_state} when its executor stopped"
+                ),
+            )
 
     def wait_for_workers(self, workers: int = 1, timeout: float | None = None) -> int:
         """Block until ``workers`` workers are known; return how many are still missing."""
@@ -127,8 +141,14 @@ class WorkerTaskExecutor(local.TaskExecutor):
         arguments: Mapping[str, Any],
         progress_callback: local.ProgressCallback | None = None,
     ) -> cf.Future:
-        request = pr.Request(task, task_uuid, pr.EXECUTE, arguments,
-                             timeout=self._transition_timeout, clock=self._clock)
+        request = pr.Request(
+            task,
+            task_uuid,
+            pr.EXECUTE,
+            arguments,
+            timeout=self._transition_timeout,
+            clock=self._clock,
+        )
         return self._submit(request, progress_callback)
 
     def revert_task(
@@ -140,19 +160,28 @@ class WorkerTaskExecutor(local.TaskExecutor):
         failures: Mapping[str, Failure],
         progress_callback: local.ProgressCallback | None = None,
     ) -> cf.Future:
-        request = pr.Request(task, task_uuid, pr.REVERT, arguments,
-                             timeout=self._transition_timeout, result=result,
-                             failures=failures, clock=self._clock)
+        request = pr.Request(
+            task,
+            task_uuid,
+            pr.REVERT,
+            arguments,
+            timeout=self._transition_timeout,
+            result=result,
+            failures=failures,
+            clock=self._clock,
+        )
         return self._submit(request, progress_callback)
 
-    def _submit(self, request: pr.Request,
-                progress_callback: local.ProgressCallback | None) -> cf.Future:
+    def _submit(
+        self, request: pr.Request, progress_callback: local.ProgressCallback | None
+    ) -> cf.Future:
         if progress_callback is not None:
             # Progress EVENTs are re-emitted on the local task's notifier, as TaskFlow does.
             notifier = request.task.notifier
             notifier.register(EVENT_UPDATE_PROGRESS, progress_callback)
             request.future.add_done_callback(
-                lambda _f: notifier.deregister(EVENT_UPDATE_PROGRESS, progress_callback))
+                lambda _f: notifier.deregister(EVENT_UPDATE_PROGRESS, progress_callback)
+            )
         with self._lock:
             self._ongoing[request.request_id] = request
         self._dispatch(request)
@@ -162,8 +191,9 @@ class WorkerTaskExecutor(local.TaskExecutor):
         """Publish a WAITING request to the best capable worker, if one is known."""
         worker = self.finder.get_worker_for_task(pr.task_class_name(request.task))
         if worker is None:
-            LOG.debug("No worker yet for %r; request %s waits", request.task.name,
-                      request.request_id)
+            LOG.debug(
+                "No worker yet for %r; request %s waits", request.task.name, request.request_id
+            )
             return
         with self._lock:
             if request.current_state != pr.WAITING or request.request_id not in self._ongoing:
@@ -172,12 +202,21 @@ class WorkerTaskExecutor(local.TaskExecutor):
             worker.in_flight += 1
             self._workers_of[request.request_id] = worker
         try:
-            self._proxy.publish(request, worker.topic, reply_to=self._uuid,
-                                correlation_id=request.request_id,
-                                headers=self._headers(request))
+            self._proxy.publish(
+                request,
+                worker.topic,
+                reply_to=self._uuid,
+                correlation_id=request.request_id,
+                headers=self._headers(request),
+            )
         except Exception as err:
-            LOG.warning("Publishing request %s for %r to topic %r failed: %s",
-                        request.request_id, request.task.name, worker.topic, err)
+            LOG.warning(
+                "Publishing request %s for %r to topic %r failed: %s",
+                request.request_id,
+                request.task.name,
+                worker.topic,
+                err,
+            )
             self._finish(request, Failure())
 
     def _headers(self, request: pr.Request) -> dict[str, Any]:
@@ -226,8 +265,11 @@ class WorkerTaskExecutor(local.TaskExecutor):
         if request is None:
             # A reply to an attempt that already finished (late, duplicate or from a lapsed
             # attempt): applying it would complete an atom twice.
-            LOG.info("Ignoring %s reply for unknown or finished request %s",
-                     data.get("state"), correlation_id)
+            LOG.info(
+                "Ignoring %s reply for unknown or finished request %s",
+                data.get("state"),
+                correlation_id,
+            )
             return
         response = pr.Response.from_dict(data)
         state = response.state
@@ -251,9 +293,13 @@ class WorkerTaskExecutor(local.TaskExecutor):
             if identity:
                 self.finder.remove(identity)
             return
-        self.finder.add(data["topic"], data["tasks"], identity=identity,
-                        capacity=header(headers, pr.HEADER_CAPACITY),
-                        flowengine=header(headers, pr.HEADER_PROTOCOL) is not None)
+        self.finder.add(
+            data["topic"],
+            data["tasks"],
+            identity=identity,
+            capacity=header(headers, pr.HEADER_CAPACITY),
+            flowengine=header(headers, pr.HEADER_PROTOCOL) is not None,
+        )
 
     # -- housekeeping (consumer thread) -----------------------------------------------------
 
@@ -261,8 +307,12 @@ class WorkerTaskExecutor(local.TaskExecutor):
         self._next_notify = self._clock() + self._notify_period
         for topic in self._topics:
             try:
-                self._proxy.publish(pr.Notify(), topic, reply_to=self._uuid,
-                                    headers={pr.HEADER_PROTOCOL: pr.PROTOCOL_VERSION})
+                self._proxy.publish(
+                    pr.Notify(),
+                    topic,
+                    reply_to=self._uuid,
+                    headers={pr.HEADER_PROTOCOL: pr.PROTOCOL_VERSION},
+                )
             except Exception as err:
                 LOG.warning("Could not ask topic %r for workers: %s", topic, err)
 
@@ -275,7 +325,11 @@ class WorkerTaskExecutor(local.TaskExecutor):
         with self._lock:
             expired = [r for r in self._ongoing.values() if r.expired]
         for request in expired:
-            self._fail(request, exc.RequestTimeout(
-                f"Request {request.request_id} for task {request.task.name!r} has expired "
-                f"after waiting for {request.timeout} seconds for it to transition out of "
-                f"(WAITING, PENDING) states"))
+            self._fail(
+                request,
+                exc.RequestTimeout(
+                    f"Request {request.request_id} for task {request.task.name!r} has expired "
+                    f"after waiting for {request.timeout} seconds for it to transition out of "
+                    f"(WAITING, PENDING) states"
+                ),
+            )

@@ -16,10 +16,8 @@ import threading
 import time
 import uuid
 from collections.abc import Iterable, Mapping
-from concurrent.futures import Executor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Any
-
-import futurist
 
 from flowengine import exceptions as exc
 from flowengine.types.failure import Failure
@@ -81,7 +79,7 @@ class Server:
         self.worker_id = worker_id or make_worker_id()
         self._online = False
         # Discovery is answered off the task threads, so a busy worker still answers at once.
-        self._control = futurist.ThreadPoolExecutor(max_workers=1)
+        self._control = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flowengine-control")
         handlers = {
             pr.NOTIFY: dp.Handler(
                 self._on_notify, functools.partial(pr.Notify.validate, response=False)

@@ -135,13 +135,15 @@ class WorkerFinder:
             for worker in gone:
                 del self._workers[worker.identity]
         for worker in gone:
-            LOG.warning("Worker %s (topic %r) expired: not heard from in %.0fs",
-                        worker.identity, worker.topic, self._expiry)
+            LOG.warning(
+                "Worker %s (topic %r) expired: not heard from in %.0fs",
+                worker.identity,
+                worker.topic,
+                self._expiry,
+            )
         return gone
 
-    def get_worker_for_task(
-        self, task_cls: str, avoid: Iterable[str] = ()
-    ) -> TopicWorker | None:
+    def get_worker_for_task(self, task_cls: str, avoid: Iterable[str] = ()) -> TopicWorker | None:
         """Pick a worker that runs ``task_cls``: the least loaded, avoiding ``avoid`` if possible.
 
         Load is the worker's in-flight count against its advertised capacity; ties are broken at

@@ -179,14 +179,16 @@ class Worker:
         return self._server.wait(timeout)
 
     def stop(self, grace: float = DEFAULT_STOP_GRACE) -> None:
-        """Stop taking requests, let in-flight ones finish, announce going offline.
+        """Stop taking requests, announce going offline, let in-flight requests finish.
 
         Args:
             grace: Seconds in-flight requests get to publish their outcome and be acknowledged
                 before the channel closes; the broker redelivers whatever is left.
         """
         self._server.stop(grace)
-        if self._owns_executor:
-            self._executor.shutdown(wait=True)
-        if threading.get_ident() != self._run_thread:  # from run()'s thread this would deadlock
+        # The consume loop ends once in-flight requests are settled or the grace is over; from
+        # run()'s own thread (a signal handler) waiting for it would deadlock.
+        if threading.get_ident() != self._run_thread:
             self._server.wait_stopped(grace + 5.0)
+        if self._owns_executor:
+            self._executor.shutdown(wait=False)

@@ -110,6 +110,11 @@ def make_tasks(lib: types.SimpleNamespace, ledger: list) -> types.SimpleNamespac
             raise ValueError(self.name + " revert failed")
 
     class Progress(Recording):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.notifier.register(lib.task.EVENT_UPDATE_PROGRESS, lambda event, details:
+                                   ledger.append(["progress", self.name, details["progress"]]))
+
         def execute(self):
             ledger.append(["execute", self.name])
             self.update_progress(0.5)
@@ -373,50 +378,50 @@ def _error(err: BaseException) -> dict[str, Any]:
     return {"type": type(err).__name__, "causes": causes}
 
 
+def atom_names(flow: Any) -> list[str]:
+    """Names of every atom in ``flow`` (retry controllers included), depth first."""
+    if not hasattr(flow, "iter_links"):
+        return [flow.name]
+    found = [flow.retry.name] if flow.retry is not None else []
+    for item in flow:
+        found.extend(atom_names(item))
+    return found
+
+
 def run_one(lib: types.SimpleNamespace, name: str, engine_kind: str) -> dict[str, Any]:
     build, ordered = SCENARIOS[name]
     ledger: list = []
     atom_events: list = []
     flow_events: list = []
-    progress: list = []
     out: dict[str, Any] = {"error": None}
     try:
         flow, store, options = build(lib, make_tasks(lib, ledger))
         engine = lib.engines.load(flow, store=store, engine=engine_kind, **options)
     except Exception as err:
         out["error"] = _error(err)
-        out["failed_at"] = "build"
         return out
     engine.notifier.register("*", lambda state, details: flow_events.append(state))
     engine.atom_notifier.register("*", lambda state, details: atom_events.append(
         [details.get("task_name") or details.get("retry_name"), state]))
-    for atom in engine.compilation.execution_graph.nodes if False else ():
-        pass  # (engines differ in graph node types; atoms are found via storage below)
     try:
         iterated = list(engine.run_iter())
     except Exception as err:
         out["error"] = _error(err)
         iterated = None
     storage = engine.storage
-    names = sorted({e[0] for e in atom_events if e[0]} | {
-        ad.name for ad in storage._flow_detail if ad.name != "_TASKFLOW_INJECTOR"}) \
-        if hasattr(storage, "_flow_detail") else sorted({e[0] for e in atom_events if e[0]})
+    names = atom_names(flow)
     out["atom_states"] = {n: storage.get_atom_state(n) for n in names}
     out["flow_state"] = storage.get_flow_state()
-    out["fetch_all"] = _jsonable(storage.fetch_all())
-    out["ledger"] = _jsonable(ledger if ordered else sorted(ledger, key=repr))
-    stats = dict(engine.statistics)
-    stats.pop("seconds_per_state", None)
-    stats.pop("active_for", None)
+    out["fetch_all"] = storage.fetch_all()
+    out["ledger"] = ledger if ordered else sorted(ledger, key=repr)
     out["statistics_keys"] = sorted(engine.statistics)
-    del progress
     if ordered:
         out["atom_events"] = atom_events
         out["flow_events"] = flow_events
         out["run_iter"] = iterated
     else:
         out["atom_events"] = sorted(atom_events)
-        out["flow_events"] = [flow_events[0], flow_events[-1]] if flow_events else []
+        out["flow_events"] = flow_events[-1:]
     return _jsonable(out)
 
 

@@ -60,7 +60,7 @@ class Undo(task.Task):
         pass
 
     def revert(self, result: Any, flow_failures: dict[str, Failure], **kwargs: Any) -> Any:
-        return {"result": result, "failures": sorted(flow_failures), "kwargs": kwargs}
+        return {"result": str(result), "failures": sorted(flow_failures), "kwargs": kwargs}
 
 
 GATE = threading.Event()
@@ -291,7 +291,7 @@ def test_notify_is_answered_while_every_task_thread_is_busy(
     worker = start_worker(exchange, transport, threads_count=1)
     try:
         online, _ = requester.notify_reply(pr.WORKER_ONLINE)
-        assert online == {"topic": TOPIC, "tasks": [wk.pr.task_class_name(c) for c in SERVED]}
+        assert online == {"topic": TOPIC, "tasks": sorted(pr.task_class_name(c) for c in SERVED)}
         busy = requester.send(Gated(name="busy"))
         assert requester.next(busy.uuid)[0]["state"] == pr.RUNNING
         requester.proxy.publish(pr.Notify(), TOPIC, reply_to=requester.reply_key)
