@@ -13,7 +13,7 @@ $(STAMP): setup.cfg pyproject.toml
 	touch $(STAMP)
 
 run: $(STAMP)
-	$(BIN)/python examples/main_job.py
+	$(BIN)/python examples/demo_workers.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check flowengine tests examples benchmarks

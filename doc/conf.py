@@ -10,7 +10,7 @@ sys.path.insert(0, str(ROOT))
 
 project = "flowengine"
 author = "flowengine contributors"
-copyright = "flowengine contributors"  # noqa: A001 - the name Sphinx reads
+copyright = "flowengine contributors"
 release = version = "0.1.0"
 
 extensions: list[str] = []

@@ -158,15 +158,12 @@ class FailureFormatter:
         if atom is not None and _lookup(storage.get_atom_intention, atom.name) == states.EXECUTE:
             roots, count = _predecessor_tree(compilation.execution_graph, atom)
             if roots:
-                cache: dict[tuple[str, str], Any] = {}
                 lines = [f"{count} predecessors (most recent first):"]
-                lines.extend(_render(roots, lambda n: self._label(storage, cache, n)))
+                lines.extend(_render(roots, lambda n: self._label(storage, n)))
                 sections.append(os.linesep.join(lines))
         return fail.exc_info, os.linesep.join(sections)
 
-    def _label(
-        self, storage: Storage, cache: dict[tuple[str, str], Any], node: _Predecessor
-    ) -> str:
+    def _label(self, storage: Storage, node: _Predecessor) -> str:
         """The text of one tree node."""
         suffix = " (see above)" if node.repeated else ""
         if node.kind == compiler.FLOW:
@@ -178,42 +175,26 @@ class FailureFormatter:
         atom: Atom = node.node
         if node.repeated:
             return f"Atom '{atom.name}'{suffix}"
-        attrs = self._atom_attrs(storage, cache, atom)
+        attrs = self._atom_attrs(storage, atom)
         return f"Atom '{atom.name}' {attrs}" if attrs else f"Atom '{atom.name}'"
 
-    def _atom_attrs(
-        self, storage: Storage, cache: dict[tuple[str, str], Any], atom: Atom
-    ) -> dict[str, Any]:
+    def _atom_attrs(self, storage: Storage, atom: Atom) -> dict[str, Any]:
         """What storage knows about ``atom``: intention, state, arguments and result."""
         name = atom.name
-
-        def cached(key: str, fetch: Callable[[], Any]) -> Any:
-            if (key, name) not in cache:
-                cache[(key, name)] = _lookup(fetch)
-            return cache[(key, name)]
-
-        attrs: dict[str, Any] = {}
-        for key, fetch in (
-            ("intention", lambda: storage.get_atom_intention(name)),
-            ("state", lambda: storage.get_atom_state(name)),
-        ):
-            value = cached(key, fetch)
-            if value is not _NOT_FOUND:
-                attrs[key] = value
-        if name in self._hide_inputs_outputs_of:
-            return attrs
-        requires = cached(
-            "requires",
-            lambda: storage.fetch_mapped_args(
-                atom.rebind, atom_name=name, optional_args=atom.optional
-            ),
-        )
-        if requires is not _NOT_FOUND:
+        attrs: dict[str, Any] = {
+            "intention": _lookup(storage.get_atom_intention, name),
+            "state": _lookup(storage.get_atom_state, name),
+        }
+        if name not in self._hide_inputs_outputs_of:
+            requires = _lookup(
+                lambda: storage.fetch_mapped_args(
+                    atom.rebind, atom_name=name, optional_args=atom.optional
+                )
+            )
+            provides = _lookup(storage.get_execute_result, name)
             attrs["requires"] = _mask_keys(requires, self._mask_inputs_keys)
-        provides = cached("provides", lambda: storage.get_execute_result(name))
-        if provides is not _NOT_FOUND:
             attrs["provides"] = _mask_keys(provides, self._mask_outputs_keys)
-        return attrs
+        return {key: value for key, value in attrs.items() if value is not _NOT_FOUND}
 
 
 def _lookup(fetch: Callable[..., Any], *args: Any) -> Any:

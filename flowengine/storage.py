@@ -135,10 +135,14 @@ class Storage:
                     f"{self.flow_name!r} to backend {type(self._backend).__name__}: {err}"
                 ) from err
 
-    def _save_flow(self) -> None:
+    def _save_flow(self, with_atoms: bool = True) -> None:
         if self._connection is not None:
             try:
-                self._connection.update_flow_details(self._flow_detail)
+                fields_only = getattr(self._connection, "update_flow_fields", None)
+                if not with_atoms and fields_only is not None:
+                    fields_only(self._flow_detail)
+                else:
+                    self._connection.update_flow_details(self._flow_detail)
             except exceptions.StorageFailure:
                 raise
             except Exception as err:
@@ -359,10 +363,10 @@ class Storage:
                 f"Result for atom {atom_name!r} {what} is not known{reason}: it is in state "
                 f"{ad.state}"
             )
-        return ad.revert_results if revert else ad.last_results
+        return ad.revert_results if revert else ad.results
 
     def get_execute_result(self, atom_name: str) -> Any:
-        """What the atom's ``execute`` returned (or its Failure)."""
+        """What the atom's ``execute`` returned (or its Failure); a retry's whole history."""
         return self._get(atom_name, revert=False)
 
     get = get_execute_result
@@ -584,7 +588,7 @@ class Storage:
         """Set and store the flow's state."""
         with self._lock:
             self._flow_detail.state = state
-            self._save_flow()
+            self._save_flow(with_atoms=False)
 
     def get_flow_state(self) -> str:
         """The flow's state (PENDING when never set)."""
@@ -603,7 +607,7 @@ class Storage:
         """Merge ``update_with`` into the flow's metadata and store it."""
         with self._lock:
             self._flow_detail.meta.update(update_with)
-            self._save_flow()
+            self._save_flow(with_atoms=False)
 
     # -- retries ----------------------------------------------------------------------------
 

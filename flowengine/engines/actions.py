@@ -23,7 +23,8 @@ _TASK_RESULT_STATES = frozenset((states.SUCCESS, states.FAILURE, states.REVERT_F
                                  states.REVERTED))
 #: Called as ``hook(atom, new_state)`` after every stored state change.
 StateHook = Callable[[Any, str], None]
-_RETRY_RESULT_STATES = frozenset((states.SUCCESS, states.FAILURE, states.REVERT_FAILURE))
+_RETRY_RESULT_STATES = frozenset((states.SUCCESS, states.FAILURE, states.REVERT_FAILURE,
+                                  states.REVERTED))
 
 
 class TaskAction:
@@ -153,8 +154,9 @@ class RetryAction:
         old_state = storage.get_atom_state(retry.name)
         if state in _RETRY_RESULT_STATES:
             storage.save(retry.name, None if result is NO_RESULT else result, state)
-        elif state == states.REVERTED:
-            storage.cleanup_retry_history(retry.name, state)
+            if state == states.REVERTED:
+                # A reverted controller starts its next use with an empty history.
+                storage.cleanup_retry_history(retry.name, state)
         else:
             if state == old_state:
                 return False
@@ -198,7 +200,7 @@ class RetryAction:
         if isinstance(result, Failure):
             self.change_state(retry, states.REVERT_FAILURE, result=result)
         else:
-            self.change_state(retry, states.REVERTED)
+            self.change_state(retry, states.REVERTED, result=result)
 
     def on_failure(self, retry: Retry, atom: Any, failure: Failure,
                    arguments: dict[str, Any]) -> Any:

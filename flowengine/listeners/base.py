@@ -16,7 +16,7 @@ import abc
 import logging
 from collections.abc import Callable, Iterable
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from flowengine import states
 from flowengine.types.failure import Failure
@@ -46,6 +46,9 @@ DetailsFilter = Callable[[Details], bool]
 
 _TASK, _RETRY, _FLOW = "task", "retry", "flow"
 
+# typing.Self needs Python 3.11 and the package supports 3.10.
+_ListenerT = TypeVar("_ListenerT", bound="Listener")
+
 
 def _task_matcher(details: Details) -> bool:
     """Tell whether atom-notifier details describe a task."""
@@ -55,6 +58,15 @@ def _task_matcher(details: Details) -> bool:
 def _retry_matcher(details: Details) -> bool:
     """Tell whether atom-notifier details describe a retry controller."""
     return bool(details) and "retry_name" in details and "retry_uuid" in details
+
+
+def _states_tuple(listen_for: Iterable[str] | None) -> tuple[str, ...]:
+    """The states to listen for; one state given as a bare string is one state, not letters."""
+    if not listen_for:
+        return ()
+    if isinstance(listen_for, str):
+        return (listen_for,)
+    return tuple(listen_for)
 
 
 def _bulk_deregister(
@@ -114,9 +126,9 @@ class Listener:
     ) -> None:
         self._engine = engine
         self._listen_for: dict[str, tuple[str, ...]] = {
-            _TASK: tuple(task_listen_for or ()),
-            _RETRY: tuple(retry_listen_for or ()),
-            _FLOW: tuple(flow_listen_for or ()),
+            _TASK: _states_tuple(task_listen_for),
+            _RETRY: _states_tuple(retry_listen_for),
+            _FLOW: _states_tuple(flow_listen_for),
         }
         self._registered: dict[str, list[tuple[str, Receiver]]] = {}
 
@@ -187,7 +199,7 @@ class Listener:
                 notifier, _callback, details_filter = self._channel(kind)
                 _bulk_deregister(notifier, registered, details_filter=details_filter)
 
-    def __enter__(self) -> Listener:
+    def __enter__(self: _ListenerT) -> _ListenerT:
         self.register()
         return self
 

@@ -14,7 +14,12 @@ from typing import Any, TypeVar
 
 from flowengine import exceptions as exc
 from flowengine import states
-from flowengine.persistence._formatting import format_meta, format_shared, version_string
+from flowengine.persistence._record import (
+    NamedRecord,
+    format_meta,
+    format_shared,
+    version_string,
+)
 from flowengine.types.failure import Failure
 
 _AD = TypeVar("_AD", bound="AtomDetail")
@@ -34,7 +39,7 @@ def _copy_failure(failure: Failure | None, deep_copy: bool) -> Failure | None:
     return failure.copy() if deep_copy else failure
 
 
-class AtomDetail(metaclass=abc.ABCMeta):
+class AtomDetail(NamedRecord, metaclass=abc.ABCMeta):
     """The stored state of one atom: state, intention, results, failures, metadata and version.
 
     Args:
@@ -54,8 +59,7 @@ class AtomDetail(metaclass=abc.ABCMeta):
     """
 
     def __init__(self, name: str, uuid: str) -> None:
-        self._uuid = uuid
-        self._name = name
+        super().__init__(name, uuid)
         self.state: str | None = None
         self.intention: str | None = states.EXECUTE
         self.results: Any = None
@@ -64,16 +68,6 @@ class AtomDetail(metaclass=abc.ABCMeta):
         self.revert_failure: Failure | None = None
         self.meta: dict[str, Any] = {}
         self.version: Any = None
-
-    @property
-    def uuid(self) -> str:
-        """The atom detail's unique id."""
-        return self._uuid
-
-    @property
-    def name(self) -> str:
-        """The atom's name."""
-        return self._name
 
     @property
     def last_results(self) -> Any:

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from flowengine.persistence._atom_details import AtomDetail, RetryDetail, TaskDetail
-from flowengine.persistence._formatting import format_meta, format_shared
+from flowengine.persistence._record import NamedRecord, format_meta, format_shared
 
 __all__ = [
     "LogBook",
@@ -72,7 +72,7 @@ def _meta_of(data: dict[str, Any]) -> dict[str, Any]:
     return meta if isinstance(meta, dict) else {}
 
 
-class LogBook:
+class LogBook(NamedRecord):
     """A named collection of flow details (typically one per job or engine run).
 
     Args:
@@ -86,22 +86,11 @@ class LogBook:
     """
 
     def __init__(self, name: str, uuid: str | None = None) -> None:
-        self._uuid = uuid if uuid else str(uuidlib.uuid4())
-        self._name = name
+        super().__init__(name, uuid if uuid else str(uuidlib.uuid4()))
         self._flowdetails_by_id: dict[str, FlowDetail] = {}
         self.created_at: datetime.datetime | None = _utcnow()
         self.updated_at: datetime.datetime | None = None
         self.meta: dict[str, Any] = {}
-
-    @property
-    def uuid(self) -> str:
-        """The logbook's unique id."""
-        return self._uuid
-
-    @property
-    def name(self) -> str:
-        """The logbook's name."""
-        return self._name
 
     def add(self, fd: FlowDetail) -> None:
         """Add a flow detail, replacing any with the same uuid (not saved until a backend saves).
@@ -196,7 +185,7 @@ class LogBook:
         return len(self._flowdetails_by_id)
 
 
-class FlowDetail:
+class FlowDetail(NamedRecord):
     """The stored state of one flow: its state, metadata and one atom detail per atom.
 
     Args:
@@ -209,21 +198,10 @@ class FlowDetail:
     """
 
     def __init__(self, name: str, uuid: str) -> None:
-        self._uuid = uuid
-        self._name = name
+        super().__init__(name, uuid)
         self._atomdetails_by_id: dict[str, AtomDetail] = {}
         self.state: str | None = None
         self.meta: dict[str, Any] = {}
-
-    @property
-    def uuid(self) -> str:
-        """The flow detail's unique id."""
-        return self._uuid
-
-    @property
-    def name(self) -> str:
-        """The flow's name."""
-        return self._name
 
     def add(self, ad: AtomDetail) -> None:
         """Add an atom detail, replacing any with the same uuid (not saved until a backend saves).

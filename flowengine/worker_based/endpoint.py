@@ -6,12 +6,12 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from flowengine import task as task_mod
-from flowengine.types import notifier as notifier_mod
+from flowengine.engines import executor as local
 from flowengine.types.failure import Failure
 from flowengine.worker_based import protocol as pr
 
-#: Gets ``(event_type, details)`` for every event the task emits while it runs.
-EventCallback = Callable[..., None]
+#: Gets ``(event_type, details=...)`` for each progress event the task emits while it runs.
+ProgressCallback = Callable[..., None]
 
 
 class Endpoint:
@@ -46,21 +46,14 @@ class Endpoint:
         self,
         task: task_mod.Task,
         arguments: Mapping[str, Any],
-        event_callback: EventCallback | None = None,
+        progress_callback: ProgressCallback | None = None,
     ) -> Any:
-        """Run ``pre_execute``, ``execute(**arguments)`` and ``post_execute``.
+        """Run ``pre_execute``, ``execute(**arguments)`` and ``post_execute`` here and now.
 
         Returns:
             What ``execute`` returned, or a :class:`Failure` capturing what it raised.
         """
-        with _forwarding(task, event_callback):
-            try:
-                task.pre_execute()
-                return task.execute(**arguments)
-            except Exception:
-                return Failure()
-            finally:
-                task.post_execute()
+        return local.execute_task(task, arguments, progress_callback)[1]
 
     def revert(
         self,
@@ -68,29 +61,13 @@ class Endpoint:
         arguments: Mapping[str, Any],
         result: Any,
         failures: Mapping[str, Failure] | None,
-        event_callback: EventCallback | None = None,
+        progress_callback: ProgressCallback | None = None,
     ) -> Any:
         """Run ``pre_revert``, ``revert(**arguments, result=, flow_failures=)``, ``post_revert``.
 
         Returns:
             What ``revert`` returned, or a :class:`Failure` capturing what it raised.
         """
-        kwargs = dict(arguments, result=result, flow_failures=dict(failures or {}))
-        with _forwarding(task, event_callback):
-            try:
-                task.pre_revert()
-                return task.revert(**kwargs)
-            except Exception:
-                return Failure()
-            finally:
-                task.post_revert()
-
-
-def _forwarding(task: task_mod.Task, callback: EventCallback | None) -> Any:
-    # Every event the task may emit is forwarded (for a plain Task, 'update_progress'), as a
-    # TaskFlow worker forwards everything its task's notifier allows.
-    notifier = task.notifier
-    event = notifier_mod.Notifier.ANY
-    if not notifier.can_be_registered(event):
-        event = task_mod.EVENT_UPDATE_PROGRESS
-    return notifier_mod.register_deregister(notifier, event, callback)
+        return local.revert_task(task, arguments, result, dict(failures or {}), progress_callback)[
+            1
+        ]

@@ -26,6 +26,7 @@ from automaton import machines
 from jsonschema import exceptions as schema_exc
 
 from flowengine import exceptions as exc
+from flowengine.engines.executor import EXECUTED, REVERTED
 from flowengine.types.failure import Failure
 
 LOG = logging.getLogger(__name__)
@@ -46,10 +47,10 @@ EVENT = "EVENT"
 WAITING_STATES = (WAITING, PENDING)
 STOP_TIMER_STATES = (RUNNING, SUCCESS, FAILURE)
 
-# Remote actions and the executor outcome each maps to (the local executors' constants).
+# Remote actions and the executor outcome each maps to.
 EXECUTE = "execute"
 REVERT = "revert"
-ACTION_TO_EVENT = {EXECUTE: "executed", REVERT: "reverted"}
+ACTION_TO_EVENT = {EXECUTE: EXECUTED, REVERT: REVERTED}
 
 #: Seconds a request may stay WAITING/PENDING before it fails (TaskFlow's default).
 REQUEST_TIMEOUT = 60.0
@@ -86,6 +87,8 @@ WORKER_OFFLINE = "offline"
 #: exchange. Only flowengine engines bind their reply queue with this key, so TaskFlow peers never
 #: see announcements, and nobody declares a queue named after it.
 DISCOVERY_ROUTING_KEY = "flowengine.discovery"
+#: Seconds an announcement lives in a queue, so the queue of an engine that died does not grow.
+ANNOUNCEMENT_TTL = 60.0
 
 # Bounds applied on receipt, before anything else reads a message.
 MAX_BODY_BYTES = 8 * 1024 * 1024

@@ -284,6 +284,7 @@ class Proxy:
         headers: Mapping[str, Any] | None = None,
         declare_queue: bool = True,
         retry: bool = True,
+        expiration: float | None = None,
     ) -> None:
         """Publish ``msg`` to each routing key; thread-safe.
 
@@ -299,6 +300,7 @@ class Proxy:
             declare_queue: Declare ``<exchange>_<routing_key>`` so the message waits for its
                 consumer; False for keys no queue is named after (announcements).
             retry: Retry with backoff on connection errors (False: one attempt).
+            expiration: Seconds after which the broker may drop the message unconsumed.
         """
         body = encode(msg)
         keys = [routing_key] if isinstance(routing_key, str) else list(routing_key)
@@ -313,6 +315,8 @@ class Proxy:
             properties["correlation_id"] = correlation_id
         if not self._compat:
             properties["delivery_mode"] = 2  # persistent
+        if expiration is not None:
+            properties["expiration"] = expiration
         with self._producers.acquire(block=True) as producer:
             send = producer.publish
             if retry:

@@ -136,8 +136,9 @@ class Server:
         headers = dict(self._headers(), **{pr.HEADER_WORKER_STATUS: status})
         try:
             self._proxy.publish(
-                notify, pr.DISCOVERY_ROUTING_KEY, headers=headers, declare_queue=False, retry=False
-            )
+                notify, pr.DISCOVERY_ROUTING_KEY, headers=headers, declare_queue=False,
+                retry=False, expiration=pr.ANNOUNCEMENT_TTL,
+            )  # fmt: skip
             self._online = status == pr.WORKER_ONLINE
         except Exception as err:
             LOG.warning("Worker %s could not announce itself %s: %s", self.worker_id, status, err)

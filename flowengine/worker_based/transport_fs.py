@@ -17,7 +17,8 @@ increasing nanosecond stamp plus a sequence number), so FIFO holds within a send
 millisecond; a consumer claims a message by renaming it into its own ``claimed/`` folder, which
 exactly one of several competing processes can do, and deletes it only on ack (a reject with
 requeue, a closed channel or a dead owner renames it back); an undecodable file is moved to
-``bad/`` and logged instead of stopping the consumer. POSIX only (atomic rename, ``flock``).
+``bad/`` and logged instead of stopping the consumer. A message published with ``expiration`` is
+dropped once that many seconds have passed, as AMQP brokers do. POSIX only (rename, ``flock``).
 """
 
 from __future__ import annotations
@@ -81,6 +82,13 @@ class _Stamper:
 _STAMPER = _Stamper()
 _RECOVERED: set[str] = set()
 _RECOVERED_LOCK = threading.Lock()
+
+
+def _expired(name: str, expiration: Any) -> bool:
+    # Per-message TTL as AMQP has it: milliseconds from publication, which the name records.
+    if not expiration:
+        return False
+    return time.time_ns() > int(name.split(".", 1)[0]) + int(expiration) * 1_000_000
 
 
 def _pid_alive(pid: int) -> bool:
@@ -178,9 +186,13 @@ class Channel(virtual.Channel):
             if claimed is None:
                 continue  # another consumer won it
             payload = self._load(queue, claimed)
-            if payload is not None:
-                self._claimed[payload["properties"]["delivery_tag"]] = claimed
-                return payload
+            if payload is None:
+                continue
+            if _expired(name, payload["properties"].get("expiration")):
+                claimed.unlink(missing_ok=True)
+                continue
+            self._claimed[payload["properties"]["delivery_tag"]] = claimed
+            return payload
         raise Empty()
 
     def _list(self, queue: str) -> list[str]:

@@ -12,6 +12,7 @@ scenarios, the atom and flow notification sequences.
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import sys
 import types
@@ -381,11 +382,27 @@ def _error(err: BaseException) -> dict[str, Any]:
 def atom_names(flow: Any) -> list[str]:
     """Names of every atom in ``flow`` (retry controllers included), depth first."""
     if not hasattr(flow, "iter_links"):
-        return [flow.name]
+        return [flow.name] if hasattr(flow, "name") else []
     found = [flow.retry.name] if flow.retry is not None else []
     for item in flow:
         found.extend(atom_names(item))
     return found
+
+
+_POOL: list[concurrent.futures.ThreadPoolExecutor] = []
+
+
+def _pool() -> concurrent.futures.ThreadPoolExecutor:
+    if not _POOL:
+        _POOL.append(concurrent.futures.ThreadPoolExecutor(max_workers=4))
+    return _POOL[0]
+
+
+def _state_of(storage: Any, name: str) -> str | None:
+    try:
+        return storage.get_atom_state(name)
+    except Exception:  # NotFound: the flow never compiled, so nothing was stored
+        return None
 
 
 def run_one(lib: types.SimpleNamespace, name: str, engine_kind: str) -> dict[str, Any]:
@@ -396,6 +413,9 @@ def run_one(lib: types.SimpleNamespace, name: str, engine_kind: str) -> dict[str
     out: dict[str, Any] = {"error": None}
     try:
         flow, store, options = build(lib, make_tasks(lib, ledger))
+        if engine_kind == "parallel":
+            # TaskFlow's own pool costs a fixed second per run to shut down; a given one is kept.
+            options = {"executor": _pool(), **options}
         engine = lib.engines.load(flow, store=store, engine=engine_kind, **options)
     except Exception as err:
         out["error"] = _error(err)
@@ -409,20 +429,37 @@ def run_one(lib: types.SimpleNamespace, name: str, engine_kind: str) -> dict[str
         out["error"] = _error(err)
         iterated = None
     storage = engine.storage
-    names = atom_names(flow)
-    out["atom_states"] = {n: storage.get_atom_state(n) for n in names}
+    out["atom_states"] = {n: _state_of(storage, n) for n in atom_names(flow)}
     out["flow_state"] = storage.get_flow_state()
     out["fetch_all"] = storage.fetch_all()
     out["ledger"] = ledger if ordered else sorted(ledger, key=repr)
     out["statistics_keys"] = sorted(engine.statistics)
     if ordered:
-        out["atom_events"] = atom_events
+        out["atom_events"] = _sort_ignore_runs(atom_events)
         out["flow_events"] = flow_events
         out["run_iter"] = iterated
     else:
         out["atom_events"] = sorted(atom_events)
         out["flow_events"] = flow_events[-1:]
+        # Which failures a revert sees depends on which failure was processed first.
+        out["ledger"] = [e[:3] + [len(e[3])] + e[4:] if e[0] == "revert" and len(e) > 3 else e
+                         for e in out["ledger"]]
     return _jsonable(out)
+
+
+def _sort_ignore_runs(events: list) -> list:
+    """Atoms a decider ignores are announced in one batch, in no defined order."""
+    found: list = []
+    run: list = []
+    for event in events + [None]:
+        if event is not None and event[1] == "IGNORE":
+            run.append(event)
+            continue
+        found.extend(sorted(run))
+        run = []
+        if event is not None:
+            found.append(event)
+    return found
 
 
 def main(argv: list[str]) -> int:

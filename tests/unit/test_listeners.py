@@ -165,6 +165,15 @@ def test_listening_for_nothing_registers_nothing() -> None:
         assert (len(engine.notifier), len(engine.atom_notifier)) == (0, 0)
 
 
+def test_a_single_state_may_be_given_as_a_string() -> None:
+    engine = engines.load(ok_flow())
+    with capturing.CaptureListener(
+        engine, task_listen_for=states.SUCCESS, flow_listen_for=states.SUCCESS
+    ) as capturer:
+        engine.run()
+    assert flat(capturer.values) == ["a.t SUCCESS(a)", "b.t SUCCESS(b)", "f.f SUCCESS"]
+
+
 def test_context_exit_deregisters_even_when_the_run_raises() -> None:
     engine = engines.load(failing_flow())
     with pytest.raises(RuntimeError, match="Woot!"):
@@ -275,6 +284,15 @@ def test_capture_keeps_retries_apart_from_tasks() -> None:
         "b.t SUCCESS(ok)",
         "f.f SUCCESS",
     ]
+
+
+def test_capture_of_a_reverted_retry_carries_its_result() -> None:
+    flow = linear_flow.Flow("f", retry=retry.Times(2, name="r")).add(Fail("b"))
+    engine = engines.load(flow)
+    with capturing.CaptureListener(engine, task_listen_for=(), flow_listen_for=()) as capturer:
+        with pytest.raises(RuntimeError):
+            engine.run()
+    assert flat(capturer.values)[-1] == "r.r REVERTED(None)"
 
 
 def test_capture_filters() -> None:

@@ -191,15 +191,21 @@ def test_sqlite_read_only_database_reads_but_refuses_writes(tmp_path: Path) -> N
         ro.close()
 
 
+def _book_with_bad_result(result: object) -> models.LogBook:
+    """A logbook whose second task holds ``result``, which the backend cannot store."""
+    book = models.LogBook("book")
+    flow = models.FlowDetail("flow", f"flow-{book.uuid}")
+    good, bad = models.TaskDetail("good", "a-good"), models.TaskDetail("bad", "a-bad")
+    bad.put(states.SUCCESS, result)
+    flow.add(good)
+    flow.add(bad)
+    book.add(flow)
+    return book
+
+
 def test_sqlite_unencodable_value_rolls_back_the_whole_save(tmp_path: Path) -> None:
     with _connection(f"sqlite:///{tmp_path}/tx.db") as conn:
-        book = models.LogBook("book")
-        flow = models.FlowDetail("flow", "f-tx")
-        good, bad = models.TaskDetail("good", "a-good"), models.TaskDetail("bad", "a-bad")
-        bad.put(states.SUCCESS, object())
-        flow.add(good)
-        flow.add(bad)
-        book.add(flow)
+        book = _book_with_bad_result(object())
         with pytest.raises(exc.StorageFailure, match="a-bad"):
             conn.save_logbook(book)
         assert list(conn.get_logbooks()) == []
@@ -207,13 +213,7 @@ def test_sqlite_unencodable_value_rolls_back_the_whole_save(tmp_path: Path) -> N
 
 def test_memory_failed_write_leaves_nothing_behind() -> None:
     with _connection("memory://") as conn:
-        book = models.LogBook("book")
-        flow = models.FlowDetail("flow", "f-mem")
-        good, bad = models.TaskDetail("good", "a-good"), models.TaskDetail("bad", "a-bad")
-        bad.put(states.SUCCESS, _Uncopyable())
-        flow.add(good)
-        flow.add(bad)
-        book.add(flow)
+        book = _book_with_bad_result(_Uncopyable())
         with pytest.raises(exc.BackendError, match=book.uuid):
             conn.save_logbook(book)
         assert list(conn.get_logbooks()) == []

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import futurist
 import kombu
 import pytest
 from taskflow.engines.worker_based import protocol as tf_protocol
@@ -288,7 +289,8 @@ def test_notify_is_answered_while_every_task_thread_is_busy(
     exchange: str, transport: dict[str, Any], requester: Requester
 ) -> None:
     GATE.clear()
-    worker = start_worker(exchange, transport, threads_count=1)
+    one_thread = futurist.ThreadPoolExecutor(max_workers=1)
+    worker = start_worker(exchange, transport, executor=one_thread, threads_count=2)
     try:
         online, _ = requester.notify_reply(pr.WORKER_ONLINE)
         assert online == {"topic": TOPIC, "tasks": sorted(pr.task_class_name(c) for c in SERVED)}
@@ -296,14 +298,36 @@ def test_notify_is_answered_while_every_task_thread_is_busy(
         assert requester.next(busy.uuid)[0]["state"] == pr.RUNNING
         requester.proxy.publish(pr.Notify(), TOPIC, reply_to=requester.reply_key)
         body, headers = requester.notify_reply(None)
-        assert body["topic"] == TOPIC and headers[pr.HEADER_CAPACITY] == 0
+        assert body["topic"] == TOPIC and headers[pr.HEADER_CAPACITY] == 1
         GATE.set()
         assert requester.outcome(busy)[-1]["data"] == {"result": "through"}
     finally:
         GATE.set()
         worker.stop(grace=WAIT)
+        one_thread.shutdown()
     _, headers = requester.notify_reply(pr.WORKER_OFFLINE)
     assert headers[pr.HEADER_WORKER] == worker.worker_id
+
+
+def test_a_worker_prefetches_no_more_than_it_can_run(tmp_path: Path, exchange: str) -> None:
+    transport = {"transport_options": {"data_folder": str(tmp_path / "fs")}}
+    GATE.clear()
+    requester = Requester(exchange, transport)
+    worker = start_worker(exchange, transport, threads_count=1)
+    try:
+        first = requester.send(Gated(name="first"))
+        assert requester.next(first.uuid)[0]["state"] == pr.RUNNING
+        second = requester.send(Add(name="second"), arguments={"x": 1, "y": 1})
+        # With its one slot taken, the worker leaves the second request in the shared queue.
+        queued = tmp_path / "fs" / "queues" / f"{exchange}_{TOPIC}"
+        assert len(list(queued.iterdir())) == 1
+        GATE.set()
+        assert requester.outcome(first)[-1]["state"] == pr.SUCCESS
+        assert requester.outcome(second)[-1]["data"] == {"result": 2}
+    finally:
+        GATE.set()
+        worker.stop(grace=WAIT)
+        requester.close()
 
 
 def test_malformed_messages_do_not_stop_the_worker(

@@ -10,7 +10,9 @@ without waiting at all.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
+import os
 import sqlite3
 import urllib.parse
 from collections.abc import Callable
@@ -165,6 +167,10 @@ def _on_sqlite_connect(busy_timeout: float) -> Any:
             cursor.execute("PRAGMA foreign_keys = ON")
             try:
                 cursor.execute("PRAGMA journal_mode = WAL")
+                # In WAL mode NORMAL keeps every commit across a process crash (what resumption
+                # needs) and only an OS crash can lose the last ones; FULL fsyncs every commit
+                # and makes each state change cost milliseconds.
+                cursor.execute("PRAGMA synchronous = NORMAL")
             except sqlite3.OperationalError as err:
                 # A read-only database can still be read in the journal mode it already has.
                 LOG.debug("SQLite: could not switch to WAL: %s", err)
@@ -194,8 +200,12 @@ def create_engine(options: SQLOptions) -> sa.Engine:
             args["poolclass"] = sa_pool.StaticPool
             args["connect_args"] = {"check_same_thread": False}
         else:
-            # No pooled connections: safe across fork, and SQLite connections are cheap.
-            args["poolclass"] = sa_pool.NullPool
+            # Pooled: opening a connection (and running the PRAGMAs) per save costs more than
+            # the save. A forked child drops the parent's connections (see below).
+            args["poolclass"] = sa_pool.QueuePool
+            # Every transaction ends in COMMIT or ROLLBACK already; skip the extra reset.
+            args["pool_reset_on_return"] = None
+            args["connect_args"] = {"check_same_thread": False}
     else:
         args["pool_pre_ping"] = True
         for key, name in (
@@ -213,6 +223,8 @@ def create_engine(options: SQLOptions) -> sa.Engine:
     args.update(options.engine_args)
     try:
         engine = sa.create_engine(url, **args)
+        # Connections must not cross fork(): the child starts with an empty pool.
+        os.register_at_fork(after_in_child=functools.partial(engine.dispose, close=False))
     except (ImportError, sa_exc.NoSuchModuleError) as err:
         extra = "postgresql" if backend == "postgresql" else None
         hint = f"pip install 'flowengine[{extra}]'" if extra else "install its DB-API driver"

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import datetime
+import functools
+
 from typing import Any
 
 import sqlalchemy as sa
@@ -15,6 +18,25 @@ _ATOM_JSON = ("version", "meta", "results", "failure", "revert_results", "revert
 
 # Bound parameters per IN (...) list, well under every database's limit.
 _CHUNK = 500
+
+
+@functools.lru_cache(maxsize=8)
+def _replace_statement(table: sa.Table) -> sa.Update:
+    """``UPDATE atomdetails ... WHERE uuid = :b_uuid``, built once (building costs per save)."""
+    columns = ("name", "state", "intention", "atom_type", "updated_at", *_ATOM_JSON)
+    return (
+        sa.update(table)
+        .where(table.c.uuid == sa.bindparam("b_uuid"))
+        .values({name: sa.bindparam(name) for name in columns})
+    )
+
+
+@functools.lru_cache(maxsize=8)
+def _replace_sql(table: sa.Table, dialect: Any) -> tuple[str, tuple[str, ...] | None]:
+    """The replace statement rendered for ``dialect`` once: (SQL, positional parameter order)."""
+    compiled = _replace_statement(table).compile(dialect=dialect)
+    order = tuple(compiled.positiontup) if compiled.positional and compiled.positiontup else None
+    return compiled.string, order
 
 
 class SQLSession(Session):
@@ -140,6 +162,23 @@ class SQLSession(Session):
         if new:
             values["parent_uuid"] = flow_uuid
         self._put(self._t.atomdetails, ad.uuid, values, new)
+
+    def replace_atom(self, ad: models.AtomDetail) -> bool | None:
+        data = ad.to_dict()
+        values: dict[str, Any] = {
+            "b_uuid": ad.uuid,
+            "name": ad.name,
+            "state": ad.state,
+            "intention": ad.intention,
+            "atom_type": models.atom_detail_type(ad),
+            "updated_at": datetime.datetime.now(datetime.UTC).replace(tzinfo=None),
+        }
+        for column in _ATOM_JSON:
+            values[column] = self._dumps(data[column], _codec.ATOM, ad.uuid)
+        sql, order = _replace_sql(self._t.atomdetails, self._conn.dialect)
+        params: Any = tuple(values[name] for name in order) if order else values
+        result = self._conn.exec_driver_sql(sql, params)
+        return bool(result.rowcount)
 
     def _put(self, table: sa.Table, uuid: str, values: dict[str, Any], new: bool) -> None:
         if new:

@@ -1,8 +1,31 @@
-"""Text helpers shared by the models' ``pformat`` methods."""
+"""What every persistence record shares: an immutable name and uuid, and how it is described."""
 
 from __future__ import annotations
 
 from typing import Any
+
+
+class NamedRecord:
+    """Base of logbooks, flow details and atom details: a name and a uuid fixed at creation.
+
+    Args:
+        name: The record's name.
+        uuid: Its unique id.
+    """
+
+    def __init__(self, name: str, uuid: str) -> None:
+        self._name = name
+        self._uuid = uuid
+
+    @property
+    def uuid(self) -> str:
+        """The record's unique id."""
+        return self._uuid
+
+    @property
+    def name(self) -> str:
+        """The record's name."""
+        return self._name
 
 
 def format_meta(meta: dict[str, Any] | None, indent: int) -> list[str]:

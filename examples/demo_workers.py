@@ -1,0 +1,305 @@
+"""The `make run` demo: a flow whose tasks run in two worker processes, then a failure undone.
+
+1. Starts two ``flowengine worker`` processes on one topic over the ``flowengine-fs`` transport
+   (queues are files in a temporary folder, so no broker is needed) and waits until both have
+   announced themselves.
+2. Runs a provisioning graph flow on them, showing one live line per atom: its state, progress,
+   the worker that ran it and how long it took.
+3. Runs it again with a failing health check: the workers revert the completed steps, in the
+   reverse of the order they ran in, and the demo prints that order.
+4. Stops the workers with SIGTERM and checks that each exits with code 0, also after an error or
+   Ctrl-C.
+
+Run: make run    (or: python examples/demo_workers.py)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import demo_tasks
+from rich.console import Console
+from rich.live import Live
+from rich.progress_bar import ProgressBar
+from rich.table import Table
+
+from flowengine import engines, exceptions, task
+from flowengine.flows import graph_flow
+from flowengine.types import notifier
+from flowengine.worker_based.executor import WorkerTaskExecutor
+
+EXAMPLES = Path(__file__).resolve().parent
+EXCHANGE = "demo"
+TOPIC = "provisioning"
+WORKER_NAMES = ("worker-1", "worker-2")
+THREADS_PER_WORKER = 2
+TRANSPORT = "flowengine-fs"
+STARTUP_TIMEOUT = 20.0
+STOP_TIMEOUT = 15.0
+
+console = Console(highlight=False, soft_wrap=True)
+STYLES = {
+    "PENDING": "dim",
+    "RUNNING": "cyan",
+    "SUCCESS": "green",
+    "FAILURE": "red",
+    "REVERTING": "yellow",
+    "REVERTED": "yellow",
+}
+
+
+# -- worker processes -----------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class WorkerProcess:
+    name: str
+    process: subprocess.Popen[bytes]
+    log: Path
+
+    def log_tail(self, lines: int = 15) -> str:
+        text = self.log.read_text(errors="replace") if self.log.exists() else ""
+        return "\n".join(text.splitlines()[-lines:])
+
+
+def start_worker(name: str, data_folder: Path) -> WorkerProcess:
+    """Start ``flowengine worker`` serving demo_tasks; its output goes to a log file."""
+    command = [
+        sys.executable, "-m", "flowengine.cli.main", "worker",
+        "--exchange", EXCHANGE, "--topic", TOPIC, "--task", "demo_tasks",
+        "--threads", str(THREADS_PER_WORKER), "--grace", "5",
+        "--transport", TRANSPORT, "--transport-option", f"data_folder={data_folder}",
+    ]  # fmt: skip
+    env = dict(os.environ, **{demo_tasks.WORKER_NAME_ENV: name})
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(EXAMPLES), env.get("PYTHONPATH")]))
+    log = data_folder.parent / f"{name}.log"
+    with open(log, "wb") as out:
+        process = subprocess.Popen(
+            command, cwd=EXAMPLES, env=env, stdout=out, stderr=subprocess.STDOUT
+        )
+    return WorkerProcess(name, process, log)
+
+
+def wait_until_known(executor: WorkerTaskExecutor, workers: list[WorkerProcess]) -> None:
+    """Wait for every worker's announcement; fail early if one of them exits."""
+    deadline = time.monotonic() + STARTUP_TIMEOUT
+    while executor.wait_for_workers(len(workers), timeout=0.1):
+        for worker in workers:
+            if worker.process.poll() is not None:
+                raise RuntimeError(
+                    f"{worker.name} exited with code {worker.process.returncode} at start:\n"
+                    f"{worker.log_tail()}"
+                )
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the workers did not announce themselves in {STARTUP_TIMEOUT}s")
+
+
+def stop_workers(workers: list[WorkerProcess]) -> None:
+    """SIGTERM every worker, wait for each to exit, kill any that overstays."""
+    for worker in workers:
+        if worker.process.poll() is None:
+            worker.process.terminate()
+    deadline = time.monotonic() + STOP_TIMEOUT
+    try:
+        for worker in workers:
+            try:
+                code = worker.process.wait(timeout=max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                console.print(f"[red]{worker.name} ignored SIGTERM for {STOP_TIMEOUT}s; killing it")
+                continue
+            style = "green" if code == 0 else "red"
+            console.print(f"{worker.name} stopped: [{style}]exit code {code}[/]")
+            if code != 0:
+                console.print(worker.log_tail())
+    finally:
+        for worker in workers:
+            if worker.process.poll() is None:
+                worker.process.kill()
+                worker.process.wait()
+
+
+@contextmanager
+def running_workers(executor: WorkerTaskExecutor, data_folder: Path) -> Iterator[None]:
+    workers: list[WorkerProcess] = []
+    try:
+        started = time.monotonic()
+        for name in WORKER_NAMES:
+            workers.append(start_worker(name, data_folder))
+        wait_until_known(executor, workers)
+        pids = ", ".join(f"{w.name} (pid {w.process.pid})" for w in workers)
+        console.print(
+            f"started {pids} on topic '{TOPIC}'; both announced themselves"
+            f" in {time.monotonic() - started:.2f}s"
+        )
+        yield
+    finally:
+        stop_workers(workers)
+
+
+# -- the live board -------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class AtomLine:
+    name: str
+    state: str = "PENDING"
+    progress: float = 0.0
+    ran_on: str = ""
+    undone_on: str = ""
+    failed: bool = False
+    started: float | None = None
+    ended: float | None = None
+    revert_started: float | None = None
+    revert_ended: float | None = None
+
+
+def _seconds(start: float | None, end: float | None, now: float) -> str:
+    return "" if start is None else f"{(end or now) - start:.2f}s"
+
+
+class Board:
+    """One line per atom, fed by the engine's notifications (which come from several threads)."""
+
+    def __init__(self, names: list[str]) -> None:
+        self._lines = {name: AtomLine(name) for name in names}
+        self._lock = threading.Lock()
+        self.reverted: list[str] = []
+
+    def on_atom(self, state: str, details: dict[str, Any]) -> None:
+        now = time.monotonic()
+        with self._lock:
+            line = self._lines[details["task_name"]]
+            line.state = state
+            if state == "RUNNING":
+                line.started = now
+            elif state in ("SUCCESS", "FAILURE"):
+                line.ended = now
+                line.progress = 1.0 if state == "SUCCESS" else line.progress
+                line.failed = state == "FAILURE"
+            elif state == "REVERTING":
+                line.revert_started = now
+            elif state == "REVERTED":
+                line.revert_ended = now
+                self.reverted.append(line.name)
+
+    def on_progress(self, _event: str, name: str, details: dict[str, Any]) -> None:
+        with self._lock:
+            line = self._lines[name]
+            worker = details.get("worker") or ""
+            if line.state == "RUNNING":
+                line.progress = details["progress"]
+                line.ran_on = worker or line.ran_on
+            elif line.state == "REVERTING":
+                line.undone_on = worker or line.undone_on
+
+    def render(self) -> Table:
+        now = time.monotonic()
+        with self._lock:
+            lines = list(self._lines.values())
+            undo = any(line.revert_started is not None for line in lines)
+            table = Table("atom", "state", "progress", "ran on", "took", box=None, padding=(0, 1))
+            if undo:
+                table.add_column("undone on")
+                table.add_column("took")
+            for line in lines:
+                cells = [
+                    line.name,
+                    f"[{STYLES.get(line.state, '')}]{line.state}[/]"
+                    + (" [red]✘[/]" if line.failed and line.state != "FAILURE" else ""),
+                    ProgressBar(total=1.0, completed=line.progress, width=10),
+                    line.ran_on,
+                    _seconds(line.started, line.ended, now),
+                ]
+                if undo:
+                    cells += [line.undone_on, _seconds(line.revert_started, line.revert_ended, now)]
+                table.add_row(*cells)
+        return table
+
+
+# -- the flow -------------------------------------------------------------------------------
+
+
+def build_flow() -> graph_flow.Flow:
+    """No links are declared: the order follows from what each step requires and provides."""
+    return graph_flow.Flow("provision-server").add(
+        demo_tasks.AllocateIp("allocate_ip"),
+        demo_tasks.CreateVolume("create_volume"),
+        demo_tasks.FetchImage("fetch_image"),
+        demo_tasks.BootServer("boot_server"),
+        demo_tasks.AttachVolume("attach_volume"),
+        demo_tasks.HealthCheck("health_check"),
+    )
+
+
+def run(executor: WorkerTaskExecutor, simulate_outage: bool) -> list[str]:
+    """Run the flow on the workers; return the names of the reverted atoms, in order."""
+    flow = build_flow()
+    engine = engines.load(
+        flow, engine="worker-based", executor=executor, store={"simulate_outage": simulate_outage}
+    )
+    board = Board([atom.name for atom in engine.compilation.iter_atoms()])
+    for step in flow:
+        step.notifier.register(task.EVENT_UPDATE_PROGRESS, board.on_progress, args=(step.name,))
+    engine.atom_notifier.register(notifier.Notifier.ANY, board.on_atom)
+    started = time.monotonic()
+    try:
+        with Live(get_renderable=board.render, console=console, refresh_per_second=12):
+            try:
+                engine.run()
+            except exceptions.WrappedFailure as err:
+                # Remote failures arrive as data, so run() re-raises them wrapped.
+                failure = err[0]
+                console.print(
+                    f"engine.run() raised WrappedFailure: {failure.exc_type_names[0]}:"
+                    f" {failure.exception_str}"
+                )
+    finally:
+        if not console.is_terminal:
+            console.line()  # rich ends a live display with a newline on terminals only
+    console.print(
+        f"flow state: [bold]{engine.storage.get_flow_state()}[/]"
+        f" ({time.monotonic() - started:.2f}s)"
+    )
+    return board.reverted
+
+
+def main() -> None:
+    with tempfile.TemporaryDirectory(prefix="flowengine-demo-") as tmp:
+        data_folder = Path(tmp) / "queues"
+        data_folder.mkdir()
+        console.print(f"transport: {TRANSPORT} (messages are files under {data_folder})")
+        # Listening before the workers start means their start-up announcements are heard.
+        executor = WorkerTaskExecutor(
+            uuid=uuid.uuid4().hex, exchange=EXCHANGE, topics=[TOPIC],
+            transport=TRANSPORT, transport_options={"data_folder": str(data_folder)},
+        )  # fmt: skip
+        executor.start()
+        try:
+            with running_workers(executor, data_folder):
+                console.rule("[bold]1. provisioning a server on two workers")
+                run(executor, simulate_outage=False)
+                console.rule("[bold]2. the same flow with a failing health check")
+                reverted = run(executor, simulate_outage=True)
+                console.print("revert order: " + " -> ".join(reverted))
+                console.rule("[bold]3. stopping the workers (SIGTERM)")
+        finally:
+            executor.stop()
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except KeyboardInterrupt:
+        console.print("[red]interrupted[/]")
+        sys.exit(130)
