@@ -2,9 +2,9 @@
 
 A worker rebuilds each task from its class name as ``cls(name=...)``, so every step is its own
 class: what it does is fixed by the class, and its inputs arrive from the engine. Each step works
-for a moment in slices and reports its progress after each one. Inside a worker process (where
-``DEMO_WORKER_NAME`` is set) the progress events also say which worker sent them, which is how the
-engine side can show who ran what.
+for a moment in slices and reports its progress after each one. Inside a worker process started by
+``worker_processes.py`` the progress events also name the worker that sent them, which is how the
+engine side shows who ran what.
 """
 
 from __future__ import annotations
@@ -13,10 +13,9 @@ import os
 import time
 from typing import Any, ClassVar
 
-from flowengine import task
+from worker_processes import WORKER_NAME_ENV
 
-#: Set by demo_workers.py in each worker process it starts.
-WORKER_NAME_ENV = "DEMO_WORKER_NAME"
+from flowengine import task
 
 
 class Step(task.Task):

@@ -16,37 +16,30 @@ Run: make run    (or: python examples/demo_workers.py)
 from __future__ import annotations
 
 import dataclasses
-import os
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import demo_tasks
-from rich.console import Console
+from rich.console import Console, RenderableType
 from rich.live import Live
 from rich.progress_bar import ProgressBar
 from rich.table import Table
+from worker_processes import TRANSPORT, WorkerProcess, worker_processes
 
 from flowengine import engines, exceptions, task
 from flowengine.flows import graph_flow
 from flowengine.types import notifier
 from flowengine.worker_based.executor import WorkerTaskExecutor
 
-EXAMPLES = Path(__file__).resolve().parent
 EXCHANGE = "demo"
 TOPIC = "provisioning"
 WORKER_NAMES = ("worker-1", "worker-2")
 THREADS_PER_WORKER = 2
-TRANSPORT = "flowengine-fs"
-STARTUP_TIMEOUT = 20.0
-STOP_TIMEOUT = 15.0
 
 console = Console(highlight=False, soft_wrap=True)
 STYLES = {
@@ -59,92 +52,12 @@ STYLES = {
 }
 
 
-# -- worker processes -----------------------------------------------------------------------
-
-
-@dataclasses.dataclass
-class WorkerProcess:
-    name: str
-    process: subprocess.Popen[bytes]
-    log: Path
-
-    def log_tail(self, lines: int = 15) -> str:
-        text = self.log.read_text(errors="replace") if self.log.exists() else ""
-        return "\n".join(text.splitlines()[-lines:])
-
-
-def start_worker(name: str, data_folder: Path) -> WorkerProcess:
-    """Start ``flowengine worker`` serving demo_tasks; its output goes to a log file."""
-    command = [
-        sys.executable, "-m", "flowengine.cli.main", "worker",
-        "--exchange", EXCHANGE, "--topic", TOPIC, "--task", "demo_tasks",
-        "--threads", str(THREADS_PER_WORKER), "--grace", "5",
-        "--transport", TRANSPORT, "--transport-option", f"data_folder={data_folder}",
-    ]  # fmt: skip
-    env = dict(os.environ, **{demo_tasks.WORKER_NAME_ENV: name})
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(EXAMPLES), env.get("PYTHONPATH")]))
-    log = data_folder.parent / f"{name}.log"
-    with open(log, "wb") as out:
-        process = subprocess.Popen(
-            command, cwd=EXAMPLES, env=env, stdout=out, stderr=subprocess.STDOUT
-        )
-    return WorkerProcess(name, process, log)
-
-
-def wait_until_known(executor: WorkerTaskExecutor, workers: list[WorkerProcess]) -> None:
-    """Wait for every worker's announcement; fail early if one of them exits."""
-    deadline = time.monotonic() + STARTUP_TIMEOUT
-    while executor.wait_for_workers(len(workers), timeout=0.1):
-        for worker in workers:
-            if worker.process.poll() is not None:
-                raise RuntimeError(
-                    f"{worker.name} exited with code {worker.process.returncode} at start:\n"
-                    f"{worker.log_tail()}"
-                )
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"the workers did not announce themselves in {STARTUP_TIMEOUT}s")
-
-
-def stop_workers(workers: list[WorkerProcess]) -> None:
-    """SIGTERM every worker, wait for each to exit, kill any that overstays."""
-    for worker in workers:
-        if worker.process.poll() is None:
-            worker.process.terminate()
-    deadline = time.monotonic() + STOP_TIMEOUT
-    try:
-        for worker in workers:
-            try:
-                code = worker.process.wait(timeout=max(deadline - time.monotonic(), 0.1))
-            except subprocess.TimeoutExpired:
-                console.print(f"[red]{worker.name} ignored SIGTERM for {STOP_TIMEOUT}s; killing it")
-                continue
-            style = "green" if code == 0 else "red"
-            console.print(f"{worker.name} stopped: [{style}]exit code {code}[/]")
-            if code != 0:
-                console.print(worker.log_tail())
-    finally:
-        for worker in workers:
-            if worker.process.poll() is None:
-                worker.process.kill()
-                worker.process.wait()
-
-
-@contextmanager
-def running_workers(executor: WorkerTaskExecutor, data_folder: Path) -> Iterator[None]:
-    workers: list[WorkerProcess] = []
-    try:
-        started = time.monotonic()
-        for name in WORKER_NAMES:
-            workers.append(start_worker(name, data_folder))
-        wait_until_known(executor, workers)
-        pids = ", ".join(f"{w.name} (pid {w.process.pid})" for w in workers)
-        console.print(
-            f"started {pids} on topic '{TOPIC}'; both announced themselves"
-            f" in {time.monotonic() - started:.2f}s"
-        )
-        yield
-    finally:
-        stop_workers(workers)
+def report_exit(worker: WorkerProcess, code: int | None) -> None:
+    if code == 0:
+        console.print(f"{worker.name} stopped: [green]exit code 0[/]")
+    else:
+        what = "killed after ignoring SIGTERM" if code is None else f"exit code {code}"
+        console.print(f"{worker.name} stopped: [red]{what}[/]\n{worker.log_tail()}")
 
 
 # -- the live board -------------------------------------------------------------------------
@@ -213,7 +126,7 @@ class Board:
                 table.add_column("undone on")
                 table.add_column("took")
             for line in lines:
-                cells = [
+                cells: list[RenderableType] = [
                     line.name,
                     f"[{STYLES.get(line.state, '')}]{line.state}[/]"
                     + (" [red]✘[/]" if line.failed and line.state != "FAILURE" else ""),
@@ -286,7 +199,16 @@ def main() -> None:
         )  # fmt: skip
         executor.start()
         try:
-            with running_workers(executor, data_folder):
+            started = time.monotonic()
+            with worker_processes(
+                WORKER_NAMES, executor, EXCHANGE, TOPIC, ["demo_tasks"], data_folder,
+                threads=THREADS_PER_WORKER, on_exit=report_exit,
+            ) as workers:  # fmt: skip
+                pids = ", ".join(f"{w.name} (pid {w.process.pid})" for w in workers)
+                console.print(
+                    f"started {pids} on topic '{TOPIC}'; both announced themselves"
+                    f" in {time.monotonic() - started:.2f}s"
+                )
                 console.rule("[bold]1. provisioning a server on two workers")
                 run(executor, simulate_outage=False)
                 console.rule("[bold]2. the same flow with a failing health check")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import concurrent.futures as cf
 import contextlib
 import threading
 import time
@@ -144,6 +145,7 @@ class ActionEngine:
         missing: set[str] = set()
         last_cause: exc.MissingDependencies | None = None
         culprits = 0
+        last_atom: Any = None
         storage = self.storage
         for atom in self.compilation.iter_atoms():
             for method, mapping, optional in (("execute", atom.rebind, atom.optional),
@@ -154,10 +156,12 @@ class ActionEngine:
                     last_cause = exc.MissingDependencies(atom, sorted(lacking), cause=last_cause,
                                                          method=method)
                     culprits += 1
+                    last_atom = atom
                     missing.update(lacking)
         if missing:
             assert last_cause is not None
-            if culprits == 1:
+            # As TaskFlow: the flow is named, and each atom's own error is in the cause chain.
+            if culprits == 1 and self._flow is last_atom:
                 raise last_cause
             raise exc.MissingDependencies(self._flow, sorted(missing), cause=last_cause)
         self._validated = True
@@ -173,6 +177,9 @@ class ActionEngine:
     def suspend(self) -> None:
         """Ask a running engine to stop: running atoms finish, nothing new starts."""
         self._change_state(states.SUSPENDING)
+        if self._runtime is not None:
+            # A retry waiting out its delay has not started anything: stop waiting now.
+            self._runtime.timer.cancel_all()
 
     def run(self, timeout: float | None = None) -> None:
         """Run the flow to an end state, re-raising its failure(s) if it did not succeed.
@@ -254,6 +261,17 @@ class ParallelActionEngine(ActionEngine):
             or the string "threads".
         max_workers: size of the engine's own pool when no executor is given.
     """
+
+    def __init__(self, flow: Any, flow_detail: Any, backend: Any,
+                 options: Mapping[str, Any] | None) -> None:
+        super().__init__(flow, flow_detail, backend, options)
+        given = self._options.executor
+        if isinstance(given, cf.ProcessPoolExecutor) or (
+                isinstance(given, str) and given.lower() not in ("thread", "threads", "threaded")):
+            # Process pools would pickle tasks and arguments; flowengine never pickles.
+            raise ValueError(
+                f"Parallel engine option 'executor' must be a thread-based Executor or "
+                f"'threads', not {given!r} (process pools would need pickle)")
 
     def _task_executor(self) -> ex.TaskExecutor:
         given = self._options.executor

@@ -206,7 +206,7 @@ class DelayTimer:
     """Futures that complete after a delay, for retry backoff without blocking the engine."""
 
     def __init__(self) -> None:
-        self._timers: list[threading.Timer] = []
+        self._timers: list[tuple[threading.Timer, cf.Future]] = []
 
     def after(self, seconds: float, value: Any) -> cf.Future:
         """A future whose result is ``value``, ``seconds`` from now."""
@@ -216,15 +216,16 @@ class DelayTimer:
             return future
         timer = threading.Timer(seconds, _complete, args=(future, value))
         timer.daemon = True
-        self._timers.append(timer)
+        self._timers.append((timer, future))
         timer.start()
         return future
 
     def cancel_all(self) -> None:
-        """Stop every pending timer (their futures are cancelled)."""
-        for timer in self._timers:
+        """Stop every pending timer and cancel its future (waking whoever waits on it)."""
+        timers, self._timers = self._timers, []
+        for timer, future in timers:
             timer.cancel()
-        self._timers.clear()
+            future.cancel()
 
 
 def _complete(future: cf.Future, value: Any) -> None:

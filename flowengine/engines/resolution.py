@@ -44,14 +44,16 @@ class Strategy:
         return f"{self.strategy.value}{target}"
 
 
-REVERT_EVERYTHING = Strategy(retry_mod.REVERT_ALL)
+#: What happens when no retry controller handles a failure: everything reverts. Kept distinct
+#: from a controller's explicit REVERT_ALL, which must win over an inner REVERT.
+UNDEFINED = Strategy(retry_mod.REVERT_ALL)
 
 
 def determine(runtime: Runtime, atom: Any, failure: Any, defer_reverts: bool) -> Strategy:
     """Ask the controllers above ``atom`` how to handle ``failure``."""
     controller = runtime.compilation.retry_of(atom)
     if controller is None:
-        return REVERT_EVERYTHING
+        return UNDEFINED
     decision = runtime.ask_retry(controller, atom, failure)
     if decision == retry_mod.RETRY:
         return Strategy(retry_mod.RETRY, controller)
@@ -59,11 +61,11 @@ def determine(runtime: Runtime, atom: Any, failure: Any, defer_reverts: bool) ->
         parent = determine(runtime, controller, failure, defer_reverts)
         if defer_reverts:
             return parent
-        if parent is not REVERT_EVERYTHING and parent.strategy != retry_mod.REVERT:
+        if parent is not UNDEFINED and parent.strategy != retry_mod.REVERT:
             return parent
         return Strategy(retry_mod.REVERT, controller)
     if decision == retry_mod.REVERT_ALL:
-        return REVERT_EVERYTHING
+        return Strategy(retry_mod.REVERT_ALL)
     raise ValueError(
         f"Retry {controller.name!r} returned unknown decision {decision!r} for the failure of "
         f"{atom.name!r}"

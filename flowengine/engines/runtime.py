@@ -110,15 +110,16 @@ class Runtime:
     def _action(self, atom: Any) -> Any:
         return self.retry_action if isinstance(atom, retry_mod.Retry) else self.task_action
 
-    def reset_atoms(self, atoms: Iterable[Any], state: str | None, intention: str | None) -> None:
-        """Move atoms to ``state`` (where allowed, announced) and set their ``intention``."""
+    def reset_atoms(self, atoms: Iterable[Any], state: str | None, intention: str | None,
+                    force: bool = False) -> None:
+        """Move atoms to ``state`` (where allowed, or always if ``force``) and set ``intention``."""
         storage = self.storage
         for atom in atoms:
             if state is not None:
                 current = storage.get_atom_state(atom.name)
                 check = (states.check_retry_transition if isinstance(atom, retry_mod.Retry)
                          else states.check_task_transition)
-                if check(current, state):
+                if (force and current != state) or check(current, state):
                     if state in (states.PENDING, states.IGNORE):
                         # A fresh start: forget the old attempt's results and failures.
                         self._action(atom).reset_state(atom, state)
@@ -132,7 +133,10 @@ class Runtime:
     def reset_all(self) -> None:
         """Put every atom back to PENDING with the EXECUTE intention."""
         self.frontier = None
-        self.reset_atoms(self.compilation.iter_atoms(), states.PENDING, states.EXECUTE)
+        # Unlike TaskFlow, which skips atoms that may not move to PENDING (so a finished flow
+        # could never run again), a reset puts every atom back.
+        self.reset_atoms(self.compilation.iter_atoms(), states.PENDING, states.EXECUTE,
+                         force=True)
 
     def retry_subflow(self, retry: retry_mod.Retry) -> None:
         """Prepare a retry's subflow for another attempt."""

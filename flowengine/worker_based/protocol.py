@@ -4,6 +4,9 @@ The base layer is TaskFlow 6.x's, byte for byte (see ``doc/`` and ``TASKFLOW-WIR
 property ``type`` is NOTIFY, REQUEST or RESPONSE and bodies are JSON documents matching the schemas
 below. flowengine's additions never go into a body a TaskFlow peer reads; they travel in message
 headers named by the ``HEADER_*`` constants, which TaskFlow peers ignore.
+
+The whole wire contract (types, schemas, headers, bounds, request lifecycle) is kept in this one
+module, longer than most, because TaskFlow programs import these names from ``protocol``.
 """
 
 from __future__ import annotations

@@ -8,20 +8,19 @@ lets any thread settle (ack, requeue, reject) the messages it delivered.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import queue
-import random
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple
-from urllib.parse import urlsplit, urlunsplit
 
 import kombu
 from kombu import pools, serialization
 from kombu.transport import virtual
 
+from flowengine.persistence.backends._uri import mask_urls
+from flowengine.worker_based import backoff as bo
 from flowengine.worker_based import dispatcher as dp
 from flowengine.worker_based import protocol as pr
 from flowengine.worker_based import transport_fs
@@ -31,30 +30,15 @@ LOG = logging.getLogger(__name__)
 #: Seconds the consume loop waits for a message before it looks at stop requests and settlements.
 DRAIN_TIMEOUT = 0.05
 PUBLISH_POOL_SIZE = 8
-#: Retry log lines: the first few attempts, then every Nth.
-_LOG_FIRST, _LOG_EVERY = 3, 10
 
 
 class MessageEncodeError(ValueError):
     """A message body is not JSON-serializable, or is larger than the receive bound."""
 
 
-class ProxyStopped(Exception):
-    """A retry was abandoned because the proxy is stopping."""
-
-
 def mask_url(url: str | None) -> str:
-    """``url`` with passwords replaced by ``***`` (each URL of a ``;`` failover list)."""
-    return ";".join(_mask_one(part) for part in (url or "").split(";"))
-
-
-def _mask_one(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    userinfo, host = parts.netloc.rsplit("@", 1)
-    user = userinfo.split(":", 1)[0]
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+    """``url`` with passwords replaced by ``***`` (every URL of a ``;`` failover list)."""
+    return mask_urls(url or "")
 
 
 def encode(msg: pr.Message) -> bytes:
@@ -73,77 +57,6 @@ def encode(msg: pr.Message) -> bytes:
             f"{msg.TYPE} body is {len(body)} bytes, over the {pr.MAX_BODY_BYTES} byte bound"
         )
     return body
-
-
-@dataclasses.dataclass(frozen=True)
-class RetryOptions:
-    """How to retry connecting, consuming and publishing.
-
-    The n-th retry (from 0) sleeps ``min(interval_max, interval_start * multiplier**n)`` reduced
-    by up to ``jitter`` (a fraction), so a fleet that lost its broker does not reconnect in step.
-    ``max_retries=None`` retries until the proxy stops.
-    """
-
-    interval_start: float = 0.2
-    interval_max: float = 30.0
-    multiplier: float = 2.0
-    jitter: float = 0.5
-    max_retries: int | None = None
-
-    def __post_init__(self) -> None:
-        for name in ("interval_start", "interval_max", "multiplier", "jitter"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"retry_options '{name}' must be >= 0, got {getattr(self, name)}")
-        if self.jitter > 1 or self.multiplier < 1:
-            raise ValueError(f"retry_options need 0 <= jitter <= 1 and multiplier >= 1: {self}")
-        if self.max_retries is not None and self.max_retries < 0:
-            raise ValueError(f"retry_options 'max_retries' must be >= 0, got {self.max_retries}")
-
-    @classmethod
-    def from_options(cls, options: Mapping[str, Any] | None) -> RetryOptions:
-        """Build from a ``retry_options`` dict; TaskFlow's keys are accepted.
-
-        TaskFlow's ``interval_step`` (a linear increment) is accepted and ignored: the interval
-        grows by ``multiplier`` instead.
-        """
-        options = dict(options or {})
-        options.pop("interval_step", None)
-        unknown = set(options) - {f.name for f in dataclasses.fields(cls)}
-        if unknown:
-            raise ValueError(f"Unknown retry_options: {', '.join(sorted(unknown))}")
-        converted: dict[str, Any] = {k: float(v) for k, v in options.items() if k != "max_retries"}
-        if options.get("max_retries") is not None:
-            converted["max_retries"] = int(options["max_retries"])
-        return cls(**converted)
-
-    def delay(self, attempt: int, rand: Callable[[], float] = random.random) -> float:
-        """Seconds to sleep before retry number ``attempt`` (from 0)."""
-        base = min(self.interval_max, self.interval_start * self.multiplier ** min(attempt, 64))
-        return base * (1.0 - self.jitter * rand())
-
-
-class _Backoff:
-    """One retry sequence; callable as a kombu ``errback(exc, interval)``."""
-
-    def __init__(self, options: RetryOptions, what: str, where: str, stop: threading.Event):
-        self._options, self._what, self._where, self._stop = options, what, where, stop
-        self.attempt = 0
-
-    @property
-    def exhausted(self) -> bool:
-        limit = self._options.max_retries
-        return limit is not None and self.attempt >= limit
-
-    def __call__(self, exc: BaseException, _interval: float = 0.0) -> None:
-        delay = self._options.delay(self.attempt)
-        self.attempt += 1
-        if self.attempt <= _LOG_FIRST or self.attempt % _LOG_EVERY == 0:
-            LOG.warning(
-                "%s on %s failed (attempt %d): %s; retrying in %.2fs",
-                self._what, self._where, self.attempt, exc, delay,
-            )  # fmt: skip
-        if self._stop.wait(delay):
-            raise ProxyStopped(f"{self._what} on {self._where} abandoned: the proxy is stopping")
 
 
 class ConnectionDetails(NamedTuple):
@@ -167,7 +80,7 @@ class Proxy:
         url: Broker URL; with neither ``url`` nor ``transport``, the embedded filesystem transport.
         transport: Kombu transport name or class (``memory``, ``redis``, ``flowengine-fs`` ...).
         transport_options: Kombu transport options (``data_folder`` for ``flowengine-fs``).
-        retry_options: See :class:`RetryOptions`.
+        retry_options: See :class:`~flowengine.worker_based.backoff.RetryOptions`.
         taskflow_compat: Declare exactly as TaskFlow (non-durable, auto-delete, transient
             messages) so TaskFlow peers can share the exchange; default is durable and persistent.
         prefetch_count: Most unsettled messages the consumer holds (None: no limit).
@@ -185,7 +98,7 @@ class Proxy:
         url: str | None = None,
         transport: Any = None,
         transport_options: Mapping[str, Any] | None = None,
-        retry_options: Mapping[str, Any] | RetryOptions | None = None,
+        retry_options: Mapping[str, Any] | bo.RetryOptions | None = None,
         taskflow_compat: bool = False,
         prefetch_count: int | None = None,
         extra_routing_keys: Iterable[str] = (),
@@ -196,11 +109,7 @@ class Proxy:
         self._on_wait, self._on_connected = on_wait, on_connected
         self._prefetch_count, self._drain_timeout = prefetch_count, drain_timeout
         self._extra_routing_keys = tuple(extra_routing_keys)
-        self._retry = (
-            retry_options
-            if isinstance(retry_options, RetryOptions)
-            else RetryOptions.from_options(retry_options)
-        )
+        self._retry = bo.RetryOptions.from_options(retry_options)
         self._dispatcher = dp.TypeDispatcher(
             type_handlers, requeue_filters=[lambda _data, _message: not self.is_running]
         )
@@ -217,9 +126,8 @@ class Proxy:
             self._transport_options.setdefault(
                 "polling_interval", transport_fs.DEFAULT_POLLING_INTERVAL
             )
-        self._producers = pools.ProducerPool(
-            self._conn.Pool(limit=PUBLISH_POOL_SIZE), limit=PUBLISH_POOL_SIZE
-        )
+        self._producers: pools.ProducerPool | None = None
+        self._pool_lock = threading.Lock()
         self._exchange = kombu.Exchange(
             exchange, type="direct", durable=not taskflow_compat, auto_delete=taskflow_compat
         )
@@ -317,10 +225,10 @@ class Proxy:
             properties["delivery_mode"] = 2  # persistent
         if expiration is not None:
             properties["expiration"] = expiration
-        with self._producers.acquire(block=True) as producer:
+        with self._producer_pool().acquire(block=True) as producer:
             send = producer.publish
             if retry:
-                backoff = _Backoff(self._retry, "Publishing", self._where, self._stop_requested)
+                backoff = bo.Backoff(self._retry, "Publishing", self._where, self._stop_requested)
                 send = producer.connection.ensure(
                     producer, producer.publish, errback=backoff,
                     max_retries=self._retry.max_retries,
@@ -333,6 +241,21 @@ class Proxy:
                     content_type=dp.JSON_CONTENT_TYPE, content_encoding="utf-8",
                     headers=dict(headers or {}), **properties,
                 )  # fmt: skip
+
+    def _producer_pool(self) -> pools.ProducerPool:
+        with self._pool_lock:
+            if self._producers is None:
+                connections = self._conn.Pool(limit=PUBLISH_POOL_SIZE)
+                self._producers = pools.ProducerPool(connections, limit=PUBLISH_POOL_SIZE)
+            return self._producers
+
+    def close(self) -> None:
+        """Close the publishing connections; a later publish opens new ones."""
+        with self._pool_lock:
+            producers, self._producers = self._producers, None
+        if producers is not None:
+            producers.force_close_all()
+            producers.connections.force_close_all()
 
     def ack(self, message: Any) -> None:
         """Acknowledge a delivered message (from any thread)."""
@@ -385,7 +308,7 @@ class Proxy:
             kombu connection errors: Only once ``max_retries`` reconnects have failed.
         """
         self._stopped.clear()
-        backoff = _Backoff(self._retry, "Consuming", self._where, self._stop_requested)
+        backoff = bo.Backoff(self._retry, "Consuming", self._where, self._stop_requested)
         errors = self._conn.connection_errors + self._conn.channel_errors
         LOG.info("Consuming queue %s_%s on %s", self._exchange_name, self._topic, self._where)
         try:
@@ -396,14 +319,14 @@ class Proxy:
                     if backoff.exhausted:
                         raise
                     backoff(err)
-        except ProxyStopped:
+        except bo.RetryAbandoned:
             pass
         finally:
             self._running.clear()
             self._stop_requested.clear()
             self._stopped.set()
 
-    def _consume(self, backoff: _Backoff) -> None:
+    def _consume(self, backoff: bo.Backoff) -> None:
         with self._conn.clone() as conn:
             conn.ensure_connection(
                 errback=backoff, max_retries=self._retry.max_retries,

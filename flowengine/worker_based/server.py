@@ -277,6 +277,10 @@ class Server:
         """Block until :meth:`start` has returned; False on timeout."""
         return self._proxy.wait_stopped(timeout)
 
+    def close(self) -> None:
+        """Release the broker connections used for replies (after :meth:`wait_stopped`)."""
+        self._proxy.close()
+
     def stop(self, grace: float = 0.0) -> None:
         """Stop taking requests and announce going offline.
 

@@ -1,7 +1,9 @@
 """flowengine's filesystem transport for kombu: processes on one machine, no server.
 
-URL ``flowengine-fs://``; transport options ``data_folder`` (default: a per-user folder in the
-system temp directory), ``polling_interval`` (seconds, default 0.005) and ``fsync`` (default False).
+URL ``flowengine-fs://`` (import this module first, which registers it with kombu); transport
+options ``data_folder`` (default: a per-user folder in the system temp directory),
+``polling_interval`` (seconds, default 0.005), ``fsync`` (default False) and ``recover_interval``
+(seconds between scans for messages claimed by dead processes, default 30).
 
 Layout under ``data_folder``::
 
@@ -19,6 +21,8 @@ exactly one of several competing processes can do, and deletes it only on ack (a
 requeue, a closed channel or a dead owner renames it back); an undecodable file is moved to
 ``bad/`` and logged instead of stopping the consumer. A message published with ``expiration`` is
 dropped once that many seconds have passed, as AMQP brokers do. POSIX only (rename, ``flock``).
+Queues, claims and the on-disk binding table make this a whole transport, so the module is
+longer than most (kombu's stock filesystem transport is the same size).
 """
 
 from __future__ import annotations
@@ -49,6 +53,8 @@ LOG = logging.getLogger(__name__)
 
 TRANSPORT_NAME = "flowengine-fs"
 DEFAULT_POLLING_INTERVAL = 0.005
+#: Seconds between scans for messages claimed by processes that have died.
+DEFAULT_RECOVER_INTERVAL = 30.0
 kombu.transport.TRANSPORT_ALIASES.setdefault(TRANSPORT_NAME, f"{__name__}:Transport")
 
 
@@ -80,8 +86,6 @@ class _Stamper:
 
 
 _STAMPER = _Stamper()
-_RECOVERED: set[str] = set()
-_RECOVERED_LOCK = threading.Lock()
 
 
 def _expired(name: str, expiration: Any) -> bool:
@@ -134,6 +138,8 @@ class Channel(virtual.Channel):
         options = connection.client.transport_options
         self.root = Path(options.get("data_folder") or default_data_folder())
         self.fsync = bool(options.get("fsync", False))
+        self.recover_interval = float(options.get("recover_interval", DEFAULT_RECOVER_INTERVAL))
+        self._next_recovery = 0.0
         self._claim_root = self.root / "claimed" / str(os.getpid())
         self._claimed: dict[str, Path] = {}
         # Names listed but not yet claimed, per queue: one listdir serves many gets.
@@ -141,7 +147,6 @@ class Channel(virtual.Channel):
         self._tables: dict[str, tuple[tuple[int, int], dict[str, Any]]] = {}
         for sub in ("queues", "tmp", "exchanges", "bad"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
-        self._recover_dead_claims()
 
     # -- queues --------------------------------------------------------------------------------
 
@@ -179,6 +184,8 @@ class Channel(virtual.Channel):
     def _get(self, queue: str, timeout: float | None = None) -> Any:
         pending = self._pending.get(queue)
         if not pending:
+            if time.monotonic() >= self._next_recovery:
+                self._recover_dead_claims()
             pending = self._pending[queue] = collections.deque(self._list(queue))
         while pending:
             name = pending.popleft()
@@ -275,21 +282,24 @@ class Channel(virtual.Channel):
             pass
 
     def _recover_dead_claims(self) -> None:
-        key = str(self.root)
-        with _RECOVERED_LOCK:
-            if key in _RECOVERED:
-                return
-            _RECOVERED.add(key)
+        """Requeue what processes that died had claimed but not acknowledged."""
+        self._next_recovery = time.monotonic() + self.recover_interval
         for owner in (self.root / "claimed").glob("*"):
             if not owner.name.isdigit() or _pid_alive(int(owner.name)):
                 continue
+            requeued = 0
             for path in owner.glob("*/*.msg"):
                 with contextlib.suppress(FileNotFoundError):  # a racing recoverer won
                     os.rename(path, self.root / "queues" / path.parent.name / path.name)
-                    LOG.info("flowengine-fs: requeued %s claimed by dead pid %s", path, owner.name)
+                    requeued += 1
             for folder in (*owner.glob("*"), owner):
                 with contextlib.suppress(OSError):
                     folder.rmdir()
+            if requeued:
+                LOG.warning(
+                    "flowengine-fs: requeued %d message(s) claimed by dead pid %s",
+                    requeued, owner.name,
+                )  # fmt: skip
 
     # -- exchanges and bindings (on disk, so every process routes alike) --------------------
 

@@ -94,7 +94,7 @@ class Worker:
         url: Broker URL (default: the embedded filesystem transport).
         transport: Kombu transport name or class.
         transport_options: Kombu transport options.
-        retry_options: See :class:`~flowengine.worker_based.proxy.RetryOptions`.
+        retry_options: See :class:`~flowengine.worker_based.backoff.RetryOptions`.
         taskflow_compat: Use TaskFlow's exact declarations, for fleets mixing TaskFlow peers.
     """
 
@@ -190,5 +190,6 @@ class Worker:
         # run()'s own thread (a signal handler) waiting for it would deadlock.
         if threading.get_ident() != self._run_thread:
             self._server.wait_stopped(grace + 5.0)
+            self._server.close()
         if self._owns_executor:
             self._executor.shutdown(wait=False)

@@ -124,7 +124,8 @@ def make_tasks(lib: types.SimpleNamespace, ledger: list) -> types.SimpleNamespac
         Step, Constant, Add, Scale, Greeting, Fail, FailUntil, FailOn, RevertFails, Progress)})
 
 
-# ---- scenarios: each returns (flow, store, engine options) ---------------------------------------
+# ---- scenarios: each returns (flow, store, engine options[, drive(engine, ledger)]) ------------
+# Without ``drive`` the engine runs once through ``run_iter``.
 
 
 @scenario()
@@ -265,6 +266,13 @@ def times_revert_all_nested(lib, t):
 
 
 @scenario()
+def times_revert_nested(lib, t):
+    inner = lib.lf.Flow("inner", retry=lib.retry.Times(2, name="r-in")).add(t.Fail("boom"))
+    outer = lib.lf.Flow("outer", retry=lib.retry.Times(3, name="r-out")).add(t.Step("a"), inner)
+    return outer, None, {}
+
+
+@scenario()
 def nested_times_outer_retries_inner(lib, t):
     inner = lib.lf.Flow("inner", retry=lib.retry.Times(2, name="r-in")).add(
         t.FailUntil("flaky", rebind={"attempt": "outer_attempt"}, inject={"succeed_at": 2}))
@@ -367,6 +375,66 @@ def progress(lib, t):
     return lib.lf.Flow("root").add(t.Progress("p"), t.Step("a")), None, {}
 
 
+def _suspend_once(engine, ledger, after):
+    iterator = engine.run_iter()
+    next(iterator)
+    while True:
+        try:
+            iterator.send(any(e[:2] == ["execute", after] for e in ledger))
+        except StopIteration:
+            return
+
+
+@scenario()
+def suspend_and_resume(lib, t):
+    def drive(engine, ledger):
+        _suspend_once(engine, ledger, "a")
+        ledger.append(["state", engine.storage.get_flow_state()])
+        engine.run()
+
+    flow = lib.lf.Flow("root").add(t.Step("a"), t.Step("b"), t.Step("c"))
+    return flow, None, {}, drive
+
+
+@scenario()
+def suspend_while_reverting(lib, t):
+    def drive(engine, ledger):
+        def suspend(state, details):
+            if details.get("task_name") == "boom":
+                engine.suspend()
+        engine.atom_notifier.register("REVERTED", suspend)
+        engine.run()
+        ledger.append(["state", engine.storage.get_flow_state()])
+        engine.atom_notifier.deregister("REVERTED", suspend)
+        engine.run()
+
+    flow = lib.lf.Flow("root").add(t.Step("a"), t.Step("b"), t.Fail("boom"))
+    return flow, None, {}, drive
+
+
+@scenario()
+def reset_and_run_again(lib, t):
+    def drive(engine, ledger):
+        engine.run()
+        engine.reset()
+        ledger.append(["state", engine.storage.get_flow_state()])
+        engine.run()
+
+    return lib.lf.Flow("root").add(t.Step("a"), t.Step("b")), None, {}, drive
+
+
+@scenario()
+def run_reverted_flow_again(lib, t):
+    def drive(engine, ledger):
+        try:
+            engine.run()
+        except RuntimeError:
+            ledger.append(["state", engine.storage.get_flow_state()])
+        engine.run()
+
+    return lib.lf.Flow("root").add(t.Step("a"), t.Fail("boom")), None, {}, drive
+
+
 # ---- running ------------------------------------------------------------------------------------
 
 
@@ -412,7 +480,8 @@ def run_one(lib: types.SimpleNamespace, name: str, engine_kind: str) -> dict[str
     flow_events: list = []
     out: dict[str, Any] = {"error": None}
     try:
-        flow, store, options = build(lib, make_tasks(lib, ledger))
+        built = build(lib, make_tasks(lib, ledger))
+        flow, store, options = built[:3]
         if engine_kind == "parallel":
             # TaskFlow's own pool costs a fixed second per run to shut down; a given one is kept.
             options = {"executor": _pool(), **options}
@@ -423,11 +492,15 @@ def run_one(lib: types.SimpleNamespace, name: str, engine_kind: str) -> dict[str
     engine.notifier.register("*", lambda state, details: flow_events.append(state))
     engine.atom_notifier.register("*", lambda state, details: atom_events.append(
         [details.get("task_name") or details.get("retry_name"), state]))
+    drive = built[3] if len(built) > 3 else None
+    iterated = None
     try:
-        iterated = list(engine.run_iter())
+        if drive is None:
+            iterated = list(engine.run_iter())
+        else:
+            drive(engine, ledger)
     except Exception as err:
         out["error"] = _error(err)
-        iterated = None
     storage = engine.storage
     out["atom_states"] = {n: _state_of(storage, n) for n in atom_names(flow)}
     out["flow_state"] = storage.get_flow_state()

@@ -147,12 +147,13 @@ def _result_summary(result: Any) -> Any:
 
 
 class RecordingTask(task.Task):
-    """Base: records ``revert`` with the result and flow failures it was given."""
+    """Base: ``revert`` records the result, flow failures and arguments it was given."""
 
     def revert(self, *args: Any, result: Any = None, flow_failures: Any = None,
-               **kwargs: Any) -> None:
+               **kwargs: Any) -> str:
         record("revert", self.name, result=_result_summary(result),
                flow_failures=_failure_summary(flow_failures or {}), args=kwargs)
+        return f"{self.name} undone"
 
 
 class Step(RecordingTask):

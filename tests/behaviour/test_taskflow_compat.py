@@ -22,6 +22,21 @@ from .compat_scenarios import ENGINES, SCENARIOS
 
 PROGRAM = Path(__file__).with_name("compat_scenarios.py")
 
+#: Scenarios where flowengine is known to differ (engine bugs, each reported).
+ENGINE_BUGS = {
+    "reset_and_run_again": "engine bug: reset() leaves SUCCESS atoms in SUCCESS, so the second "
+                           "run executes nothing (TaskFlow resets every atom to PENDING)",
+}
+
+
+def scenario_params() -> list:
+    found = []
+    for name in SCENARIOS:
+        marks = ([pytest.mark.xfail(reason=ENGINE_BUGS[name], strict=True)]
+                 if name in ENGINE_BUGS else [])
+        found.append(pytest.param(name, marks=marks, id=name))
+    return found
+
 
 def taskflow_python() -> str | None:
     if importlib.util.find_spec("taskflow") is not None:
@@ -70,7 +85,7 @@ def test_every_scenario_ran_under_both_libraries(outcomes):
 
 
 @pytest.mark.parametrize("engine", ENGINES)
-@pytest.mark.parametrize("name", list(SCENARIOS))
+@pytest.mark.parametrize("name", scenario_params())
 def test_same_outcome_as_taskflow(outcomes, name, engine):
     key = f"{name}[{engine}]"
     expected = outcomes["taskflow"][key]

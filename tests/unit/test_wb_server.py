@@ -23,10 +23,14 @@ from typing import Any
 import futurist
 import kombu
 import pytest
+import taskflow.engines
+from taskflow import task as tf_task
 from taskflow.engines.worker_based import protocol as tf_protocol
+from taskflow.patterns import linear_flow as tf_linear_flow
 
 from flowengine import task
 from flowengine.types.failure import Failure
+from flowengine.worker_based import backoff as bo
 from flowengine.worker_based import dispatcher as dp
 from flowengine.worker_based import protocol as pr
 from flowengine.worker_based import proxy as px
@@ -73,6 +77,41 @@ class Gated(task.Task):
         RUNS.append(self.name)
         assert GATE.wait(WAIT), "test never opened the gate"
         return "through"
+
+
+REVERTS: list[tuple[Any, list[str]]] = []
+
+
+class Multiply(task.Task):
+    def execute(self, a: int, b: int) -> int:
+        return a * b
+
+    def revert(self, result: Any, flow_failures: dict[str, Failure], **kwargs: Any) -> None:
+        REVERTS.append((result, sorted(flow_failures)))
+
+
+class Fail(task.Task):
+    def execute(self) -> None:
+        raise RuntimeError("remote boom")
+
+
+class TaskFlowMultiply(tf_task.Task):
+    """What a TaskFlow program defines; it only ever runs on the flowengine worker."""
+
+    default_provides = "product"
+
+    def execute(self, a: int, b: int) -> int:
+        raise AssertionError("a TaskFlow engine must run this remotely")
+
+
+class TaskFlowFail(tf_task.Task):
+    def execute(self) -> None:
+        raise AssertionError("a TaskFlow engine must run this remotely")
+
+
+# Both sides must use the same wire name, module.Class, as two programs sharing a module would.
+TaskFlowMultiply.__name__ = TaskFlowMultiply.__qualname__ = "Multiply"
+TaskFlowFail.__name__ = TaskFlowFail.__qualname__ = "Fail"
 
 
 class NotServed(task.Task):
@@ -304,7 +343,7 @@ def test_notify_is_answered_while_every_task_thread_is_busy(
     finally:
         GATE.set()
         worker.stop(grace=WAIT)
-        one_thread.shutdown()
+        one_thread.shutdown(wait=False)
     _, headers = requester.notify_reply(pr.WORKER_OFFLINE)
     assert headers[pr.HEADER_WORKER] == worker.worker_id
 
@@ -457,31 +496,31 @@ def test_taskflow_compat_uses_taskflows_declarations() -> None:
 
 
 def test_retry_delays_grow_capped_and_jittered() -> None:
-    options = px.RetryOptions(interval_start=1, interval_max=10, multiplier=2, jitter=0.5)
+    options = bo.RetryOptions(interval_start=1, interval_max=10, multiplier=2, jitter=0.5)
     assert [options.delay(n, rand=lambda: 0.0) for n in range(6)] == [1, 2, 4, 8, 10, 10]
     assert options.delay(3, rand=lambda: 1.0) == 4
     assert options.delay(10**6, rand=lambda: 0.0) == 10
-    taskflow_style = px.RetryOptions.from_options(
+    taskflow_style = bo.RetryOptions.from_options(
         {"interval_start": 1, "interval_step": 1, "interval_max": 1, "max_retries": 3}
     )
     assert (taskflow_style.max_retries, taskflow_style.interval_max) == (3, 1.0)
     with pytest.raises(ValueError, match="interval_start"):
-        px.RetryOptions.from_options({"interval_start": -1})
+        bo.RetryOptions.from_options({"interval_start": -1})
     with pytest.raises(ValueError, match="Unknown"):
-        px.RetryOptions.from_options({"interval_strat": 1})
+        bo.RetryOptions.from_options({"interval_strat": 1})
 
 
 def test_retry_log_lines_are_bounded_and_stop_ends_retrying(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     stop = threading.Event()
-    backoff = px._Backoff(px.RetryOptions(interval_start=0), "Consuming", "memory://", stop)
+    backoff = bo.Backoff(bo.RetryOptions(interval_start=0), "Consuming", "memory://", stop)
     with caplog.at_level(logging.WARNING):
         for _ in range(25):
             backoff(ConnectionError("down"))
     assert len(caplog.records) == 5  # attempts 1-3, 10 and 20
     stop.set()
-    with pytest.raises(px.ProxyStopped):
+    with pytest.raises(bo.RetryAbandoned):
         backoff(ConnectionError("down"))
 
 
@@ -503,7 +542,9 @@ def test_message_too_large_is_refused_before_sending() -> None:
 def test_task_specs_resolve_to_classes_defined_where_named() -> None:
     module = sys.modules[__name__]
     names = [c.__name__ for c in wk.find_task_classes([module])]
-    assert names == ["Add", "Explode", "Gated", "NotServed", "ReturnsObject", "Undo"]
+    assert names == [
+        "Add", "Explode", "Fail", "Gated", "Multiply", "NotServed", "ReturnsObject", "Undo",
+    ]  # fmt: skip
     assert wk.find_task_classes([f"{__name__}:Add", Add]) == [Add]
     assert wk.find_task_classes([__name__]) == wk.find_task_classes([module])
     with pytest.raises(TypeError, match="not a concrete Task"):
@@ -512,3 +553,35 @@ def test_task_specs_resolve_to_classes_defined_where_named() -> None:
         wk.find_task_classes([f"{__name__}:Missing"])
     with pytest.raises(TypeError):
         wk.find_task_classes([42])  # type: ignore[list-item]
+
+
+def test_a_taskflow_engine_runs_its_tasks_on_a_flowengine_worker(
+    exchange: str, transport: dict[str, Any]
+) -> None:
+    REVERTS.clear()
+    worker = wk.Worker(exchange, TOPIC, [Multiply, Fail], threads_count=2, taskflow_compat=True,
+                       **transport)  # fmt: skip
+    thread = run_in_thread(functools.partial(worker.run, display_banner=False))
+    assert worker.wait(WAIT)
+    options = dict(transport, exchange=exchange, topics=[TOPIC])
+    if "transport_options" in options:
+        options["transport"] = "flowengine-fs"
+    else:
+        options["transport_options"] = {"polling_interval": 0.01}
+    try:
+        flow = tf_linear_flow.Flow("ok").add(TaskFlowMultiply("mul"))
+        engine = taskflow.engines.load(
+            flow, store={"a": 6, "b": 7}, engine="worker-based", **options
+        )
+        engine.run()
+        assert engine.storage.fetch("product") == 42
+        flow = tf_linear_flow.Flow("reverts").add(TaskFlowMultiply("mul"), TaskFlowFail("fail"))
+        engine = taskflow.engines.load(
+            flow, store={"a": 2, "b": 3}, engine="worker-based", **options
+        )
+        with pytest.raises(Exception, match="remote boom"):
+            engine.run()
+        assert REVERTS == [(6, ["fail"])]
+    finally:
+        worker.stop(grace=WAIT)
+        thread.join(WAIT)

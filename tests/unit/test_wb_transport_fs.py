@@ -90,6 +90,17 @@ def test_unacked_messages_return_to_their_queue_in_order(folder: Path) -> None:
         assert consume(second, 3) == [{"n": 0}, {"n": 1}, {"n": 2}]
 
 
+def test_claims_of_a_live_process_are_left_alone(folder: Path) -> None:
+    options = {"data_folder": str(folder), "recover_interval": 0}
+    with kombu.Connection("flowengine-fs://localhost", transport_options=options) as first:
+        publish(first, [{"n": 0}])
+        assert first.default_channel._get("jobs_work") is not None  # claimed, never acked
+        with kombu.Connection("flowengine-fs://localhost", transport_options=options) as second:
+            with pytest.raises(queue.Empty):
+                second.default_channel._get("jobs_work")
+        assert len(list((folder / "claimed").rglob("*.msg"))) == 1
+
+
 def test_requeue_puts_a_message_back_at_its_place(conn: kombu.Connection) -> None:
     publish(conn, [{"n": 0}, {"n": 1}])
     seen: list[Any] = []
@@ -180,7 +191,6 @@ def test_claims_of_a_dead_process_are_requeued(folder: Path) -> None:
     # Pretend a process that has exited held the claim.
     mine = folder / "claimed" / str(os.getpid())
     mine.rename(folder / "claimed" / dead.stdout.strip())
-    transport_fs._RECOVERED.discard(str(folder))
     with kombu.Connection("flowengine-fs://localhost", transport_options=options) as second:
         assert consume(second, 1) == [{"n": "orphan"}]
 

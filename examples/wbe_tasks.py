@@ -1,0 +1,81 @@
+"""Task classes for the worker-based examples (wbe_linear.py, wbe_fanout.py, wbe_progress.py).
+
+Remote tasks live in an importable module because a worker runs only the classes it was started
+with, looks them up by their ``module.ClassName`` and builds them as ``cls(name=...)``: inputs
+travel as JSON arguments, never as constructor parameters. Results must be JSON values too.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+
+from worker_processes import WORKER_NAME_ENV
+
+from flowengine import task
+
+# -- wbe_linear.py: an order, one step after the other ---------------------------------------
+
+
+class ReserveStock(task.Task):
+    default_provides = "reservation"
+
+    def execute(self, item: str, quantity: int) -> str:
+        print(f"reserve_stock: reserving {quantity} x {item}")
+        return f"rsv-{item}-{quantity}"
+
+
+class ChargeCard(task.Task):
+    default_provides = "payment"
+
+    def execute(self, reservation: str, quantity: int, unit_price: float) -> dict[str, object]:
+        amount = round(quantity * unit_price, 2)
+        print(f"charge_card: charging {amount:.2f} for {reservation}")
+        return {"amount": amount, "receipt": f"rcpt-{reservation}"}
+
+
+class ShipOrder(task.Task):
+    default_provides = "tracking"
+
+    def execute(self, reservation: str, payment: dict[str, object]) -> str:
+        print(f"ship_order: shipping {reservation} (paid, {payment['receipt']})")
+        return f"trk-{reservation}"
+
+
+# -- wbe_fanout.py: count primes in chunks, on whichever worker is free ----------------------
+
+
+def _is_prime(number: int) -> bool:
+    if number < 2:
+        return False
+    return all(number % d for d in range(2, math.isqrt(number) + 1))
+
+
+class CountPrimes(task.Task):
+    """Counts the primes in ``[start, stop)``; says which worker process did it."""
+
+    def execute(self, start: int, stop: int) -> dict[str, object]:
+        began = time.perf_counter()
+        count = sum(1 for n in range(start, stop) if _is_prime(n))
+        return {
+            "count": count,
+            "worker": os.environ.get(WORKER_NAME_ENV, f"pid {os.getpid()}"),
+            "seconds": round(time.perf_counter() - began, 3),
+        }
+
+
+# -- wbe_progress.py: a long task reporting its progress from the worker ---------------------
+
+
+class CopyFile(task.Task):
+    """Copies ``size_mb`` megabytes in ``chunks`` steps, reporting progress after each."""
+
+    default_provides = "copied"
+
+    def execute(self, size_mb: int, chunks: int) -> dict[str, int]:
+        for done in range(1, chunks + 1):
+            time.sleep(0.05)  # stands in for the chunk's I/O
+            if done < chunks:
+                self.update_progress(done / chunks)
+        return {"megabytes": size_mb, "worker_pid": os.getpid()}

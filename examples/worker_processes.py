@@ -1,0 +1,129 @@
+"""Start and stop ``flowengine worker`` processes for the examples that use real processes.
+
+Each worker is the ``flowengine worker`` command run with this interpreter, serving task modules
+from this folder over the ``flowengine-fs`` transport (message files in a folder, no server). A
+worker stops on SIGTERM: it finishes what it is running, says it is going offline and exits 0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+from flowengine.worker_based.executor import WorkerTaskExecutor
+
+EXAMPLES = Path(__file__).resolve().parent
+TRANSPORT = "flowengine-fs"
+#: Set in each worker process to the name it was started with (tasks may report it).
+WORKER_NAME_ENV = "EXAMPLE_WORKER_NAME"
+
+
+@dataclasses.dataclass
+class WorkerProcess:
+    """A started worker process; its output goes to ``log``."""
+
+    name: str
+    process: subprocess.Popen[bytes]
+    log: Path
+
+    def log_tail(self, lines: int = 15) -> str:
+        """The last lines the worker wrote."""
+        text = self.log.read_text(errors="replace") if self.log.exists() else ""
+        return "\n".join(text.splitlines()[-lines:])
+
+
+def start_worker(
+    name: str, exchange: str, topic: str, tasks: Sequence[str], data_folder: Path, threads: int
+) -> WorkerProcess:
+    """Start ``flowengine worker`` serving the task modules ``tasks`` (names under examples/)."""
+    command = [
+        sys.executable, "-m", "flowengine.cli.main", "worker",
+        "--exchange", exchange, "--topic", topic, "--threads", str(threads), "--grace", "5",
+        "--transport", TRANSPORT, "--transport-option", f"data_folder={data_folder}",
+    ]  # fmt: skip
+    for spec in tasks:
+        command += ["--task", spec]
+    env = dict(os.environ, **{WORKER_NAME_ENV: name})
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(EXAMPLES), env.get("PYTHONPATH")]))
+    log = data_folder.parent / f"{name}.log"
+    with open(log, "wb") as out:
+        process = subprocess.Popen(
+            command, cwd=EXAMPLES, env=env, stdout=out, stderr=subprocess.STDOUT
+        )
+    return WorkerProcess(name, process, log)
+
+
+def wait_until_known(
+    executor: WorkerTaskExecutor, workers: Sequence[WorkerProcess], timeout: float = 20.0
+) -> None:
+    """Wait until ``executor`` has heard from every worker; fail early if one exits."""
+    deadline = time.monotonic() + timeout
+    while executor.wait_for_workers(len(workers), timeout=0.1):
+        for worker in workers:
+            if worker.process.poll() is not None:
+                raise RuntimeError(
+                    f"{worker.name} exited with code {worker.process.returncode} at start:\n"
+                    f"{worker.log_tail()}"
+                )
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the workers did not announce themselves within {timeout}s")
+
+
+def stop_workers(
+    workers: Sequence[WorkerProcess],
+    timeout: float = 15.0,
+    on_exit: Callable[[WorkerProcess, int | None], None] | None = None,
+) -> None:
+    """SIGTERM every worker and wait for it; kill any still running after ``timeout`` seconds.
+
+    ``on_exit`` gets each worker and its exit code (None if it had to be killed).
+    """
+    for worker in workers:
+        if worker.process.poll() is None:
+            worker.process.terminate()
+    deadline = time.monotonic() + timeout
+    try:
+        for worker in workers:
+            try:
+                code: int | None = worker.process.wait(max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                code = None
+            if on_exit is not None:
+                on_exit(worker, code)
+    finally:
+        for worker in workers:
+            if worker.process.poll() is None:
+                worker.process.kill()
+                worker.process.wait()
+
+
+@contextmanager
+def worker_processes(
+    names: Sequence[str],
+    executor: WorkerTaskExecutor,
+    exchange: str,
+    topic: str,
+    tasks: Sequence[str],
+    data_folder: Path,
+    threads: int = 2,
+    on_exit: Callable[[WorkerProcess, int | None], None] | None = None,
+) -> Iterator[list[WorkerProcess]]:
+    """Start one worker per name, wait until ``executor`` knows them all, stop them on exit.
+
+    Start ``executor`` first: a worker announces itself once, when it connects, and only an
+    executor already listening hears it.
+    """
+    workers: list[WorkerProcess] = []
+    try:
+        for name in names:
+            workers.append(start_worker(name, exchange, topic, tasks, data_folder, threads))
+        wait_until_known(executor, workers)
+        yield workers
+    finally:
+        stop_workers(workers, on_exit=on_exit)

@@ -1,0 +1,111 @@
+"""Retrying broker operations: capped, jittered exponential backoff with bounded logging."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import random
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+LOG = logging.getLogger(__name__)
+
+#: Retry log lines: the first few attempts, then every Nth.
+_LOG_FIRST, _LOG_EVERY = 3, 10
+
+
+class RetryAbandoned(Exception):
+    """A retry sequence was abandoned because its owner is stopping."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RetryOptions:
+    """How to retry connecting, consuming and publishing.
+
+    The n-th retry (from 0) sleeps ``min(interval_max, interval_start * multiplier**n)`` reduced
+    by up to ``jitter`` (a fraction), so a fleet that lost its broker does not reconnect in step.
+    ``max_retries=None`` retries until the owner stops.
+    """
+
+    interval_start: float = 0.2
+    interval_max: float = 30.0
+    multiplier: float = 2.0
+    jitter: float = 0.5
+    max_retries: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("interval_start", "interval_max", "multiplier", "jitter"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"retry_options '{name}' must be >= 0, got {getattr(self, name)}")
+        if self.jitter > 1 or self.multiplier < 1:
+            raise ValueError(f"retry_options need 0 <= jitter <= 1 and multiplier >= 1: {self}")
+        if self.max_retries is not None and self.max_retries < 0:
+            raise ValueError(f"retry_options 'max_retries' must be >= 0, got {self.max_retries}")
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any] | RetryOptions | None) -> RetryOptions:
+        """Build from a ``retry_options`` dict; TaskFlow's keys are accepted.
+
+        TaskFlow's ``interval_step`` (a linear increment) is accepted and ignored: the interval
+        grows by ``multiplier`` instead.
+
+        Raises:
+            ValueError: An unknown key, or a value out of range.
+        """
+        if isinstance(options, RetryOptions):
+            return options
+        values = dict(options or {})
+        values.pop("interval_step", None)
+        unknown = set(values) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise ValueError(f"Unknown retry_options: {', '.join(sorted(unknown))}")
+        converted: dict[str, Any] = {k: float(v) for k, v in values.items() if k != "max_retries"}
+        if values.get("max_retries") is not None:
+            converted["max_retries"] = int(values["max_retries"])
+        return cls(**converted)
+
+    def delay(self, attempt: int, rand: Callable[[], float] = random.random) -> float:
+        """Seconds to sleep before retry number ``attempt`` (from 0)."""
+        base = min(self.interval_max, self.interval_start * self.multiplier ** min(attempt, 64))
+        return base * (1.0 - self.jitter * rand())
+
+
+class Backoff:
+    """One retry sequence; also callable as a kombu ``errback(exc, interval)``.
+
+    Each call logs (the first attempts, then every tenth), then sleeps the next delay unless
+    ``stop`` is set first.
+
+    Args:
+        options: The retry policy.
+        what: What is being retried, for log lines ("Publishing").
+        where: Where (a masked URL), for log lines.
+        stop: Set when retrying should end.
+    """
+
+    def __init__(self, options: RetryOptions, what: str, where: str, stop: threading.Event) -> None:
+        self._options, self._what, self._where, self._stop = options, what, where, stop
+        self.attempt = 0
+
+    @property
+    def exhausted(self) -> bool:
+        """Whether ``max_retries`` retries have been made."""
+        limit = self._options.max_retries
+        return limit is not None and self.attempt >= limit
+
+    def __call__(self, exc: BaseException, _interval: float = 0.0) -> None:
+        """Record a failed attempt and sleep before the next.
+
+        Raises:
+            RetryAbandoned: ``stop`` was set (before or while sleeping).
+        """
+        delay = self._options.delay(self.attempt)
+        self.attempt += 1
+        if self.attempt <= _LOG_FIRST or self.attempt % _LOG_EVERY == 0:
+            LOG.warning(
+                "%s on %s failed (attempt %d): %s; retrying in %.2fs",
+                self._what, self._where, self.attempt, exc, delay,
+            )  # fmt: skip
+        if self._stop.wait(delay):
+            raise RetryAbandoned(f"{self._what} on {self._where} abandoned: stopping")

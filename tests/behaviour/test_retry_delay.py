@@ -1,0 +1,114 @@
+"""Retry delay and backoff (a flowengine extension): waiting never blocks other ready atoms.
+
+Nothing here measures time. A retry's wait is the span between its RETRYING notification and its
+next ``execute``; the ledger shows what ran inside that span and in which order attempts came.
+An independent linear chain of steps runs beside the retried subflow: several of its steps inside
+a wait prove the engine went on starting atoms while the retry waited.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from flowengine import retry, states
+from flowengine.flows import linear_flow as lf
+from flowengine.flows import unordered_flow as uf
+
+from . import tasks
+
+SIDE_STEPS = 40
+
+
+def delayed_flow(attempts: int = 3, succeed_at: int = 3, **delay):
+    retried = lf.Flow("retried", retry=tasks.RecordingTimes(
+        attempts, name="r", provides="attempt", **delay))
+    retried.add(tasks.FailUntil("flaky", inject={"succeed_at": succeed_at}))
+    side = lf.Flow("side").add(*(tasks.Step(f"side{i}") for i in range(SIDE_STEPS)))
+    return uf.Flow("root").add(retried, side)
+
+
+def record_retrying(engine) -> None:
+    def on_retrying(state, details):
+        if details.get("retry_name") == "r":
+            tasks.record("retrying", "r")
+
+    engine.atom_notifier.register(states.RETRYING, on_retrying)
+
+
+def waits() -> list[tuple[int, int]]:
+    """(start, end) sequence numbers of each wait: RETRYING until the next attempt starts."""
+    starts = [e["seq"] for e in tasks.entries("retrying")]
+    attempts = [e["seq"] for e in tasks.entries("retry-execute")]
+    return list(zip(starts, attempts[1:]))
+
+
+@pytest.mark.parametrize(
+    "delay",
+    [{"delay": 0.05}, {"delay": 0.02, "backoff": 2.0}, {"delay": 0.05, "backoff": 3.0,
+                                                       "max_delay": 0.06}],
+    ids=["fixed", "backoff", "backoff-capped"],
+)
+def test_other_ready_atoms_run_while_a_retry_waits(engine_factory, delay):
+    engine = engine_factory(delayed_flow(**delay))
+    record_retrying(engine)
+    engine.run()
+    assert engine.storage.get_flow_state() == states.SUCCESS
+    spans = waits()
+    assert len(spans) == 2
+    side = [e["seq"] for e in tasks.entries("execute") if e["atom"].startswith("side")]
+    start, end = spans[0]
+    # The side chain is linear: two of its steps inside the wait means one became ready and
+    # was started while the retry was waiting (an engine that blocks manages at most one).
+    assert len([seq for seq in side if start < seq < end]) >= 2, (
+        "the engine stopped starting ready atoms while the retry waited", spans, side)
+
+
+def test_attempts_happen_in_order_each_after_its_wait(engine_factory):
+    engine = engine_factory(delayed_flow(attempts=4, succeed_at=4, delay=0.01, backoff=1.5))
+    record_retrying(engine)
+    engine.run()
+    executions = [e for e in tasks.entries("execute") if e["atom"] == "flaky"]
+    assert [e["attempt"] for e in executions] == [1, 2, 3, 4]
+    assert [e["attempt"] for e in tasks.entries("retry-execute")] == [1, 2, 3, 4]
+    assert [e["decision"] for e in tasks.entries("retry-decision")] == ["RETRY"] * 3
+    for (start, end), attempt in zip(waits(), executions[1:]):
+        # Each failed attempt was reverted before the wait, and the next came after it.
+        assert start < end < attempt["seq"]
+    reverts = [e["seq"] for e in tasks.entries("revert") if e["atom"] == "flaky"]
+    assert all(r < s for r, (s, _end) in zip(reverts, waits()))
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.05])
+def test_the_first_attempt_starts_without_waiting(engine_factory, delay):
+    engine = engine_factory(delayed_flow(delay=delay))
+    record_retrying(engine)
+    engine.run()
+    first_attempt = tasks.first_seq("retry-execute", "r")
+    assert first_attempt < tasks.first_seq("retrying", "r")
+    assert first_attempt < tasks.first_seq("execute", "flaky")
+    assert [e["attempt"] for e in tasks.entries("execute") if e["atom"] == "flaky"] == [1, 2, 3]
+
+
+def test_delayed_retry_that_gives_up_still_reverts(engine_factory):
+    engine = engine_factory(delayed_flow(attempts=2, succeed_at=5, delay=0.01))
+    with pytest.raises(tasks.Boom):
+        engine.run()
+    assert engine.storage.get_flow_state() == states.REVERTED
+    assert [e["decision"] for e in tasks.entries("retry-decision")] == ["RETRY", "REVERT"]
+
+
+@pytest.mark.parametrize("controller", [
+    lambda **kw: retry.ForEach([1, 2], **kw),
+    lambda **kw: retry.ParameterizedForEach(**kw),
+    lambda **kw: retry.AlwaysRevert(**kw),
+    lambda **kw: retry.AlwaysRevertAll(**kw),
+], ids=["ForEach", "ParameterizedForEach", "AlwaysRevert", "AlwaysRevertAll"])
+def test_every_controller_accepts_delay_keywords(controller):
+    made = controller(name="r", delay=0.5, backoff=2.0, max_delay=1.5)
+    assert [made.delay_before(n) for n in (1, 2, 3, 4)] == [0.0, 0.5, 1.0, 1.5]
+
+
+@pytest.mark.parametrize("bad", [{"delay": -1}, {"backoff": 0.5}, {"max_delay": -2}])
+def test_bad_delay_settings_are_refused_naming_the_retry(bad):
+    with pytest.raises(ValueError, match="picky"):
+        retry.Times(2, name="picky", **bad)

@@ -1,0 +1,217 @@
+"""Run the worker-based examples as a user would and check the lines that tell their story.
+
+They start real ``flowengine worker`` processes (or a worker thread) over the ``flowengine-fs``
+and memory transports, so they need no server. Each test also checks that no worker process
+outlives its script.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+import signal
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
+#: The brief for `make run`: the demo finishes in under 30 s on a 2-core machine.
+DEMO_TIME_LIMIT = 30.0
+
+pytestmark = pytest.mark.integration
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ, PYTHONIOENCODING="utf-8", NO_COLOR="1", PYTHONUNBUFFERED="1")
+    env.pop("FORCE_COLOR", None)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    return env
+
+
+def _run(script: str, timeout: float = 60.0) -> str:
+    proc = subprocess.run(
+        [sys.executable, str(EXAMPLES / script)],
+        cwd=ROOT, env=_env(), capture_output=True, text=True, encoding="utf-8", timeout=timeout,
+    )  # fmt: skip
+    assert proc.returncode == 0, (
+        f"{script} exited with {proc.returncode}\n--- stdout\n{proc.stdout}\n"
+        f"--- stderr\n{proc.stderr}"
+    )
+    return proc.stdout
+
+
+def _lines(output: str) -> list[str]:
+    return [line.strip() for line in output.splitlines()]
+
+
+def assert_in_order(output: str, patterns: list[str]) -> None:
+    """Each regex matches a whole line (stripped) somewhere after the previous match."""
+    lines = _lines(output)
+    position = 0
+    for pattern in patterns:
+        for index in range(position, len(lines)):
+            if re.fullmatch(pattern, lines[index]):
+                position = index + 1
+                break
+        else:
+            raise AssertionError(f"no line matching {pattern!r} (in order)\n--- output\n{output}")
+
+
+def _search(pattern: str, output: str) -> re.Match[str]:
+    found = re.search(pattern, output, re.MULTILINE)
+    assert found is not None, f"no match for {pattern!r}\n--- output\n{output}"
+    return found
+
+
+def _pids(output: str) -> list[int]:
+    return [int(pid) for pid in re.findall(r"\(pid (\d+)\)", output)]
+
+
+def _assert_gone(pids: list[int]) -> None:
+    alive = []
+    for pid in pids:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            continue
+        alive.append(pid)
+    assert not alive, f"worker processes {alive} outlived the script"
+
+
+def _section(output: str, start: str, end: str) -> str:
+    return output[output.index(start) : output.index(end)]
+
+
+def _table_rows(section: str) -> dict[str, list[str]]:
+    atoms = ("allocate_ip", "create_volume", "fetch_image", "boot_server", "attach_volume",
+             "health_check")  # fmt: skip
+    rows = {}
+    for line in _lines(section):
+        cells = line.split()
+        if cells and cells[0] in atoms:
+            rows[cells[0]] = cells[1:]
+    return rows
+
+
+def test_demo_workers() -> None:
+    output = _run("demo_workers.py", timeout=DEMO_TIME_LIMIT)
+    assert_in_order(
+        output,
+        [
+            r"started worker-1 \(pid \d+\), worker-2 \(pid \d+\) on topic 'provisioning';.*",
+            r".*1\. provisioning a server on two workers.*",
+            r"flow state: SUCCESS \(\d+\.\d+s\)",
+            r".*2\. the same flow with a failing health check.*",
+            r"engine.run\(\) raised WrappedFailure: ConnectionError: server did not answer on"
+            r" port 22",
+            r"flow state: REVERTED \(\d+\.\d+s\)",
+            r"revert order: .*",
+            r".*3\. stopping the workers \(SIGTERM\).*",
+            r"worker-1 stopped: exit code 0",
+            r"worker-2 stopped: exit code 0",
+        ],
+    )
+    first = _table_rows(_section(output, "1. provisioning", "2. the same flow"))
+    assert len(first) == 6 and all(cells[0] == "SUCCESS" for cells in first.values()), first
+    ran_on = {cells[2] for cells in first.values()}
+    # Three steps are ready at once and each worker holds at most two: both must take part.
+    assert ran_on == {"worker-1", "worker-2"}, first
+    second = _table_rows(_section(output, "2. the same flow", "revert order:"))
+    assert all(cells[0] == "REVERTED" for cells in second.values()), second
+
+    order = next(line for line in _lines(output) if line.startswith("revert order:"))
+    reverted = order.removeprefix("revert order:").strip().split(" -> ")
+    # Dependents are undone before what they depend on; independent steps in any order.
+    assert reverted[:3] == ["health_check", "attach_volume", "boot_server"], reverted
+    assert sorted(reverted[3:]) == ["allocate_ip", "create_volume", "fetch_image"], reverted
+    _assert_gone(_pids(output))
+
+
+def test_demo_workers_ctrl_c_stops_the_workers() -> None:
+    def _as_a_terminal_job() -> None:
+        os.setpgrp()  # one process group, as a shell job: Ctrl-C reaches every process in it
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+    proc = subprocess.Popen(
+        [sys.executable, str(EXAMPLES / "demo_workers.py")],
+        cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        encoding="utf-8", preexec_fn=_as_a_terminal_job,
+    )  # fmt: skip
+    seen: list[str] = []
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            seen.append(line)
+            if "provisioning a server on two workers" in line:
+                break
+        else:
+            pytest.fail("the demo ended before running the flow:\n" + "".join(seen))
+        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
+        rest, _ = proc.communicate(timeout=DEMO_TIME_LIMIT)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    output = "".join(seen) + rest
+    assert proc.returncode == 130, output
+    assert_in_order(
+        output,
+        [r"worker-1 stopped: exit code 0", r"worker-2 stopped: exit code 0", r"interrupted"],
+    )
+    _assert_gone(_pids(output))
+
+
+def test_wbe_linear() -> None:
+    output = _run("wbe_linear.py")
+    assert_in_order(
+        output,
+        [
+            r"worker serves: wbe_tasks.ChargeCard, wbe_tasks.ReserveStock, wbe_tasks.ShipOrder",
+            r"reserve_stock: reserving 2 x widget",
+            r"charge_card: charging 19.98 for rsv-widget-2",
+            r"ship_order: shipping rsv-widget-2 \(paid, rcpt-rsv-widget-2\)",
+            r"result tracking: trk-rsv-widget-2",
+            r"flow state: SUCCESS",
+            r"worker stopped: True",
+        ],
+    )
+
+
+def test_wbe_fanout() -> None:
+    output = _run("wbe_fanout.py")
+    assert_in_order(
+        output,
+        [
+            r"3 workers are up on topic 'primes'",
+            r"worker-1 stopped: exit code 0",
+            r"worker-2 stopped: exit code 0",
+            r"worker-3 stopped: exit code 0",
+            r"chunk-0\s+0-49999\s+5133\s+worker-\d\s+\d+\.\d+s",
+            r"chunk-7\s+350000-399999\s+3883\s+worker-\d\s+\d+\.\d+s",
+            r"total: 33860 primes below 400,000",
+        ],
+    )
+    used = int(_search(r"^workers used: (\d)$", output).group(1))
+    assert used >= 2, "one worker ran every chunk: the fan-out did not spread"
+
+
+def test_wbe_progress() -> None:
+    output = _run("wbe_progress.py")
+    assert_in_order(
+        output,
+        [
+            r"engine pid \d+; worker pid \d+",
+            *(rf"progress copy_file: +{p}% \[#*\s*\] \+\d+\.\d+s" for p in (0, 20, 40, 60, 80)),
+            r"progress copy_file: 100% \[#{20}\] \+\d+\.\d+s",
+            r"worker-1 stopped: exit code 0",
+            r"copied 64 MB in pid \d+",
+            r"stored progress of copy_file: 1.0",
+            r"flow state: SUCCESS",
+        ],
+    )
+    engine_pid, worker_pid = _search(r"engine pid (\d+); worker pid (\d+)", output).groups()
+    assert f"copied 64 MB in pid {worker_pid}" in output, "the task did not run in the worker"
+    assert engine_pid != worker_pid
