@@ -28,6 +28,19 @@ _ENGINES: dict[str, str] = {
 _FACTORY_META = "factory"
 
 
+def _backend_from_conf(conf: Any) -> Any:
+    """Build a backend from a URI or dict and bring its storage layout up to date."""
+    from flowengine.persistence import backends as p_backends
+
+    backend = p_backends.fetch(conf if isinstance(conf, str) else dict(conf))
+    conn = backend.get_connection()
+    try:
+        conn.upgrade()
+    finally:
+        conn.close()
+    return backend
+
+
 def _extract_engine(engine: Any, **kwargs: Any) -> tuple[str, dict[str, Any]]:
     """Split ``engine`` (a name or a URI like ``parallel://?max_workers=4``) into kind+options."""
     options: dict[str, Any] = {}
@@ -82,12 +95,11 @@ def load(
         engine: engine name (``serial``/``default``, ``parallel``, ``worker-based``) or URI.
         **kwargs: engine options.
     """
-    from flowengine.persistence import backends as p_backends
     from flowengine.utils import persistence_utils as p_utils
 
     kind, options = _extract_engine(engine, **kwargs)
     if isinstance(backend, (str, Mapping)):
-        backend = p_backends.fetch(backend if isinstance(backend, str) else dict(backend))
+        backend = _backend_from_conf(backend)
     if flow_detail is None:
         flow_detail = p_utils.create_flow_detail(flow, book=book, backend=backend)
     engine_obj = _engine_class(kind)(flow, flow_detail, backend, options)
@@ -171,12 +183,11 @@ def load_from_factory(
     **kwargs: Any,
 ) -> Any:
     """Build a flow with a factory, record the factory, and load it into an engine."""
-    from flowengine.persistence import backends as p_backends
     from flowengine.utils import persistence_utils as p_utils
 
     flow = flow_factory(*(factory_args or ()), **(factory_kwargs or {}))
     if isinstance(backend, (str, Mapping)):
-        backend = p_backends.fetch(backend if isinstance(backend, str) else dict(backend))
+        backend = _backend_from_conf(backend)
     flow_detail = p_utils.create_flow_detail(flow, book=book, backend=backend)
     save_factory_details(flow_detail, flow_factory, factory_args, factory_kwargs,
                          backend=backend)

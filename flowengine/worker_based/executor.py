@@ -1,15 +1,21 @@
 """WorkerTaskExecutor: runs an engine's tasks on remote workers and hands back futures.
 
-Each attempt is a :class:`~flowengine.worker_based.protocol.Request` with its own id, used as
-the message's ``correlation_id`` (TaskFlow workers echo it as they echo anything), so a late reply
-from an earlier attempt can never complete a later one. Requests wait in WAITING until a capable
-worker is known and are published the moment one appears; replies are consumed as they arrive on
-the executor's own queue, ``<exchange>_<engine uuid>``.
+One *submission* (an atom's execute or revert) may take several *attempts*. Each attempt is a
+:class:`~flowengine.worker_based.protocol.Request` with its own id, sent as the message's
+``correlation_id`` (TaskFlow workers echo it as they echo anything), so a late reply from an
+earlier attempt can never complete a later one. Requests wait in WAITING until a capable worker
+is known and are published the moment one appears; replies are consumed as they arrive.
+
+A RUNNING attempt on a flowengine worker holds a lease the worker's heartbeats renew. When it
+lapses (worker killed, frozen or cut off) the submission is re-dispatched as a new attempt,
+preferably to another worker; after ``max_attempts`` the atom fails with
+:class:`~flowengine.exceptions.WorkerLost` and the request is parked as a dead letter.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
+import dataclasses
 import functools
 import logging
 import threading
@@ -22,6 +28,7 @@ from flowengine.engines import executor as local
 from flowengine.task import EVENT_UPDATE_PROGRESS
 from flowengine.types.failure import Failure
 from flowengine.worker_based import dispatcher as dp
+from flowengine.worker_based import extensions as ext
 from flowengine.worker_based import protocol as pr
 from flowengine.worker_based import proxy as px
 from flowengine.worker_based.types import TopicWorker, WorkerFinder, header
@@ -30,6 +37,46 @@ LOG = logging.getLogger(__name__)
 
 #: Seconds between NOTIFY rounds to the configured topics (how TaskFlow workers stay known).
 NOTIFY_PERIOD = pr.NOTIFY_PERIOD
+
+
+class RemoteFuture(cf.Future):
+    """The engine's handle on a submission; it can be cancelled only before it is published.
+
+    Once a worker may have the request, cancelling would let it run unobserved (a "ghost"), so
+    the engine waits for it instead.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.published = False
+        self.on_cancel: Callable[[], None] | None = None
+
+    def cancel(self) -> bool:
+        if self.published:
+            return False
+        cancelled = super().cancel()
+        if cancelled and self.on_cancel is not None:
+            self.on_cancel()
+        return cancelled
+
+
+@dataclasses.dataclass(eq=False)
+class Submission:
+    """One atom's execute or revert, across all of its attempts."""
+
+    task: Any
+    uuid: str
+    action: str
+    arguments: Mapping[str, Any]
+    result: Any
+    failures: Mapping[str, Failure] | None
+    future: RemoteFuture
+    attempts: int = 0
+    request: pr.Request | None = None
+    worker: TopicWorker | None = None
+    workers: list[str] = dataclasses.field(default_factory=list)
+    started: float | None = None
+    lease_until: float | None = None
 
 
 class WorkerTaskExecutor(local.TaskExecutor):
@@ -46,6 +93,12 @@ class WorkerTaskExecutor(local.TaskExecutor):
         worker_expiry: seconds after which a silent worker is forgotten.
         clock: monotonic clock (tests inject one to move time without sleeping).
         notify_period: seconds between NOTIFY rounds to ``topics``.
+        lease_timeout: seconds a RUNNING request on a flowengine worker may go without a
+            heartbeat before it is re-dispatched (None: never).
+        heartbeat_interval: seconds between the heartbeats workers are asked to send.
+        max_attempts: attempts per submission before the atom fails with WorkerLost.
+        time_limits: per task name, seconds a RUNNING attempt may take (overrides the task
+            class's ``time_limit``); past it the attempt fails with TaskTimeLimitExceeded.
     """
 
     def __init__(
@@ -62,34 +115,39 @@ class WorkerTaskExecutor(local.TaskExecutor):
         taskflow_compat: bool = False,
         clock: Callable[[], float] = time.monotonic,
         notify_period: float = NOTIFY_PERIOD,
+        lease_timeout: float | None = ext.DEFAULT_LEASE_TIMEOUT,
+        heartbeat_interval: float = ext.DEFAULT_HEARTBEAT_INTERVAL,
+        max_attempts: int = ext.DEFAULT_MAX_ATTEMPTS,
+        time_limits: Mapping[str, float] | None = None,
     ) -> None:
+        if max_attempts < 1:
+            raise ValueError(f"max_attempts must be at least 1, got {max_attempts}")
+        if lease_timeout is not None and lease_timeout <= heartbeat_interval:
+            raise ValueError(f"lease_timeout ({lease_timeout}s) must be longer than "
+                             f"heartbeat_interval ({heartbeat_interval}s)")
         self._uuid = uuid
+        self._exchange = exchange
         self._topics = list(topics)
         self._transition_timeout = transition_timeout
         self._clock = clock
         self._notify_period = notify_period
         self._next_notify = 0.0
+        self._lease_timeout = lease_timeout
+        self._heartbeat_interval = heartbeat_interval
+        self._max_attempts = max_attempts
+        self._time_limits = dict(time_limits or {})
         self._lock = threading.RLock()
-        self._ongoing: dict[str, pr.Request] = {}
-        self._workers_of: dict[str, TopicWorker] = {}
+        self._ongoing: dict[str, Submission] = {}
         self.finder = WorkerFinder(worker_expiry, clock=clock, on_change=self._dispatch_waiting)
         handlers = {
             pr.RESPONSE: dp.Handler(self._on_response, pr.Response.validate),
-            pr.NOTIFY: dp.Handler(
-                self._on_notify, functools.partial(pr.Notify.validate, response=True)
-            ),
+            pr.NOTIFY: dp.Handler(self._on_notify,
+                                  functools.partial(pr.Notify.validate, response=True)),
         }
         self._proxy = px.Proxy(
-            uuid,
-            exchange,
-            handlers,
-            on_wait=self.on_wait,
-            url=url,
-            transport=transport,
-            transport_options=transport_options,
-            retry_options=retry_options,
-            taskflow_compat=taskflow_compat,
-            extra_routing_keys=[pr.DISCOVERY_ROUTING_KEY],
+            uuid, exchange, handlers, on_wait=self.on_wait, url=url, transport=transport,
+            transport_options=transport_options, retry_options=retry_options,
+            taskflow_compat=taskflow_compat, extra_routing_keys=[pr.DISCOVERY_ROUTING_KEY],
             on_connected=self._notify_topics,
         )
         self._thread: threading.Thread | None = None
@@ -101,32 +159,27 @@ class WorkerTaskExecutor(local.TaskExecutor):
         with self._lock:
             if self._thread is not None and self._thread.is_alive():
                 return
-            self._thread = threading.Thread(
-                target=self._proxy.start, daemon=True, name=f"flowengine-executor-{self._uuid[:8]}"
-            )
+            self._thread = threading.Thread(target=self._proxy.start, daemon=True,
+                                            name=f"flowengine-executor-{self._uuid[:8]}")
             self._thread.start()
         if not self._proxy.wait(timeout=30):
             raise exc.ExecutionFailure(
                 f"Executor {self._uuid} could not start consuming from "
-                f"{self._proxy.connection_details.uri}"
-            )
+                f"{self._proxy.connection_details.uri}")
 
     def stop(self) -> None:
-        """Stop consuming; requests still outstanding fail with RequestTimeout."""
+        """Stop consuming; submissions still outstanding fail with RequestTimeout."""
         self._proxy.stop()
         thread, self._thread = self._thread, None
         if thread is not None:
             thread.join(timeout=10)
         with self._lock:
             leftovers = list(self._ongoing.values())
-        for request in leftovers:
-            self._fail(
-                request,
-                exc.RequestTimeout(
-                    f"Request {request.request_id} for task {request.task.name!r} was still "
-                    f"{request.current_state} when its executor stopped"
-                ),
-            )
+        for sub in leftovers:
+            state = sub.request.current_state if sub.request else pr.WAITING
+            self._fail(sub, exc.RequestTimeout(
+                f"Request for task {sub.task.name!r} was still {state} when its executor "
+                f"stopped"))
 
     def wait_for_workers(self, workers: int = 1, timeout: float | None = None) -> int:
         """Block until ``workers`` workers are known; return how many are still missing."""
@@ -141,15 +194,8 @@ class WorkerTaskExecutor(local.TaskExecutor):
         arguments: Mapping[str, Any],
         progress_callback: local.ProgressCallback | None = None,
     ) -> cf.Future:
-        request = pr.Request(
-            task,
-            task_uuid,
-            pr.EXECUTE,
-            arguments,
-            timeout=self._transition_timeout,
-            clock=self._clock,
-        )
-        return self._submit(request, progress_callback)
+        return self._submit(Submission(task, task_uuid, pr.EXECUTE, arguments, pr.NO_RESULT,
+                                       None, RemoteFuture()), progress_callback)
 
     def revert_task(
         self,
@@ -160,146 +206,166 @@ class WorkerTaskExecutor(local.TaskExecutor):
         failures: Mapping[str, Failure],
         progress_callback: local.ProgressCallback | None = None,
     ) -> cf.Future:
-        request = pr.Request(
-            task,
-            task_uuid,
-            pr.REVERT,
-            arguments,
-            timeout=self._transition_timeout,
-            result=result,
-            failures=failures,
-            clock=self._clock,
-        )
-        return self._submit(request, progress_callback)
+        return self._submit(Submission(task, task_uuid, pr.REVERT, arguments, result, failures,
+                                       RemoteFuture()), progress_callback)
 
-    def _submit(
-        self, request: pr.Request, progress_callback: local.ProgressCallback | None
-    ) -> cf.Future:
+    def _submit(self, sub: Submission,
+                progress_callback: local.ProgressCallback | None) -> cf.Future:
         if progress_callback is not None:
             # Progress EVENTs are re-emitted on the local task's notifier, as TaskFlow does.
-            notifier = request.task.notifier
+            notifier = sub.task.notifier
             notifier.register(EVENT_UPDATE_PROGRESS, progress_callback)
-            request.future.add_done_callback(
-                lambda _f: notifier.deregister(EVENT_UPDATE_PROGRESS, progress_callback)
-            )
-        with self._lock:
-            self._ongoing[request.request_id] = request
-        self._dispatch(request)
-        return request.future
+            sub.future.add_done_callback(
+                lambda _f: notifier.deregister(EVENT_UPDATE_PROGRESS, progress_callback))
+        sub.future.on_cancel = functools.partial(self._forget, sub)
+        self._new_attempt(sub)
+        return sub.future
 
-    def _dispatch(self, request: pr.Request) -> None:
-        """Publish a WAITING request to the best capable worker, if one is known."""
-        worker = self.finder.get_worker_for_task(pr.task_class_name(request.task))
+    def _forget(self, sub: Submission) -> None:
+        with self._lock:
+            if sub.request is not None:
+                self._ongoing.pop(sub.request.request_id, None)
+
+    def _new_attempt(self, sub: Submission) -> None:
+        request = pr.Request(
+            sub.task, sub.uuid, sub.action, sub.arguments, timeout=self._transition_timeout,
+            result=sub.result, failures=sub.failures, clock=self._clock,
+            attempt=sub.attempts + 1)
+        with self._lock:
+            if sub.request is not None:
+                self._ongoing.pop(sub.request.request_id, None)
+            if sub.worker is not None:
+                sub.worker.in_flight = max(sub.worker.in_flight - 1, 0)
+            sub.attempts += 1
+            sub.request, sub.worker, sub.started, sub.lease_until = request, None, None, None
+            self._ongoing[request.request_id] = sub
+        self._dispatch(sub)
+
+    def _dispatch(self, sub: Submission) -> None:
+        """Publish a WAITING attempt to the best capable worker, if one is known."""
+        request = sub.request
+        assert request is not None
+        worker = self.finder.get_worker_for_task(pr.task_class_name(sub.task), avoid=sub.workers)
         if worker is None:
-            LOG.debug(
-                "No worker yet for %r; request %s waits", request.task.name, request.request_id
-            )
+            LOG.debug("No worker yet for %r; request %s waits", sub.task.name, request.request_id)
             return
         with self._lock:
-            if request.current_state != pr.WAITING or request.request_id not in self._ongoing:
+            if (request.current_state != pr.WAITING or sub.request is not request
+                    or sub.future.done()):
                 return
             request.transition(pr.PENDING)
             worker.in_flight += 1
-            self._workers_of[request.request_id] = worker
+            sub.worker = worker
+            sub.workers.append(worker.identity)
+            sub.future.published = True
         try:
-            self._proxy.publish(
-                request,
-                worker.topic,
-                reply_to=self._uuid,
-                correlation_id=request.request_id,
-                headers=self._headers(request),
-            )
+            self._proxy.publish(request, worker.topic, reply_to=self._uuid,
+                                correlation_id=request.request_id,
+                                headers=self._headers(sub, request))
         except Exception as err:
-            LOG.warning(
-                "Publishing request %s for %r to topic %r failed: %s",
-                request.request_id,
-                request.task.name,
-                worker.topic,
-                err,
-            )
-            self._finish(request, Failure())
+            LOG.warning("Publishing request %s for %r to topic %r failed: %s",
+                        request.request_id, sub.task.name, worker.topic, err)
+            self._finish(sub, Failure())
 
-    def _headers(self, request: pr.Request) -> dict[str, Any]:
+    def _time_limit(self, task: Any) -> float | None:
+        limit = self._time_limits.get(task.name, getattr(task, "time_limit", None))
+        return float(limit) if limit else None
+
+    def _headers(self, sub: Submission, request: pr.Request) -> dict[str, Any]:
         headers: dict[str, Any] = {
             pr.HEADER_PROTOCOL: pr.PROTOCOL_VERSION,
             pr.HEADER_REQUEST_ID: request.request_id,
             pr.HEADER_ATTEMPT: request.attempt,
             pr.HEADER_ATOM_UUID: request.uuid,
-            pr.HEADER_TASK_NAME: request.task.name,
+            pr.HEADER_TASK_NAME: sub.task.name,
             pr.HEADER_ORIGIN: pr.origin(),
         }
-        limit = getattr(request.task, "time_limit", None)
+        if self._transition_timeout is not None:
+            # Wall clock, for the worker: a request still queued after this is void, so one
+            # the engine already failed never runs later as a ghost.
+            headers[pr.HEADER_DEADLINE] = time.time() + self._transition_timeout
+        limit = self._time_limit(sub.task)
         if limit:
-            headers[pr.HEADER_TIME_LIMIT] = float(limit)
+            headers[pr.HEADER_TIME_LIMIT] = limit
+        if self._lease_timeout is not None:
+            headers[ext.HEADER_HEARTBEAT] = self._heartbeat_interval
         return headers
 
     def _dispatch_waiting(self) -> None:
         with self._lock:
-            waiting = [r for r in self._ongoing.values() if r.current_state == pr.WAITING]
-        for request in waiting:
-            self._dispatch(request)
+            waiting = [s for s in self._ongoing.values()
+                       if s.request is not None and s.request.current_state == pr.WAITING]
+        for sub in waiting:
+            self._dispatch(sub)
 
     # -- completing -------------------------------------------------------------------------
 
-    def _finish(self, request: pr.Request, result: Any) -> None:
-        """Complete a request's future exactly once."""
+    def _finish(self, sub: Submission, result: Any) -> None:
+        """Complete a submission exactly once."""
         with self._lock:
-            if self._ongoing.pop(request.request_id, None) is None:
+            request = sub.request
+            if request is None or self._ongoing.pop(request.request_id, None) is None:
                 return
-            worker = self._workers_of.pop(request.request_id, None)
-            if worker is not None:
-                worker.in_flight = max(worker.in_flight - 1, 0)
+            if sub.worker is not None:
+                sub.worker.in_flight = max(sub.worker.in_flight - 1, 0)
         if request.current_state not in (pr.SUCCESS, pr.FAILURE):
             request.transition_and_log_error(pr.FAILURE, logger=LOG)
-        request.set_result(result)
+        if not sub.future.done():
+            sub.future.set_result((pr.ACTION_TO_EVENT[sub.action], result))
 
-    def _fail(self, request: pr.Request, error: Exception) -> None:
-        self._finish(request, Failure.from_exception(error))
+    def _fail(self, sub: Submission, error: Exception) -> None:
+        self._finish(sub, Failure.from_exception(error))
 
     def _on_response(self, data: Any, message: Any) -> None:
         correlation_id = message.properties.get("correlation_id")
-        headers = message.headers
+        headers = message.headers or {}
         self.finder.seen(header(headers, pr.HEADER_WORKER), header(headers, pr.HEADER_CAPACITY))
         with self._lock:
-            request = self._ongoing.get(correlation_id)
-        if request is None:
-            # A reply to an attempt that already finished (late, duplicate or from a lapsed
-            # attempt): applying it would complete an atom twice.
-            LOG.info(
-                "Ignoring %s reply for unknown or finished request %s",
-                data.get("state"),
-                correlation_id,
-            )
+            sub = self._ongoing.get(correlation_id)
+        if sub is None or sub.request is None:
+            # A reply to an attempt that already finished or lapsed (late, duplicate, or from
+            # a worker that woke up): applying it would complete an atom twice.
+            LOG.info("Ignoring %s reply for unknown or finished request %s",
+                     data.get("state"), correlation_id)
             return
+        request = sub.request
         response = pr.Response.from_dict(data)
         state = response.state
         if state == pr.EVENT:
-            request.task.notifier.notify(response.data["event_type"], response.data["details"])
+            if response.data["event_type"] == ext.EVENT_HEARTBEAT:
+                self._renew(sub, headers)
+            else:
+                sub.task.notifier.notify(response.data["event_type"], response.data["details"])
         elif state == pr.RUNNING:
             request.transition_and_log_error(pr.RUNNING, logger=LOG)
+            sub.started = self._clock()
+            self._renew(sub, headers)
         elif state in (pr.SUCCESS, pr.FAILURE):
             if request.current_state == pr.PENDING:
                 # The RUNNING reply was lost or overtaken; the outcome still counts.
                 request.transition_and_log_error(pr.RUNNING, logger=LOG)
             if request.transition_and_log_error(state, logger=LOG):
-                self._finish(request, response.data["result"])
+                self._finish(sub, response.data["result"])
         else:
             LOG.warning("Ignoring reply in state %s for request %s", state, correlation_id)
+
+    def _renew(self, sub: Submission, headers: Mapping[str, Any]) -> None:
+        # Only flowengine workers send heartbeats; a TaskFlow worker's request holds no lease.
+        if self._lease_timeout is not None and header(headers, pr.HEADER_PROTOCOL) is not None:
+            sub.lease_until = self._clock() + self._lease_timeout
 
     def _on_notify(self, data: Any, message: Any) -> None:
         headers = message.headers or {}
         identity = header(headers, pr.HEADER_WORKER)
         if header(headers, pr.HEADER_WORKER_STATUS) == pr.WORKER_OFFLINE:
             if identity:
-                self.finder.remove(identity)
+                gone = self.finder.remove(identity)
+                if gone is not None:
+                    self._orphaned([gone], "went offline")
             return
-        self.finder.add(
-            data["topic"],
-            data["tasks"],
-            identity=identity,
-            capacity=header(headers, pr.HEADER_CAPACITY),
-            flowengine=header(headers, pr.HEADER_PROTOCOL) is not None,
-        )
+        self.finder.add(data["topic"], data["tasks"], identity=identity,
+                        capacity=header(headers, pr.HEADER_CAPACITY),
+                        flowengine=header(headers, pr.HEADER_PROTOCOL) is not None)
 
     # -- housekeeping (consumer thread) -----------------------------------------------------
 
@@ -307,29 +373,75 @@ class WorkerTaskExecutor(local.TaskExecutor):
         self._next_notify = self._clock() + self._notify_period
         for topic in self._topics:
             try:
-                self._proxy.publish(
-                    pr.Notify(),
-                    topic,
-                    reply_to=self._uuid,
-                    headers={pr.HEADER_PROTOCOL: pr.PROTOCOL_VERSION},
-                )
+                self._proxy.publish(pr.Notify(), topic, reply_to=self._uuid,
+                                    headers={pr.HEADER_PROTOCOL: pr.PROTOCOL_VERSION})
             except Exception as err:
                 LOG.warning("Could not ask topic %r for workers: %s", topic, err)
 
     def on_wait(self) -> None:
-        """Expire overdue requests, forget silent workers, re-ask topics (runs periodically)."""
+        """Expire overdue requests and lapsed leases, forget silent workers (runs periodically)."""
         now = self._clock()
         if self._topics and now >= self._next_notify:
             self._notify_topics()
-        self.finder.expire()
+        gone = self.finder.expire()
+        if gone:
+            self._orphaned(gone, "expired")
         with self._lock:
-            expired = [r for r in self._ongoing.values() if r.expired]
-        for request in expired:
-            self._fail(
-                request,
-                exc.RequestTimeout(
-                    f"Request {request.request_id} for task {request.task.name!r} has expired "
-                    f"after waiting for {request.timeout} seconds for it to transition out of "
-                    f"(WAITING, PENDING) states"
-                ),
-            )
+            subs = list(self._ongoing.values())
+        for sub in subs:
+            request = sub.request
+            if request is None:
+                continue
+            if request.expired:
+                self._fail(sub, exc.RequestTimeout(
+                    f"Request {request.request_id} for task {sub.task.name!r} has expired "
+                    f"after waiting for {request.timeout} seconds for it to transition out "
+                    f"of (WAITING, PENDING) states"))
+            elif request.current_state == pr.RUNNING:
+                limit = self._time_limit(sub.task)
+                if limit and sub.started is not None and now - sub.started > limit:
+                    self._fail(sub, exc.TaskTimeLimitExceeded(sub.task.name, limit,
+                                                              elapsed=now - sub.started))
+                elif sub.lease_until is not None and now > sub.lease_until:
+                    self._lapse(sub, "its lease lapsed (no heartbeat)")
+
+    def _orphaned(self, workers: list[TopicWorker], why: str) -> None:
+        ids = {w.identity for w in workers}
+        with self._lock:
+            held = [s for s in self._ongoing.values()
+                    if s.worker is not None and s.worker.identity in ids
+                    and s.request is not None
+                    and s.request.current_state in (pr.PENDING, pr.RUNNING)]
+        for sub in held:
+            self._lapse(sub, f"its worker {sub.worker.identity if sub.worker else '?'} {why}")
+
+    def _lapse(self, sub: Submission, why: str) -> None:
+        """The current attempt is lost: try again elsewhere, or give up and park it."""
+        request = sub.request
+        assert request is not None
+        LOG.warning("Attempt %d of task %r (request %s, worker %s) is lost: %s",
+                    sub.attempts, sub.task.name, request.request_id,
+                    sub.workers[-1] if sub.workers else "?", why)
+        if sub.attempts < self._max_attempts:
+            self._new_attempt(sub)
+            return
+        error = exc.WorkerLost(sub.task.name, sub.attempts, list(sub.workers))
+        self._park(sub, request, str(error))
+        self._fail(sub, error)
+
+    def _park(self, sub: Submission, request: pr.Request, reason: str) -> None:
+        """Publish the request as a dead letter an operator can list and requeue."""
+        headers = self._headers(sub, request)
+        headers.pop(pr.HEADER_DEADLINE, None)
+        headers.update({
+            ext.HEADER_DEAD_REASON: reason,
+            ext.HEADER_DEAD_TOPIC: sub.worker.topic if sub.worker else "",
+            ext.HEADER_DEAD_AT: time.time(),
+            ext.HEADER_DEAD_WORKERS: list(sub.workers),
+        })
+        try:
+            self._proxy.publish(request, ext.DEAD_LETTER_ROUTING_KEY, reply_to=self._uuid,
+                                correlation_id=request.request_id, headers=headers)
+        except Exception as err:
+            LOG.error("Could not park request %s of task %r as a dead letter: %s",
+                      request.request_id, sub.task.name, err)

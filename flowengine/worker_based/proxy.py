@@ -59,6 +59,16 @@ def encode(msg: pr.Message) -> bytes:
     return body
 
 
+def _call_hook(hook: Callable[[], None] | None) -> None:
+    # A failing hook is the owner's bug; it must not stop the consumer.
+    if hook is None:
+        return
+    try:
+        hook()
+    except Exception:
+        LOG.exception("Proxy hook %r raised; consuming goes on", hook)
+
+
 class ConnectionDetails(NamedTuple):
     """Read-only facts about a proxy's broker connection (the URI has no password)."""
 
@@ -285,11 +295,10 @@ class Proxy:
     def _flush_settlements(self, block: float = 0.0) -> None:
         while True:
             try:
-                message, action = (
-                    self._settlements.get(timeout=block)
-                    if block
-                    else (self._settlements.get_nowait())
-                )
+                if block:
+                    message, action = self._settlements.get(timeout=block)
+                else:
+                    message, action = self._settlements.get_nowait()
             except queue.Empty:
                 return
             self._settle_now(message, action)
@@ -302,7 +311,7 @@ class Proxy:
                 self._held[message.delivery_tag] = message
 
     def start(self) -> None:
-        """Consume until :meth:`stop` (blocks); reconnects as :class:`RetryOptions` allow.
+        """Consume until :meth:`stop` (blocks), reconnecting as ``retry_options`` allow.
 
         Raises:
             kombu connection errors: Only once ``max_retries`` reconnects have failed.
@@ -344,16 +353,14 @@ class Proxy:
                 backoff.attempt = 0
                 self._consumer_thread = threading.get_ident()
                 self._running.set()
-                if self._on_connected is not None:
-                    self._on_connected()
+                _call_hook(self._on_connected)
                 while not self._stop_requested.is_set():
                     try:
                         conn.drain_events(timeout=self._drain_timeout)
                     except TimeoutError:
                         pass
                     self._flush_settlements()
-                    if self._on_wait is not None:
-                        self._on_wait()
+                    _call_hook(self._on_wait)
                 consumer.cancel()
                 self._settle_held()
 

@@ -240,6 +240,8 @@ class Server:
                     headers=self._headers(request_headers),
                 )  # fmt: skip
             except px.MessageEncodeError as err:
+                if state not in (pr.SUCCESS, pr.FAILURE):
+                    raise
                 # The outcome cannot travel as it is: send a FAILURE that says why instead.
                 LOG.warning("Task %s %s reply cannot be sent: %s", name, state, err)
                 why = px.MessageEncodeError(f"Task {name} {state} reply cannot be sent: {err}")

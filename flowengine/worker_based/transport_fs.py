@@ -90,9 +90,11 @@ _STAMPER = _Stamper()
 
 def _expired(name: str, expiration: Any) -> bool:
     # Per-message TTL as AMQP has it: milliseconds from publication, which the name records.
-    if not expiration:
+    try:
+        published, ttl_ms = int(name.split(".", 1)[0]), int(expiration or 0)
+    except ValueError:  # a file this transport did not name: no TTL to apply
         return False
-    return time.time_ns() > int(name.split(".", 1)[0]) + int(expiration) * 1_000_000
+    return ttl_ms > 0 and time.time_ns() > published + ttl_ms * 1_000_000
 
 
 def _pid_alive(pid: int) -> bool:

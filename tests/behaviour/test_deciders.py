@@ -170,9 +170,6 @@ def test_consumer_of_an_ignored_optional_result_runs_with_its_default(engine_fac
     assert engine.storage.fetch("out") == 20
 
 
-@pytest.mark.xfail(reason="engine bug: reset() leaves SUCCESS atoms in SUCCESS "
-                          "(see test_suspend_resume.py::test_reset_runs_everything_again)",
-                   strict=True)
 def test_reset_and_rerun_asks_the_decider_again(engine_factory):
     answers = iter([False, True])
     a, b = tasks.Step("a"), tasks.Step("b")

@@ -23,10 +23,7 @@ from .compat_scenarios import ENGINES, SCENARIOS
 PROGRAM = Path(__file__).with_name("compat_scenarios.py")
 
 #: Scenarios where flowengine is known to differ (engine bugs, each reported).
-ENGINE_BUGS = {
-    "reset_and_run_again": "engine bug: reset() leaves SUCCESS atoms in SUCCESS, so the second "
-                           "run executes nothing (TaskFlow resets every atom to PENDING)",
-}
+ENGINE_BUGS: dict[str, str] = {}
 
 
 def scenario_params() -> list:

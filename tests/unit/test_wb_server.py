@@ -178,7 +178,7 @@ class Requester:
 
     def outcome(self, request: pr.Request) -> list[dict[str, Any]]:
         """Replies up to SUCCESS or FAILURE, each also checked by TaskFlow's validator."""
-        bodies = []
+        bodies: list[dict[str, Any]] = []
         while not bodies or bodies[-1]["state"] not in (pr.SUCCESS, pr.FAILURE):
             body, _ = self.next(request.uuid)
             tf_protocol.Response.validate(body)
@@ -203,24 +203,26 @@ def requester(exchange: str, transport: dict[str, Any]) -> Iterator[Requester]:
     requester.close()
 
 
-def start_worker(exchange: str, transport: dict[str, Any], **kwargs: Any) -> wk.Worker:
+def start_worker(
+    exchange: str, transport: dict[str, Any], **kwargs: Any
+) -> tuple[wk.Worker, threading.Thread]:
     kwargs.setdefault("threads_count", 2)
     worker = wk.Worker(exchange, TOPIC, SERVED, **transport, **kwargs)
-    worker.thread = run_in_thread(functools.partial(worker.run, display_banner=False))  # type: ignore[attr-defined]
+    thread = run_in_thread(functools.partial(worker.run, display_banner=False))
     assert worker.wait(WAIT)
-    return worker
+    return worker, thread
 
 
 @pytest.fixture
 def worker(exchange: str, transport: dict[str, Any], requester: Requester) -> Iterator[wk.Worker]:
     GATE.clear()
     RUNS.clear()
-    worker = start_worker(exchange, transport)
+    worker, thread = start_worker(exchange, transport)
     yield worker
     GATE.set()
     worker.stop(grace=WAIT)
-    worker.thread.join(WAIT)  # type: ignore[attr-defined]
-    assert not worker.thread.is_alive()  # type: ignore[attr-defined]
+    thread.join(WAIT)
+    assert not thread.is_alive(), "run() should return once stop() has"
 
 
 def test_execute_replies_running_progress_then_success(
@@ -329,7 +331,7 @@ def test_notify_is_answered_while_every_task_thread_is_busy(
 ) -> None:
     GATE.clear()
     one_thread = futurist.ThreadPoolExecutor(max_workers=1)
-    worker = start_worker(exchange, transport, executor=one_thread, threads_count=2)
+    worker, _ = start_worker(exchange, transport, executor=one_thread, threads_count=2)
     try:
         online, _ = requester.notify_reply(pr.WORKER_ONLINE)
         assert online == {"topic": TOPIC, "tasks": sorted(pr.task_class_name(c) for c in SERVED)}
@@ -352,7 +354,7 @@ def test_a_worker_prefetches_no_more_than_it_can_run(tmp_path: Path, exchange: s
     transport = {"transport_options": {"data_folder": str(tmp_path / "fs")}}
     GATE.clear()
     requester = Requester(exchange, transport)
-    worker = start_worker(exchange, transport, threads_count=1)
+    worker, _ = start_worker(exchange, transport, threads_count=1)
     try:
         first = requester.send(Gated(name="first"))
         assert requester.next(first.uuid)[0]["state"] == pr.RUNNING
@@ -414,7 +416,7 @@ def test_request_is_acked_only_after_its_outcome(tmp_path: Path, exchange: str) 
     claimed = tmp_path / "fs" / "claimed"
     GATE.clear()
     requester = Requester(exchange, transport)
-    worker = start_worker(exchange, transport)
+    worker, _ = start_worker(exchange, transport)
     try:
         request = requester.send(Gated(name="slow"))
         assert requester.next(request.uuid)[0]["state"] == pr.RUNNING

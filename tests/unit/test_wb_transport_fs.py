@@ -148,6 +148,19 @@ def test_undecodable_files_are_moved_aside_and_consuming_goes_on(
     assert caplog.text.count("reason=decode-error") == 2
 
 
+def test_expired_messages_are_dropped(conn: kombu.Connection, folder: Path) -> None:
+    producer = conn.Producer(serializer="json")
+    producer.publish({"n": "stale"}, exchange=EXCHANGE, routing_key="work", declare=[WORK],
+                     expiration=0.001)  # fmt: skip
+    producer.publish({"n": "fresh"}, exchange=EXCHANGE, routing_key="work", expiration=3600)
+    # Published long ago, as far as the stale message's name says.
+    queue_dir = folder / "queues" / "jobs_work"
+    stale = sorted(queue_dir.iterdir())[0]
+    stale.rename(queue_dir / ("0" * 20 + stale.name[20:]))
+    assert consume(conn, 1) == [{"n": "fresh"}]
+    assert list(queue_dir.iterdir()) == []
+
+
 def test_a_half_written_message_is_never_read(
     conn: kombu.Connection, folder: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -231,12 +244,13 @@ def test_competing_processes_consume_each_message_exactly_once(
         for _ in range(2)
     ]
     lines: queue.Queue[tuple[int, str]] = queue.Queue()
+
+    def forward(index: int, out: Any) -> None:
+        for line in out:
+            lines.put((index, line))
+
     for index, child in enumerate(children):
-        assert child.stdout is not None
-        threading.Thread(
-            target=lambda i=index, out=child.stdout: [lines.put((i, line)) for line in out],
-            daemon=True,
-        ).start()
+        threading.Thread(target=forward, args=(index, child.stdout), daemon=True).start()
     try:
         assert sorted(lines.get(timeout=30) for _ in children) == [(0, "ready\n"), (1, "ready\n")]
         publish(conn, [{"n": n} for n in range(1000)] + [{"stop": True}, {"stop": True}])

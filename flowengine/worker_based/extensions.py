@@ -1,0 +1,30 @@
+"""flowengine's additions to TaskFlow's wire protocol: leases, heartbeats, dead letters.
+
+All of it travels in headers or in message shapes TaskFlow's schemas accept, and only between
+peers that announced themselves with the ``x-flowengine-protocol`` header: a TaskFlow peer
+never receives any of it.
+"""
+
+from __future__ import annotations
+
+#: Request header: seconds between heartbeats the engine asks the worker to send while the
+#: request runs (absent: send none).
+HEADER_HEARTBEAT = "x-flowengine-heartbeat"
+#: A heartbeat is a RESPONSE in state EVENT with this event type and empty details, so its
+#: body is valid under TaskFlow's RESPONSE schema.
+EVENT_HEARTBEAT = "flowengine.heartbeat"
+
+#: Dead letters are published with this routing key to queue ``<exchange>_<key>``.
+DEAD_LETTER_ROUTING_KEY = "flowengine.dead-letters"
+#: Dead-letter headers: why it was parked, the topic it was meant for, when, and its id.
+HEADER_DEAD_REASON = "x-flowengine-dead-reason"
+HEADER_DEAD_TOPIC = "x-flowengine-dead-topic"
+HEADER_DEAD_AT = "x-flowengine-dead-at"
+HEADER_DEAD_WORKERS = "x-flowengine-dead-workers"
+
+#: Defaults: a RUNNING request whose worker stays silent this long is re-dispatched.
+DEFAULT_LEASE_TIMEOUT = 10.0
+#: ...with heartbeats this often (a few per lease, so one lost heartbeat is harmless).
+DEFAULT_HEARTBEAT_INTERVAL = 2.0
+#: ...at most this many attempts in all, then the atom fails with WorkerLost.
+DEFAULT_MAX_ATTEMPTS = 3
