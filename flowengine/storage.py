@@ -14,6 +14,7 @@ from typing import Any
 
 from flowengine import exceptions, states
 from flowengine.persistence import models
+from flowengine.providers import TRANSIENT, Provider, ProviderIndex, ScopeFetcher, item_from
 from flowengine.retry import History
 from flowengine.types.failure import Failure
 
@@ -28,27 +29,6 @@ META_INJECTED = "injected"
 META_PROGRESS = "progress"
 META_PROGRESS_DETAILS = "progress_details"
 
-#: Finds which of ``candidates`` (provider atom names) ``atom_name`` can see, closest first.
-ScopeFetcher = Callable[[str, list[str]], list[str]]
-
-
-def _item_from(container: Any, index: Any) -> Any:
-    if index is None:
-        return container
-    return container[index]
-
-
-class _Provider:
-    """An atom (or the injector) that provides a name, at ``index`` of its result."""
-
-    __slots__ = ("name", "index")
-
-    def __init__(self, name: str, index: Any) -> None:
-        self.name = name
-        self.index = index
-
-    def __repr__(self) -> str:
-        return f"<provider {self.name!r} index={self.index!r}>"
 
 
 class Storage:
@@ -72,11 +52,11 @@ class Storage:
         self._flow_detail = flow_detail
         self._backend = backend
         self._connection = backend.get_connection() if backend is not None else None
-        self._scope_fetcher = scope_fetcher
+        self._providers = ProviderIndex(self.injector_name, self._read)
+        self._providers.scope_fetcher = scope_fetcher
         self._lock = threading.RLock()
         self._by_name: dict[str, models.AtomDetail] = {ad.name: ad for ad in flow_detail}
         self._result_mappings: dict[str, dict[str, Any]] = {}
-        self._reverse_mapping: dict[str, list[_Provider]] = {}
         self._transients: dict[str, Any] = {}
         self._injected_args: dict[str, dict[str, Any]] = {}
         # Failures keep their exc_info here; the stored copy loses it on serialization.
@@ -121,7 +101,7 @@ class Storage:
 
     def set_scope_fetcher(self, scope_fetcher: ScopeFetcher | None) -> None:
         """Install the function deciding which providers an atom can see."""
-        self._scope_fetcher = scope_fetcher
+        self._providers.scope_fetcher = scope_fetcher
 
     def _save_atom(self, ad: models.AtomDetail) -> None:
         if self._connection is not None:
@@ -169,10 +149,7 @@ class Storage:
 
     def _map_results(self, provider: str, mapping: Mapping[str, Any]) -> None:
         self._result_mappings[provider] = dict(mapping)
-        for name, index in mapping.items():
-            entries = self._reverse_mapping.setdefault(name, [])
-            if not any(p.name == provider and p.index == index for p in entries):
-                entries.append(_Provider(provider, index))
+        self._providers.add(provider, mapping)
 
     # -- atoms ------------------------------------------------------------------------------
 
@@ -244,22 +221,6 @@ class Storage:
         """What the engine intends to do with the atom next."""
         return self._detail(atom_name).intention  # type: ignore[return-value]
 
-    def set_atom_state_and_intention(
-        self, atom_name: str, state: str | None, intention: str | None
-    ) -> None:
-        """Set both in one write (used when resetting many atoms)."""
-        with self._lock:
-            ad = self._detail(atom_name)
-            if state is not None:
-                if state == states.PENDING or state == states.IGNORE:
-                    ad.reset(state)
-                    self._failures[atom_name] = {}
-                else:
-                    ad.state = state
-            if intention is not None:
-                ad.intention = intention
-            self._save_atom(ad)
-
     def get_atoms_states(self, atom_names: Iterable[str]) -> dict[str, tuple[str, str]]:
         """``{name: (state, intention)}`` for the given atoms."""
         with self._lock:
@@ -299,7 +260,7 @@ class Storage:
         """Raise InvalidFormat, naming the atom, if ``result`` lacks a name it ``provides``."""
         for name, index in self._result_mappings.get(atom_name, {}).items():
             try:
-                _item_from(result, index)
+                item_from(result, index)
             except (IndexError, KeyError, TypeError) as err:
                 raise exceptions.InvalidFormat(
                     f"Atom {atom_name!r} provides {name!r} at index {index!r} of its result, "
@@ -427,10 +388,7 @@ class Storage:
         with self._lock:
             if transient:
                 self._transients.update(pairs)
-                for name in pairs:
-                    entries = self._reverse_mapping.setdefault(name, [])
-                    if not any(p.name is _TRANSIENT for p in entries):
-                        entries.insert(0, _Provider(_TRANSIENT, name))
+                self._providers.add(TRANSIENT, {name: name for name in pairs})
                 return
             ad = self._by_name.get(self.injector_name)
             if ad is None:
@@ -449,54 +407,22 @@ class Storage:
 
     # -- argument resolution ----------------------------------------------------------------
 
-    def _provider_results(self, provider: _Provider) -> tuple[bool, Any]:
+    def _read(self, provider: Provider) -> tuple[bool, Any]:
         """``(found, value)`` of one provider's item; ignored or unfinished providers miss."""
-        if provider.name is _TRANSIENT:
+        if provider.name is TRANSIENT:
             return True, self._transients[provider.index]
         ad = self._by_name.get(provider.name)
         if ad is None or ad.state not in _EXECUTE_RESULT_STATES or ad.failure is not None:
             return False, None
         try:
-            return True, _item_from(ad.last_results, provider.index)
+            return True, item_from(ad.last_results, provider.index)
         except (IndexError, KeyError, TypeError):
             return False, None
 
-    def _defaults_first(
-        self, providers: list[_Provider]
-    ) -> tuple[list[_Provider], list[_Provider]]:
-        defaults = [p for p in providers if p.name is _TRANSIENT or p.name == self.injector_name]
-        atoms = [p for p in providers if p.name is not _TRANSIENT and p.name != self.injector_name]
-        return defaults, atoms
-
-    def _visible(self, atom_name: str | None, atom_providers: list[_Provider]) -> list[_Provider]:
-        if atom_name is None or self._scope_fetcher is None or not atom_providers:
-            return atom_providers
-        names = self._scope_fetcher(atom_name, [p.name for p in atom_providers])
-        order = {name: i for i, name in enumerate(names)}
-        visible = [p for p in atom_providers if p.name in order]
-        visible.sort(key=lambda p: order[p.name])
-        return visible
-
-    def _lookup(self, atom_name: str | None, name: str) -> tuple[bool, Any, str]:
-        """Find ``name`` for ``atom_name``: ``(found, value, why_not)``."""
-        providers = self._reverse_mapping.get(name)
-        if not providers:
-            return False, None, f"no atom or injected value provides {name!r}"
-        defaults, atoms = self._defaults_first(providers)
-        for provider in defaults:
-            found, value = self._provider_results(provider)
-            if found:
-                return True, value, ""
-        visible = self._visible(atom_name, atoms)
-        for provider in visible:
-            found, value = self._provider_results(provider)
-            if found:
-                return True, value, ""
-        if not visible:
-            who = ", ".join(repr(p.name) for p in atoms)
-            return False, None, f"{name!r} is provided by {who}, which {atom_name!r} cannot see"
-        who = ", ".join(repr(p.name) for p in visible)
-        return False, None, f"{name!r} was not produced by {who} (not run, ignored or failed)"
+    def _injected_for(self, atom_name: str) -> dict[str, Any]:
+        injected = dict(self._detail(atom_name).meta.get(META_INJECTED, {}))
+        injected.update(self._injected_args.get(atom_name, {}))
+        return injected
 
     def fetch_mapped_args(
         self,
@@ -516,25 +442,19 @@ class Storage:
         if not args_mapping:
             return {}
         optional = set(optional_args or ())
-        sources: list[Mapping[str, Any]] = []
-        if atom_name is not None:
-            sources.append(self._injected_args.get(atom_name, {}))
-            sources.append(self._detail(atom_name).meta.get(META_INJECTED, {}))
+        injected = self._injected_for(atom_name) if atom_name is not None else {}
         result: dict[str, Any] = {}
         with self._lock:
             for arg, name in args_mapping.items():
-                for source in sources:
-                    if name in source:
-                        result[arg] = source[name]
-                        break
-                else:
-                    found, value, why = self._lookup(atom_name, name)
-                    if found:
-                        result[arg] = value
-                    elif arg not in optional and name not in optional:
-                        raise exceptions.NotFound(
-                            f"Atom {atom_name!r} argument {arg!r} <= {name!r}: {why}"
-                        )
+                if name in injected:
+                    result[arg] = injected[name]
+                    continue
+                found, value, why = self._providers.lookup(atom_name, name)
+                if found:
+                    result[arg] = value
+                elif arg not in optional and name not in optional:
+                    raise exceptions.NotFound(
+                        f"Atom {atom_name!r} argument {arg!r} <= {name!r}: {why}")
         return result
 
     def fetch_unsatisfied_args(
@@ -545,25 +465,13 @@ class Storage:
         optional_args: Iterable[str] | None = None,
     ) -> set[str]:
         """Names in ``args_mapping`` nothing visible to the atom could ever provide."""
-        optional = set(optional_args or ())
-        injected = dict(self._injected_args.get(atom_name, {}))
-        injected.update(self._detail(atom_name).meta.get(META_INJECTED, {}))
-        missing: set[str] = set()
-        for arg, name in args_mapping.items():
-            if name in injected or arg in optional or name in optional:
-                continue
-            providers = self._reverse_mapping.get(name, [])
-            defaults, atoms = self._defaults_first(providers)
-            if defaults or self._visible(atom_name, atoms):
-                continue
-            missing.add(name)
-        return missing
+        return self._providers.unsatisfied(atom_name, args_mapping,
+                                           self._injected_for(atom_name), optional_args or ())
 
     def fetch(self, name: str, many_handler: Callable[[list[Any]], Any] | None = None) -> Any:
         """The value stored under ``name`` (the first of several, unless ``many_handler``)."""
         with self._lock:
-            values = [v for found, v in map(self._provider_results,
-                                            self._reverse_mapping.get(name, [])) if found]
+            values = self._providers.values(name)
         if not values:
             raise exceptions.NotFound(f"Name {name!r} is not provided by anything in flow "
                                       f"{self.flow_name!r}")
@@ -575,7 +483,7 @@ class Storage:
             return values if len(values) > 1 else values[0]
 
         found: dict[str, Any] = {}
-        for name in list(self._reverse_mapping):
+        for name in self._providers.names():
             try:
                 found[name] = self.fetch(name, many_handler or default)
             except exceptions.NotFound:
@@ -626,4 +534,3 @@ class Storage:
                 for ad in self._by_name.values() if isinstance(ad, models.RetryDetail)]
 
 
-_TRANSIENT: Any = object()

@@ -162,6 +162,7 @@ class RunLoop:
                 return ANALYZE
         while not finished.empty():
             self._done.append(finished.get_nowait())
+        self._stats["incomplete"] = len(self._in_flight) - len(self._done)
         return ANALYZE
 
     def _complete(self, future: cf.Future) -> bool:

@@ -289,6 +289,11 @@ class Runtime:
             self.retry_subflow(retry)
             attempt = len(self.storage.get_retry_history(retry.name)) + 1
             wait = retry.delay_before(attempt)
+            if wait > 0 and self.storage.get_flow_state() == states.SUSPENDING:
+                # Suspended before the wait began: start nothing; a resumed run waits again.
+                future: cf.Future = cf.Future()
+                future.cancel()
+                return future
             if wait > 0:
                 LOG.debug("Retry %r waits %.3fs before attempt %d", retry.name, wait, attempt)
                 return self.timer.after(wait, (DELAY_ELAPSED, None))

@@ -28,7 +28,7 @@ from flowengine.worker_based import transport_fs
 LOG = logging.getLogger(__name__)
 
 #: Seconds the consume loop waits for a message before it looks at stop requests and settlements.
-DRAIN_TIMEOUT = 0.05
+DRAIN_TIMEOUT = 0.01
 PUBLISH_POOL_SIZE = 8
 
 
@@ -97,6 +97,9 @@ class Proxy:
         extra_routing_keys: More routing keys bound to the own queue (e.g. the discovery key).
         on_connected: Called on the consumer thread each time consuming (re)starts.
         drain_timeout: Seconds between checks for stop requests and cross-thread settlements.
+        queue_expires: Seconds an unused own queue lives before the broker deletes it (AMQP
+            ``x-expires``; e.g. for an engine's reply queue). Not with ``taskflow_compat``:
+            TaskFlow peers declare that queue without arguments, which the broker would refuse.
     """
 
     def __init__(
@@ -114,11 +117,15 @@ class Proxy:
         extra_routing_keys: Iterable[str] = (),
         on_connected: Callable[[], None] | None = None,
         drain_timeout: float = DRAIN_TIMEOUT,
+        queue_expires: float | None = None,
     ) -> None:
+        if queue_expires is not None and taskflow_compat:
+            raise ValueError(f"Queue of topic '{topic}': queue_expires needs taskflow_compat off")
         self._topic, self._exchange_name, self._compat = topic, exchange, taskflow_compat
         self._on_wait, self._on_connected = on_wait, on_connected
         self._prefetch_count, self._drain_timeout = prefetch_count, drain_timeout
         self._extra_routing_keys = tuple(extra_routing_keys)
+        self._queue_expires = queue_expires
         self._retry = bo.RetryOptions.from_options(retry_options)
         self._dispatcher = dp.TypeDispatcher(
             type_handlers, requeue_filters=[lambda _data, _message: not self.is_running]
@@ -130,9 +137,11 @@ class Proxy:
         self._conn = kombu.Connection(
             url or "localhost", transport=transport, transport_options=self._transport_options
         )
-        # Virtual transports settle from any thread and poll; make their polling brisk.
-        self._virtual = issubclass(self._conn.get_transport_cls(), virtual.Transport)
-        if self._virtual:
+        transport_cls = self._conn.get_transport_cls()
+        # Virtual transports (memory, redis, flowengine-fs...) can settle from any thread.
+        self._virtual = issubclass(transport_cls, virtual.Transport)
+        if getattr(transport_cls, "driver_type", None) == "memory":
+            # Kombu's memory transport sleeps a whole second between empty polls by default.
             self._transport_options.setdefault(
                 "polling_interval", transport_fs.DEFAULT_POLLING_INTERVAL
             )
@@ -180,18 +189,18 @@ class Proxy:
             options=dict(self._transport_options),
         )
 
-    def _queue(self, routing_key: str, extra: Iterable[str] = ()) -> kombu.Queue:
+    def _queue(
+        self, routing_key: str, extra: Iterable[str] = (), expires: float | None = None
+    ) -> kombu.Queue:
         name = f"{self._exchange_name}_{routing_key}"
+        options: dict[str, Any] = {"durable": not self._compat, "auto_delete": self._compat}
+        if expires is not None:
+            options["expires"] = expires
         keys = [routing_key, *extra]
         if len(keys) == 1:
-            return kombu.Queue(
-                name, self._exchange, routing_key=routing_key,
-                durable=not self._compat, auto_delete=self._compat,
-            )  # fmt: skip
+            return kombu.Queue(name, self._exchange, routing_key=routing_key, **options)
         bindings = [kombu.binding(self._exchange, routing_key=key) for key in keys]
-        return kombu.Queue(
-            name, bindings=bindings, durable=not self._compat, auto_delete=self._compat
-        )
+        return kombu.Queue(name, bindings=bindings, **options)
 
     def publish(
         self,
@@ -343,7 +352,7 @@ class Proxy:
             )  # fmt: skip
             self._held.clear()  # deliveries of a lost connection are the broker's again
             consumer = conn.Consumer(
-                queues=[self._queue(self._topic, self._extra_routing_keys)],
+                queues=[self._queue(self._topic, self._extra_routing_keys, self._queue_expires)],
                 on_message=self._on_message,
                 accept=[dp.JSON_CONTENT_TYPE],
                 prefetch_count=self._prefetch_count,

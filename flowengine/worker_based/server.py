@@ -15,7 +15,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Any
 
@@ -23,6 +23,7 @@ from flowengine import exceptions as exc
 from flowengine.types.failure import Failure
 from flowengine.worker_based import dispatcher as dp
 from flowengine.worker_based import endpoint as ep
+from flowengine.worker_based import extensions as ext
 from flowengine.worker_based import protocol as pr
 from flowengine.worker_based import proxy as px
 
@@ -39,6 +40,67 @@ def make_worker_id() -> str:
 def _major(version: Any) -> str:
     parts = version.split(".") if isinstance(version, str) else list(version or [])
     return str(parts[0]) if parts else ""
+
+
+#: Shortest heartbeat interval a request may ask for, in seconds.
+MIN_HEARTBEAT_INTERVAL = 0.01
+
+
+class _Heartbeats:
+    """Sends every running request's heartbeats from one thread, each at its own interval."""
+
+    def __init__(self) -> None:
+        self._due: dict[Any, tuple[float, float, Callable[[], None]]] = {}
+        self._cond = threading.Condition()
+        self._sending = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def add(self, key: Any, interval: float, beat: Callable[[], None]) -> None:
+        with self._cond:
+            self._due[key] = (time.monotonic() + interval, interval, beat)
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="flowengine-heartbeats", daemon=True
+                )
+                self._thread.start()
+            self._cond.notify()
+
+    def remove(self, key: Any) -> None:
+        """Stop beating for ``key``; once this returns, no heartbeat of it is sent any more."""
+        with self._cond:
+            self._due.pop(key, None)
+        with self._sending:  # waits out a heartbeat of this key being sent right now
+            pass
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                now = time.monotonic()
+                beats = []
+                for key, (due, interval, beat) in list(self._due.items()):
+                    if due <= now:
+                        self._due[key] = (now + interval, interval, beat)
+                        beats.append((key, beat))
+                if not beats:
+                    next_due = min((due for due, _, _ in self._due.values()), default=None)
+                    self._cond.wait(None if next_due is None else next_due - now)
+                    continue
+            for key, beat in beats:
+                with self._sending:
+                    # A heartbeat after the outcome would only confuse the engine's logs.
+                    if key not in self._due:
+                        continue
+                    try:
+                        beat()
+                    except Exception as err:  # the next interval tries again
+                        LOG.warning("Could not send a heartbeat: %s", err)
+
+
+def _heartbeat_interval(headers: Mapping[str, Any]) -> float | None:
+    value = headers.get(ext.HEADER_HEARTBEAT)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        return None
+    return max(float(value), MIN_HEARTBEAT_INTERVAL)
 
 
 class Server:
@@ -80,6 +142,7 @@ class Server:
         self._online = False
         # Discovery is answered off the task threads, so a busy worker still answers at once.
         self._control = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flowengine-control")
+        self._heartbeats = _Heartbeats()
         handlers = {
             pr.NOTIFY: dp.Handler(
                 self._on_notify, functools.partial(pr.Notify.validate, response=False)
@@ -153,7 +216,7 @@ class Server:
     def _reply_notify(self, reply_to: str) -> None:
         notify = pr.Notify(topic=self._topic, tasks=self.task_names)
         try:
-            self._proxy.publish(notify, reply_to, headers=self._headers())
+            self._send(notify, reply_to)
         except Exception as err:
             LOG.error("Worker %s could not answer NOTIFY of %r: %s", self.worker_id, reply_to, err)
 
@@ -219,11 +282,20 @@ class Server:
         if not reply(pr.RUNNING, name):
             return False
         forward = functools.partial(self._forward_event, props, headers)
-        if work.action == pr.EXECUTE:
-            result = endpoint.execute(task, work.arguments, forward)
-        else:
-            prior = None if work.result is pr.NO_RESULT else work.result
-            result = endpoint.revert(task, work.arguments, prior, work.failures, forward)
+        interval = _heartbeat_interval(headers)
+        beating = object()  # delivery tags repeat across reconnects; this key cannot
+        if interval is not None:
+            # The engine's lease on this attempt lasts only as long as heartbeats keep coming.
+            beat = functools.partial(self._forward_event, props, headers, ext.EVENT_HEARTBEAT, {})
+            self._heartbeats.add(beating, interval, functools.partial(beat, retry=False))
+        try:
+            if work.action == pr.EXECUTE:
+                result = endpoint.execute(task, work.arguments, forward)
+            else:
+                prior = None if work.result is pr.NO_RESULT else work.result
+                result = endpoint.revert(task, work.arguments, prior, work.failures, forward)
+        finally:
+            self._heartbeats.remove(beating)
         if isinstance(result, Failure):
             return reply(pr.FAILURE, name, result=pr.failure_to_dict(result))
         return reply(pr.SUCCESS, name, result=result)
@@ -235,10 +307,7 @@ class Server:
         response = pr.Response(state, **data)
         try:
             try:
-                self._proxy.publish(
-                    response, reply_to, correlation_id=correlation_id,
-                    headers=self._headers(request_headers),
-                )  # fmt: skip
+                self._send(response, reply_to, correlation_id, request_headers)
             except px.MessageEncodeError as err:
                 if state not in (pr.SUCCESS, pr.FAILURE):
                     raise
@@ -247,10 +316,8 @@ class Server:
                 why = px.MessageEncodeError(f"Task {name} {state} reply cannot be sent: {err}")
                 why.__cause__ = err
                 failure = pr.failure_to_dict(Failure.from_exception(why))
-                self._proxy.publish(
-                    pr.Response(pr.FAILURE, result=failure), reply_to,
-                    correlation_id=correlation_id, headers=self._headers(request_headers),
-                )  # fmt: skip
+                failed = pr.Response(pr.FAILURE, result=failure)
+                self._send(failed, reply_to, correlation_id, request_headers)
         except Exception as err:
             LOG.error("Could not send %s reply for task %s to %r: %s", state, name, reply_to, err)
             return False
@@ -258,18 +325,36 @@ class Server:
 
     def _forward_event(
         self, props: Mapping[str, Any], headers: Mapping[str, Any], event_type: str,
-        details: Mapping[str, Any],
+        details: Mapping[str, Any], retry: bool = True,
     ) -> None:  # fmt: skip
-        # Errors propagate to the task's notifier, which logs and isolates them.
+        # Errors propagate to the caller (the task's notifier, the heartbeat thread): both log.
         event = pr.Response(pr.EVENT, event_type=event_type, details=dict(details))
+        self._send(event, props["reply_to"], props["correlation_id"], headers, retry=retry)
+
+    def _send(
+        self, msg: pr.Message, reply_to: str, correlation_id: str | None = None,
+        request_headers: Mapping[str, Any] | None = None, retry: bool = True,
+    ) -> None:  # fmt: skip
+        # The reply queue is its consumer's to declare (it exists before any request is sent).
+        # Declaring it here too would clash with the engine's queue arguments, and would bring
+        # back the queue of an engine that is gone, to fill up with replies nobody reads.
         self._proxy.publish(
-            event, props["reply_to"], correlation_id=props["correlation_id"],
-            headers=self._headers(headers),
+            msg, reply_to, correlation_id=correlation_id, headers=self._headers(request_headers),
+            declare_queue=False, retry=retry,
         )  # fmt: skip
 
     def start(self) -> None:
-        """Serve until :meth:`stop` (blocks)."""
-        self._proxy.start()
+        """Serve until :meth:`stop` (blocks); then announce going offline.
+
+        The announcement waits until in-flight requests are settled (or the stop's grace is
+        over), because engines re-dispatch whatever an offline worker still holds.
+        """
+        try:
+            self._proxy.start()
+        finally:
+            self._control.shutdown(wait=True)
+            if self._online:
+                self.announce(pr.WORKER_OFFLINE)
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until serving; False on timeout."""
@@ -284,13 +369,10 @@ class Server:
         self._proxy.close()
 
     def stop(self, grace: float = 0.0) -> None:
-        """Stop taking requests and announce going offline.
+        """Stop taking requests (returns at once; :meth:`start` returns once they are settled).
 
         Args:
             grace: Seconds in-flight requests get to publish their outcome and be acknowledged
                 before the channel closes (the broker redelivers the rest).
         """
         self._proxy.stop(grace)
-        self._control.shutdown(wait=True)
-        if self._online:
-            self.announce(pr.WORKER_OFFLINE)

@@ -146,7 +146,7 @@ class Channel(virtual.Channel):
         self._claimed: dict[str, Path] = {}
         # Names listed but not yet claimed, per queue: one listdir serves many gets.
         self._pending: dict[str, collections.deque[str]] = {}
-        self._tables: dict[str, tuple[tuple[int, int], dict[str, Any]]] = {}
+        self._tables: dict[str, tuple[tuple[int, int, int], dict[str, Any]]] = {}
         for sub in ("queues", "tmp", "exchanges", "bad"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
 
@@ -314,7 +314,7 @@ class Channel(virtual.Channel):
             stat = path.stat()
         except FileNotFoundError:
             return {"type": None, "table": []}
-        key = (stat.st_ino, stat.st_mtime_ns)
+        key = (stat.st_ino, stat.st_mtime_ns, stat.st_size)  # every write is a new file
         cached = self._tables.get(exchange)
         if cached is not None and cached[0] == key:
             return cached[1]

@@ -41,7 +41,7 @@ def _is_task_class(obj: Any) -> bool:
     return inspect.isclass(obj) and issubclass(obj, task_mod.Task) and not inspect.isabstract(obj)
 
 
-def find_task_classes(tasks: Iterable[TaskSpec]) -> list[type[task_mod.Task]]:
+def find_task_classes(tasks: TaskSpec | Iterable[TaskSpec]) -> list[type[task_mod.Task]]:
     """Resolve task specs to Task subclasses, sorted by wire name.
 
     Args:
@@ -52,8 +52,10 @@ def find_task_classes(tasks: Iterable[TaskSpec]) -> list[type[task_mod.Task]]:
         ImportError: A named module or class does not exist.
         TypeError: An item is not a Task subclass, module or string.
     """
+    # One spec may be given bare, not in a list.
+    specs = [tasks] if isinstance(tasks, (str, types.ModuleType, type)) else list(tasks)
     found: dict[str, type[task_mod.Task]] = {}
-    for item in tasks:
+    for item in specs:
         module = None
         if isinstance(item, str):
             module_name, _, attr_path = item.partition(":")
@@ -102,7 +104,7 @@ class Worker:
         self,
         exchange: str,
         topic: str,
-        tasks: Iterable[TaskSpec],
+        tasks: TaskSpec | Iterable[TaskSpec],
         executor: Executor | None = None,
         threads_count: int | None = None,
         url: str | None = None,
@@ -179,7 +181,7 @@ class Worker:
         return self._server.wait(timeout)
 
     def stop(self, grace: float = DEFAULT_STOP_GRACE) -> None:
-        """Stop taking requests, announce going offline, let in-flight requests finish.
+        """Stop taking requests, let in-flight ones finish, then announce going offline.
 
         Args:
             grace: Seconds in-flight requests get to publish their outcome and be acknowledged

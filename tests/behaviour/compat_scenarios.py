@@ -1,127 +1,32 @@
-"""Scenario programs run unchanged under TaskFlow and under flowengine.
+"""Scenario programs written once and run unchanged under TaskFlow and under flowengine.
 
-``python compat_scenarios.py taskflow|flowengine`` imports one library (the only difference is
-the import lines, as for a user migrating), runs every scenario on the serial and the parallel
-engine and prints one JSON object: ``{"<scenario>[<engine>]": outcome}``. Importing this module
-imports neither library, so the test module can read ``SCENARIOS`` from it.
-
-An outcome holds what ran (in order when ``ordered``), the final atom and flow states, what the
-flow stored, the exception type (and the messages of wrapped failures) and, for ``ordered``
-scenarios, the atom and flow notification sequences.
+Each scenario builds a flow from the library it is given (``lib.lf``, ``lib.engines``, ...) and
+the scenario tasks (``t``); ``compat_runner`` runs them. This module imports neither library, so
+the test module can read ``SCENARIOS`` from it.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import json
-import sys
-import types
 from collections.abc import Callable
 from typing import Any
 
 Build = Callable[[Any, Any], tuple]
-#: name -> (build function, whether the execution order is defined on every engine)
-SCENARIOS: dict[str, tuple[Build, bool]] = {}
+#: What order is defined on every engine, so compared: "all" (what ran and every notification),
+#: "ledger" (what ran; notifications are compared as sets) or "none" (everything as sets).
+ORDERS = ("all", "ledger", "none")
+#: name -> (build function, order)
+SCENARIOS: dict[str, tuple[Build, str]] = {}
 ENGINES = ("serial", "parallel")
 
 
-def scenario(ordered: bool = True) -> Callable[[Build], Build]:
+def scenario(order: str = "all") -> Callable[[Build], Build]:
+    assert order in ORDERS, order
+
     def register(build: Build) -> Build:
-        SCENARIOS[build.__name__] = (build, ordered)
+        SCENARIOS[build.__name__] = (build, order)
         return build
     return register
-
-
-def load_library(lib: str) -> types.SimpleNamespace:
-    if lib == "taskflow":
-        from taskflow import deciders, engines, exceptions, retry, task
-        from taskflow.patterns import graph_flow, linear_flow, unordered_flow
-    elif lib == "flowengine":
-        from flowengine import deciders, engines, exceptions, retry, task
-        from flowengine.flows import graph_flow, linear_flow, unordered_flow
-    else:
-        raise SystemExit(f"unknown library {lib!r}")
-    return types.SimpleNamespace(lf=linear_flow, uf=unordered_flow, gf=graph_flow,
-                                 engines=engines, task=task, retry=retry, exc=exceptions,
-                                 deciders=deciders)
-
-
-def make_tasks(lib: types.SimpleNamespace, ledger: list) -> types.SimpleNamespace:
-    """The scenario tasks, built on the library's Task; they append to ``ledger``."""
-
-    class Recording(lib.task.Task):
-        def revert(self, *args, result=None, flow_failures=None, **kwargs):
-            if hasattr(result, "exception_str"):
-                result = "failure: " + result.exception_str
-            ledger.append(["revert", self.name, result, sorted(flow_failures or {}),
-                           sorted(kwargs.items())])
-
-    class Step(Recording):
-        def execute(self):
-            ledger.append(["execute", self.name])
-            return self.name
-
-    class Constant(Recording):
-        def execute(self, value):
-            ledger.append(["execute", self.name, value])
-            return value
-
-    class Add(Recording):
-        def execute(self, x, y):
-            ledger.append(["execute", self.name, x, y])
-            return x + y
-
-    class Scale(Recording):
-        def execute(self, x, factor=10):
-            ledger.append(["execute", self.name, x, factor])
-            return x * factor
-
-    class Greeting(Recording):
-        default_provides = "greeting"
-
-        def execute(self, who):
-            ledger.append(["execute", self.name, who])
-            return "hello " + who
-
-    class Fail(Recording):
-        def execute(self):
-            ledger.append(["execute", self.name])
-            raise RuntimeError(self.name + " failed")
-
-    class FailUntil(Recording):
-        def execute(self, attempt, succeed_at):
-            ledger.append(["execute", self.name, attempt])
-            if attempt < succeed_at:
-                raise RuntimeError(f"{self.name} failed attempt {attempt}")
-            return attempt
-
-    class FailOn(Recording):
-        def execute(self, value, bad):
-            ledger.append(["execute", self.name, value])
-            if value in bad:
-                raise RuntimeError(f"{self.name} failed with {value}")
-            return value
-
-    class RevertFails(lib.task.Task):
-        def execute(self):
-            ledger.append(["execute", self.name])
-
-        def revert(self, *args, **kwargs):
-            ledger.append(["revert", self.name])
-            raise ValueError(self.name + " revert failed")
-
-    class Progress(Recording):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            self.notifier.register(lib.task.EVENT_UPDATE_PROGRESS, lambda event, details:
-                                   ledger.append(["progress", self.name, details["progress"]]))
-
-        def execute(self):
-            ledger.append(["execute", self.name])
-            self.update_progress(0.5)
-
-    return types.SimpleNamespace(**{cls.__name__: cls for cls in (
-        Step, Constant, Add, Scale, Greeting, Fail, FailUntil, FailOn, RevertFails, Progress)})
 
 
 # ---- scenarios: each returns (flow, store, engine options[, drive(engine, ledger)]) ------------
@@ -136,7 +41,7 @@ def linear_results(lib, t):
     return flow, None, {}
 
 
-@scenario(ordered=False)
+@scenario(order="none")
 def unordered_and_graph(lib, t):
     graph = lib.gf.Flow("g").add(t.Scale("late", rebind={"x": "mid"}, provides="out"),
                                  t.Add("mid", rebind=["a", "a"], provides="mid"))
@@ -181,17 +86,17 @@ def decider_depth_all(lib, t):
     return _decider_flow(lib, t, lib.deciders.Depth.ALL)
 
 
-@scenario(ordered=False)
+@scenario(order="none")
 def decider_depth_flow(lib, t):
     return _decider_flow(lib, t, lib.deciders.Depth.FLOW)
 
 
-@scenario(ordered=False)
+@scenario(order="none")
 def decider_depth_neighbors(lib, t):
     return _decider_flow(lib, t, lib.deciders.Depth.NEIGHBORS)
 
 
-@scenario(ordered=False)
+@scenario(order="none")
 def decider_depth_atom(lib, t):
     return _decider_flow(lib, t, "atom")
 
@@ -205,7 +110,7 @@ def decider_ignored_atom_gets_no_vote(lib, t):
     return graph, None, {}
 
 
-@scenario(ordered=False)
+@scenario(order="none")
 def decider_into_subflow(lib, t):
     a = t.Step("a")
     sub = lib.lf.Flow("sub").add(t.Step("s1"), t.Step("s2"))
@@ -238,7 +143,7 @@ def revert_failure(lib, t):
     return flow, None, {}
 
 
-@scenario(ordered=False)
+@scenario(order="none")
 def two_failures_at_once(lib, t):
     return lib.uf.Flow("u").add(t.Fail("f1"), t.Fail("f2")), None, {}
 
@@ -279,6 +184,15 @@ def nested_times_outer_retries_inner(lib, t):
     outer = lib.lf.Flow("outer", retry=lib.retry.Times(3, name="r-out",
                                                        provides="outer_attempt"))
     return outer.add(t.Step("a"), inner), None, {}
+
+
+@scenario()
+def retry_result_visible_after_its_flow(lib, t):
+    retried = lib.lf.Flow("r", retry=lib.retry.Times(3, name="times", provides="attempt")).add(
+        t.FailUntil("flaky", inject={"succeed_at": 2}))
+    flow = lib.gf.Flow("root").add(retried, t.Scale("after", rebind={"x": "attempt"},
+                                                    provides="scaled"))
+    return flow, None, {}
 
 
 @scenario()
@@ -331,6 +245,59 @@ def defer_reverts(lib, t):
 def never_resolve(lib, t):
     flow = lib.lf.Flow("r", retry=lib.retry.Times(3)).add(t.Step("a"), t.Fail("boom"))
     return flow, None, {"never_resolve": True}
+
+
+def double(x):
+    return x * 2
+
+
+def plus(a, b):
+    return a + b
+
+
+@scenario()
+def functor_tasks(lib, t):
+    flow = lib.lf.Flow("root").add(
+        lib.task.FunctorTask(double, name="double", provides="d"),
+        lib.task.MapFunctorTask(double, requires=["x", "d"], name="map", provides="mapped"),
+        lib.task.ReduceFunctorTask(plus, requires=["x", "d"], name="reduce", provides="sum"))
+    return flow, {"x": 3}, {}
+
+
+_ONE_THREAD: list[concurrent.futures.ThreadPoolExecutor] = []
+
+
+@scenario(order="ledger")
+def priorities(lib, t):
+    if not _ONE_THREAD:
+        _ONE_THREAD.append(concurrent.futures.ThreadPoolExecutor(max_workers=1))
+    atoms = []
+    for name, priority in (("low", 1), ("top", 9), ("zero", 0), ("mid", 5)):
+        atom = t.Step(name)
+        atom.priority = priority
+        atoms.append(atom)
+    # One thread: the parallel engine runs atoms in the order it submits them.
+    return lib.uf.Flow("u").add(*atoms), None, {"executor": _ONE_THREAD[0]}
+
+
+@scenario()
+def retry_execute_fails(lib, t):
+    class Broken(lib.retry.Times):
+        def execute(self, history, *args, **kwargs):
+            raise KeyError("retry broke")
+
+    flow = lib.lf.Flow("r", retry=Broken(3, name="broken")).add(t.Step("a"))
+    return lib.lf.Flow("root").add(t.Step("first"), flow), None, {}
+
+
+@scenario()
+def retry_on_failure_raises(lib, t):
+    class Undecided(lib.retry.Times):
+        def on_failure(self, history, *args, **kwargs):
+            raise KeyError("cannot decide")
+
+    flow = lib.lf.Flow("r", retry=Undecided(3, name="undecided")).add(t.Fail("boom"))
+    return lib.lf.Flow("root").add(t.Step("first"), flow), None, {}
 
 
 @scenario()
@@ -460,120 +427,3 @@ def run_reverted_flow_again(lib, t):
         engine.run()
 
     return lib.lf.Flow("root").add(t.Step("a"), t.Fail("boom")), None, {}, drive
-
-
-# ---- running ------------------------------------------------------------------------------------
-
-
-def _jsonable(value: Any) -> Any:
-    return json.loads(json.dumps(value, default=repr, sort_keys=True))
-
-
-def _error(err: BaseException) -> dict[str, Any]:
-    causes = sorted(f.exception_str for f in err) if type(err).__name__ == "WrappedFailure" else []
-    return {"type": type(err).__name__, "causes": causes}
-
-
-def atom_names(flow: Any) -> list[str]:
-    """Names of every atom in ``flow`` (retry controllers included), depth first."""
-    if not hasattr(flow, "iter_links"):
-        return [flow.name] if hasattr(flow, "name") else []
-    found = [flow.retry.name] if flow.retry is not None else []
-    for item in flow:
-        found.extend(atom_names(item))
-    return found
-
-
-_POOL: list[concurrent.futures.ThreadPoolExecutor] = []
-
-
-def _pool() -> concurrent.futures.ThreadPoolExecutor:
-    if not _POOL:
-        _POOL.append(concurrent.futures.ThreadPoolExecutor(max_workers=4))
-    return _POOL[0]
-
-
-def _state_of(storage: Any, name: str) -> str | None:
-    try:
-        return storage.get_atom_state(name)
-    except Exception:  # NotFound: the flow never compiled, so nothing was stored
-        return None
-
-
-def run_one(lib: types.SimpleNamespace, name: str, engine_kind: str) -> dict[str, Any]:
-    build, ordered = SCENARIOS[name]
-    ledger: list = []
-    atom_events: list = []
-    flow_events: list = []
-    out: dict[str, Any] = {"error": None}
-    try:
-        built = build(lib, make_tasks(lib, ledger))
-        flow, store, options = built[:3]
-        if engine_kind == "parallel":
-            # TaskFlow's own pool costs a fixed second per run to shut down; a given one is kept.
-            options = {"executor": _pool(), **options}
-        engine = lib.engines.load(flow, store=store, engine=engine_kind, **options)
-    except Exception as err:
-        out["error"] = _error(err)
-        return out
-    engine.notifier.register("*", lambda state, details: flow_events.append(state))
-    engine.atom_notifier.register("*", lambda state, details: atom_events.append(
-        [details.get("task_name") or details.get("retry_name"), state]))
-    drive = built[3] if len(built) > 3 else None
-    iterated = None
-    try:
-        if drive is None:
-            iterated = list(engine.run_iter())
-        else:
-            drive(engine, ledger)
-    except Exception as err:
-        out["error"] = _error(err)
-    storage = engine.storage
-    out["atom_states"] = {n: _state_of(storage, n) for n in atom_names(flow)}
-    out["flow_state"] = storage.get_flow_state()
-    out["fetch_all"] = storage.fetch_all()
-    out["ledger"] = ledger if ordered else sorted(ledger, key=repr)
-    out["statistics_keys"] = sorted(engine.statistics)
-    if ordered:
-        # 'incomplete' is left out: flowengine differs there (reported as an engine bug).
-        out["statistics"] = {k: v for k, v in engine.statistics.items()
-                             if k in ("completed", "discarded_failures", "awaiting")}
-        out["atom_events"] = _sort_ignore_runs(atom_events)
-        out["flow_events"] = flow_events
-        out["run_iter"] = iterated
-    else:
-        out["atom_events"] = sorted(atom_events)
-        out["flow_events"] = flow_events[-1:]
-        # Which failures a revert sees depends on which failure was processed first.
-        out["ledger"] = [e[:3] + [len(e[3])] + e[4:] if e[0] == "revert" and len(e) > 3 else e
-                         for e in out["ledger"]]
-    return _jsonable(out)
-
-
-def _sort_ignore_runs(events: list) -> list:
-    """Atoms a decider ignores are announced in one batch, in no defined order."""
-    found: list = []
-    run: list = []
-    for event in events + [None]:
-        if event is not None and event[1] == "IGNORE":
-            run.append(event)
-            continue
-        found.extend(sorted(run))
-        run = []
-        if event is not None:
-            found.append(event)
-    return found
-
-
-def main(argv: list[str]) -> int:
-    lib = load_library(argv[1])
-    results = {}
-    for name in SCENARIOS:
-        for engine_kind in ENGINES:
-            results[f"{name}[{engine_kind}]"] = run_one(lib, name, engine_kind)
-    json.dump(results, sys.stdout, sort_keys=True)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv))

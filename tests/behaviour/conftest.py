@@ -12,9 +12,12 @@ from typing import Any
 import pytest
 
 from flowengine import engines
+
 from . import tasks
 
 ENGINES = ["serial", "parallel"]
+#: Engines that run independent atoms at the same time.
+CONCURRENT_ENGINES = ["parallel"]
 
 
 class EngineFactory:
@@ -22,7 +25,6 @@ class EngineFactory:
 
     def __init__(self, kind: str) -> None:
         self.kind = kind
-        self.parallel = kind != "serial"
 
     def __call__(self, flow: Any, store: dict[str, Any] | None = None, **options: Any) -> Any:
         return engines.load(flow, store=store, engine=self.kind, **options)
@@ -40,6 +42,12 @@ class EngineFactory:
 @pytest.fixture(params=ENGINES)
 def engine_factory(request: pytest.FixtureRequest) -> EngineFactory:
     """One engine kind per param; scenarios call it like ``engines.load``."""
+    return EngineFactory(request.param)
+
+
+@pytest.fixture(params=CONCURRENT_ENGINES)
+def concurrent_engine_factory(request: pytest.FixtureRequest) -> EngineFactory:
+    """Engines whose independent atoms really run at the same time."""
     return EngineFactory(request.param)
 
 

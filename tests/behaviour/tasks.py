@@ -101,7 +101,7 @@ def _local_barrier(key: str) -> threading.Barrier:
 _barrier_lookup: BarrierLookup = _local_barrier
 
 
-def make_barrier(key: str, parties: int, timeout: float = 10.0) -> threading.Barrier:
+def make_barrier(key: str, parties: int, timeout: float = 5.0) -> threading.Barrier:
     """Create the barrier ``Rendezvous`` atoms with ``barrier=key`` wait on."""
     _barriers[key] = threading.Barrier(parties, timeout=timeout)
     return _barriers[key]
@@ -256,6 +256,48 @@ class Progress(RecordingTask):
         return self.name
 
 
+class WildProgress(Step):
+    """Reports progress outside 0.0-1.0 (7.0, then -1.0)."""
+
+    def execute(self) -> str:
+        self.update_progress(7.0)
+        self.update_progress(-1.0)
+        return super().execute()
+
+
+class HalfThenFail(RecordingTask):
+    """Reports progress 0.5, then raises :class:`Boom`."""
+
+    def execute(self) -> None:
+        self.update_progress(0.5)
+        record("execute", self.name)
+        raise Boom(f"{self.name} failed half way")
+
+
+class InspectFailures(Step):
+    """Records how the flow failures given to its ``revert`` look (type, check, message)."""
+
+    def revert(self, *args: Any, result: Any = None, flow_failures: Any = None,
+               **kwargs: Any) -> None:
+        from flowengine.types.failure import Failure
+
+        record("revert", self.name, failures={
+            name: {"is_failure": isinstance(f, Failure),
+                   "checks_as_boom": f.check(Boom) is not None,
+                   "checks_by_name": f.check(f"{Boom.__module__}.Boom") is not None,
+                   "message": f.exception_str}
+            for name, f in (flow_failures or {}).items()})
+
+
+class WhereAmI(RecordingTask):
+    """Records and returns the name of the thread it runs on."""
+
+    def execute(self) -> str:
+        thread = threading.current_thread().name
+        record("execute", self.name, thread=thread)
+        return thread
+
+
 class Rendezvous(RecordingTask):
     """Waits on the barrier named ``barrier`` (fails if the others never arrive)."""
 
@@ -274,7 +316,7 @@ class RendezvousThenFail(Rendezvous):
         raise Boom(f"{self.name} failed")
 
 
-# ---- retry controllers that also record -----------------------------------------------------------
+# ---- retry controllers that also record ---------------------------------------------------
 
 
 class RecordingTimes(retry.Times):
@@ -292,3 +334,37 @@ class RecordingTimes(retry.Times):
 
     def revert(self, history: Any, *args: Any, **kwargs: Any) -> None:
         record("revert", self.name, attempts=len(history))
+
+
+class BrokenRetry(retry.Times):
+    """A retry whose ``execute`` raises."""
+
+    def execute(self, history: Any, *args: Any, **kwargs: Any) -> int:
+        record("retry-execute", self.name)
+        raise Boom(f"{self.name} cannot start")
+
+
+class UndecidedRetry(retry.Times):
+    """A retry whose ``on_failure`` raises instead of deciding."""
+
+    def on_failure(self, history: Any, *args: Any, **kwargs: Any) -> Any:
+        record("retry-decision", self.name)
+        raise RevertBoom(f"{self.name} cannot decide")
+
+
+# ---- functions for functor tasks ----------------------------------------------------------------
+
+
+def double(x: Any) -> Any:
+    """Twice ``x``."""
+    return x * 2
+
+
+def plus(a: Any, b: Any) -> Any:
+    """``a + b``."""
+    return a + b
+
+
+def undo_double(x: Any, result: Any, flow_failures: Any) -> None:
+    """Revert of :func:`double`: records what it was given."""
+    record("revert", "double", x=x, result=result, flow_failures=sorted(flow_failures))

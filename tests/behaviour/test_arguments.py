@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from flowengine import exceptions as exc
+from flowengine import task
 from flowengine.flows import graph_flow as gf
 from flowengine.flows import linear_flow as lf
 
@@ -188,3 +189,31 @@ def test_nested_flow_results_reach_consumers_after_the_flow(engine_factory):
     flow = lf.Flow("outer").add(inner, tasks.Gather("g", requires=("p", "q"), provides="got"))
     engine = engine_factory.run(flow)
     assert engine.storage.fetch("got") == {"p": "P", "q": "Q"}
+
+
+def test_functor_task_requirements_come_from_the_function(engine_factory):
+    flow = lf.Flow("f").add(
+        task.FunctorTask(tasks.double, name="double", provides="d"),
+        task.FunctorTask(tasks.plus, name="plus", rebind={"a": "x", "b": "d"}, provides="sum"))
+    engine = engine_factory.run(flow, store={"x": 4})
+    assert engine.storage.fetch("sum") == 12
+
+
+def test_functor_task_revert_function_gets_arguments_and_result(engine_factory):
+    flow = lf.Flow("f").add(
+        task.FunctorTask(tasks.double, name="double", provides="d", revert=tasks.undo_double),
+        tasks.Fail("boom"))
+    with pytest.raises(tasks.Boom):
+        engine_factory.run(flow, store={"x": 4})
+    [undone] = tasks.entries("revert")[1:]
+    assert (undone["x"], undone["result"], undone["flow_failures"]) == (4, 8, ["boom"])
+
+
+def test_map_and_reduce_functor_tasks(engine_factory):
+    flow = lf.Flow("f").add(
+        task.MapFunctorTask(tasks.double, requires=["p", "q"], name="map", provides="mapped"),
+        task.ReduceFunctorTask(tasks.plus, requires=["p", "q", "r"], name="reduce",
+                               provides="total"))
+    engine = engine_factory.run(flow, store={"p": 1, "q": 2, "r": 3})
+    assert engine.storage.fetch("mapped") == [2, 4]
+    assert engine.storage.fetch("total") == 6

@@ -169,29 +169,9 @@ def test_progress_is_stored_and_reaches_task_listeners(engine_factory):
     assert engine.storage.get_task_progress("p") == 1.0
 
 
-def test_progress_seen_in_storage_while_the_task_runs(engine_factory):
-    seen = []
-
-    class Peek(tasks.Progress):
-        def execute(self):
-            self.update_progress(0.4)
-            seen.append(engine.storage.get_task_progress(self.name))
-            return "done"
-
-    engine = engine_factory(lf.Flow("f").add(Peek("peek")))
-    engine.run()
-    assert seen == [0.4]
-
-
 def test_progress_is_clamped(engine_factory):
     heard = []
-
-    class Wild(tasks.Step):
-        def execute(self):
-            self.update_progress(7.0)
-            self.update_progress(-1.0)
-
-    wild = Wild("wild")
+    wild = tasks.WildProgress("wild")
     wild.notifier.register(EVENT_UPDATE_PROGRESS,
                            lambda event, details: heard.append(details["progress"]))
     engine_factory.run(wild)
@@ -199,12 +179,7 @@ def test_progress_is_clamped(engine_factory):
 
 
 def test_progress_of_a_failed_task_is_kept(engine_factory):
-    class HalfThenFail(tasks.Step):
-        def execute(self):
-            self.update_progress(0.5)
-            raise tasks.Boom("half way")
-
-    engine = engine_factory(lf.Flow("f").add(HalfThenFail("half")))
+    engine = engine_factory(lf.Flow("f").add(tasks.HalfThenFail("half")))
     progress_seen = []
     engine.atom_notifier.register(
         states.FAILURE,

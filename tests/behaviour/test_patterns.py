@@ -123,14 +123,6 @@ def test_nested_flows_see_outer_results_and_outer_sees_inner(engine_factory):
     assert engine.storage.fetch("total") == 44
 
 
-def test_same_flow_object_nested_in_different_parents_fails_to_compile(engine_factory):
-    shared = tasks.Step("shared")
-    root = lf.Flow("root").add(lf.Flow("a").add(shared), lf.Flow("b").add(shared))
-    with pytest.raises(Exception) as caught:
-        engine_factory(root).compile()
-    assert "shared" in str(caught.value)
-
-
 def test_targeted_flow_runs_only_the_target_and_its_dependencies(engine_factory):
     flow = gf.TargetedFlow("targeted")
     seed = tasks.Constant("seed", provides="x", inject={"value": 2})
@@ -159,3 +151,14 @@ def test_targeted_flow_rejects_a_target_it_does_not_hold():
     flow = gf.TargetedFlow("targeted").add(tasks.Step("inside"))
     with pytest.raises(ValueError, match="outside"):
         flow.set_target(tasks.Step("outside"))
+
+
+def test_ready_atoms_start_in_priority_order(engine_factory):
+    atoms = []
+    for name, priority in (("low", 1), ("top", 9), ("zero", 0), ("mid", 5)):
+        atom = tasks.Step(name)
+        atom.priority = priority
+        atoms.append(atom)
+    # One worker thread: the parallel engine runs atoms in the order it starts them.
+    engine_factory.run(uf.Flow("u").add(*atoms), max_workers=1)
+    assert tasks.names("execute") == ["top", "mid", "low", "zero"]

@@ -199,6 +199,18 @@ def test_always_revert_defers_to_the_outer_retry(engine_factory):
     assert engine.storage.get_flow_state() == states.SUCCESS
 
 
+def test_always_revert_all_alone_reverts_the_whole_flow(engine_factory):
+    inner = lf.Flow("inner", retry=retry.AlwaysRevertAll("ara")).add(
+        tasks.Step("b"), tasks.Fail("boom"))
+    flow = lf.Flow("root").add(tasks.Step("a"), inner, tasks.Step("after"))
+    engine = engine_factory(flow)
+    with pytest.raises(tasks.Boom):
+        engine.run()
+    assert tasks.names("revert") == ["boom", "b", "a"]
+    assert engine.storage.get_atom_state("a") == states.REVERTED
+    assert engine.storage.get_atom_state("after") == states.PENDING
+
+
 def test_always_revert_all_reverts_everything_despite_the_outer_retry(engine_factory):
     inner = lf.Flow("inner", retry=retry.AlwaysRevertAll("ara")).add(tasks.Fail("boom"))
     outer = lf.Flow("outer", retry=retry.Times(5, name="t")).add(tasks.Step("a"), inner)
@@ -217,6 +229,31 @@ def test_times_nested_inside_always_revert_all_retries_first(engine_factory):
     engine = engine_factory.run(outer)
     assert attempts_of("flaky") == [1, 2]
     assert engine.storage.get_flow_state() == states.SUCCESS
+
+
+# ---- retries that fail themselves ---------------------------------------------------------------
+
+
+def test_a_retry_whose_execute_fails_reverts_the_flow(engine_factory):
+    retried = lf.Flow("r", retry=tasks.BrokenRetry(3, name="broken")).add(tasks.Step("a"))
+    engine = engine_factory(lf.Flow("root").add(tasks.Step("first"), retried))
+    with pytest.raises(tasks.Boom, match="broken cannot start"):
+        engine.run()
+    assert tasks.names("execute") == ["first"]
+    assert tasks.names("revert") == ["first"]
+    assert engine.storage.get_atom_state("broken") == states.REVERTED
+    assert engine.storage.get_atom_state("a") == states.PENDING
+
+
+def test_a_retry_that_cannot_decide_fails_the_engine(engine_factory):
+    retried = lf.Flow("r", retry=tasks.UndecidedRetry(3, name="undecided")).add(
+        tasks.Fail("boom"))
+    engine = engine_factory(lf.Flow("root").add(tasks.Step("first"), retried))
+    with pytest.raises(tasks.RevertBoom, match="undecided cannot decide"):
+        engine.run()
+    assert tasks.names("revert") == []
+    assert engine.storage.get_atom_state("boom") == states.FAILURE
+    assert engine.storage.get_flow_state() == states.FAILURE
 
 
 # ---- engine options -----------------------------------------------------------------------------

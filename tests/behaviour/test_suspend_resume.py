@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from flowengine import engines, states
@@ -198,3 +200,22 @@ def test_running_a_finished_flow_again_runs_nothing(engine_factory):
     engine.run()
     assert tasks.names("execute") == ["a"]
     assert engine.storage.get_flow_state() == states.SUCCESS
+
+
+def test_a_running_engine_refuses_a_second_run_from_another_thread(engine_factory):
+    gate = tasks.make_barrier("gate", 2)
+    engine = engine_factory(lf.Flow("f").add(tasks.Rendezvous("held", inject={"barrier": "gate"})))
+    running = threading.Event()
+    engine.atom_notifier.register(states.RUNNING, lambda state, details: running.set())
+    outcome: list = []
+    runner = threading.Thread(target=lambda: outcome.append(engine.run() or "done"))
+    runner.start()
+    try:
+        assert running.wait(timeout=5)
+        with pytest.raises(exc.ExecutionFailure, match="locked"):
+            engine.run()
+    finally:
+        gate.wait()
+        runner.join(timeout=5)
+    assert outcome == ["done"]
+    assert tasks.names("passed-barrier") == ["held"]

@@ -32,6 +32,7 @@ from flowengine import task
 from flowengine.types.failure import Failure
 from flowengine.worker_based import backoff as bo
 from flowengine.worker_based import dispatcher as dp
+from flowengine.worker_based import extensions as ext
 from flowengine.worker_based import protocol as pr
 from flowengine.worker_based import proxy as px
 from flowengine.worker_based import worker as wk
@@ -148,6 +149,7 @@ class Requester:
         self.reply_key = uuid.uuid4().hex
         self.replies: defaultdict[str | None, queue.Queue[tuple[Any, dict[str, Any]]]]
         self.replies = defaultdict(queue.Queue)
+        self.arrivals: list[str | None] = []
         handlers = {
             pr.RESPONSE: dp.Handler(self._collect, pr.Response.validate),
             pr.NOTIFY: dp.Handler(
@@ -163,7 +165,9 @@ class Requester:
 
     def _collect(self, data: Any, message: Any) -> None:
         correlation_id = message.properties.get("correlation_id")
-        self.replies[correlation_id].put((data, dict(message.headers)))
+        headers = dict(message.headers)
+        self.arrivals.append(data.get("state") or headers.get(pr.HEADER_WORKER_STATUS))
+        self.replies[correlation_id].put((data, headers))
 
     def send(self, atom: task.Task, action: str = pr.EXECUTE, arguments: Any = None,
              headers: dict[str, Any] | None = None, **kwargs: Any) -> pr.Request:  # fmt: skip
@@ -371,6 +375,41 @@ def test_a_worker_prefetches_no_more_than_it_can_run(tmp_path: Path, exchange: s
         requester.close()
 
 
+def test_running_requests_send_heartbeats_when_asked(
+    worker: wk.Worker, requester: Requester
+) -> None:
+    request = requester.send(Gated(name="beating"), headers={ext.HEADER_HEARTBEAT: 0.01})
+    assert requester.next(request.uuid)[0]["state"] == pr.RUNNING
+    beat, headers = requester.next(request.uuid)
+    assert beat == {"state": pr.EVENT, "data": {"event_type": ext.EVENT_HEARTBEAT, "details": {}}}
+    tf_protocol.Response.validate(beat)
+    assert headers[pr.HEADER_WORKER] == worker.worker_id
+    GATE.set()
+    assert requester.outcome(request)[-1]["data"] == {"result": "through"}
+
+
+def test_no_heartbeats_unless_asked(worker: wk.Worker, requester: Requester) -> None:
+    GATE.set()
+    replies = requester.outcome(requester.send(Gated(name="quiet")))
+    assert [r["state"] for r in replies] == [pr.RUNNING, pr.SUCCESS]
+
+
+def test_offline_is_announced_after_in_flight_work_is_done(
+    exchange: str, transport: dict[str, Any], requester: Requester
+) -> None:
+    GATE.clear()
+    worker, thread = start_worker(exchange, transport)
+    request = requester.send(Gated(name="last"))
+    assert requester.next(request.uuid)[0]["state"] == pr.RUNNING
+    stopping = run_in_thread(functools.partial(worker.stop, grace=WAIT))
+    GATE.set()
+    assert requester.outcome(request)[-1]["state"] == pr.SUCCESS
+    requester.notify_reply(pr.WORKER_OFFLINE)
+    stopping.join(WAIT)
+    thread.join(WAIT)
+    assert requester.arrivals.index(pr.SUCCESS) < requester.arrivals.index(pr.WORKER_OFFLINE)
+
+
 def test_malformed_messages_do_not_stop_the_worker(
     worker: wk.Worker, requester: Requester, exchange: str, transport: dict[str, Any],
     caplog: pytest.LogCaptureFixture,
@@ -428,6 +467,25 @@ def test_request_is_acked_only_after_its_outcome(tmp_path: Path, exchange: str) 
         worker.stop(grace=WAIT)  # returns once every outcome is settled
         requester.close()
     assert list(claimed.rglob("*.msg")) == []
+
+
+def test_replies_never_recreate_the_queue_of_a_vanished_engine(
+    tmp_path: Path, exchange: str
+) -> None:
+    transport = {"transport_options": {"data_folder": str(tmp_path / "fs")}}
+    requester = Requester(exchange, transport)
+    worker, _ = start_worker(exchange, transport)
+    try:
+        # The control thread answers NOTIFYs in order: once ours is answered, so is the ghost's.
+        requester.proxy.publish(pr.Notify(), TOPIC, reply_to="ghost-engine")
+        requester.proxy.publish(pr.Notify(), TOPIC, reply_to=requester.reply_key)
+        requester.notify_reply(None)
+        queues = {path.name for path in (tmp_path / "fs" / "queues").iterdir()}
+        assert f"{exchange}_ghost-engine" not in queues
+        assert f"{exchange}_{requester.reply_key}" in queues
+    finally:
+        worker.stop(grace=WAIT)
+        requester.close()
 
 
 def test_unsettled_deliveries_are_redelivered_after_stop(tmp_path: Path, exchange: str) -> None:
@@ -495,6 +553,10 @@ def test_taskflow_compat_uses_taskflows_declarations() -> None:
     )  # fmt: skip
     durable = px.Proxy(TOPIC, "fe", transport="memory")._queue(TOPIC)
     assert (durable.durable, durable.auto_delete, durable.exchange.durable) == (True, False, True)
+    expiring = px.Proxy(TOPIC, "fe", transport="memory")._queue(TOPIC, expires=60)
+    assert expiring.expires == 60  # kombu sends it as x-expires
+    with pytest.raises(ValueError, match="queue_expires"):
+        px.Proxy(TOPIC, "tf", transport="memory", taskflow_compat=True, queue_expires=60)
 
 
 def test_retry_delays_grow_capped_and_jittered() -> None:
@@ -548,7 +610,8 @@ def test_task_specs_resolve_to_classes_defined_where_named() -> None:
         "Add", "Explode", "Fail", "Gated", "Multiply", "NotServed", "ReturnsObject", "Undo",
     ]  # fmt: skip
     assert wk.find_task_classes([f"{__name__}:Add", Add]) == [Add]
-    assert wk.find_task_classes([__name__]) == wk.find_task_classes([module])
+    assert wk.find_task_classes([__name__]) == wk.find_task_classes(module)
+    assert wk.find_task_classes(f"{__name__}:Add") == [Add]
     with pytest.raises(TypeError, match="not a concrete Task"):
         wk.find_task_classes([f"{__name__}:VolumeError"])
     with pytest.raises(ImportError):

@@ -1,0 +1,113 @@
+"""Which atoms (or injected values) provide each stored name, and which of them an atom sees.
+
+Lookup order, as TaskFlow's: values injected into the flow (``storage.inject``) come first, then
+the results of atoms the consumer can see (its ancestors in the compiled graph), closest first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+#: Finds which of ``candidates`` (provider atom names) an atom can see, closest first.
+ScopeFetcher = Callable[[str, list[str]], list[str]]
+#: Reads one provider's value: ``(found, value)``.
+ResultReader = Callable[["Provider"], tuple[bool, Any]]
+
+#: The provider name of values injected with ``transient=True`` (kept in memory only).
+TRANSIENT: Any = object()
+
+
+def item_from(container: Any, index: Any) -> Any:
+    """The part of a result a provider names: all of it (None), or one item or key."""
+    if index is None:
+        return container
+    return container[index]
+
+
+class Provider:
+    """An atom (or injected values) that provides a name, at ``index`` of its result."""
+
+    __slots__ = ("name", "index")
+
+    def __init__(self, name: Any, index: Any) -> None:
+        self.name = name
+        self.index = index
+
+    def __repr__(self) -> str:
+        return f"<provider {self.name!r} index={self.index!r}>"
+
+
+class ProviderIndex:
+    """Maps stored names to their providers and resolves them for a consuming atom.
+
+    Args:
+        injector_name: the pseudo-atom holding persistent injected values.
+        read: reads a provider's value.
+    """
+
+    def __init__(self, injector_name: str, read: ResultReader) -> None:
+        self._injector = injector_name
+        self._read = read
+        self._by_name: dict[str, list[Provider]] = {}
+        self.scope_fetcher: ScopeFetcher | None = None
+
+    def add(self, provider: Any, mapping: Mapping[str, Any]) -> None:
+        """Record that ``provider`` provides each name of ``mapping`` at its index."""
+        for name, index in mapping.items():
+            entries = self._by_name.setdefault(name, [])
+            if not any(p.name == provider and p.index == index for p in entries):
+                if provider is TRANSIENT:
+                    entries.insert(0, Provider(provider, index))
+                else:
+                    entries.append(Provider(provider, index))
+
+    def names(self) -> list[str]:
+        """Every name something provides."""
+        return list(self._by_name)
+
+    def values(self, name: str) -> list[Any]:
+        """Every value currently available for ``name``, in provider order."""
+        found = (self._read(p) for p in self._by_name.get(name, ()))
+        return [value for ok, value in found if ok]
+
+    def _split(self, name: str) -> tuple[list[Provider], list[Provider]]:
+        providers = self._by_name.get(name, [])
+        defaults = [p for p in providers if p.name is TRANSIENT or p.name == self._injector]
+        atoms = [p for p in providers if p.name is not TRANSIENT and p.name != self._injector]
+        return defaults, atoms
+
+    def _visible(self, atom_name: str | None, atoms: list[Provider]) -> list[Provider]:
+        if atom_name is None or self.scope_fetcher is None or not atoms:
+            return atoms
+        order = {n: i for i, n in enumerate(self.scope_fetcher(atom_name, [p.name for p in atoms]))}
+        return sorted((p for p in atoms if p.name in order), key=lambda p: order[p.name])
+
+    def lookup(self, atom_name: str | None, name: str) -> tuple[bool, Any, str]:
+        """Resolve ``name`` for ``atom_name``: ``(found, value, why not)``."""
+        if name not in self._by_name:
+            return False, None, f"no atom or injected value provides {name!r}"
+        defaults, atoms = self._split(name)
+        visible = self._visible(atom_name, atoms)
+        for provider in defaults + visible:
+            found, value = self._read(provider)
+            if found:
+                return True, value, ""
+        if not visible and not defaults:
+            who = ", ".join(repr(p.name) for p in atoms)
+            return False, None, f"{name!r} is provided by {who}, which {atom_name!r} cannot see"
+        who = ", ".join(repr(p.name) for p in visible)
+        return False, None, f"{name!r} was not produced by {who} (not run, ignored or failed)"
+
+    def can_provide(self, atom_name: str, name: str) -> bool:
+        """Whether anything ``atom_name`` can see could ever provide ``name``."""
+        defaults, atoms = self._split(name)
+        return bool(defaults or self._visible(atom_name, atoms))
+
+    def unsatisfied(self, atom_name: str, mapping: Mapping[str, str],
+                    injected: Mapping[str, Any], optional: Iterable[str]) -> set[str]:
+        """Names of ``mapping`` that neither ``injected`` nor any visible provider supplies."""
+        skip = set(optional)
+        return {name for arg, name in mapping.items()
+                if name not in injected and arg not in skip and name not in skip
+                and not self.can_provide(atom_name, name)}
