@@ -303,6 +303,10 @@ class Duplicate(TaskFlowException):
     """A duplicate entry was found."""
 
 
+class DuplicateAtom(Duplicate, ValueError):
+    """One atom object appears twice in a flow (a ValueError too, as TaskFlow raises)."""
+
+
 class NotFound(TaskFlowException):
     """An entry does not exist."""
 

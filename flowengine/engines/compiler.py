@@ -158,8 +158,8 @@ class PatternCompiler:
         if not isinstance(atom.name, str) or not atom.name:
             raise exc.CompilationFailure(f"Atom {atom!r} has no name")
         if id(atom) in self._seen_objects:
-            # TaskFlow raises ValueError here (and Duplicate for distinct atoms sharing a name).
-            raise ValueError(f"Atom {atom.name!r} is added to the flow more than once")
+            # TaskFlow raises ValueError here; DuplicateAtom is both that and a Duplicate.
+            raise exc.DuplicateAtom(f"Atom {atom.name!r} is added to the flow more than once")
         if atom.name in self._names:
             raise exc.Duplicate(f"Atoms with duplicate names found: [{atom.name!r}]")
         self._seen_objects.add(id(atom))

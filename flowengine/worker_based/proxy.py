@@ -158,7 +158,7 @@ class Proxy:
         self._stop_grace = 0.0
         self._consumer_thread: int | None = None
         self._settle_lock = threading.Lock()
-        self._held: dict[Any, Any] = {}
+        self._held: dict[int, Any] = {}
         self._settlements: queue.SimpleQueue[tuple[Any, str]] = queue.SimpleQueue()
 
     @property
@@ -297,7 +297,7 @@ class Proxy:
 
     def _settle_now(self, message: Any, action: str) -> None:
         with self._settle_lock:
-            self._held.pop(message.delivery_tag, None)
+            self._held.pop(id(message), None)
             if not message.acknowledged:
                 dp.settle(message, action)
 
@@ -317,7 +317,7 @@ class Proxy:
         self._dispatcher.on_message(message)
         with self._settle_lock:
             if not message.acknowledged:
-                self._held[message.delivery_tag] = message
+                self._held[id(message)] = message  # tags repeat across reconnects
 
     def start(self) -> None:
         """Consume until :meth:`stop` (blocks), reconnecting as ``retry_options`` allow.

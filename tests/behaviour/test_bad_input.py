@@ -101,8 +101,6 @@ def test_same_atom_object_in_two_subflows_is_refused(engine_factory):
         engine_factory.run(flow)
 
 
-@pytest.mark.xfail(reason="engine bug: TaskFlow raises ValueError for an atom compiled twice; "
-                          "flowengine's Duplicate is not a ValueError", strict=True)
 def test_same_atom_object_twice_is_a_value_error_as_in_taskflow(engine_factory):
     shared = tasks.Step("shared")
     flow = lf.Flow("root").add(lf.Flow("a").add(shared), lf.Flow("b").add(shared))

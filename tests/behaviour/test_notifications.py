@@ -217,9 +217,6 @@ def test_statistics_after_a_revert_count_reverts_and_failures(engine_factory):
     assert stats["discarded_failures"] == 1
 
 
-@pytest.mark.xfail(reason="engine bug: statistics['incomplete'] is only updated after SCHEDULING, "
-                          "so it still counts the last atom after the final WAITING (TaskFlow: 0)",
-                   strict=True)
 def test_nothing_is_left_incomplete_after_a_run(engine_factory):
     engine = engine_factory.run(lf.Flow("f").add(tasks.Step("a"), tasks.Step("b")))
     assert engine.statistics["incomplete"] == 0

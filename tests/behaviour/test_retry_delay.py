@@ -114,9 +114,6 @@ def test_bad_delay_settings_are_refused_naming_the_retry(bad):
         retry.Times(2, name="picky", **bad)
 
 
-@pytest.mark.xfail(reason="engine bug: suspend() from the RETRYING notification runs before the "
-                          "delay timer exists, so the engine waits out the whole delay and starts "
-                          "the retry's next attempt before it suspends", strict=True)
 def test_suspending_during_a_wait_starts_no_new_attempt(engine_factory):
     flow = lf.Flow("retried", retry=tasks.RecordingTimes(3, name="r", provides="attempt",
                                                          delay=1.0))

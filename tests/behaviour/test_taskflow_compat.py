@@ -26,10 +26,7 @@ RUNNER = f"{__package__}.compat_runner"
 PACKAGE_ROOT = Path(__file__).resolve().parents[len(__package__.split("."))]
 
 #: Scenarios where flowengine is known to differ (engine bugs, each reported).
-ENGINE_BUGS = {
-    "same_atom_in_two_subflows": "engine bug: an atom object added twice raises Duplicate, "
-                                 "which is not a ValueError; TaskFlow raises ValueError",
-}
+ENGINE_BUGS: dict[str, str] = {}
 
 
 def scenario_params() -> list:
