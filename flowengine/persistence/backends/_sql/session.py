@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime
 import functools
-
 from typing import Any
 
 import sqlalchemy as sa
