@@ -125,6 +125,9 @@ def respond(config: dict[str, Any]) -> None:
 
         def on_message(body: Any, message: Any) -> None:
             props = message.properties
+            if "reply_to" not in props:  # not a request: nobody to answer
+                message.ack()
+                return
             producer.publish(
                 REPLY_BODY, exchange=exchange, routing_key=props["reply_to"],
                 correlation_id=props["correlation_id"], delivery_mode=delivery_mode,
@@ -193,9 +196,7 @@ class _Client:
             [self._reply_queue], callbacks=[self._on_reply], accept=["json"]
         )
         self._consumer.consume()
-        self._producer.publish(
-            {}, exchange=self._exchange, routing_key=topic, declare=[self._request_queue]
-        )  # declares the request queue; the responder ignores bodies
+        self._request_queue.bind(self._pub_conn.default_channel).declare()
 
     def _on_reply(self, _body: Any, message: Any) -> None:
         self._received[message.properties["correlation_id"]] = time.perf_counter()
@@ -253,9 +254,7 @@ class _Client:
         publisher.start()
         done = self.wait_for(n, deadline)
         publisher.join()
-        elapsed = (
-            max(self._received.values()) if self._received else time.perf_counter()
-        ) - started
+        elapsed = max(self._received.values(), default=time.perf_counter()) - started
         got = len(self._received)
         return {
             "n": got,

@@ -81,6 +81,8 @@ class TypeDispatcher:
             (used to hand back messages that arrive while the consumer is stopping).
         max_body_bytes: Larger bodies are refused without decoding.
         max_depth: Bodies nesting deeper than this are refused.
+        on_refused: Called as ``on_refused(message, reason, detail)`` after a message is
+            refused (e.g. to tell the sender why); errors in it are logged, never raised.
     """
 
     def __init__(
@@ -89,7 +91,9 @@ class TypeDispatcher:
         requeue_filters: Iterable[RequeueFilter] | None = None,
         max_body_bytes: int = pr.MAX_BODY_BYTES,
         max_depth: int = pr.MAX_NESTING_DEPTH,
+        on_refused: Callable[[Any, str, str], None] | None = None,
     ) -> None:
+        self._on_refused = on_refused
         self._type_handlers = dict(type_handlers or {})
         self._requeue_filters = list(requeue_filters or [])
         self._max_body_bytes = max_body_bytes
@@ -161,9 +165,13 @@ class TypeDispatcher:
                 LOG.exception("Requeue filter %r raised on %s", requeue_filter, describe(message))
         return votes > 0
 
-    @staticmethod
-    def _refuse(message: Any, reason: str, detail: str) -> None:
+    def _refuse(self, message: Any, reason: str, detail: str) -> None:
         # One line per refused message; the detail is capped so a hostile body cannot flood logs.
         LOG.warning("Rejected message %s: reason=%s %s", describe(message), reason, detail[:200])
+        if self._on_refused is not None:
+            try:
+                self._on_refused(message, reason, detail[:200])
+            except Exception:
+                LOG.exception("Refusal hook failed for message %s", describe(message))
         if not message.acknowledged:
             settle(message, "reject")

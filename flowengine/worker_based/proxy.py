@@ -100,6 +100,7 @@ class Proxy:
         queue_expires: Seconds an unused own queue lives before the broker deletes it (AMQP
             ``x-expires``; e.g. for an engine's reply queue). Not with ``taskflow_compat``:
             TaskFlow peers declare that queue without arguments, which the broker would refuse.
+        on_refused: See :class:`~flowengine.worker_based.dispatcher.TypeDispatcher`.
     """
 
     def __init__(
@@ -118,6 +119,7 @@ class Proxy:
         on_connected: Callable[[], None] | None = None,
         drain_timeout: float = DRAIN_TIMEOUT,
         queue_expires: float | None = None,
+        on_refused: Callable[[Any, str, str], None] | None = None,
     ) -> None:
         if queue_expires is not None and taskflow_compat:
             raise ValueError(f"Queue of topic '{topic}': queue_expires needs taskflow_compat off")
@@ -128,7 +130,8 @@ class Proxy:
         self._queue_expires = queue_expires
         self._retry = bo.RetryOptions.from_options(retry_options)
         self._dispatcher = dp.TypeDispatcher(
-            type_handlers, requeue_filters=[lambda _data, _message: not self.is_running]
+            type_handlers, requeue_filters=[lambda _data, _message: not self.is_running],
+            on_refused=on_refused,
         )
         if url is None and transport is None:
             transport = transport_fs.TRANSPORT_NAME

@@ -154,6 +154,7 @@ class Server:
             transport_options=transport_options, retry_options=retry_options,
             taskflow_compat=taskflow_compat, prefetch_count=capacity,
             on_connected=lambda: self._submit_control(self.announce),
+            on_refused=self._on_refused,
         )  # fmt: skip
 
     @property
@@ -219,6 +220,19 @@ class Server:
             self._send(notify, reply_to)
         except Exception as err:
             LOG.error("Worker %s could not answer NOTIFY of %r: %s", self.worker_id, reply_to, err)
+
+    def _on_refused(self, message: Any, reason: str, detail: str) -> None:
+        """Tell the sender of a refused REQUEST why, when it says where to reply."""
+        props = message.properties or {}
+        reply_to, correlation_id = props.get("reply_to"), props.get("correlation_id")
+        if props.get("type") != pr.REQUEST or not reply_to or not correlation_id:
+            return
+        error = exc.InvalidFormat(
+            f"Worker {self.worker_id} (topic '{self._topic}') refused the request: "
+            f"reason={reason} {detail}")
+        self._reply(reply_to, str(correlation_id), message.headers or {}, pr.FAILURE,
+                    f"(refused, reason={reason})",
+                    result=pr.failure_to_dict(Failure.from_exception(error)))
 
     def _on_request(self, data: Any, message: Any) -> None:
         props = message.properties

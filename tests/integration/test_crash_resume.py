@@ -67,12 +67,19 @@ Key = tuple[str, str]  # (atom name, action)
 
 @dataclasses.dataclass(frozen=True)
 class Scenario:
-    """One flow shape on one engine; ``fail`` names a task that fails so the flow reverts."""
+    """One flow shape on one engine; ``fail`` names a task that fails so the flow reverts.
+
+    Kill points are ``random_kills`` numbers drawn from a generator seeded with the scenario's
+    id, plus the ``pinned`` ones.
+    """
 
     engine: str
     shape: str
     size: int = 12
     fail: str | None = None
+    work: float = 0.03
+    random_kills: int = KILLS
+    pinned: tuple[int, ...] = ()
 
     @property
     def id(self) -> str:
@@ -80,10 +87,10 @@ class Scenario:
 
     def factory_kwargs(self, ledger: Path) -> dict[str, Any]:
         return {"shape": self.shape, "size": self.size, "ledger": str(ledger),
-                "fail": self.fail}
+                "work": self.work, "fail": self.fail}
 
     def executed(self) -> list[str]:
-        """Tasks whose execute must run: all of them, or those up to the failing task's layer."""
+        """Tasks whose execute must run: all of them, or those up to the failing task."""
         names = crash_tasks.task_names(self.shape, self.size)
         if self.fail is None:
             return names
@@ -93,20 +100,20 @@ class Scenario:
         # A failing task's siblings may or may not start, depending on when it fails.
         return names[:index - index % crash_tasks.LAYER_WIDTH] + [self.fail]
 
-    def kill_points(self, seed: str) -> list[int]:
-        """Distinct actions started at which to kill, sorted; each run must reach its point."""
+    def kill_points(self) -> list[int]:
+        """Numbers of distinct actions started at which to kill (each run must reach its own)."""
         reachable = len(self.executed()) * (2 if self.fail else 1)
-        return sorted(random.Random(seed).sample(range(1, reachable), KILLS))
+        drawn = random.Random(self.id).sample(range(1, reachable), self.random_kills)
+        return sorted(set(drawn) | set(self.pinned))
 
 
 SCENARIOS = [
     Scenario("serial", "linear"),
-    Scenario("parallel", "graph"),
     Scenario("parallel", "linear"),
+    Scenario("parallel", "graph"),
     Scenario("serial", "linear", fail="t08"),
-    Scenario("parallel", "graph", fail="l2t1"),
+    Scenario("parallel", "linear", fail="t08"),
 ]
-SERIAL_GRAPH = Scenario("serial", "graph")
 
 
 # ---- the oracle -----------------------------------------------------------------------------
@@ -128,8 +135,11 @@ def _is_start(record: dict[str, Any]) -> bool:
     return record["event"] in crash_tasks.STARTS
 
 
-def check_resumption(runs: list[Run]) -> collections.Counter[str]:
+def check_resumption(runs: list[Run], serial: bool) -> collections.Counter[str]:
     """Check the ledger against the stored snapshots; return what the kills caught.
+
+    ``serial``: the engine runs tasks in its own thread, so it can record each atom before it
+    starts the next (a parallel engine may start atoms of a round while another one returns).
 
     Raises:
         AssertionError: naming the atom, the action and the run where a promise was broken.
@@ -159,7 +169,7 @@ def check_resumption(runs: list[Run]) -> collections.Counter[str]:
         if run.stored is None:
             continue
         caught["kills"] += 1
-        _classify_at_kill(number, run, last, finished, reruns, caught)
+        _classify_at_kill(number, run, last, finished, reruns, caught, serial)
     for key, (event, number) in last.items():
         if event != "end":
             raise AssertionError(f"{key[0]} {key[1]} never ended (last started in run {number})")
@@ -175,7 +185,7 @@ def check_resumption(runs: list[Run]) -> collections.Counter[str]:
 
 def _classify_at_kill(number: int, run: Run, last: dict[Key, tuple[str, int]],
                       finished: dict[Key, int], reruns: collections.Counter[Key],
-                      caught: collections.Counter[str]) -> None:
+                      caught: collections.Counter[str], serial: bool) -> None:
     assert run.stored is not None
     for atom, state in run.stored.items():
         for action, recorded in RECORDED.items():
@@ -195,7 +205,8 @@ def _classify_at_kill(number: int, run: Run, last: dict[Key, tuple[str, int]],
             # The crash came after the task returned and before the engine stored its outcome.
             caught["returned, not yet stored"] += 1
             reruns[key] += 1
-            _check_nothing_started_after(number, run, key)
+            if serial:
+                _check_nothing_started_after(number, run, key)
 
 
 def _check_nothing_started_after(number: int, run: Run, key: Key) -> None:
