@@ -119,8 +119,10 @@ def respond(config: dict[str, Any]) -> None:
     exchange = _topology(config["exchange"], persistent)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    with broker.connection() as conn:
-        producer = conn.Producer(serializer="json")
+    # Replies go out on their own connection: publishing on the consuming connection from
+    # inside its callback makes py-amqp deliver more messages re-entrantly.
+    with broker.connection() as conn, broker.connection() as pub_conn:
+        producer = pub_conn.Producer(serializer="json")
         delivery_mode = 2 if persistent else 1
 
         def on_message(body: Any, message: Any) -> None:
@@ -290,14 +292,14 @@ def measure(
     topic = "echo"
     result: dict[str, Any] = {"broker": broker.name, "persistent": persistent}
     try:
-        with responder(broker, exchange, topic, persistent):
-            client = _Client(broker, exchange, topic, persistent)
-            try:
+        client = _Client(broker, exchange, topic, persistent)
+        try:
+            with responder(broker, exchange, topic, persistent):
                 client.sequential(min(20, sequential), time.monotonic() + time_limit)  # warm up
                 result["sequential"] = client.sequential(sequential, time.monotonic() + time_limit)
                 result["pipelined"] = client.pipelined(pipelined, time.monotonic() + time_limit)
-            finally:
-                client.close()
+        finally:
+            client.close()  # after the responder stopped consuming the queues it deletes
     except Exception as err:  # an unreachable broker is a result, not a crash
         result["error"] = f"{type(err).__name__}: {err}"
     return result

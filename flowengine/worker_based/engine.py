@@ -11,6 +11,7 @@ from typing import Any
 from flowengine.engines import executor as local
 from flowengine.engines.engine import ActionEngine
 from flowengine.engines.options import as_bool
+from flowengine.worker_based import extensions as ext
 from flowengine.worker_based import protocol as pr
 from flowengine.worker_based.executor import WorkerTaskExecutor
 
@@ -27,6 +28,11 @@ class WorkerBasedActionEngine(ActionEngine):
         worker_expiry: seconds after which a silent worker is forgotten (default 60).
         executor: a ready-made :class:`WorkerTaskExecutor` to use instead.
         taskflow_compat: declare queues exactly as TaskFlow does (for mixed fleets).
+        lease_timeout: seconds a running remote task may go without a heartbeat before it is
+            re-dispatched (default 10; None disables leases).
+        heartbeat_interval: seconds between worker heartbeats (default 2).
+        max_attempts: attempts per task before it fails with WorkerLost (default 3).
+        time_limits: ``{task name: seconds}`` overriding tasks' ``time_limit``.
     """
 
     def __init__(
@@ -53,6 +59,7 @@ class WorkerBasedActionEngine(ActionEngine):
             topics = [t for t in topics.split(",") if t]
         timeout = extra.get("transition_timeout", pr.REQUEST_TIMEOUT)
         expiry = extra.get("worker_expiry", pr.EXPIRES_AFTER)
+        lease = extra.get("lease_timeout", ext.DEFAULT_LEASE_TIMEOUT)
         self._worker_executor = WorkerTaskExecutor(
             uuid=self.storage.flow_uuid,
             exchange=extra.get("exchange", "default"),
@@ -64,5 +71,10 @@ class WorkerBasedActionEngine(ActionEngine):
             retry_options=extra.get("retry_options"),
             worker_expiry=None if expiry is None else float(expiry),
             taskflow_compat=as_bool("taskflow_compat", extra.get("taskflow_compat", False)),
+            lease_timeout=None if lease in (None, "", "none", "None") else float(lease),
+            heartbeat_interval=float(extra.get("heartbeat_interval",
+                                               ext.DEFAULT_HEARTBEAT_INTERVAL)),
+            max_attempts=int(extra.get("max_attempts", ext.DEFAULT_MAX_ATTEMPTS)),
+            time_limits=extra.get("time_limits"),
         )
         return self._worker_executor

@@ -35,6 +35,8 @@ from flowengine.worker_based.types import TopicWorker, WorkerFinder, header
 
 LOG = logging.getLogger(__name__)
 
+#: Seconds an engine's unused reply queue survives on brokers with queue expiry (AMQP).
+REPLY_QUEUE_EXPIRES = 600.0
 #: Seconds between NOTIFY rounds to the configured topics (how TaskFlow workers stay known).
 NOTIFY_PERIOD = pr.NOTIFY_PERIOD
 
@@ -149,6 +151,8 @@ class WorkerTaskExecutor(local.TaskExecutor):
             transport_options=transport_options, retry_options=retry_options,
             taskflow_compat=taskflow_compat, extra_routing_keys=[pr.DISCOVERY_ROUTING_KEY],
             on_connected=self._notify_topics,
+            # An engine's reply queue outlives it only briefly (brokers that support expiry).
+            queue_expires=None if taskflow_compat else REPLY_QUEUE_EXPIRES,
         )
         self._thread: threading.Thread | None = None
 

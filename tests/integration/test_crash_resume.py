@@ -339,8 +339,8 @@ def _stored_states(conn: base.Connection, flow_uuid: str) -> dict[str, str]:
     return {ad.name: ad.state for ad in conn.get_flow_details(flow_uuid)}
 
 
-def crash_and_resume(server: ForkServer, uri: str, scenario: Scenario, workdir: Path,
-                     seed: str) -> tuple[list[Run], models.FlowDetail, str]:
+def crash_and_resume(server: ForkServer, uri: str, scenario: Scenario,
+                     workdir: Path) -> tuple[list[Run], models.FlowDetail, str]:
     """Run the scenario with kills until it ends; return the runs, the stored flow, the output."""
     ledger = workdir / "ledger.jsonl"
     backend = backends.fetch(uri)
@@ -350,13 +350,13 @@ def crash_and_resume(server: ForkServer, uri: str, scenario: Scenario, workdir: 
         conn.save_logbook(book)
         runs: list[Run] = []
         flow_uuid = None
-        points = scenario.kill_points(seed)
+        points = scenario.kill_points()
         seen = 0
         while True:
             started = _distinct_started(ledger)
             while points and points[0] <= started:
                 points.pop(0)  # reached already (the kill landed late): take the next one
-            kill_at = max(points[0], started + 1) if points else None
+            kill_at = points.pop(0) if points else None
             out = workdir / f"run{len(runs) + 1}.out"
             if flow_uuid is None:
                 argv = ["start", uri, scenario.engine, book.uuid,
@@ -374,35 +374,44 @@ def crash_and_resume(server: ForkServer, uri: str, scenario: Scenario, workdir: 
                 return runs, conn.get_flow_details(flow_uuid), out.read_text()
             runs.append(Run(records[seen:], _stored_states(conn, flow_uuid)))
             seen = len(records)
-            if points:
-                points.pop(0)
 
 
 # ---- the tests ------------------------------------------------------------------------------
 
 
-def _check_scenario(server: ForkServer, uri: str, scenario: Scenario, tmp_path: Path) -> None:
-    runs, flow_detail, output = crash_and_resume(server, uri, scenario, tmp_path,
-                                                 seed=scenario.id)
-    caught = check_resumption(runs)
-    assert caught["kills"] >= KILLS - 1, f"only {caught['kills']} kills landed: {caught}"
-    assert caught["restarted"] >= 1, f"no kill caught work in flight that a resume re-ran: {caught}"
+def _check_end_state(scenario: Scenario, runs: list[Run], flow_detail: models.FlowDetail,
+                     output: str) -> None:
     stored = {ad.name: ad for ad in flow_detail}
-    executed = {r["atom"] for run in runs for r in run.records if r["event"] == "execute-start"}
     if scenario.fail is None:
-        assert output.splitlines()[0] == "final SUCCESS", output
+        assert output.splitlines()[:1] == ["final SUCCESS"], output
         assert flow_detail.state == states.SUCCESS
         assert {n: ad.state for n, ad in stored.items()} == dict.fromkeys(stored, states.SUCCESS)
         expected = crash_tasks.expected_results(scenario.shape, scenario.size)
         assert {name: stored[name].results for name in expected} == expected
-    else:
-        assert output.splitlines()[:2] == ["final REVERTED", "raised Boom"], output
-        assert flow_detail.state == states.REVERTED
-        assert set(scenario.executed()) <= executed
-        reverted = {r["atom"] for run in runs for r in run.records if r["event"] == "revert-end"}
-        assert reverted == executed, "every task that executed is reverted, and no other"
-        assert {n: ad.state for n, ad in stored.items() if n in executed} == dict.fromkeys(
-            executed, states.REVERTED)
+        return
+    assert output.splitlines()[:2] == ["final REVERTED", "raised Boom"], output
+    assert flow_detail.state == states.REVERTED
+    executed = {r["atom"] for run in runs for r in run.records if r["event"] == "execute-start"}
+    assert set(scenario.executed()) <= executed
+    reverted = {r["atom"] for run in runs for r in run.records if r["event"] == "revert-end"}
+    left = {name: f"{stored[name].state}/{stored[name].intention}"
+            for name in sorted(executed - reverted)}
+    assert not left, (
+        f"the flow ended {flow_detail.state}, but these tasks executed and were never reverted "
+        f"(stored state/intention): {left}")
+    assert reverted == executed, f"reverted tasks that never executed: {reverted - executed}"
+    assert {n: stored[n].state for n in executed} == dict.fromkeys(executed, states.REVERTED)
+
+
+def _check_scenario(server: ForkServer, uri: str, scenario: Scenario, tmp_path: Path) -> None:
+    runs, flow_detail, output = crash_and_resume(server, uri, scenario, tmp_path)
+    _check_end_state(scenario, runs, flow_detail, output)
+    caught = check_resumption(runs, serial=scenario.engine == "serial")
+    planned = len(scenario.kill_points())
+    # A kill landing late may pass the next kill point; most must still land.
+    assert caught["kills"] >= min(planned, max(1, planned - 1)), (
+        f"only {caught['kills']} of {planned} kills landed: {caught}")
+    assert caught["restarted"] >= 1, f"no kill caught work in flight that a resume re-ran: {caught}"
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda s: s.id)
@@ -411,12 +420,26 @@ def test_killed_engines_resume_without_repeating_finished_work(
     _check_scenario(fork_server, uri, scenario, tmp_path)
 
 
-@pytest.mark.xfail(strict=True, reason=(
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
     "engine bug: the serial engine runs every ready atom of a scheduling round before it stores "
-    "any of their results, so a crash in the round re-runs atoms that had finished"))
+    "any of their results, so a crash during the round re-runs atoms that had finished"))
 def test_serial_engine_records_each_atom_before_running_the_next(
         fork_server: ForkServer, tmp_path: Path) -> None:
-    _check_scenario(fork_server, f"sqlite:///{tmp_path}/flows.db", SERIAL_GRAPH, tmp_path)
+    # Killed while l0t1 runs: l0t0 (same round) has returned, but is still stored RUNNING.
+    scenario = Scenario("serial", "graph", random_kills=0, pinned=(2,))
+    _check_scenario(fork_server, f"sqlite:///{tmp_path}/flows.db", scenario, tmp_path)
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+    "engine bug: an atom stored RUNNING with intention REVERT (still running when a sibling's "
+    "failure was processed) is neither restarted nor reverted by a resumed engine, so nothing "
+    "before it is reverted either, yet the flow ends REVERTED"))
+def test_a_revert_interrupted_while_siblings_run_is_resumed(
+        fork_server: ForkServer, tmp_path: Path) -> None:
+    # Killed as l2t1's revert starts (the 10th action), while l2t0 and l2t2 still execute.
+    scenario = Scenario("parallel", "graph", fail="l2t1", work=0.3, random_kills=0,
+                        pinned=(10,))
+    _check_scenario(fork_server, f"sqlite:///{tmp_path}/flows.db", scenario, tmp_path)
 
 
 # ---- the oracle can fail --------------------------------------------------------------------
@@ -430,7 +453,7 @@ def test_the_oracle_accepts_restarting_work_in_flight() -> None:
     runs = [Run(_events("a execute-start", "a execute-end", "b execute-start"),
                 {"a": states.SUCCESS, "b": states.RUNNING}),
             Run(_events("b execute-start", "b execute-end"), None)]
-    assert check_resumption(runs) == {"kills": 1, "in flight": 1, "restarted": 1}
+    assert check_resumption(runs, serial=True) == {"kills": 1, "in flight": 1, "restarted": 1}
 
 
 def test_the_oracle_rejects_rerunning_a_recorded_atom() -> None:
@@ -439,7 +462,7 @@ def test_the_oracle_rejects_rerunning_a_recorded_atom() -> None:
             Run(_events("a execute-start", "a execute-end", "b execute-start", "b execute-end"),
                 None)]
     with pytest.raises(AssertionError, match="a execute: finished and recorded before kill 1"):
-        check_resumption(runs)
+        check_resumption(runs, serial=True)
 
 
 def test_the_oracle_rejects_running_more_before_recording_a_finished_atom() -> None:
@@ -447,11 +470,12 @@ def test_the_oracle_rejects_running_more_before_recording_a_finished_atom() -> N
                 {"a": states.RUNNING, "b": states.RUNNING}),
             Run(_events("a execute-start", "a execute-end", "b execute-start", "b execute-end"),
                 None)]
+    assert check_resumption(runs, serial=False)["returned, not yet stored"] == 1
     with pytest.raises(AssertionError, match="meanwhile started b"):
-        check_resumption(runs)
+        check_resumption(runs, serial=True)
 
 
 def test_the_oracle_rejects_an_action_that_never_ends() -> None:
     runs = [Run(_events("a execute-start"), {"a": states.RUNNING}), Run([], None)]
     with pytest.raises(AssertionError, match="a execute never ended"):
-        check_resumption(runs)
+        check_resumption(runs, serial=True)
