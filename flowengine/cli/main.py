@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from flowengine import __version__
+from flowengine.cli.dead_letters import dead_letters_group
 from flowengine.cli.worker import worker_command
 
 
@@ -15,6 +16,7 @@ def cli() -> None:
 
 
 cli.add_command(worker_command)
+cli.add_command(dead_letters_group)
 
 
 def main() -> None:

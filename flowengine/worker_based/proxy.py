@@ -8,6 +8,7 @@ lets any thread settle (ack, requeue, reject) the messages it delivered.
 
 from __future__ import annotations
 
+import json
 import logging
 import queue
 import threading
@@ -77,6 +78,18 @@ class ConnectionDetails(NamedTuple):
     driver_name: str
     driver_version: str | None
     options: dict[str, Any]
+
+
+class StoredMessage(NamedTuple):
+    """A message copied out of a queue: its raw body, headers and properties."""
+
+    body: bytes
+    headers: dict[str, Any]
+    properties: dict[str, Any]
+
+    def json(self) -> Any:
+        """The body decoded as JSON."""
+        return json.loads(self.body.decode("utf-8"))
 
 
 class Proxy:
@@ -270,6 +283,48 @@ class Proxy:
                 connections = self._conn.Pool(limit=PUBLISH_POOL_SIZE)
                 self._producers = pools.ProducerPool(connections, limit=PUBLISH_POOL_SIZE)
             return self._producers
+
+    def browse(self, routing_key: str, limit: int = 10_000) -> list[StoredMessage]:
+        """Copies of the messages waiting in ``<exchange>_<routing_key>``, oldest first.
+
+        Each is taken and given back (requeued), so the queue is unchanged; meant for operator
+        tools on quiet queues (dead letters), not for queues that consumers drain.
+        """
+        return self._visit(routing_key, lambda _m: False, limit)
+
+    def take(self, routing_key: str, wanted: Callable[[StoredMessage], bool],
+             limit: int = 10_000) -> StoredMessage | None:
+        """Remove and return the first waiting message ``wanted`` accepts (others stay)."""
+        found = self._visit(routing_key, wanted, limit, remove_first_match=True)
+        return found[0] if found else None
+
+    def _visit(self, routing_key: str, wanted: Callable[[StoredMessage], bool], limit: int,
+               remove_first_match: bool = False) -> list[StoredMessage]:
+        seen: list[StoredMessage] = []
+        held: list[Any] = []
+        with self._conn.clone() as conn, conn.channel() as channel:
+            queue = self._queue(routing_key)(channel)
+            queue.declare()
+            try:
+                while len(held) < limit:
+                    message = queue.get(no_ack=False, accept=[dp.JSON_CONTENT_TYPE])
+                    if message is None:
+                        break
+                    stored = StoredMessage(
+                        body=message.body if isinstance(message.body, bytes)
+                        else str(message.body).encode(),
+                        headers=dict(message.headers or {}),
+                        properties=dict(message.properties or {}))
+                    if remove_first_match and wanted(stored):
+                        message.ack()
+                        return [stored]
+                    held.append(message)
+                    seen.append(stored)
+            finally:
+                # Given back in the order taken, so the queue keeps its order.
+                for message in held:
+                    message.requeue()
+        return [] if remove_first_match else seen
 
     def close(self) -> None:
         """Close the publishing connections; a later publish opens new ones."""

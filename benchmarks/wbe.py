@@ -1,0 +1,370 @@
+"""Worker-based engine benchmark: no-op flows on real worker processes, against the kombu ceiling.
+
+Workloads: an unordered flow of ``--unordered`` no-op tasks (throughput) and a linear flow of
+``--linear`` (per-task latency: one request and its replies at a time). Each runs on every chosen
+broker (redis, rabbitmq, fs = flowengine-fs) with each ``--workers`` count of worker processes
+(``flowengine worker``, one topic). The raw kombu request/response rate is measured first on the
+same broker (``kombu_ceiling.py``), so every result carries its ratio to that ceiling; with
+``--taskflow PYTHON`` the same workloads also run on TaskFlow's worker-based engine (its workers
+from that interpreter; on ``fs`` TaskFlow uses kombu's own ``filesystem`` transport, the nearest
+brokerless equivalent) for the ratio against TaskFlow.
+
+Reported per run: ``run_s`` (``engine.run()``, including finding the workers),
+``tasks_per_s`` (tasks / run_s), ``steady_tasks_per_s`` (between the first and the last task's
+SUCCESS), ``first_task_ms`` and, for the linear flow, ``per_task_ms`` (median gap between
+consecutive SUCCESS notifications). Compile and storage preparation happen before the clock starts.
+
+Every engine and worker runs in its own process, each engine run is bounded by ``--run-timeout``,
+and queues and exchanges the runs leave on a broker are deleted afterwards. Prints one JSON
+document. Example::
+
+    python benchmarks/wbe.py --brokers redis rabbitmq fs --workers 1 2 --taskflow /tmp/probe/bin/python
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import kombu
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import kombu_ceiling as ceiling  # noqa: E402
+
+from flowengine.worker_based.executor import WorkerTaskExecutor  # noqa: E402
+
+TOPIC = "bench"
+TASKS_MODULE = "wbe_bench_tasks"
+_TASKS = """\
+from {lib} import task
+
+
+class Noop(task.Task):
+    def execute(self):
+        return None
+"""
+
+# Runs in the engine's own process, with the interpreter of the library under test.
+_ENGINE_CHILD = r"""
+import json, statistics, sys, time
+cfg = json.loads(sys.argv[1])
+sys.path.insert(0, cfg["tasks_dir"])
+if cfg["lib"] == "taskflow":
+    from taskflow import engines
+    from taskflow.patterns import linear_flow, unordered_flow
+else:
+    from flowengine import engines
+    from flowengine.flows import linear_flow, unordered_flow
+import wbe_bench_tasks as tasks
+
+out = {}
+for shape, size in cfg["workloads"]:
+    pattern = linear_flow if shape == "linear" else unordered_flow
+    flow = pattern.Flow(shape).add(*[tasks.Noop("t%d" % i) for i in range(size)])
+    engine = engines.load(flow, engine="worker-based", **cfg["engine_options"])
+    done = []
+    engine.atom_notifier.register("SUCCESS", lambda state, details: done.append(time.perf_counter()))
+    engine.compile()
+    engine.prepare()
+    started = time.perf_counter()
+    engine.run()
+    run_s = time.perf_counter() - started
+    gaps = [b - a for a, b in zip(done, done[1:])]
+    row = {
+        "tasks": size,
+        "run_s": run_s,
+        "tasks_per_s": size / run_s,
+        "first_task_ms": 1000 * (done[0] - started),
+        "steady_tasks_per_s": (len(done) - 1) / (done[-1] - done[0]) if len(done) > 1 else None,
+        "flow_uuid": engine.storage.flow_uuid,
+    }
+    if shape == "linear" and gaps:
+        row["per_task_ms"] = 1000 * statistics.median(gaps)
+        row["per_task_ms_p95"] = 1000 * sorted(gaps)[int(0.95 * (len(gaps) - 1))]
+    out[shape] = row
+print(json.dumps(out))
+"""
+
+# A TaskFlow worker that takes transport options (its own CLI does not) and says when it is up.
+_TASKFLOW_WORKER = r"""
+import json, signal, sys, threading
+cfg = json.loads(sys.argv[1])
+sys.path.insert(0, cfg["tasks_dir"])
+from taskflow.engines.worker_based import worker
+w = worker.Worker(cfg["exchange"], cfg["topic"], [cfg["tasks"]], url=cfg.get("url"),
+                  transport=cfg.get("transport"), transport_options=cfg.get("transport_options"))
+stop = threading.Event()
+signal.signal(signal.SIGTERM, lambda *_: stop.set())
+threading.Thread(target=w.run, kwargs={"display_banner": False}, daemon=True).start()
+w.wait()
+print("ready", flush=True)
+stop.wait()
+w.stop()
+"""
+
+
+def _broker_options(broker: ceiling.Broker, lib: str) -> dict[str, Any]:
+    """The url/transport/transport_options an engine or worker of ``lib`` uses on ``broker``."""
+    if broker.url:
+        return {"url": broker.url}
+    if lib == "taskflow":  # kombu's stock filesystem transport: TaskFlow cannot load ours
+        folder = str(Path(broker.transport_options["data_folder"]) / "kombu-filesystem")
+        os.makedirs(folder, exist_ok=True)
+        options = {"data_folder_in": folder, "data_folder_out": folder,
+                   "polling_interval": broker.transport_options["polling_interval"]}  # fmt: skip
+        return {"transport": "filesystem", "transport_options": options}
+    return {"transport": broker.transport, "transport_options": dict(broker.transport_options)}
+
+
+def _terminate(procs: list[subprocess.Popen[Any]], timeout: float = 15.0) -> list[int | None]:
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
+    deadline = time.monotonic() + timeout
+    codes: list[int | None] = []
+    for proc in procs:
+        try:
+            codes.append(proc.wait(max(deadline - time.monotonic(), 0.1)))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            codes.append(None)
+    return codes
+
+
+@contextlib.contextmanager
+def flowengine_workers(
+    broker: ceiling.Broker, exchange: str, count: int, threads: int, tasks_dir: str
+) -> Iterator[list[str]]:
+    """Start ``count`` ``flowengine worker`` processes; yield once all have announced themselves.
+
+    Yields the names of the queues the readiness check left behind.
+    """
+    options = _broker_options(broker, "flowengine")
+    listener_id = uuid.uuid4().hex
+    listener = WorkerTaskExecutor(listener_id, exchange, [], **options)
+    listener.start()
+    command = [
+        sys.executable, "-m", "flowengine.cli.main", "worker", "--exchange", exchange,
+        "--topic", TOPIC, "--task", TASKS_MODULE, "--threads", str(threads),
+        "--log-level", "WARNING", "--grace", "10",
+    ]  # fmt: skip
+    if "url" in options:
+        command += ["--url", options["url"]]
+    else:
+        command += ["--transport", options["transport"]]
+        for key, value in options["transport_options"].items():
+            command += ["--transport-option", f"{key}={value}"]
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        for _ in range(count):
+            procs.append(subprocess.Popen(command, cwd=tasks_dir, stdin=subprocess.DEVNULL))
+        deadline = time.monotonic() + 30
+        while listener.wait_for_workers(count, timeout=0.1):
+            dead = [p.returncode for p in procs if p.poll() is not None]
+            if dead or time.monotonic() > deadline:
+                raise RuntimeError(f"flowengine workers did not come up (exit codes {dead})")
+        listener.stop()
+        yield [f"{exchange}_{listener_id}"]
+    finally:
+        listener.stop()
+        codes = _terminate(procs)
+        if any(code != 0 for code in codes):
+            print(f"warning: flowengine worker exit codes {codes}", file=sys.stderr)
+
+
+@contextlib.contextmanager
+def taskflow_workers(
+    python: str, broker: ceiling.Broker, exchange: str, count: int, tasks_dir: str
+) -> Iterator[list[str]]:
+    """Start ``count`` TaskFlow workers with ``python``; yield once each printed ``ready``."""
+    config = {"exchange": exchange, "topic": TOPIC, "tasks": TASKS_MODULE,
+              "tasks_dir": tasks_dir, **_broker_options(broker, "taskflow")}  # fmt: skip
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        for _ in range(count):
+            procs.append(subprocess.Popen(
+                [python, "-c", _TASKFLOW_WORKER, json.dumps(config)], cwd=tasks_dir,
+                stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+            ))  # fmt: skip
+        for proc in procs:
+            ceiling._wait_for_line(proc, "ready", timeout=30.0)
+        yield []
+    finally:
+        _terminate(procs)
+
+
+def run_engine(
+    python: str, lib: str, broker: ceiling.Broker, exchange: str, workloads: list[tuple[str, int]],
+    tasks_dir: str, timeout: float,
+) -> dict[str, Any]:  # fmt: skip
+    """Run the workloads in one engine process of ``lib``; its measurements, or an error."""
+    options = {"exchange": exchange, "topics": [TOPIC], **_broker_options(broker, lib)}
+    config = {"lib": lib, "tasks_dir": tasks_dir, "workloads": workloads,
+              "engine_options": options}  # fmt: skip
+    try:
+        proc = subprocess.run(
+            [python, "-c", _ENGINE_CHILD, json.dumps(config)], cwd=tasks_dir,
+            capture_output=True, text=True, timeout=timeout, check=False,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout:.0f}s"}
+    if proc.returncode != 0:
+        tail = proc.stderr.strip().splitlines()[-3:] if proc.stderr else ["failed"]
+        return {"error": " | ".join(tail)}
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result
+
+
+def cleanup(broker: ceiling.Broker, exchange: str, queues: list[str]) -> None:
+    """Delete what the runs left on a server broker (flowengine's queues are durable)."""
+    if not broker.url:
+        return  # the fs folder is removed with its temporary directory
+    with contextlib.suppress(Exception), kombu.Connection(broker.url) as conn:
+        channel = conn.default_channel
+        if broker.name == "redis":
+            client = channel.client
+            for key in client.scan_iter(match=f"{exchange}_*"):
+                client.delete(key)
+            client.delete(f"_kombu.binding.{exchange}")
+            return
+        for name in queues:
+            with contextlib.suppress(Exception):
+                channel.queue_delete(name)
+        with contextlib.suppress(Exception):
+            channel.exchange_delete(exchange)
+
+
+def _ratio(numerator: Any, denominator: Any) -> float | None:
+    if (
+        isinstance(numerator, (int, float))
+        and isinstance(denominator, (int, float))
+        and denominator
+    ):
+        return numerator / denominator
+    return None
+
+
+def compare(row: dict[str, Any], limit: dict[str, Any], taskflow: dict[str, Any] | None) -> None:
+    """Add the ratios to the ceiling (and to TaskFlow) and whether the targets are met."""
+    unordered, linear = row.get("unordered", {}), row.get("linear", {})
+    pipelined = limit.get("pipelined", {}).get("replies_per_s")
+    round_trip = limit.get("sequential", {}).get("p50_ms")
+    ratios: dict[str, Any] = {
+        "unordered_vs_pipelined_ceiling": _ratio(unordered.get("tasks_per_s"), pipelined),
+        "unordered_steady_vs_pipelined_ceiling": _ratio(
+            unordered.get("steady_tasks_per_s"), pipelined
+        ),
+        "linear_per_task_vs_round_trip": _ratio(linear.get("per_task_ms"), round_trip),
+    }
+    if taskflow is not None:
+        tf_unordered, tf_linear = taskflow.get("unordered", {}), taskflow.get("linear", {})
+        ratios["unordered_vs_taskflow"] = _ratio(
+            unordered.get("tasks_per_s"), tf_unordered.get("tasks_per_s")
+        )
+        ratios["linear_run_vs_taskflow"] = _ratio(tf_linear.get("run_s"), linear.get("run_s"))
+        ratios["linear_per_task_vs_taskflow"] = _ratio(
+            tf_linear.get("per_task_ms"), linear.get("per_task_ms")
+        )
+    row["ratios"] = ratios
+    throughput, latency = (
+        ratios["unordered_vs_pipelined_ceiling"],
+        ratios["linear_per_task_vs_round_trip"],
+    )
+    targets = {
+        "throughput_at_least_half_ceiling": None if throughput is None else throughput >= 0.5,
+        "linear_latency_within_3x_round_trip": None if latency is None else latency <= 3.0,
+    }
+    if taskflow is not None:
+        vs = ratios.get("unordered_vs_taskflow")
+        targets["at_least_10x_taskflow"] = None if vs is None else vs >= 10.0
+    row["targets_met"] = targets
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--brokers", nargs="+", choices=ceiling.BROKERS, default=list(ceiling.BROKERS)
+    )
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--unordered", type=int, default=1000, help="tasks in the unordered flow")
+    parser.add_argument("--linear", type=int, default=200, help="tasks in the linear flow")
+    parser.add_argument(
+        "--threads", type=int, default=10, help="task threads per flowengine worker"
+    )
+    parser.add_argument(
+        "--taskflow",
+        metavar="PYTHON",
+        default=os.environ.get("TASKFLOW_PYTHON"),
+        help="an interpreter with taskflow installed, for the comparison",
+    )
+    parser.add_argument("--run-timeout", type=float, default=240.0, help="seconds per engine run")
+    parser.add_argument("--ceiling-sequential", type=int, default=500)
+    parser.add_argument("--ceiling-pipelined", type=int, default=5000)
+    args = parser.parse_args()  # fmt: skip
+    workloads = [("unordered", args.unordered), ("linear", args.linear)]
+    results: list[dict[str, Any]] = []
+    ceilings: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="flowengine-wbe-bench-") as tmp:
+        for broker in (ceiling.make_broker(name, os.path.join(tmp, "fs")) for name in args.brokers):
+            limit = ceiling.measure(broker, args.ceiling_sequential, args.ceiling_pipelined)
+            ceilings[broker.name] = limit
+            print(json.dumps(limit), file=sys.stderr)
+            for count in args.workers:
+                libs = [("flowengine", sys.executable)]
+                if args.taskflow:
+                    libs.append(("taskflow", args.taskflow))
+                by_lib: dict[str, dict[str, Any]] = {}
+                for lib, python in libs:
+                    tasks_dir = os.path.join(tmp, f"tasks-{lib}")
+                    os.makedirs(tasks_dir, exist_ok=True)
+                    Path(tasks_dir, f"{TASKS_MODULE}.py").write_text(_TASKS.format(lib=lib))
+                    exchange = f"wbe-bench-{uuid.uuid4().hex[:8]}"
+                    queues = [f"{exchange}_{TOPIC}"]
+                    row: dict[str, Any] = {"broker": broker.name, "lib": lib, "workers": count}
+                    try:
+                        workers = (
+                            taskflow_workers(python, broker, exchange, count, tasks_dir)
+                            if lib == "taskflow"
+                            else flowengine_workers(
+                                broker, exchange, count, args.threads, tasks_dir
+                            )
+                        )
+                        with workers as leftovers:
+                            queues += leftovers
+                            row.update(run_engine(python, lib, broker, exchange, workloads,
+                                                  tasks_dir, args.run_timeout))  # fmt: skip
+                    except Exception as err:
+                        row["error"] = f"{type(err).__name__}: {err}"
+                    finally:
+                        queues += [f"{exchange}_{row.get(shape, {}).get('flow_uuid')}"
+                                   for shape, _ in workloads]  # fmt: skip
+                        cleanup(broker, exchange, queues)
+                    by_lib[lib] = row
+                    print(json.dumps(row), file=sys.stderr)
+                compare(by_lib["flowengine"], limit, by_lib.get("taskflow"))
+                results.extend(by_lib.values())
+    print(json.dumps({
+        "benchmark": "wbe",
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "sizes": {"unordered": args.unordered, "linear": args.linear},
+        "flowengine_threads_per_worker": args.threads,
+        "ceiling": ceilings,
+        "results": results,
+    }, indent=2))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

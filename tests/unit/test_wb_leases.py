@@ -1,0 +1,239 @@
+"""Leases, re-dispatch, WorkerLost, dead letters and time limits, driven by an injected clock.
+
+A scripted worker (a real Proxy on kombu's memory transport) answers requests the way the test
+says, so a worker that goes silent after RUNNING needs no killing and no sleeping.
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import uuid
+from typing import Any
+
+import pytest
+
+from flowengine import exceptions as exc
+from flowengine.engines.executor import EXECUTED
+from flowengine.types.failure import Failure
+from flowengine.worker_based import dispatcher as dp
+from flowengine.worker_based import extensions as ext
+from flowengine.worker_based import protocol as pr
+from flowengine.worker_based import proxy as px
+from flowengine.worker_based.dead_letters import DeadLetters
+from flowengine.worker_based.executor import WorkerTaskExecutor
+
+from wb_lease_tasks import Slow  # tests/unit is on sys.path (pytest rootdir insertion)
+
+WAIT = 10.0
+TASK_CLS = pr.task_class_name(Slow())
+
+
+class Clock:
+    """A monotonic clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class ScriptedWorker:
+    """Consumes a topic and records requests; replies only when told to."""
+
+    def __init__(self, exchange: str, topic: str, identity: str) -> None:
+        self.identity = identity
+        self.topic = topic
+        self.requests: queue.Queue[tuple[Any, Any]] = queue.Queue()
+        handlers = {pr.REQUEST: dp.Handler(self._on_request),
+                    pr.NOTIFY: dp.Handler(self._on_notify)}
+        self.proxy = px.Proxy(topic, exchange, handlers, transport="memory")
+
+    def _on_request(self, data: Any, message: Any) -> None:
+        self.requests.put((data, message))
+
+    def _on_notify(self, data: Any, message: Any) -> None:
+        self.proxy.publish(pr.Notify(topic=self.topic, tasks=[TASK_CLS]),
+                           message.properties["reply_to"], headers=self.headers())
+
+    def headers(self) -> dict[str, Any]:
+        return {pr.HEADER_PROTOCOL: pr.PROTOCOL_VERSION, pr.HEADER_WORKER: self.identity}
+
+    def reply(self, message: Any, state: str, **data: Any) -> None:
+        self.proxy.publish(pr.Response(state, **data), message.properties["reply_to"],
+                           correlation_id=message.properties["correlation_id"],
+                           headers=self.headers())
+
+    def next_request(self) -> tuple[Any, Any]:
+        return self.requests.get(timeout=WAIT)
+
+
+@pytest.fixture
+def exchange() -> str:
+    return f"lease-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def worker(exchange: str) -> Any:
+    import threading
+
+    scripted = ScriptedWorker(exchange, "leased", "worker-1")
+    thread = threading.Thread(target=scripted.proxy.start, daemon=True)
+    thread.start()
+    assert scripted.proxy.wait(WAIT)
+    yield scripted
+    scripted.proxy.stop()
+    thread.join(WAIT)
+
+
+def make_executor(exchange: str, clock: Clock, **options: Any) -> WorkerTaskExecutor:
+    executor = WorkerTaskExecutor(
+        uuid.uuid4().hex, exchange, ["leased"], transport="memory", clock=clock,
+        lease_timeout=options.pop("lease_timeout", 5.0), heartbeat_interval=1.0, **options)
+    executor.start()
+    assert executor.wait_for_workers(1, timeout=WAIT) == 0
+    return executor
+
+
+def test_a_silent_worker_loses_its_lease_and_the_request_is_sent_again(
+    exchange: str, clock: Clock, worker: ScriptedWorker
+) -> None:
+    executor = make_executor(exchange, clock, max_attempts=3)
+    try:
+        future = executor.execute_task(Slow(), "atom-1", {})
+        first, message = worker.next_request()
+        assert message.headers[ext.HEADER_HEARTBEAT] == 1.0
+        worker.reply(message, pr.RUNNING)
+        # RUNNING renews the lease; a heartbeat renews it again.
+        _wait_until(lambda: executor._ongoing and next(iter(executor._ongoing.values())).lease_until)
+        clock.now += 4.0
+        worker.reply(message, pr.EVENT, event_type=ext.EVENT_HEARTBEAT, details={})
+        _wait_until(lambda: next(iter(executor._ongoing.values())).lease_until == clock.now + 5.0)
+        clock.now += 4.9
+        executor.on_wait()
+        assert worker.requests.empty()
+        clock.now += 0.2
+        executor.on_wait()
+        second, message2 = worker.next_request()
+        assert message2.headers[pr.HEADER_ATTEMPT] == 2
+        assert message2.properties["correlation_id"] != message.properties["correlation_id"]
+        # The lapsed attempt wakes up and answers: ignored; the new attempt's answer counts.
+        worker.reply(message, pr.SUCCESS, result="stale")
+        worker.reply(message2, pr.RUNNING)
+        worker.reply(message2, pr.SUCCESS, result="fresh")
+        assert future.result(timeout=WAIT) == (EXECUTED, "fresh")
+    finally:
+        executor.stop()
+
+
+def test_after_the_last_attempt_the_atom_fails_with_worker_lost_and_is_parked(
+    exchange: str, clock: Clock, worker: ScriptedWorker
+) -> None:
+    executor = make_executor(exchange, clock, max_attempts=2)
+    try:
+        future = executor.execute_task(Slow(name="slow-one"), "atom-2", {})
+        for _attempt in range(2):
+            _data, message = worker.next_request()
+            worker.reply(message, pr.RUNNING)
+            _wait_until(lambda: any(s.lease_until for s in executor._ongoing.values()))
+            clock.now += 6.0
+            executor.on_wait()
+        outcome, failure = future.result(timeout=WAIT)
+        assert isinstance(failure, Failure) and failure.check(exc.WorkerLost)
+        assert "slow-one" in failure.exception_str and "2 attempt" in failure.exception_str
+        assert "worker-1" in failure.exception_str
+    finally:
+        executor.stop()
+    letters = DeadLetters(exchange, transport="memory")
+    try:
+        parked = letters.list()
+        assert [(p.task_name, p.topic, p.workers) for p in parked] == [
+            ("slow-one", "leased", ["worker-1", "worker-1"])]
+        assert "lost" in parked[0].reason
+        assert letters.list() == parked, "listing must leave the dead letters in place"
+        letters.requeue(parked[0].id)
+        data, message = worker.next_request()
+        assert data["task_name"] == "slow-one"
+        assert pr.HEADER_DEADLINE in message.headers
+        assert letters.list() == []
+        with pytest.raises(exc.NotFound):
+            letters.requeue(parked[0].id)
+    finally:
+        letters.close()
+
+
+def test_a_task_over_its_time_limit_fails_with_a_timeout(
+    exchange: str, clock: Clock, worker: ScriptedWorker
+) -> None:
+    executor = make_executor(exchange, clock, time_limits={"limited": 3.0})
+    try:
+        future = executor.execute_task(Slow(name="limited"), "atom-3", {})
+        _data, message = worker.next_request()
+        assert message.headers[pr.HEADER_TIME_LIMIT] == 3.0
+        worker.reply(message, pr.RUNNING)
+        _wait_until(lambda: any(s.started for s in executor._ongoing.values()))
+        clock.now += 2.0
+        worker.reply(message, pr.EVENT, event_type=ext.EVENT_HEARTBEAT, details={})
+        executor.on_wait()
+        assert not future.done()
+        clock.now += 1.5
+        executor.on_wait()
+        _outcome, failure = future.result(timeout=WAIT)
+        assert failure.check(exc.TaskTimeLimitExceeded)
+        assert "limited" in failure.exception_str
+    finally:
+        executor.stop()
+
+
+def test_a_request_nobody_takes_expires_after_the_transition_timeout(
+    exchange: str, clock: Clock
+) -> None:
+    executor = WorkerTaskExecutor(uuid.uuid4().hex, exchange, [], transport="memory",
+                                  clock=clock, transition_timeout=30.0)
+    executor.start()
+    try:
+        future = executor.execute_task(Slow(name="orphan"), "atom-4", {})
+        clock.now += 29.0
+        executor.on_wait()
+        assert not future.done()
+        clock.now += 2.0
+        executor.on_wait()
+        _outcome, failure = future.result(timeout=WAIT)
+        assert failure.check(exc.RequestTimeout) and "orphan" in failure.exception_str
+    finally:
+        executor.stop()
+
+
+def test_an_unpublished_request_can_be_cancelled_but_a_published_one_cannot(
+    exchange: str, clock: Clock, worker: ScriptedWorker
+) -> None:
+    executor = make_executor(exchange, clock)
+    try:
+        published = executor.execute_task(Slow(name="sent"), "atom-5", {})
+        worker.next_request()
+        assert not published.cancel(), "a worker may already run it: it must be waited for"
+        executor.finder.clear()
+        waiting = executor.execute_task(Slow(name="unsent"), "atom-6", {})
+        assert waiting.cancel()
+        assert all(s.task.name != "unsent" for s in executor._ongoing.values())
+    finally:
+        executor.stop()
+
+
+def _wait_until(predicate: Any) -> None:
+    """Poll a condition the consumer thread makes true (bounded; no fixed sleep)."""
+    import time
+
+    deadline = time.monotonic() + WAIT
+    for _ in itertools.count():
+        if predicate():
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(0.001)
