@@ -18,7 +18,8 @@ Every engine and worker runs in its own process, each engine run is bounded by `
 and queues and exchanges the runs leave on a broker are deleted afterwards. Prints one JSON
 document. Example::
 
-    python benchmarks/wbe.py --brokers redis rabbitmq fs --workers 1 2 --taskflow /tmp/probe/bin/python
+    python benchmarks/wbe.py --brokers redis rabbitmq fs --workers 1 2 \
+        --taskflow /tmp/probe/bin/python
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ for shape, size in cfg["workloads"]:
     flow = pattern.Flow(shape).add(*[tasks.Noop("t%d" % i) for i in range(size)])
     engine = engines.load(flow, engine="worker-based", **cfg["engine_options"])
     done = []
-    engine.atom_notifier.register("SUCCESS", lambda state, details: done.append(time.perf_counter()))
+    engine.atom_notifier.register("SUCCESS", lambda _s, _d: done.append(time.perf_counter()))
     engine.compile()
     engine.prepare()
     started = time.perf_counter()

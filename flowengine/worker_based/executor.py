@@ -101,6 +101,7 @@ class WorkerTaskExecutor(local.TaskExecutor):
         max_attempts: attempts per submission before the atom fails with WorkerLost.
         time_limits: per task name, seconds a RUNNING attempt may take (overrides the task
             class's ``time_limit``); past it the attempt fails with TaskTimeLimitExceeded.
+        events: where task-sent, task-retried and task-lost events go.
     """
 
     def __init__(
@@ -121,6 +122,7 @@ class WorkerTaskExecutor(local.TaskExecutor):
         heartbeat_interval: float = ext.DEFAULT_HEARTBEAT_INTERVAL,
         max_attempts: int = ext.DEFAULT_MAX_ATTEMPTS,
         time_limits: Mapping[str, float] | None = None,
+        events: ext.EventSink = ext.NO_EVENTS,
     ) -> None:
         if max_attempts < 1:
             raise ValueError(f"max_attempts must be at least 1, got {max_attempts}")
@@ -138,6 +140,7 @@ class WorkerTaskExecutor(local.TaskExecutor):
         self._heartbeat_interval = heartbeat_interval
         self._max_attempts = max_attempts
         self._time_limits = dict(time_limits or {})
+        self._events = events
         self._lock = threading.RLock()
         self._ongoing: dict[str, Submission] = {}
         self.finder = WorkerFinder(worker_expiry, clock=clock, on_change=self._dispatch_waiting)
@@ -266,10 +269,17 @@ class WorkerTaskExecutor(local.TaskExecutor):
             self._proxy.publish(request, worker.topic, reply_to=self._uuid,
                                 correlation_id=request.request_id,
                                 headers=self._headers(sub, request))
+            self._events.emit("task-sent", **self._event_fields(sub), topic=worker.topic,
+                              worker=worker.identity, action=sub.action)
         except Exception as err:
             LOG.warning("Publishing request %s for %r to topic %r failed: %s",
                         request.request_id, sub.task.name, worker.topic, err)
             self._finish(sub, Failure())
+
+    def _event_fields(self, sub: Submission) -> dict[str, Any]:
+        request = sub.request
+        return {"flow_uuid": self._uuid, "atom_uuid": sub.uuid, "task_name": sub.task.name,
+                "request_id": request.request_id if request else None, "attempt": sub.attempts}
 
     def _time_limit(self, task: Any) -> float | None:
         limit = self._time_limits.get(task.name, getattr(task, "time_limit", None))
@@ -426,8 +436,11 @@ class WorkerTaskExecutor(local.TaskExecutor):
         LOG.warning("Attempt %d of task %r (request %s, worker %s) is lost: %s",
                     sub.attempts, sub.task.name, request.request_id,
                     sub.workers[-1] if sub.workers else "?", why)
+        self._events.emit("task-lost", **self._event_fields(sub), reason=why,
+                          worker=sub.workers[-1] if sub.workers else None)
         if sub.attempts < self._max_attempts:
             self._new_attempt(sub)
+            self._events.emit("task-retried", **self._event_fields(sub), reason=why)
             return
         error = exc.WorkerLost(sub.task.name, sub.attempts, list(sub.workers))
         self._park(sub, request, str(error))

@@ -28,3 +28,21 @@ DEFAULT_LEASE_TIMEOUT = 10.0
 DEFAULT_HEARTBEAT_INTERVAL = 2.0
 #: ...at most this many attempts in all, then the atom fails with WorkerLost.
 DEFAULT_MAX_ATTEMPTS = 3
+
+
+class EventSink:
+    """Where engines and workers report what happens (the event stream's producer side).
+
+    The default does nothing; :mod:`flowengine.worker_based.events` publishes to the broker.
+    ``emit`` must be cheap and must never raise: it runs on hot paths.
+    """
+
+    def emit(self, event_type: str, **fields: object) -> None:
+        """Report one event, e.g. ``emit("task-sent", task_name=..., request_id=...)``."""
+
+    def close(self) -> None:
+        """Flush and release resources."""
+
+
+#: Shared do-nothing sink.
+NO_EVENTS = EventSink()

@@ -37,6 +37,25 @@ def make_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
+def _event_fields(data: Mapping[str, Any], message: Any) -> dict[str, Any]:
+    """The identifying fields of a request's events (from its body and headers)."""
+    headers = message.headers or {}
+    return {
+        "flow_uuid": (message.properties or {}).get("reply_to"),
+        "atom_uuid": headers.get(pr.HEADER_ATOM_UUID),
+        "task_name": data.get("task_name"),
+        "request_id": headers.get(pr.HEADER_REQUEST_ID)
+        or (message.properties or {}).get("correlation_id"),
+        "attempt": headers.get(pr.HEADER_ATTEMPT),
+        "action": data.get("action"),
+    }
+
+
+def _first(failure: Failure) -> str | None:
+    names = list(failure)
+    return str(names[0]) if names else None
+
+
 def _major(version: Any) -> str:
     parts = version.split(".") if isinstance(version, str) else list(version or [])
     return str(parts[0]) if parts else ""
@@ -131,6 +150,7 @@ class Server:
         taskflow_compat: bool = False,
         capacity: int | None = None,
         worker_id: str | None = None,
+        events: ext.EventSink = ext.NO_EVENTS,
     ) -> None:
         self._topic = topic
         self._executor = executor
@@ -139,6 +159,7 @@ class Server:
         self._busy = 0
         self._busy_lock = threading.Lock()
         self.worker_id = worker_id or make_worker_id()
+        self._events = events
         self._online = False
         # Discovery is answered off the task threads, so a busy worker still answers at once.
         self._control = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flowengine-control")
@@ -204,6 +225,8 @@ class Server:
                 retry=False, expiration=pr.ANNOUNCEMENT_TTL,
             )  # fmt: skip
             self._online = status == pr.WORKER_ONLINE
+            self._events.emit(f"worker-{status}", worker=self.worker_id, topic=self._topic,
+                              tasks=self.task_names, capacity=self._capacity)
         except Exception as err:
             LOG.warning("Worker %s could not announce itself %s: %s", self.worker_id, status, err)
 
@@ -244,6 +267,7 @@ class Server:
             return
         with self._busy_lock:
             self._busy += 1
+        self._events.emit("task-received", **_event_fields(data, message), worker=self.worker_id)
         try:
             self._executor.submit(self._process_request, data, message)
         except RuntimeError:  # executor shut down: let another worker have it
@@ -295,6 +319,9 @@ class Server:
             return reply(pr.FAILURE, name, result=pr.failure_to_dict(Failure()))
         if not reply(pr.RUNNING, name):
             return False
+        fields = dict(_event_fields(data, message), worker=self.worker_id)
+        self._events.emit("task-started", **fields)
+        started = time.monotonic()
         forward = functools.partial(self._forward_event, props, headers)
         interval = _heartbeat_interval(headers)
         beating = object()  # delivery tags repeat across reconnects; this key cannot
@@ -310,8 +337,12 @@ class Server:
                 result = endpoint.revert(task, work.arguments, prior, work.failures, forward)
         finally:
             self._heartbeats.remove(beating)
+        runtime = time.monotonic() - started
         if isinstance(result, Failure):
+            self._events.emit("task-failed", **fields, runtime=runtime,
+                              exception=result.exception_str, exc_type=_first(result))
             return reply(pr.FAILURE, name, result=pr.failure_to_dict(result))
+        self._events.emit("task-succeeded", **fields, runtime=runtime)
         return reply(pr.SUCCESS, name, result=result)
 
     def _reply(

@@ -37,6 +37,8 @@ LOCAL_ENGINES = ["serial", "parallel"]
 WORKER_THREADS = 16
 #: Seconds the in-process worker gets to start serving.
 WORKER_START_TIMEOUT = 30.0
+#: Seconds a worker-based request may wait to be taken (nothing legitimate comes close).
+TRANSITION_TIMEOUT = 10.0
 
 
 class InProcessWorker:
@@ -69,7 +71,11 @@ class InProcessWorker:
 
     def engine_options(self) -> dict[str, Any]:
         """What ``engines.load`` needs to run tasks on this worker."""
-        return {"exchange": self.exchange, "topics": [self.topic], "transport": self.transport}
+        return {
+            "exchange": self.exchange, "topics": [self.topic], "transport": self.transport,
+            # A task no worker runs fails in seconds instead of TaskFlow's default minute.
+            "transition_timeout": TRANSITION_TIMEOUT,
+        }  # fmt: skip
 
 
 class EngineFactory:
