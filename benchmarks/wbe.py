@@ -75,7 +75,11 @@ for shape, size in cfg["workloads"]:
     flow = pattern.Flow(shape).add(*[tasks.Noop("t%d" % i) for i in range(size)])
     engine = engines.load(flow, engine="worker-based", **cfg["engine_options"])
     done = []
-    engine.atom_notifier.register("SUCCESS", lambda _s, _d: done.append(time.perf_counter()))
+
+    def on_success(state, details):
+        done.append(time.perf_counter())
+
+    engine.atom_notifier.register("SUCCESS", on_success)
     engine.compile()
     engine.prepare()
     started = time.perf_counter()
@@ -168,14 +172,19 @@ def flowengine_workers(
         for key, value in options["transport_options"].items():
             command += ["--transport-option", f"{key}={value}"]
     procs: list[subprocess.Popen[bytes]] = []
+    logs = [Path(tasks_dir, f"worker-{i}.log") for i in range(count)]
     try:
-        for _ in range(count):
-            procs.append(subprocess.Popen(command, cwd=tasks_dir, stdin=subprocess.DEVNULL))
+        for log in logs:
+            with open(log, "wb") as out:
+                procs.append(subprocess.Popen(
+                    command, cwd=tasks_dir, stdin=subprocess.DEVNULL, stdout=out, stderr=out
+                ))  # fmt: skip
         deadline = time.monotonic() + 30
         while listener.wait_for_workers(count, timeout=0.1):
-            dead = [p.returncode for p in procs if p.poll() is not None]
+            dead = [log for log, proc in zip(logs, procs) if proc.poll() is not None]
             if dead or time.monotonic() > deadline:
-                raise RuntimeError(f"flowengine workers did not come up (exit codes {dead})")
+                why = dead[0].read_text(errors="replace")[-500:] if dead else "timed out"
+                raise RuntimeError(f"flowengine workers did not come up: {why}")
         listener.stop()
         yield [f"{exchange}_{listener_id}"]
     finally:

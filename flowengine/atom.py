@@ -144,6 +144,9 @@ class Atom(metaclass=abc.ABCMeta):
     priority: int = 0
     #: What the atom provides when the constructor's ``provides`` is not given.
     default_provides: ProvidesSpec = None
+    #: Names of arguments whose values are secret (flowengine addition): they are masked in
+    #: every failure the atom produces before it is stored, logged, sent or evented.
+    secret_args: tuple[str, ...] = ()
 
     def __init__(
         self,

@@ -25,6 +25,21 @@ REVERTED = "reverted"
 ProgressCallback = Callable[..., None]
 
 
+def _secret_values(task: Any, arguments: Mapping[str, Any]) -> list[str]:
+    """The string forms of the arguments ``task`` marks secret (``secret_args``)."""
+    names = getattr(task, "secret_args", ())
+    return [str(arguments[name]) for name in names if arguments.get(name) not in (None, "")]
+
+
+def _redact(task: Any, arguments: Mapping[str, Any], outcome: Any) -> Any:
+    """Mask secret argument values in a failure before anything stores, logs or sends it."""
+    if isinstance(outcome, Failure):
+        secrets = _secret_values(task, arguments)
+        if secrets:
+            return outcome.redacted(secrets)
+    return outcome
+
+
 def execute_task(
     task: Any, arguments: Mapping[str, Any], progress_callback: ProgressCallback | None = None
 ) -> tuple[str, Any]:
@@ -43,7 +58,7 @@ def execute_task(
                 result = Failure()
     finally:
         _unlisten(task, progress_callback, registered)
-    return EXECUTED, result
+    return EXECUTED, _redact(task, arguments, result)
 
 
 def revert_task(
@@ -71,7 +86,7 @@ def revert_task(
                 outcome = Failure()
     finally:
         _unlisten(task, progress_callback, registered)
-    return REVERTED, outcome
+    return REVERTED, _redact(task, arguments, outcome)
 
 
 def _listen(task: Any, callback: ProgressCallback | None) -> bool:
