@@ -268,7 +268,8 @@ class WorkerTaskExecutor(local.TaskExecutor):
         try:
             self._proxy.publish(request, worker.topic, reply_to=self._uuid,
                                 correlation_id=request.request_id,
-                                headers=self._headers(sub, request))
+                                headers=self._headers(sub, request),
+                                priority=getattr(sub.task, "priority", 0))
             self._events.emit("task-sent", **self._event_fields(sub), topic=worker.topic,
                               worker=worker.identity, action=sub.action)
         except Exception as err:

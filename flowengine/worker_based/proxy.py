@@ -80,6 +80,10 @@ class ConnectionDetails(NamedTuple):
     options: dict[str, Any]
 
 
+#: Highest message priority queues are declared with (AMQP ``x-max-priority``).
+MAX_PRIORITY = 9
+
+
 class StoredMessage(NamedTuple):
     """A message copied out of a queue: its raw body, headers and properties."""
 
@@ -156,6 +160,9 @@ class Proxy:
         transport_cls = self._conn.get_transport_cls()
         # Virtual transports (memory, redis, flowengine-fs...) can settle from any thread.
         self._virtual = issubclass(transport_cls, virtual.Transport)
+        # Message priority is an AMQP queue feature; TaskFlow's declarations have none, and a
+        # broker refuses a queue redeclared with different arguments.
+        self._priorities = not taskflow_compat and not self._virtual
         if getattr(transport_cls, "driver_type", None) == "memory":
             # Kombu's memory transport sleeps a whole second between empty polls by default.
             self._transport_options.setdefault(
@@ -210,6 +217,8 @@ class Proxy:
     ) -> kombu.Queue:
         name = f"{self._exchange_name}_{routing_key}"
         options: dict[str, Any] = {"durable": not self._compat, "auto_delete": self._compat}
+        if self._priorities:
+            options["max_priority"] = MAX_PRIORITY
         if expires is not None:
             options["expires"] = expires
         keys = [routing_key, *extra]
@@ -228,6 +237,7 @@ class Proxy:
         declare_queue: bool = True,
         retry: bool = True,
         expiration: float | None = None,
+        priority: int | None = None,
     ) -> None:
         """Publish ``msg`` to each routing key; thread-safe.
 
@@ -244,6 +254,8 @@ class Proxy:
                 consumer; False for keys no queue is named after (announcements).
             retry: Retry with backoff on connection errors (False: one attempt).
             expiration: Seconds after which the broker may drop the message unconsumed.
+            priority: Message priority, clamped to 0..MAX_PRIORITY (AMQP default topology
+                only; elsewhere dispatch order alone reflects priority).
         """
         body = encode(msg)
         keys = [routing_key] if isinstance(routing_key, str) else list(routing_key)
@@ -260,6 +272,8 @@ class Proxy:
             properties["delivery_mode"] = 2  # persistent
         if expiration is not None:
             properties["expiration"] = expiration
+        if priority is not None and self._priorities:
+            properties["priority"] = max(0, min(int(priority), MAX_PRIORITY))
         with self._producer_pool().acquire(block=True) as producer:
             send = producer.publish
             if retry:

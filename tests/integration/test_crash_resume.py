@@ -193,7 +193,7 @@ def _classify_at_kill(number: int, run: Run, last: dict[Key, tuple[str, int]],
                 raise AssertionError(
                     f"after kill {number} the backend holds an outcome of {atom} {action} "
                     f"(state {state}), but its {action} never ended")
-    for key, (event, _) in last.items():
+    for key, (event, in_run) in last.items():
         atom, action = key
         if key in finished:
             continue
@@ -201,7 +201,7 @@ def _classify_at_kill(number: int, run: Run, last: dict[Key, tuple[str, int]],
             caught["in flight"] += 1
         elif run.stored.get(atom) in RECORDED[action]:
             finished[key] = number
-        else:
+        elif in_run == number:  # (one that returned in an earlier run was judged at its kill)
             # The crash came after the task returned and before the engine stored its outcome.
             caught["returned, not yet stored"] += 1
             reruns[key] += 1
@@ -211,8 +211,6 @@ def _classify_at_kill(number: int, run: Run, last: dict[Key, tuple[str, int]],
 
 def _check_nothing_started_after(number: int, run: Run, key: Key) -> None:
     ends = [i for i, r in enumerate(run.records) if _key(r) == key and not _is_start(r)]
-    if not ends:
-        return  # it returned in an earlier run; that run's kill already judged it
     later = [r["atom"] for r in run.records[ends[-1] + 1:] if _is_start(r)]
     if later:
         raise AssertionError(
