@@ -163,6 +163,10 @@ class Proxy:
         # Message priority is an AMQP queue feature; TaskFlow's declarations have none, and a
         # broker refuses a queue redeclared with different arguments.
         self._priorities = not taskflow_compat and not self._virtual
+        if getattr(transport_cls, "driver_type", None) == "amqp":
+            # Publisher confirms: publish() returns only once the broker has the message, so a
+            # worker acknowledges a request only after its outcome is safely stored.
+            self._transport_options.setdefault("confirm_publish", True)
         if getattr(transport_cls, "driver_type", None) == "memory":
             # Kombu's memory transport sleeps a whole second between empty polls by default.
             self._transport_options.setdefault(
