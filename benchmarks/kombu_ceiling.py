@@ -283,14 +283,21 @@ def measure(
     pipelined: int = 5000,
     persistent: bool = True,
     time_limit: float = 60.0,
+    confirm_publish: bool = False,
 ) -> dict[str, Any]:
     """Measure one broker: ``sequential`` round trips, then ``pipelined`` requests in flight.
 
     Each phase gets ``time_limit`` seconds; a phase that runs out reports ``timed_out``.
+    ``confirm_publish`` (AMQP only) makes every publish wait for the broker's confirmation,
+    as flowengine's default topology does.
     """
     exchange = f"ceiling-{uuid.uuid4().hex[:8]}"
     topic = "echo"
     result: dict[str, Any] = {"broker": broker.name, "persistent": persistent}
+    if confirm_publish and broker.name == "rabbitmq":
+        options = dict(broker.transport_options, confirm_publish=True)
+        broker = dataclasses.replace(broker, transport_options=options)
+        result["confirm_publish"] = True
     try:
         client = _Client(broker, exchange, topic, persistent)
         try:
@@ -323,6 +330,11 @@ def main() -> None:
         help="non-durable queues, transient messages (TaskFlow's topology)",
     )
     parser.add_argument("--time-limit", type=float, default=60.0, help="seconds per phase")
+    parser.add_argument(
+        "--confirm-publish",
+        action="store_true",
+        help="RabbitMQ: wait for the broker to confirm every publish",
+    )
     parser.add_argument("--respond", metavar="CONFIG", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.respond:
@@ -332,7 +344,7 @@ def main() -> None:
         results = []
         for broker in chosen:
             row = measure(broker, args.sequential, args.pipelined, not args.transient,
-                          args.time_limit)  # fmt: skip
+                          args.time_limit, args.confirm_publish)  # fmt: skip
             print(json.dumps(row), file=sys.stderr)
             results.append(row)
     print(json.dumps({

@@ -6,20 +6,22 @@ broker (redis, rabbitmq, fs = flowengine-fs) with each ``--workers`` count of wo
 (``flowengine worker``, one topic). The raw kombu request/response rate is measured first on the
 same broker (``kombu_ceiling.py``), so every result carries its ratio to that ceiling; with
 ``--taskflow PYTHON`` the same workloads also run on TaskFlow's worker-based engine (its workers
-from that interpreter; on ``fs`` TaskFlow uses kombu's own ``filesystem`` transport, the nearest
-brokerless equivalent) for the ratio against TaskFlow.
+from that interpreter) for the ratio against TaskFlow. TaskFlow cannot load flowengine-fs; with
+``--taskflow-fs`` it runs the ``fs`` rows on kombu's own ``filesystem`` transport, the nearest
+brokerless equivalent, which is not safe for several processes (a reader can load a half-written
+message file and kill the worker's consumer), so those rows are skipped by default.
 
 Reported per run: ``run_s`` (``engine.run()``, including finding the workers),
 ``tasks_per_s`` (tasks / run_s), ``steady_tasks_per_s`` (between the first and the last task's
-SUCCESS), ``first_task_ms`` and, for the linear flow, ``per_task_ms`` (median gap between
+SUCCESS), ``first_task_ms``, ``after_last_task_ms`` (from the last SUCCESS until ``run()``
+returns: the executor's shutdown) and, for the linear flow, ``per_task_ms`` (median gap between
 consecutive SUCCESS notifications). Compile and storage preparation happen before the clock starts.
 
 Every engine and worker runs in its own process, each engine run is bounded by ``--run-timeout``,
 and queues and exchanges the runs leave on a broker are deleted afterwards. Prints one JSON
 document. Example::
 
-    python benchmarks/wbe.py --brokers redis rabbitmq fs --workers 1 2 \
-        --taskflow /tmp/probe/bin/python
+    python benchmarks/wbe.py --workers 1 2 --taskflow /tmp/probe/bin/python
 """
 
 from __future__ import annotations
@@ -91,6 +93,7 @@ for shape, size in cfg["workloads"]:
         "run_s": run_s,
         "tasks_per_s": size / run_s,
         "first_task_ms": 1000 * (done[0] - started),
+        "after_last_task_ms": 1000 * (started + run_s - done[-1]),
         "steady_tasks_per_s": (len(done) - 1) / (done[-1] - done[0]) if len(done) > 1 else None,
         "flow_uuid": engine.storage.flow_uuid,
     }
@@ -302,6 +305,39 @@ def compare(row: dict[str, Any], limit: dict[str, Any], taskflow: dict[str, Any]
     row["targets_met"] = targets
 
 
+def run_config(
+    args: argparse.Namespace, broker: ceiling.Broker, lib: str, python: str, count: int, tmp: str
+) -> dict[str, Any]:
+    """Start ``count`` workers of ``lib``, run the workloads, clean the broker up."""
+    row: dict[str, Any] = {"broker": broker.name, "lib": lib, "workers": count}
+    if lib == "taskflow" and broker.name == "fs" and not args.taskflow_fs:
+        row["skipped"] = "TaskFlow cannot use flowengine-fs (see --taskflow-fs)"
+        return row
+    workloads = [("unordered", args.unordered), ("linear", args.linear)]
+    tasks_dir = os.path.join(tmp, f"tasks-{lib}")
+    os.makedirs(tasks_dir, exist_ok=True)
+    Path(tasks_dir, f"{TASKS_MODULE}.py").write_text(_TASKS.format(lib=lib))
+    exchange = f"wbe-bench-{uuid.uuid4().hex[:8]}"
+    queues = [f"{exchange}_{TOPIC}"]
+    try:
+        if lib == "taskflow":
+            workers = taskflow_workers(python, broker, exchange, count, tasks_dir)
+        else:
+            workers = flowengine_workers(broker, exchange, count, args.threads, tasks_dir)
+        with workers as leftovers:
+            queues += leftovers
+            row.update(run_engine(python, lib, broker, exchange, workloads, tasks_dir,
+                                  args.run_timeout))  # fmt: skip
+    except Exception as err:
+        row["error"] = f"{type(err).__name__}: {err}"
+    finally:
+        queues += [
+            f"{exchange}_{row[shape]['flow_uuid']}" for shape, _ in workloads if shape in row
+        ]
+        cleanup(broker, exchange, queues)
+    return row
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -319,51 +355,37 @@ def main() -> None:
         default=os.environ.get("TASKFLOW_PYTHON"),
         help="an interpreter with taskflow installed, for the comparison",
     )
-    parser.add_argument("--run-timeout", type=float, default=240.0, help="seconds per engine run")
+    parser.add_argument(
+        "--taskflow-fs",
+        action="store_true",
+        help="also run TaskFlow on kombu's filesystem transport for the fs rows",
+    )
+    parser.add_argument(
+        "--run-timeout", type=float, default=240.0, help="seconds each engine process may take"
+    )
     parser.add_argument("--ceiling-sequential", type=int, default=500)
     parser.add_argument("--ceiling-pipelined", type=int, default=5000)
     args = parser.parse_args()  # fmt: skip
-    workloads = [("unordered", args.unordered), ("linear", args.linear)]
+    libs = [("flowengine", sys.executable)]
+    if args.taskflow:
+        libs.append(("taskflow", args.taskflow))
     results: list[dict[str, Any]] = []
     ceilings: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="flowengine-wbe-bench-") as tmp:
-        for broker in (ceiling.make_broker(name, os.path.join(tmp, "fs")) for name in args.brokers):
+        for name in args.brokers:
+            broker = ceiling.make_broker(name, os.path.join(tmp, "fs"))
             limit = ceiling.measure(broker, args.ceiling_sequential, args.ceiling_pipelined)
-            ceilings[broker.name] = limit
+            ceilings[name] = limit
             print(json.dumps(limit), file=sys.stderr)
             for count in args.workers:
-                libs = [("flowengine", sys.executable)]
-                if args.taskflow:
-                    libs.append(("taskflow", args.taskflow))
-                by_lib: dict[str, dict[str, Any]] = {}
-                for lib, python in libs:
-                    tasks_dir = os.path.join(tmp, f"tasks-{lib}")
-                    os.makedirs(tasks_dir, exist_ok=True)
-                    Path(tasks_dir, f"{TASKS_MODULE}.py").write_text(_TASKS.format(lib=lib))
-                    exchange = f"wbe-bench-{uuid.uuid4().hex[:8]}"
-                    queues = [f"{exchange}_{TOPIC}"]
-                    row: dict[str, Any] = {"broker": broker.name, "lib": lib, "workers": count}
-                    try:
-                        workers = (
-                            taskflow_workers(python, broker, exchange, count, tasks_dir)
-                            if lib == "taskflow"
-                            else flowengine_workers(
-                                broker, exchange, count, args.threads, tasks_dir
-                            )
-                        )
-                        with workers as leftovers:
-                            queues += leftovers
-                            row.update(run_engine(python, lib, broker, exchange, workloads,
-                                                  tasks_dir, args.run_timeout))  # fmt: skip
-                    except Exception as err:
-                        row["error"] = f"{type(err).__name__}: {err}"
-                    finally:
-                        queues += [f"{exchange}_{row.get(shape, {}).get('flow_uuid')}"
-                                   for shape, _ in workloads]  # fmt: skip
-                        cleanup(broker, exchange, queues)
-                    by_lib[lib] = row
+                by_lib = {lib: run_config(args, broker, lib, python, count, tmp)
+                          for lib, python in libs}  # fmt: skip
+                for row in by_lib.values():
                     print(json.dumps(row), file=sys.stderr)
-                compare(by_lib["flowengine"], limit, by_lib.get("taskflow"))
+                taskflow = by_lib.get("taskflow")
+                if taskflow is not None and "skipped" in taskflow:
+                    taskflow = None
+                compare(by_lib["flowengine"], limit, taskflow)
                 results.extend(by_lib.values())
     print(json.dumps({
         "benchmark": "wbe",

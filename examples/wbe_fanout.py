@@ -48,6 +48,26 @@ def report_exit(worker: WorkerProcess, code: int | None) -> None:
     print(f"{worker.name} stopped: exit code {code}")
 
 
+def report(engine: engines.ActionEngine, elapsed: float) -> None:
+    """Print which worker computed each chunk, and the total."""
+    results = [engine.storage.fetch(f"chunk_{i}") for i in range(CHUNKS)]
+    size = LIMIT // CHUNKS
+    print(f"{'chunk':<8} {'numbers':<17} {'primes':>6}  {'worker':<9} {'took':>6}")
+    for i, result in enumerate(results):
+        span = f"{i * size}-{(i + 1) * size - 1}"
+        print(
+            f"chunk-{i:<2} {span:<17} {result['count']:>6}  {result['worker']:<9}"
+            f" {result['seconds']:>5.2f}s"
+        )
+    per_worker = collections.Counter(result["worker"] for result in results)
+    for name in sorted(per_worker):
+        print(f"{name} ran {per_worker[name]} chunk(s)")
+    busy = sum(result["seconds"] for result in results)
+    print(f"workers used: {len(per_worker)}")
+    print(f"the chunks took {busy:.2f}s added up; side by side the flow took {elapsed:.2f}s")
+    print(f"total: {sum(result['count'] for result in results)} primes below {LIMIT:,}")
+
+
 def main() -> None:
     with tempfile.TemporaryDirectory(prefix="flowengine-fanout-") as tmp:
         data_folder = Path(tmp) / "queues"
@@ -66,26 +86,9 @@ def main() -> None:
                 engine = engines.load(build_flow(), engine="worker-based", executor=executor)
                 started = time.perf_counter()
                 engine.run()
-                elapsed = time.perf_counter() - started
+                report(engine, time.perf_counter() - started)
         finally:
             executor.stop()
-
-    results = [engine.storage.fetch(f"chunk_{i}") for i in range(CHUNKS)]
-    size = LIMIT // CHUNKS
-    print(f"{'chunk':<8} {'numbers':<17} {'primes':>6}  {'worker':<9} {'took':>6}")
-    for i, result in enumerate(results):
-        span = f"{i * size}-{(i + 1) * size - 1}"
-        print(
-            f"chunk-{i:<2} {span:<17} {result['count']:>6}  {result['worker']:<9}"
-            f" {result['seconds']:>5.2f}s"
-        )
-    per_worker = collections.Counter(result["worker"] for result in results)
-    for name in sorted(per_worker):
-        print(f"{name} ran {per_worker[name]} chunk(s)")
-    busy = sum(result["seconds"] for result in results)
-    print(f"workers used: {len(per_worker)}")
-    print(f"the chunks took {busy:.2f}s added up; side by side the flow took {elapsed:.2f}s")
-    print(f"total: {sum(result['count'] for result in results)} primes below {LIMIT:,}")
 
 
 if __name__ == "__main__":

@@ -67,12 +67,13 @@ def main() -> None:
                     store={"size_mb": 64, "chunks": 5},
                 )  # fmt: skip
                 engine.run()
+                copied = engine.storage.fetch("copied")
+                print(f"copied {copied['megabytes']} MB in pid {copied['worker_pid']}")
+                progress = engine.storage.get_task_progress("copy_file")
+                print(f"stored progress of copy_file: {progress}")
+                print(f"flow state: {engine.storage.get_flow_state()}")
         finally:
             executor.stop()
-    copied = engine.storage.fetch("copied")
-    print(f"copied {copied['megabytes']} MB in pid {copied['worker_pid']}")
-    print(f"stored progress of copy_file: {engine.storage.get_task_progress('copy_file')}")
-    print(f"flow state: {engine.storage.get_flow_state()}")
 
 
 if __name__ == "__main__":

@@ -186,12 +186,12 @@ def test_wbe_fanout() -> None:
         output,
         [
             r"3 workers are up on topic 'primes'",
-            r"worker-1 stopped: exit code 0",
-            r"worker-2 stopped: exit code 0",
-            r"worker-3 stopped: exit code 0",
             r"chunk-0\s+0-49999\s+5133\s+worker-\d\s+\d+\.\d+s",
             r"chunk-7\s+350000-399999\s+3883\s+worker-\d\s+\d+\.\d+s",
             r"total: 33860 primes below 400,000",
+            r"worker-1 stopped: exit code 0",
+            r"worker-2 stopped: exit code 0",
+            r"worker-3 stopped: exit code 0",
         ],
     )
     used = int(_search(r"^workers used: (\d)$", output).group(1))
@@ -206,10 +206,10 @@ def test_wbe_progress() -> None:
             r"engine pid \d+; worker pid \d+",
             *(rf"progress copy_file: +{p}% \[#*\s*\] \+\d+\.\d+s" for p in (0, 20, 40, 60, 80)),
             r"progress copy_file: 100% \[#{20}\] \+\d+\.\d+s",
-            r"worker-1 stopped: exit code 0",
             r"copied 64 MB in pid \d+",
             r"stored progress of copy_file: 1.0",
             r"flow state: SUCCESS",
+            r"worker-1 stopped: exit code 0",
         ],
     )
     engine_pid, worker_pid = _search(r"engine pid (\d+); worker pid (\d+)", output).groups()

@@ -6,7 +6,12 @@ import click
 
 from flowengine import __version__
 from flowengine.cli.dead_letters import dead_letters_group
+from flowengine.cli.events import events_command
+from flowengine.cli.flows import flows_command, show_command
+from flowengine.cli.graph import check_command, graph_command
+from flowengine.cli.run import run_command
 from flowengine.cli.worker import worker_command
+from flowengine.cli.workers import workers_command
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -17,6 +22,13 @@ def cli() -> None:
 
 cli.add_command(worker_command)
 cli.add_command(dead_letters_group)
+cli.add_command(events_command)
+cli.add_command(workers_command)
+cli.add_command(run_command)
+cli.add_command(flows_command)
+cli.add_command(show_command)
+cli.add_command(graph_command)
+cli.add_command(check_command)
 
 
 def main() -> None:

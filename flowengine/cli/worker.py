@@ -27,10 +27,14 @@ DEFAULT_GRACE = 30.0
               help="Task threads (also the most requests held at once).")
 @click.option("--grace", envvar="FLOWENGINE_GRACE", type=float, default=DEFAULT_GRACE,
               show_default=True, help="Seconds in-flight work gets to finish on SIGTERM.")
+@click.option("--events/--no-events", envvar="FLOWENGINE_EVENTS", default=True, show_default=True,
+              help="Publish events to <exchange>.events (see `flowengine events`).")
+@click.option("--metrics-port", envvar="FLOWENGINE_METRICS_PORT", type=click.IntRange(0, 65535),
+              default=None, help="Serve Prometheus metrics on 127.0.0.1:PORT/metrics.")
 @click.option("--log-level", envvar="FLOWENGINE_LOG_LEVEL", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 def worker_command(topic: str, tasks: tuple[str, ...], threads: int | None, grace: float,
-                   log_level: str, **broker: Any) -> None:
+                   events: bool, metrics_port: int | None, log_level: str, **broker: Any) -> None:
     """Serve remote task requests until SIGTERM or SIGINT."""
     from flowengine.worker_based.worker import Worker
 
@@ -39,8 +43,17 @@ def worker_command(topic: str, tasks: tuple[str, ...], threads: int | None, grac
     # Like ``python -m``, let task modules in the current directory be found.
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
+    if metrics_port is not None:
+        from flowengine.worker_based.metrics import start_metrics_server
+
+        try:
+            start_metrics_server(metrics_port)
+        except (ImportError, OSError) as err:
+            raise click.ClickException(
+                f"cannot serve metrics on port {metrics_port}: {err}") from err
     try:
         worker = Worker(topic=topic, tasks=split_env_list(tasks), threads_count=threads,
+                        events=events, metrics=metrics_port is not None,
                         **broker_kwargs(**broker))
     except ImportError as err:
         raise click.ClickException(

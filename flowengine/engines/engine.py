@@ -17,6 +17,7 @@ from flowengine.engines.compiler import Compilation, PatternCompiler
 from flowengine.engines.machine import META_STATES, RunLoop
 from flowengine.engines.options import EngineOptions
 from flowengine.engines.runtime import Runtime
+from flowengine.listeners.atoms import AtomLogListener
 from flowengine.storage import Storage
 from flowengine.types.failure import Failure
 from flowengine.types.notifier import Notifier
@@ -205,7 +206,7 @@ class ActionEngine:
         executor = self._runtime.task_action.executor
         last: collections.deque[str] = collections.deque(maxlen=1)
         started = time.monotonic()
-        with _started(executor):
+        with _started(executor), AtomLogListener(self):
             self._change_state(states.RUNNING)
             loop = RunLoop(self._runtime, self._statistics, timeout=timeout)
             closed = False

@@ -65,6 +65,14 @@ def _build() -> machines.FiniteMachine:
 MACHINE = _build()
 
 
+def _succeeded(future: cf.Future) -> bool:
+    """Whether a future already holds a successful (non-Failure) outcome."""
+    if not future.done() or future.cancelled() or future.exception() is not None:
+        return False
+    result = future.result()
+    return not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], Failure))
+
+
 class RunLoop:
     """One run of the engine loop over a runtime.
 
@@ -86,6 +94,7 @@ class RunLoop:
         # scan of everything in flight.
         self._finished: queue.SimpleQueue[cf.Future] = queue.SimpleQueue()
         self._done: list[cf.Future] = []
+        self._completed_inline = False
         self._stats = statistics
         statistics.clear()
         statistics["seconds_per_state"] = {s.lower(): 0.0 for s in TIMED_STATES}
@@ -142,7 +151,14 @@ class RunLoop:
                     self.failures.append(Failure())
                     break
                 self._in_flight[future] = atom
-                future.add_done_callback(self._finished.put)
+                if _succeeded(future):
+                    # Ran in this thread (serial executor): store the result before the next
+                    # atom starts, so a crash never loses finished work. Failures take the
+                    # usual path and are resolved after the batch, as TaskFlow's engine does.
+                    self._completed_inline = True
+                    self._complete(future)
+                else:
+                    future.add_done_callback(self._finished.put)
         elif self._flow_state() == st.SUSPENDING:
             self._cancel_pending()
         self._stats["incomplete"] = len(self._in_flight)
@@ -155,7 +171,9 @@ class RunLoop:
 
     def _wait(self) -> str:
         finished = self._finished
-        if self._in_flight and finished.empty():
+        # Atoms finished while scheduling may have unblocked others: analyze before blocking.
+        inline, self._completed_inline = self._completed_inline, False
+        if self._in_flight and finished.empty() and not inline:
             try:
                 self._done.append(finished.get(timeout=self._timeout))
             except queue.Empty:

@@ -203,7 +203,9 @@ class Runtime:
         intention = self.storage.get_atom_intention(atom.name)
         if state == states.RUNNING and intention == states.EXECUTE:
             return True
-        if state == states.REVERTING and intention == states.REVERT:
+        if state in (states.REVERTING, states.RUNNING) and intention == states.REVERT:
+            # Interrupted while reverting, or while running after the flow began reverting:
+            # revert it (its result is unknown, so revert receives None, as in TaskFlow).
             return True
         return self._ready(atom, state, intention)
 

@@ -70,13 +70,10 @@ class Session(abc.ABC):
     def put_atom(self, ad: models.AtomDetail, flow_uuid: str | None, new: bool) -> None:
         """Insert an atom detail into a flow detail (``new``) or overwrite its record."""
 
-    def replace_atom(self, ad: models.AtomDetail) -> bool | None:
-        """Overwrite a stored atom in one step: True if done, False if it does not exist.
-
-        ``None`` (the default) means the store has no such shortcut. Overwriting equals
-        merging when ``ad`` is complete, which every AtomDetail is.
-        """
-        return None
+    def insert_atoms(self, ads: list[models.AtomDetail], flow_uuid: str) -> None:
+        """Insert new atom details into a flow detail (stores may do it in one statement)."""
+        for ad in ads:
+            self.put_atom(ad, flow_uuid, new=True)
 
     @abc.abstractmethod
     def delete_book(self, uuid: str) -> None:
@@ -115,6 +112,15 @@ class RecordStore(abc.ABC):
     def is_conflict(self, err: BaseException) -> bool:
         """Return whether ``err`` means a concurrent writer won a race worth retrying."""
         return False
+
+    def replace_atom(self, ad: models.AtomDetail) -> bool | None:
+        """Overwrite a stored atom in one atomic step: True if done, False if it does not exist.
+
+        The hot path of every atom state change, so it runs outside :meth:`session` when the
+        store can do it in one statement. ``None`` (the default) means the store has no such
+        shortcut. Overwriting equals merging when ``ad`` is complete, which every AtomDetail is.
+        """
+        return None
 
 
 def _changed(before: dict[str, object], after: dict[str, object]) -> bool:
@@ -177,9 +183,9 @@ class StoreConnection(base.Connection):
         """Raise a :class:`~flowengine.exceptions.StorageFailure` if the backend is unusable."""
         self._guard("connecting", self._store.validate)
 
-    def _guard(self, what: str, call: Callable[[], None]) -> None:
+    def _guard(self, what: str, call: Callable[[], _R]) -> _R:
         try:
-            call()
+            return call()
         except exc.TaskFlowException:
             raise
         except Exception as err:
@@ -235,16 +241,16 @@ class StoreConnection(base.Connection):
             if book_uuid is None:
                 raise exc.NotFound(f"{self._store.description}: no {FLOW} with uuid '{fd.uuid}'")
             s.put_flow(fd, book_uuid, new=True)
-            for ad in fd:
-                s.put_atom(ad, fd.uuid, new=True)
+            s.insert_atoms(list(fd), fd.uuid)
             return fd
         merged = stored.merge(fd)
         s.put_flow(merged, book_uuid, new=False)
         existing = {ad.uuid: ad for ad in s.atoms_of(fd.uuid)}
+        added: list[models.AtomDetail] = []
         for ad in fd:
             current = existing.get(ad.uuid)
             if current is None:
-                s.put_atom(ad, fd.uuid, new=True)
+                added.append(ad)
                 existing[ad.uuid] = ad
                 continue
             before = current.to_dict()
@@ -252,18 +258,21 @@ class StoreConnection(base.Connection):
             # Rewriting every unchanged atom on each flow update costs a write per atom.
             if _changed(before, current.to_dict()):
                 s.put_atom(current, fd.uuid, new=False)
+        # All at once: an engine adds every atom of its flow in one update.
+        s.insert_atoms(added, fd.uuid)
         for ad in existing.values():
             merged.add(ad)
         return merged
 
     def update_atom_details(self, atom_detail: models.AtomDetail) -> models.AtomDetail:
         """Merge ``atom_detail`` into its stored version, save it and return the result."""
+        what = f"updating {ATOM} '{atom_detail.uuid}'"
+        # The hot path of every state change: one statement, no session, where the store can.
+        replaced = self._guard(what, lambda: self._store.replace_atom(atom_detail))
+        if replaced:
+            return atom_detail
 
         def update(s: Session) -> models.AtomDetail:
-            # The hot path of every state change: one statement where the store allows it.
-            replaced = s.replace_atom(atom_detail)
-            if replaced:
-                return atom_detail
             stored = None if replaced is False else s.get_atom(atom_detail.uuid)
             if stored is None:
                 raise exc.NotFound(
@@ -273,7 +282,7 @@ class StoreConnection(base.Connection):
             s.put_atom(stored, None, new=False)
             return stored
 
-        return self._run(f"updating {ATOM} '{atom_detail.uuid}'", True, update)
+        return self._run(what, True, update)
 
     def destroy_logbook(self, book_uuid: str) -> None:
         """Delete a logbook with its flow and atom details."""

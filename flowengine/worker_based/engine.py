@@ -5,7 +5,8 @@ Retry controllers, scheduling and storage stay in the engine's process; only tas
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from flowengine.engines import executor as local
@@ -13,6 +14,8 @@ from flowengine.engines.engine import ActionEngine
 from flowengine.engines.options import as_bool
 from flowengine.worker_based import extensions as ext
 from flowengine.worker_based import protocol as pr
+from flowengine.worker_based.event_listener import EventListener, PlacementSink
+from flowengine.worker_based.events import EventPublisher, combine
 from flowengine.worker_based.executor import WorkerTaskExecutor
 
 
@@ -33,6 +36,8 @@ class WorkerBasedActionEngine(ActionEngine):
         heartbeat_interval: seconds between worker heartbeats (default 2).
         max_attempts: attempts per task before it fails with WorkerLost (default 3).
         time_limits: ``{task name: seconds}`` overriding tasks' ``time_limit``.
+        events: publish events to ``<exchange>.events`` (default True; see doc/operations.rst).
+        metrics: update the Prometheus metrics (default False; the ``metrics`` extra).
     """
 
     def __init__(
@@ -40,6 +45,34 @@ class WorkerBasedActionEngine(ActionEngine):
     ) -> None:
         super().__init__(flow, flow_detail, backend, options)
         self._worker_executor: local.TaskExecutor | None = None
+        extra = self._options.extra
+        # A ready-made executor may use a broker the options do not name: publish nowhere then.
+        known = self._options.executor is None or extra.get("url") or extra.get("transport")
+        self._publisher: ext.EventSink = ext.NO_EVENTS
+        if as_bool("events", extra.get("events", True)) and known:
+            self._publisher = EventPublisher(
+                extra.get("exchange", "default"), url=extra.get("url"),
+                transport=extra.get("transport"), transport_options=extra.get("transport_options"))
+        self._metrics: ext.EventSink = ext.NO_EVENTS
+        if as_bool("metrics", extra.get("metrics", False)):
+            from flowengine.worker_based.metrics import MetricsSink
+
+            self._metrics = MetricsSink(role="engine")
+        #: ``(attempt, worker)`` of an atom uuid, for the atom log and events.
+        self.atom_placement = PlacementSink()
+
+    def run_iter(self, timeout: float | None = None) -> Iterator[str]:
+        with self._event_listeners():
+            return (yield from super().run_iter(timeout=timeout))
+
+    @contextlib.contextmanager
+    def _event_listeners(self) -> Iterator[None]:
+        with contextlib.ExitStack() as stack:
+            if self._publisher is not ext.NO_EVENTS:
+                stack.enter_context(EventListener(self, self._publisher, task_events=False))
+            if self._metrics is not ext.NO_EVENTS:
+                stack.enter_context(EventListener(self, self._metrics))
+            yield
 
     def _task_executor(self) -> local.TaskExecutor:
         if self._worker_executor is not None:
@@ -76,5 +109,6 @@ class WorkerBasedActionEngine(ActionEngine):
                                                ext.DEFAULT_HEARTBEAT_INTERVAL)),
             max_attempts=int(extra.get("max_attempts", ext.DEFAULT_MAX_ATTEMPTS)),
             time_limits=extra.get("time_limits"),
+            events=combine(self._publisher, self._metrics, self.atom_placement),
         )
         return self._worker_executor

@@ -195,6 +195,11 @@ class Server:
             return None
         return max(self._capacity - self._busy, 0)
 
+    @property
+    def in_flight(self) -> int:
+        """Requests taken and not settled yet."""
+        return self._busy
+
     def _headers(self, request_headers: Mapping[str, Any] | None = None) -> dict[str, Any]:
         headers: dict[str, Any] = {
             pr.HEADER_PROTOCOL: pr.PROTOCOL_VERSION,

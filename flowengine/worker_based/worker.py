@@ -26,6 +26,8 @@ import futurist
 
 from flowengine import task as task_mod
 from flowengine.worker_based import endpoint as ep
+from flowengine.worker_based import events as ev
+from flowengine.worker_based import extensions as ext
 from flowengine.worker_based import protocol as pr
 from flowengine.worker_based import server as sv
 
@@ -33,6 +35,8 @@ LOG = logging.getLogger(__name__)
 
 #: Seconds in-flight requests get, on stop, to publish their outcome before being redelivered.
 DEFAULT_STOP_GRACE = 30.0
+#: Seconds between worker-heartbeat events.
+DEFAULT_EVENT_HEARTBEAT = 2.0
 
 TaskSpec = str | types.ModuleType | type[task_mod.Task]
 
@@ -98,6 +102,10 @@ class Worker:
         transport_options: Kombu transport options.
         retry_options: See :class:`~flowengine.worker_based.backoff.RetryOptions`.
         taskflow_compat: Use TaskFlow's exact declarations, for fleets mixing TaskFlow peers.
+        events: Publish events to ``<exchange>.events`` (True, the default), not at all (False),
+            or to the given :class:`~flowengine.worker_based.extensions.EventSink`.
+        metrics: Update the Prometheus metrics (the ``metrics`` extra).
+        heartbeat_interval: Seconds between worker-heartbeat events.
     """
 
     def __init__(
@@ -112,6 +120,9 @@ class Worker:
         transport_options: Mapping[str, Any] | None = None,
         retry_options: Mapping[str, Any] | None = None,
         taskflow_compat: bool = False,
+        events: bool | ext.EventSink = True,
+        metrics: bool = False,
+        heartbeat_interval: float = DEFAULT_EVENT_HEARTBEAT,
     ) -> None:
         self._exchange, self._topic = exchange, topic
         self._owns_executor = executor is None
@@ -124,11 +135,29 @@ class Worker:
         if not self._endpoints:
             LOG.warning("Worker on topic '%s' was given no task classes to run", topic)
         self._run_thread: int | None = None
+        if events is True:
+            events = ev.EventPublisher(exchange, url=url, transport=transport,
+                                       transport_options=transport_options)
+        elif events is False:
+            events = ext.NO_EVENTS
+        if metrics:
+            from flowengine.worker_based.metrics import MetricsSink
+
+            events = ev.combine(events, MetricsSink(role="worker"))
+        self._events, self._heartbeat_interval = events, heartbeat_interval
         self._server = sv.Server(
             topic, exchange, executor, self._endpoints, url=url, transport=transport,
             transport_options=transport_options, retry_options=retry_options,
-            taskflow_compat=taskflow_compat, capacity=threads_count,
+            taskflow_compat=taskflow_compat, capacity=threads_count, events=events,
         )  # fmt: skip
+        self._ticker = None if events is ext.NO_EVENTS else ev.Ticker(
+            events, "worker-heartbeat", heartbeat_interval, self._heartbeat)
+
+    def _heartbeat(self) -> dict[str, Any]:
+        server = self._server
+        return {"worker": self.worker_id, "topic": self._topic, "tasks": server.task_names,
+                "capacity": self._threads_count, "free": server.free_slots,
+                "in_flight": server.in_flight, "freq": self._heartbeat_interval}
 
     @property
     def worker_id(self) -> str:
@@ -174,7 +203,14 @@ class Worker:
             else:
                 banner_writer(self.banner)
         self._run_thread = threading.get_ident()
-        self._server.start()
+        if self._ticker is not None:
+            self._ticker.start()
+        try:
+            self._server.start()
+        finally:
+            if self._ticker is not None:
+                self._ticker.stop()
+            self._events.close()  # flushes the worker-offline event
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the worker is serving; False on timeout."""

@@ -6,15 +6,23 @@ class and from arguments: ``inject``, ``store`` or other atoms' results) and ret
 
 Everything an atom does is written to the current :class:`Ledger` as an entry
 ``{"seq": n, "event": ..., "atom": ..., **data}``. The ledger is pluggable (:func:`use_ledger`):
-in-process engines share :class:`MemoryLedger`; a cross-process ledger (a file or a queue that
-worker processes append to) only has to implement the same three methods. Barriers used to prove
-concurrency are looked up by key through a registry that is pluggable in the same way.
+in-process engines share :class:`MemoryLedger`; worker processes and the test that drives them
+share a :class:`FileLedger`. Barriers used to prove concurrency are looked up by key through a
+registry that is pluggable in the same way (:class:`LocalBarriers`, :class:`FileBarriers`).
+
+A worker process picks the file-based ones when it imports this module with
+``FLOWENGINE_TEST_LEDGER`` (a file path) and ``FLOWENGINE_TEST_BARRIERS`` (a directory) set.
 """
 
 from __future__ import annotations
 
+import fcntl
+import json
+import os
+import pathlib
 import threading
-from collections.abc import Callable
+import time
+import uuid
 from typing import Any, Protocol
 
 from flowengine import retry, task
@@ -55,7 +63,47 @@ class MemoryLedger:
             self._entries.clear()
 
 
-_ledger: Ledger = MemoryLedger()
+class FileLedger:
+    """A ledger several processes share: one JSON line per entry, appended under a file lock.
+
+    Entries come back as JSON gives them (tuples become lists). Each line also says which
+    process wrote it: :meth:`entries` leaves that out, :meth:`lines` keeps it (``pid``).
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = pathlib.Path(path)
+
+    def append(self, entry: dict[str, Any]) -> None:
+        with open(self.path, "a+", encoding="utf-8") as file:
+            fcntl.flock(file, fcntl.LOCK_EX)  # released when the file closes
+            file.seek(0)
+            seq = sum(1 for _line in file)
+            line = {"seq": seq, **entry, "pid": os.getpid()}
+            file.write(json.dumps(line, default=repr) + "\n")
+
+    def lines(self) -> list[dict[str, Any]]:
+        """Every entry so far with the ``pid`` of the process that wrote it, oldest first."""
+        try:
+            with open(self.path, encoding="utf-8") as file:
+                fcntl.flock(file, fcntl.LOCK_SH)
+                return [json.loads(line) for line in file if line.strip()]
+        except FileNotFoundError:
+            return []
+
+    def entries(self) -> list[dict[str, Any]]:
+        return [{k: v for k, v in line.items() if k != "pid"} for line in self.lines()]
+
+    def clear(self) -> None:
+        with open(self.path, "a", encoding="utf-8") as file:
+            fcntl.flock(file, fcntl.LOCK_EX)
+            file.truncate(0)
+
+
+#: Environment variables a worker process reads when it imports this module.
+LEDGER_ENV = "FLOWENGINE_TEST_LEDGER"
+BARRIERS_ENV = "FLOWENGINE_TEST_BARRIERS"
+
+_ledger: Ledger = FileLedger(os.environ[LEDGER_ENV]) if LEDGER_ENV in os.environ else MemoryLedger()
 
 
 def use_ledger(ledger: Ledger) -> Ledger:
@@ -90,34 +138,128 @@ def first_seq(event: str, atom: str) -> int:
 
 # ---- barriers (proof that atoms run at the same time) -------------------------------------------
 
-BarrierLookup = Callable[[str], threading.Barrier]
-_barriers: dict[str, threading.Barrier] = {}
+
+class Barrier(Protocol):
+    """The part of :class:`threading.Barrier` atoms and tests use."""
+
+    def wait(self) -> Any:
+        """Block until every party arrived; raise ``threading.BrokenBarrierError`` if never."""
+
+    def abort(self) -> None:
+        """Break the barrier: waiting and later parties get ``BrokenBarrierError``."""
 
 
-def _local_barrier(key: str) -> threading.Barrier:
-    return _barriers[key]
+class BarrierRegistry(Protocol):
+    """Where barriers live, by key."""
+
+    def make(self, key: str, parties: int, timeout: float) -> Barrier:
+        """Create (or replace) the barrier ``key``."""
+
+    def get(self, key: str) -> Barrier:
+        """The barrier ``key`` (KeyError if there is none)."""
+
+    def clear(self) -> None:
+        """Abort and forget every barrier."""
 
 
-_barrier_lookup: BarrierLookup = _local_barrier
+class LocalBarriers:
+    """Barriers for atoms running in this process."""
+
+    def __init__(self) -> None:
+        self._barriers: dict[str, threading.Barrier] = {}
+
+    def make(self, key: str, parties: int, timeout: float) -> Barrier:
+        self._barriers[key] = threading.Barrier(parties, timeout=timeout)
+        return self._barriers[key]
+
+    def get(self, key: str) -> Barrier:
+        return self._barriers[key]
+
+    def clear(self) -> None:
+        for barrier in self._barriers.values():
+            barrier.abort()
+        self._barriers.clear()
 
 
-def make_barrier(key: str, parties: int, timeout: float = 5.0) -> threading.Barrier:
+class FileBarrier:
+    """A single-use barrier across processes: each party arrives by creating a file."""
+
+    #: Seconds between looks at the directory while waiting.
+    POLL = 0.005
+
+    def __init__(self, directory: pathlib.Path, key: str, parties: int, timeout: float) -> None:
+        self._directory, self._key = directory, key
+        self.parties, self.timeout = parties, timeout
+
+    def _arrived(self) -> int:
+        return len(list(self._directory.glob(f"{self._key}.arrived.*")))
+
+    def _aborted(self) -> pathlib.Path:
+        return self._directory / f"{self._key}.aborted"
+
+    def wait(self) -> int:
+        (self._directory / f"{self._key}.arrived.{uuid.uuid4().hex}").touch()
+        deadline = time.monotonic() + self.timeout
+        while not self._aborted().exists():
+            arrived = self._arrived()
+            if arrived >= self.parties:
+                return arrived - 1
+            if time.monotonic() > deadline:
+                self.abort()
+                break
+            time.sleep(self.POLL)
+        raise threading.BrokenBarrierError(f"barrier {self._key!r} broke")
+
+    def abort(self) -> None:
+        self._aborted().touch()
+
+
+class FileBarriers:
+    """Barriers shared by the processes that see ``directory``."""
+
+    def __init__(self, directory: str | os.PathLike[str]) -> None:
+        self.directory = pathlib.Path(directory)
+
+    def make(self, key: str, parties: int, timeout: float) -> Barrier:
+        for stale in self.directory.glob(f"{key}.*"):
+            stale.unlink()
+        spec = {"parties": parties, "timeout": timeout}
+        (self.directory / f"{key}.json").write_text(json.dumps(spec), encoding="utf-8")
+        return FileBarrier(self.directory, key, parties, timeout)
+
+    def get(self, key: str) -> Barrier:
+        try:
+            spec = json.loads((self.directory / f"{key}.json").read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise KeyError(key) from None
+        return FileBarrier(self.directory, key, spec["parties"], spec["timeout"])
+
+    def clear(self) -> None:
+        for spec in self.directory.glob("*.json"):
+            FileBarrier(self.directory, spec.stem, 0, 0.0).abort()
+        for path in self.directory.iterdir():
+            path.unlink()
+
+
+_barriers: BarrierRegistry = (
+    FileBarriers(os.environ[BARRIERS_ENV]) if BARRIERS_ENV in os.environ else LocalBarriers()
+)
+
+
+def make_barrier(key: str, parties: int, timeout: float = 5.0) -> Barrier:
     """Create the barrier ``Rendezvous`` atoms with ``barrier=key`` wait on."""
-    _barriers[key] = threading.Barrier(parties, timeout=timeout)
-    return _barriers[key]
+    return _barriers.make(key, parties, timeout)
 
 
-def use_barrier_lookup(lookup: BarrierLookup) -> BarrierLookup:
-    """Replace how barriers are found (for engines running atoms elsewhere)."""
-    global _barrier_lookup
-    previous, _barrier_lookup = _barrier_lookup, lookup
+def use_barriers(registry: BarrierRegistry) -> BarrierRegistry:
+    """Make ``registry`` the one barriers are made in and found in; return the previous one."""
+    global _barriers
+    previous, _barriers = _barriers, registry
     return previous
 
 
 def clear_barriers() -> None:
-    """Abort and forget every local barrier (a stuck atom fails instead of hanging)."""
-    for barrier in _barriers.values():
-        barrier.abort()
+    """Abort and forget every barrier (a stuck atom fails instead of hanging)."""
     _barriers.clear()
 
 
@@ -303,7 +445,7 @@ class Rendezvous(RecordingTask):
 
     def execute(self, barrier: str) -> str:
         record("execute", self.name)
-        _barrier_lookup(barrier).wait()
+        _barriers.get(barrier).wait()
         record("passed-barrier", self.name)
         return self.name
 
@@ -314,6 +456,25 @@ class RendezvousThenFail(Rendezvous):
     def execute(self, barrier: str) -> str:
         super().execute(barrier)
         raise Boom(f"{self.name} failed")
+
+
+# ---- atoms whose outcome the wire cannot carry (the integration bad-input tests) -----------------
+
+
+class Unsendable(RecordingTask):
+    """Returns a value JSON cannot encode: a worker must answer that it cannot send it."""
+
+    def execute(self) -> Any:
+        record("execute", self.name)
+        return {"not json": object()}
+
+
+class UnsendableError(RecordingTask):
+    """Raises :class:`Boom` with an argument JSON cannot encode."""
+
+    def execute(self) -> None:
+        record("execute", self.name)
+        raise Boom(f"{self.name} failed", object())
 
 
 # ---- retry controllers that also record ---------------------------------------------------

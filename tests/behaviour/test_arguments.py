@@ -191,29 +191,33 @@ def test_nested_flow_results_reach_consumers_after_the_flow(engine_factory):
     assert engine.storage.fetch("got") == {"p": "P", "q": "Q"}
 
 
-def test_functor_task_requirements_come_from_the_function(engine_factory):
+# Functor tasks run on local engines only: their behaviour is the function given to the
+# constructor, and a worker builds a task from its class and name alone (as TaskFlow's does).
+
+
+def test_functor_task_requirements_come_from_the_function(local_engine_factory):
     flow = lf.Flow("f").add(
         task.FunctorTask(tasks.double, name="double", provides="d"),
         task.FunctorTask(tasks.plus, name="plus", rebind={"a": "x", "b": "d"}, provides="sum"))
-    engine = engine_factory.run(flow, store={"x": 4})
+    engine = local_engine_factory.run(flow, store={"x": 4})
     assert engine.storage.fetch("sum") == 12
 
 
-def test_functor_task_revert_function_gets_arguments_and_result(engine_factory):
+def test_functor_task_revert_function_gets_arguments_and_result(local_engine_factory):
     flow = lf.Flow("f").add(
         task.FunctorTask(tasks.double, name="double", provides="d", revert=tasks.undo_double),
         tasks.Fail("boom"))
-    with pytest.raises(tasks.Boom):
-        engine_factory.run(flow, store={"x": 4})
+    with local_engine_factory.raises(tasks.Boom):
+        local_engine_factory.run(flow, store={"x": 4})
     [undone] = tasks.entries("revert")[1:]
     assert (undone["x"], undone["result"], undone["flow_failures"]) == (4, 8, ["boom"])
 
 
-def test_map_and_reduce_functor_tasks(engine_factory):
+def test_map_and_reduce_functor_tasks(local_engine_factory):
     flow = lf.Flow("f").add(
         task.MapFunctorTask(tasks.double, requires=["p", "q"], name="map", provides="mapped"),
         task.ReduceFunctorTask(tasks.plus, requires=["p", "q", "r"], name="reduce",
                                provides="total"))
-    engine = engine_factory.run(flow, store={"p": 1, "q": 2, "r": 3})
+    engine = local_engine_factory.run(flow, store={"p": 1, "q": 2, "r": 3})
     assert engine.storage.fetch("mapped") == [2, 4]
     assert engine.storage.fetch("total") == 6

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
-
 from flowengine import retry, states
 from flowengine.flows import linear_flow as lf
 from flowengine.task import EVENT_UPDATE_PROGRESS
@@ -49,7 +47,7 @@ def test_successful_linear_flow_notification_order(engine_factory):
 def test_failing_flow_notification_order(engine_factory):
     engine = engine_factory(lf.Flow("f").add(tasks.Step("a"), tasks.Fail("boom")))
     events = Events(engine)
-    with pytest.raises(tasks.Boom):
+    with engine_factory.raises(tasks.Boom):
         engine.run()
     assert events.all == [
         ("flow", states.RUNNING),
@@ -102,7 +100,7 @@ def test_atom_notification_details(engine_factory):
 def test_failure_notification_carries_the_failure(engine_factory):
     engine = engine_factory(lf.Flow("f").add(tasks.Fail("boom")))
     events = Events(engine)
-    with pytest.raises(tasks.Boom):
+    with engine_factory.raises(tasks.Boom):
         engine.run()
     [failed] = [d for who, state, d in events.details if state == states.FAILURE]
     assert isinstance(failed["result"], Failure) and failed["result"].check(tasks.Boom)
@@ -184,7 +182,7 @@ def test_progress_of_a_failed_task_is_kept(engine_factory):
     engine.atom_notifier.register(
         states.FAILURE,
         lambda state, details: progress_seen.append(engine.storage.get_task_progress("half")))
-    with pytest.raises(tasks.Boom):
+    with engine_factory.raises(tasks.Boom):
         engine.run()
     assert progress_seen == [0.5]
 
@@ -209,7 +207,7 @@ def test_statistics_keys_and_counters(engine_factory):
 
 def test_statistics_after_a_revert_count_reverts_and_failures(engine_factory):
     engine = engine_factory(lf.Flow("f").add(tasks.Step("a"), tasks.Fail("boom")))
-    with pytest.raises(tasks.Boom):
+    with engine_factory.raises(tasks.Boom):
         engine.run()
     stats = engine.statistics
     # a and boom executed, then both reverted: four completions; boom's failure was handled.

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from flowengine import engines, states
@@ -44,8 +46,20 @@ def test_results_are_stored_under_provides(engine_factory):
 
 def test_engines_run_returns_everything_stored(engine_factory):
     flow = lf.Flow("calc").add(tasks.Add("sum", provides="total"))
-    found = engines.run(flow, store={"x": 2, "y": 5}, engine=engine_factory.kind)
+    found = engines.run(flow, store={"x": 2, "y": 5}, engine=engine_factory.kind,
+                        **engine_factory.options)
     assert found == {"x": 2, "y": 5, "total": 7}
+
+
+def test_tasks_run_where_the_engine_puts_them(engine_factory):
+    engine = engine_factory.run(tasks.WhereAmI("where"))
+    thread = engine.storage.get("where")
+    if engine_factory.remote:
+        assert thread.startswith(engine_factory.task_threads), thread
+    elif engine_factory.kind == "serial":
+        assert thread == threading.current_thread().name
+    else:
+        assert thread != threading.current_thread().name
 
 
 def test_a_single_task_can_be_run_without_a_flow(engine_factory):
@@ -159,6 +173,6 @@ def test_ready_atoms_start_in_priority_order(engine_factory):
         atom = tasks.Step(name)
         atom.priority = priority
         atoms.append(atom)
-    # One worker thread: the parallel engine runs atoms in the order it starts them.
-    engine_factory.run(uf.Flow("u").add(*atoms), max_workers=1)
+    # One thread (or a one-thread worker) runs atoms in the order the engine starts them.
+    engine_factory.run(uf.Flow("u").add(*atoms), **engine_factory.one_at_a_time())
     assert tasks.names("execute") == ["top", "mid", "low", "zero"]

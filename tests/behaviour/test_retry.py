@@ -38,7 +38,7 @@ def test_times_exhausted_reverts_and_raises(engine_factory):
     flow = lf.Flow("r", retry=tasks.RecordingTimes(2, name="times", provides="attempt")).add(
         tasks.Step("a"), tasks.Fail("boom"))
     engine = engine_factory(flow)
-    with pytest.raises(tasks.Boom):
+    with engine_factory.raises(tasks.Boom):
         engine.run()
     assert tasks.names("execute") == ["a", "boom", "a", "boom"]
     decisions = [e["decision"] for e in tasks.entries("retry-decision")]
@@ -77,7 +77,7 @@ def test_nested_times_revert_or_revert_all(engine_factory, revert_all):
         tasks.Fail("boom"))
     outer = lf.Flow("outer", retry=retry.Times(3, name="r-out")).add(tasks.Step("a"), inner)
     engine = engine_factory(outer)
-    with pytest.raises(tasks.Boom):
+    with engine_factory.raises(tasks.Boom):
         engine.run()
     # REVERT defers to the outer retry, which retries; REVERT_ALL goes past it.
     assert tasks.names("execute").count("a") == (1 if revert_all else 3)
@@ -131,7 +131,7 @@ def test_for_each_exhausted_nested(engine_factory, revert_all):
     inner.add(tasks.FailOn("picky", inject={"bad": [1, 2]}))
     outer = lf.Flow("outer", retry=retry.Times(2, name="t")).add(tasks.Step("first"), inner)
     engine = engine_factory(outer)
-    with pytest.raises(tasks.Boom, match="with 2"):
+    with engine_factory.raises(tasks.Boom, match="with 2"):
         engine.run()
     assert tasks.names("execute").count("first") == (1 if revert_all else 2)
     assert attempts_of("picky", "value") == ([1, 2] if revert_all else [1, 2, 1, 2])
@@ -154,7 +154,7 @@ def test_parameterized_for_each_exhausted_nested(engine_factory, revert_all):
     inner.add(tasks.FailOn("picky", inject={"bad": ["a", "b"]}))
     outer = lf.Flow("outer", retry=retry.Times(2, name="t")).add(tasks.Step("first"), inner)
     engine = engine_factory(outer, store={"values": ["a", "b"]})
-    with pytest.raises(tasks.Boom):
+    with engine_factory.raises(tasks.Boom):
         engine.run()
     assert tasks.names("execute").count("first") == (1 if revert_all else 2)
 
@@ -181,7 +181,7 @@ def test_always_revert_alone_reverts_only_its_subflow(engine_factory):
         tasks.Step("b"), tasks.Fail("boom"))
     flow = lf.Flow("root").add(tasks.Step("a"), inner, tasks.Step("after"))
     engine = engine_factory(flow)
-    with pytest.raises(tasks.Boom):
+    with engine_factory.raises(tasks.Boom):
         engine.run()
     assert tasks.names("execute") == ["a", "b", "boom"]
     assert tasks.names("revert") == ["boom", "b"]
@@ -204,7 +204,7 @@ def test_always_revert_all_alone_reverts_the_whole_flow(engine_factory):
         tasks.Step("b"), tasks.Fail("boom"))
     flow = lf.Flow("root").add(tasks.Step("a"), inner, tasks.Step("after"))
     engine = engine_factory(flow)
-    with pytest.raises(tasks.Boom):
+    with engine_factory.raises(tasks.Boom):
         engine.run()
     assert tasks.names("revert") == ["boom", "b", "a"]
     assert engine.storage.get_atom_state("a") == states.REVERTED
@@ -215,7 +215,7 @@ def test_always_revert_all_reverts_everything_despite_the_outer_retry(engine_fac
     inner = lf.Flow("inner", retry=retry.AlwaysRevertAll("ara")).add(tasks.Fail("boom"))
     outer = lf.Flow("outer", retry=retry.Times(5, name="t")).add(tasks.Step("a"), inner)
     engine = engine_factory(lf.Flow("root").add(tasks.Step("first"), outer))
-    with pytest.raises(tasks.Boom):
+    with engine_factory.raises(tasks.Boom):
         engine.run()
     assert tasks.names("execute") == ["first", "a", "boom"]
     assert tasks.names("revert") == ["boom", "a", "first"]
@@ -264,7 +264,7 @@ def test_defer_reverts_reverts_past_the_subflow(engine_factory, defer_reverts):
     inner = lf.Flow("inner", retry=retry.AlwaysRevert("ar")).add(tasks.Fail("boom"))
     flow = lf.Flow("root").add(tasks.Step("a"), inner)
     engine = engine_factory(flow, defer_reverts=defer_reverts)
-    with pytest.raises(tasks.Boom):
+    with engine_factory.raises(tasks.Boom):
         engine.run()
     expected = states.REVERTED if defer_reverts else states.SUCCESS
     assert engine.storage.get_atom_state("a") == expected
@@ -274,7 +274,7 @@ def test_never_resolve_fails_without_asking_the_retry(engine_factory):
     flow = lf.Flow("r", retry=tasks.RecordingTimes(3, name="times")).add(
         tasks.Step("a"), tasks.Fail("boom"))
     engine = engine_factory(flow, never_resolve=True)
-    with pytest.raises(tasks.Boom):
+    with engine_factory.raises(tasks.Boom):
         engine.run()
     assert tasks.entries("retry-decision") == []
     assert tasks.names("revert") == []

@@ -91,7 +91,7 @@ def test_the_first_attempt_starts_without_waiting(engine_factory, delay):
 
 def test_delayed_retry_that_gives_up_still_reverts(engine_factory):
     engine = engine_factory(delayed_flow(attempts=2, succeed_at=5, delay=0.01))
-    with pytest.raises(tasks.Boom):
+    with engine_factory.raises(tasks.Boom):
         engine.run()
     assert engine.storage.get_flow_state() == states.REVERTED
     assert [e["decision"] for e in tasks.entries("retry-decision")] == ["RETRY", "REVERT"]

@@ -25,7 +25,7 @@ def test_linear_flow_reverts_in_reverse_order_of_execution(engine_factory):
         lf.Flow("inner").add(tasks.Step("c"), tasks.Fail("boom")),
         tasks.Step("never"))
     engine = engine_factory(flow)
-    with pytest.raises(tasks.Boom, match="boom failed"):
+    with engine_factory.raises(tasks.Boom, match="boom failed"):
         engine.run()
     assert tasks.names("execute") == ["a", "b", "c", "boom"]
     assert tasks.names("revert") == ["boom", "c", "b", "a"]
@@ -37,7 +37,7 @@ def test_linear_flow_reverts_in_reverse_order_of_execution(engine_factory):
 def test_reverted_flow_states(engine_factory):
     flow = lf.Flow("root").add(tasks.Step("a"), tasks.Fail("boom"), tasks.Step("never"))
     engine = engine_factory(flow)
-    with pytest.raises(tasks.Boom):
+    with engine_factory.raises(tasks.Boom):
         engine.run()
     storage = engine.storage
     assert storage.get_flow_state() == states.REVERTED
@@ -58,7 +58,7 @@ def test_graph_flow_reverts_dependents_before_their_providers(engine_factory):
     )
     flow.link(tail, boom)
     engine = engine_factory(flow)
-    with pytest.raises(tasks.Boom):
+    with engine_factory.raises(tasks.Boom):
         engine.run()
     assert tasks.names("execute") == ["root", "left", "right", "tail", "boom"]
     assert tasks.names("revert") == ["boom", "tail", "right", "left", "root"]
@@ -70,7 +70,7 @@ def test_unordered_siblings_are_all_reverted_before_their_predecessor(engine_fac
         uf.Flow("u").add(tasks.Step("s1"), tasks.Step("s2"), tasks.Step("s3")),
         tasks.Fail("boom"))
     engine = engine_factory(flow)
-    with pytest.raises(tasks.Boom):
+    with engine_factory.raises(tasks.Boom):
         engine.run()
     reverted = tasks.names("revert")
     assert reverted[0] == "boom" and reverted[-1] == "first"
@@ -80,27 +80,27 @@ def test_unordered_siblings_are_all_reverted_before_their_predecessor(engine_fac
 def test_revert_receives_the_execute_result(engine_factory):
     flow = lf.Flow("root").add(
         tasks.Constant("c", provides="x", inject={"value": {"made": 1}}), tasks.Fail("boom"))
-    with pytest.raises(tasks.Boom):
+    with engine_factory.raises(tasks.Boom):
         engine_factory.run(flow)
     assert reverts("c")["result"] == {"made": 1}
 
 
 def test_failed_atom_reverts_with_its_own_failure_as_result(engine_factory):
-    with pytest.raises(tasks.Boom):
+    with engine_factory.raises(tasks.Boom):
         engine_factory.run(lf.Flow("root").add(tasks.Step("a"), tasks.Fail("boom")))
     assert reverts("boom")["result"] == {"failure": "boom failed"}
 
 
 def test_revert_receives_flow_failures_naming_the_failed_atom(engine_factory):
     flow = lf.Flow("root").add(tasks.Step("a"), tasks.Fail("boom"))
-    with pytest.raises(tasks.Boom):
+    with engine_factory.raises(tasks.Boom):
         engine_factory.run(flow)
     assert reverts("a")["flow_failures"] == {"boom": "boom failed"}
     assert reverts("boom")["flow_failures"] == {"boom": "boom failed"}
 
 
 def test_revert_receives_failure_objects(engine_factory):
-    with pytest.raises(tasks.Boom):
+    with engine_factory.raises(tasks.Boom):
         engine_factory.run(lf.Flow("root").add(tasks.InspectFailures("inspect"),
                                                tasks.Fail("boom")))
     assert reverts("inspect")["failures"] == {"boom": {
@@ -111,7 +111,7 @@ def test_revert_receives_failure_objects(engine_factory):
 def test_revert_receives_the_same_rebound_arguments_as_execute(engine_factory):
     flow = lf.Flow("root").add(
         tasks.Add("sum", rebind={"x": "p", "y": "q"}, provides="total"), tasks.Fail("boom"))
-    with pytest.raises(tasks.Boom):
+    with engine_factory.raises(tasks.Boom):
         engine_factory.run(flow, store={"p": 1, "q": 2})
     assert reverts("sum")["args"] == {"x": 1, "y": 2}
     assert reverts("sum")["result"] == 3
@@ -119,7 +119,7 @@ def test_revert_receives_the_same_rebound_arguments_as_execute(engine_factory):
 
 def test_failed_atom_stores_a_failure_result(engine_factory):
     engine = engine_factory(lf.Flow("root").add(tasks.Fail("boom")))
-    with pytest.raises(tasks.Boom):
+    with engine_factory.raises(tasks.Boom):
         engine.run()
     failure = engine.storage.get("boom")
     assert isinstance(failure, Failure) and failure.check(tasks.Boom)
@@ -129,7 +129,7 @@ def test_revert_failure_stops_reverting_and_raises_the_revert_error(engine_facto
     flow = lf.Flow("root").add(
         tasks.Step("before"), tasks.RevertFails("bad-revert"), tasks.Fail("boom"))
     engine = engine_factory(flow)
-    with pytest.raises(tasks.RevertBoom, match="bad-revert revert failed"):
+    with engine_factory.raises(tasks.RevertBoom, match="bad-revert revert failed"):
         engine.run()
     storage = engine.storage
     assert storage.get_atom_state("bad-revert") == states.REVERT_FAILURE
@@ -143,7 +143,7 @@ def test_revert_failure_stops_reverting_and_raises_the_revert_error(engine_facto
 
 def test_linear_failure_stops_at_the_first_failing_atom(engine_factory):
     flow = lf.Flow("root").add(tasks.Fail("first"), tasks.Fail("second"))
-    with pytest.raises(tasks.Boom, match="first failed"):
+    with engine_factory.raises(tasks.Boom, match="first failed"):
         engine_factory.run(flow)
     assert tasks.names("execute") == ["first"]
 
@@ -160,8 +160,9 @@ def test_two_failures_in_one_batch_raise_wrapped_failure(engine_factory):
 
 
 def test_a_single_failure_is_raised_as_itself_not_wrapped(engine_factory):
+    # Not wrapped with anything else; a remote one is data, wrapped alone (see ``raises``).
     flow = uf.Flow("u").add(tasks.Step("fine"), tasks.Fail("only"))
-    with pytest.raises(tasks.Boom, match="only failed"):
+    with engine_factory.raises(tasks.Boom, match="only failed"):
         engine_factory.run(flow)
 
 
@@ -170,7 +171,7 @@ def test_failure_deep_inside_nested_flows_reverts_everything(engine_factory):
     flow = lf.Flow("l1").add(
         tasks.Step("top"), uf.Flow("u2").add(tasks.Step("side"), deep), tasks.Step("never"))
     engine = engine_factory(flow)
-    with pytest.raises(tasks.Boom):
+    with engine_factory.raises(tasks.Boom):
         engine.run()
     assert set(tasks.names("revert")) == {"top", "side", "d1", "boom"}
     assert tasks.names("revert")[-1] == "top"

@@ -49,7 +49,7 @@ def test_run_iter_yields_the_engine_states_from_resuming_to_success(engine_facto
 def test_run_iter_of_a_failing_flow_ends_in_reverted_then_raises(engine_factory):
     engine = engine_factory(lf.Flow("f").add(tasks.Step("a"), tasks.Fail("boom")))
     seen = []
-    with pytest.raises(tasks.Boom):
+    with engine_factory.raises(tasks.Boom):
         for state in engine.run_iter():
             seen.append(state)
     assert seen[-1] == states.REVERTED
@@ -121,7 +121,8 @@ def test_a_new_engine_resumes_from_the_flow_detail(engine_factory):
     first = engine_factory(chain("a", "b", "c"))
     run_until_executed(first, "a")
     detail = first.storage.flow_detail
-    second = engines.load(chain("a", "b", "c"), flow_detail=detail, engine=engine_factory.kind)
+    second = engines.load(chain("a", "b", "c"), flow_detail=detail, engine=engine_factory.kind,
+                          **engine_factory.options)
     second.run()
     assert tasks.names("execute") == ["a", "b", "c"]
     assert second.storage.get_flow_state() == states.SUCCESS
@@ -140,7 +141,7 @@ def test_suspend_while_reverting_then_finish_reverting(engine_factory):
     assert engine.storage.get_flow_state() == states.SUSPENDED
     assert tasks.names("revert") == ["boom"]
     engine.atom_notifier.deregister(states.REVERTED, suspend_after_first_revert)
-    with pytest.raises(tasks.Boom):
+    with engine_factory.raises(tasks.Boom):
         engine.run()
     assert tasks.names("revert") == ["boom", "b", "a"]
     assert tasks.names("execute") == ["a", "b", "boom"]
@@ -189,7 +190,7 @@ def test_reset_of_a_suspended_flow_is_refused_as_in_taskflow(engine_factory):
 def test_running_a_reverted_flow_again_starts_over(engine_factory):
     engine = engine_factory(lf.Flow("f").add(tasks.Step("a"), tasks.Fail("boom")))
     for _ in range(2):
-        with pytest.raises(tasks.Boom):
+        with engine_factory.raises(tasks.Boom):
             engine.run()
     assert tasks.names("execute") == ["a", "boom", "a", "boom"]
     assert engine.storage.get_flow_state() == states.REVERTED

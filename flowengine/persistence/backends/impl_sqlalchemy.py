@@ -20,7 +20,7 @@ import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 
 from flowengine import exceptions as exc
-from flowengine.persistence import base
+from flowengine.persistence import base, models
 from flowengine.persistence._store import RecordStore, Session, StoreConnection
 from flowengine.persistence.backends._sql import migrations, tables
 from flowengine.persistence.backends._sql.engine import (
@@ -30,7 +30,7 @@ from flowengine.persistence.backends._sql.engine import (
     describe,
     masker,
 )
-from flowengine.persistence.backends._sql.session import SQLSession
+from flowengine.persistence.backends._sql.session import SQLSession, replace_atom_sql
 
 __all__ = ["SQLAlchemyBackend"]
 
@@ -79,6 +79,33 @@ class _SQLStore(RecordStore):
             if not self._schema_ok:
                 self._require_current(conn)
             yield SQLSession(conn, self._tables, self.description, write)
+
+    def replace_atom(self, ad: models.AtomDetail) -> bool | None:
+        if not self._schema_ok:
+            return None  # the first writes go through a session, which checks the schema
+        sql, params = replace_atom_sql(self._tables.atomdetails, self.engine.dialect, ad,
+                                       self.description)
+        # One statement on the pooled DB-API connection: on SQLite (driver autocommit, see
+        # _sql/engine.py) it is a transaction of its own, so BEGIN IMMEDIATE and COMMIT, each a
+        # trip through SQLAlchemy, are not needed; elsewhere the driver begins one, committed
+        # below. Either way an atom state change costs one write and no statement building.
+        with self._serial:
+            raw = self.engine.raw_connection()
+            try:
+                cursor = raw.cursor()
+                try:
+                    cursor.execute(sql, params)
+                    replaced = cursor.rowcount > 0
+                finally:
+                    cursor.close()
+                raw.commit()
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    raw.rollback()
+                raise
+            finally:
+                raw.close()
+        return replaced
 
     def _require_current(self, conn: sa.Connection) -> None:
         version = migrations.check(conn, self.description)

@@ -38,6 +38,35 @@ def _replace_sql(table: sa.Table, dialect: Any) -> tuple[str, tuple[str, ...] | 
     return compiled.string, order
 
 
+def atom_values(ad: models.AtomDetail, where: str) -> dict[str, Any]:
+    """An atom detail's column values (JSON columns encoded), without its uuid and parent."""
+    data = ad.to_dict()
+    values: dict[str, Any] = {
+        "name": ad.name,
+        "state": ad.state,
+        "intention": ad.intention,
+        "atom_type": models.atom_detail_type(ad),
+    }
+    for column in _ATOM_JSON:
+        value = data[column]
+        values[column] = None if value is None else _codec.dumps(value, where, _codec.ATOM, ad.uuid)
+    return values
+
+
+def replace_atom_sql(table: sa.Table, dialect: Any, ad: models.AtomDetail,
+                     where: str) -> tuple[str, Any]:
+    """The one UPDATE overwriting ``ad``'s row, as DB-API SQL for ``dialect``, and its parameters.
+
+    Run on a raw DB-API connection (see ``_SQLStore.replace_atom``): an atom state change then
+    costs one statement and no SQLAlchemy statement building or transaction bookkeeping.
+    """
+    values = atom_values(ad, where)
+    values["b_uuid"] = ad.uuid
+    values["updated_at"] = datetime.datetime.now(datetime.UTC).replace(tzinfo=None)
+    sql, order = _replace_sql(table, dialect)
+    return sql, tuple(values[name] for name in order) if order else values
+
+
 class SQLSession(Session):
     """A transaction on one SQLAlchemy connection.
 
@@ -149,35 +178,18 @@ class SQLSession(Session):
         self._put(self._t.flowdetails, fd.uuid, values, new)
 
     def put_atom(self, ad: models.AtomDetail, flow_uuid: str | None, new: bool) -> None:
-        data = ad.to_dict()
-        values: dict[str, Any] = {
-            "name": ad.name,
-            "state": ad.state,
-            "intention": ad.intention,
-            "atom_type": models.atom_detail_type(ad),
-        }
-        for column in _ATOM_JSON:
-            values[column] = self._dumps(data[column], _codec.ATOM, ad.uuid)
+        values = atom_values(ad, self._where)
         if new:
             values["parent_uuid"] = flow_uuid
         self._put(self._t.atomdetails, ad.uuid, values, new)
 
-    def replace_atom(self, ad: models.AtomDetail) -> bool | None:
-        data = ad.to_dict()
-        values: dict[str, Any] = {
-            "b_uuid": ad.uuid,
-            "name": ad.name,
-            "state": ad.state,
-            "intention": ad.intention,
-            "atom_type": models.atom_detail_type(ad),
-            "updated_at": datetime.datetime.now(datetime.UTC).replace(tzinfo=None),
-        }
-        for column in _ATOM_JSON:
-            values[column] = self._dumps(data[column], _codec.ATOM, ad.uuid)
-        sql, order = _replace_sql(self._t.atomdetails, self._conn.dialect)
-        params: Any = tuple(values[name] for name in order) if order else values
-        result = self._conn.exec_driver_sql(sql, params)
-        return bool(result.rowcount)
+    def insert_atoms(self, ads: list[models.AtomDetail], flow_uuid: str) -> None:
+        if not ads:
+            return
+        rows = [{"uuid": ad.uuid, "parent_uuid": flow_uuid, **atom_values(ad, self._where)}
+                for ad in ads]
+        # One executemany: building an INSERT statement per atom costs more than running it.
+        self._conn.execute(sa.insert(self._t.atomdetails), rows)
 
     def _put(self, table: sa.Table, uuid: str, values: dict[str, Any], new: bool) -> None:
         if new:

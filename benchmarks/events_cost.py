@@ -1,0 +1,134 @@
+"""What the event stream costs: the same worker-based runs with events off, on, and on and read.
+
+An in-process worker (a thread, ``--threads`` task threads) serves a worker-based engine over the
+chosen transport (``memory`` by default, ``flowengine-fs``, or a broker ``--url``). Each mode runs
+an unordered flow of ``--tasks`` no-op tasks (throughput) and a linear one (latency)
+``--repeat`` times, alternating modes so that drift hits all alike, and reports the median:
+
+- ``off``: ``events=False`` on the worker and the engine;
+- ``on``: the defaults (events published; nobody listening);
+- ``on_read``: the defaults with an :class:`EventReceiver` reading every event.
+
+Prints one JSON document with each mode's seconds and tasks/s and ``ratio`` (mode time / off time;
+1.05 means 5% slower), plus the events published and dropped. Example::
+
+    python benchmarks/events_cost.py --tasks 200 --repeat 5
+    python benchmarks/events_cost.py --url redis://127.0.0.1:6379/15
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from typing import Any
+
+from flowengine import engines, task
+from flowengine.flows import linear_flow, unordered_flow
+from flowengine.worker_based import events as ev
+from flowengine.worker_based.proxy import mask_url
+from flowengine.worker_based.worker import Worker
+
+MODES = ("off", "on", "on_read")
+
+
+class Noop(task.Task):
+    def execute(self) -> None:
+        return None
+
+
+def _broker(args: argparse.Namespace) -> dict[str, Any]:
+    if args.url:
+        return {"url": args.url}
+    options = {"data_folder": tempfile.mkdtemp(prefix="events-cost-")} \
+        if args.transport == "flowengine-fs" else {}
+    return {"transport": args.transport, "transport_options": options}
+
+
+def _run(shape: str, size: int, exchange: str, broker: dict[str, Any], events: bool) -> float:
+    pattern = linear_flow if shape == "linear" else unordered_flow
+    flow = pattern.Flow(shape).add(*[Noop(f"t{i}") for i in range(size)])
+    engine = engines.load(flow, engine="worker-based", exchange=exchange, topics=["bench"],
+                          events=events, **broker)
+    engine.compile()
+    engine.prepare()
+    started = time.perf_counter()
+    engine.run()
+    return time.perf_counter() - started
+
+
+def _drain(receiver: ev.EventReceiver, ready: threading.Event, stop: threading.Event) -> None:
+    for _event in receiver.iter(ready=ready.set, stop=stop):
+        pass
+
+
+def _measure(args: argparse.Namespace, broker: dict[str, Any]) -> dict[str, Any]:
+    exchange = f"events-cost-{uuid.uuid4().hex[:8]}"
+    times: dict[tuple[str, str], list[float]] = {}
+    for mode in MODES:
+        events = mode != "off"
+        worker = Worker(exchange, "bench", [Noop], threads_count=args.threads, events=events,
+                        **broker)
+        thread = threading.Thread(target=worker.run, kwargs={"display_banner": False},
+                                  daemon=True)
+        thread.start()
+        worker.wait(30)
+        stop, reading = threading.Event(), threading.Event()
+        if mode == "on_read":
+            receiver = ev.EventReceiver(exchange, **broker)
+            threading.Thread(target=_drain, args=(receiver, reading, stop), daemon=True).start()
+            reading.wait(30)
+        _run("unordered", args.linear, exchange, broker, events)  # warm up
+        for _ in range(args.repeat):
+            for shape, size in (("unordered", args.tasks), ("linear", args.linear)):
+                times.setdefault((mode, shape), []).append(
+                    _run(shape, size, exchange, broker, events))
+        stop.set()
+        worker.stop(grace=5)
+        thread.join(10)
+    result: dict[str, Any] = {}
+    for shape, size in (("unordered", args.tasks), ("linear", args.linear)):
+        base = statistics.median(times[("off", shape)])
+        result[shape] = {mode: {
+            "run_s": statistics.median(times[(mode, shape)]),
+            "tasks_per_s": size / statistics.median(times[(mode, shape)]),
+            "ratio": statistics.median(times[(mode, shape)]) / base,
+        } for mode in MODES}
+        result[shape]["tasks"] = size
+    publisher = ev.EventPublisher(exchange, **broker)
+    result["events_published"] = publisher.published
+    result["events_dropped"] = publisher.dropped
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tasks", type=int, default=200, help="unordered flow size")
+    parser.add_argument("--linear", type=int, default=50, help="linear flow size")
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=8)
+    parser.add_argument("--transport", default="memory", choices=["memory", "flowengine-fs"])
+    parser.add_argument("--url", default=None, help="a broker URL instead of --transport")
+    args = parser.parse_args()
+    broker = _broker(args)
+    report = {
+        "benchmark": "events_cost",
+        "transport": mask_url(args.url) if args.url else args.transport,
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "repeat": args.repeat,
+        **_measure(args, broker),
+    }
+    json.dump(report, sys.stdout, indent=2)
+    sys.stdout.write("\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,125 @@
+"""``flowengine flows`` and ``flowengine show``: what stored flows did, read from a backend."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from flowengine.cli import formatting as fmt
+from flowengine.cli import records
+from flowengine.cli.flow_options import backend_option, json_option, show_envvars
+
+
+@show_envvars
+@click.command("flows")
+@backend_option(required=True)
+@click.option("--state", "states_wanted", multiple=True, envvar="FLOWENGINE_STATES",
+              help="Only flows in this state (SUCCESS, REVERTED, ...). Repeatable.")
+@json_option
+def flows_command(backend_uri: str, states_wanted: tuple[str, ...], as_json: bool) -> None:
+    """List stored flows: state, atom counts by state, last update.
+
+    With --json, one JSON object per flow, one per line.
+    """
+    wanted = {s.upper() for s in states_wanted}
+    backend = records.open_backend(backend_uri, create=False)
+    with records.reading(backend, backend_uri) as conn:
+        found = [records.flow_summary(book, fd) for book, fd in records.iter_flows(conn)]
+    found = [f for f in found if not wanted or f["state"] in wanted]
+    if as_json:
+        for flow in found:
+            click.echo(fmt.to_json(flow, sort_keys=True))
+        return
+    if not found:
+        click.echo("no flows")
+        return
+    rows = [[f["uuid"], f["name"], f["state"] or "-", _counts(f), f["updated_at"] or "-",
+             f["book"] or "-"] for f in found]
+    for line in fmt.table(["FLOW", "NAME", "STATE", "ATOMS", "UPDATED", "BOOK"], rows):
+        click.echo(line)
+
+
+def _counts(flow: dict[str, Any]) -> str:
+    parts = ", ".join(f"{n} {state}" for state, n in flow["atom_states"].items())
+    return f"{flow['atoms']} ({parts})" if parts else "0"
+
+
+@show_envvars
+@click.command("show")
+@click.argument("flow_id")
+@backend_option(required=True)
+@click.option("--tracebacks", is_flag=True, envvar="FLOWENGINE_TRACEBACKS",
+              help="Print the traceback of each failure.")
+@click.option("--full", is_flag=True, envvar="FLOWENGINE_FULL",
+              help="Do not shorten results.")
+@json_option
+def show_command(flow_id: str, backend_uri: str, tracebacks: bool, full: bool,
+                 as_json: bool) -> None:
+    """Show one stored flow (FLOW_ID: its uuid, or the start of it) and its atoms.
+
+    Exit code 2 when no stored flow has that id.
+    """
+    backend = records.open_backend(backend_uri, create=False)
+    with records.reading(backend, backend_uri) as conn:
+        fd = records.find_flow(conn, flow_id, backend_uri)
+        flow = records.flow_summary(None, fd)
+        atoms = [records.atom_record(ad) for ad in records.atoms_of(fd)]
+    flow["meta"] = fd.meta
+    if as_json:
+        click.echo(fmt.to_json({"flow": flow, "atoms": atoms}, sort_keys=True, indent=2))
+        return
+    click.echo(f"flow {flow['name']} ({flow['uuid']}): {flow['state'] or '-'}")
+    click.echo(f"  atoms: {_counts(flow)}")
+    click.echo(f"  updated: {flow['updated_at'] or '-'}")
+    if flow["factory"]:
+        click.echo(f"  factory: {flow['factory']}")
+    click.echo("")
+    for line in _atom_table(atoms, None if full else fmt.VALUE_WIDTH):
+        click.echo(line)
+    _echo_failures(atoms, tracebacks)
+
+
+def _atom_table(atoms: list[dict[str, Any]], width: int | None) -> list[str]:
+    headers = ["ATOM", "KIND", "STATE", "INTENTION", "PROGRESS", "STARTED", "DURATION", "REVERT"]
+    rows = [[atom["name"], atom["kind"], atom["state"] or "-", atom["intention"] or "-",
+             fmt.percent(atom["progress"]), atom["started_at"] or "-",
+             fmt.duration(atom["duration"]), fmt.duration(atom["revert_duration"])]
+            for atom in atoms]
+    # Attempts and workers are shown only when recorded (retries, and engines that store them).
+    for key, title in (("attempts", "ATTEMPTS"), ("workers", "WORKERS")):
+        if any(atom[key] is not None for atom in atoms):
+            headers.append(title)
+            for row, atom in zip(rows, atoms):
+                row.append(_listed(atom[key]))
+    headers.append("RESULT")
+    for row, atom in zip(rows, atoms):
+        row.append(fmt.short_value(atom["result"], width))
+    return fmt.table(headers, rows)
+
+
+def _listed(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, list | tuple):
+        return ", ".join(map(str, value)) or "-"
+    return str(value)
+
+
+def _echo_failures(atoms: list[dict[str, Any]], tracebacks: bool) -> None:
+    failed = [(atom["name"], action, atom[key]) for atom in atoms
+              for action, key in (("execute", "failure"), ("revert", "revert_failure"))
+              if atom[key] is not None]
+    if not failed:
+        return
+    click.echo("\nfailures:")
+    for name, action, failure in failed:
+        click.echo(f"  {name} ({action}): {failure['type'] or 'Exception'}: {failure['message']}")
+        if tracebacks:
+            text = failure["traceback"]
+            lines = ["Traceback (most recent call last):", *text.rstrip().splitlines()] \
+                if text else ["(no traceback stored)"]
+            for line in lines:
+                click.echo(f"    {line}")
+    if not tracebacks:
+        click.echo("  (--tracebacks shows where each was raised)")

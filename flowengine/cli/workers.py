@@ -1,0 +1,180 @@
+"""``flowengine workers``: which workers are alive, what they run and how busy they are."""
+
+from __future__ import annotations
+
+import functools
+import json
+import threading
+import time
+import uuid
+from collections.abc import Iterable
+from typing import Any
+
+import click
+
+from flowengine.cli.broker import broker_kwargs, broker_options
+from flowengine.cli.events import EXIT_ERROR, EXIT_NOTHING
+
+#: Default seconds to listen: longer than the workers' heartbeat interval (2 s).
+DEFAULT_WAIT = 2.5
+
+
+class WorkerTable:
+    """What was heard about each worker, by worker id (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._rows: dict[str, dict[str, Any]] = {}
+        self._gone: set[str] = set()
+        self._lock = threading.Lock()
+
+    def _row(self, worker: str) -> dict[str, Any]:
+        return self._rows.setdefault(worker, {
+            "worker": worker, "topics": [], "tasks": [], "capacity": None, "free": None,
+            "in_flight": None, "last_heartbeat": None, "hostname": None, "pid": None,
+            "source": []})
+
+    def _merge(self, row: dict[str, Any], topic: Any, tasks: Any, source: str) -> None:
+        if isinstance(topic, str) and topic not in row["topics"]:
+            row["topics"] = sorted([*row["topics"], topic])
+        if isinstance(tasks, list):
+            row["tasks"] = sorted(set(row["tasks"]) | {str(t) for t in tasks})
+        if source not in row["source"]:
+            row["source"].append(source)
+
+    def on_event(self, event: dict[str, Any]) -> None:
+        """Take in a worker-online, worker-heartbeat or worker-offline event."""
+        worker = event.get("worker")
+        if not isinstance(worker, str):
+            return
+        with self._lock:
+            if event.get("type") == "worker-offline":
+                self._gone.add(worker)
+                return
+            self._gone.discard(worker)
+            row = self._row(worker)
+            self._merge(row, event.get("topic"), event.get("tasks"), "events")
+            for key in ("capacity", "free", "in_flight", "hostname", "pid"):
+                if event.get(key) is not None:
+                    row[key] = event[key]
+            if event.get("type") == "worker-heartbeat":
+                row["last_heartbeat"] = event.get("timestamp")
+
+    def on_notify(self, worker: str | None, topic: str, tasks: list[str],
+                  free: Any) -> None:
+        """Take in a NOTIFY reply (TaskFlow workers send no id: they are named by topic)."""
+        with self._lock:
+            row = self._row(worker or f"taskflow@{topic}")
+            self._merge(row, topic, tasks, "notify")
+            if isinstance(free, int):
+                row["free"] = free
+
+    def live(self) -> list[dict[str, Any]]:
+        """The workers heard from and not gone offline, by id."""
+        with self._lock:
+            return [dict(r) for k, r in sorted(self._rows.items()) if k not in self._gone]
+
+
+def _ask_topics(table: WorkerTable, topics: Iterable[str], stop: threading.Event,
+                **broker: Any) -> threading.Thread:
+    """Send NOTIFY to ``topics`` and record replies until ``stop`` (from a thread)."""
+    from flowengine.worker_based import dispatcher as dp
+    from flowengine.worker_based import protocol as pr
+    from flowengine.worker_based import proxy as px
+
+    me = f"flowengine-workers-{uuid.uuid4().hex[:12]}"
+
+    def on_notify(data: Any, message: Any) -> None:
+        headers = message.headers or {}
+        table.on_notify(headers.get(pr.HEADER_WORKER), data["topic"], data["tasks"],
+                        headers.get(pr.HEADER_CAPACITY))
+
+    def ask() -> None:
+        for topic in topics:
+            proxy.publish(pr.Notify(), topic, reply_to=me,
+                          headers={pr.HEADER_PROTOCOL: pr.PROTOCOL_VERSION})
+
+    validate = functools.partial(pr.Notify.validate, response=True)
+    handlers = {pr.NOTIFY: dp.Handler(on_notify, validate)}
+    proxy = px.Proxy(me, type_handlers=handlers, on_connected=ask,
+                     queue_expires=None if broker.get("taskflow_compat") else 60.0, **broker)
+
+    def run() -> None:
+        thread = threading.Thread(target=proxy.start, daemon=True)
+        thread.start()
+        stop.wait()
+        proxy.stop()
+        thread.join(timeout=5.0)
+        proxy.close()
+
+    runner = threading.Thread(target=run, daemon=True, name="flowengine-workers-notify")
+    runner.start()
+    return runner
+
+
+def _age(stamp: Any, now: float) -> str:
+    return f"{max(now - stamp, 0.0):.1f}s ago" if isinstance(stamp, (int, float)) else "-"
+
+
+def _print_table(rows: list[dict[str, Any]]) -> None:
+    now = time.time()
+    header = ("WORKER", "TOPICS", "TASKS", "CAPACITY", "FREE", "IN-FLIGHT", "LAST HEARTBEAT")
+    lines = [header] + [
+        (r["worker"], ",".join(r["topics"]) or "-", str(len(r["tasks"])),
+         *("-" if r[k] is None else str(r[k]) for k in ("capacity", "free", "in_flight")),
+         _age(r["last_heartbeat"], now)) for r in rows]
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    for line in lines:
+        click.echo("  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip())
+
+
+@click.command("workers")
+@broker_options
+@click.option("--wait", type=click.FloatRange(min=0.1), default=DEFAULT_WAIT, show_default=True,
+              help="Seconds to listen for workers.")
+@click.option("--topic", "topics", multiple=True,
+              help="Also ask this topic's workers with NOTIFY (finds TaskFlow workers too)."
+                   " Repeatable.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per worker and line.")
+def workers_command(wait: float, topics: tuple[str, ...], as_json: bool, **broker: Any) -> None:
+    """List the live workers: id, topics, tasks, capacity, free slots, in-flight requests.
+
+    Listens --wait seconds for the workers' announcements and heartbeats (every 2 s) on the
+    events exchange, and with --topic also asks those topics' queues.
+
+    \b
+    Exit codes:
+      0  at least one live worker was found
+      1  the broker cannot be reached
+      2  usage error
+      3  no live worker was heard from
+    """
+    from flowengine.worker_based.events import EventReceiver
+
+    kwargs = broker_kwargs(**broker)
+    table = WorkerTable()
+    stop = threading.Event()
+    asking = _ask_topics(table, topics, stop, **kwargs) if topics else None
+    events = {k: v for k, v in kwargs.items() if k != "taskflow_compat"}
+    receiver = EventReceiver(types=("worker-",), **events)
+    try:
+        for event in receiver.iter(timeout=wait):
+            table.on_event(event)
+    except Exception as err:
+        from flowengine.worker_based.proxy import mask_url
+
+        click.echo(f"error: cannot read events from {receiver.where}: {mask_url(str(err))}",
+                   err=True)
+        raise SystemExit(EXIT_ERROR) from err
+    finally:
+        stop.set()
+        if asking is not None:
+            asking.join(timeout=10.0)
+    rows = table.live()
+    if as_json:
+        for row in rows:
+            click.echo(json.dumps(row, sort_keys=True))
+    elif rows:
+        _print_table(rows)
+    if not rows:
+        click.echo(f"no live workers heard from in {wait:g}s on {receiver.where}", err=True)
+        raise SystemExit(EXIT_NOTHING)

@@ -1,0 +1,378 @@
+"""The event stream, ``flowengine events``/``workers`` and the metrics endpoint, on real workers.
+
+Flows run on the worker-based engine against real workers: a :class:`Worker` thread over
+kombu's in-process ``memory`` transport, and ``flowengine worker`` processes over Redis. Nothing
+sleeps to synchronise: receivers say when they listen, and tests wait for the events they need.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import event_tasks
+import pytest
+from click.testing import CliRunner
+from wbe_harness import Broker, WorkerFleet, require_broker, subprocess_env, unique_exchange
+
+from flowengine import engines
+from flowengine.cli.main import cli
+from flowengine.exceptions import WrappedFailure
+from flowengine.flows import linear_flow
+from flowengine.worker_based.events import EventReceiver
+from flowengine.worker_based.worker import Worker
+
+pytestmark = pytest.mark.integration
+
+WAIT = 30.0
+TOPIC = "events"
+ADD = "event_tasks.Add"
+#: Every event of one two-task flow that succeeds, by type.
+FLOW_OF_TWO = {"flow-started": 1, "task-sent": 2, "task-received": 2, "task-started": 2,
+               "task-succeeded": 2, "flow-succeeded": 1}
+
+
+class Setup:
+    """One broker, one exchange and one serving worker; knows how engines reach them."""
+
+    def __init__(self, broker: dict[str, Any], exchange: str, worker_pid: int,
+                 worker_id: str | None = None) -> None:
+        self.broker, self.exchange = broker, exchange
+        self.worker_pid, self.worker_id = worker_pid, worker_id
+
+    def load(self, flow: Any, **options: Any) -> Any:
+        return engines.load(flow, engine="worker-based", exchange=self.exchange,
+                            topics=[TOPIC], transition_timeout=WAIT, **self.broker, **options)
+
+    def receiver(self, **filters: Any) -> EventReceiver:
+        return EventReceiver(self.exchange, **self.broker, **filters)
+
+    def cli_args(self) -> list[str]:
+        if "url" in self.broker:
+            return ["--url", self.broker["url"], "--exchange", self.exchange]
+        return ["--transport", self.broker["transport"], "--exchange", self.exchange]
+
+
+@pytest.fixture(scope="module")
+def memory_setup() -> Iterator[Setup]:
+    exchange = unique_exchange("events-mem")
+    worker = Worker(exchange, TOPIC, [event_tasks], threads_count=4, transport="memory",
+                    heartbeat_interval=0.1)
+    thread = threading.Thread(target=worker.run, kwargs={"display_banner": False}, daemon=True)
+    thread.start()
+    assert worker.wait(WAIT)
+    try:
+        yield Setup({"transport": "memory"}, exchange, os.getpid(), worker.worker_id)
+    finally:
+        worker.stop(grace=5.0)
+        thread.join(WAIT)
+
+
+@pytest.fixture(scope="module")
+def redis_setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
+    broker = require_broker("redis")
+    fleet = WorkerFleet(broker, unique_exchange("events-redis"), tmp_path_factory.mktemp("w"))
+    try:
+        (process,) = fleet.start(TOPIC, ["event_tasks"], threads=4)
+        yield Setup({"url": broker.url}, fleet.exchange, process.pid)
+    finally:
+        fleet.stop_all()
+
+
+@pytest.fixture(params=["memory", "redis"])
+def setup(request: pytest.FixtureRequest) -> Setup:
+    return request.getfixturevalue(f"{request.param}_setup")
+
+
+class Collector:
+    """Reads events on a thread until closed; tests wait for what they need."""
+
+    def __init__(self, receiver: EventReceiver) -> None:
+        self.events: list[dict[str, Any]] = []
+        self._cond = threading.Condition()
+        self._ready, self._stop = threading.Event(), threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(receiver,), daemon=True)
+        self._thread.start()
+        assert self._ready.wait(WAIT), "the receiver never listened"
+
+    def _run(self, receiver: EventReceiver) -> None:
+        for event in receiver.iter(ready=self._ready.set, stop=self._stop):
+            with self._cond:
+                self.events.append(event)
+                self._cond.notify_all()
+
+    def wait_for(self, done: Callable[[list[dict[str, Any]]], bool]) -> list[dict[str, Any]]:
+        with self._cond:
+            assert self._cond.wait_for(lambda: done(self.events), WAIT), self.events
+            return list(self.events)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(WAIT)
+
+
+def _of_flow(events: list[dict[str, Any]], flow_uuid: str) -> list[dict[str, Any]]:
+    return [e for e in events if e.get("flow_uuid") == flow_uuid]
+
+
+def _has(event_type: str, flow_uuid: str) -> Callable[[list[dict[str, Any]]], bool]:
+    return lambda events: any(e["type"] == event_type for e in _of_flow(events, flow_uuid))
+
+
+def _counts(events: list[dict[str, Any]]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for event in events:
+        counts[event["type"]] = counts.get(event["type"], 0) + 1
+    return counts
+
+
+def _two_tasks() -> Any:
+    return linear_flow.Flow("two").add(event_tasks.Add("a", provides="y"),
+                                       event_tasks.Add("b", rebind={"x": "y"}, provides="z"))
+
+
+def test_a_flow_is_reported_in_order(setup: Setup) -> None:
+    collector = Collector(setup.receiver())
+    try:
+        engine = setup.load(_two_tasks(), store={"x": 1})
+        engine.run()
+        flow_uuid = engine.storage.flow_uuid
+        # The engine's last event and every worker outcome (two processes' streams interleave).
+        events = collector.wait_for(lambda es: _counts(_of_flow(es, flow_uuid)) == FLOW_OF_TWO)
+    finally:
+        collector.close()
+    ours = _of_flow(events, flow_uuid)
+    by_request: dict[str, list[dict[str, Any]]] = {}
+    for event in ours:
+        if event.get("request_id"):
+            by_request.setdefault(event["request_id"], []).append(event)
+    assert len(by_request) == 2
+    for request_events in by_request.values():
+        worker_side = sorted((e for e in request_events if e["type"] != "task-sent"),
+                             key=lambda e: e["clock"])
+        assert [e["type"] for e in worker_side] == ["task-received", "task-started",
+                                                    "task-succeeded"]
+        assert {e["attempt"] for e in request_events} == {1}
+        assert len({(e["hostname"], e["pid"]) for e in worker_side}) == 1
+        assert worker_side[-1]["runtime"] >= 0
+    engine_side = sorted((e for e in ours if e["type"] in ("flow-started", "task-sent",
+                                                           "flow-succeeded")),
+                         key=lambda e: e["clock"])
+    assert [(e["type"], e.get("task_name")) for e in engine_side] == [
+        ("flow-started", None), ("task-sent", "a"), ("task-sent", "b"),
+        ("flow-succeeded", None)]
+    # Lamport clocks: strictly increasing, per process, in the order events arrive.
+    last: dict[tuple[str, int], int] = {}
+    for event in events:
+        origin = (event["hostname"], event["pid"])
+        assert event["clock"] > last.get(origin, 0), (origin, event)
+        last[origin] = event["clock"]
+    for event in events:
+        assert {"hostname", "pid", "clock", "timestamp", "utcoffset"} <= set(event)
+
+
+def test_no_event_carries_a_secret(setup: Setup) -> None:
+    collector = Collector(setup.receiver())
+    try:
+        engine = setup.load(linear_flow.Flow("leaky").add(event_tasks.Leaky("leaky")),
+                            store={"password": event_tasks.SECRET})
+        with pytest.raises(WrappedFailure, match="ValueError"):
+            engine.run()
+        flow_uuid = engine.storage.flow_uuid
+        events = collector.wait_for(lambda es: _has("flow-reverted", flow_uuid)(es)
+                                    and _has("task-failed", flow_uuid)(es))
+    finally:
+        collector.close()
+    text = json.dumps(events)
+    assert event_tasks.SECRET not in text and event_tasks.URL_PASSWORD not in text
+    failed = next(e for e in _of_flow(events, flow_uuid) if e["type"] == "task-failed")
+    assert failed["exc_type"] == "ValueError"
+    assert failed["exception"] == "login with *** to redis://svc:***@cache:6379/0 refused"
+    assert not any({"arguments", "result", "password"} & set(e) for e in events)
+
+
+def test_events_command_with_count_and_json(memory_setup: Setup) -> None:
+    result: list[Any] = []
+    args = ["events", *memory_setup.cli_args(), "--json", "--type", "flow-", "--count", "2",
+            "--timeout", str(WAIT)]
+    reading = threading.Thread(target=lambda: result.append(CliRunner().invoke(cli, args)))
+    reading.start()
+    # The command listens only once it has started: run flows until it has seen two events.
+    deadline = time.monotonic() + WAIT
+    while reading.is_alive() and time.monotonic() < deadline:
+        memory_setup.load(_two_tasks(), store={"x": 1}).run()
+    reading.join(WAIT)
+    (outcome,) = result
+    assert outcome.exit_code == 0, outcome.output
+    events = [json.loads(line) for line in outcome.stdout.splitlines()]
+    assert len(events) == 2
+    assert {e["type"] for e in events} <= {"flow-started", "flow-succeeded"}
+
+
+def _flowengine() -> str:
+    found = shutil.which("flowengine", path=str(Path(sys.executable).parent))
+    assert found, "the flowengine console script is not installed in this environment"
+    return found
+
+
+def test_events_command_as_a_process(redis_setup: Setup) -> None:
+    engine = redis_setup.load(_two_tasks(), store={"x": 1})
+    flow_uuid = engine.storage.flow_uuid
+    total = sum(FLOW_OF_TWO.values())
+    proc = subprocess.Popen(
+        [_flowengine(), "events", *redis_setup.cli_args(), "--json", "--flow", flow_uuid,
+         "--count", str(total), "--timeout", str(WAIT)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=subprocess_env())
+    try:
+        assert proc.stderr is not None
+        assert "listening on redis://" in proc.stderr.readline()
+        engine.run()
+        out, err = proc.communicate(timeout=WAIT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err
+    events = [json.loads(line) for line in out.splitlines()]
+    assert _counts(events) == FLOW_OF_TWO
+    assert {e["flow_uuid"] for e in events} == {flow_uuid}
+
+
+def test_events_command_times_out_with_exit_3(memory_setup: Setup) -> None:
+    outcome = CliRunner().invoke(cli, ["events", "--transport", "memory", "--exchange",
+                                       unique_exchange("silent"), "--timeout", "0.2"])
+    assert outcome.exit_code == 3
+    assert "timeout: 0 event(s)" in outcome.stderr
+
+
+def test_workers_command_lists_a_live_worker(memory_setup: Setup) -> None:
+    outcome = CliRunner().invoke(cli, ["workers", *memory_setup.cli_args(), "--json",
+                                       "--wait", "1"])
+    assert outcome.exit_code == 0, outcome.output
+    (row,) = [json.loads(line) for line in outcome.stdout.splitlines()]
+    assert row["worker"] == memory_setup.worker_id
+    assert row["topics"] == [TOPIC]
+    assert set(row["tasks"]) == {"event_tasks.Add", "event_tasks.Leaky"}
+    assert (row["capacity"], row["free"], row["in_flight"]) == (4, 4, 0)
+    assert time.time() - row["last_heartbeat"] < WAIT
+
+
+def test_workers_command_as_a_process(redis_setup: Setup) -> None:
+    proc = subprocess.run([_flowengine(), "workers", *redis_setup.cli_args(), "--json"],
+                          capture_output=True, text=True, env=subprocess_env(), timeout=WAIT)
+    assert proc.returncode == 0, proc.stderr
+    (row,) = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert row["worker"].split(":")[1] == str(redis_setup.worker_pid)  # host:pid:random
+    assert row["pid"] == redis_setup.worker_pid
+    assert (row["topics"], row["capacity"], row["in_flight"]) == ([TOPIC], 4, 0)
+
+
+def test_workers_command_asks_topics_with_notify() -> None:
+    exchange = unique_exchange("notify")
+    worker = Worker(exchange, "quiet", [event_tasks.Add], threads_count=3, transport="memory",
+                    events=False)  # only NOTIFY can find it
+    thread = threading.Thread(target=worker.run, kwargs={"display_banner": False}, daemon=True)
+    thread.start()
+    assert worker.wait(WAIT)
+    try:
+        base = ["workers", "--transport", "memory", "--exchange", exchange, "--json",
+                "--wait", "0.5"]
+        silent = CliRunner().invoke(cli, base)
+        asked = CliRunner().invoke(cli, [*base, "--topic", "quiet"])
+    finally:
+        worker.stop(grace=5.0)
+        thread.join(WAIT)
+    assert silent.exit_code == 3 and silent.stdout == ""
+    assert asked.exit_code == 0, asked.output
+    (row,) = [json.loads(line) for line in asked.stdout.splitlines()]
+    assert (row["worker"], row["topics"], row["free"]) == (worker.worker_id, ["quiet"], 3)
+    assert row["tasks"] == ["event_tasks.Add"] and row["source"] == ["notify"]
+
+
+# -- metrics ------------------------------------------------------------------------------------
+
+
+def _scrape(port: int) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=WAIT) as response:
+        text = response.read().decode()
+    return {(s.name, frozenset(s.labels.items())): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _sample(samples: dict[Any, float], name: str, **labels: str) -> float:
+    return samples.get((name, frozenset(labels.items())), 0.0)
+
+
+def test_worker_metrics_endpoint_over_redis(tmp_path: Path, exchange: str) -> None:
+    pytest.importorskip("prometheus_client")
+    broker: Broker = require_broker("redis")
+    port = _free_port()
+    fleet = WorkerFleet(broker, exchange, tmp_path)
+    try:
+        fleet.start(TOPIC, ["event_tasks"], threads=2, extra_args=["--metrics-port", str(port)])
+        setup = Setup({"url": broker.url}, exchange, 0)
+        setup.load(_two_tasks(), store={"x": 1}).run()
+        with pytest.raises(WrappedFailure, match="ValueError"):
+            setup.load(linear_flow.Flow("leaky").add(event_tasks.Leaky("leaky")),
+                       store={"password": event_tasks.SECRET}).run()
+        samples = _scrape(port)
+    finally:
+        fleet.stop_all()
+    worker = {"role": "worker"}
+    assert _sample(samples, "flowengine_atom_outcomes_total", **worker, task="a",
+                   state="SUCCESS") == 1
+    assert _sample(samples, "flowengine_atom_outcomes_total", **worker, task="leaky",
+                   state="FAILURE") == 1
+    assert _sample(samples, "flowengine_atom_duration_seconds_count", **worker, task="b",
+                   action="execute") == 1
+    assert _sample(samples, "flowengine_atoms_in_flight", **worker) == 0
+
+
+def test_engine_and_worker_metrics_in_one_process() -> None:
+    pytest.importorskip("prometheus_client")
+    from flowengine.worker_based.metrics import start_metrics_server
+
+    server = start_metrics_server(0)
+    exchange = unique_exchange("metrics")
+    worker = Worker(exchange, TOPIC, [event_tasks], threads_count=2, transport="memory",
+                    metrics=True)
+    thread = threading.Thread(target=worker.run, kwargs={"display_banner": False}, daemon=True)
+    thread.start()
+    assert worker.wait(WAIT)
+    setup = Setup({"transport": "memory"}, exchange, os.getpid(), worker.worker_id)
+    try:
+        before = _scrape(server.server_port)
+        setup.load(_two_tasks(), store={"x": 1}, metrics=True).run()
+        after = _scrape(server.server_port)
+    finally:
+        worker.stop(grace=5.0)
+        thread.join(WAIT)
+        server.shutdown()
+
+    def delta(name: str, **labels: str) -> float:
+        return _sample(after, name, **labels) - _sample(before, name, **labels)
+
+    for role in ("engine", "worker"):
+        assert delta("flowengine_atom_outcomes_total", role=role, task="a", state="SUCCESS") == 1
+        assert delta("flowengine_atom_duration_seconds_count", role=role, task="b",
+                     action="execute") == 1
+        assert _sample(after, "flowengine_atoms_in_flight", role=role) == 0
+    assert delta("flowengine_flows_total", state="SUCCEEDED") == 1

@@ -1,0 +1,140 @@
+"""Flows for the CLI tests, imported by name (``cli_flows:make_ok``) as a user's module would be."""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import Any
+
+from flowengine import deciders, retry, task
+from flowengine.flows import graph_flow, linear_flow, unordered_flow
+
+#: What each task did, in order (the tests read it after a run in the same process).
+JOURNAL: list[str] = []
+
+
+class Add(task.Task):
+    """Adds one to ``x``, reporting progress half way."""
+
+    def execute(self, x: int) -> int:
+        JOURNAL.append(f"execute {self.name}")
+        self.update_progress(0.5)
+        return x + 1
+
+    def revert(self, **kwargs: Any) -> None:
+        JOURNAL.append(f"revert {self.name}")
+
+
+class Fail(task.Task):
+    """Always fails."""
+
+    def execute(self, **kwargs: Any) -> None:
+        JOURNAL.append(f"execute {self.name}")
+        raise RuntimeError(f"{self.name} cannot go on")
+
+    def revert(self, **kwargs: Any) -> None:
+        JOURNAL.append(f"revert {self.name}")
+
+
+class BadRevert(Add):
+    """Runs, but its revert fails too."""
+
+    def revert(self, **kwargs: Any) -> None:
+        JOURNAL.append(f"revert {self.name}")
+        raise ValueError(f"{self.name} cannot be undone")
+
+
+class Interrupt(task.Task):
+    """Sends SIGINT to its own process, as an operator's Ctrl-C would, then finishes."""
+
+    def execute(self) -> str:
+        JOURNAL.append(f"execute {self.name}")
+        os.kill(os.getpid(), signal.SIGINT)
+        return "interrupted"
+
+
+class Echo(task.Task):
+    """Returns a fixed value."""
+
+    def execute(self, **kwargs: Any) -> str:
+        JOURNAL.append(f"execute {self.name}")
+        return self.name
+
+
+def make_ok(start: int = 1) -> linear_flow.Flow:
+    """a then b: succeeds, b = start + 2."""
+    return linear_flow.Flow("ok").add(
+        Add("a", provides="y", inject={"x": start}),
+        Add("b", provides="z", rebind={"x": "y"}),
+    )
+
+
+def make_needs_x() -> linear_flow.Flow:
+    """Needs ``x`` from --store."""
+    return linear_flow.Flow("needs-x").add(Add("a", provides="y"))
+
+
+def make_reverted() -> linear_flow.Flow:
+    """a runs, b fails: a and b are reverted (b first)."""
+    return linear_flow.Flow("reverted").add(Add("a", provides="y", inject={"x": 1}), Fail("b"))
+
+
+def make_revert_fails() -> linear_flow.Flow:
+    """a runs, b fails, a's revert fails: the flow ends in FAILURE."""
+    return linear_flow.Flow("revert-fails").add(BadRevert("a", provides="y", inject={"x": 1}),
+                                                Fail("b"))
+
+
+def make_suspending() -> linear_flow.Flow:
+    """first, interrupt (Ctrl-C), last: suspended after interrupt; a resume runs last."""
+    return linear_flow.Flow("suspending").add(Echo("first"), Interrupt("interrupt"), Echo("last"))
+
+
+def make_missing() -> linear_flow.Flow:
+    """b needs ``nowhere``, which nothing provides."""
+    return linear_flow.Flow("missing").add(Echo("a"), Echo("b", requires=("nowhere",)))
+
+
+def make_bad() -> int:
+    """Not a flow."""
+    return 42
+
+
+def make_raising() -> linear_flow.Flow:
+    raise KeyError("no such region")
+
+
+def make_nested() -> graph_flow.Flow:
+    """A graph flow: fetch -> (a retry-controlled unordered pair) and a decider-guarded report."""
+    fetch = Echo("fetch", provides="data")
+    pair = unordered_flow.Flow("pair", retry=retry.Times(2, name="again")).add(
+        Echo("left", requires=("data",)), Echo("right", requires=("data",)))
+    report = Echo("report")
+    flow = graph_flow.Flow("nested").add(fetch, pair, report)
+    flow.link(fetch, report, decider=lambda history: True,
+              decider_depth=deciders.Depth.ATOM)
+    return flow
+
+
+def make_from_region(region: str, size: int = 1) -> linear_flow.Flow:
+    """Factory arguments show up in the atom names."""
+    return linear_flow.Flow(f"in-{region}").add(Echo(f"{region}-{size}"))
+
+
+class Long(task.Task):
+    """Returns a result too long for a table cell."""
+
+    def execute(self) -> str:
+        return "x" * 100
+
+
+def make_long() -> linear_flow.Flow:
+    """One task with a long result."""
+    return linear_flow.Flow("long").add(Long("long"))
+
+
+#: A flow object rather than a factory.
+FLOW_OBJECT = linear_flow.Flow("object").add(Echo("only"))
+
+#: A lambda factory: recorded through its ``module:attribute`` for resumption.
+lambda_factory = lambda: linear_flow.Flow("from-lambda").add(Echo("lam"))  # noqa: E731
