@@ -9,8 +9,8 @@ import click
 
 from flowengine.cli.broker import broker_kwargs, broker_options
 
-#: Exit code when the named dead letter does not exist.
-EXIT_NOT_FOUND = 4
+#: Exit code when the named dead letter does not exist (as for other commands' unknown ids).
+EXIT_NOT_FOUND = 2
 
 
 def _open(**options: Any) -> Any:
