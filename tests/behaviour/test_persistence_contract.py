@@ -42,9 +42,7 @@ class Store:
             backend.close()
 
 
-@pytest.fixture(params=BACKENDS)
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
-    kind = request.param
+def _open_store(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> Store:
     if kind == "memory":
         uri, shared = "memory://", False
     elif kind == "dir":
@@ -53,7 +51,22 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
         uri, shared = f"sqlite:///{tmp_path}/records.db", True
     else:
         uri, shared = request.getfixturevalue("postgres_schema_url"), True
-    s = Store(uri, shared)
+    return Store(uri, shared)
+
+
+@pytest.fixture(params=BACKENDS)
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    s = _open_store(request.param, request, tmp_path)
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+@pytest.fixture(params=[kind for kind in BACKENDS if kind != "memory"])
+def shared_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    """Backends whose records live outside the backend object (all but memory)."""
+    s = _open_store(request.param, request, tmp_path)
     try:
         yield s
     finally:
@@ -274,9 +287,8 @@ def test_upgrade_and_validate_are_repeatable(store: Store) -> None:
     assert len(store.conn.get_logbook(book.uuid)) == 1
 
 
-def test_records_outlive_the_backend_object(store: Store) -> None:
-    if not store.shared:
-        pytest.skip("memory records live in their backend object")
+def test_records_outlive_the_backend_object(shared_store: Store) -> None:
+    store = shared_store
     book, flow = _book_with_flow()
     (task, _) = list(flow)
     task.put(states.SUCCESS, 42)
@@ -288,9 +300,8 @@ def test_records_outlive_the_backend_object(store: Store) -> None:
     assert len(other.get_logbook(book.uuid)) == 1
 
 
-def test_unencodable_result_is_refused_by_name(store: Store) -> None:
-    if not store.shared:
-        pytest.skip("the memory backend stores copies, not JSON")
+def test_unencodable_result_is_refused_by_name(shared_store: Store) -> None:
+    store = shared_store
     book, flow = _book_with_flow(atoms=1)
     (task,) = list(flow)
     store.conn.save_logbook(book)

@@ -6,12 +6,13 @@ says, so a worker that goes silent after RUNNING needs no killing and no sleepin
 
 from __future__ import annotations
 
-import itertools
 import queue
+import threading
 import uuid
 from typing import Any
 
 import pytest
+from wb_lease_tasks import Slow  # tests/unit is on sys.path (pytest rootdir insertion)
 
 from flowengine import exceptions as exc
 from flowengine.engines.executor import EXECUTED
@@ -22,8 +23,6 @@ from flowengine.worker_based import protocol as pr
 from flowengine.worker_based import proxy as px
 from flowengine.worker_based.dead_letters import DeadLetters
 from flowengine.worker_based.executor import WorkerTaskExecutor
-
-from wb_lease_tasks import Slow  # tests/unit is on sys.path (pytest rootdir insertion)
 
 WAIT = 10.0
 TASK_CLS = pr.task_class_name(Slow())
@@ -81,8 +80,6 @@ def clock() -> Clock:
 
 @pytest.fixture
 def worker(exchange: str) -> Any:
-    import threading
-
     scripted = ScriptedWorker(exchange, "leased", "worker-1")
     thread = threading.Thread(target=scripted.proxy.start, daemon=True)
     thread.start()
@@ -92,10 +89,35 @@ def worker(exchange: str) -> Any:
     thread.join(WAIT)
 
 
+class DrainCycles:
+    """Counts the executor's consumer drain cycles, so a test can wait for replies to land."""
+
+    def __init__(self, executor: WorkerTaskExecutor) -> None:
+        self._cycles = 0
+        self._cond = threading.Condition()
+        original = executor._proxy._on_wait
+
+        def counted() -> None:
+            if original is not None:
+                original()
+            with self._cond:
+                self._cycles += 1
+                self._cond.notify_all()
+
+        executor._proxy._on_wait = counted
+
+    def settle(self) -> None:
+        """Return once a whole drain cycle began after this call (so it saw prior replies)."""
+        with self._cond:
+            target = self._cycles + 2
+            assert self._cond.wait_for(lambda: self._cycles >= target, timeout=WAIT)
+
+
 def make_executor(exchange: str, clock: Clock, **options: Any) -> WorkerTaskExecutor:
     executor = WorkerTaskExecutor(
         uuid.uuid4().hex, exchange, ["leased"], transport="memory", clock=clock,
         lease_timeout=options.pop("lease_timeout", 5.0), heartbeat_interval=1.0, **options)
+    executor.cycles = DrainCycles(executor)  # type: ignore[attr-defined]
     executor.start()
     assert executor.wait_for_workers(1, timeout=WAIT) == 0
     return executor
@@ -111,10 +133,11 @@ def test_a_silent_worker_loses_its_lease_and_the_request_is_sent_again(
         assert message.headers[ext.HEADER_HEARTBEAT] == 1.0
         worker.reply(message, pr.RUNNING)
         # RUNNING renews the lease; a heartbeat renews it again.
-        _wait_until(lambda: executor._ongoing and next(iter(executor._ongoing.values())).lease_until)
+        executor.cycles.settle()
         clock.now += 4.0
         worker.reply(message, pr.EVENT, event_type=ext.EVENT_HEARTBEAT, details={})
-        _wait_until(lambda: next(iter(executor._ongoing.values())).lease_until == clock.now + 5.0)
+        executor.cycles.settle()
+        assert next(iter(executor._ongoing.values())).lease_until == clock.now + 5.0
         clock.now += 4.9
         executor.on_wait()
         assert worker.requests.empty()
@@ -141,7 +164,7 @@ def test_after_the_last_attempt_the_atom_fails_with_worker_lost_and_is_parked(
         for _attempt in range(2):
             _data, message = worker.next_request()
             worker.reply(message, pr.RUNNING)
-            _wait_until(lambda: any(s.lease_until for s in executor._ongoing.values()))
+            executor.cycles.settle()
             clock.now += 6.0
             executor.on_wait()
         outcome, failure = future.result(timeout=WAIT)
@@ -177,9 +200,10 @@ def test_a_task_over_its_time_limit_fails_with_a_timeout(
         _data, message = worker.next_request()
         assert message.headers[pr.HEADER_TIME_LIMIT] == 3.0
         worker.reply(message, pr.RUNNING)
-        _wait_until(lambda: any(s.started for s in executor._ongoing.values()))
+        executor.cycles.settle()
         clock.now += 2.0
         worker.reply(message, pr.EVENT, event_type=ext.EVENT_HEARTBEAT, details={})
+        executor.cycles.settle()
         executor.on_wait()
         assert not future.done()
         clock.now += 1.5
@@ -224,16 +248,3 @@ def test_an_unpublished_request_can_be_cancelled_but_a_published_one_cannot(
         assert all(s.task.name != "unsent" for s in executor._ongoing.values())
     finally:
         executor.stop()
-
-
-def _wait_until(predicate: Any) -> None:
-    """Poll a condition the consumer thread makes true (bounded; no fixed sleep)."""
-    import time
-
-    deadline = time.monotonic() + WAIT
-    for _ in itertools.count():
-        if predicate():
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.001)
