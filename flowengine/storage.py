@@ -2,6 +2,10 @@
 
 Every change goes to the flow detail's models and, when a backend is given, is written through
 to it at once, so an interrupted flow can be resumed by a new engine. What ``engine.storage`` is.
+
+This module is a little over 500 lines because it carries TaskFlow's whole ``Storage`` API
+(about forty short public methods programs already call); how argument names are resolved to
+providers lives apart, in :mod:`flowengine.providers`.
 """
 
 from __future__ import annotations
@@ -28,7 +32,6 @@ META_INJECTED = "injected"
 #: Meta key holding a task's progress.
 META_PROGRESS = "progress"
 META_PROGRESS_DETAILS = "progress_details"
-
 
 
 class Storage:
@@ -103,33 +106,29 @@ class Storage:
         """Install the function deciding which providers an atom can see."""
         self._providers.scope_fetcher = scope_fetcher
 
+    def _write(self, what: str, call: Callable[..., Any], *args: Any) -> None:
+        """Write through to the backend; any error becomes a StorageFailure naming ``what``."""
+        try:
+            call(*args)
+        except exceptions.StorageFailure:
+            raise
+        except Exception as err:
+            raise exceptions.StorageFailure(
+                f"Could not save {what} of flow {self.flow_name!r} ({self.flow_uuid}) to "
+                f"backend {type(self._backend).__name__}: {err}") from err
+
     def _save_atom(self, ad: models.AtomDetail) -> None:
         if self._connection is not None:
-            try:
-                self._connection.update_atom_details(ad)
-            except exceptions.StorageFailure:
-                raise
-            except Exception as err:
-                raise exceptions.StorageFailure(
-                    f"Could not save atom {ad.name!r} ({ad.uuid}) of flow "
-                    f"{self.flow_name!r} to backend {type(self._backend).__name__}: {err}"
-                ) from err
+            self._write(f"atom {ad.name!r} ({ad.uuid})", self._connection.update_atom_details, ad)
 
     def _save_flow(self, with_atoms: bool = True) -> None:
         if self._connection is not None:
-            try:
-                fields_only = getattr(self._connection, "update_flow_fields", None)
-                if not with_atoms and fields_only is not None:
-                    fields_only(self._flow_detail)
-                else:
-                    self._connection.update_flow_details(self._flow_detail)
-            except exceptions.StorageFailure:
-                raise
-            except Exception as err:
-                raise exceptions.StorageFailure(
-                    f"Could not save flow {self.flow_name!r} ({self.flow_uuid}) to backend "
-                    f"{type(self._backend).__name__}: {err}"
-                ) from err
+            fields_only = getattr(self._connection, "update_flow_fields", None)
+            if with_atoms or fields_only is None:
+                self._write("the flow detail", self._connection.update_flow_details,
+                            self._flow_detail)
+            else:
+                self._write("the flow's state", fields_only, self._flow_detail)
 
     def _detail(self, atom_name: str) -> models.AtomDetail:
         try:
