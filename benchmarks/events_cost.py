@@ -1,9 +1,10 @@
 """What the event stream costs: the same worker-based runs with events off, on, and on and read.
 
-An in-process worker (a thread, ``--threads`` task threads) serves a worker-based engine over the
-chosen transport (``memory`` by default, ``flowengine-fs``, or a broker ``--url``). Each mode runs
-an unordered flow of ``--tasks`` no-op tasks (throughput) and a linear one (latency)
-``--repeat`` times, alternating modes so that drift hits all alike, and reports the median:
+Two in-process workers (threads, ``--threads`` task threads each; one with events, one without,
+each on its own topic) serve a worker-based engine over the chosen transport (``memory`` by
+default, ``flowengine-fs``, or a broker ``--url``). Each mode runs an unordered flow of
+``--tasks`` no-op tasks (throughput) and a linear one of ``--linear`` (latency) ``--repeat``
+times, the modes taking turns so that drift hits all alike, and reports the median:
 
 - ``off``: ``events=False`` on the worker and the engine;
 - ``on``: the defaults (events published; nobody listening);
@@ -52,10 +53,11 @@ def _broker(args: argparse.Namespace) -> dict[str, Any]:
     return {"transport": args.transport, "transport_options": options}
 
 
-def _run(shape: str, size: int, exchange: str, broker: dict[str, Any], events: bool) -> float:
+def _run(shape: str, size: int, exchange: str, topic: str, broker: dict[str, Any],
+         events: bool) -> float:
     pattern = linear_flow if shape == "linear" else unordered_flow
     flow = pattern.Flow(shape).add(*[Noop(f"t{i}") for i in range(size)])
-    engine = engines.load(flow, engine="worker-based", exchange=exchange, topics=["bench"],
+    engine = engines.load(flow, engine="worker-based", exchange=exchange, topics=[topic],
                           events=events, **broker)
     engine.compile()
     engine.prepare()
@@ -69,39 +71,54 @@ def _drain(receiver: ev.EventReceiver, ready: threading.Event, stop: threading.E
         pass
 
 
+def _timed(mode: str, shape: str, size: int, exchange: str, broker: dict[str, Any]) -> float:
+    if mode != "on_read":
+        return _run(shape, size, exchange, mode, broker, events=mode == "on")
+    ready, stop = threading.Event(), threading.Event()
+    reader = threading.Thread(target=_drain, daemon=True,
+                              args=(ev.EventReceiver(exchange, **broker), ready, stop))
+    reader.start()
+    ready.wait(30)
+    try:
+        return _run(shape, size, exchange, "on", broker, events=True)
+    finally:
+        stop.set()
+        reader.join(30)
+
+
 def _measure(args: argparse.Namespace, broker: dict[str, Any]) -> dict[str, Any]:
     exchange = f"events-cost-{uuid.uuid4().hex[:8]}"
-    times: dict[tuple[str, str], list[float]] = {}
-    for mode in MODES:
-        events = mode != "off"
-        worker = Worker(exchange, "bench", [Noop], threads_count=args.threads, events=events,
-                        **broker)
-        thread = threading.Thread(target=worker.run, kwargs={"display_banner": False},
-                                  daemon=True)
+    # One worker per setting, each on its own topic, both serving throughout.
+    workers = [Worker(exchange, topic, [Noop], threads_count=args.threads, events=topic == "on",
+                      **broker) for topic in ("off", "on")]
+    threads = [threading.Thread(target=w.run, kwargs={"display_banner": False}, daemon=True)
+               for w in workers]
+    for thread, worker in zip(threads, workers):
         thread.start()
         worker.wait(30)
-        stop, reading = threading.Event(), threading.Event()
-        if mode == "on_read":
-            receiver = ev.EventReceiver(exchange, **broker)
-            threading.Thread(target=_drain, args=(receiver, reading, stop), daemon=True).start()
-            reading.wait(30)
-        _run("unordered", args.linear, exchange, broker, events)  # warm up
+    shapes = (("unordered", args.tasks), ("linear", args.linear))
+    times: dict[tuple[str, str], list[float]] = {}
+    try:
+        for mode in MODES:  # warm up imports, connections and caches
+            _timed(mode, "unordered", args.linear, exchange, broker)
         for _ in range(args.repeat):
-            for shape, size in (("unordered", args.tasks), ("linear", args.linear)):
-                times.setdefault((mode, shape), []).append(
-                    _run(shape, size, exchange, broker, events))
-        stop.set()
-        worker.stop(grace=5)
-        thread.join(10)
+            for shape, size in shapes:
+                for mode in MODES:  # alternating, so that drift hits every mode alike
+                    times.setdefault((mode, shape), []).append(
+                        _timed(mode, shape, size, exchange, broker))
+    finally:
+        for worker in workers:
+            worker.stop(grace=5)
+        for thread in threads:
+            thread.join(10)
     result: dict[str, Any] = {}
-    for shape, size in (("unordered", args.tasks), ("linear", args.linear)):
+    for shape, size in shapes:
         base = statistics.median(times[("off", shape)])
-        result[shape] = {mode: {
-            "run_s": statistics.median(times[(mode, shape)]),
-            "tasks_per_s": size / statistics.median(times[(mode, shape)]),
-            "ratio": statistics.median(times[(mode, shape)]) / base,
-        } for mode in MODES}
-        result[shape]["tasks"] = size
+        result[shape] = {"tasks": size}
+        for mode in MODES:
+            median = statistics.median(times[(mode, shape)])
+            result[shape][mode] = {"run_s": median, "tasks_per_s": size / median,
+                                   "ratio": median / base}
     publisher = ev.EventPublisher(exchange, **broker)
     result["events_published"] = publisher.published
     result["events_dropped"] = publisher.dropped

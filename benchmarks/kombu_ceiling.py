@@ -40,7 +40,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import kombu
@@ -265,16 +265,38 @@ class _Client:
             "replies_per_s": got / elapsed if elapsed > 0 else 0.0,
         }
 
+    @property
+    def queue_names(self) -> list[str]:
+        return [self._request_queue.name, self._reply_queue.name]
+
     def close(self) -> None:
         with contextlib.suppress(Exception):
             self._consumer.cancel()
-        with contextlib.suppress(Exception):
-            channel = self._conn.default_channel
-            for queue in (self._reply_queue, self._request_queue):
-                queue.bind(channel).delete()
-            self._exchange.bind(channel).delete()
         self._conn.release()
         self._pub_conn.release()
+
+
+def purge(broker: Broker, exchange: str, queues: Iterable[str]) -> None:
+    """Delete the queues and exchanges a run left on a server broker (not on ``fs``).
+
+    ``exchange`` must be unique to the run: on Redis every key that names it is deleted, which
+    includes kombu's binding sets and those of flowengine's ``<exchange>.events`` stream.
+    """
+    if not broker.url:
+        return
+    with contextlib.suppress(Exception), broker.connection() as conn:
+        if broker.name == "redis":
+            client = conn.default_channel.client
+            for key in client.scan_iter(match=f"*{exchange}*"):
+                client.delete(key)
+            return
+        for method, name in [("queue_delete", q) for q in queues] + [
+            ("exchange_delete", exchange),
+            ("exchange_delete", f"{exchange}.events"),
+        ]:
+            # A fresh channel each: a broker error closes the channel it happened on.
+            with contextlib.suppress(Exception), conn.channel() as channel:
+                getattr(channel, method)(name)
 
 
 def measure(
@@ -306,7 +328,8 @@ def measure(
                 result["sequential"] = client.sequential(sequential, time.monotonic() + time_limit)
                 result["pipelined"] = client.pipelined(pipelined, time.monotonic() + time_limit)
         finally:
-            client.close()  # after the responder stopped consuming the queues it deletes
+            client.close()
+            purge(broker, exchange, client.queue_names)  # once the responder has stopped
     except Exception as err:  # an unreachable broker is a result, not a crash
         result["error"] = f"{type(err).__name__}: {err}"
     return result

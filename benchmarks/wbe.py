@@ -13,7 +13,8 @@ message file and kill the worker's consumer), so those rows are skipped by defau
 
 Reported per run: ``run_s`` (``engine.run()``, including finding the workers),
 ``tasks_per_s`` (tasks / run_s), ``steady_tasks_per_s`` (between the first and the last task's
-SUCCESS), ``first_task_ms``, ``after_last_task_ms`` (from the last SUCCESS until ``run()``
+SUCCESS; when completions arrive in one burst it says so, not how fast the engine is),
+``first_task_ms``, ``after_last_task_ms`` (from the last SUCCESS until ``run()``
 returns: the executor's shutdown) and, for the linear flow, ``per_task_ms`` (median gap between
 consecutive SUCCESS notifications). Compile and storage preparation happen before the clock starts.
 
@@ -39,8 +40,6 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-
-import kombu
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import kombu_ceiling as ceiling  # noqa: E402
@@ -240,25 +239,6 @@ def run_engine(
     return result
 
 
-def cleanup(broker: ceiling.Broker, exchange: str, queues: list[str]) -> None:
-    """Delete what the runs left on a server broker (flowengine's queues are durable)."""
-    if not broker.url:
-        return  # the fs folder is removed with its temporary directory
-    with contextlib.suppress(Exception), kombu.Connection(broker.url) as conn:
-        channel = conn.default_channel
-        if broker.name == "redis":
-            client = channel.client
-            for key in client.scan_iter(match=f"{exchange}_*"):
-                client.delete(key)
-            client.delete(f"_kombu.binding.{exchange}")
-            return
-        for name in queues:
-            with contextlib.suppress(Exception):
-                channel.queue_delete(name)
-        with contextlib.suppress(Exception):
-            channel.exchange_delete(exchange)
-
-
 def _ratio(numerator: Any, denominator: Any) -> float | None:
     if (
         isinstance(numerator, (int, float))
@@ -276,9 +256,6 @@ def compare(row: dict[str, Any], limit: dict[str, Any], taskflow: dict[str, Any]
     round_trip = limit.get("sequential", {}).get("p50_ms")
     ratios: dict[str, Any] = {
         "unordered_vs_pipelined_ceiling": _ratio(unordered.get("tasks_per_s"), pipelined),
-        "unordered_steady_vs_pipelined_ceiling": _ratio(
-            unordered.get("steady_tasks_per_s"), pipelined
-        ),
         "linear_per_task_vs_round_trip": _ratio(linear.get("per_task_ms"), round_trip),
     }
     if taskflow is not None:
@@ -334,7 +311,7 @@ def run_config(
         queues += [
             f"{exchange}_{row[shape]['flow_uuid']}" for shape, _ in workloads if shape in row
         ]
-        cleanup(broker, exchange, queues)
+        ceiling.purge(broker, exchange, queues)
     return row
 
 

@@ -11,8 +11,9 @@ import click
 
 from flowengine.cli.broker import broker_kwargs, broker_options
 
-#: Exit codes (the 0/1/2 meanings are those of every flowengine command).
-EXIT_OK, EXIT_ERROR, EXIT_NOTHING = 0, 1, 3
+#: Exit codes, as every flowengine command has them: 2 is click's usage error, and nothing
+#: found where something was asked for (as an unknown dead letter or flow id).
+EXIT_OK, EXIT_ERROR, EXIT_NOTHING = 0, 1, 2
 
 #: Fields shown first on a line, in this order, when an event has them.
 _LEADING = ("flow_uuid", "task_name", "atom_uuid", "action", "attempt", "worker", "topic")
@@ -63,8 +64,8 @@ def events_command(as_json: bool, flow: str | None, types: tuple[str, ...], coun
     Exit codes:
       0  --count events were printed, or the stream was stopped (Ctrl-C)
       1  the broker cannot be reached
-      2  usage error
-      3  --timeout passed before --count events (or, without --count, before any event)
+      2  usage error; or --timeout passed before --count events (without --count: before
+         any event)
     """
     from flowengine.worker_based.events import EventReceiver
 

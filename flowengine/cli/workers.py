@@ -145,8 +145,7 @@ def workers_command(wait: float, topics: tuple[str, ...], as_json: bool, **broke
     Exit codes:
       0  at least one live worker was found
       1  the broker cannot be reached
-      2  usage error
-      3  no live worker was heard from
+      2  usage error; or no live worker was heard from
     """
     from flowengine.worker_based.events import EventReceiver
 

@@ -418,27 +418,32 @@ class Failure:
     def from_dict(cls, data: Mapping[str, Any]) -> Failure:
         """Build a failure from a :meth:`to_dict` dict; never imports the types it names.
 
+        Fields beyond the version-1 ones are ignored (TaskFlow's schema allows them; a peer may
+        add some), and a cause without a ``version`` is read as version 1.
+
         Raises:
             ValueError: If ``data['version']`` is missing or not :attr:`DICT_VERSION`.
-            TypeError: If a field is unknown or ``exception_str`` is missing.
+            TypeError: If ``exception_str`` is missing.
         """
-        fields = dict(data)
-        version = fields.pop("version", None)
+        return cls._decode(data, top=True)
+
+    @classmethod
+    def _decode(cls, data: Mapping[str, Any], top: bool) -> Failure:
+        version = data.get("version", None if top else cls.DICT_VERSION)
         if version != cls.DICT_VERSION:
             raise ValueError(
                 f"Invalid dict version of failure object: {version!r}"
                 f" (supported: {cls.DICT_VERSION})"
             )
-        # Checked here too: an "exc_info" key would otherwise bind to the exc_info parameter.
-        unknown = set(fields) - cls._FIELDS
-        if unknown:
-            raise TypeError(f"Failure data has unexpected field(s): {', '.join(sorted(unknown))}")
+        # Only known fields pass: an "exc_info" key would otherwise bind to the exc_info
+        # parameter, and payloads are data, never code.
+        fields = {k: v for k, v in data.items() if k in cls._FIELDS}
         if "exception_str" not in fields:
             # Without fields the constructor would capture whatever exception is being handled.
             raise TypeError("Failure data needs 'exception_str'")
         causes = fields.get("causes")
         if causes is not None:
-            fields["causes"] = tuple(cls.from_dict(c) for c in causes)
+            fields["causes"] = tuple(cls._decode(c, top=False) for c in causes)
         return cls(**fields)
 
     def to_dict(self, include_args: bool = True) -> dict[str, Any]:

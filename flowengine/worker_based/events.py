@@ -124,15 +124,12 @@ class _Outbox:
         self._cond = threading.Condition()
         self._io = threading.Lock()  # one thread publishes or closes at a time
         self._thread: threading.Thread | None = None
-        self._closed = False
         self._idle = False  # the thread waits for the first event of a burst
         self.queued = self.done = self.dropped = self.published = self.failed = 0
         self._hostname, self._utcoffset = socket.gethostname(), utcoffset()
 
     def put(self, event_type: str, fields: dict[str, Any]) -> None:
         with self._cond:
-            if self._closed:
-                return
             if len(self._queue) == self._queue.maxlen:
                 self.dropped += 1
                 self.done += 1
@@ -202,7 +199,8 @@ class _Outbox:
         """Forget queued events and the thread (in a forked child, where it does not run)."""
         self._cond, self._io = threading.Condition(), threading.Lock()
         self._queue.clear()
-        self._thread = None
+        self._thread, self._idle = None, False
+        self.done = self.queued
 
 
 _OUTBOXES: dict[tuple[Any, ...], _Outbox] = {}

@@ -31,12 +31,15 @@ from flowengine.worker_based import dispatcher as dp
 from flowengine.worker_based import extensions as ext
 from flowengine.worker_based import protocol as pr
 from flowengine.worker_based import proxy as px
+from flowengine.worker_based import types as wtypes
 from flowengine.worker_based.types import TopicWorker, WorkerFinder, header
 
 LOG = logging.getLogger(__name__)
 
 #: Seconds an engine's unused reply queue survives on brokers with queue expiry (AMQP).
 REPLY_QUEUE_EXPIRES = 600.0
+#: Seconds between scans for expired requests and lapsed leases.
+HOUSEKEEPING_PERIOD = 0.1
 #: Seconds between NOTIFY rounds to the configured topics (how TaskFlow workers stay known).
 NOTIFY_PERIOD = pr.NOTIFY_PERIOD
 
@@ -150,7 +153,7 @@ class WorkerTaskExecutor(local.TaskExecutor):
                                   functools.partial(pr.Notify.validate, response=True)),
         }
         self._proxy = px.Proxy(
-            uuid, exchange, handlers, on_wait=self.on_wait, url=url, transport=transport,
+            uuid, exchange, handlers, on_wait=self._housekeeping, url=url, transport=transport,
             transport_options=transport_options, retry_options=retry_options,
             taskflow_compat=taskflow_compat, extra_routing_keys=[pr.DISCOVERY_ROUTING_KEY],
             on_connected=self._notify_topics,
@@ -158,11 +161,20 @@ class WorkerTaskExecutor(local.TaskExecutor):
             queue_expires=None if taskflow_compat else REPLY_QUEUE_EXPIRES,
         )
         self._thread: threading.Thread | None = None
+        self._closing: threading.Thread | None = None
+        self._next_housekeeping = 0.0
+        self._recent_key = (self._proxy.connection_details.uri, exchange)
+        for known in wtypes.recall(self._recent_key):
+            self.finder.add(known.topic, known.tasks, identity=known.identity,
+                            capacity=known.capacity, flowengine=known.flowengine)
 
     # -- lifecycle --------------------------------------------------------------------------
 
     def start(self) -> None:
         """Start consuming replies (in a background thread) and ask the topics for workers."""
+        closing, self._closing = self._closing, None
+        if closing is not None:
+            closing.join(timeout=10)
         with self._lock:
             if self._thread is not None and self._thread.is_alive():
                 return
@@ -175,11 +187,16 @@ class WorkerTaskExecutor(local.TaskExecutor):
                 f"{self._proxy.connection_details.uri}")
 
     def stop(self) -> None:
-        """Stop consuming; submissions still outstanding fail with RequestTimeout."""
+        """Stop consuming; submissions still outstanding fail with RequestTimeout.
+
+        Returns at once: the consumer winds down in the background (on Redis that takes up
+        to a second, the broker's blocking read), then the reply queue is deleted.
+        """
         self._proxy.stop()
         thread, self._thread = self._thread, None
-        if thread is not None:
-            thread.join(timeout=10)
+        self._closing = threading.Thread(target=self._close, args=(thread,), daemon=True,
+                                         name=f"flowengine-executor-close-{self._uuid[:8]}")
+        self._closing.start()
         with self._lock:
             leftovers = list(self._ongoing.values())
         for sub in leftovers:
@@ -187,6 +204,13 @@ class WorkerTaskExecutor(local.TaskExecutor):
             self._fail(sub, exc.RequestTimeout(
                 f"Request for task {sub.task.name!r} was still {state} when its executor "
                 f"stopped"))
+
+    def _close(self, consumer: threading.Thread | None) -> None:
+        if consumer is not None:
+            consumer.join(timeout=10)
+        # Nothing reads this queue until the next start() declares it again; left in place it
+        # would keep collecting worker announcements forever.
+        self._proxy.delete_own_queue()
 
     def wait_for_workers(self, workers: int = 1, timeout: float | None = None) -> int:
         """Block until ``workers`` workers are known; return how many are still missing."""
@@ -265,13 +289,14 @@ class WorkerTaskExecutor(local.TaskExecutor):
             sub.worker = worker
             sub.workers.append(worker.identity)
             sub.future.published = True
+        # Announced before publishing, so task-sent always precedes the worker's task-received.
+        self._events.emit("task-sent", **self._event_fields(sub), topic=worker.topic,
+                          worker=worker.identity, action=sub.action)
         try:
             self._proxy.publish(request, worker.topic, reply_to=self._uuid,
                                 correlation_id=request.request_id,
                                 headers=self._headers(sub, request),
                                 priority=getattr(sub.task, "priority", 0))
-            self._events.emit("task-sent", **self._event_fields(sub), topic=worker.topic,
-                              worker=worker.identity, action=sub.action)
         except Exception as err:
             LOG.warning("Publishing request %s for %r to topic %r failed: %s",
                         request.request_id, sub.task.name, worker.topic, err)
@@ -344,7 +369,16 @@ class WorkerTaskExecutor(local.TaskExecutor):
                      data.get("state"), correlation_id)
             return
         request = sub.request
-        response = pr.Response.from_dict(data)
+        try:
+            response = pr.Response.from_dict(data)
+        except Exception as err:
+            # Valid by schema yet undecodable: fail the attempt rather than wait on it forever.
+            LOG.warning("Undecodable %s reply for request %s of task %r: %s",
+                        data.get("state"), correlation_id, sub.task.name, err)
+            self._fail(sub, exc.InvalidFormat(
+                f"The {data.get('state')} reply for task {sub.task.name!r} (request "
+                f"{correlation_id}) could not be decoded: {err}"))
+            return
         state = response.state
         if state == pr.EVENT:
             if response.data["event_type"] == ext.EVENT_HEARTBEAT:
@@ -374,29 +408,47 @@ class WorkerTaskExecutor(local.TaskExecutor):
         identity = header(headers, pr.HEADER_WORKER)
         if header(headers, pr.HEADER_WORKER_STATUS) == pr.WORKER_OFFLINE:
             if identity:
+                wtypes.forget(self._recent_key, identity)
                 gone = self.finder.remove(identity)
                 if gone is not None:
                     self._orphaned([gone], "went offline")
             return
-        self.finder.add(data["topic"], data["tasks"], identity=identity,
-                        capacity=header(headers, pr.HEADER_CAPACITY),
-                        flowengine=header(headers, pr.HEADER_PROTOCOL) is not None)
+        worker = self.finder.add(data["topic"], data["tasks"], identity=identity,
+                                 capacity=header(headers, pr.HEADER_CAPACITY),
+                                 flowengine=header(headers, pr.HEADER_PROTOCOL) is not None)
+        wtypes.remember(self._recent_key, worker)
 
     # -- housekeeping (consumer thread) -----------------------------------------------------
 
     def _notify_topics(self) -> None:
         self._next_notify = self._clock() + self._notify_period
+        try:
+            # Every flowengine worker answers this one (TaskFlow workers ignore it).
+            self._proxy.publish(pr.Notify(), ext.DISCOVER_ROUTING_KEY, reply_to=self._uuid,
+                                headers={pr.HEADER_PROTOCOL: pr.PROTOCOL_VERSION},
+                                declare_queue=False, retry=False, confirm=False)
+        except Exception as err:
+            LOG.debug("Could not broadcast a discovery request: %s", err)
         for topic in self._topics:
             try:
                 self._proxy.publish(pr.Notify(), topic, reply_to=self._uuid,
-                                    headers={pr.HEADER_PROTOCOL: pr.PROTOCOL_VERSION})
+                                    headers={pr.HEADER_PROTOCOL: pr.PROTOCOL_VERSION},
+                                    confirm=False)
             except Exception as err:
                 LOG.warning("Could not ask topic %r for workers: %s", topic, err)
+
+    def _housekeeping(self) -> None:
+        # The consumer calls this after every drain (every few ms); scanning every in-flight
+        # request that often costs more than it saves, and timeouts need no finer grain.
+        now = time.monotonic()
+        if now >= self._next_housekeeping:
+            self._next_housekeeping = now + HOUSEKEEPING_PERIOD
+            self.on_wait()
 
     def on_wait(self) -> None:
         """Expire overdue requests and lapsed leases, forget silent workers (runs periodically)."""
         now = self._clock()
-        if self._topics and now >= self._next_notify:
+        if now >= self._next_notify:
             self._notify_topics()
         gone = self.finder.expire()
         if gone:

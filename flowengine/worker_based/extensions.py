@@ -46,3 +46,13 @@ class EventSink:
 
 #: Shared do-nothing sink.
 NO_EVENTS = EventSink()
+
+#: Engines publish a NOTIFY with this routing key to ask every flowengine worker at once; each
+#: worker binds a private, transient control queue to it (workers sharing a topic share its
+#: queue, so a NOTIFY sent to the topic reaches only one of them).
+DISCOVER_ROUTING_KEY = "flowengine.discover"
+
+
+def control_routing_key(worker_id: str) -> str:
+    """The routing key (and queue suffix) of a worker's private control queue."""
+    return f"flowengine.worker.{worker_id}"

@@ -25,6 +25,13 @@ _OUTCOMES = {
     "task-revert-failed": "REVERT_FAILURE",
 }
 _FINISHED = frozenset({"task-succeeded", "task-failed"})
+#: Flow event type -> the flow state it counts as.
+_FLOW_STATES = {
+    "flow-succeeded": "SUCCESS",
+    "flow-failed": "FAILURE",
+    "flow-reverted": "REVERTED",
+    "flow-suspended": "SUSPENDED",
+}
 _WORKER_LOST = "WorkerLost"
 
 
@@ -105,8 +112,8 @@ class MetricsSink(ext.EventSink):
         if event_type == "task-lost":
             self._m.lapsed.labels(self._role, task).inc()
             return
-        if event_type.startswith("flow-") and event_type != "flow-started":
-            self._m.flows.labels(event_type[len("flow-"):].upper()).inc()
+        if event_type in _FLOW_STATES:
+            self._m.flows.labels(_FLOW_STATES[event_type]).inc()
             return
         state = _OUTCOMES.get(event_type)
         if state is None:

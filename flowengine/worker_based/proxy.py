@@ -121,6 +121,8 @@ class Proxy:
             ``x-expires``; e.g. for an engine's reply queue). Not with ``taskflow_compat``:
             TaskFlow peers declare that queue without arguments, which the broker would refuse.
         on_refused: See :class:`~flowengine.worker_based.dispatcher.TypeDispatcher`.
+        transient_queue: Declare the own queue non-durable and auto-deleted (a private queue
+            that must vanish with its consumer, such as a worker's control queue).
     """
 
     def __init__(
@@ -140,6 +142,7 @@ class Proxy:
         drain_timeout: float = DRAIN_TIMEOUT,
         queue_expires: float | None = None,
         on_refused: Callable[[Any, str, str], None] | None = None,
+        transient_queue: bool = False,
     ) -> None:
         if queue_expires is not None and taskflow_compat:
             raise ValueError(f"Queue of topic '{topic}': queue_expires needs taskflow_compat off")
@@ -148,6 +151,7 @@ class Proxy:
         self._prefetch_count, self._drain_timeout = prefetch_count, drain_timeout
         self._extra_routing_keys = tuple(extra_routing_keys)
         self._queue_expires = queue_expires
+        self._transient_queue = transient_queue
         self._retry = bo.RetryOptions.from_options(retry_options)
         self._dispatcher = dp.TypeDispatcher(
             type_handlers, requeue_filters=[lambda _data, _message: not self.is_running],
@@ -175,8 +179,11 @@ class Proxy:
             self._transport_options.setdefault(
                 "polling_interval", transport_fs.DEFAULT_POLLING_INTERVAL
             )
-        self._producers: pools.ProducerPool | None = None
+        # Publishing pools: [confirmed, unconfirmed]; they differ only where the transport
+        # has publisher confirms (AMQP), otherwise both are the same pool.
+        self._producers: dict[bool, pools.ProducerPool] = {}
         self._pool_lock = threading.Lock()
+        self._queues: dict[str, kombu.Queue] = {}
         self._exchange = kombu.Exchange(
             exchange, type="direct", durable=not taskflow_compat, auto_delete=taskflow_compat
         )
@@ -220,10 +227,12 @@ class Proxy:
         )
 
     def _queue(
-        self, routing_key: str, extra: Iterable[str] = (), expires: float | None = None
+        self, routing_key: str, extra: Iterable[str] = (), expires: float | None = None,
+        transient: bool = False,
     ) -> kombu.Queue:
         name = f"{self._exchange_name}_{routing_key}"
-        options: dict[str, Any] = {"durable": not self._compat, "auto_delete": self._compat}
+        options: dict[str, Any] = {"durable": not (self._compat or transient),
+                                   "auto_delete": self._compat or transient}
         if self._priorities:
             options["max_priority"] = MAX_PRIORITY
         if expires is not None:
@@ -245,6 +254,7 @@ class Proxy:
         retry: bool = True,
         expiration: float | None = None,
         priority: int | None = None,
+        confirm: bool = True,
     ) -> None:
         """Publish ``msg`` to each routing key; thread-safe.
 
@@ -263,6 +273,9 @@ class Proxy:
             expiration: Seconds after which the broker may drop the message unconsumed.
             priority: Message priority, clamped to 0..MAX_PRIORITY (AMQP default topology
                 only; elsewhere dispatch order alone reflects priority).
+            confirm: Wait for the broker's confirmation where the transport has publisher
+                confirms (AMQP). Outcomes, requests and dead letters need it; progress,
+                heartbeats and discovery do not, and skip the round trip.
         """
         body = encode(msg)
         keys = [routing_key] if isinstance(routing_key, str) else list(routing_key)
@@ -281,7 +294,7 @@ class Proxy:
             properties["expiration"] = expiration
         if priority is not None and self._priorities:
             properties["priority"] = max(0, min(int(priority), MAX_PRIORITY))
-        with self._producer_pool().acquire(block=True) as producer:
+        with self._producer_pool(confirm).acquire(block=True) as producer:
             send = producer.publish
             if retry:
                 backoff = bo.Backoff(self._retry, "Publishing", self._where, self._stop_requested)
@@ -293,17 +306,32 @@ class Proxy:
             for key in keys:
                 send(
                     body, routing_key=key, exchange=self._exchange,
-                    declare=[self._queue(key)] if declare_queue else [self._exchange],
+                    declare=[self._declared_queue(key)] if declare_queue else [self._exchange],
                     content_type=dp.JSON_CONTENT_TYPE, content_encoding="utf-8",
                     headers=dict(headers or {}), **properties,
                 )  # fmt: skip
 
-    def _producer_pool(self) -> pools.ProducerPool:
+    def _producer_pool(self, confirm: bool = True) -> pools.ProducerPool:
+        confirmed = self._transport_options.get("confirm_publish", False)
+        key = bool(confirm or not confirmed)
         with self._pool_lock:
-            if self._producers is None:
-                connections = self._conn.Pool(limit=PUBLISH_POOL_SIZE)
-                self._producers = pools.ProducerPool(connections, limit=PUBLISH_POOL_SIZE)
-            return self._producers
+            pool = self._producers.get(key)
+            if pool is None:
+                conn = self._conn
+                if not key:
+                    options = dict(self._transport_options, confirm_publish=False)
+                    conn = self._conn.clone(transport_options=options)
+                pool = pools.ProducerPool(conn.Pool(limit=PUBLISH_POOL_SIZE),
+                                          limit=PUBLISH_POOL_SIZE)
+                self._producers[key] = pool
+            return pool
+
+    def _declared_queue(self, routing_key: str) -> kombu.Queue:
+        """The queue a publish declares for ``routing_key`` (built once; building costs)."""
+        queue = self._queues.get(routing_key)
+        if queue is None:
+            queue = self._queues[routing_key] = self._queue(routing_key)
+        return queue
 
     def browse(self, routing_key: str, limit: int = 10_000) -> list[StoredMessage]:
         """Copies of the messages waiting in ``<exchange>_<routing_key>``, oldest first.
@@ -350,8 +378,8 @@ class Proxy:
     def close(self) -> None:
         """Close the publishing connections; a later publish opens new ones."""
         with self._pool_lock:
-            producers, self._producers = self._producers, None
-        if producers is not None:
+            pools_, self._producers = list(self._producers.values()), {}
+        for producers in pools_:
             producers.force_close_all()
             producers.connections.force_close_all()
 
@@ -431,7 +459,7 @@ class Proxy:
             )  # fmt: skip
             self._held.clear()  # deliveries of a lost connection are the broker's again
             consumer = conn.Consumer(
-                queues=[self._queue(self._topic, self._extra_routing_keys, self._queue_expires)],
+                queues=[self._own_queue()],
                 on_message=self._on_message,
                 accept=[dp.JSON_CONTENT_TYPE],
                 prefetch_count=self._prefetch_count,
@@ -451,6 +479,23 @@ class Proxy:
                     _call_hook(self._on_wait)
                 consumer.cancel()
                 self._settle_held()
+
+    def _own_queue(self) -> kombu.Queue:
+        return self._queue(self._topic, self._extra_routing_keys, self._queue_expires,
+                           transient=self._transient_queue)
+
+    def delete_own_queue(self) -> None:
+        """Delete this proxy's own queue (and its bindings): for a consumer that is done for
+        good, so nothing keeps routing messages to a queue nobody will read."""
+        try:
+            with self._conn.clone() as conn, conn.channel() as channel:
+                queue = self._own_queue()(channel)
+                # Kombu's virtual transports (Redis) unbind only bindings the channel knows of:
+                # declaring first makes it know them all.
+                queue.declare()
+                queue.delete()
+        except Exception as err:  # best effort: an expiring or already deleted queue is fine
+            LOG.debug("Could not delete queue %s_%s: %s", self._exchange_name, self._topic, err)
 
     def _settle_held(self) -> None:
         deadline = time.monotonic() + self._stop_grace

@@ -177,6 +177,17 @@ class Server:
             on_connected=lambda: self._submit_control(self.announce),
             on_refused=self._on_refused,
         )  # fmt: skip
+        # A private queue for broadcast discovery: workers sharing a topic share its queue, so
+        # only this one reaches each of them. TaskFlow fleets keep TaskFlow's topology.
+        self._control_proxy: px.Proxy | None = None
+        if not taskflow_compat:
+            self._control_proxy = px.Proxy(
+                ext.control_routing_key(self.worker_id), exchange,
+                {pr.NOTIFY: handlers[pr.NOTIFY]}, url=url, transport=transport,
+                transport_options=transport_options, retry_options=retry_options,
+                extra_routing_keys=[ext.DISCOVER_ROUTING_KEY], transient_queue=True,
+            )  # fmt: skip
+        self._control_thread: threading.Thread | None = None
 
     @property
     def connection_details(self) -> px.ConnectionDetails:
@@ -253,7 +264,9 @@ class Server:
         """Tell the sender of a refused REQUEST why, when it says where to reply."""
         props = message.properties or {}
         reply_to, correlation_id = props.get("reply_to"), props.get("correlation_id")
-        if props.get("type") != pr.REQUEST or not reply_to or not correlation_id:
+        # Anything but discovery that names where to reply (a REQUEST, or a message of an
+        # unknown or missing type) is answered, so its sender need not wait for a timeout.
+        if props.get("type") == pr.NOTIFY or not reply_to or not correlation_id:
             return
         error = exc.InvalidFormat(
             f"Worker {self.worker_id} (topic '{self._topic}') refused the request: "
@@ -388,9 +401,11 @@ class Server:
         # The reply queue is its consumer's to declare (it exists before any request is sent).
         # Declaring it here too would clash with the engine's queue arguments, and would bring
         # back the queue of an engine that is gone, to fill up with replies nobody reads.
+        # Only outcomes decide the acknowledgement, so only they wait for the broker's confirm.
+        outcome = isinstance(msg, pr.Response) and msg.state in (pr.SUCCESS, pr.FAILURE)
         self._proxy.publish(
             msg, reply_to, correlation_id=correlation_id, headers=self._headers(request_headers),
-            declare_queue=False, retry=retry,
+            declare_queue=False, retry=retry, confirm=outcome,
         )  # fmt: skip
 
     def start(self) -> None:
@@ -399,9 +414,19 @@ class Server:
         The announcement waits until in-flight requests are settled (or the stop's grace is
         over), because engines re-dispatch whatever an offline worker still holds.
         """
+        if self._control_proxy is not None:
+            self._control_thread = threading.Thread(
+                target=self._control_proxy.start, daemon=True,
+                name=f"flowengine-control-{self.worker_id}")
+            self._control_thread.start()
         try:
             self._proxy.start()
         finally:
+            if self._control_proxy is not None:
+                self._control_proxy.stop()
+                if self._control_thread is not None:
+                    self._control_thread.join(timeout=10)
+                self._control_proxy.delete_own_queue()
             self._control.shutdown(wait=True)
             if self._online:
                 self.announce(pr.WORKER_OFFLINE)

@@ -9,6 +9,7 @@ TaskFlow engines never bind it, keep polling with NOTIFY, and are answered as be
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import functools
 import importlib
 import inspect
@@ -21,8 +22,6 @@ import types
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Executor
 from typing import Any
-
-import futurist
 
 from flowengine import task as task_mod
 from flowengine.worker_based import endpoint as ep
@@ -128,7 +127,10 @@ class Worker:
         self._owns_executor = executor is None
         if executor is None:
             threads_count = threads_count or (os.cpu_count() or 1) * 5
-            executor = futurist.ThreadPoolExecutor(max_workers=threads_count)
+            # The standard pool: its threads exit at once on shutdown, where futurist's idle
+            # threads keep a stopping worker process alive for another second.
+            executor = cf.ThreadPoolExecutor(max_workers=threads_count,
+                                             thread_name_prefix="flowengine-task")
         self._executor = executor
         self._threads_count = threads_count
         self._endpoints = [ep.Endpoint(cls) for cls in find_task_classes(tasks)]

@@ -1,7 +1,8 @@
 """The event stream, ``flowengine events``/``workers`` and the metrics endpoint, on real workers.
 
 Flows run on the worker-based engine against real workers: a :class:`Worker` thread over
-kombu's in-process ``memory`` transport, and ``flowengine worker`` processes over Redis. Nothing
+kombu's in-process ``memory`` transport, and ``flowengine worker`` processes over Redis and
+RabbitMQ. Nothing
 sleeps to synchronise: receivers say when they listen, and tests wait for the events they need.
 """
 
@@ -78,10 +79,9 @@ def memory_setup() -> Iterator[Setup]:
         thread.join(WAIT)
 
 
-@pytest.fixture(scope="module")
-def redis_setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
-    broker = require_broker("redis")
-    fleet = WorkerFleet(broker, unique_exchange("events-redis"), tmp_path_factory.mktemp("w"))
+def _fleet_setup(name: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
+    broker = require_broker(name)
+    fleet = WorkerFleet(broker, unique_exchange(f"events-{name}"), tmp_path_factory.mktemp("w"))
     try:
         (process,) = fleet.start(TOPIC, ["event_tasks"], threads=4)
         yield Setup({"url": broker.url}, fleet.exchange, process.pid)
@@ -89,7 +89,17 @@ def redis_setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
         fleet.stop_all()
 
 
-@pytest.fixture(params=["memory", "redis"])
+@pytest.fixture(scope="module")
+def redis_setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
+    yield from _fleet_setup("redis", tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def rabbitmq_setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
+    yield from _fleet_setup("rabbitmq", tmp_path_factory)
+
+
+@pytest.fixture(params=["memory", "redis", "rabbitmq"])
 def setup(request: pytest.FixtureRequest) -> Setup:
     return request.getfixturevalue(f"{request.param}_setup")
 
@@ -248,10 +258,10 @@ def test_events_command_as_a_process(redis_setup: Setup) -> None:
     assert {e["flow_uuid"] for e in events} == {flow_uuid}
 
 
-def test_events_command_times_out_with_exit_3(memory_setup: Setup) -> None:
+def test_events_command_times_out_with_exit_2(memory_setup: Setup) -> None:
     outcome = CliRunner().invoke(cli, ["events", "--transport", "memory", "--exchange",
                                        unique_exchange("silent"), "--timeout", "0.2"])
-    assert outcome.exit_code == 3
+    assert outcome.exit_code == 2
     assert "timeout: 0 event(s)" in outcome.stderr
 
 
@@ -292,7 +302,8 @@ def test_workers_command_asks_topics_with_notify() -> None:
     finally:
         worker.stop(grace=5.0)
         thread.join(WAIT)
-    assert silent.exit_code == 3 and silent.stdout == ""
+    assert silent.exit_code == 2 and silent.stdout == ""
+    assert "no live workers heard from" in silent.stderr
     assert asked.exit_code == 0, asked.output
     (row,) = [json.loads(line) for line in asked.stdout.splitlines()]
     assert (row["worker"], row["topics"], row["free"]) == (worker.worker_id, ["quiet"], 3)
@@ -375,4 +386,24 @@ def test_engine_and_worker_metrics_in_one_process() -> None:
         assert delta("flowengine_atom_duration_seconds_count", role=role, task="b",
                      action="execute") == 1
         assert _sample(after, "flowengine_atoms_in_flight", role=role) == 0
-    assert delta("flowengine_flows_total", state="SUCCEEDED") == 1
+    assert delta("flowengine_flows_total", state="SUCCESS") == 1
+
+
+def test_commands_exit_1_when_the_broker_cannot_be_reached() -> None:
+    for command in (["events", "--timeout", "5"], ["workers", "--wait", "5"]):
+        outcome = CliRunner().invoke(cli, [*command, "--url", "redis://:pw@127.0.0.1:1/0"])
+        assert outcome.exit_code == 1, outcome.output
+        assert "error: cannot read events from redis://:***@127.0.0.1:1/0" in outcome.stderr
+        assert "pw@" not in outcome.output
+
+
+def test_the_events_example() -> None:
+    example = Path(__file__).resolve().parents[2] / "examples" / "events_stream.py"
+    proc = subprocess.run([sys.executable, str(example)], capture_output=True, text=True,
+                          env=subprocess_env(), timeout=WAIT)
+    assert proc.returncode == 0, proc.stderr
+    lines = [" ".join(line.split()) for line in proc.stdout.splitlines()]
+    assert lines[0] == "flow failed as planned: WrappedFailure"
+    assert "worker task-failed charge execute card *** declined for hold-12" in lines
+    assert lines[-1] == "engine flow-reverted card *** declined for hold-12"
+    assert "4111111111111111" not in proc.stdout

@@ -99,11 +99,6 @@ BAD = {
                                   answerable=False),
 }
 #: Refusals the worker does not answer although they name a reply_to and a correlation_id.
-UNANSWERED = {"unknown-type", "missing-type"}
-UNANSWERED_BUG = ("engine bug: Server._on_refused answers only messages whose type is REQUEST; "
-                  "one with a missing or unknown type property is dropped with a log line, and "
-                  "a sender that named reply_to and correlation_id hears nothing")
-
 
 class Guarded:
     """One worker process on one broker, the ledger it writes, and a client to poke it."""
@@ -166,9 +161,7 @@ def test_bad_message_runs_nothing_and_the_worker_keeps_serving(
 
 
 @pytest.mark.parametrize("case", [
-    pytest.param(case, marks=pytest.mark.xfail(strict=True, reason=UNANSWERED_BUG)
-                 if case in UNANSWERED else ())
-    for case in sorted(BAD) if BAD[case].answerable])
+    pytest.param(case) for case in sorted(BAD) if BAD[case].answerable])
 def test_bad_message_with_reply_to_gets_a_failure_saying_why(
     worker: Guarded, case: str, tmp_path: Path,
 ) -> None:  # fmt: skip
@@ -195,13 +188,12 @@ def test_an_outcome_the_wire_cannot_carry_becomes_a_failure(worker: Guarded, tas
     assert [line["atom"] for line in worker.ledger.lines()] == ["unsendable", "probe"]
 
 
-def test_an_engine_gets_the_failure_and_reverts(worker: Guarded, broker: Broker) -> None:
+def test_an_engine_gets_the_failure_and_reverts(worker: Guarded) -> None:
     flow = lf.Flow("f").add(tasks.Step("before"), tasks.Unsendable("unsendable"))
     previous = tasks.use_ledger(worker.ledger)
     try:
-        engine = engines.load(flow, engine="worker-based", url=broker.url,
-                              exchange=worker.fleet.exchange, topics=[TOPIC],
-                              transition_timeout=REPLY_TIMEOUT)
+        engine = engines.load(flow, engine="worker-based", **worker.fleet.engine_options(
+            TOPIC, transition_timeout=REPLY_TIMEOUT))
         with pytest.raises(exc.WrappedFailure, match="reply cannot be sent") as caught:
             engine.run()
         assert [f.exception_str for f in caught.value][0].startswith("Task 'unsendable'")

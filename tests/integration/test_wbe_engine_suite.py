@@ -105,7 +105,6 @@ class RemoteSuite:
         self.fleet = WorkerFleet(broker, unique_exchange("suite"), state_dir, env=env)
         # One task at a time, for the priority scenario: a one-thread worker of its own.
         self.single = WorkerFleet(broker, unique_exchange("suite-single"), state_dir, env=env)
-        self.broker = broker
 
     def start(self) -> None:
         self.fleet.start(TOPIC, [tasks.__name__], count=WORKERS, threads=THREADS)
@@ -115,13 +114,12 @@ class RemoteSuite:
         self.fleet.stop_all()
         self.single.stop_all()
 
-    def options(self, fleet: WorkerFleet) -> dict[str, Any]:
-        return {"exchange": fleet.exchange, "topics": [TOPIC], "url": self.broker.url,
-                "transition_timeout": TRANSITION_TIMEOUT}
-
     def factory(self) -> EngineFactory:
-        return EngineFactory("worker-based", self.options(self.fleet),
-                             one_at_a_time=lambda: self.options(self.single))
+        def options(fleet: WorkerFleet) -> dict[str, Any]:
+            return fleet.engine_options(TOPIC, transition_timeout=TRANSITION_TIMEOUT)
+
+        return EngineFactory("worker-based", options(self.fleet),
+                             one_at_a_time=lambda: options(self.single))
 
 
 @pytest.fixture(scope="module")
@@ -157,7 +155,12 @@ def test_scenario(remote_factory: EngineFactory, test: Callable[..., None],
 
 def test_both_worker_processes_ran_tasks(remote_factory: EngineFactory,
                                          remote_suite: RemoteSuite) -> None:
-    # The scenarios above would pass on one worker too; this one shows the work is shared.
-    test_parallel.test_independent_atoms_run_at_the_same_time(remote_factory)
+    # The scenarios above would pass on one worker too. Here more atoms must meet than one
+    # worker has threads (and may hold messages), so they can only meet on both workers.
+    parties = WORKERS * THREADS
+    tasks.make_barrier("everyone", parties)
+    names = [f"m{i}" for i in range(parties)]
+    remote_factory.run(test_parallel.meeting("everyone", names))
+    assert sorted(tasks.names("passed-barrier")) == sorted(names)
     pids = {line["pid"] for line in remote_suite.ledger.lines() if line["event"] == "execute"}
     assert pids == {worker.pid for worker in remote_suite.fleet.workers}, pids

@@ -1,4 +1,4 @@
-"""Several engines share one pool of two worker processes without cross-talk.
+"""Engines share one pool of worker processes: without cross-talk, and without leftovers.
 
 Six engines, each on its own thread with its own reply queue, run at the same time on two
 workers with fewer task threads than there are requests in flight. Every atom's name and input
@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from behaviour import tasks
-from wbe_harness import Broker, WorkerFleet
+from wbe_harness import Broker, ProtocolClient, WorkerFleet, queued_messages
 
 from flowengine import engines, states
 from flowengine import exceptions as exc
@@ -56,8 +56,8 @@ def test_engines_sharing_workers_get_their_own_results(
     workers = fleet.start(TOPIC, [tasks.__name__], count=2, threads=THREADS)
     caplog.set_level(logging.INFO, logger="flowengine.worker_based")
 
-    loaded = [engines.load(flow_for(i), engine="worker-based", url=broker.url,
-                           exchange=exchange, topics=[TOPIC], transition_timeout=RUN_TIMEOUT)
+    options = fleet.engine_options(TOPIC, transition_timeout=RUN_TIMEOUT)
+    loaded = [engines.load(flow_for(i), engine="worker-based", **options)
               for i in range(ENGINES)]
     outcomes: dict[int, BaseException | None] = {}
     start = threading.Barrier(ENGINES)
@@ -111,3 +111,22 @@ def test_engines_sharing_workers_get_their_own_results(
     logged = [r.getMessage() for r in caplog.records]
     assert sum("Discovered worker" in m for m in logged) >= ENGINES  # the log is being heard
     assert [m for m in logged if "Ignoring" in m] == []
+
+
+def test_a_finished_engine_leaves_no_queue_that_keeps_filling(
+    redis_broker: Broker, exchange: str, fleet_factory: Any,
+) -> None:  # fmt: skip
+    fleet: WorkerFleet = fleet_factory(redis_broker, exchange)
+    fleet.start(TOPIC, [tasks.__name__], threads=1)
+    engine = engines.load(tasks.Step("one"), engine="worker-based", **fleet.engine_options(TOPIC))
+    engine.run()
+    assert engine.storage.get_flow_state() == states.SUCCESS
+    # Another worker comes online long after the engine finished. It answers this ping after
+    # its announcement is published (one control thread), so the announcement went out.
+    fleet.start("late", [tasks.__name__], threads=1)
+    client = ProtocolClient(redis_broker.url, exchange)
+    try:
+        client.ping("late", timeout=15.0)
+    finally:
+        client.close()
+    assert queued_messages(redis_broker.url, f"{exchange}_{engine.storage.flow_uuid}") in (None, 0)

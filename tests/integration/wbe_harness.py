@@ -35,6 +35,7 @@ import kombu
 import pytest
 
 from flowengine.worker_based import protocol as pr
+from flowengine.worker_based.proxy import mask_url
 
 HERE = Path(__file__).resolve().parent
 TESTS = HERE.parent
@@ -94,8 +95,7 @@ def require_broker(name: str) -> Broker:
             conn.release()
     reason = _checked[name]
     if reason is not None:
-        where = kombu.Connection(broker.url).as_uri()  # password masked
-        unavailable(f"{name} test server at {where} unavailable ({reason}); "
+        unavailable(f"{name} test server at {mask_url(broker.url)} unavailable ({reason}); "
                      f"run `.ci/services.sh start`")
     return broker
 
@@ -106,7 +106,11 @@ def unique_exchange(prefix: str = "it") -> str:
 
 
 def delete_exchange(url: str, exchange: str, queues: Sequence[str] = ()) -> None:
-    """Remove what a test left on a broker: the named queues and the exchange (best effort)."""
+    """Remove what a test left on a broker: the named queues and the exchange (best effort).
+
+    On Redis, where queues never expire, every key of the exchange goes (engines' reply queues
+    included).
+    """
     with kombu.Connection(url, connect_timeout=BROKER_CONNECT_TIMEOUT) as conn:
         for name in queues:
             try:
@@ -117,6 +121,10 @@ def delete_exchange(url: str, exchange: str, queues: Sequence[str] = ()) -> None
         try:
             with conn.channel() as channel:
                 kombu.Exchange(exchange, channel=channel).delete()
+                client = getattr(channel, "client", None)  # Redis only
+                if client is not None:
+                    for key in client.scan_iter(match=f"*{exchange}*"):
+                        client.delete(key)
         except Exception:
             pass
 
@@ -166,7 +174,7 @@ class ProtocolClient:
                                        auto_delete=taskflow_compat)
         self._conn = kombu.Connection(url, connect_timeout=BROKER_CONNECT_TIMEOUT)
         self._channel = self._conn.channel()
-        queue = kombu.Queue(
+        self._queue = queue = kombu.Queue(
             f"{exchange}_{self.reply_to}", durable=False, auto_delete=True,
             bindings=[kombu.binding(self.exchange, routing_key=key)
                       for key in (self.reply_to, *bind)],
@@ -268,11 +276,23 @@ class ProtocolClient:
                     raise
 
     def close(self) -> None:
+        """Stop consuming and delete this client's queue (Redis keeps auto-delete queues)."""
         try:
             self._consumer.cancel()
+            self._queue(self._channel).delete()
             self._channel.close()
         finally:
             self._conn.release()
+
+
+def queued_messages(url: str, queue: str) -> int | None:
+    """How many messages wait in ``queue`` (None: there is no such queue)."""
+    with kombu.Connection(url, connect_timeout=BROKER_CONNECT_TIMEOUT) as conn:
+        try:
+            with conn.channel() as channel:
+                return int(channel.queue_declare(queue, passive=True).message_count)
+        except conn.channel_errors:
+            return None
 
 
 # ---- worker processes ---------------------------------------------------------------------------
@@ -414,6 +434,13 @@ class WorkerFleet:
             watcher.wait_for(announced, timeout, f"announcement of {worker.name}")
         except AssertionError as err:
             raise AssertionError(worker.failure(f"never announced itself: {err}")) from None
+
+    def engine_options(self, topic: str, **extra: Any) -> dict[str, Any]:
+        """What ``engines.load(..., engine="worker-based", **options)`` needs to use ``topic``."""
+        options = {"url": self.broker.url, "exchange": self.exchange, "topics": [topic]}
+        if self.taskflow_compat:
+            options["taskflow_compat"] = True
+        return {**options, **extra}
 
     def stop_all(self) -> None:
         """Stop every process still running, then remove the queues and the exchange."""

@@ -243,7 +243,7 @@ def test_metrics_sink_counts_what_the_events_say(registry: Any) -> None:
                  {"role": "worker", "task": "a", "action": "execute"}) == 0.25
     assert value("flowengine_leases_lapsed_total", {"role": "worker", "task": "c"}) == 1
     assert value("flowengine_dead_letters_total", {"role": "worker", "task": "c"}) == 1
-    assert value("flowengine_flows_total", {"state": "SUCCEEDED"}) == 1
+    assert value("flowengine_flows_total", {"state": "SUCCESS"}) == 1
 
 
 def test_engine_metrics_through_the_event_listener(registry: Any) -> None:

@@ -36,6 +36,16 @@ def _raise_chain() -> BaseException:
     raise AssertionError("unreachable")
 
 
+def _chained() -> BaseException:
+    try:
+        try:
+            raise KeyError("inner")
+        except KeyError as inner:
+            raise RuntimeError("outer") from inner
+    except RuntimeError as outer:
+        return outer
+
+
 def _capture(error: BaseException) -> Failure:
     try:
         raise error
@@ -239,7 +249,7 @@ def test_taskflow_to_dict_matches() -> None:
     assert Failure.from_dict(theirs).matches(Failure.from_dict(ours))
 
 
-def test_from_dict_rejects_unknown_version_and_fields() -> None:
+def test_from_dict_rejects_unknown_versions_and_ignores_unknown_fields() -> None:
     data = Failure.from_exception(ValueError("v")).to_dict()
     with pytest.raises(ValueError, match="version.*2"):
         Failure.from_dict({**data, "version": 2})
@@ -247,8 +257,13 @@ def test_from_dict_rejects_unknown_version_and_fields() -> None:
     del without["version"]
     with pytest.raises(ValueError, match="None"):
         Failure.from_dict(without)
-    with pytest.raises(TypeError, match="exc_info"):
-        Failure.from_dict({**data, "exc_info": ["os.system", "rm"]})
+    # TaskFlow's schema allows extra fields; they are data and never reach the constructor.
+    decoded = Failure.from_dict({**data, "exc_info": ["os.system", "rm"], "extra": 1})
+    assert decoded.exc_info is None and decoded.exception_str == "v"
+    nested = _capture(_chained())
+    cause_without_version = nested.to_dict()
+    del cause_without_version["causes"][0]["version"]
+    assert Failure.from_dict(cause_without_version).causes[0].exception_str
     try:
         raise KeyError("being handled")
     except KeyError:

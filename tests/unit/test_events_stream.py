@@ -258,3 +258,16 @@ def test_ticker_emits_until_stopped() -> None:
     ticker.stop()
     with pytest.raises(ValueError, match="worker-heartbeat interval"):
         ev.Ticker(Counting(), "worker-heartbeat", 0, dict)
+
+
+def test_human_readable_event_line() -> None:
+    from flowengine.cli.events import format_line
+
+    event = {"type": "task-succeeded", "hostname": "w1", "pid": 42, "clock": 7,
+             "timestamp": 1_700_000_000.25, "utcoffset": 0, "local_received": 1_700_000_001.0,
+             "flow_uuid": "f-1", "task_name": "create volume", "attempt": 1, "runtime": 0.3679,
+             "worker": "w1:42:ab", "extra": [1, 2], "topic": None}
+    line = format_line(event)
+    stamp = time.strftime("%H:%M:%S", time.localtime(1_700_000_000.25)) + ".250"
+    assert line == (f'{stamp} task-succeeded     w1:42#7 flow_uuid=f-1 task_name="create volume"'
+                    " attempt=1 worker=w1:42:ab extra=[1, 2] runtime=0.368s")

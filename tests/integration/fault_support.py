@@ -1,0 +1,438 @@
+"""Support for the fault-injection tests: the task ledger, gates, engines on threads, broker
+outages, memory sampling and the operator CLI.
+
+Everything waits on a condition with a deadline (:func:`wait_until`); nothing sleeps to
+synchronise. The only deliberate sleep is the length of a broker outage, which is the fault
+itself.
+
+Import canary: a worker process given ``FAULT_IMPORT_CANARY=<path>`` in its environment creates
+that file if it ever imports this module, and ``<path>.instantiated`` if it ever builds a
+:class:`CanaryError`. Hostile failure payloads name both, so the files' absence shows that a
+worker treated the names as data.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+#: Set only in workers' environments (see the module docstring).
+IMPORT_CANARY_ENV = "FAULT_IMPORT_CANARY"
+
+if os.environ.get(IMPORT_CANARY_ENV):  # before anything else, so even a failed import counts
+    Path(os.environ[IMPORT_CANARY_ENV]).touch()
+
+
+class CanaryError(Exception):
+    """Building one (from a name in a message) leaves ``<canary>.instantiated`` behind."""
+
+    def __init__(self, *args: object) -> None:
+        if os.environ.get(IMPORT_CANARY_ENV):
+            Path(os.environ[IMPORT_CANARY_ENV] + ".instantiated").touch()
+        super().__init__(*args)
+
+
+# ruff: noqa: E402 -- the canary above must run before these imports.
+import contextlib
+import dataclasses
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, TypeVar
+
+import fault_tasks
+import kombu
+from wbe_harness import REPO, Broker, WorkerFleet, WorkerProcess, subprocess_env
+
+T = TypeVar("T")
+
+#: Seconds the tests allow for what should take a fraction of that (bounded waits, not sleeps).
+WAIT = 30.0
+
+
+def wait_until(predicate: Callable[[], T], timeout: float, what: str,
+               details: Callable[[], object] | None = None, interval: float = 0.02) -> T:
+    """Poll ``predicate`` until it returns something truthy (returned); fail after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            extra = f"\n{details()}" if details is not None else ""
+            raise AssertionError(f"{what}: not within {timeout}s{extra}")
+        time.sleep(interval)
+
+
+# ---- the ledger and the gates --------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Ledger:
+    """Reads what :mod:`fault_tasks` wrote (complete lines only), oldest first."""
+
+    path: Path
+
+    def lines(self) -> list[dict[str, Any]]:
+        try:
+            text = self.path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return []
+        return [json.loads(line) for line in text.split("\n")[:-1] if line]
+
+    def events(self, atom: str | None = None, event: str | None = None) -> list[dict[str, Any]]:
+        return [line for line in self.lines()
+                if (atom is None or line["atom"] == atom)
+                and (event is None or line["event"] == event)]
+
+    def starts(self, atom: str) -> list[dict[str, Any]]:
+        return self.events(atom, fault_tasks.EXECUTE_START)
+
+    def ends(self, atom: str) -> list[dict[str, Any]]:
+        return self.events(atom, fault_tasks.EXECUTE_END)
+
+    def reverts(self, atom: str) -> list[dict[str, Any]]:
+        return self.events(atom, fault_tasks.REVERT_END)
+
+    def wait_for(self, atom: str, event: str, count: int = 1, timeout: float = WAIT,
+                 where: Callable[[dict[str, Any]], bool] = lambda _line: True,
+                 ) -> list[dict[str, Any]]:
+        """Wait until ``atom`` wrote ``event`` ``count`` times (matching ``where``); return them."""
+        def found() -> list[dict[str, Any]] | None:
+            lines = [line for line in self.events(atom, event) if where(line)]
+            return lines if len(lines) >= count else None
+
+        return wait_until(found, timeout, f"{count} x {event} of {atom!r} in the ledger",
+                          details=self.dump)
+
+    def dump(self) -> str:
+        return "--- ledger\n" + "\n".join(json.dumps(line) for line in self.lines())
+
+
+@dataclasses.dataclass
+class Gates:
+    """Opens the gates :class:`fault_tasks.Gate` tasks wait on."""
+
+    directory: Path
+
+    def open(self, atom: str, pid: int | None = None) -> None:
+        name = atom if pid is None else f"{atom}.{pid}"
+        (self.directory / name).touch()
+
+
+@dataclasses.dataclass
+class Stage:
+    """One test's ledger, gates, canary and worker environment."""
+
+    ledger: Ledger
+    gates: Gates
+    canary: Path
+    cured: Path
+
+    @classmethod
+    def make(cls, root: Path) -> Stage:
+        gates = root / "gates"
+        gates.mkdir(parents=True, exist_ok=True)
+        return cls(Ledger(root / "ledger.jsonl"), Gates(gates), root / "canary",
+                   root / "cured")
+
+    @property
+    def env(self) -> dict[str, str]:
+        """What worker processes need in their environment."""
+        return {fault_tasks.LEDGER_ENV: str(self.ledger.path),
+                fault_tasks.GATES_ENV: str(self.gates.directory),
+                fault_tasks.CURED_ENV: str(self.cured),
+                IMPORT_CANARY_ENV: str(self.canary)}
+
+    def canaries(self) -> list[Path]:
+        """Canary files that exist (none should)."""
+        return [p for p in self.canary.parent.glob(self.canary.name + "*")]
+
+
+# ---- engines on threads ----------------------------------------------------------------------------
+
+
+class EngineRun:
+    """``engine.run()`` on a thread of its own; :meth:`join` gives what it raised (or None)."""
+
+    def __init__(self, engine: Any, name: str = "engine") -> None:
+        self.engine = engine
+        self.error: BaseException | None = None
+        self.started = time.monotonic()
+        self.finished: float | None = None
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.engine.run()
+        except BaseException as err:  # kept for the test to look at
+            self.error = err
+        finally:
+            self.finished = time.monotonic()
+
+    @property
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def join(self, timeout: float) -> BaseException | None:
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise AssertionError(f"engine {self._thread.name} still running after {timeout}s")
+        return self.error
+
+    @property
+    def elapsed(self) -> float:
+        return (self.finished or time.monotonic()) - self.started
+
+
+# ---- worker processes -----------------------------------------------------------------------------
+
+
+def by_pid(workers: list[WorkerProcess], pid: int) -> WorkerProcess:
+    [worker] = [w for w in workers if w.pid == pid]
+    return worker
+
+
+def logs(workers: list[WorkerProcess], tail: int = 40) -> str:
+    return "\n".join(w.failure(f"alive={w.alive}") for w in workers)
+
+
+class Keeper:
+    """Restarts the workers of one topic as they die, until stopped (a context manager).
+
+    Args:
+        fleet: Starts the replacements.
+        topic, tasks, threads: As for :meth:`WorkerFleet.start`.
+        workers: The workers already running; replacements are appended.
+    """
+
+    def __init__(self, fleet: WorkerFleet, topic: str, tasks: list[str], threads: int,
+                 workers: list[WorkerProcess]) -> None:
+        self._fleet, self._topic, self._tasks, self._threads = fleet, topic, tasks, threads
+        self.workers = workers
+        self.deaths: list[tuple[int, int | None]] = []  # (pid, exit code)
+        self.errors: list[BaseException] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="keeper", daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            for worker in [w for w in self.workers if not w.alive]:
+                self.workers.remove(worker)
+                self.deaths.append((worker.pid, worker.proc.returncode))
+                try:
+                    self.workers.extend(self._fleet.start(self._topic, self._tasks,
+                                                          threads=self._threads))
+                except BaseException as err:  # reported by __exit__
+                    self.errors.append(err)
+                    return
+            self._stop.wait(0.05)
+
+    def __enter__(self) -> Keeper:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        self._thread.join(60)
+        if self.errors and exc_info[0] is None:
+            raise AssertionError(f"restarting a worker failed: {self.errors[0]}")
+
+
+# ---- broker outages -------------------------------------------------------------------------------
+
+#: Where ``.ci/services.sh`` keeps the servers' state.
+SERVICES_DIR = Path(os.environ.get("FLOWENGINE_SERVICES_DIR", "/tmp/flowengine-services"))
+SERVICES_SH = REPO / ".ci" / "services.sh"
+#: Seconds a server gets to stop or come back.
+SERVER_TIMEOUT = 90.0
+
+
+def port_open(port: int, host: str = "127.0.0.1") -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=0.2):
+            return True
+    except OSError:
+        return False
+
+
+def _run(argv: list[str], env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, env={**os.environ, **(env or {})}, capture_output=True,
+                          text=True, timeout=SERVER_TIMEOUT)
+
+
+class _Server:
+    """One of the servers ``.ci/services.sh`` runs: stop it and bring it back, alone."""
+
+    port: int
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def ready(self) -> bool:
+        return port_open(self.port)
+
+
+class _Redis(_Server):
+    """Shut down *with* a snapshot (the test servers run with ``--save ''``), so a restart loses
+    nothing, as a production Redis with persistence would; the snapshot is removed once loaded,
+    so a later ``services.sh stop`` and ``start`` does not bring stale data back."""
+
+    port = 6379
+    dump = SERVICES_DIR / "dump.rdb"
+
+    def stop(self) -> None:
+        _run(["redis-cli", "-h", "127.0.0.1", "-p", str(self.port), "shutdown", "save"])
+
+    def start(self) -> None:
+        # The arguments of .ci/services.sh, so the restarted server is the same server.
+        _run(["redis-server", "--bind", "127.0.0.1", "--port", str(self.port), "--daemonize",
+              "yes", "--save", "", "--appendonly", "no", "--dir", str(SERVICES_DIR),
+              "--logfile", str(SERVICES_DIR / "redis.log")])
+
+    def ready(self) -> bool:
+        if not port_open(self.port):
+            return False
+        answer = _run(["redis-cli", "-h", "127.0.0.1", "-p", str(self.port), "ping"])
+        if answer.stdout.strip() != "PONG":
+            return False
+        with contextlib.suppress(FileNotFoundError):
+            self.dump.unlink()
+        return True
+
+
+class _RabbitMQ(_Server):
+    """Stops the RabbitMQ application (every connection closes and the port with it; durable
+    queues and persistent messages stay on disk) and starts it again; the Erlang node stays."""
+
+    port = 5672
+    env = {"RABBITMQ_NODENAME": "rabbit@localhost"}
+
+    def stop(self) -> None:
+        _run(["rabbitmqctl", "stop_app"], self.env)
+
+    def start(self) -> None:
+        _run(["rabbitmqctl", "start_app"], self.env)
+
+
+def _server_for(broker: Broker) -> _Server:
+    parsed = urllib.parse.urlsplit(broker.url)
+    server = {"redis": _Redis, "rabbitmq": _RabbitMQ}[broker.name]()
+    if parsed.hostname not in ("127.0.0.1", "localhost") or (parsed.port or server.port) != \
+            server.port:
+        raise AssertionError(f"{broker.name} at {broker.url} is not the local test server this "
+                             f"test stops and starts (127.0.0.1:{server.port})")
+    return server
+
+
+@contextlib.contextmanager
+def broker_outage(broker: Broker, seconds: float) -> Iterator[None]:
+    """Stop ``broker``'s server (the block runs once it is down), keep it down ``seconds`` in
+    all, then start it again and wait until it answers.
+
+    Whatever happens, the server is running again afterwards: if it does not come back by
+    itself, ``.ci/services.sh start`` starts it.
+    """
+    server = _server_for(broker)
+    stopped = time.monotonic()
+    try:
+        server.stop()
+        wait_until(lambda: not port_open(server.port), SERVER_TIMEOUT,
+                   f"{broker.name} stopping")
+        stopped = time.monotonic()
+        yield
+        remaining = seconds - (time.monotonic() - stopped)
+        if remaining > 0:
+            time.sleep(remaining)  # the outage itself, not a synchronisation
+    finally:
+        server.start()
+        try:
+            wait_until(server.ready, SERVER_TIMEOUT, f"{broker.name} restarting", interval=0.1)
+        except AssertionError:
+            _run(["bash", str(SERVICES_SH), "start"])
+            wait_until(server.ready, SERVER_TIMEOUT, f"{broker.name} started by services.sh",
+                       interval=0.1)
+
+
+# ---- memory ----------------------------------------------------------------------------------------
+
+
+def rss_kib(pid: int) -> int | None:
+    """Resident set size of ``pid`` in KiB (None once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return None
+
+
+class RssSampler:
+    """Samples processes' RSS every ``interval`` seconds on a thread (a context manager)."""
+
+    def __init__(self, pids: list[int], interval: float = 0.05) -> None:
+        self.samples: dict[int, list[int]] = {pid: [] for pid in pids}
+        self._interval = interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            for pid, samples in self.samples.items():
+                value = rss_kib(pid)
+                if value is not None:
+                    samples.append(value)
+            self._stop.wait(self._interval)
+
+    def peak(self, pid: int) -> int:
+        return max(self.samples[pid], default=0)
+
+    def __enter__(self) -> RssSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+
+# ---- the operator CLI and raw queue access -----------------------------------------------------------
+
+
+def flowengine_cli(*args: str, timeout: float = 60.0) -> subprocess.CompletedProcess:
+    """Run ``flowengine ARGS`` as an operator would (a process of its own)."""
+    return subprocess.run([sys.executable, "-m", "flowengine.cli.main", *args], cwd=REPO,
+                          env=subprocess_env(), capture_output=True, text=True, timeout=timeout)
+
+
+@dataclasses.dataclass
+class Taken:
+    """A message removed from a queue: enough to publish it again as it was."""
+
+    body: bytes
+    properties: dict[str, Any]
+    headers: dict[str, Any]
+
+
+def take_one(url: str, queue: str, timeout: float = WAIT) -> Taken:
+    """Remove the next message waiting in ``queue`` (waiting for one up to ``timeout``)."""
+    with kombu.Connection(url) as conn, conn.channel() as channel:
+        bound = kombu.Queue(queue, channel=channel, no_declare=True)
+        message = wait_until(lambda: bound.get(no_ack=False, accept=["application/json"]),
+                             timeout, f"a message in {queue}")
+        taken = Taken(message.body if isinstance(message.body, bytes)
+                      else str(message.body).encode(),
+                      dict(message.properties), dict(message.headers or {}))
+        message.ack()
+        return taken

@@ -1,0 +1,206 @@
+"""Workers that die, freeze, poison their queue, stop, or never exist: no flow hangs or lies.
+
+Real ``flowengine worker`` processes on Redis and on RabbitMQ, started and signalled by pid. What
+ran is counted from the tasks' own ledger (:mod:`fault_tasks`), never from the engine. Leases
+are short (``lease_timeout`` 2 s, heartbeats every 0.5 s) and every wait is a poll with a deadline.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import fault_tasks as ft
+import pytest
+from fault_support import WAIT, EngineRun, Keeper, Stage, by_pid, flowengine_cli, logs, wait_until
+from wbe_harness import Broker, ProtocolClient, WorkerFleet, queued_messages, request_body
+
+from flowengine import engines, states
+from flowengine import exceptions as exc
+from flowengine.flows import linear_flow as lf
+from flowengine.flows import unordered_flow as uf
+from flowengine.worker_based import extensions as ext
+from flowengine.worker_based import protocol as pr
+
+pytestmark = pytest.mark.integration
+
+TOPIC = "faults"
+TASKS = [ft.__name__]
+#: Short leases: a silent worker's request runs again elsewhere within a few seconds.
+LEASE = {"lease_timeout": 2.0, "heartbeat_interval": 0.5}
+#: Upper bound of a lease lapse's detection: the lease plus housekeeping and dispatch slack.
+LAPSE_BOUND = 2.0 + 3.0
+
+
+@pytest.fixture
+def stage(tmp_path: Path) -> Stage:
+    return Stage.make(tmp_path / "stage")
+
+
+@pytest.fixture
+def engine_logs(caplog: pytest.LogCaptureFixture) -> pytest.LogCaptureFixture:
+    caplog.set_level(logging.INFO, logger="flowengine.worker_based")
+    return caplog
+
+
+def _logged(caplog: pytest.LogCaptureFixture, pattern: str) -> list[str]:
+    return [m for m in (r.getMessage() for r in list(caplog.records)) if re.search(pattern, m)]
+
+
+def _load(fleet: WorkerFleet, flow: Any, **options: Any) -> Any:
+    options = {"transition_timeout": WAIT, **LEASE, **options}
+    return engines.load(flow, engine="worker-based", **fleet.engine_options(TOPIC, **options))
+
+
+def _once_each(stage: Stage, atoms: list[str]) -> None:
+    for atom in atoms:
+        starts, ends = stage.ledger.starts(atom), stage.ledger.ends(atom)
+        assert (len(starts), len(ends)) == (1, 1), (atom, stage.ledger.dump())
+
+
+# ---- 1. kill -9 -------------------------------------------------------------------------------------
+
+
+def test_kill_9_of_the_busy_worker_runs_the_task_again_elsewhere(
+    broker: Broker, exchange: str, fleet_factory: Any, stage: Stage,
+) -> None:  # fmt: skip
+    fleet = fleet_factory(broker, exchange, env=stage.env)
+    workers = fleet.start(TOPIC, TASKS, count=2, threads=1)
+    flow = lf.Flow("killed").add(
+        ft.Step("first"),
+        ft.Gate("victim", provides="held"),
+        ft.Use("after", rebind={"value": "held"}),
+        ft.Step("last"),
+    )
+    run = EngineRun(_load(fleet, flow))
+    [start] = stage.ledger.wait_for("victim", ft.EXECUTE_START)
+    victim = by_pid(workers, start["pid"])
+    killed_at = time.time()
+    victim.signal(signal.SIGKILL)
+
+    [_, again] = stage.ledger.wait_for("victim", ft.EXECUTE_START, count=2, timeout=LAPSE_BOUND * 2)
+    recovery = again["t"] - killed_at
+    print(f"\n[{broker}] kill -9 -> task restarted on pid {again['pid']} in {recovery:.3f}s")
+    assert again["pid"] != victim.pid and by_pid(workers, again["pid"]).alive, stage.ledger.dump()
+    assert recovery < LAPSE_BOUND, recovery
+    stage.gates.open("victim")
+
+    assert run.join(WAIT) is None, logs(workers)
+    assert victim.wait_exit(0) == -signal.SIGKILL
+    assert run.engine.storage.get_flow_state() == states.SUCCESS
+    held = run.engine.storage.fetch("held")
+    assert held == {"atom": "victim", "pid": again["pid"]}
+    [used] = stage.ledger.ends("after")
+    assert used["value"] == held
+    _once_each(stage, ["first", "after", "last"])
+    assert [e["pid"] for e in stage.ledger.ends("victim")] == [again["pid"]]
+
+
+# ---- 2. SIGSTOP -------------------------------------------------------------------------------------
+
+
+def test_a_frozen_worker_loses_its_task_and_its_late_result_is_ignored(
+    broker: Broker, exchange: str, fleet_factory: Any, stage: Stage,
+    engine_logs: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    fleet = fleet_factory(broker, exchange, env=stage.env)
+    workers = fleet.start(TOPIC, TASKS, count=2, threads=1)
+    flow = lf.Flow("frozen").add(
+        ft.Gate("held", provides="result"),
+        ft.Use("after", rebind={"value": "result"}),
+    )
+    run = EngineRun(_load(fleet, flow))
+    [first] = stage.ledger.wait_for("held", ft.EXECUTE_START)
+    frozen = by_pid(workers, first["pid"])
+    frozen.signal(signal.SIGSTOP)
+    try:
+        stopped_at = time.time()
+        [_, second] = stage.ledger.wait_for("held", ft.EXECUTE_START, count=2,
+                                            timeout=LAPSE_BOUND * 2)
+        print(f"\n[{broker}] SIGSTOP -> task restarted on pid {second['pid']} in "
+              f"{second['t'] - stopped_at:.3f}s")
+        assert second["pid"] != frozen.pid, stage.ledger.dump()
+        assert _logged(engine_logs, r"Attempt 1 of task 'held' .* is lost: its lease lapsed")
+    finally:
+        frozen.signal(signal.SIGCONT)
+    # The woken worker finishes first; its reply to the lapsed attempt must change nothing.
+    stage.gates.open("held", pid=frozen.pid)
+    stage.ledger.wait_for("held", ft.EXECUTE_END, where=lambda e: e["pid"] == frozen.pid)
+    wait_until(lambda: _logged(engine_logs, r"Ignoring SUCCESS reply for unknown or finished"),
+               WAIT, "the engine ignoring the late SUCCESS", details=lambda: logs(workers))
+    assert not run.done and stage.ledger.starts("after") == []
+    stage.gates.open("held", pid=second["pid"])
+
+    assert run.join(WAIT) is None, logs(workers)
+    assert run.engine.storage.get_flow_state() == states.SUCCESS
+    assert run.engine.storage.fetch("result") == {"atom": "held", "pid": second["pid"]}
+    assert [e["pid"] for e in stage.ledger.ends("held")] == [frozen.pid, second["pid"]]
+    [used] = stage.ledger.ends("after")
+    assert used["value"] == {"atom": "held", "pid": second["pid"]}
+    _once_each(stage, ["after"])
+    assert frozen.alive
+
+
+# ---- 3. a task that kills every worker it runs on ---------------------------------------------------
+
+MAX_ATTEMPTS = 3
+
+
+def _dead_letters(broker: Broker, exchange: str) -> list[dict[str, Any]]:
+    listed = flowengine_cli("dead-letters", "list", "--json", "--url", broker.url,
+                            "--exchange", exchange)
+    assert listed.returncode == 0, listed.stderr
+    return [json.loads(line) for line in listed.stdout.splitlines() if line.strip()]
+
+
+def test_a_task_that_kills_its_workers_fails_after_max_attempts_and_is_parked(
+    broker: Broker, exchange: str, fleet_factory: Any, stage: Stage,
+    engine_logs: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    fleet = fleet_factory(broker, exchange, env=stage.env)
+    workers = fleet.start(TOPIC, TASKS, count=2, threads=2)
+    poisoned = _load(fleet, lf.Flow("poisoned").add(ft.Step("before"),
+                                                    ft.KillsItsWorker("poison")),
+                     max_attempts=MAX_ATTEMPTS)
+    bystanders = [
+        _load(fleet, lf.Flow(f"bystander-{i}").add(
+            *(ft.Slow(f"slow-{i}-{j}", inject={"seconds": 0.2}) for j in range(4))))
+        for i in range(2)]
+    with Keeper(fleet, TOPIC, TASKS, threads=2, workers=list(workers)) as keeper:
+        runs = [EngineRun(poisoned, "poisoned")] + [EngineRun(e, "bystander") for e in bystanders]
+        error = runs[0].join(WAIT * 2)
+        others = [run.join(WAIT * 2) for run in runs[1:]]
+    print(f"\n[{broker}] poison: {len(keeper.deaths)} worker deaths, "
+          f"{len(stage.ledger.starts('poison'))} executions, failed after {runs[0].elapsed:.1f}s")
+
+    # Exactly max_attempts executions, then WorkerLost, and the flow reverted.
+    assert len(stage.ledger.starts("poison")) == MAX_ATTEMPTS, stage.ledger.dump()
+    assert isinstance(error, exc.WorkerLost), error
+    assert re.search(rf"lost its worker on each of {MAX_ATTEMPTS} attempt", str(error)), error
+    assert poisoned.storage.get_flow_state() == states.REVERTED
+    assert len(stage.ledger.reverts("before")) == 1, stage.ledger.dump()
+    # The flows sharing those workers finished, every step of them.
+    assert others == [None, None], others
+    for i, engine in enumerate(bystanders):
+        assert engine.storage.get_flow_state() == states.SUCCESS
+        for j in range(4):
+            assert stage.ledger.ends(f"slow-{i}-{j}"), stage.ledger.dump()
+
+    # The operator sees the request parked, with the reason, and can send it back.
+    [letter] = _dead_letters(broker, exchange)
+    assert (letter["task_name"], letter["action"], letter["topic"]) == ("poison", "execute", TOPIC)
+    assert re.search(rf"lost its worker on each of {MAX_ATTEMPTS} attempt", letter["reason"])
+    assert len(letter["workers"]) == MAX_ATTEMPTS, letter
+    stage.cured.touch()  # the cause is fixed
+    requeued = flowengine_cli("dead-letters", "requeue", letter["id"], "--url", broker.url,
+                              "--exchange", exchange)
+    assert requeued.returncode == 0, requeued.stderr
+    assert letter["id"] in requeued.stdout
+    stage.ledger.wait_for("poison", ft.EXECUTE_END)
+    assert _dead_letters(broker, exchange) == []
+    assert len(stage.ledger.starts("poison")) == MAX_ATTEMPTS + 1, stage.ledger.dump()
