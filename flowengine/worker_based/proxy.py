@@ -295,21 +295,33 @@ class Proxy:
         if priority is not None and self._priorities:
             properties["priority"] = max(0, min(int(priority), MAX_PRIORITY))
         with self._producer_pool(confirm).acquire(block=True) as producer:
-            send = producer.publish
-            if retry:
+            pending = list(keys)
+            try:
+                # The common case: one plain publish per key, no retry machinery around it.
+                while pending:
+                    self._send(producer.publish, body, pending[0], declare_queue, headers,
+                               properties)
+                    pending.pop(0)
+            except self._conn.connection_errors + self._conn.channel_errors:
+                if not retry:
+                    raise
                 backoff = bo.Backoff(self._retry, "Publishing", self._where, self._stop_requested)
                 send = producer.connection.ensure(
                     producer, producer.publish, errback=backoff,
                     max_retries=self._retry.max_retries,
                     interval_start=0, interval_step=0, interval_max=0,
                 )  # fmt: skip
-            for key in keys:
-                send(
-                    body, routing_key=key, exchange=self._exchange,
-                    declare=[self._declared_queue(key)] if declare_queue else [self._exchange],
-                    content_type=dp.JSON_CONTENT_TYPE, content_encoding="utf-8",
-                    headers=dict(headers or {}), **properties,
-                )  # fmt: skip
+                for key in pending:
+                    self._send(send, body, key, declare_queue, headers, properties)
+
+    def _send(self, send: Callable[..., Any], body: bytes, key: str, declare_queue: bool,
+              headers: Mapping[str, Any] | None, properties: Mapping[str, Any]) -> None:
+        send(
+            body, routing_key=key, exchange=self._exchange,
+            declare=[self._declared_queue(key)] if declare_queue else [self._exchange],
+            content_type=dp.JSON_CONTENT_TYPE, content_encoding="utf-8",
+            headers=dict(headers or {}), **properties,
+        )  # fmt: skip
 
     def _producer_pool(self, confirm: bool = True) -> pools.ProducerPool:
         confirmed = self._transport_options.get("confirm_publish", False)

@@ -180,10 +180,14 @@ class EngineRun:
     def done(self) -> bool:
         return not self._thread.is_alive()
 
-    def join(self, timeout: float) -> BaseException | None:
+    def join(self, timeout: float, details: Callable[[], object] | None = None,
+             ) -> BaseException | None:
+        """What ``run()`` raised (None if nothing); fail if it still runs after ``timeout``."""
         self._thread.join(timeout)
         if self._thread.is_alive():
-            raise AssertionError(f"engine {self._thread.name} still running after {timeout}s")
+            extra = f"\n{details()}" if details is not None else ""
+            raise AssertionError(
+                f"engine {self._thread.name} still running after {timeout}s{extra}")
         return self.error
 
     @property
@@ -204,34 +208,44 @@ def logs(workers: list[WorkerProcess], tail: int = 40) -> str:
 
 
 class Keeper:
-    """Restarts the workers of one topic as they die, until stopped (a context manager).
+    """Keeps ``count`` workers of one topic running, restarting them as they die, until the
+    block ends (a context manager).
+
+    A replacement may die before it is even seen announcing itself (it takes the poisoned
+    request at once); that is one more death, not an error.
 
     Args:
-        fleet: Starts the replacements.
+        fleet: Starts the replacements; every worker of ``topic`` in it is watched.
         topic, tasks, threads: As for :meth:`WorkerFleet.start`.
-        workers: The workers already running; replacements are appended.
+        count: How many workers to keep alive.
     """
 
     def __init__(self, fleet: WorkerFleet, topic: str, tasks: list[str], threads: int,
-                 workers: list[WorkerProcess]) -> None:
+                 count: int) -> None:
         self._fleet, self._topic, self._tasks, self._threads = fleet, topic, tasks, threads
-        self.workers = workers
-        self.deaths: list[tuple[int, int | None]] = []  # (pid, exit code)
+        self._count = count
+        self.deaths: dict[int, int | None] = {}  # pid -> exit code
         self.errors: list[BaseException] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="keeper", daemon=True)
 
+    @property
+    def workers(self) -> list[WorkerProcess]:
+        return [w for w in self._fleet.workers if w.topic == self._topic]
+
     def _run(self) -> None:
         while not self._stop.is_set():
-            for worker in [w for w in self.workers if not w.alive]:
-                self.workers.remove(worker)
-                self.deaths.append((worker.pid, worker.proc.returncode))
+            for worker in self.workers:
+                if worker.pid not in self.deaths and not worker.alive:
+                    self.deaths[worker.pid] = worker.proc.returncode
+            if sum(w.alive for w in self.workers) < self._count:
                 try:
-                    self.workers.extend(self._fleet.start(self._topic, self._tasks,
-                                                          threads=self._threads))
-                except BaseException as err:  # reported by __exit__
-                    self.errors.append(err)
-                    return
+                    self._fleet.start(self._topic, self._tasks, threads=self._threads)
+                except AssertionError as err:
+                    if self.workers[-1].alive:  # it did not die: it never came up
+                        self.errors.append(err)
+                        return
+                continue
             self._stop.wait(0.05)
 
     def __enter__(self) -> Keeper:

@@ -171,10 +171,14 @@ def test_a_task_that_kills_its_workers_fails_after_max_attempts_and_is_parked(
         _load(fleet, lf.Flow(f"bystander-{i}").add(
             *(ft.Slow(f"slow-{i}-{j}", inject={"seconds": 0.2}) for j in range(4))))
         for i in range(2)]
-    with Keeper(fleet, TOPIC, TASKS, threads=2, workers=list(workers)) as keeper:
+    with Keeper(fleet, TOPIC, TASKS, threads=2, count=len(workers)) as keeper:
         runs = [EngineRun(poisoned, "poisoned")] + [EngineRun(e, "bystander") for e in bystanders]
-        error = runs[0].join(WAIT * 2)
-        others = [run.join(WAIT * 2) for run in runs[1:]]
+        def details() -> str:
+            return (f"deaths: {keeper.deaths}\n{stage.ledger.dump()}\n{logs(keeper.workers)}\n"
+                    + "\n".join(r.getMessage() for r in engine_logs.records))
+
+        error = runs[0].join(WAIT * 2, details)
+        others = [run.join(WAIT * 2, details) for run in runs[1:]]
     print(f"\n[{broker}] poison: {len(keeper.deaths)} worker deaths, "
           f"{len(stage.ledger.starts('poison'))} executions, failed after {runs[0].elapsed:.1f}s")
 
