@@ -8,6 +8,7 @@ as (``provides``). The engine resolves those names against storage before callin
 from __future__ import annotations
 
 import abc
+import functools
 import inspect
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -40,6 +41,24 @@ def save_as_mapping(provides: ProvidesSpec) -> dict[str, Any]:
 
 def _callable_args(function: Callable[..., Any]) -> tuple[list[str], list[str], bool]:
     """Return (required positional names, all names, accepts **kwargs) of a bound callable."""
+    # Bound methods of one class share a function, so the (costly) inspection is done once.
+    underlying = getattr(function, "__func__", None)
+    if underlying is not None:
+        try:
+            required, every, accepts = _function_args(underlying)
+        except TypeError:  # unhashable callables are inspected each time
+            return _inspect_args(function)
+        # Drop the bound argument (self/cls), which the bound callable does not take.
+        return required[1:] if required else required, every[1:], accepts
+    return _inspect_args(function)
+
+
+@functools.lru_cache(maxsize=4096)
+def _function_args(function: Callable[..., Any]) -> tuple[list[str], list[str], bool]:
+    return _inspect_args(function)
+
+
+def _inspect_args(function: Callable[..., Any]) -> tuple[list[str], list[str], bool]:
     required: list[str] = []
     every: list[str] = []
     accepts_kwargs = False

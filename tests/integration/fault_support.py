@@ -195,6 +195,27 @@ class EngineRun:
         return (self.finished or time.monotonic()) - self.started
 
 
+class EngineRuns:
+    """Starts :class:`EngineRun` s; :meth:`close` (at teardown) suspends those still running,
+    so a failed test leaves no engine behind to log into later tests."""
+
+    def __init__(self) -> None:
+        self.runs: list[EngineRun] = []
+
+    def start(self, engine: Any, name: str = "engine") -> EngineRun:
+        run = EngineRun(engine, name)
+        self.runs.append(run)
+        return run
+
+    def close(self, timeout: float = WAIT) -> None:
+        for run in self.runs:
+            if not run.done:
+                run.engine.suspend()
+        for run in self.runs:
+            with contextlib.suppress(AssertionError):
+                run.join(timeout)
+
+
 # ---- worker processes -----------------------------------------------------------------------------
 
 

@@ -12,13 +12,14 @@ import logging
 import re
 import signal
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import fault_tasks as ft
 import pytest
-from fault_support import WAIT, EngineRun, Keeper, Stage, by_pid, flowengine_cli, logs, wait_until
-from wbe_harness import Broker, ProtocolClient, WorkerFleet, queued_messages, request_body
+from fault_support import WAIT, EngineRuns, Keeper, Stage, by_pid, flowengine_cli, logs, wait_until
+from wbe_harness import Broker, ProtocolClient, WorkerFleet, queued_messages, request_body, require_broker
 
 from flowengine import engines, states
 from flowengine import exceptions as exc
@@ -40,6 +41,15 @@ LAPSE_BOUND = 2.0 + 3.0
 @pytest.fixture
 def stage(tmp_path: Path) -> Stage:
     return Stage.make(tmp_path / "stage")
+
+
+@pytest.fixture
+def runs() -> Iterator[EngineRuns]:
+    started = EngineRuns()
+    try:
+        yield started
+    finally:
+        started.close()
 
 
 @pytest.fixture
@@ -67,7 +77,7 @@ def _once_each(stage: Stage, atoms: list[str]) -> None:
 
 
 def test_kill_9_of_the_busy_worker_runs_the_task_again_elsewhere(
-    broker: Broker, exchange: str, fleet_factory: Any, stage: Stage,
+    broker: Broker, exchange: str, fleet_factory: Any, stage: Stage, runs: EngineRuns,
 ) -> None:  # fmt: skip
     fleet = fleet_factory(broker, exchange, env=stage.env)
     workers = fleet.start(TOPIC, TASKS, count=2, threads=1)
@@ -77,7 +87,7 @@ def test_kill_9_of_the_busy_worker_runs_the_task_again_elsewhere(
         ft.Use("after", rebind={"value": "held"}),
         ft.Step("last"),
     )
-    run = EngineRun(_load(fleet, flow))
+    run = runs.start(_load(fleet, flow))
     [start] = stage.ledger.wait_for("victim", ft.EXECUTE_START)
     victim = by_pid(workers, start["pid"])
     killed_at = time.time()
@@ -105,7 +115,7 @@ def test_kill_9_of_the_busy_worker_runs_the_task_again_elsewhere(
 
 
 def test_a_frozen_worker_loses_its_task_and_its_late_result_is_ignored(
-    broker: Broker, exchange: str, fleet_factory: Any, stage: Stage,
+    broker: Broker, exchange: str, fleet_factory: Any, stage: Stage, runs: EngineRuns,
     engine_logs: pytest.LogCaptureFixture,
 ) -> None:  # fmt: skip
     fleet = fleet_factory(broker, exchange, env=stage.env)
@@ -114,7 +124,7 @@ def test_a_frozen_worker_loses_its_task_and_its_late_result_is_ignored(
         ft.Gate("held", provides="result"),
         ft.Use("after", rebind={"value": "result"}),
     )
-    run = EngineRun(_load(fleet, flow))
+    run = runs.start(_load(fleet, flow))
     [first] = stage.ledger.wait_for("held", ft.EXECUTE_START)
     frozen = by_pid(workers, first["pid"])
     frozen.signal(signal.SIGSTOP)
@@ -149,6 +159,14 @@ def test_a_frozen_worker_loses_its_task_and_its_late_result_is_ignored(
 # ---- 3. a task that kills every worker it runs on ---------------------------------------------------
 
 MAX_ATTEMPTS = 3
+#: Short, so requests the broker still holds after their flow gave up are void soon.
+POISON_TIMEOUT = 5.0
+POISON_BUG = (
+    "engine bug: on RabbitMQ the broker redelivers the unacknowledged request of a worker that "
+    "died to the next worker of the topic, whose RUNNING reply renews the same attempt's "
+    "lease; worker deaths through redelivery are never counted as attempts, so a poisoned "
+    "request kills every worker (re)started on the topic, far more than max_attempts times, "
+    "until its deadline header voids it, and flows sharing those workers fail with WorkerLost")
 
 
 def _dead_letters(broker: Broker, exchange: str) -> list[dict[str, Any]]:
@@ -158,32 +176,36 @@ def _dead_letters(broker: Broker, exchange: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in listed.stdout.splitlines() if line.strip()]
 
 
+@pytest.mark.parametrize("broker_name", [
+    "redis", pytest.param("rabbitmq", marks=pytest.mark.xfail(strict=True, reason=POISON_BUG))])
 def test_a_task_that_kills_its_workers_fails_after_max_attempts_and_is_parked(
-    broker: Broker, exchange: str, fleet_factory: Any, stage: Stage,
-    engine_logs: pytest.LogCaptureFixture,
+    broker_name: str, exchange: str, fleet_factory: Any, stage: Stage, runs: EngineRuns,
 ) -> None:  # fmt: skip
+    broker = require_broker(broker_name)
     fleet = fleet_factory(broker, exchange, env=stage.env)
-    workers = fleet.start(TOPIC, TASKS, count=2, threads=2)
+    fleet.start(TOPIC, TASKS, count=2, threads=2)
+    options = {"max_attempts": MAX_ATTEMPTS, "transition_timeout": POISON_TIMEOUT}
     poisoned = _load(fleet, lf.Flow("poisoned").add(ft.Step("before"),
-                                                    ft.KillsItsWorker("poison")),
-                     max_attempts=MAX_ATTEMPTS)
+                                                    ft.KillsItsWorker("poison")), **options)
     bystanders = [
         _load(fleet, lf.Flow(f"bystander-{i}").add(
-            *(ft.Slow(f"slow-{i}-{j}", inject={"seconds": 0.2}) for j in range(4))))
+            *(ft.Slow(f"slow-{i}-{j}", inject={"seconds": 0.2}) for j in range(4))), **options)
         for i in range(2)]
-    with Keeper(fleet, TOPIC, TASKS, threads=2, count=len(workers)) as keeper:
-        runs = [EngineRun(poisoned, "poisoned")] + [EngineRun(e, "bystander") for e in bystanders]
-        def details() -> str:
-            return (f"deaths: {keeper.deaths}\n{stage.ledger.dump()}\n{logs(keeper.workers)}\n"
-                    + "\n".join(r.getMessage() for r in engine_logs.records))
+    with Keeper(fleet, TOPIC, TASKS, threads=2, count=2) as keeper:
+        started = [runs.start(e, e.storage.get_flow_name() if hasattr(e.storage, "get_flow_name")
+                              else "engine") for e in [poisoned, *bystanders]]
 
-        error = runs[0].join(WAIT * 2, details)
-        others = [run.join(WAIT * 2, details) for run in runs[1:]]
-    print(f"\n[{broker}] poison: {len(keeper.deaths)} worker deaths, "
-          f"{len(stage.ledger.starts('poison'))} executions, failed after {runs[0].elapsed:.1f}s")
+        def details() -> str:
+            return f"deaths: {keeper.deaths}\n{stage.ledger.dump()}"
+
+        error = started[0].join(WAIT * 2, details)
+        others = [run.join(WAIT * 2, details) for run in started[1:]]
+    executions = len(stage.ledger.starts("poison"))
+    print(f"\n[{broker}] poison: {executions} executions, {len(keeper.deaths)} worker deaths, "
+          f"flow ended after {started[0].elapsed:.1f}s with {error!r}; bystanders: {others}")
 
     # Exactly max_attempts executions, then WorkerLost, and the flow reverted.
-    assert len(stage.ledger.starts("poison")) == MAX_ATTEMPTS, stage.ledger.dump()
+    assert executions == MAX_ATTEMPTS, details()
     assert isinstance(error, exc.WorkerLost), error
     assert re.search(rf"lost its worker on each of {MAX_ATTEMPTS} attempt", str(error)), error
     assert poisoned.storage.get_flow_state() == states.REVERTED
@@ -207,4 +229,4 @@ def test_a_task_that_kills_its_workers_fails_after_max_attempts_and_is_parked(
     assert letter["id"] in requeued.stdout
     stage.ledger.wait_for("poison", ft.EXECUTE_END)
     assert _dead_letters(broker, exchange) == []
-    assert len(stage.ledger.starts("poison")) == MAX_ATTEMPTS + 1, stage.ledger.dump()
+    assert executions == MAX_ATTEMPTS and len(stage.ledger.starts("poison")) == MAX_ATTEMPTS + 1
