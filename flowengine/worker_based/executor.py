@@ -44,6 +44,12 @@ HOUSEKEEPING_PERIOD = 0.1
 NOTIFY_PERIOD = pr.NOTIFY_PERIOD
 
 
+# Reply queues in use by this process's executors (engines resuming one flow detail share its
+# uuid, hence its queue): a closing executor deletes its queue only when no other uses it.
+_queues_in_use: dict[tuple[str, str, str], int] = {}
+_queues_lock = threading.Lock()
+
+
 class RemoteFuture(cf.Future):
     """The engine's handle on a submission; it can be cancelled only before it is published.
 
@@ -164,6 +170,7 @@ class WorkerTaskExecutor(local.TaskExecutor):
         self._closing: threading.Thread | None = None
         self._next_housekeeping = 0.0
         self._recent_key = (self._proxy.connection_details.uri, exchange)
+        self._queue_key = (self._recent_key[0], exchange, uuid)
         for known in wtypes.recall(self._recent_key):
             self.finder.add(known.topic, known.tasks, identity=known.identity,
                             capacity=known.capacity, flowengine=known.flowengine)
@@ -178,6 +185,8 @@ class WorkerTaskExecutor(local.TaskExecutor):
         with self._lock:
             if self._thread is not None and self._thread.is_alive():
                 return
+            with _queues_lock:
+                _queues_in_use[self._queue_key] = _queues_in_use.get(self._queue_key, 0) + 1
             self._thread = threading.Thread(target=self._proxy.start, daemon=True,
                                             name=f"flowengine-executor-{self._uuid[:8]}")
             self._thread.start()
@@ -194,6 +203,9 @@ class WorkerTaskExecutor(local.TaskExecutor):
         """
         self._proxy.stop()
         thread, self._thread = self._thread, None
+        if thread is not None:
+            with _queues_lock:
+                _queues_in_use[self._queue_key] = _queues_in_use.get(self._queue_key, 1) - 1
         self._closing = threading.Thread(target=self._close, args=(thread,), daemon=True,
                                          name=f"flowengine-executor-close-{self._uuid[:8]}")
         self._closing.start()
@@ -210,7 +222,11 @@ class WorkerTaskExecutor(local.TaskExecutor):
             consumer.join(timeout=10)
         # Nothing reads this queue until the next start() declares it again; left in place it
         # would keep collecting worker announcements forever.
-        self._proxy.delete_own_queue()
+        with _queues_lock:
+            if _queues_in_use.get(self._queue_key, 0) > 0:
+                return
+            _queues_in_use.pop(self._queue_key, None)
+            self._proxy.delete_own_queue()
 
     def wait_for_workers(self, workers: int = 1, timeout: float | None = None) -> int:
         """Block until ``workers`` workers are known; return how many are still missing."""

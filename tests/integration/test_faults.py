@@ -166,7 +166,8 @@ POISON_BUG = (
     "died to the next worker of the topic, whose RUNNING reply renews the same attempt's "
     "lease; worker deaths through redelivery are never counted as attempts, so a poisoned "
     "request kills every worker (re)started on the topic, far more than max_attempts times, "
-    "until its deadline header voids it, and flows sharing those workers fail with WorkerLost")
+    "until its deadline header voids it; the flow then fails with whatever ended last (not "
+    "WorkerLost, no dead letter), and flows sharing those workers fail as well")
 
 
 def _dead_letters(broker: Broker, exchange: str) -> list[dict[str, Any]]:
@@ -192,8 +193,8 @@ def test_a_task_that_kills_its_workers_fails_after_max_attempts_and_is_parked(
             *(ft.Slow(f"slow-{i}-{j}", inject={"seconds": 0.2}) for j in range(4))), **options)
         for i in range(2)]
     with Keeper(fleet, TOPIC, TASKS, threads=2, count=2) as keeper:
-        started = [runs.start(e, e.storage.get_flow_name() if hasattr(e.storage, "get_flow_name")
-                              else "engine") for e in [poisoned, *bystanders]]
+        started = [runs.start(engine, name) for engine, name in
+                   zip([poisoned, *bystanders], ["poisoned", "bystander-0", "bystander-1"])]
 
         def details() -> str:
             return f"deaths: {keeper.deaths}\n{stage.ledger.dump()}"
@@ -230,3 +231,74 @@ def test_a_task_that_kills_its_workers_fails_after_max_attempts_and_is_parked(
     stage.ledger.wait_for("poison", ft.EXECUTE_END)
     assert _dead_letters(broker, exchange) == []
     assert executions == MAX_ATTEMPTS and len(stage.ledger.starts("poison")) == MAX_ATTEMPTS + 1
+
+
+# ---- 5. SIGTERM -------------------------------------------------------------------------------------
+
+
+def test_sigterm_of_a_busy_worker_loses_nothing_and_it_exits_offline(
+    broker: Broker, exchange: str, fleet_factory: Any, stage: Stage, runs: EngineRuns,
+    engine_logs: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    fleet = fleet_factory(broker, exchange, env=stage.env)
+    [stopping] = fleet.start(TOPIC, TASKS, threads=2)
+    flow = lf.Flow("terminated").add(
+        uf.Flow("both").add(ft.Slow("brief", inject={"seconds": 1.0}),
+                            ft.Gate("long", provides="held")),
+        ft.Use("after", rebind={"value": "held"}),
+    )
+    run = runs.start(_load(fleet, flow))
+    for atom in ("brief", "long"):
+        stage.ledger.wait_for(atom, ft.EXECUTE_START, where=lambda e: e["pid"] == stopping.pid)
+    [taking_over] = fleet.start(TOPIC, TASKS, threads=2)
+    watcher = ProtocolClient(broker.url, exchange, bind=[pr.DISCOVERY_ROUTING_KEY])
+    try:
+        stopping.signal(signal.SIGTERM)
+        # "brief" ends within the grace (5 s) where it started; "long" does not, and is handed
+        # back unacknowledged: it runs again on the other worker.
+        stage.ledger.wait_for("brief", ft.EXECUTE_END, where=lambda e: e["pid"] == stopping.pid)
+        stage.ledger.wait_for("long", ft.EXECUTE_START, timeout=WAIT,
+                              where=lambda e: e["pid"] == taking_over.pid)
+        assert stopping.wait_exit(WAIT) == 0, stopping.failure("did not exit 0")
+        watcher.wait_for(
+            lambda m: m.type == pr.NOTIFY
+            and m.headers.get(pr.HEADER_WORKER_STATUS) == pr.WORKER_OFFLINE
+            and str(m.headers.get(pr.HEADER_ORIGIN, "")).endswith(f":{stopping.pid}"),
+            WAIT, "the stopped worker's offline announcement")
+    finally:
+        watcher.close()
+    assert "received SIGTERM" in stopping.log(), stopping.log()
+    assert _logged(engine_logs, rf"Worker .*:{stopping.pid}:.* went offline")
+    stage.gates.open("long")
+
+    assert run.join(WAIT) is None, logs(fleet.workers)
+    assert run.engine.storage.get_flow_state() == states.SUCCESS
+    assert run.engine.storage.fetch("held") == {"atom": "long", "pid": taking_over.pid}
+    _once_each(stage, ["brief", "after"])
+    assert {e["pid"] for e in stage.ledger.ends("long")} == {taking_over.pid}
+    assert taking_over.alive
+
+
+# ---- 6. no worker for a topic -------------------------------------------------------------------------
+
+NO_WORKER_TIMEOUT = 2.0
+
+
+def test_a_request_no_worker_takes_fails_after_the_transition_timeout_and_the_flow_reverts(
+    broker: Broker, exchange: str, fleet_factory: Any, stage: Stage, runs: EngineRuns,
+) -> None:  # fmt: skip
+    fleet = fleet_factory(broker, exchange, env=stage.env)
+    fleet.start(TOPIC, [f"{ft.__name__}:Step"], threads=1)  # nobody runs Slow
+    flow = lf.Flow("orphaned").add(ft.Step("before"), ft.Slow("orphan"))
+    engine = engines.load(flow, engine="worker-based", **fleet.engine_options(
+        TOPIC, topics=[TOPIC, "nobody-listens"], transition_timeout=NO_WORKER_TIMEOUT, **LEASE))
+    run = runs.start(engine)
+    error = run.join(WAIT)
+    print(f"\n[{broker}] no worker: flow failed after {run.elapsed:.2f}s")
+    assert isinstance(error, exc.RequestTimeout), error
+    assert "'orphan'" in str(error) and f"{NO_WORKER_TIMEOUT}" in str(error), error
+    assert NO_WORKER_TIMEOUT <= run.elapsed < NO_WORKER_TIMEOUT + 5.0, run.elapsed
+    assert engine.storage.get_flow_state() == states.REVERTED
+    _once_each(stage, ["before"])
+    assert len(stage.ledger.reverts("before")) == 1, stage.ledger.dump()
+    assert stage.ledger.events("orphan") == []
