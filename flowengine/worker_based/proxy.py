@@ -184,6 +184,7 @@ class Proxy:
         self._producers: dict[bool, pools.ProducerPool] = {}
         self._pool_lock = threading.Lock()
         self._queues: dict[str, kombu.Queue] = {}
+        self._declared: set[str] = set()
         self._exchange = kombu.Exchange(
             exchange, type="direct", durable=not taskflow_compat, auto_delete=taskflow_compat
         )
@@ -303,6 +304,8 @@ class Proxy:
                                properties)
                     pending.pop(0)
             except self._conn.connection_errors + self._conn.channel_errors:
+                # A new connection may face a broker that lost non-durable declarations.
+                self._declared.clear()
                 if not retry:
                     raise
                 backoff = bo.Backoff(self._retry, "Publishing", self._where, self._stop_requested)
@@ -316,12 +319,18 @@ class Proxy:
 
     def _send(self, send: Callable[..., Any], body: bytes, key: str, declare_queue: bool,
               headers: Mapping[str, Any] | None, properties: Mapping[str, Any]) -> None:
+        # Declaring is idempotent but not free (kombu binds copies of the entities every time),
+        # so each routing key's target is declared once, until a connection error.
+        wanted = key if declare_queue else ""
+        declare = None
+        if wanted not in self._declared:
+            declare = [self._declared_queue(key)] if declare_queue else [self._exchange]
         send(
-            body, routing_key=key, exchange=self._exchange,
-            declare=[self._declared_queue(key)] if declare_queue else [self._exchange],
+            body, routing_key=key, exchange=self._exchange, declare=declare,
             content_type=dp.JSON_CONTENT_TYPE, content_encoding="utf-8",
             headers=dict(headers or {}), **properties,
         )  # fmt: skip
+        self._declared.add(wanted)
 
     def _producer_pool(self, confirm: bool = True) -> pools.ProducerPool:
         confirmed = self._transport_options.get("confirm_publish", False)
