@@ -34,6 +34,8 @@ REVERTED = "reverted"
 
 #: States that are the loop's own business; they are never announced as flow states.
 META_STATES = frozenset((st.GAME_OVER, st.UNDEFINED))
+#: Atoms scheduled from one batch before finished ones are handled first.
+YIELD_AFTER = 32
 #: States with time spent in them reported in ``engine.statistics``.
 TIMED_STATES = (st.ANALYZING, st.RESUMING, st.SCHEDULING, st.WAITING)
 
@@ -136,11 +138,19 @@ class RunLoop:
 
     def _schedule(self) -> str:
         if self._flow_state() == st.RUNNING and self._next_up:
-            # Higher priority first; sorted() is stable, so ties keep graph order.
-            ordered = sorted(self._next_up, key=lambda atom: -getattr(atom, "priority", 0))
+            # Higher priority first; sorted() is stable, so ties keep graph order. An atom can
+            # be listed twice (carried over from a yielded batch and found ready again).
+            unique = list(dict.fromkeys(self._next_up))
+            ordered = sorted(unique, key=lambda atom: -getattr(atom, "priority", 0))
             self._next_up = []
             running = set(self._in_flight.values())
-            for atom in ordered:
+            for index, atom in enumerate(ordered):
+                if index >= YIELD_AFTER and not self._finished.empty():
+                    # A wide batch on an asynchronous executor: handle what has finished
+                    # (store it, free its successors) before sending more, so dispatch and
+                    # completion overlap. Smaller batches go out whole, as TaskFlow's do.
+                    self._next_up = ordered[index:]
+                    break
                 # Intentions may have changed since the atom was found ready (a failure).
                 if atom in running or not self._runtime.can_start(atom):
                     continue
@@ -151,6 +161,7 @@ class RunLoop:
                     self.failures.append(Failure())
                     break
                 self._in_flight[future] = atom
+                running.add(atom)
                 if _succeeded(future):
                     # Ran in this thread (serial executor): store the result before the next
                     # atom starts, so a crash never loses finished work. Failures take the

@@ -152,7 +152,12 @@ class WorkerTaskExecutor(local.TaskExecutor):
         self._events = events
         self._lock = threading.RLock()
         self._ongoing: dict[str, Submission] = {}
-        self.finder = WorkerFinder(worker_expiry, clock=clock, on_change=self._dispatch_waiting)
+        self.finder = WorkerFinder(worker_expiry, clock=clock, on_change=self._worker_appeared)
+        # Requests waiting for a worker are sent from here, not from the consumer thread that
+        # learns of the worker: a burst of publishes there would hold up every reply.
+        self._dispatcher = cf.ThreadPoolExecutor(max_workers=1,
+                                                 thread_name_prefix="flowengine-dispatch")
+        self._dispatch_pending = threading.Event()
         handlers = {
             pr.RESPONSE: dp.Handler(self._on_response, pr.Response.validate),
             pr.NOTIFY: dp.Handler(self._on_notify,
@@ -349,7 +354,17 @@ class WorkerTaskExecutor(local.TaskExecutor):
             headers[ext.HEADER_HEARTBEAT] = self._heartbeat_interval
         return headers
 
+    def _worker_appeared(self) -> None:
+        if self._dispatch_pending.is_set():
+            return  # a pass over the waiting requests is already queued
+        self._dispatch_pending.set()
+        try:
+            self._dispatcher.submit(self._dispatch_waiting)
+        except RuntimeError:  # shut down
+            self._dispatch_pending.clear()
+
     def _dispatch_waiting(self) -> None:
+        self._dispatch_pending.clear()
         with self._lock:
             waiting = [s for s in self._ongoing.values()
                        if s.request is not None and s.request.current_state == pr.WAITING]
