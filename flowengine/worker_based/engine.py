@@ -6,17 +6,26 @@ Retry controllers, scheduling and storage stay in the engine's process; only tas
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from flowengine import states
 from flowengine.engines import executor as local
 from flowengine.engines.engine import ActionEngine
 from flowengine.engines.options import as_bool
+from flowengine.types.notifier import register_deregister
 from flowengine.worker_based import extensions as ext
 from flowengine.worker_based import protocol as pr
 from flowengine.worker_based.event_listener import EventListener, PlacementSink
 from flowengine.worker_based.events import EventPublisher, combine
 from flowengine.worker_based.executor import WorkerTaskExecutor
+
+LOG = logging.getLogger(__name__)
+
+
+#: Task states after which the worker that ran the task is recorded in its metadata.
+_PLACED_STATES = (states.SUCCESS, states.FAILURE, states.REVERTED, states.REVERT_FAILURE)
 
 
 class WorkerBasedActionEngine(ActionEngine):
@@ -65,9 +74,25 @@ class WorkerBasedActionEngine(ActionEngine):
         with self._event_listeners():
             return (yield from super().run_iter(timeout=timeout))
 
+    def _record_placement(self, state: str, details: dict[str, Any]) -> None:
+        """Store where a remote task's last attempt ran (``flowengine show`` displays it)."""
+        name, uuid = details.get("task_name"), details.get("task_uuid")
+        if not name or not uuid:
+            return
+        attempt, worker = self.atom_placement(uuid)
+        if worker is None:
+            return
+        try:
+            self.storage.update_atom_metadata(name, {"worker": worker, "attempts": attempt})
+        except Exception:  # a bookkeeping write must not break the run
+            LOG.warning("Could not record where task %r ran", name, exc_info=True)
+
     @contextlib.contextmanager
     def _event_listeners(self) -> Iterator[None]:
         with contextlib.ExitStack() as stack:
+            for state in _PLACED_STATES:
+                stack.enter_context(
+                    register_deregister(self.atom_notifier, state, self._record_placement))
             if self._publisher is not ext.NO_EVENTS:
                 stack.enter_context(EventListener(self, self._publisher, task_events=False))
             if self._metrics is not ext.NO_EVENTS:
