@@ -26,6 +26,17 @@ from flowengine.persistence import backends, models
 
 #: In the process that crashes: the task that kills it (None when resuming).
 CRASH_IN: str | None = None
+_OUTPUT = threading.Lock()
+
+
+def say(line: str) -> None:
+    """Write one whole line: tasks run on several threads, and print() writes the text and
+    the newline separately, so their lines could interleave."""
+    with _OUTPUT:
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+
+
 #: The tasks this process started, in order.
 STARTED: list[str] = []
 _LOADS = ("load_eu", "load_us", "load_asia")
@@ -42,13 +53,13 @@ class Step(task.Task):
 
     def execute(self, **inputs: int) -> int:
         STARTED.append(self.name)
-        print(f"started {self.name}", flush=True)
+        say(f"started {self.name}")
         if self.name in _LOADS and CRASH_IN is not None:
             _all_loading.wait()
             if self.name == CRASH_IN:
                 os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(0.2)  # the work
-        print(f"finished {self.name}", flush=True)
+        say(f"finished {self.name}")
         return self._rows + sum(inputs.values())
 
 

@@ -73,4 +73,9 @@ def worker_command(topic: str, tasks: tuple[str, ...], threads: int | None, grac
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
     worker.run(banner_writer=lambda text: click.echo(text, err=True))
+    # In-flight work past the grace period was handed back to the broker; a task thread still
+    # running it must not keep the process alive (the interpreter would wait for it).
+    logging.shutdown()
+    sys.stdout.flush()
     sys.stderr.flush()
+    os._exit(0)

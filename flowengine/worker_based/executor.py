@@ -152,6 +152,7 @@ class WorkerTaskExecutor(local.TaskExecutor):
         self._events = events
         self._lock = threading.RLock()
         self._ongoing: dict[str, Submission] = {}
+        self._never_started: set[str] = set()
         self.finder = WorkerFinder(worker_expiry, clock=clock, on_change=self._worker_appeared)
         # Requests waiting for a worker are sent from here, not from the consumer thread that
         # learns of the worker: a burst of publishes there would hold up every reply.
@@ -176,6 +177,7 @@ class WorkerTaskExecutor(local.TaskExecutor):
         self._next_housekeeping = 0.0
         self._recent_key = (self._proxy.connection_details.uri, exchange)
         self._queue_key = (self._recent_key[0], exchange, uuid)
+        self._slow_close = self._proxy.connection_details.transport == "redis"
         for known in wtypes.recall(self._recent_key):
             self.finder.add(known.topic, known.tasks, identity=known.identity,
                             capacity=known.capacity, flowengine=known.flowengine)
@@ -203,17 +205,20 @@ class WorkerTaskExecutor(local.TaskExecutor):
     def stop(self) -> None:
         """Stop consuming; submissions still outstanding fail with RequestTimeout.
 
-        Returns at once: the consumer winds down in the background (on Redis that takes up
-        to a second, the broker's blocking read), then the reply queue is deleted.
+        On Redis it returns at once and the consumer winds down in the background (that takes
+        up to a second, the broker's blocking read); elsewhere it is quick and done in place.
         """
         self._proxy.stop()
         thread, self._thread = self._thread, None
         if thread is not None:
             with _queues_lock:
                 _queues_in_use[self._queue_key] = _queues_in_use.get(self._queue_key, 1) - 1
-        self._closing = threading.Thread(target=self._close, args=(thread,), daemon=True,
-                                         name=f"flowengine-executor-close-{self._uuid[:8]}")
-        self._closing.start()
+        if self._slow_close:
+            self._closing = threading.Thread(target=self._close, args=(thread,), daemon=True,
+                                             name=f"flowengine-executor-close-{self._uuid[:8]}")
+            self._closing.start()
+        else:
+            self._close(thread)
         with self._lock:
             leftovers = list(self._ongoing.values())
         for sub in leftovers:
@@ -258,6 +263,13 @@ class WorkerTaskExecutor(local.TaskExecutor):
         failures: Mapping[str, Failure],
         progress_callback: local.ProgressCallback | None = None,
     ) -> cf.Future:
+        if task_uuid in self._never_started:
+            # Its execute never reached a worker (no worker, or none in time): there is nothing
+            # to undo, and sending the revert would only wait for a worker in vain.
+            self._never_started.discard(task_uuid)
+            done: cf.Future = cf.Future()
+            done.set_result((pr.ACTION_TO_EVENT[pr.REVERT], None))
+            return done
         return self._submit(Submission(task, task_uuid, pr.REVERT, arguments, result, failures,
                                        RemoteFuture()), progress_callback)
 
@@ -387,6 +399,11 @@ class WorkerTaskExecutor(local.TaskExecutor):
             sub.future.set_result((pr.ACTION_TO_EVENT[sub.action], result))
 
     def _fail(self, sub: Submission, error: Exception) -> None:
+        request = sub.request
+        if (sub.action == pr.EXECUTE and sub.attempts == 1 and request is not None
+                and request.current_state in pr.WAITING_STATES):
+            # Sent nowhere, or never picked up before its timeout: it did nothing.
+            self._never_started.add(sub.uuid)
         self._finish(sub, Failure.from_exception(error))
 
     def _on_response(self, data: Any, message: Any) -> None:
@@ -421,6 +438,7 @@ class WorkerTaskExecutor(local.TaskExecutor):
         elif state == pr.RUNNING:
             request.transition_and_log_error(pr.RUNNING, logger=LOG)
             sub.started = self._clock()
+            self._holder(sub, header(headers, pr.HEADER_WORKER))
             self._renew(sub, headers)
         elif state in (pr.SUCCESS, pr.FAILURE):
             if request.current_state == pr.PENDING:
@@ -430,6 +448,25 @@ class WorkerTaskExecutor(local.TaskExecutor):
                 self._finish(sub, response.data["result"])
         else:
             LOG.warning("Ignoring reply in state %s for request %s", state, correlation_id)
+
+    def _holder(self, sub: Submission, identity: str | None) -> None:
+        """Track the worker that actually took the request: workers sharing a topic share its
+        queue, so it may not be the one it was sent for (and an offline notice from that one
+        must not re-dispatch work another is running)."""
+        if not identity or (sub.worker is not None and sub.worker.identity == identity):
+            return
+        holder = self.finder.get(identity)
+        if holder is None:
+            return
+        with self._lock:
+            if sub.worker is not None:
+                sub.worker.in_flight = max(sub.worker.in_flight - 1, 0)
+            holder.in_flight += 1
+            sub.worker = holder
+            if sub.workers:
+                sub.workers[-1] = identity
+            else:
+                sub.workers.append(identity)
 
     def _renew(self, sub: Submission, headers: Mapping[str, Any]) -> None:
         # Only flowengine workers send heartbeats; a TaskFlow worker's request holds no lease.

@@ -51,6 +51,12 @@ def _event_fields(data: Mapping[str, Any], message: Any) -> dict[str, Any]:
     }
 
 
+def _clip(value: Any, limit: int = 200) -> str:
+    """``str(value)``, cut to ``limit`` characters (message fields are untrusted)."""
+    text = str(value)
+    return text if len(text) <= limit else f"{text[:limit]}...({len(text)} chars)"
+
+
 def _first(failure: Failure) -> str | None:
     names = list(failure)
     return str(names[0]) if names else None
@@ -279,7 +285,8 @@ class Server:
         props = message.properties
         if not props.get("reply_to") or not props.get("correlation_id"):
             LOG.warning(
-                "REQUEST %s lacks reply_to or correlation_id; dropped", dp.describe(message)
+                "Rejected message %s: reason=missing-reply-to REQUEST lacks reply_to or "
+                "correlation_id", dp.describe(message)
             )
             self._proxy.reject(message)
             return
@@ -313,7 +320,8 @@ class Server:
         """Run one request; True once its outcome is published."""
         props, headers = message.properties, message.headers or {}
         reply = functools.partial(self._reply, props["reply_to"], props["correlation_id"], headers)
-        name = f"{data.get('task_name')!r} ({data.get('task_cls')})"
+        # Names come from the message: bounded, so a hostile one cannot flood logs or replies.
+        name = f"{_clip(data.get('task_name'))!r} ({_clip(data.get('task_cls'))})"
         deadline = headers.get(pr.HEADER_DEADLINE)
         if isinstance(deadline, (int, float)) and time.time() > deadline:
             err = exc.RequestTimeout(f"Request for task {name} reached its deadline unstarted")
@@ -323,8 +331,9 @@ class Server:
             endpoint = self._endpoints.get(work.task_cls)
             if endpoint is None:
                 raise exc.NotFound(
-                    f"Task class '{work.task_cls}' is not one of the {len(self._endpoints)}"
-                    f" task classes worker {self.worker_id} (topic '{self._topic}') runs"
+                    f"Task class '{_clip(work.task_cls)}' is not one of the"
+                    f" {len(self._endpoints)} task classes worker {self.worker_id} (topic"
+                    f" '{self._topic}') runs"
                 )
             task = endpoint.generate(name=work.task_name)
             if _major(work.task_version) != _major(task.version):
@@ -333,7 +342,9 @@ class Server:
                     f" {self.worker_id} runs version {list(task.version)}"
                 )
         except Exception as err:
-            LOG.warning("Refusing request for task %s: %s", name, err)
+            reason = "unknown-task" if isinstance(err, exc.NotFound) else "unusable-request"
+            LOG.warning("Rejected message %s: reason=%s task %s: %s", dp.describe(message),
+                        reason, name, _clip(str(err)))
             return reply(pr.FAILURE, name, result=pr.failure_to_dict(Failure()))
         if not reply(pr.RUNNING, name):
             return False
@@ -401,11 +412,11 @@ class Server:
         # The reply queue is its consumer's to declare (it exists before any request is sent).
         # Declaring it here too would clash with the engine's queue arguments, and would bring
         # back the queue of an engine that is gone, to fill up with replies nobody reads.
-        # Only outcomes decide the acknowledgement, so only they wait for the broker's confirm.
-        outcome = isinstance(msg, pr.Response) and msg.state in (pr.SUCCESS, pr.FAILURE)
+        # All replies share one (confirmed) publishing path: over two connections a RUNNING or
+        # progress reply could overtake the outcome it precedes.
         self._proxy.publish(
             msg, reply_to, correlation_id=correlation_id, headers=self._headers(request_headers),
-            declare_queue=False, retry=retry, confirm=outcome,
+            declare_queue=False, retry=retry,
         )  # fmt: skip
 
     def start(self) -> None:

@@ -106,6 +106,13 @@ class WorkerFinder:
             self._on_change()
         return worker
 
+    def get(self, identity: str | None) -> TopicWorker | None:
+        """The worker with this identity, if known."""
+        if not identity:
+            return None
+        with self._lock:
+            return self._workers.get(identity)
+
     def remove(self, identity: str) -> TopicWorker | None:
         """Forget a worker (it said it went offline)."""
         with self._lock:

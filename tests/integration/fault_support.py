@@ -154,7 +154,7 @@ class Stage:
         return [p for p in self.canary.parent.glob(self.canary.name + "*")]
 
 
-# ---- engines on threads ----------------------------------------------------------------------------
+# ---- engines on threads --------------------------------------------------------------------------
 
 
 class EngineRun:
@@ -210,13 +210,14 @@ class EngineRuns:
     def close(self, timeout: float = WAIT) -> None:
         for run in self.runs:
             if not run.done:
-                run.engine.suspend()
+                with contextlib.suppress(Exception):  # it may be finishing right now
+                    run.engine.suspend()
         for run in self.runs:
             with contextlib.suppress(AssertionError):
                 run.join(timeout)
 
 
-# ---- worker processes -----------------------------------------------------------------------------
+# ---- worker processes ----------------------------------------------------------------------------
 
 
 def by_pid(workers: list[WorkerProcess], pid: int) -> WorkerProcess:
@@ -224,7 +225,8 @@ def by_pid(workers: list[WorkerProcess], pid: int) -> WorkerProcess:
     return worker
 
 
-def logs(workers: list[WorkerProcess], tail: int = 40) -> str:
+def logs(workers: list[WorkerProcess]) -> str:
+    """Each worker's state and the end of its output (for assertion messages)."""
     return "\n".join(w.failure(f"alive={w.alive}") for w in workers)
 
 
@@ -280,7 +282,7 @@ class Keeper:
             raise AssertionError(f"restarting a worker failed: {self.errors[0]}")
 
 
-# ---- broker outages -------------------------------------------------------------------------------
+# ---- broker outages ------------------------------------------------------------------------------
 
 #: Where ``.ci/services.sh`` keeps the servers' state.
 SERVICES_DIR = Path(os.environ.get("FLOWENGINE_SERVICES_DIR", "/tmp/flowengine-services"))
@@ -398,7 +400,7 @@ def broker_outage(broker: Broker, seconds: float) -> Iterator[None]:
                        interval=0.1)
 
 
-# ---- memory ----------------------------------------------------------------------------------------
+# ---- memory --------------------------------------------------------------------------------------
 
 
 def rss_kib(pid: int) -> int | None:
@@ -442,7 +444,7 @@ class RssSampler:
         self._thread.join(5)
 
 
-# ---- the operator CLI and raw queue access -----------------------------------------------------------
+# ---- the operator CLI and raw queue access -------------------------------------------------------
 
 
 def flowengine_cli(*args: str, timeout: float = 60.0) -> subprocess.CompletedProcess:
