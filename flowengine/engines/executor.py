@@ -40,24 +40,32 @@ def _redact(task: Any, arguments: Mapping[str, Any], outcome: Any) -> Any:
     return outcome
 
 
+def _run(task: Any, pre: Callable[[], Any], call: Callable[[], Any], post: Callable[[], Any],
+         progress_callback: ProgressCallback | None) -> Any:
+    """Run ``pre``, ``call``, ``post`` with progress forwarded; an exception becomes a Failure."""
+    registered = _listen(task, progress_callback)
+    try:
+        try:
+            pre()
+            outcome = call()
+        except Exception:
+            outcome = Failure()
+        finally:
+            try:
+                post()
+            except Exception:
+                outcome = Failure()
+    finally:
+        _unlisten(task, progress_callback, registered)
+    return outcome
+
+
 def execute_task(
     task: Any, arguments: Mapping[str, Any], progress_callback: ProgressCallback | None = None
 ) -> tuple[str, Any]:
     """Run ``pre_execute``/``execute``/``post_execute`` here and now."""
-    registered = _listen(task, progress_callback)
-    try:
-        try:
-            task.pre_execute()
-            result = task.execute(**arguments)
-        except Exception:
-            result = Failure()
-        finally:
-            try:
-                task.post_execute()
-            except Exception:
-                result = Failure()
-    finally:
-        _unlisten(task, progress_callback, registered)
+    result = _run(task, task.pre_execute, lambda: task.execute(**arguments), task.post_execute,
+                  progress_callback)
     return EXECUTED, _redact(task, arguments, result)
 
 
@@ -72,20 +80,8 @@ def revert_task(
     kwargs = dict(arguments)
     kwargs[REVERT_RESULT] = result
     kwargs[REVERT_FLOW_FAILURES] = failures
-    registered = _listen(task, progress_callback)
-    try:
-        try:
-            task.pre_revert()
-            outcome = task.revert(**kwargs)
-        except Exception:
-            outcome = Failure()
-        finally:
-            try:
-                task.post_revert()
-            except Exception:
-                outcome = Failure()
-    finally:
-        _unlisten(task, progress_callback, registered)
+    outcome = _run(task, task.pre_revert, lambda: task.revert(**kwargs), task.post_revert,
+                   progress_callback)
     return REVERTED, _redact(task, arguments, outcome)
 
 
