@@ -81,6 +81,8 @@ class Compilation:
     retry_scopes: dict[str, list[Atom]]
     flow: Any
     _deciders: dict[str, tuple[EdgeDecider, ...]] = dataclasses.field(default_factory=dict)
+    #: Whether any link carries a decider (most flows have none: nothing to walk then).
+    has_deciders: bool = True
 
     def kind(self, node: Any) -> str:
         """The kind of a graph node."""
@@ -96,6 +98,8 @@ class Compilation:
 
     def edge_deciders(self, atom: Atom) -> tuple[EdgeDecider, ...]:
         """Deciders on links into ``atom``, or into flows that ``atom`` starts."""
+        if not self.has_deciders:
+            return ()
         found = self._deciders.get(atom.name)
         if found is None:
             found = self._deciders[atom.name] = tuple(self._walk_deciders(atom))
@@ -152,7 +156,8 @@ class PatternCompiler:
                 f"has a cycle"
             ) from err
         atoms = {node.name: node for node in order if isinstance(node, Atom)}
-        return Compilation(graph, atoms, scopes, self._root)
+        deciders = any(flow_mod.LINK_DECIDER in data for _u, _v, data in graph.edges(data=True))
+        return Compilation(graph, atoms, scopes, self._root, has_deciders=deciders)
 
     def _add_atom(self, atom: Atom, parents: tuple[Any, ...], retry: Retry | None) -> None:
         if not isinstance(atom.name, str) or not atom.name:
