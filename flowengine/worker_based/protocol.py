@@ -344,8 +344,17 @@ class Request(Message):
         self.created_on = clock()
         self._state = WAITING
         self._lock = threading.Lock()
-        self.future: futurist.Future[Any] = futurist.Future()
-        self.future.atom = task  # type: ignore[attr-defined]
+        self._future: futurist.Future[Any] | None = None
+
+    @property
+    def future(self) -> futurist.Future[Any]:
+        """The request's own future, made on first use (the engine's executor tracks
+        attempts with its own futures, so most requests never need one)."""
+        with self._lock:
+            if self._future is None:
+                self._future = futurist.Future()
+                self._future.atom = self.task  # type: ignore[attr-defined]
+            return self._future
 
     @property
     def current_state(self) -> str:
