@@ -282,6 +282,9 @@ class WorkerTaskExecutor(local.TaskExecutor):
             sub.future.add_done_callback(
                 lambda _f: notifier.deregister(EVENT_UPDATE_PROGRESS, progress_callback))
         sub.future.on_cancel = functools.partial(self._forget, sub)
+        if sub.action == pr.EXECUTE:
+            # A new run of the atom: whatever an earlier, never-started one left is moot.
+            self._never_started.discard(sub.uuid)
         self._new_attempt(sub)
         return sub.future
 
