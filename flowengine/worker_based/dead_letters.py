@@ -73,6 +73,20 @@ def _describe(stored: px.StoredMessage) -> DeadLetter:
     )
 
 
+def park(proxy: px.Proxy, request: pr.Request, headers: Mapping[str, Any], reason: str,
+         topic: str, workers: list[str], reply_to: str) -> None:
+    """Bury ``request`` (sent with ``headers``) as a dead letter, with why and where."""
+    dead = {k: v for k, v in headers.items() if k != pr.HEADER_DEADLINE}
+    dead.update({
+        ext.HEADER_DEAD_REASON: reason,
+        ext.HEADER_DEAD_TOPIC: topic,
+        ext.HEADER_DEAD_AT: time.time(),
+        ext.HEADER_DEAD_WORKERS: list(workers),
+    })
+    proxy.publish(request, ext.DEAD_LETTER_ROUTING_KEY, reply_to=reply_to,
+                  correlation_id=request.request_id, headers=dead)
+
+
 class DeadLetters:
     """Lists and requeues the dead letters of one exchange.
 

@@ -15,7 +15,6 @@ preferably to another worker; after ``max_attempts`` the atom fails with
 from __future__ import annotations
 
 import concurrent.futures as cf
-import dataclasses
 import functools
 import logging
 import threading
@@ -27,11 +26,13 @@ from flowengine import exceptions as exc
 from flowengine.engines import executor as local
 from flowengine.task import EVENT_UPDATE_PROGRESS
 from flowengine.types.failure import Failure
+from flowengine.worker_based import dead_letters
 from flowengine.worker_based import dispatcher as dp
 from flowengine.worker_based import extensions as ext
 from flowengine.worker_based import protocol as pr
 from flowengine.worker_based import proxy as px
 from flowengine.worker_based import types as wtypes
+from flowengine.worker_based.submission import RemoteFuture, Submission
 from flowengine.worker_based.types import TopicWorker, WorkerFinder, header
 
 LOG = logging.getLogger(__name__)
@@ -48,46 +49,6 @@ NOTIFY_PERIOD = pr.NOTIFY_PERIOD
 # uuid, hence its queue): a closing executor deletes its queue only when no other uses it.
 _queues_in_use: dict[tuple[str, str, str], int] = {}
 _queues_lock = threading.Lock()
-
-
-class RemoteFuture(cf.Future):
-    """The engine's handle on a submission; it can be cancelled only before it is published.
-
-    Once a worker may have the request, cancelling would let it run unobserved (a "ghost"), so
-    the engine waits for it instead.
-    """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.published = False
-        self.on_cancel: Callable[[], None] | None = None
-
-    def cancel(self) -> bool:
-        if self.published:
-            return False
-        cancelled = super().cancel()
-        if cancelled and self.on_cancel is not None:
-            self.on_cancel()
-        return cancelled
-
-
-@dataclasses.dataclass(eq=False)
-class Submission:
-    """One atom's execute or revert, across all of its attempts."""
-
-    task: Any
-    uuid: str
-    action: str
-    arguments: Mapping[str, Any]
-    result: Any
-    failures: Mapping[str, Failure] | None
-    future: RemoteFuture
-    attempts: int = 0
-    request: pr.Request | None = None
-    worker: TopicWorker | None = None
-    workers: list[str] = dataclasses.field(default_factory=list)
-    started: float | None = None
-    lease_until: float | None = None
 
 
 class WorkerTaskExecutor(local.TaskExecutor):
@@ -575,16 +536,10 @@ class WorkerTaskExecutor(local.TaskExecutor):
     def _park(self, sub: Submission, request: pr.Request, reason: str) -> None:
         """Publish the request as a dead letter an operator can list and requeue."""
         headers = self._headers(sub, request)
-        headers.pop(pr.HEADER_DEADLINE, None)
-        headers.update({
-            ext.HEADER_DEAD_REASON: reason,
-            ext.HEADER_DEAD_TOPIC: sub.worker.topic if sub.worker else "",
-            ext.HEADER_DEAD_AT: time.time(),
-            ext.HEADER_DEAD_WORKERS: list(sub.workers),
-        })
+        topic = sub.worker.topic if sub.worker else ""
         try:
-            self._proxy.publish(request, ext.DEAD_LETTER_ROUTING_KEY, reply_to=self._uuid,
-                                correlation_id=request.request_id, headers=headers)
+            dead_letters.park(self._proxy, request, headers, reason, topic, sub.workers,
+                              reply_to=self._uuid)
         except Exception as err:
             LOG.error("Could not park request %s of task %r as a dead letter: %s",
                       request.request_id, sub.task.name, err)
