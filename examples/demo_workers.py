@@ -17,11 +17,8 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-import tempfile
 import threading
 import time
-import uuid
-from pathlib import Path
 from typing import Any
 
 import demo_tasks
@@ -29,7 +26,7 @@ from rich.console import Console, RenderableType
 from rich.live import Live
 from rich.progress_bar import ProgressBar
 from rich.table import Table
-from worker_processes import TRANSPORT, WorkerProcess, worker_processes
+from worker_processes import TRANSPORT, WorkerProcess, listening_executor, worker_processes
 
 from flowengine import engines, exceptions, task
 from flowengine.flows import graph_flow
@@ -188,35 +185,24 @@ def run(executor: WorkerTaskExecutor, simulate_outage: bool) -> list[str]:
 
 
 def main() -> None:
-    with tempfile.TemporaryDirectory(prefix="flowengine-demo-") as tmp:
-        data_folder = Path(tmp) / "queues"
-        data_folder.mkdir()
+    with listening_executor(EXCHANGE, TOPIC, prefix="flowengine-demo-") as (executor, data_folder):
         console.print(f"transport: {TRANSPORT} (messages are files under {data_folder})")
-        # Listening before the workers start means their start-up announcements are heard.
-        executor = WorkerTaskExecutor(
-            uuid=uuid.uuid4().hex, exchange=EXCHANGE, topics=[TOPIC],
-            transport=TRANSPORT, transport_options={"data_folder": str(data_folder)},
-        )  # fmt: skip
-        executor.start()
-        try:
-            started = time.monotonic()
-            with worker_processes(
-                WORKER_NAMES, executor, EXCHANGE, TOPIC, ["demo_tasks"], data_folder,
-                threads=THREADS_PER_WORKER, on_exit=report_exit,
-            ) as workers:  # fmt: skip
-                pids = ", ".join(f"{w.name} (pid {w.process.pid})" for w in workers)
-                console.print(
-                    f"started {pids} on topic '{TOPIC}'; both announced themselves"
-                    f" in {time.monotonic() - started:.2f}s"
-                )
-                console.rule("[bold]1. provisioning a server on two workers")
-                run(executor, simulate_outage=False)
-                console.rule("[bold]2. the same flow with a failing health check")
-                reverted = run(executor, simulate_outage=True)
-                console.print("revert order: " + " -> ".join(reverted))
-                console.rule("[bold]3. stopping the workers (SIGTERM)")
-        finally:
-            executor.stop()
+        started = time.monotonic()
+        with worker_processes(
+            WORKER_NAMES, executor, EXCHANGE, TOPIC, ["demo_tasks"], data_folder,
+            threads=THREADS_PER_WORKER, on_exit=report_exit,
+        ) as workers:  # fmt: skip
+            pids = ", ".join(f"{w.name} (pid {w.process.pid})" for w in workers)
+            console.print(
+                f"started {pids} on topic '{TOPIC}'; both announced themselves"
+                f" in {time.monotonic() - started:.2f}s"
+            )
+            console.rule("[bold]1. provisioning a server on two workers")
+            run(executor, simulate_outage=False)
+            console.rule("[bold]2. the same flow with a failing health check")
+            reverted = run(executor, simulate_outage=True)
+            console.print("revert order: " + " -> ".join(reverted))
+            console.rule("[bold]3. stopping the workers (SIGTERM)")
 
 
 if __name__ == "__main__":

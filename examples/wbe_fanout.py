@@ -11,17 +11,13 @@ Run: python examples/wbe_fanout.py
 from __future__ import annotations
 
 import collections
-import tempfile
 import time
-import uuid
-from pathlib import Path
 
 import wbe_tasks
-from worker_processes import TRANSPORT, WorkerProcess, worker_processes
+from worker_processes import listening_executor, report_exit, worker_processes
 
 from flowengine import engines
 from flowengine.flows import unordered_flow
-from flowengine.worker_based.executor import WorkerTaskExecutor
 
 EXCHANGE = "wbe-fanout"
 TOPIC = "primes"
@@ -43,9 +39,6 @@ def build_flow() -> unordered_flow.Flow:
         )
     )
 
-
-def report_exit(worker: WorkerProcess, code: int | None) -> None:
-    print(f"{worker.name} stopped: exit code {code}")
 
 
 def report(engine: engines.ActionEngine, elapsed: float) -> None:
@@ -69,26 +62,16 @@ def report(engine: engines.ActionEngine, elapsed: float) -> None:
 
 
 def main() -> None:
-    with tempfile.TemporaryDirectory(prefix="flowengine-fanout-") as tmp:
-        data_folder = Path(tmp) / "queues"
-        data_folder.mkdir()
-        executor = WorkerTaskExecutor(
-            uuid=uuid.uuid4().hex, exchange=EXCHANGE, topics=[TOPIC],
-            transport=TRANSPORT, transport_options={"data_folder": str(data_folder)},
-        )  # fmt: skip
-        executor.start()
-        try:
-            with worker_processes(
-                WORKERS, executor, EXCHANGE, TOPIC, ["wbe_tasks:CountPrimes"], data_folder,
-                threads=1, on_exit=report_exit,
-            ):  # fmt: skip
-                print(f"{len(WORKERS)} workers are up on topic '{TOPIC}'")
-                engine = engines.load(build_flow(), engine="worker-based", executor=executor)
-                started = time.perf_counter()
-                engine.run()
-                report(engine, time.perf_counter() - started)
-        finally:
-            executor.stop()
+    with listening_executor(EXCHANGE, TOPIC, "flowengine-fanout-") as (executor, data_folder):
+        with worker_processes(
+            WORKERS, executor, EXCHANGE, TOPIC, ["wbe_tasks:CountPrimes"], data_folder,
+            threads=1, on_exit=report_exit,
+        ):  # fmt: skip
+            print(f"{len(WORKERS)} workers are up on topic '{TOPIC}'")
+            engine = engines.load(build_flow(), engine="worker-based", executor=executor)
+            started = time.perf_counter()
+            engine.run()
+            report(engine, time.perf_counter() - started)
 
 
 if __name__ == "__main__":

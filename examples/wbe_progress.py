@@ -12,18 +12,14 @@ Run: python examples/wbe_progress.py
 from __future__ import annotations
 
 import os
-import tempfile
 import time
-import uuid
-from pathlib import Path
 from typing import Any
 
 import wbe_tasks
-from worker_processes import TRANSPORT, WorkerProcess, worker_processes
+from worker_processes import listening_executor, report_exit, worker_processes
 
 from flowengine import engines, task
 from flowengine.flows import linear_flow
-from flowengine.worker_based.executor import WorkerTaskExecutor
 
 EXCHANGE = "wbe-progress"
 TOPIC = "files"
@@ -37,43 +33,30 @@ def show_progress(_event: str, name: str, started: float, details: dict[str, Any
     )
 
 
-def report_exit(worker: WorkerProcess, code: int | None) -> None:
-    print(f"{worker.name} stopped: exit code {code}")
-
 
 def main() -> None:
-    with tempfile.TemporaryDirectory(prefix="flowengine-progress-") as tmp:
-        data_folder = Path(tmp) / "queues"
-        data_folder.mkdir()
-        executor = WorkerTaskExecutor(
-            uuid=uuid.uuid4().hex, exchange=EXCHANGE, topics=[TOPIC],
-            transport=TRANSPORT, transport_options={"data_folder": str(data_folder)},
-        )  # fmt: skip
-        executor.start()
-        try:
-            with worker_processes(
-                ["worker-1"], executor, EXCHANGE, TOPIC, ["wbe_tasks:CopyFile"], data_folder,
-                on_exit=report_exit,
-            ) as (worker,):  # fmt: skip
-                print(f"engine pid {os.getpid()}; worker pid {worker.process.pid}")
-                copy = wbe_tasks.CopyFile("copy_file")
-                started = time.perf_counter()
-                copy.notifier.register(
-                    task.EVENT_UPDATE_PROGRESS, show_progress, args=(copy.name, started)
-                )
-                flow = linear_flow.Flow("backup").add(copy)
-                engine = engines.load(
-                    flow, engine="worker-based", executor=executor,
-                    store={"size_mb": 64, "chunks": 5},
-                )  # fmt: skip
-                engine.run()
-                copied = engine.storage.fetch("copied")
-                print(f"copied {copied['megabytes']} MB in pid {copied['worker_pid']}")
-                progress = engine.storage.get_task_progress("copy_file")
-                print(f"stored progress of copy_file: {progress}")
-                print(f"flow state: {engine.storage.get_flow_state()}")
-        finally:
-            executor.stop()
+    with listening_executor(EXCHANGE, TOPIC, "flowengine-progress-") as (executor, folder):
+        with worker_processes(
+            ["worker-1"], executor, EXCHANGE, TOPIC, ["wbe_tasks:CopyFile"], folder,
+            on_exit=report_exit,
+        ) as (worker,):  # fmt: skip
+            print(f"engine pid {os.getpid()}; worker pid {worker.process.pid}")
+            copy = wbe_tasks.CopyFile("copy_file")
+            started = time.perf_counter()
+            copy.notifier.register(
+                task.EVENT_UPDATE_PROGRESS, show_progress, args=(copy.name, started)
+            )
+            flow = linear_flow.Flow("backup").add(copy)
+            engine = engines.load(
+                flow, engine="worker-based", executor=executor,
+                store={"size_mb": 64, "chunks": 5},
+            )  # fmt: skip
+            engine.run()
+            copied = engine.storage.fetch("copied")
+            print(f"copied {copied['megabytes']} MB in pid {copied['worker_pid']}")
+            progress = engine.storage.get_task_progress("copy_file")
+            print(f"stored progress of copy_file: {progress}")
+            print(f"flow state: {engine.storage.get_flow_state()}")
 
 
 if __name__ == "__main__":

@@ -11,7 +11,9 @@ import dataclasses
 import os
 import subprocess
 import sys
+import tempfile
 import time
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -127,3 +129,30 @@ def worker_processes(
         yield workers
     finally:
         stop_workers(workers, on_exit=on_exit)
+
+
+@contextmanager
+def listening_executor(exchange: str, topic: str,
+                       prefix: str) -> Iterator[tuple[WorkerTaskExecutor, Path]]:
+    """A started executor on the ``flowengine-fs`` transport in a temporary folder.
+
+    It listens before any worker starts, so their start-up announcements are heard; it is
+    stopped (and the folder removed) on exit.
+    """
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        data_folder = Path(tmp) / "queues"
+        data_folder.mkdir()
+        executor = WorkerTaskExecutor(
+            uuid=uuid.uuid4().hex, exchange=exchange, topics=[topic],
+            transport=TRANSPORT, transport_options={"data_folder": str(data_folder)},
+        )  # fmt: skip
+        executor.start()
+        try:
+            yield executor, data_folder
+        finally:
+            executor.stop()
+
+
+def report_exit(worker: WorkerProcess, code: int | None) -> None:
+    """Print how a worker ended (the examples pass this as ``on_exit``)."""
+    print(f"{worker.name} stopped: exit code {code}")
