@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fault_support import EngineRuns, Stage
 from wbe_harness import BROKERS, Broker, WorkerFleet, require_broker, unique_exchange
 
 
@@ -59,3 +60,19 @@ def fleet_factory(tmp_path: Path) -> Iterator[Callable[..., WorkerFleet]]:
     finally:
         for fleet in fleets:
             fleet.stop_all()
+
+
+@pytest.fixture
+def stage(tmp_path: Path) -> Stage:
+    """A fault test's files: the task ledger, gates and canaries."""
+    return Stage.make(tmp_path / "stage")
+
+
+@pytest.fixture
+def runs() -> Iterator[EngineRuns]:
+    """Engines run on threads; any still running when the test ends is stopped."""
+    started = EngineRuns()
+    try:
+        yield started
+    finally:
+        started.close()

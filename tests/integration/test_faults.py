@@ -12,8 +12,6 @@ import logging
 import re
 import signal
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import fault_tasks as ft
@@ -36,19 +34,6 @@ LEASE = {"lease_timeout": 2.0, "heartbeat_interval": 0.5}
 #: Upper bound of a lease lapse's detection: the lease plus housekeeping and dispatch slack.
 LAPSE_BOUND = 2.0 + 3.0
 
-
-@pytest.fixture
-def stage(tmp_path: Path) -> Stage:
-    return Stage.make(tmp_path / "stage")
-
-
-@pytest.fixture
-def runs() -> Iterator[EngineRuns]:
-    started = EngineRuns()
-    try:
-        yield started
-    finally:
-        started.close()
 
 
 @pytest.fixture

@@ -12,8 +12,6 @@ import re
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import fault_tasks as ft
@@ -40,19 +38,6 @@ pytestmark = pytest.mark.integration
 TOPIC = "faults"
 TASKS = [ft.__name__]
 
-
-@pytest.fixture
-def stage(tmp_path: Path) -> Stage:
-    return Stage.make(tmp_path / "stage")
-
-
-@pytest.fixture
-def runs() -> Iterator[EngineRuns]:
-    started = EngineRuns()
-    try:
-        yield started
-    finally:
-        started.close()
 
 
 def _load(fleet: WorkerFleet, flow: Any, **options: Any) -> Any:
