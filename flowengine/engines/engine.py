@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import collections
 import concurrent.futures as cf
 import contextlib
 import threading
@@ -204,7 +203,7 @@ class ActionEngine:
         self.validate()
         assert self._runtime is not None
         executor = self._runtime.task_action.executor
-        last: collections.deque[str] = collections.deque(maxlen=1)
+        final: str | None = None
         started = time.monotonic()
         with _started(executor), AtomLogListener(self):
             self._change_state(states.RUNNING)
@@ -214,7 +213,7 @@ class ActionEngine:
                 for state in loop.run_iter():
                     if state in META_STATES:
                         continue
-                    last.append(state)
+                    final = state
                     if state == states.FAILURE:
                         Failure.reraise_if_any(loop.failures)
                     if closed:
@@ -232,8 +231,7 @@ class ActionEngine:
                 raise
             finally:
                 self._statistics["active_for"] = time.monotonic() - started
-        if last and last[-1] not in self.IGNORABLE_STATES:
-            final = last[-1]
+        if final is not None and final not in self.IGNORABLE_STATES:
             self._change_state(final)
             if final not in self.NO_RERAISING_STATES:
                 failures = list(self.storage.get_execute_failures().values())
