@@ -283,7 +283,7 @@ class WorkerTaskExecutor(local.TaskExecutor):
                 return
             request.transition(pr.PENDING)
             worker.in_flight += 1
-            sub.worker = worker
+            sub.worker, sub.topic = worker, worker.topic
             sub.workers.append(worker.identity)
             sub.future.published = True
         # Announced before publishing, so task-sent always precedes the worker's task-received.
@@ -419,13 +419,14 @@ class WorkerTaskExecutor(local.TaskExecutor):
         must not re-dispatch work another is running)."""
         if not identity or (sub.worker is not None and sub.worker.identity == identity):
             return
+        # The holder may not be known yet: its announcement travels on another queue than its
+        # replies and can arrive later. The attempt still moves to it, by identity.
         holder = self.finder.get(identity)
-        if holder is None:
-            return
         with self._lock:
             if sub.worker is not None:
                 sub.worker.in_flight = max(sub.worker.in_flight - 1, 0)
-            holder.in_flight += 1
+            if holder is not None:
+                holder.in_flight += 1
             sub.worker = holder
             if sub.workers:
                 sub.workers[-1] = identity
@@ -509,12 +510,13 @@ class WorkerTaskExecutor(local.TaskExecutor):
     def _orphaned(self, workers: list[TopicWorker], why: str) -> None:
         ids = {w.identity for w in workers}
         with self._lock:
+            # By the identity of the attempt's holder, which a RUNNING reply may have moved
+            # to a worker this executor has not discovered yet.
             held = [s for s in self._ongoing.values()
-                    if s.worker is not None and s.worker.identity in ids
-                    and s.request is not None
+                    if s.workers and s.workers[-1] in ids and s.request is not None
                     and s.request.current_state in (pr.PENDING, pr.RUNNING)]
         for sub in held:
-            self._lapse(sub, f"its worker {sub.worker.identity if sub.worker else '?'} {why}")
+            self._lapse(sub, f"its worker {sub.workers[-1]} {why}")
 
     def _lapse(self, sub: Submission, why: str) -> None:
         """The current attempt is lost: try again elsewhere, or give up and park it."""
@@ -536,7 +538,7 @@ class WorkerTaskExecutor(local.TaskExecutor):
     def _park(self, sub: Submission, request: pr.Request, reason: str) -> None:
         """Publish the request as a dead letter an operator can list and requeue."""
         headers = self._headers(sub, request)
-        topic = sub.worker.topic if sub.worker else ""
+        topic = sub.worker.topic if sub.worker else sub.topic
         try:
             dead_letters.park(self._proxy, request, headers, reason, topic, sub.workers,
                               reply_to=self._uuid)

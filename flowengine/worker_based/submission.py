@@ -48,5 +48,6 @@ class Submission:
     request: pr.Request | None = None
     worker: TopicWorker | None = None
     workers: list[str] = dataclasses.field(default_factory=list)
+    topic: str = ""  # where the last attempt was published, for parking it as a dead letter
     started: float | None = None
     lease_until: float | None = None

@@ -248,3 +248,56 @@ def test_an_unpublished_request_can_be_cancelled_but_a_published_one_cannot(
         assert all(s.task.name != "unsent" for s in executor._ongoing.values())
     finally:
         executor.stop()
+
+
+def test_an_attempt_taken_by_an_undiscovered_worker_survives_the_first_worker_going_offline(
+    exchange: str, clock: Clock, worker: ScriptedWorker
+) -> None:
+    # Workers of a topic share its queue, and a new worker's announcement travels on another
+    # queue than its replies: its RUNNING can arrive before the engine has heard of it.
+    executor = make_executor(exchange, clock, max_attempts=3)
+    try:
+        future = executor.execute_task(Slow(name="moved"), "atom-7", {})
+        _data, message = worker.next_request()
+        newcomer = {pr.HEADER_PROTOCOL: pr.PROTOCOL_VERSION, pr.HEADER_WORKER: "worker-2"}
+        worker.proxy.publish(pr.Response(pr.RUNNING), message.properties["reply_to"],
+                             correlation_id=message.properties["correlation_id"],
+                             headers=newcomer)
+        executor.cycles.settle()
+        offline = dict(worker.headers(), **{pr.HEADER_WORKER_STATUS: pr.WORKER_OFFLINE})
+        worker.proxy.publish(pr.Notify(topic=worker.topic, tasks=[TASK_CLS]),
+                             pr.DISCOVERY_ROUTING_KEY, headers=offline, declare_queue=False)
+        executor.cycles.settle()
+        assert executor.finder.get("worker-1") is None
+        assert worker.requests.empty(), "the attempt worker-2 holds must not be sent again"
+        worker.proxy.publish(pr.Response(pr.SUCCESS, result="done"),
+                             message.properties["reply_to"],
+                             correlation_id=message.properties["correlation_id"],
+                             headers=newcomer)
+        assert future.result(timeout=WAIT) == (EXECUTED, "done")
+    finally:
+        executor.stop()
+
+
+def test_a_worker_going_offline_loses_the_attempts_it_holds(
+    exchange: str, clock: Clock, worker: ScriptedWorker
+) -> None:
+    executor = make_executor(exchange, clock, max_attempts=2)
+    try:
+        future = executor.execute_task(Slow(name="held"), "atom-8", {})
+        _data, message = worker.next_request()
+        worker.reply(message, pr.RUNNING)
+        executor.cycles.settle()
+        offline = dict(worker.headers(), **{pr.HEADER_WORKER_STATUS: pr.WORKER_OFFLINE})
+        worker.proxy.publish(pr.Notify(topic=worker.topic, tasks=[TASK_CLS]),
+                             pr.DISCOVERY_ROUTING_KEY, headers=offline, declare_queue=False)
+        # Re-dispatched once the worker is known again (it is the only one).
+        worker.proxy.publish(pr.Notify(topic=worker.topic, tasks=[TASK_CLS]),
+                             pr.DISCOVERY_ROUTING_KEY, headers=worker.headers(),
+                             declare_queue=False)
+        _data, message2 = worker.next_request()
+        assert message2.headers[pr.HEADER_ATTEMPT] == 2
+        worker.reply(message2, pr.SUCCESS, result="again")
+        assert future.result(timeout=WAIT) == (EXECUTED, "again")
+    finally:
+        executor.stop()
