@@ -532,14 +532,17 @@ def test_consumer_reconnects_after_a_connection_error(
                      retry_options={"interval_start": 0.001, "jitter": 0})  # fmt: skip
     real_drain = kombu.Connection.drain_events
     failures = [ConnectionError("broker went away")]
+    thread = threading.Thread(target=proxy.start, daemon=True)
 
     def flaky_drain(self: kombu.Connection, **kwargs: Any) -> Any:
-        if failures:
+        # Only this proxy's consumer fails: the patch is class-wide, and a consumer thread another
+        # test left winding down must not take the one failure.
+        if failures and threading.current_thread() is thread:
             raise proxy._conn.connection_errors[0](str(failures.pop()))
         return real_drain(self, **kwargs)
 
     monkeypatch.setattr(kombu.Connection, "drain_events", flaky_drain)
-    thread = run_in_thread(proxy.start)
+    thread.start()
     try:
         proxy.publish(pr.Notify(), TOPIC, reply_to="r")
         assert received.get(timeout=WAIT) == {}
