@@ -59,6 +59,16 @@ def describe(message: Any) -> str:
     )
 
 
+def redelivered(message: Any) -> bool:
+    """Whether the broker delivered ``message`` before, to a consumer that never settled it."""
+    info = getattr(message, "delivery_info", None) or {}
+    if info.get("redelivered"):  # AMQP's flag; kombu's Redis and flowengine-fs set it too
+        return True
+    # kombu's in-memory transport marks a message it restores on the stored envelope only.
+    raw = getattr(message, "_raw", None)
+    return isinstance(raw, dict) and bool(raw.get("redelivered"))
+
+
 def settle(message: Any, action: str) -> None:
     """Ack, requeue or reject ``message``, logging (not raising) if the channel refuses."""
     try:

@@ -395,8 +395,11 @@ class WorkerTaskExecutor(local.TaskExecutor):
             return
         state = response.state
         if state == pr.EVENT:
-            if response.data["event_type"] == ext.EVENT_HEARTBEAT:
+            event_type = response.data["event_type"]
+            if event_type == ext.EVENT_HEARTBEAT:
                 self._renew(sub, headers)
+            elif event_type == ext.EVENT_REDELIVERED:
+                self._handed_back(sub, request, header(headers, pr.HEADER_WORKER))
             else:
                 sub.task.notifier.notify(response.data["event_type"], response.data["details"])
         elif state == pr.RUNNING:
@@ -432,6 +435,23 @@ class WorkerTaskExecutor(local.TaskExecutor):
                 sub.workers[-1] = identity
             else:
                 sub.workers.append(identity)
+
+    def _handed_back(self, sub: Submission, request: pr.Request, by: str | None) -> None:
+        """A worker returned the current attempt unrun: the broker redelivered it to that worker,
+        so whoever held it before died or was cut off without settling it."""
+        holder = sub.workers[-1] if sub.workers else "?"
+        why = (f"the broker redelivered it to worker {by or '?'}: its worker {holder} died or "
+               f"was cut off holding it")
+        if request.current_state == pr.RUNNING or sub.resent >= self._max_attempts:
+            self._lapse(sub, why)
+            return
+        # It never started (no RUNNING reply precedes the hand-back on the reply queue), so
+        # sending it again costs no attempt: a graceful worker stop gives back requests it
+        # prefetched. Bounded all the same, in case something kills workers before they reply.
+        LOG.info("Attempt %d of task %r (request %s) never started: %s; sending it again",
+                 sub.attempts, sub.task.name, request.request_id, why)
+        sub.resent += 1
+        self._new_attempt(sub)
 
     def _renew(self, sub: Submission, headers: Mapping[str, Any]) -> None:
         # Only flowengine workers send heartbeats; a TaskFlow worker's request holds no lease.
@@ -527,12 +547,12 @@ class WorkerTaskExecutor(local.TaskExecutor):
                     sub.workers[-1] if sub.workers else "?", why)
         self._events.emit("task-lost", **self._event_fields(sub), reason=why,
                           worker=sub.workers[-1] if sub.workers else None)
-        if sub.attempts < self._max_attempts:
+        if sub.attempts - sub.resent < self._max_attempts:
             self._new_attempt(sub)
             self._events.emit("task-retried", **self._event_fields(sub), reason=why)
             return
         error = exc.WorkerLost(sub.task.name, sub.attempts, list(sub.workers))
-        self._park(sub, request, str(error))
+        self._park(sub, request, f"{error}; the last one: {why}")
         self._fail(sub, error)
 
     def _park(self, sub: Submission, request: pr.Request, reason: str) -> None:

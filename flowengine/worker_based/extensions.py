@@ -14,6 +14,14 @@ HEADER_HEARTBEAT = "x-flowengine-heartbeat"
 #: body is valid under TaskFlow's RESPONSE schema.
 EVENT_HEARTBEAT = "flowengine.heartbeat"
 
+#: A worker that receives a flowengine request the broker *redelivered* (the worker it went to
+#: before died or lost its connection without settling it) does not run it: it acknowledges it
+#: and answers with a RESPONSE in state EVENT of this type, details ``{"worker": <its id>}``.
+#: The engine decides: the attempt is lost (and counted) if it had started, else it is sent
+#: again. Running it in place would let a request that kills its workers go round the topic
+#: unseen by the engine's attempt count.
+EVENT_REDELIVERED = "flowengine.redelivered"
+
 #: Dead letters are published with this routing key to queue ``<exchange>_<key>``.
 DEAD_LETTER_ROUTING_KEY = "flowengine.dead-letters"
 #: Dead-letter headers: why it was parked, the topic it was meant for, when, and its id.

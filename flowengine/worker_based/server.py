@@ -326,6 +326,14 @@ class Server:
         if isinstance(deadline, (int, float)) and time.time() > deadline:
             err = exc.RequestTimeout(f"Request for task {name} reached its deadline unstarted")
             return reply(pr.FAILURE, name, result=pr.failure_to_dict(Failure.from_exception(err)))
+        if dp.redelivered(message) and headers.get(pr.HEADER_PROTOCOL) is not None:
+            # Its previous holder died or was cut off, perhaps killed by this very request. A
+            # flowengine engine counts attempts and decides whether to try again; a TaskFlow
+            # engine cannot, so its requests keep running on redelivery.
+            LOG.warning("Handing back request %s for task %s to its engine: the broker"
+                        " redelivered it", dp.describe(message), name)
+            return reply(pr.EVENT, name, event_type=ext.EVENT_REDELIVERED,
+                         details={"worker": self.worker_id})
         try:
             work = pr.Request.from_dict(data)
             endpoint = self._endpoints.get(work.task_cls)

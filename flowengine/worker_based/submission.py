@@ -45,6 +45,7 @@ class Submission:
     failures: Mapping[str, Failure] | None
     future: RemoteFuture
     attempts: int = 0
+    resent: int = 0  # attempts sent again because their first holder never started them
     request: pr.Request | None = None
     worker: TopicWorker | None = None
     workers: list[str] = dataclasses.field(default_factory=list)

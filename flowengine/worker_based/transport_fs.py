@@ -18,9 +18,10 @@ queue, so a reader never sees half a file; names sort in send order (a per-proce
 increasing nanosecond stamp plus a sequence number), so FIFO holds within a sender even in one
 millisecond; a consumer claims a message by renaming it into its own ``claimed/`` folder, which
 exactly one of several competing processes can do, and deletes it only on ack (a reject with
-requeue, a closed channel or a dead owner renames it back); an undecodable file is moved to
-``bad/`` and logged instead of stopping the consumer. A message published with ``expiration`` is
-dropped once that many seconds have passed, as AMQP brokers do. POSIX only (rename, ``flock``).
+requeue, a closed channel or a dead owner renames it back, marked redelivered as AMQP brokers
+mark it); an undecodable file is moved to ``bad/`` and logged instead of stopping the consumer.
+A message published with ``expiration`` is dropped once that many seconds have passed, as AMQP
+brokers do. POSIX only (rename, ``flock``).
 Queues, claims and the on-disk binding table make this a whole transport, so the module is
 longer than most (kombu's stock filesystem transport is the same size).
 """
@@ -95,6 +96,16 @@ def _expired(name: str, expiration: Any) -> bool:
     except ValueError:  # a file this transport did not name: no TTL to apply
         return False
     return ttl_ms > 0 and time.time_ns() > published + ttl_ms * 1_000_000
+
+
+#: A message given back to its queue keeps its name (its FIFO place) plus this mark, which
+#: deliveries report as ``delivery_info["redelivered"]``, as AMQP brokers do.
+REDELIVERED_MARK = ".redelivered"
+
+
+def _returned_name(name: str) -> str:
+    stem = name[: -len(".msg")]
+    return name if stem.endswith(REDELIVERED_MARK) else f"{stem}{REDELIVERED_MARK}.msg"
 
 
 def _pid_alive(pid: int) -> bool:
@@ -200,6 +211,8 @@ class Channel(virtual.Channel):
             if _expired(name, payload["properties"].get("expiration")):
                 claimed.unlink(missing_ok=True)
                 continue
+            if name.endswith(f"{REDELIVERED_MARK}.msg"):
+                payload["properties"].setdefault("delivery_info", {})["redelivered"] = True
             self._claimed[payload["properties"]["delivery_tag"]] = claimed
             return payload
         raise Empty()
@@ -254,7 +267,7 @@ class Channel(virtual.Channel):
             return
         queue_dir = self.root / "queues" / path.parent.name
         try:
-            os.rename(path, queue_dir / path.name)
+            os.rename(path, queue_dir / _returned_name(path.name))
         except FileNotFoundError:
             return  # already acknowledged by another thread
         self._pending.pop(unquote(path.parent.name), None)
@@ -292,7 +305,8 @@ class Channel(virtual.Channel):
             requeued = 0
             for path in owner.glob("*/*.msg"):
                 with contextlib.suppress(FileNotFoundError):  # a racing recoverer won
-                    os.rename(path, self.root / "queues" / path.parent.name / path.name)
+                    target = self.root / "queues" / path.parent.name / _returned_name(path.name)
+                    os.rename(path, target)
                     requeued += 1
             for folder in (*owner.glob("*"), owner):
                 with contextlib.suppress(OSError):

@@ -189,13 +189,6 @@ def test_a_frozen_worker_with_a_free_slot_does_not_swallow_the_new_attempt(
 MAX_ATTEMPTS = 3
 #: Short, so requests the broker still holds after their flow gave up are void soon.
 POISON_TIMEOUT = 5.0
-POISON_BUG = (
-    "engine bug: on RabbitMQ the broker redelivers the unacknowledged request of a worker that "
-    "died to the next worker of the topic, whose RUNNING reply renews the same attempt's "
-    "lease; worker deaths through redelivery are never counted as attempts, so a poisoned "
-    "request kills every worker (re)started on the topic, far more than max_attempts times, "
-    "until its deadline header voids it; the flow then fails with whatever ended last (not "
-    "WorkerLost, no dead letter), and flows sharing those workers fail as well")
 
 
 def _dead_letters(broker: Broker, exchange: str) -> list[dict[str, Any]]:
@@ -239,8 +232,7 @@ def test_a_lost_request_is_parked_listed_and_requeued(
         stage.gates.open("held")
 
 
-@pytest.mark.parametrize("broker_name", [
-    "redis", pytest.param("rabbitmq", marks=pytest.mark.xfail(strict=True, reason=POISON_BUG))])
+@pytest.mark.parametrize("broker_name", ["redis", "rabbitmq"])
 def test_a_task_that_kills_its_workers_fails_after_max_attempts_and_is_parked(
     broker_name: str, exchange: str, fleet_factory: Any, stage: Stage, runs: EngineRuns,
 ) -> None:  # fmt: skip

@@ -301,3 +301,74 @@ def test_a_worker_going_offline_loses_the_attempts_it_holds(
         assert future.result(timeout=WAIT) == (EXECUTED, "again")
     finally:
         executor.stop()
+
+
+def hand_back(worker: ScriptedWorker, message: Any, by: str = "worker-2") -> None:
+    """What a worker does with a request the broker redelivered to it: return it unrun."""
+    worker.proxy.publish(
+        pr.Response(pr.EVENT, event_type=ext.EVENT_REDELIVERED, details={"worker": by}),
+        message.properties["reply_to"], correlation_id=message.properties["correlation_id"],
+        headers=dict(worker.headers(), **{pr.HEADER_WORKER: by}))  # fmt: skip
+
+
+def test_a_started_attempt_handed_back_after_a_redelivery_counts_as_lost(
+    exchange: str, clock: Clock, worker: ScriptedWorker
+) -> None:
+    # A request that kills whichever worker runs it: the broker redelivers it each time, and
+    # only the engine's count of handed-back attempts stops it going round the topic forever.
+    executor = make_executor(exchange, clock, max_attempts=2)
+    try:
+        future = executor.execute_task(Slow(name="poison"), "atom-9", {})
+        _data, first = worker.next_request()
+        worker.reply(first, pr.RUNNING)
+        hand_back(worker, first)
+        _data, second = worker.next_request()
+        assert second.headers[pr.HEADER_ATTEMPT] == 2
+        worker.reply(second, pr.RUNNING)
+        hand_back(worker, second, by="worker-3")
+        _outcome, failure = future.result(timeout=WAIT)
+        assert failure.check(exc.WorkerLost) and "2 attempt" in failure.exception_str
+    finally:
+        executor.stop()
+    letters = DeadLetters(exchange, transport="memory")
+    try:
+        [parked] = letters.list()
+        assert "redelivered it to worker worker-3" in parked.reason, parked.reason
+    finally:
+        letters.close()
+
+
+def test_an_unstarted_attempt_handed_back_is_sent_again_without_using_up_an_attempt(
+    exchange: str, clock: Clock, worker: ScriptedWorker
+) -> None:
+    # A stopping worker gives back what it prefetched and never ran: no attempt was lost.
+    executor = make_executor(exchange, clock, max_attempts=1)
+    try:
+        future = executor.execute_task(Slow(name="prefetched"), "atom-10", {})
+        _data, first = worker.next_request()
+        hand_back(worker, first)
+        _data, second = worker.next_request()
+        assert second.headers[pr.HEADER_ATTEMPT] == 2
+        # A late hand-back of the first attempt changes nothing.
+        hand_back(worker, first)
+        worker.reply(second, pr.RUNNING)
+        worker.reply(second, pr.SUCCESS, result="ran once")
+        assert future.result(timeout=WAIT) == (EXECUTED, "ran once")
+        assert worker.requests.empty()
+    finally:
+        executor.stop()
+
+
+def test_unstarted_hand_backs_are_bounded_too(
+    exchange: str, clock: Clock, worker: ScriptedWorker
+) -> None:
+    executor = make_executor(exchange, clock, max_attempts=1)
+    try:
+        future = executor.execute_task(Slow(name="bounced"), "atom-11", {})
+        for _ in range(2):  # one free resend (max_attempts), then the hand-back counts
+            _data, message = worker.next_request()
+            hand_back(worker, message)
+        _outcome, failure = future.result(timeout=WAIT)
+        assert failure.check(exc.WorkerLost)
+    finally:
+        executor.stop()

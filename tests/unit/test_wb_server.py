@@ -15,7 +15,6 @@ import sys
 import threading
 import time
 import uuid
-from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ import taskflow.engines
 from taskflow import task as tf_task
 from taskflow.engines.worker_based import protocol as tf_protocol
 from taskflow.patterns import linear_flow as tf_linear_flow
+from wb_requester import TOPIC, WAIT, Requester, run_in_thread  # tests/unit is on sys.path
 
 from flowengine import task
 from flowengine.types.failure import Failure
@@ -36,9 +36,6 @@ from flowengine.worker_based import extensions as ext
 from flowengine.worker_based import protocol as pr
 from flowengine.worker_based import proxy as px
 from flowengine.worker_based import worker as wk
-
-TOPIC = "volumes"
-WAIT = 10.0
 
 
 class VolumeError(RuntimeError):
@@ -121,90 +118,6 @@ class NotServed(task.Task):
 
 
 SERVED = [Add, Explode, ReturnsObject, Undo, Gated]
-
-
-@pytest.fixture(params=["memory", "fs"])
-def transport(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, Any]:
-    if request.param == "memory":
-        return {"transport": "memory"}
-    return {"transport_options": {"data_folder": str(tmp_path / "fs")}}
-
-
-@pytest.fixture
-def exchange() -> str:
-    # The memory transport's broker state is process-wide: every test gets its own exchange.
-    return f"test-{uuid.uuid4().hex[:8]}"
-
-
-def run_in_thread(target: Any) -> threading.Thread:
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
-    return thread
-
-
-class Requester:
-    """The engine's side, by hand: publishes requests and collects replies by correlation id."""
-
-    def __init__(self, exchange: str, transport: dict[str, Any]) -> None:
-        self.reply_key = uuid.uuid4().hex
-        self.replies: defaultdict[str | None, queue.Queue[tuple[Any, dict[str, Any]]]]
-        self.replies = defaultdict(queue.Queue)
-        self.arrivals: list[str | None] = []
-        handlers = {
-            pr.RESPONSE: dp.Handler(self._collect, pr.Response.validate),
-            pr.NOTIFY: dp.Handler(
-                self._collect, functools.partial(pr.Notify.validate, response=True)
-            ),
-        }
-        self.proxy = px.Proxy(
-            self.reply_key, exchange, handlers,
-            extra_routing_keys=[pr.DISCOVERY_ROUTING_KEY], **transport,
-        )  # fmt: skip
-        self.thread = run_in_thread(self.proxy.start)
-        assert self.proxy.wait(WAIT)
-
-    def _collect(self, data: Any, message: Any) -> None:
-        correlation_id = message.properties.get("correlation_id")
-        headers = dict(message.headers)
-        self.arrivals.append(data.get("state") or headers.get(pr.HEADER_WORKER_STATUS))
-        self.replies[correlation_id].put((data, headers))
-
-    def send(self, atom: task.Task, action: str = pr.EXECUTE, arguments: Any = None,
-             headers: dict[str, Any] | None = None, **kwargs: Any) -> pr.Request:  # fmt: skip
-        request = pr.Request(atom, uuid.uuid4().hex, action, arguments or {}, **kwargs)
-        self.proxy.publish(
-            request, TOPIC, reply_to=self.reply_key, correlation_id=request.uuid, headers=headers
-        )
-        return request
-
-    def next(self, correlation_id: str | None) -> tuple[Any, dict[str, Any]]:
-        return self.replies[correlation_id].get(timeout=WAIT)
-
-    def outcome(self, request: pr.Request) -> list[dict[str, Any]]:
-        """Replies up to SUCCESS or FAILURE, each also checked by TaskFlow's validator."""
-        bodies: list[dict[str, Any]] = []
-        while not bodies or bodies[-1]["state"] not in (pr.SUCCESS, pr.FAILURE):
-            body, _ = self.next(request.uuid)
-            tf_protocol.Response.validate(body)
-            bodies.append(body)
-        return bodies
-
-    def notify_reply(self, status: str | None = None) -> tuple[Any, dict[str, Any]]:
-        while True:
-            body, headers = self.next(None)
-            if headers.get(pr.HEADER_WORKER_STATUS) == status:
-                return body, headers
-
-    def close(self) -> None:
-        self.proxy.stop()
-        self.thread.join(WAIT)
-
-
-@pytest.fixture
-def requester(exchange: str, transport: dict[str, Any]) -> Iterator[Requester]:
-    requester = Requester(exchange, transport)
-    yield requester
-    requester.close()
 
 
 def start_worker(

@@ -43,11 +43,14 @@ def publish(conn: kombu.Connection, bodies: list[Any], declare: bool = True) -> 
         )
 
 
-def consume(conn: kombu.Connection, count: int, ack: bool = True) -> list[Any]:
+def consume(conn: kombu.Connection, count: int, ack: bool = True,
+            redelivered: list[bool] | None = None) -> list[Any]:  # fmt: skip
     got: list[Any] = []
 
     def on_message(body: Any, message: Any) -> None:
         got.append(body)
+        if redelivered is not None:
+            redelivered.append(bool(message.delivery_info.get("redelivered")))
         if ack:
             message.ack()
 
@@ -87,7 +90,9 @@ def test_unacked_messages_return_to_their_queue_in_order(folder: Path) -> None:
         assert consume(first, 2, ack=False) == [{"n": 0}, {"n": 1}]
         assert len(list((folder / "claimed").rglob("*.msg"))) == 2
     with kombu.Connection("flowengine-fs://localhost", transport_options=options) as second:
-        assert consume(second, 3) == [{"n": 0}, {"n": 1}, {"n": 2}]
+        flags: list[bool] = []
+        assert consume(second, 3, redelivered=flags) == [{"n": 0}, {"n": 1}, {"n": 2}]
+        assert flags == [True, True, False], "given back means redelivered, as on AMQP"
 
 
 def test_claims_of_a_live_process_are_left_alone(folder: Path) -> None:
@@ -104,9 +109,11 @@ def test_claims_of_a_live_process_are_left_alone(folder: Path) -> None:
 def test_requeue_puts_a_message_back_at_its_place(conn: kombu.Connection) -> None:
     publish(conn, [{"n": 0}, {"n": 1}])
     seen: list[Any] = []
+    flags: list[bool] = []
 
     def on_message(body: Any, message: Any) -> None:
         seen.append(body)
+        flags.append(bool(message.delivery_info.get("redelivered")))
         if len(seen) == 1:
             message.requeue()
         else:
@@ -116,6 +123,7 @@ def test_requeue_puts_a_message_back_at_its_place(conn: kombu.Connection) -> Non
         while len(seen) < 3:
             conn.drain_events(timeout=5)
     assert seen == [{"n": 0}, {"n": 0}, {"n": 1}]
+    assert flags == [False, True, False]
 
 
 def test_routing_uses_bindings_other_processes_stored(folder: Path) -> None:
@@ -205,7 +213,9 @@ def test_claims_of_a_dead_process_are_requeued(folder: Path) -> None:
     mine = folder / "claimed" / str(os.getpid())
     mine.rename(folder / "claimed" / dead.stdout.strip())
     with kombu.Connection("flowengine-fs://localhost", transport_options=options) as second:
-        assert consume(second, 1) == [{"n": "orphan"}]
+        flags: list[bool] = []
+        assert consume(second, 1, redelivered=flags) == [{"n": "orphan"}]
+        assert flags == [True]
 
 
 CHILD = """
