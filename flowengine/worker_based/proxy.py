@@ -34,6 +34,41 @@ LOG = logging.getLogger(__name__)
 #: Seconds the consume loop waits for a message before it looks at stop requests and settlements.
 DRAIN_TIMEOUT = 0.01
 PUBLISH_POOL_SIZE = 8
+#: AMQP heartbeat of consuming connections, in seconds, unless the URL sets one (``?heartbeat=N``).
+#: A consumer that falls silent this long (killed, frozen with SIGSTOP, cut off) has its connection
+#: closed by the broker, which then redelivers what it held. Without it RabbitMQ keeps feeding a
+#: frozen process's free prefetch slots forever.
+CONSUMER_HEARTBEAT = 10.0
+
+
+def _without_heartbeat(conn: kombu.Connection) -> tuple[kombu.Connection, float]:
+    """``conn`` with heartbeats off, and the heartbeat its URL asked for (0: none).
+
+    Only a consume loop sends heartbeats (it calls ``heartbeat_check`` between drains); a
+    publishing or one-off connection that negotiated them would be closed by the broker when
+    idle, and an unconfirmed publish on it could vanish.
+    """
+    heartbeat = float(conn.heartbeat or 0)
+    return (conn.clone(heartbeat=0) if heartbeat else conn), heartbeat
+
+
+def _drain(conn: kombu.Connection, timeout: float, errors: tuple[type[BaseException], ...],
+           where: str) -> None:
+    """One ``drain_events``; connection errors propagate, a bad payload is dropped and logged.
+
+    Kombu's Redis transport decodes a message as it pops it off the list, so a list entry that
+    is not kombu's JSON envelope raises here rather than reaching ``on_decode_error``. The entry
+    is gone by then, so there is nothing to redeliver; the consumer carries on.
+    """
+    try:
+        conn.drain_events(timeout=timeout)
+    except TimeoutError:
+        pass
+    except errors:
+        raise
+    except Exception as err:
+        LOG.warning("Dropped a message on %s: reason=%s %s: %s", where, dp.REASON_DECODE_ERROR,
+                    type(err).__name__, str(err)[:200])
 
 
 class MessageEncodeError(ValueError):
@@ -167,6 +202,9 @@ class Proxy:
         transport_cls = self._conn.get_transport_cls()
         # Virtual transports (memory, redis, flowengine-fs...) can settle from any thread.
         self._virtual = issubclass(transport_cls, virtual.Transport)
+        self._conn, url_heartbeat = _without_heartbeat(self._conn)
+        amqp = getattr(transport_cls, "driver_type", None) == "amqp"
+        self._heartbeat = (url_heartbeat or CONSUMER_HEARTBEAT) if amqp else 0.0
         # Message priority is an AMQP queue feature; TaskFlow's declarations have none, and a
         # broker refuses a queue redeclared with different arguments.
         self._priorities = not taskflow_compat and not self._virtual
@@ -473,7 +511,8 @@ class Proxy:
             self._stopped.set()
 
     def _consume(self, backoff: bo.Backoff) -> None:
-        with self._conn.clone() as conn:
+        with self._conn.clone(heartbeat=self._heartbeat) as conn:
+            errors = conn.connection_errors + conn.channel_errors
             conn.ensure_connection(
                 errback=backoff, max_retries=self._retry.max_retries,
                 interval_start=0, interval_step=0, interval_max=0,
@@ -492,10 +531,9 @@ class Proxy:
                 self._running.set()
                 _call_hook(self._on_connected)
                 while not self._stop_requested.is_set():
-                    try:
-                        conn.drain_events(timeout=self._drain_timeout)
-                    except TimeoutError:
-                        pass
+                    _drain(conn, self._drain_timeout, errors, self._where)
+                    if self._heartbeat:
+                        conn.heartbeat_check()
                     self._flush_settlements()
                     _call_hook(self._on_wait)
                 consumer.cancel()
@@ -576,8 +614,8 @@ class Broadcast:
         if url is None and transport is None:
             transport = transport_fs.TRANSPORT_NAME
         options = dict(transport_options or {})
-        self._conn = kombu.Connection(url or "localhost", transport=transport,
-                                      transport_options=options)
+        self._conn, _ = _without_heartbeat(kombu.Connection(
+            url or "localhost", transport=transport, transport_options=options))
         if getattr(self._conn.get_transport_cls(), "driver_type", None) == "memory":
             options.setdefault("polling_interval", transport_fs.DEFAULT_POLLING_INTERVAL)
         self._exchange = kombu.Exchange(exchange, type="fanout", durable=True,
@@ -636,6 +674,7 @@ class Broadcast:
         with self._conn.clone() as conn:
             conn.ensure_connection(max_retries=1, interval_start=0, interval_step=0.2,
                                    interval_max=0.2)
+            errors = conn.connection_errors + conn.channel_errors
             channel = conn.channel()
             consumer = kombu.Consumer(
                 channel, queues=[own], no_ack=True, accept=[dp.JSON_CONTENT_TYPE],
@@ -645,10 +684,7 @@ class Broadcast:
             try:
                 with consumer:
                     while not stop():
-                        try:
-                            conn.drain_events(timeout=poll)
-                        except TimeoutError:
-                            pass
+                        _drain(conn, poll, errors, self.where)
                         if ready is not None:
                             announce, ready = ready, None
                             announce()

@@ -20,7 +20,16 @@ from typing import Any
 
 import pytest
 from behaviour import tasks
-from wbe_harness import Broker, ProtocolClient, Received, WorkerFleet, request_body, unique_exchange
+from fault_support import EngineRun
+from wbe_harness import (
+    Broker,
+    ProtocolClient,
+    Received,
+    WorkerFleet,
+    request_body,
+    require_broker,
+    unique_exchange,
+)
 
 from flowengine import engines, states
 from flowengine import exceptions as exc
@@ -202,3 +211,50 @@ def test_an_engine_gets_the_failure_and_reverts(worker: Guarded) -> None:
     finally:
         tasks.use_ledger(previous)
     worker.still_serves()
+
+
+# ---- raw garbage under kombu's framing (a Redis list holds bare strings anyone can push) --------
+
+
+def _push_raw(redis_url: str, queue: str, payload: bytes) -> None:
+    import redis
+
+    client = redis.Redis.from_url(redis_url)
+    try:
+        client.lpush(queue, payload)
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("payload", [b"garbage", b'{"truncated": ', b"\xff\xfe\x00"])
+def test_garbage_in_a_redis_topic_queue_does_not_kill_the_worker(
+    tmp_path: Path, payload: bytes,
+) -> None:  # fmt: skip
+    state = Guarded(require_broker("redis"), tmp_path)
+    try:
+        _push_raw(state.fleet.broker.url, f"{state.fleet.exchange}_{TOPIC}", payload)
+        state.still_serves()
+        state.still_serves()  # and again: the consumer was not restarted into a bad state
+        assert [line["atom"] for line in state.ledger.lines()] == ["probe", "probe"]
+    finally:
+        state.close()
+
+
+def test_garbage_in_a_redis_reply_queue_does_not_stop_the_engine(tmp_path: Path) -> None:
+    state = Guarded(require_broker("redis"), tmp_path)
+    previous = tasks.use_ledger(state.ledger)
+    try:
+        flow = lf.Flow("f").add(tasks.Step("a"), tasks.Step("b"))
+        engine = engines.load(flow, engine="worker-based", **state.fleet.engine_options(
+            TOPIC, transition_timeout=REPLY_TIMEOUT))
+        # The engine's reply queue is <exchange>_<flow detail uuid>; the garbage is the first
+        # thing its consumer reads.
+        _push_raw(state.fleet.broker.url, f"{state.fleet.exchange}_{engine.storage.flow_uuid}",
+                  b"garbage")
+        run = EngineRun(engine)
+        assert run.join(REPLY_TIMEOUT) is None
+        assert engine.storage.get_flow_state() == states.SUCCESS
+        assert tasks.names("execute") == ["a", "b"]
+    finally:
+        tasks.use_ledger(previous)
+        state.close()
