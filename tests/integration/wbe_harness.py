@@ -364,11 +364,15 @@ class WorkerFleet:
         log_dir: Where each process's output goes.
         env: Extra environment for every process (e.g. the cross-process ledger's path).
         taskflow_compat: TaskFlow's topology (required when TaskFlow peers share the exchange).
+        url: The broker URL workers and engines get, if not ``broker.url`` (e.g. with an AMQP
+            ``?heartbeat=N``); the harness's own short-lived connections keep ``broker.url``.
     """
 
     def __init__(self, broker: Broker, exchange: str, log_dir: Path,
-                 env: Mapping[str, str] | None = None, taskflow_compat: bool = False) -> None:
+                 env: Mapping[str, str] | None = None, taskflow_compat: bool = False,
+                 url: str | None = None) -> None:
         self.broker, self.exchange, self.log_dir = broker, exchange, log_dir
+        self.url = url or broker.url
         self.env = dict(env or {})
         self.taskflow_compat = taskflow_compat
         self.workers: list[WorkerProcess] = []
@@ -384,7 +388,7 @@ class WorkerFleet:
             started = []
             for _ in range(count):
                 argv = [sys.executable, "-m", "flowengine.cli.main", "worker",
-                        "--url", self.broker.url, "--exchange", self.exchange, "--topic", topic,
+                        "--url", self.url, "--exchange", self.exchange, "--topic", topic,
                         "--threads", str(threads), "--grace", "5", *extra_args]
                 argv += [arg for task in tasks for arg in ("--task", task)]
                 if self.taskflow_compat:
@@ -437,7 +441,7 @@ class WorkerFleet:
 
     def engine_options(self, topic: str, **extra: Any) -> dict[str, Any]:
         """What ``engines.load(..., engine="worker-based", **options)`` needs to use ``topic``."""
-        options = {"url": self.broker.url, "exchange": self.exchange, "topics": [topic]}
+        options = {"url": self.url, "exchange": self.exchange, "topics": [topic]}
         if self.taskflow_compat:
             options["taskflow_compat"] = True
         return {**options, **extra}
