@@ -53,6 +53,7 @@ class ActionEngine:
         self._validated = False
         self._lock = threading.RLock()
         self._statistics: dict[str, Any] = {}
+        self._loop: RunLoop | None = None  # the run loop while run_iter runs
 
     # -- public properties ------------------------------------------------------------------
 
@@ -180,6 +181,9 @@ class ActionEngine:
         if self._runtime is not None:
             # A retry waiting out its delay has not started anything: stop waiting now.
             self._runtime.timer.cancel_all()
+        loop = self._loop
+        if loop is not None:
+            loop.wake()  # cancel what has not started now, not after the next completion
 
     def run(self, timeout: float | None = None) -> None:
         """Run the flow to an end state, re-raising its failure(s) if it did not succeed.
@@ -207,7 +211,7 @@ class ActionEngine:
         started = time.monotonic()
         with _started(executor), AtomLogListener(self):
             self._change_state(states.RUNNING)
-            loop = RunLoop(self._runtime, self._statistics, timeout=timeout)
+            loop = self._loop = RunLoop(self._runtime, self._statistics, timeout=timeout)
             closed = False
             try:
                 for state in loop.run_iter():
@@ -230,6 +234,7 @@ class ActionEngine:
                 self._change_state(states.FAILURE)
                 raise
             finally:
+                self._loop = None
                 self._statistics["active_for"] = time.monotonic() - started
         if final is not None and final not in self.IGNORABLE_STATES:
             self._change_state(final)

@@ -25,6 +25,8 @@ LOG = logging.getLogger(__name__)
 START = "start"
 SCHEDULE = "schedule_next"
 WAIT = "wait_finished"
+#: Queued to wake a waiting loop; never in flight, so analyzing it completes nothing.
+_WAKE_UP: cf.Future = cf.Future()
 ANALYZE = "examine_finished"
 FINISH = "completed"
 FAILED = "failed"
@@ -96,6 +98,8 @@ class RunLoop:
         # scan of everything in flight.
         self._finished: queue.SimpleQueue[cf.Future] = queue.SimpleQueue()
         self._done: list[cf.Future] = []
+        self._blocked = False  # waiting in _wait for a completion (see wake)
+        self._wake_requested = False
         self._completed_inline = False
         self._stats = statistics
         statistics.clear()
@@ -172,8 +176,23 @@ class RunLoop:
                     future.add_done_callback(self._finished.put)
         elif self._flow_state() == st.SUSPENDING:
             self._cancel_pending()
+        # A suspension asked for while this batch went out (say, from a RUNNING notification)
+        # lets the batch run: its atoms were announced as started. Only what waits behind a
+        # blocked loop is cancelled early.
+        self._wake_requested = False
         self._stats["incomplete"] = len(self._in_flight)
         return WAIT
+
+    def wake(self) -> None:
+        """Make a loop blocked waiting for atoms look at the flow state now (e.g. a suspension,
+        which should cancel what has not started yet rather than wait for the next completion).
+
+        Only a blocked loop is woken: anywhere else it looks at the flow state anyway, and a
+        queued wake-up would read as a completion to handle (and cut a batch short).
+        """
+        self._wake_requested = True
+        if self._blocked:  # set before _wait reads _wake_requested, so one of them sees it
+            self._finished.put(_WAKE_UP)
 
     def _cancel_pending(self) -> None:
         for future, atom in list(self._in_flight.items()):
@@ -185,10 +204,14 @@ class RunLoop:
         # Atoms finished while scheduling may have unblocked others: analyze before blocking.
         inline, self._completed_inline = self._completed_inline, False
         if self._in_flight and finished.empty() and not inline:
+            self._blocked = True
             try:
-                self._done.append(finished.get(timeout=self._timeout))
+                if not self._wake_requested:
+                    self._done.append(finished.get(timeout=self._timeout))
             except queue.Empty:
                 return ANALYZE
+            finally:
+                self._blocked = self._wake_requested = False
         while not finished.empty():
             self._done.append(finished.get_nowait())
         self._stats["incomplete"] = len(self._in_flight) - len(self._done)

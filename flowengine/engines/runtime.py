@@ -210,10 +210,15 @@ class Runtime:
         return self._ready(atom, state, intention)
 
     def leftover(self) -> int:
-        """How many atoms could still be started (non-zero after a suspension)."""
+        """How many atoms could still be started (non-zero after a suspension).
+
+        Once nothing is in flight, an atom still RUNNING or REVERTING was cancelled before it
+        started (a suspension dropped it); a resumed run restarts it, so it counts.
+        """
         storage = self.storage
         return sum(1 for atom in self.compilation.iter_atoms()
-                   if self._ready(atom, storage.get_atom_state(atom.name),
+                   if storage.get_atom_state(atom.name) in (states.RUNNING, states.REVERTING)
+                   or self._ready(atom, storage.get_atom_state(atom.name),
                                   storage.get_atom_intention(atom.name)))
 
     def is_success(self) -> bool:
@@ -286,19 +291,24 @@ class Runtime:
         if intention == states.REVERT:
             outcome = self.retry_action.revert(retry, self._args(retry, revert=True))
             return self.timer.after(0, outcome)
+        attempt = len(self.storage.get_retry_history(retry.name)) + 1
+        wait = 0.0
         if intention == states.RETRY:
             self.retry_action.change_state(retry, states.RETRYING)
             self.retry_subflow(retry)
-            attempt = len(self.storage.get_retry_history(retry.name)) + 1
             wait = retry.delay_before(attempt)
-            if wait > 0 and self.storage.get_flow_state() == states.SUSPENDING:
-                # Suspended before the wait began: start nothing; a resumed run waits again.
-                future: cf.Future = cf.Future()
-                future.cancel()
-                return future
-            if wait > 0:
-                LOG.debug("Retry %r waits %.3fs before attempt %d", retry.name, wait, attempt)
-                return self.timer.after(wait, (DELAY_ELAPSED, None))
+            # Stored, so an engine resuming after a suspension waits only what is left of it.
+            self.retry_action.start_wait(retry, wait)
+        elif self.storage.get_atom_state(retry.name) == states.RETRYING:
+            wait = self.retry_action.remaining_wait(retry, retry.delay_before(attempt))
+        if wait > 0 and self.storage.get_flow_state() == states.SUSPENDING:
+            # Suspended before the wait began: start nothing; a resumed run waits what is left.
+            future: cf.Future = cf.Future()
+            future.cancel()
+            return future
+        if wait > 0:
+            LOG.debug("Retry %r waits %.3fs before attempt %d", retry.name, wait, attempt)
+            return self.timer.after(wait, (DELAY_ELAPSED, None))
         outcome = self.retry_action.execute(retry, self._args(retry, revert=False))
         return self.timer.after(0, outcome)
 
@@ -308,12 +318,8 @@ class Runtime:
             outcome, result = self.retry_action.execute(atom, self._args(atom, revert=False))
         action = self._action(atom)
         if outcome == ex.EXECUTED:
-            if not isinstance(result, Failure) and not isinstance(atom, retry_mod.Retry):
-                try:
-                    self.storage.check_result_shape(atom.name, result)
-                except Exception:
-                    result = Failure()
-            action.complete_execution(atom, result)
+            # A task whose result does not fit what it provides fails here.
+            result = action.complete_execution(atom, result)
         else:
             action.complete_reversion(atom, result)
         if not isinstance(result, Failure):

@@ -26,6 +26,7 @@ from flowengine import exceptions as exc
 from flowengine.engines import executor as local
 from flowengine.task import EVENT_UPDATE_PROGRESS
 from flowengine.types.failure import Failure
+from flowengine.worker_based import cancellation as cn
 from flowengine.worker_based import dead_letters
 from flowengine.worker_based import dispatcher as dp
 from flowengine.worker_based import extensions as ext
@@ -243,6 +244,7 @@ class WorkerTaskExecutor(local.TaskExecutor):
             sub.future.add_done_callback(
                 lambda _f: notifier.deregister(EVENT_UPDATE_PROGRESS, progress_callback))
         sub.future.on_cancel = functools.partial(self._forget, sub)
+        sub.future.on_revoke = functools.partial(self._revoke, sub)
         if sub.action == pr.EXECUTE:
             # A new run of the atom: whatever an earlier, never-started one left is moot.
             self._never_started.discard(sub.uuid)
@@ -349,18 +351,53 @@ class WorkerTaskExecutor(local.TaskExecutor):
 
     # -- completing -------------------------------------------------------------------------
 
-    def _finish(self, sub: Submission, result: Any) -> None:
-        """Complete a submission exactly once."""
+    def _settle(self, sub: Submission) -> pr.Request | None:
+        """End the current attempt's tracking; None if it had ended already."""
         with self._lock:
             request = sub.request
             if request is None or self._ongoing.pop(request.request_id, None) is None:
-                return
+                return None
             if sub.worker is not None:
                 sub.worker.in_flight = max(sub.worker.in_flight - 1, 0)
         if request.current_state not in (pr.SUCCESS, pr.FAILURE):
             request.transition_and_log_error(pr.FAILURE, logger=LOG)
-        if not sub.future.done():
+        return request
+
+    def _finish(self, sub: Submission, result: Any) -> None:
+        """Complete a submission exactly once."""
+        if self._settle(sub) is not None and not sub.future.done():
             sub.future.set_result((pr.ACTION_TO_EVENT[sub.action], result))
+
+    def _revoke(self, sub: Submission) -> None:
+        """The engine is suspending: keep the current attempt from starting if it still waits."""
+        with self._lock:
+            request = sub.request
+            if request is None or sub.revoking == request.request_id:
+                return
+            state = request.current_state
+            if state not in pr.WAITING_STATES:
+                return  # running (or done): it is waited for
+            sub.revoking = request.request_id
+        if state == pr.WAITING:  # a new attempt no worker was found for: it went nowhere
+            self._cancelled(sub, "it was never sent")
+            return
+        try:
+            # Every flowengine worker hears it (TaskFlow workers do not; theirs are waited for).
+            self._proxy.publish(cn.Cancel([request.request_id]), ext.DISCOVER_ROUTING_KEY,
+                                headers={pr.HEADER_PROTOCOL: pr.PROTOCOL_VERSION},
+                                declare_queue=False, confirm=False)
+        except Exception as err:
+            LOG.warning("Could not ask workers to drop request %s of task %r: %s; waiting for "
+                        "it instead", request.request_id, sub.task.name, err)
+
+    def _cancelled(self, sub: Submission, why: str) -> None:
+        """The current attempt never ran and never will: cancel the submission."""
+        request = self._settle(sub)
+        if request is None:
+            return
+        LOG.info("Cancelled attempt %d of task %r (request %s): %s", sub.attempts,
+                 sub.task.name, request.request_id, why)
+        sub.future.revoked()
 
     def _fail(self, sub: Submission, error: Exception) -> None:
         request = sub.request
@@ -400,6 +437,10 @@ class WorkerTaskExecutor(local.TaskExecutor):
                 self._renew(sub, headers)
             elif event_type == ext.EVENT_REDELIVERED:
                 self._handed_back(sub, request, header(headers, pr.HEADER_WORKER))
+            elif event_type == cn.EVENT_CANCELLED:
+                if request.current_state in pr.WAITING_STATES:
+                    by = header(headers, pr.HEADER_WORKER) or "?"
+                    self._cancelled(sub, f"worker {by} dropped it unstarted, as asked")
             else:
                 sub.task.notifier.notify(response.data["event_type"], response.data["details"])
         elif state == pr.RUNNING:
@@ -514,7 +555,10 @@ class WorkerTaskExecutor(local.TaskExecutor):
             request = sub.request
             if request is None:
                 continue
-            if request.expired:
+            if request.expired and sub.revoking == request.request_id:
+                # Asked not to start, and now past its deadline header: no worker will run it.
+                self._cancelled(sub, "it expired unstarted after it was revoked")
+            elif request.expired:
                 self._fail(sub, exc.RequestTimeout(
                     f"Request {request.request_id} for task {sub.task.name!r} has expired "
                     f"after waiting for {request.timeout} seconds for it to transition out "

@@ -21,6 +21,7 @@ from typing import Any
 
 from flowengine import exceptions as exc
 from flowengine.types.failure import Failure
+from flowengine.worker_based import cancellation as cn
 from flowengine.worker_based import dispatcher as dp
 from flowengine.worker_based import endpoint as ep
 from flowengine.worker_based import extensions as ext
@@ -170,6 +171,7 @@ class Server:
         # Discovery is answered off the task threads, so a busy worker still answers at once.
         self._control = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flowengine-control")
         self._heartbeats = _Heartbeats()
+        self._revoked = cn.Revoked()
         handlers = {
             pr.NOTIFY: dp.Handler(
                 self._on_notify, functools.partial(pr.Notify.validate, response=False)
@@ -183,13 +185,18 @@ class Server:
             on_connected=lambda: self._submit_control(self.announce),
             on_refused=self._on_refused,
         )  # fmt: skip
-        # A private queue for broadcast discovery: workers sharing a topic share its queue, so
-        # only this one reaches each of them. TaskFlow fleets keep TaskFlow's topology.
+        # A private queue for broadcasts (discovery, cancellations): workers sharing a topic
+        # share its queue, so only this one reaches each of them. TaskFlow fleets keep
+        # TaskFlow's topology.
         self._control_proxy: px.Proxy | None = None
         if not taskflow_compat:
+            control_handlers = {
+                pr.NOTIFY: handlers[pr.NOTIFY],
+                cn.CANCEL: dp.Handler(self._on_cancel, cn.Cancel.validate),
+            }
             self._control_proxy = px.Proxy(
                 ext.control_routing_key(self.worker_id), exchange,
-                {pr.NOTIFY: handlers[pr.NOTIFY]}, url=url, transport=transport,
+                control_handlers, url=url, transport=transport,
                 transport_options=transport_options, retry_options=retry_options,
                 extra_routing_keys=[ext.DISCOVER_ROUTING_KEY], transient_queue=True,
             )  # fmt: skip
@@ -266,6 +273,12 @@ class Server:
         except Exception as err:
             LOG.error("Worker %s could not answer NOTIFY of %r: %s", self.worker_id, reply_to, err)
 
+    def _on_cancel(self, data: Any, message: Any) -> None:
+        # Only requests still queued here are affected: _serve checks before it says RUNNING.
+        self._revoked.add(data["request_ids"])
+        LOG.info("Worker %s will not run %d revoked request(s) %s", self.worker_id,
+                 len(data["request_ids"]), dp.describe(message))
+
     def _on_refused(self, message: Any, reason: str, detail: str) -> None:
         """Tell the sender of a refused REQUEST why, when it says where to reply."""
         props = message.properties or {}
@@ -326,6 +339,12 @@ class Server:
         if isinstance(deadline, (int, float)) and time.time() > deadline:
             err = exc.RequestTimeout(f"Request for task {name} reached its deadline unstarted")
             return reply(pr.FAILURE, name, result=pr.failure_to_dict(Failure.from_exception(err)))
+        if self._revoked.take(props["correlation_id"]):  # a flowengine attempt's request id
+            # Its engine suspended (or gave up) while it waited here: it must not run unseen.
+            LOG.info("Not running request %s for task %s: its engine revoked it",
+                     dp.describe(message), name)
+            return reply(pr.EVENT, name, event_type=cn.EVENT_CANCELLED,
+                         details={"worker": self.worker_id})
         if dp.redelivered(message) and headers.get(pr.HEADER_PROTOCOL) is not None:
             # Its previous holder died or was cut off, perhaps killed by this very request. A
             # flowengine engine counts attempts and decides whether to try again; a TaskFlow

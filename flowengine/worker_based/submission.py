@@ -13,24 +13,33 @@ from flowengine.worker_based.types import TopicWorker
 
 
 class RemoteFuture(cf.Future):
-    """The engine's handle on a submission; it can be cancelled only before it is published.
+    """The engine's handle on a submission.
 
-    Once a worker may have the request, cancelling would let it run unobserved (a "ghost"), so
-    the engine waits for it instead.
+    Before the request is published, :meth:`cancel` cancels it at once. After that a worker may
+    already run it, and cancelling would let it run unobserved (a "ghost"): :meth:`cancel` then
+    asks the workers to drop it (``on_revoke``) and returns False, and the future is cancelled
+    later, by :meth:`revoked`, only once it is certain the request never ran.
     """
 
     def __init__(self) -> None:
         super().__init__()
         self.published = False
         self.on_cancel: Callable[[], None] | None = None
+        self.on_revoke: Callable[[], None] | None = None
 
     def cancel(self) -> bool:
         if self.published:
+            if self.on_revoke is not None and not self.done():
+                self.on_revoke()
             return False
         cancelled = super().cancel()
         if cancelled and self.on_cancel is not None:
             self.on_cancel()
         return cancelled
+
+    def revoked(self) -> bool:
+        """Cancel a published submission that is known never to have run."""
+        return super().cancel()
 
 
 @dataclasses.dataclass(eq=False)
@@ -46,6 +55,7 @@ class Submission:
     future: RemoteFuture
     attempts: int = 0
     resent: int = 0  # attempts sent again because their first holder never started them
+    revoking: str | None = None  # the request id workers were asked not to start
     request: pr.Request | None = None
     worker: TopicWorker | None = None
     workers: list[str] = dataclasses.field(default_factory=list)
