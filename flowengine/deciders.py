@@ -6,10 +6,11 @@ import enum
 from collections.abc import Iterable
 
 
-class Depth(enum.Enum):
+class Depth(str, enum.Enum):
     """Which atoms are ignored when a link's decider returns False.
 
-    The target atom is always ignored; the depth says what else is.
+    The target atom is always ignored; the depth says what else is. A str enum, as TaskFlow's
+    is: ``Depth.ALL == "ALL"``, and ``str()`` and formatting give the bare value.
     """
 
     #: The target and everything reachable after it (the default).
@@ -21,8 +22,13 @@ class Depth(enum.Enum):
     #: Only the target.
     ATOM = "ATOM"
 
+    # enum.StrEnum (Python 3.11+) would give these; flowengine also runs on 3.10.
+    __str__ = str.__str__
+    __format__ = str.__format__  # type: ignore[assignment]
+
+    # TaskFlow's name, though it hides str.translate (as TaskFlow's Depth does).
     @classmethod
-    def translate(cls, desired_depth: Depth | str) -> Depth:
+    def translate(cls, desired_depth: Depth | str) -> Depth:  # type: ignore[override]
         """Accept a Depth or its (case-insensitive) name; raise ValueError naming bad input."""
         if isinstance(desired_depth, cls):
             return desired_depth

@@ -53,6 +53,27 @@ class Flow(metaclass=abc.ABCMeta):
         """The flow's retry controller, or None."""
         return self._retry
 
+    def _check_child(self, item: Item, deep: bool = False) -> None:
+        """Refuse a non-item, this flow itself, and (if ``deep``) a flow that contains it.
+
+        The deep search costs as much as walking ``item``, so only patterns that walk their
+        children on ``add`` anyway use it; the compiler refuses what the others let in.
+        """
+        check_item(self.name, item)
+        pending = [item]
+        seen: set[int] = set()
+        while pending:
+            node = pending.pop()
+            if node is self:
+                what = "itself" if item is self else f"{item.name!r}, which contains it"
+                raise ValueError(
+                    f"Flow {self.name!r} cannot contain {what}: flows cannot be nested in "
+                    f"each other"
+                )
+            if deep and isinstance(node, Flow) and id(node) not in seen:
+                seen.add(id(node))
+                pending.extend(child for child in node if isinstance(child, Flow))
+
     @abc.abstractmethod
     def add(self, *items: Item) -> Flow:
         """Add atoms or flows and return self."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import inspect
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -14,6 +15,10 @@ LOG = logging.getLogger(__name__)
 
 #: The event a task emits (through its notifier) when it reports progress.
 EVENT_UPDATE_PROGRESS = "update_progress"
+#: The argument ``revert`` receives what ``execute`` returned (or its Failure) as.
+REVERT_RESULT = atom.REVERT_RESULT
+#: The argument ``revert`` receives every failure of the flow (``{atom name: Failure}``) as.
+REVERT_FLOW_FAILURES = atom.REVERT_FLOW_FAILURES
 
 
 def _class_name(obj: object) -> str:
@@ -152,8 +157,23 @@ class FunctorTask(Task):
         return self._revert if self._revert is not None else super()._revert_signature()
 
 
+def _argument_count(function: Callable[..., Any]) -> int:
+    """Named parameters of ``function``, with or without defaults (TaskFlow's rule)."""
+    params = inspect.signature(function).parameters.values()
+    return sum(1 for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD))
+
+
 class _CollectionFunctorTask(Task):
-    """Shared parts of the map and reduce functor tasks."""
+    """Shared parts of the map and reduce functor tasks.
+
+    As TaskFlow does, the functor and ``requires`` are checked when the task is built, so a
+    function of the wrong shape never reaches a running flow.
+    """
+
+    #: TaskFlow's word for the operation in its messages, and what it requires of it.
+    _operation = "map"
+    _arity = 1
+    _min_requires = 0
 
     def __init__(
         self,
@@ -166,11 +186,32 @@ class _CollectionFunctorTask(Task):
         inject: Mapping[str, Any] | None = None,
     ) -> None:
         if not callable(functor):
-            raise ValueError(f"Function to use for {type(self).__name__} must be callable")
+            raise ValueError(f"Function to use for {self._operation} must be callable (task "
+                             f"{name!r} was given {functor!r})")
         if name is None:
             name = f"{functor.__module__}.{getattr(functor, '__qualname__', repr(functor))}"
+        try:
+            count = _argument_count(functor)
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"Task {name!r}: cannot tell how many arguments {functor!r} "
+                             f"takes: {err}") from err
+        if count != self._arity:
+            plural = "" if self._arity == 1 else "s"
+            raise ValueError(
+                f"Task {name!r}: {count} arguments were provided. "
+                f"{self._operation.capitalize()} functor must take exactly {self._arity} "
+                f"argument{plural}."
+            )
+        if isinstance(requires, str) or not isinstance(requires, Iterable):
+            raise TypeError(f"Task {name!r}: {type(requires)} type was provided for requires. "
+                            f"Requires must be an iterable.")
         self._functor = functor
         self._names = list(requires)
+        if len(self._names) < self._min_requires:
+            raise ValueError(
+                f"Task {name!r}: {len(self._names)} elements were provided. Requires must have "
+                f"at least {self._min_requires} elements."
+            )
         super().__init__(
             name=name,
             provides=provides,
@@ -192,20 +233,9 @@ class MapFunctorTask(_CollectionFunctorTask):
 class ReduceFunctorTask(_CollectionFunctorTask):
     """Fold a two-argument function over the required values (at least two)."""
 
-    def __init__(
-        self,
-        functor: Callable[..., Any],
-        requires: Iterable[str],
-        name: str | None = None,
-        provides: atom.ProvidesSpec = None,
-        auto_extract: bool = True,
-        rebind: atom.RebindSpec = None,
-        inject: Mapping[str, Any] | None = None,
-    ) -> None:
-        names = list(requires)
-        if len(names) < 2:
-            raise ValueError(f"ReduceFunctorTask needs at least 2 requirements, got {names}")
-        super().__init__(functor, names, name, provides, auto_extract, rebind, inject)
+    _operation = "reduce"
+    _arity = 2
+    _min_requires = 2
 
     def execute(self, **kwargs: Any) -> Any:
         """Reduce the required values left to right with the functor."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import functools
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -25,6 +26,16 @@ _TASK_RESULT_STATES = frozenset((states.SUCCESS, states.FAILURE, states.REVERT_F
 StateHook = Callable[[Any, str], None]
 _RETRY_RESULT_STATES = frozenset((states.SUCCESS, states.FAILURE, states.REVERT_FAILURE,
                                   states.REVERTED))
+#: Retry meta key: when (seconds since the epoch) its next attempt is due, while it waits.
+META_RETRY_DUE = "retry_due"
+#: Task meta key: ``[value]`` when ``execute`` returned a value its ``provides`` does not fit.
+META_RETURNED = "returned"
+
+
+def _meta(storage: Storage, atom_name: str) -> dict[str, Any]:
+    """The named atom's stored metadata (read only)."""
+    detail = storage.flow_detail.find(storage.get_atom_uuid(atom_name))
+    return detail.meta if detail is not None else {}
 
 
 class TaskAction:
@@ -98,17 +109,34 @@ class TaskAction:
             progress_callback=functools.partial(self._on_update_progress, task),
         )
 
-    def complete_execution(self, task: Any, result: Any) -> None:
-        """Store the outcome of ``execute``."""
+    def complete_execution(self, task: Any, result: Any) -> Any:
+        """Store the outcome of ``execute``; return it.
+
+        A result that lacks a name the task provides fails the task; what it returned is kept
+        for its revert, which must undo the work it really did (TaskFlow, which stores such a
+        result, would pass it too).
+        """
+        returned = None
+        if not isinstance(result, Failure):
+            try:
+                self._storage.check_result_shape(task.name, result)
+            except Exception:
+                returned, result = [result], Failure()
+        if returned is not None or _meta(self._storage, task.name).get(META_RETURNED):
+            self._storage.update_atom_metadata(task.name, {META_RETURNED: returned})
         if isinstance(result, Failure):
             self.change_state(task, states.FAILURE, result=result)
         else:
             self.change_state(task, states.SUCCESS, result=result, progress=1.0)
+        return result
 
     def schedule_reversion(self, task: Any, arguments: dict[str, Any]) -> cf.Future:
         """Mark REVERTING and submit the task's revert."""
         self.change_state(task, states.REVERTING, progress=0.0)
         result = self._storage.get(task.name)
+        returned = _meta(self._storage, task.name).get(META_RETURNED)
+        if returned and isinstance(result, Failure):
+            result = returned[0]
         failures = self._storage.get_execute_failures()
         return self._executor.revert_task(
             task, self._storage.get_atom_uuid(task.name), arguments, result, failures,
@@ -124,12 +152,37 @@ class TaskAction:
 
 
 class RetryAction:
-    """Changes retry controller states and runs them (always locally, in the engine)."""
+    """Changes retry controller states and runs them (always locally, in the engine).
 
-    def __init__(self, storage: Storage, notifier: Notifier, on_state: StateHook) -> None:
+    Args:
+        clock: seconds since the epoch; a wait's due time is stored by this clock, because a
+            monotonic one means nothing to the process that resumes the flow.
+    """
+
+    def __init__(self, storage: Storage, notifier: Notifier, on_state: StateHook,
+                 clock: Callable[[], float] = time.time) -> None:
         self._storage = storage
         self._notifier = notifier
         self._on_state = on_state
+        self._clock = clock
+
+    def _due(self, retry: Retry) -> float | None:
+        due = _meta(self._storage, retry.name).get(META_RETRY_DUE)
+        return float(due) if due is not None else None
+
+    def start_wait(self, retry: Retry, seconds: float) -> None:
+        """Store when the wait of ``seconds`` before the retry's next attempt ends."""
+        due = self._clock() + seconds if seconds > 0 else None
+        if due is not None or self._due(retry) is not None:
+            self._storage.update_atom_metadata(retry.name, {META_RETRY_DUE: due})
+
+    def remaining_wait(self, retry: Retry, longest: float) -> float:
+        """Seconds left of a stored wait (a resumed flow waits only that), at most ``longest``.
+
+        The bound keeps a wall clock set back while the flow was suspended from stretching it.
+        """
+        due = self._due(retry)
+        return 0.0 if due is None else max(0.0, min(due - self._clock(), longest))
 
     def _announce(self, retry: Retry, state: str, old_state: str, result: Any) -> None:
         self._on_state(retry, state)
@@ -188,12 +241,13 @@ class RetryAction:
         except Exception:
             return ex.REVERTED, Failure()
 
-    def complete_execution(self, retry: Retry, result: Any) -> None:
-        """Store the outcome of the retry's ``execute``."""
+    def complete_execution(self, retry: Retry, result: Any) -> Any:
+        """Store the outcome of the retry's ``execute``; return it."""
         if isinstance(result, Failure):
             self.change_state(retry, states.FAILURE, result=result)
         else:
             self.change_state(retry, states.SUCCESS, result=result)
+        return result
 
     def complete_reversion(self, retry: Retry, result: Any) -> None:
         """Store the outcome of the retry's ``revert``."""

@@ -139,6 +139,7 @@ class PatternCompiler:
         Raises:
             TypeError: something in the flow is neither an atom nor a flow.
             Duplicate: two atoms share a name, or one atom object appears twice.
+            ValueError: a flow contains itself (directly or through flows nested in it).
             CompilationFailure: the graph has a cycle.
         """
         graph = nx.DiGraph()
@@ -147,6 +148,7 @@ class PatternCompiler:
         self._scopes = scopes
         self._seen_objects: set[int] = set()
         self._names: dict[str, Any] = {}
+        self._open_flows: set[int] = set()
         self._compile(self._root, parents=(), retry=None)
         try:
             order = list(nx.topological_sort(graph))
@@ -185,6 +187,19 @@ class PatternCompiler:
             raise TypeError(
                 f"Can only compile atoms and flows, not {type(item).__name__}{where}: {item!r}"
             )
+        if id(item) in self._open_flows:
+            # Flows nested in each other would otherwise recurse until Python gives up.
+            chain = " -> ".join(repr(f.name) for f in parents[parents.index(item):] + (item,))
+            raise ValueError(f"Flow {item.name!r} contains itself ({chain}): flows cannot be "
+                             f"nested in each other")
+        self._open_flows.add(id(item))
+        bounds = self._compile_flow(item, parents, retry)
+        self._open_flows.discard(id(item))
+        return bounds
+
+    def _compile_flow(
+        self, item: flow_mod.Flow, parents: tuple[Any, ...], retry: Retry | None
+    ) -> tuple[Any, Any]:
         graph = self._graph
         start, end = FlowStart(item), FlowEnd(item)
         graph.add_node(start, kind=FLOW, parents=parents)

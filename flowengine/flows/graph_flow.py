@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import networkx as nx
@@ -41,7 +41,7 @@ class Flow(flow.Flow):
         new: list[flow.Item] = []
         new_set: set[int] = set()
         for item in items:
-            flow.check_item(self.name, item)
+            self._check_child(item, deep=True)
             if item not in self._graph and id(item) not in new_set:
                 new.append(item)
                 new_set.add(id(item))
@@ -67,10 +67,11 @@ class Flow(flow.Flow):
                         for requirer in self._requirers.get(name, ()):
                             if name not in retry_provides:
                                 self._link_to_provider(graph, providers, requirer, name)
-            added = [e for item in new for e in graph.in_edges(item)]
-            added += [e for item in new for e in graph.out_edges(item)]
-            # Every edge made here touches a new item, so these are exactly the new edges.
-            self._check_acyclic(graph, added)
+            # Only a new item's edges are new, so any cycle now runs through a new item: one
+            # search from the new items (not one per new edge) finds it, in linear time.
+            cycle = _find_cycle(graph, new)
+            if cycle is not None:
+                self._refuse_cycle(cycle, lambda node: id(node) in new_set)
         except Exception:
             graph.remove_nodes_from(new)
             for item in new:
@@ -122,8 +123,12 @@ class Flow(flow.Flow):
         if decider_depth is not None and decider is None:
             raise ValueError(f"Flow {self.name!r}: decider depth requires a decider")
         depth = de.Depth.translate(decider_depth or de.Depth.ALL) if decider else None
-        existed = self._graph.has_edge(u, v)
-        self._check_acyclic(self._graph, [] if existed else [(u, v)])
+        if not self._graph.has_edge(u, v):
+            self._graph.add_edge(u, v)
+            cycle = _find_cycle(self._graph, [u])
+            if cycle is not None:
+                self._graph.remove_edge(u, v)
+                self._refuse_cycle(cycle, lambda node: node is u)
         attrs = _add_link(self._graph, u, v)
         attrs[flow.LINK_MANUAL] = True
         if decider is not None:
@@ -132,15 +137,16 @@ class Flow(flow.Flow):
         self._changed()
         return self
 
-    def _check_acyclic(self, graph: nx.DiGraph, new_edges: list[tuple[Any, Any]]) -> None:
-        """Raise DependencyFailure if any new edge u -> v closes a cycle (v already reaches u)."""
-        for u, v in new_edges:
-            if u is v or (v in graph and u in graph and _reaches(graph, v, u, skip=(u, v))):
-                raise exc.DependencyFailure(
-                    f"Flow {self.name!r}: linking {getattr(u, 'name', u)!r} -> "
-                    f"{getattr(v, 'name', v)!r} creates a cycle, so no ordering of its items "
-                    f"satisfies every link"
-                )
+    def _refuse_cycle(self, cycle: list[flow.Item], is_new: Callable[[Any], bool]) -> None:
+        """Raise DependencyFailure naming the new link that closes ``cycle`` and the cycle."""
+        u, v = next((u, v) for u, v in zip(cycle, cycle[1:]) if is_new(u) or is_new(v))
+        names = [repr(node.name) for node in cycle]
+        if len(names) > 8:
+            names = names[:4] + [f"... {len(names) - 7} more ..."] + names[-3:]
+        raise exc.DependencyFailure(
+            f"Flow {self.name!r}: linking {u.name!r} -> {v.name!r} creates a cycle "
+            f"({' -> '.join(names)}), so no ordering of its items satisfies every link"
+        )
 
     def _changed(self) -> None:
         """Hook for subclasses that cache views of the graph."""
@@ -160,33 +166,74 @@ class Flow(flow.Flow):
     @property
     def requires(self) -> frozenset[str]:
         """Names needed from outside: requirements no predecessor or the retry satisfies."""
-        needed: set[str] = set()
         retry_provides = self._retry_provides()
-        if self.retry is not None:
-            needed.update(self.retry.requires)
+        needed: set[str] = set(self.retry.requires) if self.retry is not None else set()
+        provided_here: set[str] = set().union(*(item.provides for item in self))
+        graph = self._graph
+        # Inference links a requirer to its provider directly, so a direct predecessor almost
+        # always settles it; only the rest need the (one, linear) pass over ancestors.
+        unsettled: dict[flow.Item, set[str]] = {}
         for item in self:
-            missing = set(item.requires - retry_provides)
-            if missing:
-                for ancestor in nx.ancestors(self._graph, item):
-                    missing -= ancestor.provides
-            needed.update(missing)
+            missing = item.requires - retry_provides
+            if not missing:
+                continue
+            needed.update(missing - provided_here)
+            inside = set(missing & provided_here)
+            for pred in graph.predecessors(item):
+                if not inside:
+                    break
+                inside.difference_update(pred.provides)
+            if inside:
+                unsettled[item] = inside
+        if unsettled:
+            needed.update(_unprovided_by_ancestors(graph, unsettled))
         return frozenset(needed - retry_provides)
 
 
-def _reaches(graph: nx.DiGraph, start: Any, goal: Any, skip: tuple[Any, Any]) -> bool:
-    """Whether ``goal`` is reachable from ``start`` without using the edge ``skip``."""
-    seen = {start}
-    stack = [start]
-    while stack:
-        node = stack.pop()
-        for succ in graph.successors(node):
-            if (node, succ) == skip or succ in seen:
-                continue
-            if succ is goal:
-                return True
-            seen.add(succ)
-            stack.append(succ)
-    return False
+def _unprovided_by_ancestors(
+    graph: nx.DiGraph, wanted: dict[flow.Item, set[str]]
+) -> set[str]:
+    """Names in ``wanted[item]`` that no ancestor of ``item`` provides, in one pass."""
+    # Track only the names asked about, so each node carries a small set, not its ancestry.
+    names = set().union(*wanted.values())
+    above: dict[flow.Item, set[str]] = {}
+    unprovided: set[str] = set()
+    for node in nx.topological_sort(graph):
+        seen: set[str] = set()
+        for pred in graph.predecessors(node):
+            seen |= above[pred]
+            seen |= pred.provides & names
+        above[node] = seen
+        if node in wanted:
+            unprovided |= wanted[node] - seen
+    return unprovided
+
+
+def _find_cycle(graph: nx.DiGraph, roots: Iterable[Any]) -> list[Any] | None:
+    """A cycle reachable from ``roots`` as ``[n0, n1, ..., n0]``, or None; O(nodes reached)."""
+    succ = graph.succ
+    done: set[Any] = set()
+    for root in roots:
+        if root in done:
+            continue
+        path = [root]
+        on_path = {root}
+        pending = [iter(succ[root])]
+        while pending:
+            for node in pending[-1]:
+                if node in on_path:
+                    return path[path.index(node):] + [node]
+                if node not in done:
+                    path.append(node)
+                    on_path.add(node)
+                    pending.append(iter(succ[node]))
+                    break
+            else:
+                pending.pop()
+                finished = path.pop()
+                on_path.discard(finished)
+                done.add(finished)
+    return None
 
 
 def _add_link(graph: nx.DiGraph, u: flow.Item, v: flow.Item, reason: str | None = None) -> dict:

@@ -21,7 +21,7 @@ class Flow(flow.Flow):
     def add(self, *items: flow.Item) -> Flow:
         """Append items (an item already present is ignored)."""
         for item in items:
-            flow.check_item(self.name, item)
+            self._check_child(item)
             if id(item) not in self._seen:
                 self._seen.add(id(item))
                 self._children.append(item)

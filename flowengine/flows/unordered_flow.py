@@ -21,7 +21,7 @@ class Flow(flow.Flow):
     def add(self, *items: flow.Item) -> Flow:
         """Add items (an item already present is ignored)."""
         for item in items:
-            flow.check_item(self.name, item)
+            self._check_child(item)
             self._children.setdefault(id(item), item)
         return self
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 
 from flowengine import exceptions as exc
@@ -221,3 +223,45 @@ def test_map_and_reduce_functor_tasks(local_engine_factory):
     engine = local_engine_factory.run(flow, store={"p": 1, "q": 2, "r": 3})
     assert engine.storage.fetch("mapped") == [2, 4]
     assert engine.storage.fetch("total") == 6
+
+
+def _positional_only(a, /):
+    return a
+
+
+FUNCTOR_SHAPES = {
+    "none": lambda: 0,
+    "one": lambda a: a,
+    "one-positional-only": _positional_only,
+    "two": lambda a, b: a,
+    "one-and-a-default": lambda a, b=1: a,
+    "one-and-keyword-only": lambda a, *, b: a,
+    "star-args": lambda *args: 0,
+    "one-and-star-kwargs": lambda a, **kwargs: a,
+}
+
+
+@pytest.mark.parametrize("shape", sorted(FUNCTOR_SHAPES))
+@pytest.mark.parametrize("kind", ["MapFunctorTask", "ReduceFunctorTask"])
+def test_map_and_reduce_refuse_the_functors_taskflow_refuses(kind, shape):
+    functor = FUNCTOR_SHAPES[shape]
+    tf_task = importlib.import_module("taskflow.task")  # a test dependency: the reference
+    try:
+        getattr(tf_task, kind)(functor, requires=["p", "q"], name="t")
+    except ValueError as refused:
+        expected: str | None = str(refused)
+    else:
+        expected = None
+    if expected is None:
+        assert getattr(task, kind)(functor, requires=["p", "q"], name="t").name == "t"
+    else:
+        with pytest.raises(ValueError, match="'t'") as caught:
+            getattr(task, kind)(functor, requires=["p", "q"], name="t")
+        assert expected in str(caught.value)
+
+
+@pytest.mark.parametrize("kind", ["MapFunctorTask", "ReduceFunctorTask"])
+def test_map_and_reduce_refuse_a_string_for_requires(kind):
+    functor = FUNCTOR_SHAPES["one" if kind == "MapFunctorTask" else "two"]
+    with pytest.raises(TypeError, match="'t'.*Requires must be an iterable"):
+        getattr(task, kind)(functor, requires="pq", name="t")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from flowengine import engines, states
+from flowengine import engines, retry, states
 from flowengine import exceptions as exc
 from flowengine.flows import graph_flow as gf
 from flowengine.flows import linear_flow as lf
@@ -133,6 +133,32 @@ def test_a_self_link_is_a_cycle():
         gf.Flow("g").add(a).link(a, a)
 
 
+@pytest.mark.parametrize("pattern", [lf.Flow, uf.Flow], ids=["linear", "unordered"])
+def test_flows_nested_in_each_other_are_a_value_error_naming_them(engine_factory, pattern):
+    outer = pattern("outer")
+    outer.add(uf.Flow("middle").add(lf.Flow("inner").add(tasks.Step("step"), outer)))
+    with pytest.raises(ValueError, match=r"'outer' contains itself \('outer' -> 'middle' -> "
+                                         r"'inner' -> 'outer'\)"):
+        engine_factory.run(outer)
+    assert tasks.entries() == []
+
+
+def test_graph_flow_refuses_a_flow_that_contains_it_when_added():
+    outer = gf.Flow("outer").add(tasks.Step("first"))
+    middle = uf.Flow("middle").add(lf.Flow("inner").add(outer))
+    with pytest.raises(ValueError, match="'outer' cannot contain 'middle', which contains it"):
+        outer.add(tasks.Step("second"), middle)
+    assert [item.name for item in outer] == ["first"]
+
+
+@pytest.mark.parametrize("pattern", [lf.Flow, uf.Flow, gf.Flow], ids=["linear", "unordered",
+                                                                      "graph"])
+def test_a_flow_cannot_be_added_to_itself(pattern):
+    flow = pattern("selfish")
+    with pytest.raises(ValueError, match="'selfish' cannot contain itself"):
+        flow.add(tasks.Step("fine"), flow)
+
+
 @pytest.mark.parametrize("pattern", [lf.Flow, uf.Flow, gf.Flow], ids=["linear", "unordered",
                                                                       "graph"])
 @pytest.mark.parametrize("item", ["a string", 42, None, object()], ids=repr)
@@ -177,6 +203,10 @@ def test_result_shape_mismatch_fails_the_atom_and_reverts(engine_factory, provid
         engine.run()
     assert tasks.names("execute") == ["before", "misshapen"]
     assert tasks.names("revert") == ["misshapen", "before"]
+    # The task did its work: its revert gets what execute returned, to undo that work.
+    [undone] = [e for e in tasks.entries("revert") if e["atom"] == "misshapen"]
+    assert undone["result"] == value
+    assert list(undone["flow_failures"]) == ["misshapen"]
     assert engine.storage.get_atom_state("misshapen") == states.REVERTED
     assert engine.storage.get_flow_state() == states.REVERTED
 
@@ -188,3 +218,12 @@ def test_result_shape_mismatch_is_retried_like_any_failure(engine_factory):
         engine_factory.run(flow)
     assert tasks.names("execute") == ["misshapen", "misshapen"]
     assert [e["decision"] for e in tasks.entries("retry-decision")] == ["RETRY", "REVERT"]
+
+
+def test_a_later_attempt_that_raises_reverts_with_its_own_failure(engine_factory):
+    flow = lf.Flow("r", retry=retry.ForEach([[1], 2], name="values", provides="value")).add(
+        tasks.FailOn("misshapen", provides=("a", "b"), inject={"bad": [2]}))
+    with engine_factory.raises(tasks.Boom):
+        engine_factory.run(flow)
+    results = [e["result"] for e in tasks.entries("revert") if e["atom"] == "misshapen"]
+    assert results == [[1], {"failure": "misshapen failed with 2"}]

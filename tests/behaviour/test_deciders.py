@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 
 from flowengine import exceptions as exc
@@ -181,3 +183,16 @@ def test_reset_and_rerun_asks_the_decider_again(engine_factory):
     engine.run()
     assert engine.storage.get_atom_state("b") == states.SUCCESS
     assert tasks.names("execute") == ["a", "a", "b"]
+
+
+def test_depth_is_a_str_enum_as_in_taskflow():
+    tf_depth = importlib.import_module("taskflow.deciders").Depth  # a test dependency
+    assert [d.value for d in Depth] == [d.value for d in tf_depth]
+    for ours, theirs in zip(Depth, tf_depth):
+        assert isinstance(ours, str)
+        assert ours == theirs == ours.value
+        assert (str(ours), f"{ours}", f"{ours:>10}") == (str(theirs), f"{theirs}", f"{theirs:>10}")
+        assert Depth.translate(ours.value.lower()) is ours
+        assert Depth.translate(ours.value.capitalize()) is ours
+        assert Depth.translate(theirs) is ours
+    assert {Depth.ALL: 1}["ALL"] == 1

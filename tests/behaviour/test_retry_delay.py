@@ -8,9 +8,12 @@ a wait prove the engine went on starting atoms while the retry waited.
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from flowengine import retry, states
+from flowengine.engines.actions import META_RETRY_DUE
 from flowengine.flows import linear_flow as lf
 from flowengine.flows import unordered_flow as uf
 
@@ -114,9 +117,10 @@ def test_bad_delay_settings_are_refused_naming_the_retry(bad):
         retry.Times(2, name="picky", **bad)
 
 
-def test_suspending_during_a_wait_starts_no_new_attempt(engine_factory):
+def suspended_during_a_wait(engine_factory, delay: float):
+    """An engine suspended while its retry "r" waits before attempt 2 (of a flaky subflow)."""
     flow = lf.Flow("retried", retry=tasks.RecordingTimes(3, name="r", provides="attempt",
-                                                         delay=1.0))
+                                                         delay=delay))
     engine = engine_factory(flow.add(tasks.FailUntil("flaky", inject={"succeed_at": 2})))
 
     def suspend_when_waiting(state, details):
@@ -125,9 +129,43 @@ def test_suspending_during_a_wait_starts_no_new_attempt(engine_factory):
 
     engine.atom_notifier.register(states.RETRYING, suspend_when_waiting)
     engine.run()
+    engine.atom_notifier.deregister(states.RETRYING, suspend_when_waiting)
+    return engine
+
+
+def stored_due(engine) -> float:
+    """When the stored wait of retry "r" ends (seconds since the epoch)."""
+    storage = engine.storage
+    return storage.flow_detail.find(storage.get_atom_uuid("r")).meta[META_RETRY_DUE]
+
+
+def test_suspending_during_a_wait_starts_no_new_attempt(engine_factory):
+    before = time.time()
+    engine = suspended_during_a_wait(engine_factory, delay=1000.0)
     assert engine.storage.get_flow_state() == states.SUSPENDED
     assert [e["attempt"] for e in tasks.entries("retry-execute")] == [1]
-    engine.atom_notifier.deregister(states.RETRYING, suspend_when_waiting)
+    # The wait's end is stored, so whoever resumes the flow knows how much of it is left.
+    assert before + 1000.0 <= stored_due(engine) <= time.time() + 1000.0
+    # The wait ran out while the flow was suspended: a resumed run starts attempt 2 at once.
+    engine.storage.update_atom_metadata("r", {META_RETRY_DUE: time.time() - 1.0})
     engine.run()
     assert [e["attempt"] for e in tasks.entries("execute") if e["atom"] == "flaky"] == [1, 2]
     assert engine.storage.get_flow_state() == states.SUCCESS
+
+
+def test_a_resumed_flow_waits_out_what_is_left_of_the_delay(engine_factory):
+    engine = suspended_during_a_wait(engine_factory, delay=1000.0)
+    due = stored_due(engine)
+    seen = []
+    for state in engine.run_iter():
+        seen.append(state)
+        if state == states.WAITING and states.SUSPENDING not in seen:
+            # The resumed engine is waiting, and attempt 2 has not started.
+            assert [e["attempt"] for e in tasks.entries("retry-execute")] == [1]
+            engine.suspend()
+            seen.append(states.SUSPENDING)
+    assert states.SUSPENDING in seen, seen
+    assert engine.storage.get_flow_state() == states.SUSPENDED
+    assert [e["attempt"] for e in tasks.entries("retry-execute")] == [1]
+    # Resuming did not start the wait over.
+    assert stored_due(engine) == due

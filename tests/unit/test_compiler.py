@@ -110,3 +110,57 @@ def test_one_at_a_time_graph_building_stays_cheap() -> None:
     for i in range(count):
         flow.add(Chain(f"t{i}", provides=f"v{i}", rebind={"prev": f"v{i - 1}"}))
     assert len(list(flow.iter_links())) == count - 1
+
+
+class Counted(task.Task):
+    """A chain link that counts how often it is hashed: a measure of graph work done on it."""
+
+    hashes = 0
+
+    def __hash__(self) -> int:
+        Counted.hashes += 1
+        return id(self) >> 4
+
+    def execute(self, prev: int) -> int:
+        return prev
+
+
+def _chain_work(count: int) -> tuple[int, int, int]:
+    """Hashes spent by a bulk add, ``requires`` and compiling, for a chain of ``count``."""
+    links = [Counted(f"t{i}", provides=f"v{i}", rebind={"prev": f"v{i - 1}"})
+             for i in range(count)]
+    spent = []
+    Counted.hashes = 0
+    flow = gf.Flow("g").add(*links)
+    spent.append(Counted.hashes)
+    Counted.hashes = 0
+    assert flow.requires == {"v-1"}
+    spent.append(Counted.hashes)
+    Counted.hashes = 0
+    PatternCompiler(flow).compile()
+    spent.append(Counted.hashes)
+    return spent[0], spent[1], spent[2]
+
+
+def test_bulk_graph_add_requires_and_compile_do_linear_work() -> None:
+    # Work, not time: four times the items must cost about four times the hashing (a
+    # quadratic step, such as a search per new link or per item, costs sixteen times).
+    small, large = _chain_work(250), _chain_work(1000)
+    for step, few, many in zip(("add", "requires", "compile"), small, large):
+        assert many <= 5 * few, f"{step}: {few} hashes for 250 items, {many} for 1000"
+
+
+def test_graph_flow_cycle_in_one_bulk_add_names_a_new_link_and_the_cycle() -> None:
+    class Needs(task.Task):
+        def execute(self, **kwargs: int) -> None:
+            return None
+
+    ring = [Needs(f"n{i}", provides=f"v{i}", requires=[f"v{(i - 1) % 12}"]) for i in range(12)]
+    flow = gf.Flow("ringed").add(Noop("before"))
+    with pytest.raises(exc.DependencyFailure, match=r"'ringed'.*'n0' -> 'n1'.*more") as info:
+        flow.add(*ring)
+    assert "'n11' -> 'n0')" in str(info.value)
+    assert [item.name for item in flow] == ["before"]
+    assert list(flow.iter_links()) == []
+    assert flow.add(*ring[1:]).requires == {"v0"}
+

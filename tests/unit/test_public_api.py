@@ -133,6 +133,33 @@ def test_taskflow_names_are_present() -> None:
         assert not missing, f"{module_name} lacks {sorted(missing)}"
 
 
+
+# TaskFlow's module -> flowengine's: every public name TaskFlow's defines, flowengine's has too.
+TASKFLOW_MODULES = {
+    "taskflow.task": "flowengine.task",
+    "taskflow.atom": "flowengine.atom",
+    "taskflow.retry": "flowengine.retry",
+    "taskflow.flow": "flowengine.flow",
+    "taskflow.deciders": "flowengine.deciders",
+    "taskflow.patterns.linear_flow": "flowengine.flows.linear_flow",
+    "taskflow.patterns.unordered_flow": "flowengine.flows.unordered_flow",
+    "taskflow.patterns.graph_flow": "flowengine.flows.graph_flow",
+}
+
+
+@pytest.mark.parametrize("theirs", sorted(TASKFLOW_MODULES))
+def test_module_level_names_match_taskflow(theirs: str) -> None:
+    taskflow_module = importlib.import_module(theirs)  # a test dependency
+    ours = importlib.import_module(TASKFLOW_MODULES[theirs])
+    names = {name for name, value in vars(taskflow_module).items()
+             if not name.startswith("_") and not isinstance(value, types.ModuleType)}
+    missing = sorted(name for name in names if not hasattr(ours, name))
+    assert not missing, f"{ours.__name__} lacks {missing}, which {theirs} has"
+    for name in names:
+        value = getattr(taskflow_module, name)
+        if isinstance(value, (str, int, tuple)):
+            assert getattr(ours, name) == value, f"{ours.__name__}.{name} differs from {theirs}'s"
+
 if __name__ == "__main__":
     if "--update" in sys.argv:
         PINNED.write_text(json.dumps(current_api(), indent=2, sort_keys=True) + "\n")
