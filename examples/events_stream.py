@@ -3,8 +3,9 @@
 A worker (a thread of this process) and a worker-based engine publish events to the fanout
 exchange ``<exchange>.events`` on kombu's in-memory transport; an :class:`EventReceiver` reads
 them through a private queue, as ``flowengine events`` does from another terminal (with a real
-broker, swap ``transport="memory"`` for a ``url``). One task fails: its event carries the
-exception's type and message, with the task's secret argument masked.
+broker, swap ``transport="memory"`` for a ``url``). The first task reports its progress, which
+the engine publishes as ``task-progress``; the second fails: its event carries the exception's
+type and message, with the task's secret argument masked.
 
 Run: python examples/events_stream.py
 """
@@ -25,6 +26,7 @@ TRANSPORT = "memory"
 
 class Reserve(task.Task):
     def execute(self, amount: int) -> str:
+        self.update_progress(0.5)
         return f"hold-{amount}"
 
 
@@ -68,6 +70,8 @@ def main() -> None:
                                                    "task-succeeded", "task-failed") else "engine"
         action = event.get("action") or ""
         detail = event.get("exception") or ""
+        if event["type"] == "task-progress":
+            detail = f"{event['progress']:.0%}"
         print(f"{where:6} {event['type']:15} {event.get('task_name') or '':8} {action:8} "
               f"{detail}".rstrip())
 

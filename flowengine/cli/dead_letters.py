@@ -2,21 +2,27 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import click
 
+from flowengine.cli import exits
 from flowengine.cli.broker import broker_kwargs, broker_options
-
-#: Exit code when the named dead letter does not exist (as for other commands' unknown ids).
-EXIT_NOT_FOUND = 2
+from flowengine.cli.options import json_option, show_envvars
 
 
-def _open(**options: Any) -> Any:
-    from flowengine.worker_based.dead_letters import DeadLetters
-
-    return DeadLetters(**broker_kwargs(**options))
+@contextlib.contextmanager
+def _reaching(broker: dict[str, Any]) -> Iterator[None]:
+    """A broker error inside exits 1 with a masked ``error:`` line, as ``events`` does."""
+    try:
+        yield
+    except Exception as err:
+        where = broker["url"] or broker["transport"] or "the embedded flowengine-fs transport"
+        exits.unreachable("reach the dead letters of", f"{where} exchange "
+                          f"{broker['exchange']!r}", err)
 
 
 @click.group("dead-letters")
@@ -24,16 +30,21 @@ def dead_letters_group() -> None:
     """Requests parked after their last attempt was lost."""
 
 
+@show_envvars
 @dead_letters_group.command("list")
 @broker_options
-@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+@json_option("One JSON object per line.")
 def list_command(as_json: bool, **options: Any) -> None:
-    """Show the parked requests, oldest first."""
-    letters = _open(**options)
-    try:
-        parked = letters.list()
-    finally:
-        letters.close()
+    """Show the parked requests, oldest first (exit code 1: the broker cannot be reached)."""
+    from flowengine.worker_based.dead_letters import DeadLetters
+
+    broker = broker_kwargs(**options)
+    with _reaching(broker):
+        letters = DeadLetters(**broker)
+        try:
+            parked = letters.list()
+        finally:
+            letters.close()
     if as_json:
         for letter in parked:
             click.echo(json.dumps(letter.to_dict(), sort_keys=True))
@@ -48,19 +59,26 @@ def list_command(as_json: bool, **options: Any) -> None:
         click.echo(f"    workers: {workers}")
 
 
+@show_envvars
 @dead_letters_group.command("requeue")
 @broker_options
 @click.argument("letter_id")
 def requeue_command(letter_id: str, **options: Any) -> None:
-    """Send the parked request LETTER_ID back to its worker topic."""
-    from flowengine.exceptions import NotFound
+    """Send the parked request LETTER_ID back to its worker topic.
 
-    letters = _open(**options)
-    try:
-        letter = letters.requeue(letter_id)
-    except NotFound as err:
-        click.echo(f"error: {err}", err=True)
-        raise SystemExit(EXIT_NOT_FOUND) from err
-    finally:
-        letters.close()
+    Exit code 2 when no parked request has that id, 1 when the broker cannot be reached.
+    """
+    from flowengine.exceptions import NotFound
+    from flowengine.worker_based.dead_letters import DeadLetters
+
+    broker = broker_kwargs(**options)
+    with _reaching(broker):
+        letters = DeadLetters(**broker)
+        try:
+            letter = letters.requeue(letter_id)
+        except NotFound as err:  # SystemExit passes through _reaching
+            click.echo(f"error: {err}", err=True)
+            raise SystemExit(exits.USAGE) from err
+        finally:
+            letters.close()
     click.echo(f"requeued {letter.id} ({letter.task_name}) to topic {letter.topic}")

@@ -9,11 +9,9 @@ from typing import Any
 
 import click
 
+from flowengine.cli import exits
 from flowengine.cli.broker import broker_kwargs, broker_options
-
-#: Exit codes, as every flowengine command has them: 2 is click's usage error, and nothing
-#: found where something was asked for (as an unknown dead letter or flow id).
-EXIT_OK, EXIT_ERROR, EXIT_NOTHING = 0, 1, 2
+from flowengine.cli.options import json_option, show_envvars, without_options
 
 #: Fields shown first on a line, in this order, when an event has them.
 _LEADING = ("flow_uuid", "task_name", "atom_uuid", "action", "attempt", "worker", "topic")
@@ -42,16 +40,19 @@ def format_line(event: Mapping[str, Any]) -> str:
     return f"{when} {event.get('type', '?'):<18} {origin} {fields}".rstrip()
 
 
+@show_envvars
+@without_options("taskflow_compat")  # the events exchange is flowengine's alone
 @click.command("events")
 @broker_options
-@click.option("--json", "as_json", is_flag=True, help="One JSON object per event and line.")
-@click.option("--flow", "flow", default=None, metavar="UUID", help="Only events of this flow.")
-@click.option("--type", "types", multiple=True, metavar="TYPE",
+@json_option("One JSON object per event and line.")
+@click.option("--flow", "flow", envvar="FLOWENGINE_FLOW", default=None, metavar="UUID",
+              help="Only events of this flow.")
+@click.option("--type", "types", envvar="FLOWENGINE_TYPE", multiple=True, metavar="TYPE",
               help="Only events whose type starts with TYPE (task-, flow-failed). Repeatable.")
-@click.option("--count", type=click.IntRange(min=1), default=None,
+@click.option("--count", envvar="FLOWENGINE_COUNT", type=click.IntRange(min=1), default=None,
               help="Stop after this many events.")
-@click.option("--timeout", type=click.FloatRange(min=0), default=None,
-              help="Stop after this many seconds.")
+@click.option("--timeout", envvar="FLOWENGINE_TIMEOUT", type=click.FloatRange(min=0),
+              default=None, help="Stop after this many seconds.")
 def events_command(as_json: bool, flow: str | None, types: tuple[str, ...], count: int | None,
                    timeout: float | None, **broker: Any) -> None:
     """Print the events engines and workers publish, as they happen.
@@ -81,17 +82,13 @@ def events_command(as_json: bool, flow: str | None, types: tuple[str, ...], coun
     except KeyboardInterrupt:
         return
     except Exception as err:
-        from flowengine.worker_based.proxy import mask_url
-
-        click.echo(f"error: cannot read events from {receiver.where}: {mask_url(str(err))}",
-                   err=True)
-        raise SystemExit(EXIT_ERROR) from err
+        exits.unreachable("read events from", receiver.where, err)
     if timeout is not None and (seen == 0 or count is not None):
         click.echo(f"timeout: {seen} event(s) in {timeout:g}s", err=True)
-        raise SystemExit(EXIT_NOTHING)
+        raise SystemExit(exits.USAGE)
 
 
 def _receiver_kwargs(broker: dict[str, Any]) -> dict[str, Any]:
-    kwargs = broker_kwargs(**broker)
-    kwargs.pop("taskflow_compat", None)  # the events exchange is flowengine's alone
+    kwargs = broker_kwargs(taskflow_compat=False, **broker)
+    del kwargs["taskflow_compat"]
     return kwargs

@@ -1,13 +1,15 @@
-"""Exit codes of the flow commands (``run``, ``flows``, ``show``, ``graph``, ``check``).
+"""Exit codes of the ``flowengine`` commands.
 
-Scripts and schedulers branch on these, so they never change meaning:
+Scripts and schedulers branch on these, so they never change meaning (3 and up are ``run``'s
+alone):
 
 ====  ========================================================================================
 0     success (``run``: the flow ended SUCCESS; ``check``: the flow compiles and validates)
 1     an error before or around the run: a module or factory that cannot be imported or
-      called, an unreadable backend, missing inputs (``MissingDependencies``), a flow that
-      does not compile
-2     usage error (click's own), including a FLOW_ID or ``--resume`` id that is not stored
+      called, an unreadable backend, a broker that cannot be reached, missing inputs
+      (``MissingDependencies``), a flow that does not compile
+2     usage error (click's own), or nothing found where something was asked for: a FLOW_ID,
+      ``--resume`` id or dead letter that is not stored, no live worker, no event in time
 3     ``run``: the flow failed and was reverted (REVERTED)
 4     ``run``: the flow ended in FAILURE (a revert failed, or the engine itself failed)
 5     ``run``: the flow was suspended (SIGINT/SIGTERM); resume it with ``--resume``
@@ -17,7 +19,12 @@ Scripts and schedulers branch on these, so they never change meaning:
 
 from __future__ import annotations
 
+from typing import NoReturn
+
+import click
+
 from flowengine import states
+from flowengine.persistence.backends._uri import mask_urls
 
 OK = 0
 ERROR = 1
@@ -39,3 +46,10 @@ BY_FLOW_STATE: dict[str, int] = {
 def for_flow_state(state: str | None) -> int:
     """The exit code for a flow that ended in ``state``."""
     return BY_FLOW_STATE.get(state or "", ERROR)
+
+
+def unreachable(what: str, where: str, err: BaseException) -> NoReturn:
+    """Say on stderr that ``what`` cannot be done with the broker at ``where``, passwords
+    masked, and exit with ERROR."""
+    click.echo(f"error: cannot {what} {mask_urls(where)}: {mask_urls(str(err))}", err=True)
+    raise SystemExit(ERROR) from err

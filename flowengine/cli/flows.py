@@ -8,15 +8,16 @@ import click
 
 from flowengine.cli import formatting as fmt
 from flowengine.cli import records
-from flowengine.cli.flow_options import backend_option, json_option, show_envvars
+from flowengine.cli.flow_options import backend_option
+from flowengine.cli.options import json_option, show_envvars
 
 
 @show_envvars
 @click.command("flows")
 @backend_option(required=True)
-@click.option("--state", "states_wanted", multiple=True, envvar="FLOWENGINE_STATES",
+@click.option("--state", "states_wanted", multiple=True, envvar="FLOWENGINE_STATE",
               help="Only flows in this state (SUCCESS, REVERTED, ...). Repeatable.")
-@json_option
+@json_option()
 def flows_command(backend_uri: str, states_wanted: tuple[str, ...], as_json: bool) -> None:
     """List stored flows: state, atom counts by state, last update.
 
@@ -53,7 +54,7 @@ def _counts(flow: dict[str, Any]) -> str:
               help="Print the traceback of each failure.")
 @click.option("--full", is_flag=True, envvar="FLOWENGINE_FULL",
               help="Do not shorten results.")
-@json_option
+@json_option()
 def show_command(flow_id: str, backend_uri: str, tracebacks: bool, full: bool,
                  as_json: bool) -> None:
     """Show one stored flow (FLOW_ID: its uuid, or the start of it) and its atoms.
@@ -77,6 +78,7 @@ def show_command(flow_id: str, backend_uri: str, tracebacks: bool, full: bool,
     click.echo("")
     for line in _atom_table(atoms, None if full else fmt.VALUE_WIDTH):
         click.echo(line)
+    _echo_attempts(atoms)
     _echo_failures(atoms, tracebacks)
 
 
@@ -104,6 +106,18 @@ def _listed(value: Any) -> str:
     if isinstance(value, list | tuple):
         return ", ".join(map(str, value)) or "-"
     return str(value)
+
+
+def _echo_attempts(atoms: list[dict[str, Any]]) -> None:
+    """Every remote attempt of each atom (only engines that run atoms elsewhere log them)."""
+    rows = [[atom["name"], str(a.get("action") or "-"), _listed(a.get("attempt")),
+             str(a.get("worker") or "-"), str(a.get("outcome") or "-")]
+            for atom in atoms for a in atom["attempt_log"] or ()]
+    if not rows:
+        return
+    click.echo("\nattempts:")
+    for line in fmt.table(["ATOM", "ACTION", "ATTEMPT", "WORKER", "OUTCOME"], rows):
+        click.echo(f"  {line}")
 
 
 def _echo_failures(atoms: list[dict[str, Any]], tracebacks: bool) -> None:

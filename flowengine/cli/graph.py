@@ -15,8 +15,7 @@ import click
 from flowengine import engines
 from flowengine import exceptions as exc
 from flowengine.cli import exits, graph_view, loading
-from flowengine.cli.flow_options import show_envvars
-from flowengine.cli.options import parse_pairs
+from flowengine.cli.options import parse_pairs, show_envvars
 from flowengine.engines.compiler import FLOW, RETRY, TASK
 
 
@@ -29,7 +28,7 @@ def _load_flow(spec: str, factory_args: tuple[str, ...], factory_kwargs: tuple[s
 @show_envvars
 @click.command("graph")
 @click.argument("spec", metavar=loading.SPEC_METAVAR)
-@click.option("--format", "fmt", envvar="FLOWENGINE_GRAPH_FORMAT", default="dot",
+@click.option("--format", "fmt", envvar="FLOWENGINE_FORMAT", default="dot",
               show_default=True, type=click.Choice(sorted(graph_view.RENDERERS)),
               help="dot (Graphviz), mermaid, or json.")
 @loading.factory_options

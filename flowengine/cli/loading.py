@@ -100,11 +100,11 @@ def flow_from_spec(spec: str, args: Sequence[Any] = (),
 def factory_options(command: Callable[..., Any]) -> Callable[..., Any]:
     """Add --arg and --kwarg (the flow factory's arguments)."""
     decorators = [
-        click.option("--arg", "factory_args", multiple=True, envvar="FLOWENGINE_FACTORY_ARGS",
+        click.option("--arg", "factory_args", multiple=True, envvar="FLOWENGINE_ARG",
                      help="Positional argument for the flow factory (JSON, else text). "
                           "Repeatable."),
         click.option("--kwarg", "factory_kwargs", multiple=True,
-                     envvar="FLOWENGINE_FACTORY_KWARGS",
+                     envvar="FLOWENGINE_KWARG",
                      help="Keyword argument key=value for the flow factory (JSON value, else "
                           "text). Repeatable."),
     ]

@@ -33,7 +33,9 @@ cli.add_command(check_command)
 
 def main() -> None:
     """Console-script entry point."""
-    cli(auto_envvar_prefix="FLOWENGINE")
+    # Every option names its environment variable itself; click's derived names (from the
+    # command and parameter: FLOWENGINE_EVENTS_AS_JSON) would be second, undocumented ones.
+    cli()
 
 
 if __name__ == "__main__":

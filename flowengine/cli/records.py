@@ -31,6 +31,8 @@ INJECTOR = Storage.injector_name
 #: Atom states in the order counts are shown.
 STATE_ORDER = (states.PENDING, states.RUNNING, states.SUCCESS, states.FAILURE, states.REVERTING,
                states.REVERTED, states.REVERT_FAILURE, states.RETRYING, states.IGNORE)
+#: Atom metadata holding each remote attempt (``WorkerBasedActionEngine`` writes it).
+ATTEMPT_LOG = "attempt_log"
 _EXECUTE_ENDS = (states.SUCCESS, states.FAILURE)
 _REVERT_ENDS = (states.REVERTED, states.REVERT_FAILURE)
 
@@ -193,14 +195,18 @@ def atom_record(ad: models.AtomDetail) -> dict[str, Any]:
     """Everything ``show`` tells about one atom, as data.
 
     Timings come from the ``<STATE>-timestamp`` and ``duration`` metadata the timing listeners
-    record (``flowengine run`` attaches them); attempts and workers from ``attempts`` and
-    ``worker``/``workers`` metadata when an engine records them. Missing ones are None.
+    record (``flowengine run`` attaches them); attempts and workers from the ``attempt_log``,
+    ``attempts`` and ``worker``/``workers`` metadata the worker-based engine records. Missing
+    ones are None.
     """
     meta = dict(ad.meta)
     stamps = _stamps(meta)
     is_retry = isinstance(ad, models.RetryDetail)
     execute_time, revert_time = durations(meta)
+    attempt_log = meta.get(ATTEMPT_LOG) if isinstance(meta.get(ATTEMPT_LOG), list) else None
     workers = meta.get("workers")
+    if workers is None and attempt_log:
+        workers = list(dict.fromkeys(a.get("worker") for a in attempt_log if a.get("worker")))
     if workers is None and meta.get("worker") is not None:
         workers = [meta["worker"]]
     return {
@@ -216,6 +222,7 @@ def atom_record(ad: models.AtomDetail) -> dict[str, Any]:
         "revert_duration": revert_time,
         "attempts": len(ad.results or ()) if is_retry else meta.get("attempts"),
         "workers": workers,
+        "attempt_log": attempt_log,
         "result": ad.last_results,
         "revert_result": ad.revert_results,
         "failure": failure_record(ad.failure),

@@ -10,7 +10,6 @@ import contextlib
 import dataclasses
 import sys
 import time
-from collections.abc import Sequence
 from typing import Any
 
 import click
@@ -18,11 +17,11 @@ from rich.console import Console
 
 from flowengine import engines, states
 from flowengine import exceptions as exc
-from flowengine.cli import exits, loading, records
+from flowengine.cli import exits, loading, records, telemetry
 from flowengine.cli import formatting as fmt
 from flowengine.cli.broker import broker_kwargs, broker_options
-from flowengine.cli.flow_options import backend_option, json_option, show_envvars
-from flowengine.cli.options import parse_pairs, split_env_list
+from flowengine.cli.flow_options import backend_option
+from flowengine.cli.options import json_option, parse_pairs, show_envvars, split_env_list
 from flowengine.cli.signals import suspend_on_signals
 from flowengine.cli.watch import RunWatcher, open_view
 from flowengine.listeners import timing
@@ -32,7 +31,6 @@ from flowengine.utils import persistence_utils as p_utils
 
 #: The logbook ``run --backend`` saves new flows in unless ``--book`` names another.
 DEFAULT_BOOK = "flowengine-cli"
-_WORKER_ENGINES = ("worker-based", "workers")
 
 
 @dataclasses.dataclass
@@ -49,6 +47,9 @@ class Request:
     backend: base.Backend | None
     backend_uri: str | None
     book: str
+    broker: dict[str, Any]
+    events: bool | None
+    metrics: bool
 
 
 @show_envvars
@@ -68,16 +69,17 @@ class Request:
               help="Resume this stored flow (uuid or its start) instead of starting a new one.")
 @loading.store_option
 @loading.factory_options
+@telemetry.telemetry_options
 @click.option("--plain", is_flag=True, envvar="FLOWENGINE_PLAIN",
               help="One line per change instead of the live table (always so when stdout is "
                    "not a terminal).")
-@json_option
+@json_option()
 @click.pass_context
 def run_command(ctx: click.Context, spec: str | None, engine_name: str, topics: tuple[str, ...],
                 backend_uri: str | None, book: str, resume_id: str | None,
                 store: tuple[str, ...], factory_args: tuple[str, ...],
-                factory_kwargs: tuple[str, ...], plain: bool, as_json: bool,
-                **broker: Any) -> None:
+                factory_kwargs: tuple[str, ...], events: bool | None, metrics_port: int | None,
+                plain: bool, as_json: bool, **broker: Any) -> None:
     """Run the flow MODULE:FACTORY names (a flow factory, or a flow object).
 
     \b
@@ -89,13 +91,19 @@ def run_command(ctx: click.Context, spec: str | None, engine_name: str, topics: 
         raise click.UsageError("give the flow to run as MODULE:FACTORY, or --resume FLOW_ID")
     if resume_id is not None and backend_uri is None:
         raise click.UsageError("--resume needs --backend: where the flow was saved")
+    if metrics_port is not None:
+        metrics_port = telemetry.serve_metrics(metrics_port)
+    options: dict[str, Any] = {}
+    if telemetry.is_worker_based(engine_name):
+        options = {**broker_kwargs(**broker), "topics": split_env_list(tuple(topics)),
+                   **telemetry.engine_options(events, metrics_port)}
     request = Request(
-        spec=spec, resume_id=resume_id, engine=engine_name,
-        options=_engine_options(engine_name, topics, broker),
+        spec=spec, resume_id=resume_id, engine=engine_name, options=options,
         store=parse_pairs(store, "store value"), args=loading.parse_args(factory_args),
         kwargs=parse_pairs(factory_kwargs, "factory keyword argument"),
         backend=None if backend_uri is None else records.open_backend(backend_uri, create=True),
-        backend_uri=backend_uri, book=book)
+        backend_uri=backend_uri, book=book, broker=broker_kwargs(**broker), events=events,
+        metrics=metrics_port is not None)
     try:
         engine = _load(request)
         _validate(engine)
@@ -106,19 +114,10 @@ def run_command(ctx: click.Context, spec: str | None, engine_name: str, topics: 
     ctx.exit(code)
 
 
-def _engine_options(engine_name: str, topics: Sequence[str], broker: dict[str, Any]
-                    ) -> dict[str, Any]:
-    kind = engine_name.split("://", 1)[0]
-    if kind not in _WORKER_ENGINES:
-        return {}
-    options = broker_kwargs(**broker)
-    options["topics"] = split_env_list(tuple(topics))
-    return options
-
-
 def _load(request: Request) -> Any:
     """The engine, loaded with a new flow or the stored one; a new flow is saved (with how to
-    rebuild it) only once the engine accepted it, so a bad --engine leaves nothing behind."""
+    rebuild it) only once it validates and the engine accepted it, so a flow that cannot run
+    or a bad --engine leaves nothing behind."""
     flow_detail = None
     target = None
     if request.resume_id is not None:
@@ -132,6 +131,9 @@ def _load(request: Request) -> Any:
     else:
         flow = _rebuild(flow_detail)
     is_new = flow_detail is None
+    if is_new and request.backend is not None:
+        # The real engine writes through to the backend as it compiles: check on a copy first.
+        _validate(engines.load(flow, store=request.store))
     if flow_detail is None:
         flow_detail = p_utils.create_flow_detail(flow)
     try:
@@ -198,6 +200,7 @@ class Outcome:
     code: int
     elapsed: float
     reverted: list[str]
+    revert_failed: list[str]
     error: BaseException | None
 
 
@@ -217,7 +220,10 @@ def _run(engine: Any, request: Request, *, plain: bool, as_json: bool) -> int:
     started = time.monotonic()
     # With --json, stdout holds the JSON alone: what tasks print goes to stderr.
     quiet = contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext()
-    with watcher, timing.EventTimeListener(engine), quiet, \
+    reporting: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
+    if not telemetry.is_worker_based(request.engine):
+        reporting = telemetry.reporting(engine, request.events, request.metrics, request.broker)
+    with watcher, timing.EventTimeListener(engine), reporting, quiet, \
             suspend_on_signals(engine, lambda text: click.echo(text, err=True)) as stop, view:
         try:
             for _state in engine.run_iter():
@@ -233,7 +239,8 @@ def _run(engine: Any, request: Request, *, plain: bool, as_json: bool) -> int:
     code = exits.for_flow_state(state)
     if error is not None and state not in (states.REVERTED, states.FAILURE):
         code = exits.ERROR  # the engine failed before running any atom (broker, storage)
-    outcome = Outcome(state, code, time.monotonic() - started, watcher.reverted, error)
+    outcome = Outcome(state, code, time.monotonic() - started, watcher.reverted,
+                      watcher.revert_failed, error)
     if as_json:
         _echo_json(engine, request, outcome)
     else:
@@ -258,6 +265,7 @@ def _echo_json(engine: Any, request: Request, outcome: Outcome) -> None:
         "elapsed": outcome.elapsed,
         "saved": request.backend is not None,
         "reverted": outcome.reverted,
+        "revert_failed": outcome.revert_failed,
         "failures": [{"atom": name, "action": action, **(records.failure_record(f) or {})}
                      for name, action, f in _failures(engine)],
         "error": None if outcome.error is None else f"{type(outcome.error).__name__}: "
@@ -279,7 +287,9 @@ def _echo_summary(engine: Any, request: Request, outcome: Outcome, watcher: RunW
     click.echo(f"flow {storage.flow_name} ({storage.flow_uuid}): {outcome.state} after "
                f"{fmt.duration(outcome.elapsed)} (exit code {outcome.code})")
     if outcome.reverted:
-        click.echo("revert order: " + " -> ".join(outcome.reverted))
+        click.echo("revert order: " + " -> ".join(
+            f"{name} (revert failed)" if name in outcome.revert_failed else name
+            for name in outcome.reverted))
     for name, action, failure in _failures(engine):
         kind = failure.exc_type_names[0] if failure.exc_type_names else "Failure"
         click.echo(f"failure: {name} ({action}) {kind}: {failure.exception_str}")

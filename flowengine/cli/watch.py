@@ -79,8 +79,10 @@ class RunWatcher:
         self._views: list[View] = []
         self.started = clock()
         self.flow_state: str = engine.storage.get_flow_state()
-        #: Atoms in the order they were reverted.
+        #: Atoms in the order their revert ended (REVERTED or REVERT_FAILURE).
         self.reverted: list[str] = []
+        #: Those whose revert failed.
+        self.revert_failed: list[str] = []
         storage = engine.storage
         details = {ad.name: ad for ad in storage.flow_detail}
         self._atoms: dict[str, AtomStatus] = {}
@@ -140,8 +142,10 @@ class RunWatcher:
             elif state in _ENDS and status.started is not None:
                 status.duration = now - status.started
                 status.started = None
-            if state == states.REVERTED:
+            if state in (states.REVERTED, states.REVERT_FAILURE):
                 self.reverted.append(status.name)
+            if state == states.REVERT_FAILURE:
+                self.revert_failed.append(status.name)
             status.note = _note(state, details.get("result"))
             changed = dataclasses.replace(status)
         self._tell(changed, state)

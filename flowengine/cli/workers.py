@@ -12,8 +12,9 @@ from typing import Any
 
 import click
 
+from flowengine.cli import exits
 from flowengine.cli.broker import broker_kwargs, broker_options
-from flowengine.cli.events import EXIT_ERROR, EXIT_NOTHING
+from flowengine.cli.options import json_option, show_envvars, split_env_list
 
 #: Default seconds to listen: longer than the workers' heartbeat interval (2 s).
 DEFAULT_WAIT = 2.5
@@ -127,14 +128,15 @@ def _print_table(rows: list[dict[str, Any]]) -> None:
         click.echo("  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip())
 
 
+@show_envvars
 @click.command("workers")
 @broker_options
-@click.option("--wait", type=click.FloatRange(min=0.1), default=DEFAULT_WAIT, show_default=True,
-              help="Seconds to listen for workers.")
-@click.option("--topic", "topics", multiple=True,
+@click.option("--wait", envvar="FLOWENGINE_WAIT", type=click.FloatRange(min=0.1),
+              default=DEFAULT_WAIT, show_default=True, help="Seconds to listen for workers.")
+@click.option("--topic", "topics", envvar="FLOWENGINE_TOPIC", multiple=True,
               help="Also ask this topic's workers with NOTIFY (finds TaskFlow workers too)."
                    " Repeatable.")
-@click.option("--json", "as_json", is_flag=True, help="One JSON object per worker and line.")
+@json_option("One JSON object per worker and line.")
 def workers_command(wait: float, topics: tuple[str, ...], as_json: bool, **broker: Any) -> None:
     """List the live workers: id, topics, tasks, capacity, free slots, in-flight requests.
 
@@ -152,18 +154,14 @@ def workers_command(wait: float, topics: tuple[str, ...], as_json: bool, **broke
     kwargs = broker_kwargs(**broker)
     table = WorkerTable()
     stop = threading.Event()
-    asking = _ask_topics(table, topics, stop, **kwargs) if topics else None
+    asking = _ask_topics(table, split_env_list(topics), stop, **kwargs) if topics else None
     events = {k: v for k, v in kwargs.items() if k != "taskflow_compat"}
     receiver = EventReceiver(types=("worker-",), **events)
     try:
         for event in receiver.iter(timeout=wait):
             table.on_event(event)
     except Exception as err:
-        from flowengine.worker_based.proxy import mask_url
-
-        click.echo(f"error: cannot read events from {receiver.where}: {mask_url(str(err))}",
-                   err=True)
-        raise SystemExit(EXIT_ERROR) from err
+        exits.unreachable("read events from", receiver.where, err)
     finally:
         stop.set()
         if asking is not None:
@@ -176,4 +174,4 @@ def workers_command(wait: float, topics: tuple[str, ...], as_json: bool, **broke
         _print_table(rows)
     if not rows:
         click.echo(f"no live workers heard from in {wait:g}s on {receiver.where}", err=True)
-        raise SystemExit(EXIT_NOTHING)
+        raise SystemExit(exits.USAGE)

@@ -24,8 +24,27 @@ from flowengine.worker_based.executor import WorkerTaskExecutor
 LOG = logging.getLogger(__name__)
 
 
-#: Task states after which the worker that ran the task is recorded in its metadata.
+#: Task states after which where the task ran is recorded in its metadata.
 _PLACED_STATES = (states.SUCCESS, states.FAILURE, states.REVERTED, states.REVERT_FAILURE)
+#: Atom metadata key of every attempt's ``{"attempt", "action", "worker", "outcome"}``.
+_META_ATTEMPT_LOG = "attempt_log"
+#: Most attempts kept in it per atom (a retried subflow runs its atoms again and again).
+_MAX_LOGGED_ATTEMPTS = 50
+
+
+def _port(value: Any) -> int | None:
+    """Option ``metrics_port`` as a port number (None: no endpoint)."""
+    if value in (None, ""):
+        return None
+    try:
+        port = int(value)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"Worker-based engine option 'metrics_port' must be a port number, "
+                         f"not {value!r}") from err
+    if not 0 <= port <= 65535:
+        raise ValueError(f"Worker-based engine option 'metrics_port' must be 0 to 65535, "
+                         f"not {port}")
+    return port
 
 
 class WorkerBasedActionEngine(ActionEngine):
@@ -47,6 +66,8 @@ class WorkerBasedActionEngine(ActionEngine):
         time_limits: ``{task name: seconds}`` overriding tasks' ``time_limit``.
         events: publish events to ``<exchange>.events`` (default True; see doc/operations.rst).
         metrics: update the Prometheus metrics (default False; the ``metrics`` extra).
+        metrics_port: also serve them on ``127.0.0.1:PORT/metrics`` from when the flow runs
+            (implies ``metrics``; the endpoint is the process's and outlives the run).
     """
 
     def __init__(
@@ -62,28 +83,50 @@ class WorkerBasedActionEngine(ActionEngine):
             self._publisher = EventPublisher(
                 extra.get("exchange", "default"), url=extra.get("url"),
                 transport=extra.get("transport"), transport_options=extra.get("transport_options"))
+        self._metrics_port = _port(extra.get("metrics_port"))
         self._metrics: ext.EventSink = ext.NO_EVENTS
-        if as_bool("metrics", extra.get("metrics", False)):
+        if self._metrics_port is not None or as_bool("metrics", extra.get("metrics", False)):
             from flowengine.worker_based.metrics import MetricsSink
 
             self._metrics = MetricsSink(role="engine")
         #: ``(attempt, worker)`` of an atom uuid, for the atom log and events.
         self.atom_placement = PlacementSink()
+        #: The endpoint option ``metrics_port`` serves (its ``server_port``), once running.
+        self.metrics_server: Any = None
 
     def run_iter(self, timeout: float | None = None) -> Iterator[str]:
+        if self._metrics_port is not None:
+            self._serve_metrics(self._metrics_port)
         with self._event_listeners():
             return (yield from super().run_iter(timeout=timeout))
 
+    def _serve_metrics(self, port: int) -> None:
+        from flowengine.worker_based.metrics import start_metrics_server
+
+        try:
+            self.metrics_server = start_metrics_server(port)
+        except OSError as err:  # metrics are for watching the flow: not a reason to fail it
+            LOG.warning("Flow %r runs without its metrics endpoint: cannot serve metrics on "
+                        "127.0.0.1:%d: %s", self.storage.flow_name, port, err)
+
     def _record_placement(self, state: str, details: dict[str, Any]) -> None:
-        """Store where a remote task's last attempt ran (``flowengine show`` displays it)."""
+        """Store every attempt of a remote task: number, action, worker and outcome
+        (``flowengine show`` lists them); ``worker`` and ``attempts`` keep the last execute's."""
         name, uuid = details.get("task_name"), details.get("task_uuid")
         if not name or not uuid:
             return
-        attempt, worker = self.atom_placement(uuid)
-        if worker is None:
+        tried = self.atom_placement.settle(uuid, state)
+        if not tried:
             return
         try:
-            self.storage.update_atom_metadata(name, {"worker": worker, "attempts": attempt})
+            detail = self.storage.flow_detail.find(uuid)
+            logged = list(detail.meta.get(_META_ATTEMPT_LOG) or []) if detail else []
+            update: dict[str, Any] = {
+                _META_ATTEMPT_LOG: (logged + tried)[-_MAX_LOGGED_ATTEMPTS:]}
+            executed = [a for a in tried if a["action"] == pr.EXECUTE]
+            if executed and executed[-1]["worker"] is not None:
+                update.update(worker=executed[-1]["worker"], attempts=executed[-1]["attempt"])
+            self.storage.update_atom_metadata(name, update)
         except Exception:  # a bookkeeping write must not break the run
             LOG.warning("Could not record where task %r ran", name, exc_info=True)
 

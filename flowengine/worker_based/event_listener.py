@@ -1,14 +1,16 @@
-"""Turns an engine's flow and atom notifications into events for an EventSink.
+"""Turns an engine's flow, atom and progress notifications into events for an EventSink.
 
 Works with any engine: ``with EventListener(engine, EventPublisher("my-exchange", url)):``.
 The worker-based engine attaches one itself (option ``events``) with ``task_events=False``,
 because its workers report task-started/succeeded/failed; the engine then reports only what
-no worker can (flows, reverts, and failures it decided: a lost worker, a time limit, a request
-nobody took).
+no worker can (flows, reverts, retry controllers, progress, and failures it decided: a lost
+worker, a time limit, a request nobody took). Progress is reported here, never by workers:
+remote progress reaches the engine's task notifier too, so each update is one event.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -17,11 +19,14 @@ from typing import TYPE_CHECKING, Any
 from flowengine import states
 from flowengine.listeners import base
 from flowengine.listeners.atoms import redacted_failure
+from flowengine.task import EVENT_UPDATE_PROGRESS, Task
 from flowengine.types.failure import Failure
 from flowengine.worker_based import extensions as ext
 
 if TYPE_CHECKING:
     from flowengine.engines.engine import ActionEngine
+
+LOG = logging.getLogger(__name__)
 
 FLOW_EVENTS = {
     states.RUNNING: "flow-started",
@@ -41,6 +46,8 @@ TASK_EVENTS = {
 WORKER_REPORTED = frozenset({states.RUNNING, states.SUCCESS, states.FAILURE})
 #: Failures the engine decides for a remote task; no worker reports them.
 ENGINE_DECIDED = ("WorkerLost", "RequestTimeout", "TaskTimeLimitExceeded")
+#: Where an atom's work starts (progress is the task's own from then on until it ends).
+_STARTING = frozenset({states.RUNNING, states.REVERTING})
 #: A flow only counts as suspended when it was running (preparing also passes SUSPENDED).
 _SUSPENDED_FROM = frozenset({states.RUNNING, states.SUSPENDING})
 
@@ -53,7 +60,10 @@ def failure_fields(engine: ActionEngine, atom_name: str, failure: Failure) -> di
 
 
 class EventListener(base.Listener):
-    """Emits flow-* and task-* events for an engine's state changes.
+    """Emits flow-* and task-* events for an engine's state changes, retries and progress.
+
+    Retry controllers report as tasks do (their ``task_name`` is the controller's, with
+    ``kind="retry"``), and ``task-retried`` when one decides to retry its subflow.
 
     Args:
         engine: The engine to listen to.
@@ -65,10 +75,65 @@ class EventListener(base.Listener):
     def __init__(self, engine: ActionEngine, sink: ext.EventSink, *, task_events: bool = True,
                  clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__(engine, task_listen_for=base.DEFAULT_LISTEN_FOR,
-                         flow_listen_for=tuple(FLOW_EVENTS), retry_listen_for=())
+                         flow_listen_for=tuple(FLOW_EVENTS),
+                         retry_listen_for=base.DEFAULT_LISTEN_FOR)
         self._sink, self._task_events, self._clock = sink, task_events, clock
         self._started: dict[str, float] = {}
         self._lock = threading.Lock()
+        #: Tasks whose notifier reaches :meth:`_on_progress`, by name.
+        self._watched: dict[str, Any] = {}
+        #: Action of each task working now, and those whose next 0.0 is the engine's own.
+        self._working: dict[str, str] = {}
+        self._opening: set[str] = set()
+
+    def deregister(self) -> None:
+        super().deregister()
+        with self._lock:
+            watched, self._watched = self._watched, {}
+        for task in watched.values():
+            task.notifier.deregister(EVENT_UPDATE_PROGRESS, self._on_progress)
+
+    def _watch_progress(self) -> None:
+        """Listen to every task's progress, once the engine has compiled its flow."""
+        if self._watched:
+            return
+        compilation = getattr(self._engine, "compilation", None)
+        tasks = [] if compilation is None else [
+            a for a in compilation.iter_atoms() if isinstance(a, Task)]
+        with self._lock:
+            if self._watched:
+                return
+            for task in tasks:
+                task.notifier.register(EVENT_UPDATE_PROGRESS, self._on_progress,
+                                       args=(task.name,))
+                self._watched[task.name] = task
+
+    def _on_progress(self, _event: str, name: str, details: base.Details) -> None:
+        progress = details.get("progress")
+        with self._lock:
+            action = self._working.get(name)
+            opening = name in self._opening
+            self._opening.discard(name)
+        # The engine itself reports 0.0 as a task starts and 1.0 once it ended: not news.
+        if action is None or (opening and progress == 0.0):
+            return
+        try:
+            atom_uuid = self._engine.storage.get_atom_uuid(name)
+            fields: dict[str, Any] = {"flow_uuid": self._engine.storage.flow_uuid,
+                                      "atom_uuid": atom_uuid, "task_name": name,
+                                      "action": action, "progress": progress}
+            fields.update(self._placement(atom_uuid))
+            self._sink.emit("task-progress", **fields)
+        except Exception:  # runs on the task's thread: a listener must never fail the task
+            LOG.warning("Could not report progress %r of task %r", progress, name,
+                        exc_info=True)
+
+    def _placement(self, atom_uuid: str) -> dict[str, Any]:
+        placement = getattr(self._engine, "atom_placement", None)
+        if placement is None:
+            return {"attempt": 1}
+        attempt, worker = placement(atom_uuid)
+        return {"attempt": attempt, "worker": worker}
 
     def _elapsed(self, key: str, state: str, starting: frozenset[str]) -> float | None:
         with self._lock:
@@ -81,6 +146,8 @@ class EventListener(base.Listener):
     def _flow_receiver(self, state: str, details: base.Details) -> None:
         if state == states.SUSPENDED and details.get("old_state") not in _SUSPENDED_FROM:
             return
+        if state == states.RUNNING:
+            self._watch_progress()
         fields: dict[str, Any] = {"flow_uuid": details["flow_uuid"],
                                   "flow_name": details["flow_name"]}
         duration = self._elapsed("flow", state, frozenset({states.RUNNING}))
@@ -94,24 +161,38 @@ class EventListener(base.Listener):
                               failed_atoms=sorted(failures))
         self._sink.emit(FLOW_EVENTS[state], **fields)
 
+    def _atom_fields(self, state: str, details: base.Details, name: str,
+                     atom_uuid: str) -> dict[str, Any]:
+        fields: dict[str, Any] = {"flow_uuid": self._engine.storage.flow_uuid,
+                                  "atom_uuid": atom_uuid, "task_name": name}
+        result = details.get("result")
+        if isinstance(result, Failure):
+            fields.update(failure_fields(self._engine, name, result))
+        fields["action"] = "revert" if state in (states.REVERTED, states.REVERT_FAILURE) \
+            else "execute"
+        return fields
+
     def _task_receiver(self, state: str, details: base.Details) -> None:
         name, atom_uuid = details["task_name"], details["task_uuid"]
-        runtime = self._elapsed(atom_uuid, state, frozenset({states.RUNNING, states.REVERTING}))
+        with self._lock:
+            if state in _STARTING:
+                self._working[name] = "revert" if state == states.REVERTING else "execute"
+                self._opening.add(name)
+            else:
+                self._working.pop(name, None)
+                self._opening.discard(name)
+        if state in _STARTING:
+            self._watch_progress()
+        runtime = self._elapsed(atom_uuid, state, _STARTING)
         event_type = TASK_EVENTS.get(state)
         if event_type is None:
             return
-        result = details.get("result")
-        fields: dict[str, Any] = {"flow_uuid": self._engine.storage.flow_uuid,
-                                  "atom_uuid": atom_uuid, "task_name": name}
-        if isinstance(result, Failure):
-            fields.update(failure_fields(self._engine, name, result))
+        fields = self._atom_fields(state, details, name, atom_uuid)
         if not self._task_events and state in WORKER_REPORTED:
             kind = str(fields.get("exc_type") or "")
             if state != states.FAILURE or not kind.endswith(ENGINE_DECIDED):
                 return
             fields["origin"] = "engine"
-        fields["action"] = "revert" if state in (states.REVERTED, states.REVERT_FAILURE) \
-            else "execute"
         placement = getattr(self._engine, "atom_placement", None)
         if placement is not None:
             fields["attempt"], fields["worker"] = placement(atom_uuid)
@@ -119,20 +200,77 @@ class EventListener(base.Listener):
             fields["runtime"] = runtime
         self._sink.emit(event_type, **fields)
 
+    def _retry_receiver(self, state: str, details: base.Details) -> None:
+        # Retry controllers always run in the engine: it reports them whoever runs tasks.
+        name, atom_uuid = details["retry_name"], details["retry_uuid"]
+        runtime = self._elapsed(atom_uuid, state, _STARTING)
+        if state == states.RETRYING:
+            self._sink.emit("task-retried", **self._retried_fields(name, atom_uuid))
+            return
+        event_type = TASK_EVENTS.get(state)
+        if event_type is None:
+            return
+        fields = self._atom_fields(state, details, name, atom_uuid)
+        fields["kind"] = "retry"
+        if runtime is not None:
+            fields["runtime"] = runtime
+        self._sink.emit(event_type, **fields)
+
+    def _retried_fields(self, name: str, atom_uuid: str) -> dict[str, Any]:
+        """A RETRY decision: the attempt it starts and the failures that caused it."""
+        history = self._engine.storage.get_retry_history(name)
+        fields: dict[str, Any] = {
+            "flow_uuid": self._engine.storage.flow_uuid, "atom_uuid": atom_uuid,
+            "task_name": name, "kind": "retry", "decision": "RETRY",
+            "history": len(history), "attempt": len(history) + 1}
+        failed = dict(history.outcomes_iter(len(history) - 1)) if len(history) else {}
+        if failed:
+            first, failure = next(iter(failed.items()))
+            fields.update(failure_fields(self._engine, first, failure), failed_atom=first,
+                          failed_atoms=sorted(failed))
+        return fields
+
 
 class PlacementSink(ext.EventSink):
-    """Remembers each atom's latest attempt number and worker from task-sent events."""
+    """Remembers where each atom's attempts ran, from task-sent and task-lost events.
+
+    Each attempt is ``{"attempt", "action", "worker", "outcome"}``; ``outcome`` is ``LOST``
+    for an attempt whose lease lapsed or whose worker went away, else set by :meth:`settle`.
+    """
 
     def __init__(self) -> None:
-        self._placed: dict[str, tuple[int | None, str | None]] = {}
+        self._attempts: dict[str, list[dict[str, Any]]] = {}
+        self._settled: dict[str, int] = {}
+        self._lock = threading.Lock()
 
     def emit(self, event_type: str, **fields: object) -> None:
-        if event_type == "task-sent" and isinstance(fields.get("atom_uuid"), str):
-            attempt = fields.get("attempt")
-            worker = fields.get("worker")
-            self._placed[str(fields["atom_uuid"])] = (
-                attempt if isinstance(attempt, int) else None,
-                worker if isinstance(worker, str) else None)
+        atom_uuid = fields.get("atom_uuid")
+        if event_type not in ("task-sent", "task-lost") or not isinstance(atom_uuid, str):
+            return
+        attempt, worker = fields.get("attempt"), fields.get("worker")
+        with self._lock:
+            tried = self._attempts.setdefault(atom_uuid, [])
+            if event_type == "task-sent":
+                tried.append({"attempt": attempt if isinstance(attempt, int) else None,
+                              "action": str(fields.get("action") or "execute"),
+                              "worker": worker if isinstance(worker, str) else None,
+                              "outcome": None})
+            elif tried and tried[-1]["attempt"] == attempt:
+                tried[-1]["outcome"] = "LOST"
 
     def __call__(self, atom_uuid: str) -> tuple[int | None, str | None]:
-        return self._placed.get(atom_uuid, (None, None))
+        """The latest attempt number and worker of ``atom_uuid`` (None where unknown)."""
+        with self._lock:
+            tried = self._attempts.get(atom_uuid)
+            return (tried[-1]["attempt"], tried[-1]["worker"]) if tried else (None, None)
+
+    def settle(self, atom_uuid: str, outcome: str) -> list[dict[str, Any]]:
+        """The attempts of ``atom_uuid`` since the last call, the last one ending ``outcome``
+        (unless it was lost)."""
+        with self._lock:
+            tried = self._attempts.get(atom_uuid, [])
+            fresh = [dict(a) for a in tried[self._settled.get(atom_uuid, 0):]]
+            self._settled[atom_uuid] = len(tried)
+        if fresh and fresh[-1]["outcome"] is None:
+            fresh[-1]["outcome"] = outcome
+        return fresh

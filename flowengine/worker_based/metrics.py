@@ -3,9 +3,10 @@
 Needs the ``metrics`` extra (``pip install 'flowengine[metrics]'``); importing this module
 works without it, using it raises an ImportError that says so. A :class:`MetricsSink` is an
 :class:`~flowengine.worker_based.extensions.EventSink`: give it to a worker
-(``Worker(metrics=True)``), a worker-based engine (option ``metrics=True``) or any engine
-through :class:`~flowengine.worker_based.event_listener.EventListener`, and serve the registry
-with :func:`start_metrics_server`. doc/operations.rst lists the metrics.
+(``Worker(metrics=True)``), a worker-based engine (option ``metrics=True``, or
+``metrics_port=PORT`` to serve them too) or any engine through
+:class:`~flowengine.worker_based.event_listener.EventListener`, and serve the registry with
+:func:`start_metrics_server`. doc/operations.rst lists the metrics.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ _OUTCOMES = {
     "task-revert-failed": "REVERT_FAILURE",
 }
 _FINISHED = frozenset({"task-succeeded", "task-failed"})
+#: What a worker's task-succeeded/failed counts as when the work was a revert.
+_REVERT_OUTCOMES = {"task-succeeded": "REVERTED", "task-failed": "REVERT_FAILURE"}
 #: Flow event type -> the flow state it counts as.
 _FLOW_STATES = {
     "flow-succeeded": "SUCCESS",
@@ -70,6 +73,8 @@ class _Metrics:
 
 _FAMILIES: dict[int, _Metrics] = {}
 _FAMILIES_LOCK = threading.Lock()
+_SERVERS: dict[tuple[str, int, int], Any] = {}
+_SERVERS_LOCK = threading.Lock()
 
 
 def _families(registry: Any) -> _Metrics:
@@ -121,6 +126,8 @@ class MetricsSink(ext.EventSink):
         origin_engine = fields.get("origin") == "engine"
         if event_type in _FINISHED and not origin_engine:
             self._m.in_flight.labels(self._role).dec()
+            if fields.get("action") == "revert":  # workers report a revert as they do work
+                state = _REVERT_OUTCOMES[event_type]
         self._m.outcomes.labels(self._role, task, state).inc()
         runtime = fields.get("runtime")
         if isinstance(runtime, (int, float)):
@@ -133,8 +140,12 @@ class MetricsSink(ext.EventSink):
 def start_metrics_server(port: int, addr: str = "127.0.0.1", registry: Any = None) -> Any:
     """Serve ``/metrics`` over HTTP on ``addr:port`` from a daemon thread.
 
+    Engines and workers of one process that ask for the same port share its endpoint: asking
+    again for a port this process already serves (the same registry) returns that server.
+
     Args:
-        port: TCP port (0: any free port; read it from the returned server's ``server_port``).
+        port: TCP port (0: any free port, a new one each call; read it from the returned
+            server's ``server_port``).
         addr: Address to bind; the default keeps the endpoint on this host.
         registry: What to serve (default: the global registry).
 
@@ -143,8 +154,16 @@ def start_metrics_server(port: int, addr: str = "127.0.0.1", registry: Any = Non
 
     Raises:
         ImportError: prometheus-client is not installed (names the extra to install).
+        OSError: the port cannot be bound (another process has it).
     """
     prom = _prometheus()
-    started = prom.start_http_server(port, addr=addr,
-                                     registry=prom.REGISTRY if registry is None else registry)
-    return started[0] if isinstance(started, tuple) else started
+    registry = prom.REGISTRY if registry is None else registry
+    key = (addr, port, id(registry))
+    with _SERVERS_LOCK:
+        server = _SERVERS.get(key) if port else None
+        if server is None:
+            started = prom.start_http_server(port, addr=addr, registry=registry)
+            server = started[0] if isinstance(started, tuple) else started
+            if port:
+                _SERVERS[key] = server
+        return server

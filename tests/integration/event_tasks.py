@@ -22,3 +22,26 @@ class Leaky(task.Task):
     def execute(self, password: str) -> None:
         raise ValueError(f"login with {password} to redis://svc:{URL_PASSWORD}@cache:6379/0"
                          " refused")
+
+
+class Halfway(task.Task):
+    """Reports being half done, then returns."""
+
+    def execute(self) -> str:
+        self.update_progress(0.5)
+        return "done"
+
+
+class Fail(task.Task):
+    def execute(self) -> None:
+        raise RuntimeError("cannot go on")
+
+
+class BadRevert(task.Task):
+    """Runs; its revert fails."""
+
+    def execute(self) -> str:
+        return "made"
+
+    def revert(self, **kwargs: object) -> None:
+        raise RuntimeError("cannot be undone")

@@ -8,6 +8,7 @@ sleeps to synchronise: receivers say when they listen, and tests wait for the ev
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import os
@@ -192,24 +193,49 @@ def test_a_flow_is_reported_in_order(setup: Setup) -> None:
         assert {"hostname", "pid", "clock", "timestamp", "utcoffset"} <= set(event)
 
 
-def test_no_event_carries_a_secret(setup: Setup) -> None:
+def _run_collecting(setup: Setup, flow: Any, until: tuple[str, ...], *, fails: str | None = None,
+                    **options: Any) -> tuple[str, list[dict[str, Any]]]:
+    """Run ``flow`` (failing with a WrappedFailure matching ``fails``, if given) while reading
+    events; return its uuid and the events read until one of each type of ``until`` came."""
     collector = Collector(setup.receiver())
     try:
-        engine = setup.load(linear_flow.Flow("leaky").add(event_tasks.Leaky("leaky")),
-                            store={"password": event_tasks.SECRET})
-        with pytest.raises(WrappedFailure, match="ValueError"):
+        engine = setup.load(flow, **options)
+        with pytest.raises(WrappedFailure, match=fails) if fails else contextlib.nullcontext():
             engine.run()
         flow_uuid = engine.storage.flow_uuid
-        events = collector.wait_for(lambda es: _has("flow-reverted", flow_uuid)(es)
-                                    and _has("task-failed", flow_uuid)(es))
+        events = collector.wait_for(lambda es: all(_has(t, flow_uuid)(es) for t in until))
     finally:
         collector.close()
+    return flow_uuid, events
+
+
+def test_no_event_carries_a_secret(setup: Setup) -> None:
+    flow_uuid, events = _run_collecting(
+        setup, linear_flow.Flow("leaky").add(event_tasks.Leaky("leaky")),
+        ("flow-reverted", "task-failed"), fails="ValueError",
+        store={"password": event_tasks.SECRET})
     text = json.dumps(events)
     assert event_tasks.SECRET not in text and event_tasks.URL_PASSWORD not in text
     failed = next(e for e in _of_flow(events, flow_uuid) if e["type"] == "task-failed")
     assert failed["exc_type"] == "ValueError"
     assert failed["exception"] == "login with *** to redis://svc:***@cache:6379/0 refused"
     assert not any({"arguments", "result", "password"} & set(e) for e in events)
+
+
+def test_each_progress_update_is_one_task_progress_event(setup: Setup) -> None:
+    # The worker's task-succeeded is published before its reply: once it and the flow's end
+    # are in, so is anything that could have reported the progress.
+    flow_uuid, events = _run_collecting(
+        setup, linear_flow.Flow("halfway").add(event_tasks.Halfway("half")),
+        ("flow-succeeded", "task-succeeded"))
+    ours = _of_flow(events, flow_uuid)
+    (progress,) = [e for e in ours if e["type"] == "task-progress"]
+    sent = next(e for e in ours if e["type"] == "task-sent")
+    assert progress["progress"] == 0.5 and progress["action"] == "execute"
+    assert (progress["atom_uuid"], progress["task_name"]) == (sent["atom_uuid"], "half")
+    assert (progress["attempt"], progress["worker"]) == (1, sent["worker"])
+    started = next(e for e in ours if e["type"] == "flow-started")
+    assert (progress["hostname"], progress["pid"]) == (started["hostname"], started["pid"])
 
 
 def test_events_command_with_count_and_json(memory_setup: Setup) -> None:
@@ -273,7 +299,8 @@ def test_workers_command_lists_a_live_worker(memory_setup: Setup) -> None:
     (row,) = [json.loads(line) for line in outcome.stdout.splitlines()]
     assert row["worker"] == memory_setup.worker_id
     assert row["topics"] == [TOPIC]
-    assert set(row["tasks"]) == {"event_tasks.Add", "event_tasks.Leaky"}
+    assert set(row["tasks"]) == {f"event_tasks.{name}" for name in (
+        "Add", "Leaky", "Halfway", "Fail", "BadRevert")}
     assert (row["capacity"], row["free"], row["in_flight"]) == (4, 4, 0)
     assert time.time() - row["last_heartbeat"] < WAIT
 
@@ -353,6 +380,11 @@ def test_worker_metrics_endpoint_over_redis(tmp_path: Path, exchange: str) -> No
                    state="SUCCESS") == 1
     assert _sample(samples, "flowengine_atom_outcomes_total", **worker, task="leaky",
                    state="FAILURE") == 1
+    # The failed task was reverted on the worker too: a revert, not a second execute.
+    assert _sample(samples, "flowengine_atom_outcomes_total", **worker, task="leaky",
+                   state="REVERTED") == 1
+    assert _sample(samples, "flowengine_atom_outcomes_total", **worker, task="leaky",
+                   state="SUCCESS") == 0
     assert _sample(samples, "flowengine_atom_duration_seconds_count", **worker, task="b",
                    action="execute") == 1
     assert _sample(samples, "flowengine_atoms_in_flight", **worker) == 0
@@ -360,9 +392,7 @@ def test_worker_metrics_endpoint_over_redis(tmp_path: Path, exchange: str) -> No
 
 def test_engine_and_worker_metrics_in_one_process() -> None:
     importlib.import_module("prometheus_client")  # a test dependency
-    from flowengine.worker_based.metrics import start_metrics_server
-
-    server = start_metrics_server(0)
+    port = _free_port()
     exchange = unique_exchange("metrics")
     worker = Worker(exchange, TOPIC, [event_tasks], threads_count=2, transport="memory",
                     metrics=True)
@@ -370,14 +400,23 @@ def test_engine_and_worker_metrics_in_one_process() -> None:
     thread.start()
     assert worker.wait(WAIT)
     setup = Setup({"transport": "memory"}, exchange, os.getpid(), worker.worker_id)
+    undone = linear_flow.Flow("undone").add(event_tasks.BadRevert("undo"),
+                                            event_tasks.Fail("boom"))
+    # The engine serves the endpoint itself (option metrics_port) from when it runs; later
+    # engines of the process asking for the same port share it.
+    first = setup.load(_two_tasks(), store={"x": 1}, metrics_port=port)
     try:
-        before = _scrape(server.server_port)
-        setup.load(_two_tasks(), store={"x": 1}, metrics=True).run()
-        after = _scrape(server.server_port)
+        first.run()
+        before = _scrape(port)
+        setup.load(_two_tasks(), store={"x": 1}, metrics_port=port).run()
+        with pytest.raises((WrappedFailure, RuntimeError), match="cannot"):
+            setup.load(undone, metrics_port=port).run()
+        after = _scrape(port)
     finally:
         worker.stop(grace=5.0)
         thread.join(WAIT)
-        server.shutdown()
+        if first.metrics_server is not None:
+            first.metrics_server.shutdown()
 
     def delta(name: str, **labels: str) -> float:
         return _sample(after, name, **labels) - _sample(before, name, **labels)
@@ -387,15 +426,28 @@ def test_engine_and_worker_metrics_in_one_process() -> None:
         assert delta("flowengine_atom_duration_seconds_count", role=role, task="b",
                      action="execute") == 1
         assert _sample(after, "flowengine_atoms_in_flight", role=role) == 0
+        # Reverts count as reverts on both sides, whether they worked or failed.
+        assert delta("flowengine_atom_outcomes_total", role=role, task="boom",
+                     state="REVERTED") == 1
+        assert delta("flowengine_atom_outcomes_total", role=role, task="undo",
+                     state="REVERT_FAILURE") == 1
+        assert delta("flowengine_atom_outcomes_total", role=role, task="undo",
+                     state="FAILURE") == 0
+    assert delta("flowengine_atom_outcomes_total", role="worker", task="undo",
+                 state="SUCCESS") == 1  # its execute, and only that
     assert delta("flowengine_flows_total", state="SUCCESS") == 1
+    assert delta("flowengine_flows_total", state="FAILURE") == 1
 
 
 def test_commands_exit_1_when_the_broker_cannot_be_reached() -> None:
-    for command in (["events", "--timeout", "5"], ["workers", "--wait", "5"]):
+    for command, what in ((["events", "--timeout", "5"], "read events from"),
+                          (["workers", "--wait", "5"], "read events from"),
+                          (["dead-letters", "list"], "reach the dead letters of"),
+                          (["dead-letters", "requeue", "x"], "reach the dead letters of")):
         outcome = CliRunner().invoke(cli, [*command, "--url", "redis://:pw@127.0.0.1:1/0"])
-        assert outcome.exit_code == 1, outcome.output
-        assert "error: cannot read events from redis://:***@127.0.0.1:1/0" in outcome.stderr
-        assert "pw@" not in outcome.output
+        assert outcome.exit_code == 1, (command, outcome.output)
+        assert f"error: cannot {what} redis://:***@127.0.0.1:1/0" in outcome.stderr
+        assert "pw@" not in outcome.output and "Traceback" not in outcome.output
 
 
 def test_the_events_example() -> None:
@@ -406,5 +458,6 @@ def test_the_events_example() -> None:
     lines = [" ".join(line.split()) for line in proc.stdout.splitlines()]
     assert lines[0] == "flow failed as planned: WrappedFailure"
     assert "worker task-failed charge execute card *** declined for hold-12" in lines
+    assert "engine task-progress reserve execute 50%" in lines
     assert lines[-1] == "engine flow-reverted card *** declined for hold-12"
     assert "4111111111111111" not in proc.stdout

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import urllib.request
 from typing import Any
 
 from flowengine import deciders, retry, task
@@ -138,3 +139,21 @@ FLOW_OBJECT = linear_flow.Flow("object").add(Echo("only"))
 
 #: A lambda factory: recorded through its ``module:attribute`` for resumption.
 lambda_factory = lambda: linear_flow.Flow("from-lambda").add(Echo("lam"))  # noqa: E731
+
+
+class Scrape(task.Task):
+    """Reads the engine's metrics endpoint while the flow runs; returns the lines of the
+    ``flowengine_`` samples whose labels name the engine."""
+
+    def execute(self, port: int) -> list[str]:
+        url = f"http://127.0.0.1:{port}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as response:
+            text = response.read().decode()
+        return [line for line in text.splitlines()
+                if line.startswith("flowengine_") and 'role="engine"' in line]
+
+
+def make_scraping(port: int) -> linear_flow.Flow:
+    """A task, then one that scrapes the metrics endpoint on ``port`` mid-run."""
+    return linear_flow.Flow("scraping").add(Echo("before-scrape"),
+                                            Scrape("scrape", inject={"port": port}))

@@ -234,7 +234,7 @@ def test_graph_of_a_linear_flow_object() -> None:
 
 def test_graph_format_from_environment() -> None:
     result = CliRunner().invoke(cli, ["graph", "cli_flows:make_ok"],
-                                env={"FLOWENGINE_GRAPH_FORMAT": "mermaid"})
+                                env={"FLOWENGINE_FORMAT": "mermaid"})
     assert result.stdout.startswith("flowchart LR")
 
 

@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import socket
 import subprocess
 import sys
 import threading
+import uuid
 from collections.abc import Iterator
 
 import cli_flows  # tests/unit is on sys.path (pytest rootdir insertion)
@@ -74,7 +76,9 @@ def test_failed_revert_exits_4_and_shows_both_failures() -> None:
     assert any(line.startswith("a: REVERT_FAILURE in ") for line in out)
     assert "failure: b (execute) RuntimeError: b cannot go on" in out
     assert "failure: a (revert) ValueError: a cannot be undone" in out
-    assert "revert order: b" in out
+    assert "revert order: b -> a (revert failed)" in out
+    outcome = json.loads(invoke("run", "cli_flows:make_revert_fails", "--json").stdout)
+    assert (outcome["reverted"], outcome["revert_failed"]) == (["b", "a"], ["a"])
 
 
 def test_suspended_flow_exits_5_and_resumes_where_it_stopped(tmp_path: pathlib.Path) -> None:
@@ -178,6 +182,14 @@ def test_usage_errors_exit_2(args: tuple[str, ...], message: str) -> None:
     assert message in result.stderr
 
 
+def test_a_flow_that_cannot_run_saves_nothing(tmp_path: pathlib.Path) -> None:
+    uri = f"sqlite:///{tmp_path / 'flows.db'}"
+    result = invoke("run", "cli_flows:make_missing", "--backend", uri)
+    assert result.exit_code == exits.ERROR
+    assert "requires ['nowhere']" in result.stderr
+    assert invoke("flows", "--backend", uri).stdout == "no flows\n"
+
+
 def test_an_unknown_engine_saves_nothing(tmp_path: pathlib.Path) -> None:
     uri = f"sqlite:///{tmp_path / 'flows.db'}"
     result = invoke("run", "cli_flows:make_ok", "--engine", "warp", "--backend", uri)
@@ -252,6 +264,112 @@ def test_worker_based_engine_runs_tasks_on_a_worker() -> None:
     assert "a: 50%" in out  # progress reported by the remote task
     assert "revert order: b -> a" in out
     assert cli_flows.JOURNAL == ["execute a", "execute b", "revert b", "revert a"]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _samples(lines: list[str]) -> dict[str, float]:
+    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in lines}
+
+
+def test_metrics_endpoint_of_a_local_engine() -> None:
+    pytest.importorskip("prometheus_client")
+    port = _free_port()
+    result = invoke("run", "cli_flows:make_scraping", "--arg", str(port), "--metrics-port",
+                    str(port), "--json")
+    assert result.exit_code == exits.OK, result.output
+    during = _samples(json.loads(result.stdout)["atoms"][1]["result"])
+    assert during['flowengine_atoms_in_flight{role="engine"}'] >= 1  # the scraping task
+    done = 'flowengine_atom_outcomes_total{role="engine",state="SUCCESS",task="before-scrape"}'
+    assert during[done] >= 1
+    # The endpoint outlives the run (in this process): the finished flow is counted.
+    after = _samples(cli_flows.Scrape("again").execute(port))
+    assert after[done] == during[done]
+    scraped = 'flowengine_atom_outcomes_total{role="engine",state="SUCCESS",task="scrape"}'
+    assert after[scraped] == during.get(scraped, 0.0) + 1
+
+
+def test_metrics_port_that_cannot_be_served_exits_1() -> None:
+    pytest.importorskip("prometheus_client")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = invoke("run", "cli_flows:make_ok", "--metrics-port", str(port))
+    assert result.exit_code == exits.ERROR
+    assert f"cannot serve metrics on 127.0.0.1:{port}" in result.stderr
+    assert cli_flows.JOURNAL == []
+
+
+def test_events_of_a_local_engine() -> None:
+    from flowengine.worker_based.events import EventReceiver
+
+    exchange = f"cli-events-{uuid.uuid4().hex[:8]}"
+    receiver = EventReceiver(exchange, transport="memory")
+    seen: list[dict[str, object]] = []
+    listening, stop = threading.Event(), threading.Event()
+
+    def read() -> None:
+        for event in receiver.iter(ready=listening.set, stop=stop):
+            seen.append(event)
+            if event["type"] == "flow-reverted":
+                return
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    assert listening.wait(10)
+    quiet = invoke("run", "cli_flows:make_reverted", "--transport", "memory", "--exchange",
+                   exchange)
+    loud = invoke("run", "cli_flows:make_reverted", "--events", "--transport", "memory",
+                  "--exchange", exchange, "--json")
+    reader.join(10)
+    stop.set()
+    assert (quiet.exit_code, loud.exit_code) == (exits.REVERTED, exits.REVERTED)
+    flow_uuid = json.loads(loud.stdout)["uuid"]
+    assert {e["flow_uuid"] for e in seen} == {flow_uuid}  # none from the run without --events
+    assert [e["type"] for e in seen] == [
+        "flow-started", "task-started", "task-progress", "task-succeeded", "task-started",
+        "task-failed", "task-reverted", "task-reverted", "flow-reverted"]
+
+
+def test_show_lists_every_attempt_of_a_remote_task(tmp_path: pathlib.Path) -> None:
+    from flowengine.worker_based.worker import Worker
+
+    exchange, topic = f"cli-attempts-{uuid.uuid4().hex[:8]}", "cli-tasks"
+    worker = Worker(exchange=exchange, topic=topic, tasks=[cli_flows.Add, cli_flows.Fail],
+                    transport="memory", threads_count=2, events=False)
+    thread = threading.Thread(target=worker.run, kwargs={"display_banner": False}, daemon=True)
+    thread.start()
+    uri = f"sqlite:///{tmp_path / 'flows.db'}"
+    try:
+        assert worker.wait(timeout=10), "the worker did not start"
+        ran = invoke("run", "cli_flows:make_reverted", "--engine", "worker-based",
+                     "--transport", "memory", "--exchange", exchange, "--topic", topic,
+                     "--backend", uri, "--json")
+    finally:
+        worker.stop(grace=5)
+        thread.join(timeout=10)
+    assert ran.exit_code == exits.REVERTED, ran.output
+    flow_id = json.loads(ran.stdout)["uuid"]
+    shown = json.loads(invoke("show", flow_id, "--backend", uri, "--json").stdout)
+    a, b = shown["atoms"]
+    me = worker.worker_id
+    assert a["attempt_log"] == [
+        {"attempt": 1, "action": "execute", "worker": me, "outcome": "SUCCESS"},
+        {"attempt": 1, "action": "revert", "worker": me, "outcome": "REVERTED"}]
+    assert [(e["action"], e["outcome"]) for e in b["attempt_log"]] == [
+        ("execute", "FAILURE"), ("revert", "REVERTED")]
+    assert (a["workers"], a["attempts"]) == ([me], 1)
+    text = lines(invoke("show", flow_id, "--backend", uri))
+    table = text[text.index("attempts:") + 1:]
+    assert [row.split() for row in table[:5]] == [
+        ["ATOM", "ACTION", "ATTEMPT", "WORKER", "OUTCOME"],
+        ["a", "execute", "1", me, "SUCCESS"], ["a", "revert", "1", me, "REVERTED"],
+        ["b", "execute", "1", me, "FAILURE"], ["b", "revert", "1", me, "REVERTED"]]
 
 
 def test_console_script_runs_and_checks_flows(tmp_path: pathlib.Path) -> None:

@@ -11,12 +11,13 @@ import sys
 from typing import Any
 
 import pytest
+from test_listeners import FailOnce  # tests/unit is on sys.path (pytest rootdir insertion)
 
-from flowengine import engines, exceptions, states, task
+from flowengine import engines, exceptions, retry, states, task
 from flowengine.flows import linear_flow
 from flowengine.listeners.atoms import LOGGER_NAME, AtomLogListener
 from flowengine.worker_based import extensions as ext
-from flowengine.worker_based.event_listener import EventListener
+from flowengine.worker_based.event_listener import EventListener, PlacementSink
 
 ENGINES = ["serial", "parallel"]
 SECRET = "s3cr3t-pw"
@@ -39,6 +40,17 @@ class Leaky(task.Task):
 class Lost(task.Task):
     def execute(self) -> None:
         raise exceptions.WorkerLost(self.name, 3, ["w1", "w2", "w3"])
+
+
+class Steps(task.Task):
+    """Reports its progress in steps, executing and reverting."""
+
+    def execute(self) -> None:
+        self.update_progress(0.25)
+        self.update_progress(0.75)
+
+    def revert(self, **kwargs: Any) -> None:
+        self.update_progress(0.5)
 
 
 class Recorder(ext.EventSink):
@@ -124,6 +136,60 @@ def test_remote_mode_leaves_task_outcomes_to_workers() -> None:
                             "flow-reverted"]
     failed = sink.events[1][1]
     assert failed["origin"] == "engine" and failed["exc_type"].endswith("WorkerLost")
+
+
+@pytest.mark.parametrize("kind", ENGINES)
+def test_each_progress_update_is_one_task_progress_event(kind: str) -> None:
+    flow = linear_flow.Flow("f").add(Steps("steps"), Lost("lost"))
+    engine = engines.load(flow, engine=kind)
+    sink = Recorder()
+    with EventListener(engine, sink):
+        _run(engine)
+    progress = [fields for event_type, fields in sink.events if event_type == "task-progress"]
+    # The engine's own 0.0 before and 1.0 after each execute and revert are not the task's.
+    assert [(p["action"], p["progress"]) for p in progress] == [
+        ("execute", 0.25), ("execute", 0.75), ("revert", 0.5)]
+    assert {(p["flow_uuid"], p["atom_uuid"], p["task_name"], p["attempt"]) for p in progress} \
+        == {(engine.storage.flow_uuid, engine.storage.get_atom_uuid("steps"), "steps", 1)}
+    types = sink.types()
+    assert types.index("task-progress") == types.index("task-started") + 1
+    assert all(len(t.notifier) == 0 for t in flow)  # the progress listeners are gone
+
+
+@pytest.mark.parametrize("task_events", [True, False])
+def test_retry_controllers_report_and_a_retry_is_task_retried(task_events: bool) -> None:
+    flaky = FailOnce("flaky")
+    flow = linear_flow.Flow("f", retry=retry.Times(3, name="again")).add(flaky)
+    engine = engines.load(flow)
+    sink = Recorder()
+    with EventListener(engine, sink, task_events=task_events):
+        engine.run()
+    # The engine always runs retry controllers: it reports them even when workers run tasks.
+    ours = [(t, f["task_name"]) for t, f in sink.events if f.get("kind") == "retry"]
+    assert ours == [("task-started", "again"), ("task-succeeded", "again"),
+                    ("task-retried", "again"),
+                    ("task-started", "again"), ("task-succeeded", "again")]
+    retried = dict(sink.events)["task-retried"]
+    assert (retried["decision"], retried["history"], retried["attempt"]) == ("RETRY", 1, 2)
+    assert retried["atom_uuid"] == engine.storage.get_atom_uuid("again")
+    assert (retried["failed_atom"], retried["exc_type"], retried["exception"]) == (
+        "flaky", "RuntimeError", "once")
+    assert sink.types()[-1] == "flow-succeeded"
+
+
+def test_placement_keeps_every_attempt_of_an_atom() -> None:
+    placed = PlacementSink()
+    placed.emit("task-sent", atom_uuid="u", attempt=1, worker="w1", action="execute")
+    placed.emit("task-lost", atom_uuid="u", attempt=1, worker="w1")
+    placed.emit("task-sent", atom_uuid="u", attempt=2, worker="w2", action="execute")
+    assert placed("u") == (2, "w2") and placed("other") == (None, None)
+    assert placed.settle("u", states.SUCCESS) == [
+        {"attempt": 1, "action": "execute", "worker": "w1", "outcome": "LOST"},
+        {"attempt": 2, "action": "execute", "worker": "w2", "outcome": "SUCCESS"}]
+    placed.emit("task-sent", atom_uuid="u", attempt=1, worker="w3", action="revert")
+    assert placed.settle("u", states.REVERT_FAILURE) == [
+        {"attempt": 1, "action": "revert", "worker": "w3", "outcome": "REVERT_FAILURE"}]
+    assert placed.settle("u", states.REVERTED) == []
 
 
 def test_preparing_a_flow_is_not_reported_as_suspended() -> None:
@@ -244,6 +310,26 @@ def test_metrics_sink_counts_what_the_events_say(registry: Any) -> None:
     assert value("flowengine_leases_lapsed_total", {"role": "worker", "task": "c"}) == 1
     assert value("flowengine_dead_letters_total", {"role": "worker", "task": "c"}) == 1
     assert value("flowengine_flows_total", {"state": "SUCCESS"}) == 1
+
+
+def test_metrics_count_a_workers_reverts_as_reverts(registry: Any) -> None:
+    from flowengine.worker_based.metrics import MetricsSink
+
+    sink = MetricsSink(role="worker", registry=registry)
+    for event_type, task_name in (("task-succeeded", "a"), ("task-failed", "b")):
+        sink.emit("task-started", task_name=task_name, action="revert")
+        sink.emit(event_type, task_name=task_name, action="revert", runtime=0.5)
+
+    def outcome(task_name: str, state: str) -> float | None:
+        return registry.get_sample_value(
+            "flowengine_atom_outcomes_total",
+            {"role": "worker", "task": task_name, "state": state})
+
+    assert (outcome("a", "REVERTED"), outcome("b", "REVERT_FAILURE")) == (1, 1)
+    assert (outcome("a", "SUCCESS"), outcome("b", "FAILURE")) == (None, None)
+    assert registry.get_sample_value("flowengine_atoms_in_flight", {"role": "worker"}) == 0
+    assert registry.get_sample_value("flowengine_atom_duration_seconds_count",
+                                     {"role": "worker", "task": "a", "action": "revert"}) == 1
 
 
 def test_engine_metrics_through_the_event_listener(registry: Any) -> None:
