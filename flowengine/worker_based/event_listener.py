@@ -232,7 +232,7 @@ class EventListener(base.Listener):
 
 
 class PlacementSink(ext.EventSink):
-    """Remembers where each atom's attempts ran, from task-sent and task-lost events.
+    """Remembers where each atom's attempts ran, from task-sent, task-moved and task-lost events.
 
     Each attempt is ``{"attempt", "action", "worker", "outcome"}``; ``outcome`` is ``LOST``
     for an attempt whose lease lapsed or whose worker went away, else set by :meth:`settle`.
@@ -245,7 +245,8 @@ class PlacementSink(ext.EventSink):
 
     def emit(self, event_type: str, **fields: object) -> None:
         atom_uuid = fields.get("atom_uuid")
-        if event_type not in ("task-sent", "task-lost") or not isinstance(atom_uuid, str):
+        if (event_type not in ("task-sent", "task-moved", "task-lost")
+                or not isinstance(atom_uuid, str)):
             return
         attempt, worker = fields.get("attempt"), fields.get("worker")
         with self._lock:
@@ -255,7 +256,11 @@ class PlacementSink(ext.EventSink):
                               "action": str(fields.get("action") or "execute"),
                               "worker": worker if isinstance(worker, str) else None,
                               "outcome": None})
-            elif tried and tried[-1]["attempt"] == attempt:
+            elif not tried or tried[-1]["attempt"] != attempt:
+                return
+            elif event_type == "task-moved":  # another worker of the topic took it
+                tried[-1]["worker"] = worker if isinstance(worker, str) else None
+            else:
                 tried[-1]["outcome"] = "LOST"
 
     def __call__(self, atom_uuid: str) -> tuple[int | None, str | None]:

@@ -72,7 +72,7 @@ class WorkerTaskExecutor(local.TaskExecutor):
         max_attempts: attempts per submission before the atom fails with WorkerLost.
         time_limits: per task name, seconds a RUNNING attempt may take (overrides the task
             class's ``time_limit``); past it the attempt fails with TaskTimeLimitExceeded.
-        events: where task-sent, task-retried and task-lost events go.
+        events: where task-sent, task-moved, task-retried and task-lost events go.
     """
 
     def __init__(
@@ -472,10 +472,13 @@ class WorkerTaskExecutor(local.TaskExecutor):
             if holder is not None:
                 holder.in_flight += 1
             sub.worker = holder
+            previous = sub.workers[-1] if sub.workers else None
             if sub.workers:
                 sub.workers[-1] = identity
             else:
                 sub.workers.append(identity)
+        self._events.emit("task-moved", **self._event_fields(sub), worker=identity,
+                          from_worker=previous)
 
     def _handed_back(self, sub: Submission, request: pr.Request, by: str | None) -> None:
         """A worker returned the current attempt unrun: the broker redelivered it to that worker,

@@ -354,3 +354,14 @@ def test_metrics_without_prometheus_client_name_the_extra(monkeypatch: pytest.Mo
         metrics.MetricsSink()
     with pytest.raises(ImportError, match="metrics"):
         metrics.start_metrics_server(0)
+
+
+def test_placement_follows_the_worker_that_took_the_attempt() -> None:
+    # Workers sharing a topic share its queue: another one than the chosen may run it.
+    placed = PlacementSink()
+    placed.emit("task-sent", atom_uuid="u", attempt=1, worker="w1", action="execute")
+    placed.emit("task-moved", atom_uuid="u", attempt=1, worker="w2", from_worker="w1")
+    placed.emit("task-moved", atom_uuid="u", attempt=7, worker="w9", from_worker="w2")  # stale
+    assert placed("u") == (1, "w2")
+    assert placed.settle("u", states.SUCCESS) == [
+        {"attempt": 1, "action": "execute", "worker": "w2", "outcome": "SUCCESS"}]

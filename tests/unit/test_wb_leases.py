@@ -68,6 +68,16 @@ class ScriptedWorker:
         return self.requests.get(timeout=WAIT)
 
 
+class Recorded(ext.EventSink):
+    """Keeps the events the executor emits."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, dict[str, object]]] = []
+
+    def emit(self, event_type: str, **fields: object) -> None:
+        self.seen.append((event_type, fields))
+
+
 @pytest.fixture
 def exchange() -> str:
     return f"lease-{uuid.uuid4().hex[:8]}"
@@ -255,7 +265,8 @@ def test_an_attempt_taken_by_an_undiscovered_worker_survives_the_first_worker_go
 ) -> None:
     # Workers of a topic share its queue, and a new worker's announcement travels on another
     # queue than its replies: its RUNNING can arrive before the engine has heard of it.
-    executor = make_executor(exchange, clock, max_attempts=3)
+    events = Recorded()
+    executor = make_executor(exchange, clock, max_attempts=3, events=events)
     try:
         future = executor.execute_task(Slow(name="moved"), "atom-7", {})
         _data, message = worker.next_request()
@@ -264,6 +275,9 @@ def test_an_attempt_taken_by_an_undiscovered_worker_survives_the_first_worker_go
                              correlation_id=message.properties["correlation_id"],
                              headers=newcomer)
         executor.cycles.settle()
+        [moved] = [fields for kind, fields in events.seen if kind == "task-moved"]
+        assert (moved["worker"], moved["from_worker"], moved["attempt"]) == (
+            "worker-2", "worker-1", 1)
         offline = dict(worker.headers(), **{pr.HEADER_WORKER_STATUS: pr.WORKER_OFFLINE})
         worker.proxy.publish(pr.Notify(topic=worker.topic, tasks=[TASK_CLS]),
                              pr.DISCOVERY_ROUTING_KEY, headers=offline, declare_queue=False)
