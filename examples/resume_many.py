@@ -92,7 +92,11 @@ def suspend_after_reserve(engine: engines.ActionEngine) -> None:
 
 
 def show(conn: base.Connection) -> list[models.FlowDetail]:
-    """Print every flow detail's state; return the unfinished ones."""
+    """Print every flow detail's state; return the unfinished ones.
+
+    A damaged record cannot stop this: ``get_logbooks()`` leaves out what it cannot load whole
+    and logs an error naming it.
+    """
     unfinished = []
     for book in conn.get_logbooks():
         for fd in sorted(book, key=lambda fd: fd.name):
@@ -121,8 +125,11 @@ def main() -> None:
             print("unfinished flows: " + ", ".join(fd.name for fd in unfinished))
             for fd in unfinished:
                 print(f"== resuming {fd.name} (was {fd.state or 'never started'})")
-                engine = engines.load_from_detail(fd, backend=be)
-                engine.run()
+                try:
+                    engines.load_from_detail(fd, backend=be).run()
+                except Exception as err:
+                    # One flow that fails again must not keep the others from resuming.
+                    print(f"resuming {fd.name} failed: {type(err).__name__}: {err}")
             print("== stored flow states after resuming")
             left = show(conn)
             print(f"unfinished flows: {len(left)}")

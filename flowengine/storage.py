@@ -79,8 +79,26 @@ class Storage:
 
     @property
     def backend(self) -> Any:
-        """The persistence backend, or None."""
+        """The persistence backend.
+
+        Without one, a :class:`~flowengine.persistence.backends.impl_memory.MemoryBackend`
+        (``deep_copy`` off) is made on first access, as TaskFlow makes one: it holds the flow
+        detail (in no logbook) and every change from then on. Made lazily, so a run nobody
+        inspects never pays for copying each change.
+        """
+        if self._backend is None:
+            with self._lock:
+                if self._backend is None:
+                    self._adopt_memory_backend()
         return self._backend
+
+    def _adopt_memory_backend(self) -> None:
+        from flowengine.persistence.backends import impl_memory
+
+        backend = impl_memory.MemoryBackend({"deep_copy": False})
+        connection = backend.get_connection()
+        connection.update_flow_details(self._flow_detail, ignore_missing=True)
+        self._backend, self._connection = backend, connection
 
     @property
     def flow_name(self) -> str:

@@ -1,11 +1,13 @@
 """Run the persistence and resumption examples as a user would, and check the lines that matter.
 
 They need no server: each keeps a SQLite file in a temporary directory. Two of them start a
-process that is killed with SIGKILL, then resume its flows from the database.
+process that is killed with SIGKILL, then resume its flows from the database. The persistence
+benchmark runs too, with tiny sizes, to check the JSON it prints.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import re
@@ -18,11 +20,11 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
 
 
-def _run(script: str) -> str:
+def _run(script: str, *args: str, folder: pathlib.Path = EXAMPLES) -> str:
     env = dict(os.environ, PYTHONIOENCODING="utf-8", NO_COLOR="1")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     proc = subprocess.run(
-        [sys.executable, str(EXAMPLES / script)],
+        [sys.executable, str(folder / script), *args],
         cwd=ROOT, env=env, capture_output=True, text=True, encoding="utf-8", timeout=60,
     )
     assert proc.returncode == 0, (
@@ -117,3 +119,25 @@ def test_resume_many_finds_and_resumes_every_unfinished_flow() -> None:
     for done in ("order-3: reserve", "order-4: reserve", "order-4: charge", "order-1:",
                  "order-2:"):
         assert done not in resumed, f"{done!r} ran again after resuming\n{output}"
+
+
+def test_persistence_benchmark_prints_its_json(tmp_path: pathlib.Path) -> None:
+    output = _run("persistence.py", "--size", "4", "--repeat", "2", "--postgres", "",
+                  "--workdir", str(tmp_path), folder=ROOT / "benchmarks")
+    report = json.loads(output)
+    assert report["benchmark"] == "persistence"
+    assert report["flow"] == "linear, 4 no-op tasks, serial engine"
+    assert report["repeat"] == 2 and isinstance(report["target_met"], bool)
+    results = report["results"]
+    assert sorted(results) == ["memory", "none", "sqlite"]  # PostgreSQL skipped by ''
+    for name, row in results.items():
+        assert row["run_s"] > 0 and row["load_s"] > 0, name
+        assert len(row["run_s_all"]) == 2, name
+        assert round(row["run_s"], 4) == min(row["run_s_all"]), name
+        assert row["run_s_median"] >= row["run_s"], name
+        assert row["ratio_to_none"] == round(row["run_s"] / results["none"]["run_s"], 2)
+    assert report["target_met"] == (results["sqlite"]["ratio_to_memory"] <= 3.0)
+    statements = report["sqlite_statements"]
+    assert statements["atom_state_changes"] == 8
+    assert statements["during_run"].get("UPDATE", 0) >= 8
+    assert statements["statements_per_atom_state_change"] > 0

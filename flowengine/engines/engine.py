@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import contextlib
+import logging
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -231,7 +232,14 @@ class ActionEngine:
                         if try_suspend:
                             self.suspend()
             except BaseException:
-                self._change_state(states.FAILURE)
+                try:
+                    self._change_state(states.FAILURE)
+                except Exception:
+                    # The error being raised names what failed first (an atom's state save, say);
+                    # a later one (often the same fault again) must not hide it, so it is logged.
+                    logging.getLogger(__name__).exception(
+                        "Could not store flow %r (%s) as FAILURE either",
+                        self.storage.flow_name, self.storage.flow_uuid)
                 raise
             finally:
                 self._loop = None

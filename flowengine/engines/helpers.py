@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import inspect
 import logging
 import urllib.parse
-from collections.abc import Callable, Mapping, Sequence
+import weakref
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from flowengine import exceptions as exc
@@ -33,12 +36,34 @@ def _backend_from_conf(conf: Any) -> Any:
     from flowengine.persistence import backends as p_backends
 
     backend = p_backends.fetch(conf if isinstance(conf, str) else dict(conf))
-    conn = backend.get_connection()
     try:
-        conn.upgrade()
-    finally:
-        conn.close()
+        with contextlib.closing(backend.get_connection()) as conn:
+            conn.upgrade()
+    except BaseException:
+        backend.close()
+        raise
     return backend
+
+
+@contextlib.contextmanager
+def _owned_backend(backend: Any, keep: bool = True) -> Iterator[tuple[Any, bool]]:
+    """Yield ``(backend, owned)``.
+
+    A backend built here from a URI or dict is owned: closed on leaving, unless ``keep`` and the
+    block succeeded (its new owner, an engine, closes it later). A backend object is the
+    caller's and passes through untouched.
+    """
+    if not isinstance(backend, (str, Mapping)):
+        yield backend, False
+        return
+    built = _backend_from_conf(backend)
+    kept = False
+    try:
+        yield built, True
+        kept = keep
+    finally:
+        if not kept:
+            built.close()
 
 
 def _extract_engine(engine: Any, **kwargs: Any) -> tuple[str, dict[str, Any]]:
@@ -73,6 +98,33 @@ def _engine_class(kind: str) -> type:
     return getattr(importlib.import_module(module_name), class_name)  # type: ignore[no-any-return]
 
 
+def _load(
+    flow: Any,
+    store: Mapping[str, Any] | None,
+    flow_detail: Any,
+    book: Any,
+    backend: Any,
+    owned: bool,
+    engine: Any,
+    kwargs: dict[str, Any],
+) -> tuple[Any, weakref.finalize | None]:
+    """Load an engine; return it with the finalizer closing its owned backend (or None)."""
+    from flowengine.utils import persistence_utils as p_utils
+
+    kind, options = _extract_engine(engine, **kwargs)
+    cls = _engine_class(kind)
+    if flow_detail is None:
+        flow_detail = p_utils.create_flow_detail(flow, book=book, backend=backend)
+    engine_obj = cls(flow, flow_detail, backend, options)
+    closer = None
+    if owned:
+        # Nobody else holds a backend built from a URI: close it when the engine goes away.
+        closer = weakref.finalize(engine_obj, backend.close)
+    if store:
+        engine_obj.storage.inject(store)
+    return engine_obj, closer
+
+
 def load(
     flow: Any,
     store: Mapping[str, Any] | None = None,
@@ -85,6 +137,9 @@ def load(
 ) -> Any:
     """Load a flow into an engine, ready to run.
 
+    A backend given as a URI or dict is built (and upgraded) here and closed when the engine is
+    garbage collected; a backend object is never closed.
+
     Args:
         flow: the flow (or atom) to run.
         store: values injected into storage before running.
@@ -95,17 +150,8 @@ def load(
         engine: engine name (``serial``/``default``, ``parallel``, ``worker-based``) or URI.
         **kwargs: engine options.
     """
-    from flowengine.utils import persistence_utils as p_utils
-
-    kind, options = _extract_engine(engine, **kwargs)
-    if isinstance(backend, (str, Mapping)):
-        backend = _backend_from_conf(backend)
-    if flow_detail is None:
-        flow_detail = p_utils.create_flow_detail(flow, book=book, backend=backend)
-    engine_obj = _engine_class(kind)(flow, flow_detail, backend, options)
-    if store:
-        engine_obj.storage.inject(store)
-    return engine_obj
+    with _owned_backend(backend) as (backend, owned):
+        return _load(flow, store, flow_detail, book, backend, owned, engine, kwargs)[0]
 
 
 def run(
@@ -118,61 +164,111 @@ def run(
     engine: str = ENGINE_DEFAULT,
     **kwargs: Any,
 ) -> dict[str, Any]:
-    """Load and run a flow; return everything it stored (``storage.fetch_all()``)."""
-    engine_obj = load(flow, store=store, flow_detail=flow_detail, book=book, backend=backend,
-                      namespace=namespace, engine=engine, **kwargs)
-    engine_obj.run()
-    return engine_obj.storage.fetch_all()  # type: ignore[no-any-return]
+    """Load and run a flow; return everything it stored (``storage.fetch_all()``).
+
+    A backend given as a URI or dict is closed before this returns.
+    """
+    with _owned_backend(backend) as (backend, owned):
+        engine_obj, closer = _load(flow, store, flow_detail, book, backend, owned, engine, kwargs)
+    try:
+        engine_obj.run()
+        return engine_obj.storage.fetch_all()  # type: ignore[no-any-return]
+    finally:
+        if closer is not None:
+            closer()
 
 
 def _callable_name(function: Callable[..., Any]) -> str:
-    module = getattr(function, "__module__", None)
-    qualname = getattr(function, "__qualname__", None)
-    if not module or not qualname or "<" in qualname:
-        raise ValueError(f"Flow factory {function!r} must be a module-level function or class")
-    return f"{module}.{qualname}"
+    """The dotted name a factory is stored under, found as TaskFlow (oslo's reflection) does.
+
+    A bound method is named after its owner's module, a function after its own, and any other
+    callable after its type; a class of metaclass ``type`` is named after itself (one with another
+    metaclass, such as a Flow subclass, after its metaclass, so TaskFlow refuses it).
+    """
+    owner = function.__self__ if inspect.ismethod(function) else None
+    if owner is not None:
+        module = (owner if isinstance(owner, type) else type(owner)).__module__
+        return f"{module}.{function.__qualname__}"
+    if inspect.isfunction(function):
+        return f"{function.__module__}.{function.__qualname__}"
+    kind = type(function)
+    if kind is type:
+        kind = function  # type: ignore[assignment]
+    return f"{kind.__module__}.{kind.__qualname__}"
 
 
-def _import_callable(name: str) -> Callable[..., Any]:
+def _fetch_factory(name: str) -> Callable[..., Any]:
+    """Import ``module.attribute`` as TaskFlow does: one attribute of an importable module.
+
+    Raises:
+        ImportError: naming the factory, whatever stopped the import.
+    """
     module_name, _, attr = name.rpartition(".")
-    while module_name:
-        try:
-            obj: Any = importlib.import_module(module_name)
-        except ImportError:
-            module_name, _, head = module_name.rpartition(".")
-            attr = f"{head}.{attr}"
-            continue
-        for part in attr.split("."):
-            obj = getattr(obj, part)
-        return obj  # type: ignore[no-any-return]
-    raise ImportError(f"Could not import flow factory {name!r}")
+    try:
+        return getattr(importlib.import_module(module_name), attr)  # type: ignore[no-any-return]
+    except (ImportError, ValueError, AttributeError) as err:
+        raise ImportError(f"Could not import flow factory {name!r}: {err}") from err
+
+
+def _fetch_validate_factory(
+    flow_factory: str | Callable[..., Any],
+) -> tuple[str, Callable[..., Any]]:
+    """Return the name a factory is stored under and the factory itself.
+
+    Raises:
+        ImportError: ``flow_factory`` is a name that cannot be imported.
+        ValueError: ``flow_factory`` is a callable its own name does not import back (a lambda,
+            a nested function, a method, a renamed or deleted function): another process could
+            never rebuild the flow, so it is refused when saved, not when resumed.
+    """
+    if isinstance(flow_factory, str):
+        return flow_factory, _fetch_factory(flow_factory)
+    name = _callable_name(flow_factory)
+    try:
+        reimported: Any = _fetch_factory(name)
+    except ImportError:
+        reimported = None
+    if reimported is None or reimported != flow_factory:
+        raise ValueError(f"Flow factory {flow_factory!r} is not reimportable by name {name}")
+    return name, flow_factory
 
 
 def save_factory_details(
     flow_detail: Any,
-    flow_factory: Callable[..., Any],
+    flow_factory: str | Callable[..., Any],
     factory_args: Sequence[Any] | None,
     factory_kwargs: Mapping[str, Any] | None,
     backend: Any = None,
 ) -> None:
-    """Record in the flow detail how to rebuild its flow (so another process can resume it)."""
-    flow_detail.meta[_FACTORY_META] = {
-        "name": _callable_name(flow_factory),
-        "args": list(factory_args or ()),
-        "kwargs": dict(factory_kwargs or {}),
-    }
-    if backend is not None:
-        conn = backend.get_connection()
-        try:
+    """Record in the flow detail how to rebuild its flow (so another process can resume it).
+
+    Args:
+        flow_detail: the flow detail whose ``meta["factory"]`` is set.
+        flow_factory: the factory, or its import path (``"package.module.function"``).
+        factory_args: its positional arguments.
+        factory_kwargs: its keyword arguments.
+        backend: when given (a backend, or its URI or dict), the flow detail is saved to it.
+
+    Raises:
+        ValueError: the factory cannot be imported back by its name.
+        ImportError: the factory is given by a name that cannot be imported.
+    """
+    name, _ = _fetch_validate_factory(flow_factory)
+    factory = {"name": name, "args": list(factory_args or ()),
+               "kwargs": dict(factory_kwargs or {})}
+    if not flow_detail.meta:
+        flow_detail.meta = {_FACTORY_META: factory}
+    else:
+        flow_detail.meta[_FACTORY_META] = factory
+    if backend is None:
+        return
+    with _owned_backend(backend, keep=False) as (backend, _):
+        with contextlib.closing(backend.get_connection()) as conn:
             conn.update_flow_details(flow_detail)
-        finally:
-            close = getattr(conn, "close", None)
-            if close is not None:
-                close()
 
 
 def load_from_factory(
-    flow_factory: Callable[..., Any],
+    flow_factory: str | Callable[..., Any],
     factory_args: Sequence[Any] | None = None,
     factory_kwargs: Mapping[str, Any] | None = None,
     store: Mapping[str, Any] | None = None,
@@ -182,17 +278,21 @@ def load_from_factory(
     engine: str = ENGINE_DEFAULT,
     **kwargs: Any,
 ) -> Any:
-    """Build a flow with a factory, record the factory, and load it into an engine."""
+    """Build a flow with a factory (or its import path), record the factory, load it.
+
+    Raises:
+        ValueError: the factory cannot be imported back by its name.
+        ImportError: the factory is given by a name that cannot be imported.
+    """
     from flowengine.utils import persistence_utils as p_utils
 
-    flow = flow_factory(*(factory_args or ()), **(factory_kwargs or {}))
-    if isinstance(backend, (str, Mapping)):
-        backend = _backend_from_conf(backend)
-    flow_detail = p_utils.create_flow_detail(flow, book=book, backend=backend)
-    save_factory_details(flow_detail, flow_factory, factory_args, factory_kwargs,
-                         backend=backend)
-    return load(flow, store=store, flow_detail=flow_detail, book=book, backend=backend,
-                namespace=namespace, engine=engine, **kwargs)
+    _, factory = _fetch_validate_factory(flow_factory)
+    flow = factory(*(factory_args or ()), **(factory_kwargs or {}))
+    with _owned_backend(backend) as (backend, owned):
+        flow_detail = p_utils.create_flow_detail(flow, book=book, backend=backend)
+        save_factory_details(flow_detail, flow_factory, factory_args, factory_kwargs,
+                             backend=backend)
+        return _load(flow, store, flow_detail, book, backend, owned, engine, kwargs)[0]
 
 
 def flow_from_detail(flow_detail: Any) -> Any:
@@ -200,16 +300,22 @@ def flow_from_detail(flow_detail: Any) -> Any:
 
     Raises:
         ValueError: the flow detail has no factory details.
-        ImportError: the factory cannot be imported.
+        ImportError: the stored factory cannot be imported (the message names it).
     """
+    where = (f"flow detail {getattr(flow_detail, 'name', '?')!r} "
+             f"({getattr(flow_detail, 'uuid', '?')})")
     try:
         factory = flow_detail.meta[_FACTORY_META]
     except (KeyError, AttributeError, TypeError):
         raise ValueError(
-            f"Cannot rebuild the flow of flow detail {getattr(flow_detail, 'uuid', '?')}: it "
-            f"has no factory details"
-        ) from None
-    function = _import_callable(factory["name"])
+            f"Cannot rebuild the flow of {where}: it has no factory details") from None
+    try:
+        function = _fetch_factory(factory["name"])
+    except KeyError:
+        raise ImportError(f"Cannot rebuild the flow of {where}: its factory details name no "
+                          f"factory") from None
+    except ImportError as err:
+        raise ImportError(f"Cannot rebuild the flow of {where}: {err}") from err
     return function(*factory.get("args", ()), **factory.get("kwargs", {}))
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import abc
 import builtins
 import contextlib
+import functools
 import logging
 from collections.abc import Callable, Iterable
 from typing import TypeVar
@@ -22,6 +23,27 @@ from flowengine.persistence._codec import ATOM, BOOK, FLOW
 LOG = logging.getLogger(__name__)
 
 _R = TypeVar("_R")
+_K = TypeVar("_K")
+_M = TypeVar("_M")
+
+#: Where a listing hands a damaged record it leaves out (None: the listing raises instead).
+Skip = Callable[[base.CorruptRecord], None] | None
+
+
+def decode_all(keys: Iterable[_K], decode: Callable[[_K], _M | None], skip: Skip) -> list[_M]:
+    """Decode each key's record, dropping ``None`` s; a damaged one raises, or goes to ``skip``."""
+    found: list[_M] = []
+    for key in keys:
+        try:
+            model = decode(key)
+        except base.CorruptRecord as err:
+            if skip is None:
+                raise
+            skip(err)
+            continue
+        if model is not None:
+            found.append(model)
+    return found
 
 # A write that lost a race (two writers inserting one record) is retried this many times in all.
 _WRITE_ATTEMPTS = 3
@@ -43,12 +65,15 @@ class Session(abc.ABC):
         """Return the atom detail or ``None``."""
 
     @abc.abstractmethod
-    def books(self) -> list[models.LogBook]:
-        """Return every logbook (without flows)."""
+    def books(self, skip: Skip = None) -> list[models.LogBook]:
+        """Return every logbook (without flows).
+
+        With ``skip``, a damaged record is handed to it and left out instead of raising.
+        """
 
     @abc.abstractmethod
-    def flows_of(self, book_uuid: str) -> list[models.FlowDetail]:
-        """Return the flow details (without atoms) of a logbook."""
+    def flows_of(self, book_uuid: str, skip: Skip = None) -> list[models.FlowDetail]:
+        """Return the flow details (without atoms) of a logbook (``skip`` as for books)."""
 
     @abc.abstractmethod
     def atoms_of(self, flow_uuid: str) -> list[models.AtomDetail]:
@@ -213,10 +238,17 @@ class StoreConnection(base.Connection):
 
         return self._run(f"saving {BOOK} '{book.uuid}'", True, save)
 
-    def update_flow_details(self, flow_detail: models.FlowDetail) -> models.FlowDetail:
-        """Merge ``flow_detail`` and its atom details into storage; return the stored version."""
-        what = f"updating {FLOW} '{flow_detail.uuid}'"
-        return self._run(what, True, lambda s: self._save_flow(s, flow_detail, None))
+    def update_flow_details(
+        self, flow_detail: models.FlowDetail, ignore_missing: bool = False
+    ) -> models.FlowDetail:
+        """Merge ``flow_detail`` and its atom details into storage; return the stored version.
+
+        With ``ignore_missing`` (TaskFlow's memory and file backends have it) a flow detail never
+        saved is stored in no logbook, instead of raising NotFound.
+        """
+        what = f"updating {FLOW} '{flow_detail.uuid}' (flow {flow_detail.name!r})"
+        return self._run(
+            what, True, lambda s: self._save_flow(s, flow_detail, None, ignore_missing))
 
     def update_flow_fields(self, flow_detail: models.FlowDetail) -> None:
         """Store the flow detail's own fields (name, state, meta), leaving its atoms alone.
@@ -231,14 +263,15 @@ class StoreConnection(base.Connection):
                     f"{self._store.description}: no {FLOW} with uuid '{flow_detail.uuid}'")
             s.put_flow(stored.merge(flow_detail), None, new=False)
 
-        self._run(f"updating {FLOW} '{flow_detail.uuid}'", True, save)
+        self._run(f"updating {FLOW} '{flow_detail.uuid}' (flow {flow_detail.name!r})", True, save)
 
     def _save_flow(
-        self, s: Session, fd: models.FlowDetail, book_uuid: str | None
+        self, s: Session, fd: models.FlowDetail, book_uuid: str | None,
+        ignore_missing: bool = False,
     ) -> models.FlowDetail:
         stored = s.get_flow(fd.uuid)
         if stored is None:
-            if book_uuid is None:
+            if book_uuid is None and not ignore_missing:
                 raise exc.NotFound(f"{self._store.description}: no {FLOW} with uuid '{fd.uuid}'")
             s.put_flow(fd, book_uuid, new=True)
             s.insert_atoms(list(fd), fd.uuid)
@@ -266,7 +299,7 @@ class StoreConnection(base.Connection):
 
     def update_atom_details(self, atom_detail: models.AtomDetail) -> models.AtomDetail:
         """Merge ``atom_detail`` into its stored version, save it and return the result."""
-        what = f"updating {ATOM} '{atom_detail.uuid}'"
+        what = f"updating {ATOM} '{atom_detail.uuid}' (atom {atom_detail.name!r})"
         # The hot path of every state change: one statement, no session, where the store can.
         replaced = self._guard(what, lambda: self._store.replace_atom(atom_detail))
         if replaced:
@@ -313,6 +346,35 @@ class StoreConnection(base.Connection):
                 fd.add(ad)
         return flows
 
+    @staticmethod
+    def _left_out(
+        err: base.CorruptRecord, flow_uuid: str | None = None, book_uuid: str | None = None
+    ) -> None:
+        kind, uuid = (FLOW, flow_uuid) if flow_uuid else (err.kind, err.uuid)
+        where = f" of {BOOK} '{book_uuid}'" if book_uuid else ""
+        LOG.error("get_logbooks() leaves out %s '%s'%s: %s", kind, uuid, where, err)
+
+    def _populate_intact(
+        self, s: Session, flows: list[models.FlowDetail],
+        left_out: Callable[..., None],
+    ) -> list[models.FlowDetail]:
+        """Populate flows with their atoms, leaving out (and reporting) those with a damaged one."""
+        try:
+            return self._populate(s, flows)
+        except base.CorruptRecord:
+            pass  # rare: find the flows holding damaged atoms one flow at a time
+        intact = []
+        for fd in flows:
+            try:
+                atoms = s.atoms_of(fd.uuid)
+            except base.CorruptRecord as err:
+                left_out(err, flow_uuid=fd.uuid)
+                continue
+            for ad in atoms:
+                fd.add(ad)
+            intact.append(fd)
+        return intact
+
     def get_logbook(self, book_uuid: str, lazy: bool = False) -> models.LogBook:
         """Return a stored logbook; with ``lazy`` its flow details are not loaded."""
 
@@ -325,13 +387,22 @@ class StoreConnection(base.Connection):
         return self._run(f"loading {BOOK} '{book_uuid}'", False, load)
 
     def get_logbooks(self, lazy: bool = False) -> Iterable[models.LogBook]:
-        """Return every stored logbook; with ``lazy`` their flow details are not loaded."""
+        """Return every stored logbook; with ``lazy`` their flow details are not loaded.
+
+        One damaged record does not hide every other logbook (TaskFlow raises here): a logbook
+        whose own record is damaged is left out, and so is a flow detail whose record or any of
+        whose atom details' records is damaged; never returned with atoms missing, since a
+        resumed engine would run those again. Each is logged as an error naming it and the
+        damaged record; ``get_logbook`` and ``get_flow_details`` still raise for it.
+        """
 
         def load(s: Session) -> list[models.LogBook]:
-            books = s.books()
+            books = s.books(skip=self._left_out)
             if not lazy:
                 for book in books:
-                    _attach_flows(book, self._populate(s, s.flows_of(book.uuid)))
+                    left_out = functools.partial(self._left_out, book_uuid=book.uuid)
+                    flows = s.flows_of(book.uuid, skip=left_out)
+                    _attach_flows(book, self._populate_intact(s, flows, left_out))
             return books
 
         # Loaded inside one transaction, then handed out: no transaction stays open meanwhile.

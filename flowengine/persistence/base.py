@@ -121,13 +121,16 @@ class Connection(metaclass=abc.ABCMeta):
         """
 
     @abc.abstractmethod
-    def update_flow_details(self, flow_detail: models.FlowDetail) -> models.FlowDetail:
+    def update_flow_details(
+        self, flow_detail: models.FlowDetail, ignore_missing: bool = False
+    ) -> models.FlowDetail:
         """Merge ``flow_detail`` and its atom details into storage; return the stored version.
 
         Atom details not stored yet are added to the flow detail.
 
         Raises:
-            flowengine.exceptions.NotFound: If it was never saved (save its logbook first).
+            flowengine.exceptions.NotFound: If it was never saved (save its logbook first), unless
+                ``ignore_missing``, which stores it in no logbook.
         """
 
     @abc.abstractmethod

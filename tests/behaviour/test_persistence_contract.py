@@ -1,6 +1,8 @@
 """One persistence contract, run against every backend: memory, dir, SQLite and PostgreSQL.
 
 PostgreSQL runs against the real server from `.ci/services.sh start` (see tests/conftest.py).
+The last tests run real flows: a suspended one resumed, and a reverted one reset and run again,
+each by an engine on a second backend object, as a new process would do it.
 """
 
 from __future__ import annotations
@@ -12,10 +14,14 @@ from pathlib import Path
 
 import pytest
 
+from flowengine import engines, states
 from flowengine import exceptions as exc
-from flowengine import states
+from flowengine.flows import linear_flow
 from flowengine.persistence import backends, base, models
+from flowengine.storage import Storage
 from flowengine.types.failure import Failure
+
+from . import tasks
 
 BACKENDS = ["memory", "dir", "sqlite", "postgresql"]
 
@@ -335,3 +341,66 @@ def test_threads_updating_one_flow(store: Store) -> None:
     assert {ad.name: ad.results for ad in loaded} == {
         ad.name: {"atom": ad.name, "i": 4} for ad in flow
     }
+
+
+# ---- resuming real flows ----------------------------------------------------------------------
+
+#: The atom detail holding values given with ``store=``.
+INJECTOR = Storage.injector_name
+
+
+def _states(fd: models.FlowDetail) -> dict[str, str | None]:
+    return {ad.name: ad.state for ad in fd if ad.name != INJECTOR}
+
+
+def _three_steps() -> linear_flow.Flow:
+    return linear_flow.Flow("three").add(tasks.Step("a"), tasks.Step("b"), tasks.Step("c"))
+
+
+def test_a_suspended_flow_resumes_where_it_stopped(shared_store: Store) -> None:
+    engine = engines.load(_three_steps(), book=models.LogBook("book"),
+                          backend=shared_store.backend)
+
+    def suspend_after_a(state: str, details: dict[str, object]) -> None:
+        if details["task_name"] == "a":
+            engine.suspend()
+
+    engine.atom_notifier.register(states.SUCCESS, suspend_after_a)
+    engine.run()
+    conn = shared_store.reopen()
+    stored = conn.get_flow_details(engine.storage.flow_uuid)
+    assert stored.state == states.SUSPENDED
+    assert _states(stored) == {"a": states.SUCCESS, "b": states.PENDING, "c": states.PENDING}
+
+    engines.load(_three_steps(), flow_detail=stored, backend=conn.backend).run()
+    assert tasks.names("execute") == ["a", "b", "c"], "a ran again after resuming"
+    final = shared_store.reopen().get_flow_details(stored.uuid)
+    assert final.state == states.SUCCESS
+    assert {ad.name: ad.results for ad in final if ad.name != INJECTOR} == {
+        "a": "a", "b": "b", "c": "c"}
+
+
+def _checked_step() -> linear_flow.Flow:
+    return linear_flow.Flow("checked").add(tasks.Step("a"), tasks.FailOn("check"))
+
+
+def test_a_reverted_flow_is_reset_and_runs_again(shared_store: Store) -> None:
+    engine = engines.load(_checked_step(), store={"value": 1, "bad": [1]},
+                          book=models.LogBook("book"), backend=shared_store.backend)
+    with pytest.raises(tasks.Boom):
+        engine.run()
+    conn = shared_store.reopen()
+    stored = conn.get_flow_details(engine.storage.flow_uuid)
+    assert stored.state == states.REVERTED
+    assert _states(stored) == {"a": states.REVERTED, "check": states.REVERTED}
+    assert "a" in tasks.names("revert")
+
+    # The input is fixed and the flow run again: every atom starts afresh.
+    engines.load(_checked_step(), flow_detail=stored, backend=conn.backend,
+                 store={"bad": []}).run()
+    assert tasks.names("execute") == ["a", "check", "a", "check"]
+    final = shared_store.reopen().get_flow_details(stored.uuid)
+    assert final.state == states.SUCCESS
+    assert _states(final) == {"a": states.SUCCESS, "check": states.SUCCESS}
+    assert {ad.name: ad.results for ad in final if ad.name != INJECTOR} == {
+        "a": "a", "check": 1}

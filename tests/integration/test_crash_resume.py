@@ -2,9 +2,10 @@
 flow, and new processes resume it from the backend (SQLite file, PostgreSQL) until it ends.
 
 The tasks (``crash_tasks.py``) record every start and end in their own ledger. A kill point is a
-number of distinct task actions (execute or revert) started, drawn from a seeded generator; the
-test polls the ledger until the child got that far, SIGKILLs it, reads what the backend holds,
-and starts a new child (``crash_child.py``) that resumes the flow detail with
+number of distinct task actions (execute or revert) started, drawn from a generator seeded anew
+on every run (the seed is printed; ``FLOWENGINE_CRASH_SEED=<seed>`` replays a run); the test
+polls the ledger until the child got that far, SIGKILLs it, reads what the backend holds, and
+starts a new child (``crash_child.py``) that resumes the flow detail with
 ``engines.load_from_detail``. From the ledger and those snapshots :func:`check_resumption` checks
 what resumption promises:
 
@@ -31,7 +32,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,17 @@ KILLS = 5
 CHILD_DEADLINE = 30.0
 #: How often the ledger is read while waiting for a kill point.
 POLL_INTERVAL = 0.002
+#: Names the seed to replay a run's kill points with.
+SEED_ENV = "FLOWENGINE_CRASH_SEED"
+
+
+def run_seed(environ: Mapping[str, str]) -> int:
+    """The seed of this run's kill points: ``SEED_ENV`` when set, else a new one from the clock."""
+    given = environ.get(SEED_ENV, "").strip()
+    return int(given) if given else time.time_ns() % 2**32
+
+
+SEED = run_seed(os.environ)
 
 EXECUTE, REVERT = "execute", "revert"
 #: Stored atom states saying the engine has recorded the outcome of the atom's execute / revert.
@@ -69,8 +81,8 @@ Key = tuple[str, str]  # (atom name, action)
 class Scenario:
     """One flow shape on one engine; ``fail`` names a task that fails so the flow reverts.
 
-    Kill points are ``random_kills`` numbers drawn from a generator seeded with the scenario's
-    id, plus the ``pinned`` ones.
+    Kill points are ``random_kills`` numbers drawn from a generator seeded with the run's seed
+    and the scenario's id, plus the ``pinned`` ones.
     """
 
     engine: str
@@ -100,11 +112,27 @@ class Scenario:
         # A failing task's siblings may or may not start, depending on when it fails.
         return names[:index - index % crash_tasks.LAYER_WIDTH] + [self.fail]
 
-    def kill_points(self) -> list[int]:
-        """Numbers of distinct actions started at which to kill (each run must reach its own)."""
+    def kill_points(self, seed: int = SEED) -> list[int]:
+        """Numbers of distinct actions started at which to kill (each run must reach its own).
+
+        A parallel engine starts a whole layer of the graph at once, and a kill anywhere in it
+        lands while that layer runs, so a second point in one layer would be passed unkilled:
+        there, points are drawn in distinct layers (at most one kill per layer).
+        """
+        rng = random.Random(f"{seed}:{self.id}")
         reachable = len(self.executed()) * (2 if self.fail else 1)
-        drawn = random.Random(self.id).sample(range(1, reachable), self.random_kills)
+        if not self.parallel_layers:
+            drawn = rng.sample(range(1, reachable), self.random_kills)
+        else:
+            width = crash_tasks.LAYER_WIDTH
+            layers = range(-(-reachable // width))
+            drawn = [layer * width + rng.randrange(1, min(width, reachable - 1 - layer * width) + 1)
+                     for layer in rng.sample(layers, min(self.random_kills, len(layers)))]
         return sorted(set(drawn) | set(self.pinned))
+
+    @property
+    def parallel_layers(self) -> bool:
+        return self.engine == "parallel" and self.shape == "graph"
 
 
 SCENARIOS = [
@@ -405,6 +433,16 @@ def _check_end_state(scenario: Scenario, runs: list[Run], flow_detail: models.Fl
 
 
 def _check_scenario(server: ForkServer, uri: str, scenario: Scenario, tmp_path: Path) -> None:
+    replay = f"kill points {scenario.kill_points()}: replay with {SEED_ENV}={SEED}"
+    print(replay)
+    try:
+        _check_kills(server, uri, scenario, tmp_path)
+    except AssertionError as err:
+        err.add_note(replay)
+        raise
+
+
+def _check_kills(server: ForkServer, uri: str, scenario: Scenario, tmp_path: Path) -> None:
     runs, flow_detail, output = crash_and_resume(server, uri, scenario, tmp_path)
     _check_end_state(scenario, runs, flow_detail, output)
     caught = check_resumption(runs, serial=scenario.engine == "serial")
@@ -434,6 +472,20 @@ def test_a_revert_interrupted_while_siblings_run_is_resumed(
     scenario = Scenario("parallel", "graph", fail="l2t1", work=0.3, random_kills=0,
                         pinned=(10,))
     _check_scenario(fork_server, f"sqlite:///{tmp_path}/flows.db", scenario, tmp_path)
+
+
+def test_kill_points_vary_by_seed_and_replay_from_the_environment() -> None:
+    scenario = SCENARIOS[0]
+    assert scenario.kill_points(7) == scenario.kill_points(7)
+    assert len({tuple(scenario.kill_points(seed)) for seed in range(20)}) > 1
+    layered = Scenario("parallel", "graph")
+    width = crash_tasks.LAYER_WIDTH
+    for seed in range(200):
+        points = layered.kill_points(seed)
+        assert 0 < points[0] and points[-1] < len(layered.executed()), points
+        assert len({(point - 1) // width for point in points}) == len(points), (seed, points)
+    assert run_seed({SEED_ENV: " 12345 "}) == 12345
+    assert run_seed({}) != run_seed({})  # from the clock: a new seed every run
 
 
 # ---- the oracle can fail --------------------------------------------------------------------

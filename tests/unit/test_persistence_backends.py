@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import gc
+import os
+import weakref
 from pathlib import Path
 
 import pytest
@@ -117,3 +121,38 @@ def test_create_flow_detail(memory: base.Backend) -> None:
     orphan = pu.create_flow_detail(Flow(), backend=memory)  # a temporary book is saved
     owners = [b for b in memory.get_connection().get_logbooks() if b.find(orphan.uuid) is not None]
     assert [b.name for b in owners] == ["tmp"]
+
+
+def test_a_closed_sql_backend_leaves_nothing_behind(tmp_path: Path) -> None:
+    # One backend per engines.load(backend=URI) in a long-lived service: each must be freed.
+    be = backends.fetch(f"sqlite:///{tmp_path}/freed.db")
+    assert isinstance(be, SQLAlchemyBackend)
+    engine = weakref.ref(be.engine)
+    with contextlib.closing(be.get_connection()) as conn:
+        conn.upgrade()
+    be.close()
+    del be, conn
+    gc.collect()
+    assert engine() is None, "something still holds the SQLAlchemy engine"
+
+
+def test_a_forked_child_opens_its_own_sql_connections(tmp_path: Path) -> None:
+    be = backends.fetch(f"sqlite:///{tmp_path}/forked.db")
+    assert isinstance(be, SQLAlchemyBackend)
+    try:
+        with contextlib.closing(be.get_connection()) as conn:
+            conn.upgrade()
+            conn.save_logbook(models.LogBook("parent's", uuid="book"))
+        assert be.engine.pool.checkedin() == 1  # type: ignore[attr-defined]
+        pid = os.fork()
+        if pid == 0:  # the child: never share the parent's SQLite connection
+            code = 1
+            with contextlib.suppress(BaseException):
+                fresh = be.engine.pool.checkedin() == 0  # type: ignore[attr-defined]
+                name = be.get_connection().get_logbook("book").name
+                code = 0 if fresh and name == "parent's" else 2
+            os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+    finally:
+        be.close()

@@ -133,6 +133,62 @@ def test_dir_recovers_from_a_writer_that_died_part_way(tmp_path: Path) -> None:
     assert not (tmp_path / ".atom_details.deleting-5678").exists()
 
 
+# ---- listing every logbook past damaged records ------------------------------------------------
+
+
+def _damage(uri: str, tmp_path: Path, kind: str, uuid: str) -> None:
+    """Overwrite one stored record with text that is not JSON."""
+    if uri.startswith("dir://"):
+        table = {"logbook": "books", "flow detail": "flow_details", "atom detail": "atom_details"}
+        (tmp_path / table[kind] / uuid / "metadata").write_bytes(b'{"damaged')
+        return
+    table, column = {"logbook": ("logbooks", "meta"), "flow detail": ("flowdetails", "meta"),
+                     "atom detail": ("atomdetails", "results")}[kind]
+    with contextlib.closing(sqlite3.connect(tmp_path / "list.db")) as raw:
+        raw.execute(f"UPDATE {table} SET {column} = ? WHERE uuid = ?", ('{"damaged', uuid))
+        raw.commit()
+
+
+@pytest.mark.parametrize("scheme", ["dir", "sqlite"])
+def test_get_logbooks_leaves_out_damaged_records_and_logs_them(
+    tmp_path: Path, scheme: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    uri = f"dir://{tmp_path}" if scheme == "dir" else f"sqlite:///{tmp_path}/list.db"
+    with _connection(uri) as conn:
+        intact, _ = _saved_book(conn)
+        broken_book, _ = _saved_book(conn)
+        mixed, kept_task = _saved_book(conn)
+        (kept,) = list(mixed)
+        bad_atom_flow = models.FlowDetail("bad-atom", uuid=f"bad-atom-{mixed.uuid}")
+        bad_atom = models.TaskDetail("task", uuid=f"bad-task-{mixed.uuid}")
+        bad_atom_flow.add(bad_atom)
+        bad_flow = models.FlowDetail("bad-flow", uuid=f"bad-flow-{mixed.uuid}")
+        mixed.add(bad_atom_flow)
+        mixed.add(bad_flow)
+        conn.save_logbook(mixed)
+        _damage(uri, tmp_path, "logbook", broken_book.uuid)
+        _damage(uri, tmp_path, "atom detail", bad_atom.uuid)
+        _damage(uri, tmp_path, "flow detail", bad_flow.uuid)
+
+        caplog.set_level(logging.ERROR)
+        books = {book.uuid: book for book in conn.get_logbooks()}
+        assert set(books) == {intact.uuid, mixed.uuid}
+        # A flow with a damaged atom is left out whole: never resumed with an atom missing.
+        assert [fd.uuid for fd in books[mixed.uuid]] == [kept.uuid]
+        assert [ad.results for ad in books[mixed.uuid].find(kept.uuid)] == [{"kept": True}]
+        logged = "\n".join(r.getMessage() for r in caplog.records)
+        for uuid in (broken_book.uuid, bad_atom_flow.uuid, bad_atom.uuid, bad_flow.uuid):
+            assert uuid in logged, f"{uuid} not named in the log:\n{logged}"
+        assert {b.uuid for b in conn.get_logbooks(lazy=True)} == {intact.uuid, mixed.uuid}
+
+        # Asked for by uuid, a damaged record still raises.
+        with pytest.raises(CorruptRecord, match=broken_book.uuid):
+            conn.get_logbook(broken_book.uuid)
+        with pytest.raises(CorruptRecord, match=bad_atom.uuid):
+            conn.get_flow_details(bad_atom_flow.uuid)
+        assert kept_task.uuid in {ad.uuid for ad in conn.get_atoms_for_flow(kept.uuid)}
+
+
 # ---- SQL backend -----------------------------------------------------------------------------
 
 

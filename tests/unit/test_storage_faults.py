@@ -1,14 +1,20 @@
-"""An engine that cannot store an atom's state stops instead of running unrecorded work."""
+"""An engine that cannot store an atom's state stops instead of running unrecorded work; which
+backend an engine's storage has, and who closes it."""
 
 from __future__ import annotations
 
+import contextlib
+import gc
+import os
+import sqlite3
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from flowengine import engines, exceptions, states, task
 from flowengine.flows import linear_flow as lf
-from flowengine.persistence import base
+from flowengine.persistence import backends, base, models
 from flowengine.persistence.backends import impl_memory
 
 RAN: list[str] = []
@@ -59,3 +65,93 @@ def test_engine_stops_when_a_running_state_cannot_be_stored() -> None:
     stored = {ad.name: ad.state for ad in backend.get_connection().get_atoms_for_flow(
         engine.storage.flow_uuid)}
     assert stored["a"] == states.SUCCESS
+
+
+class LockTheDatabase(task.Task):
+    """Takes SQLite's write lock from another connection, as another process would."""
+
+    holders: list[sqlite3.Connection] = []
+    path = ""
+
+    def execute(self) -> str:
+        holder = sqlite3.connect(self.path, isolation_level=None)
+        holder.execute("BEGIN EXCLUSIVE")
+        self.holders.append(holder)
+        return "locked"
+
+
+def test_the_first_storage_failure_is_the_one_raised(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The task's SUCCESS cannot be stored (locked), nor can the flow's FAILURE after it: the
+    # error raised must be the first one, naming the atom, with the second one logged.
+    db = tmp_path / "locked.db"
+    LockTheDatabase.path = str(db)
+    engine = engines.load(lf.Flow("f").add(LockTheDatabase("locker")), book=models.LogBook("b"),
+                          backend=f"sqlite:///{db}?busy_timeout=0.05")
+    try:
+        with pytest.raises(exceptions.BackendError) as caught:
+            engine.run()
+    finally:
+        for holder in LockTheDatabase.holders:
+            holder.close()
+        LockTheDatabase.holders.clear()
+    message = str(caught.value)
+    assert "updating atom detail" in message and "'locker'" in message, message
+    assert str(db) in message and "locked" in message
+    later = [r for r in caplog.records if "as FAILURE either" in r.getMessage()]
+    assert len(later) == 1 and "updating flow detail" in str(later[0].exc_info[1])
+
+
+def test_storage_without_a_backend_gets_a_memory_backend_as_in_taskflow() -> None:
+    engine = engines.load(lf.Flow("f").add(Step("a"), Step("b")))
+    engine.prepare()
+    backend = engine.storage.backend
+    assert isinstance(backend, impl_memory.MemoryBackend)
+    assert engine.storage.backend is backend
+    engine.run()
+    # The flow detail is stored in no logbook, and holds every change made after the access.
+    conn = backend.get_connection()
+    assert list(conn.get_logbooks()) == []
+    stored = conn.get_flow_details(engine.storage.flow_uuid)
+    assert stored.state == states.SUCCESS
+    assert {ad.name: ad.results for ad in stored} == {"a": "a", "b": "b"}
+
+
+def _open_files(path: Path) -> list[str]:
+    """Descriptors of this process open on ``path`` (or its -wal/-shm files)."""
+    fds = Path("/proc/self/fd")
+    found = []
+    for fd in fds.iterdir():
+        with contextlib.suppress(OSError):
+            target = os.readlink(fd)
+            if target.startswith(str(path)):
+                found.append(target)
+    return found
+
+
+def test_a_backend_built_from_a_uri_is_closed_with_its_engine(tmp_path: Path) -> None:
+    db = tmp_path / "owned.db"
+    flow = lf.Flow("f").add(Step("a"))
+    engine = engines.load(flow, book=models.LogBook("b"), backend=f"sqlite:///{db}")
+    engine.run()
+    assert _open_files(db), "the pool keeps a connection while the engine lives"
+    del engine
+    gc.collect()
+    assert _open_files(db) == []
+
+    engines.run(lf.Flow("g").add(Step("a")), book=models.LogBook("b"), backend=f"sqlite:///{db}")
+    assert _open_files(db) == []
+
+
+def test_a_backend_object_is_never_closed_by_the_engine(tmp_path: Path) -> None:
+    db = tmp_path / "given.db"
+    with backends.backend(f"sqlite:///{db}") as backend:
+        engine = engines.load(lf.Flow("f").add(Step("a")), book=models.LogBook("b"),
+                              backend=backend)
+        engine.run()
+        del engine
+        gc.collect()
+        engines.run(lf.Flow("g").add(Step("a")), book=models.LogBook("b"), backend=backend)
+        assert _open_files(db), "the caller's backend keeps its pooled connection"
+    assert _open_files(db) == []

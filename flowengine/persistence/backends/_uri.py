@@ -1,4 +1,4 @@
-"""Reading persistence URIs, and keeping their passwords out of messages."""
+"""Reading persistence URIs and options, and keeping passwords out of messages."""
 
 from __future__ import annotations
 
@@ -50,3 +50,19 @@ def split_conf(conf: str | dict[str, Any]) -> tuple[str, dict[str, Any]]:
         if path:
             conf.setdefault("path", path)
     return scheme, conf
+
+
+def seconds_option(conf: dict[str, Any], key: str, default: float, owner: str) -> float:
+    """Read a duration option (a number, or its text from a URI query) of ``owner``'s backend.
+
+    Raises:
+        ValueError: If it is not a number of seconds >= 0 (the message names owner and key).
+    """
+    value = conf.get(key, default)
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = -1.0
+    if not seconds >= 0:  # also refuses NaN
+        raise ValueError(f"{owner} option '{key}' must be seconds >= 0, not {value!r}")
+    return seconds

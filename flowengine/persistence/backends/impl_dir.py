@@ -12,7 +12,8 @@ Several processes (and threads) may share a directory: every file is replaced at
 temporary file, fsync, then ``os.replace``), so a reader never sees half a record, and each
 operation holds an ``flock`` on ``<path>/.flowengine-lock`` (shared to read, exclusive to write),
 so a read-merge-write is never interleaved with another writer's. The kernel drops the lock of a
-process that dies, so a crash never leaves the directory locked.
+process that dies, so a crash never leaves the directory locked; a live process that keeps it
+(hung, stopped) makes others give up after ``lock_timeout`` seconds with an error naming it.
 """
 
 from __future__ import annotations
@@ -22,13 +23,15 @@ import fcntl
 import logging
 import os
 import shutil
+import time
 import uuid as uuidlib
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from flowengine import exceptions as exc
 from flowengine.persistence import _codec, base, models
-from flowengine.persistence._store import RecordStore, Session, StoreConnection
+from flowengine.persistence._store import RecordStore, Session, Skip, StoreConnection, decode_all
+from flowengine.persistence.backends._uri import seconds_option
 
 __all__ = ["DirBackend"]
 
@@ -39,6 +42,10 @@ _M = TypeVar("_M")
 _BOOKS, _FLOWS, _ATOMS = "books", "flow_details", "atom_details"
 _RECORD = "metadata"
 _LOCK = ".flowengine-lock"
+
+
+#: Seconds an operation waits for another process's lock on the directory, by default.
+_DEFAULT_LOCK_TIMEOUT = 30.0
 
 
 def _truthy(value: Any) -> bool:
@@ -117,26 +124,24 @@ class _DirSession(Session):
     def get_atom(self, uuid: str) -> models.AtomDetail | None:
         return self._read(_ATOMS, _codec.ATOM, uuid, _codec.decode_atom)
 
-    def books(self) -> list[models.LogBook]:
+    def books(self, skip: Skip = None) -> list[models.LogBook]:
         try:
             names = sorted(os.listdir(self._dir(_BOOKS)))
         except FileNotFoundError:
             return []
-        found = []
-        for name in names:
-            if name.startswith("."):
-                continue
-            book = self.get_book(name)
-            if book is None:
-                # A folder without a record: a writer died between mkdir and its first write.
-                LOG.debug("%s: skipping logbook folder %r without a record", self._where, name)
-                continue
-            found.append(book)
-        return found
+        return decode_all([n for n in names if not n.startswith(".")], self._listed_book, skip)
 
-    def flows_of(self, book_uuid: str) -> list[models.FlowDetail]:
+    def _listed_book(self, name: str) -> models.LogBook | None:
+        book = self.get_book(name)
+        if book is None:
+            # A folder without a record: a writer died between mkdir and its first write.
+            LOG.debug("%s: skipping logbook folder %r without a record", self._where, name)
+        return book
+
+    def flows_of(self, book_uuid: str, skip: Skip = None) -> list[models.FlowDetail]:
         uuids = self._children(_BOOKS, book_uuid)
-        return [self._need(self.get_flow(uuid), _codec.FLOW, uuid) for uuid in uuids]
+        return decode_all(uuids, lambda uuid: self._need(self.get_flow(uuid), _codec.FLOW, uuid),
+                          skip)
 
     def atoms_of(self, flow_uuid: str) -> list[models.AtomDetail]:
         uuids = self._children(_FLOWS, flow_uuid)
@@ -188,11 +193,37 @@ class _DirSession(Session):
 
 
 class _DirStore(RecordStore):
-    def __init__(self, path: str, encoding: str, fsync: bool) -> None:
+    def __init__(self, path: str, encoding: str, fsync: bool, lock_timeout: float) -> None:
         self.path = path
         self.encoding = encoding
         self.fsync = fsync
+        self.lock_timeout = lock_timeout
         self.description = f"dir backend '{path}'"
+
+    def _acquire(self, fd: int, lock_path: str, write: bool) -> None:
+        """Take the flock, waiting at most ``lock_timeout`` seconds.
+
+        ``flock`` itself can only wait forever or not at all, so a blocked caller retries the
+        non-blocking form with a growing pause (1 ms up to 20 ms): a process that holds the lock
+        for good (hung, stopped) then costs an error naming the lock instead of a hang.
+        """
+        mode = fcntl.LOCK_EX if write else fcntl.LOCK_SH
+        deadline = time.monotonic() + self.lock_timeout
+        pause = 0.001
+        while True:
+            try:
+                fcntl.flock(fd, mode | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    kind = "exclusive" if write else "shared"
+                    raise TimeoutError(
+                        f"gave up after {self.lock_timeout:g}s waiting for the {kind} lock on"
+                        f" '{lock_path}', held by another process (option 'lock_timeout')"
+                    ) from None
+                time.sleep(min(pause, remaining))
+                pause = min(pause * 2, 0.02)
 
     @contextlib.contextmanager
     def _locked(self, write: bool) -> Iterator[None]:
@@ -213,7 +244,7 @@ class _DirStore(RecordStore):
             yield
             return
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX if write else fcntl.LOCK_SH)
+            self._acquire(fd, lock_path, write)
             yield
         finally:
             os.close(fd)  # closing the descriptor releases the flock
@@ -250,6 +281,9 @@ class DirBackend(base.Backend):
     * ``path`` (required): the directory; a ``file:///path`` or ``dir:///path`` URI gives it too.
     * ``encoding`` (default ``utf-8``): the files' text encoding.
     * ``fsync`` (default ``True``): flush each file to disk before it replaces the old one.
+    * ``lock_timeout`` (seconds, default 30): how long an operation waits for the directory's
+      lock while another process holds it; then it fails with a
+      :class:`~flowengine.exceptions.BackendError` naming the directory and the record.
     * ``max_cache_size``: accepted for TaskFlow compatibility and ignored; files are always
       read afresh, because another process may have changed them.
 
@@ -257,7 +291,8 @@ class DirBackend(base.Backend):
         conf: The configuration.
 
     Raises:
-        ValueError: If no path is given or ``max_cache_size`` is below one.
+        ValueError: If no path is given, ``max_cache_size`` is below one or ``lock_timeout`` is
+            not a number of seconds >= 0.
     """
 
     #: The encoding used when the configuration names none.
@@ -274,7 +309,9 @@ class DirBackend(base.Backend):
         self._path = os.path.abspath(os.path.expanduser(str(path)))
         self.encoding = str(self._conf.get("encoding", self.DEFAULT_FILE_ENCODING))
         fsync = _truthy(self._conf.get("fsync", True))
-        self._store = _DirStore(self._path, self.encoding, fsync)
+        lock_timeout = seconds_option(self._conf, "lock_timeout", _DEFAULT_LOCK_TIMEOUT,
+                                      "DirBackend")
+        self._store = _DirStore(self._path, self.encoding, fsync, lock_timeout)
 
     @property
     def path(self) -> str:

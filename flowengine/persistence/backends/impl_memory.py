@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from flowengine.persistence import _codec, base, models
-from flowengine.persistence._store import RecordStore, Session, StoreConnection
+from flowengine.persistence._store import RecordStore, Session, Skip, StoreConnection, decode_all
 
 __all__ = ["MemoryBackend"]
 
@@ -82,12 +82,11 @@ class _MemorySession(Session):
         data = self._t.atoms.get(uuid)
         return None if data is None else _codec.decode_atom(self._where, uuid, self._copy(data))
 
-    def books(self) -> list[models.LogBook]:
-        return [book for uuid in list(self._t.books) if (book := self.get_book(uuid)) is not None]
+    def books(self, skip: Skip = None) -> list[models.LogBook]:
+        return decode_all(list(self._t.books), self.get_book, skip)
 
-    def flows_of(self, book_uuid: str) -> list[models.FlowDetail]:
-        uuids = self._t.book_flows.get(book_uuid, {})
-        return [fd for uuid in uuids if (fd := self.get_flow(uuid)) is not None]
+    def flows_of(self, book_uuid: str, skip: Skip = None) -> list[models.FlowDetail]:
+        return decode_all(list(self._t.book_flows.get(book_uuid, {})), self.get_flow, skip)
 
     def atoms_of(self, flow_uuid: str) -> list[models.AtomDetail]:
         uuids = self._t.flow_atoms.get(flow_uuid, {})

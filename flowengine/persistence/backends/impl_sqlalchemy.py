@@ -153,6 +153,13 @@ class SQLAlchemyBackend(base.Backend):
     * ``connection``: the database URL, e.g. ``sqlite:////var/lib/app/flows.db``,
       ``postgresql://user:password@host/db`` (``postgresql+psycopg://`` is the same).
     * ``busy_timeout`` (seconds, default 30): how long a SQLite writer waits for another.
+    * ``lock_timeout`` (seconds, default 30; 0 waits forever): how long a PostgreSQL statement
+      waits for a lock another transaction holds (a row read ``FOR UPDATE``, say).
+    * ``statement_timeout`` (seconds, default 120; 0 means no limit): how long any PostgreSQL
+      statement may run before the server cancels it.
+
+    A wait that runs out fails with :class:`~flowengine.exceptions.BackendError` naming the
+    database and the record.
     * ``max_retries`` (default 0): extra attempts to connect when validating, with backoff.
     * ``idle_timeout``, ``max_pool_size``, ``max_overflow``, ``pool_timeout``,
       ``connect_timeout``, ``isolation_level``, ``echo``, ``engine_args``: engine and pool
@@ -161,7 +168,7 @@ class SQLAlchemyBackend(base.Backend):
     Args:
         conf: The configuration.
         engine: An engine to use instead of creating one; it is not disposed by :meth:`close`,
-            and SQLite sharing hooks are not added to it.
+            and neither the SQLite sharing hooks nor the PostgreSQL timeouts are added to it.
 
     Raises:
         ValueError: If the configuration is invalid.

@@ -4,17 +4,18 @@ SQLite files are opened so that several processes can share one: write-ahead log
 never block the writer), a busy timeout (a writer waits for another instead of failing at once),
 and write transactions that take the write lock when they begin (``BEGIN IMMEDIATE``), because a
 transaction that reads first and upgrades to writing later can fail with "database is locked"
-without waiting at all.
+without waiting at all. PostgreSQL connections get a lock timeout and a statement timeout, so a
+lock another transaction keeps fails a save instead of blocking it forever.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 import os
 import sqlite3
 import urllib.parse
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -23,7 +24,7 @@ from sqlalchemy import event
 from sqlalchemy import exc as sa_exc
 from sqlalchemy import pool as sa_pool
 
-from flowengine.persistence.backends._uri import mask_urls
+from flowengine.persistence.backends._uri import mask_urls, seconds_option
 
 LOG = logging.getLogger(__name__)
 
@@ -41,6 +42,8 @@ _OPTION_KEYS = (
     "connect_timeout",
     "isolation_level",
     "busy_timeout",
+    "lock_timeout",
+    "statement_timeout",
     "max_retries",
 )
 
@@ -67,6 +70,10 @@ def _as_int(conf: dict[str, Any], key: str, default: int | None) -> int | None:
         raise ValueError(message) from err
 
 
+def _as_seconds(conf: dict[str, Any], key: str, default: float) -> float:
+    return seconds_option(conf, key, default, "SQLAlchemy backend")
+
+
 @dataclasses.dataclass(frozen=True)
 class SQLOptions:
     """The SQLAlchemy backend's configuration, checked when built.
@@ -81,6 +88,10 @@ class SQLOptions:
         connect_timeout: Seconds to wait for a server connection (PostgreSQL).
         isolation_level: Transaction isolation (``READ COMMITTED`` on PostgreSQL by default).
         busy_timeout: Seconds a SQLite writer waits for another writer before failing.
+        lock_timeout: Seconds a PostgreSQL statement waits for a lock (a row another transaction
+            holds ``FOR UPDATE``, say) before failing; 0 waits forever.
+        statement_timeout: Seconds any PostgreSQL statement may run before it is cancelled;
+            0 means no limit.
         max_retries: Extra attempts :meth:`validate` makes to connect, with backoff.
         engine_args: Further ``create_engine`` arguments, overriding the ones above.
     """
@@ -94,6 +105,8 @@ class SQLOptions:
     connect_timeout: int = 10
     isolation_level: str | None = None
     busy_timeout: float = 30.0
+    lock_timeout: float = 30.0
+    statement_timeout: float = 120.0
     max_retries: int = 0
     engine_args: dict[str, Any] = dataclasses.field(default_factory=dict)
 
@@ -121,7 +134,9 @@ class SQLOptions:
             pool_timeout=_as_int(conf, "pool_timeout", None),
             connect_timeout=_as_int(conf, "connect_timeout", 10) or 10,
             isolation_level=conf.get("isolation_level"),
-            busy_timeout=float(conf.get("busy_timeout", 30.0)),
+            busy_timeout=_as_seconds(conf, "busy_timeout", 30.0),
+            lock_timeout=_as_seconds(conf, "lock_timeout", 30.0),
+            statement_timeout=_as_seconds(conf, "statement_timeout", 120.0),
             max_retries=max(0, _as_int(conf, "max_retries", 0) or 0),
             engine_args=dict(engine_args),
         )
@@ -180,13 +195,41 @@ def _on_sqlite_connect(busy_timeout: float) -> Any:
     return on_connect
 
 
+def _on_postgresql_connect(lock_timeout: float, statement_timeout: float) -> Any:
+    settings = (f"{int(lock_timeout * 1000)}ms", f"{int(statement_timeout * 1000)}ms")
+
+    def on_connect(dbapi_conn: Any, record: Any) -> None:
+        # Session settings, not startup options: they survive poolers that refuse those, and
+        # leave any ``options`` of the URL alone. Committed, so no rollback undoes them.
+        cursor = dbapi_conn.cursor()
+        try:
+            cursor.execute("SELECT set_config('lock_timeout', %s, false),"
+                           " set_config('statement_timeout', %s, false)", settings)
+        finally:
+            cursor.close()
+        dbapi_conn.commit()
+
+    return on_connect
+
+
 def _on_sqlite_begin(conn: sa.Connection) -> None:
     write = conn.get_execution_options().get(WRITE_OPTION, False)
     conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
 
 
+def _forget_pool_in_child(ref: weakref.ref[sa.Engine]) -> Callable[[], None]:
+    # A weak reference: fork hooks cannot be unregistered, and a strong one would keep every
+    # engine ever created (one per backend built from a URI) alive for the process's lifetime.
+    def forget() -> None:
+        engine = ref()
+        if engine is not None:
+            engine.dispose(close=False)
+
+    return forget
+
+
 def create_engine(options: SQLOptions) -> sa.Engine:
-    """Create the engine ``options`` describe, with SQLite's sharing hooks installed.
+    """Create the engine ``options`` describe, with SQLite's sharing hooks or PostgreSQL's timeouts.
 
     Raises:
         ImportError: If the database's driver is not installed (naming the extra to install).
@@ -224,7 +267,7 @@ def create_engine(options: SQLOptions) -> sa.Engine:
     try:
         engine = sa.create_engine(url, **args)
         # Connections must not cross fork(): the child starts with an empty pool.
-        os.register_at_fork(after_in_child=functools.partial(engine.dispose, close=False))
+        os.register_at_fork(after_in_child=_forget_pool_in_child(weakref.ref(engine)))
     except (ImportError, sa_exc.NoSuchModuleError) as err:
         extra = "postgresql" if backend == "postgresql" else None
         hint = f"pip install 'flowengine[{extra}]'" if extra else "install its DB-API driver"
@@ -234,4 +277,9 @@ def create_engine(options: SQLOptions) -> sa.Engine:
     if backend == "sqlite":
         event.listen(engine, "connect", _on_sqlite_connect(options.busy_timeout))
         event.listen(engine, "begin", _on_sqlite_begin)
+    elif backend == "postgresql":
+        # Without these a row lock another transaction keeps (or a statement that never ends)
+        # blocks an engine forever; with them the engine gets an error naming the record.
+        event.listen(engine, "connect",
+                     _on_postgresql_connect(options.lock_timeout, options.statement_timeout))
     return engine

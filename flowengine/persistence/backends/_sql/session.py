@@ -9,7 +9,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from flowengine.persistence import _codec, models
-from flowengine.persistence._store import Session
+from flowengine.persistence._store import Session, Skip, decode_all
 from flowengine.persistence.backends._sql.tables import Tables
 
 # Columns holding JSON text, per record table.
@@ -135,14 +135,14 @@ class SQLSession(Session):
         rows = self._select(self._t.atomdetails, self._t.atomdetails.c.uuid == uuid)
         return self._atom(rows[0]) if rows else None
 
-    def books(self) -> list[models.LogBook]:
+    def books(self, skip: Skip = None) -> list[models.LogBook]:
         query = sa.select(self._t.logbooks).order_by(self._t.logbooks.c.created_at)
-        return [self._book(row) for row in self._conn.execute(query)]
+        return decode_all(self._conn.execute(query), self._book, skip)
 
-    def flows_of(self, book_uuid: str) -> list[models.FlowDetail]:
+    def flows_of(self, book_uuid: str, skip: Skip = None) -> list[models.FlowDetail]:
         table = self._t.flowdetails
         query = sa.select(table).where(table.c.parent_uuid == book_uuid).order_by(table.c.uuid)
-        return [self._flow(row) for row in self._conn.execute(query)]
+        return decode_all(self._conn.execute(query), self._flow, skip)
 
     def atoms_of(self, flow_uuid: str) -> list[models.AtomDetail]:
         return self.atoms_by_flow([flow_uuid]).get(flow_uuid, [])
