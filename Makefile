@@ -27,8 +27,21 @@ unit: $(STAMP)
 test: lint typecheck
 	$(BIN)/pytest -q tests
 
+# Every benchmark script, each writing its JSON to benchmarks/results/<script>.json (progress on
+# stderr); the folder is in .gitignore. A script that fails leaves no result file, the
+# others still run, and make fails at the end.
+BENCHMARKS := engines persistence kombu_ceiling wbe events_cost
+RESULTS := benchmarks/results
+
 bench: $(STAMP)
-	$(BIN)/python benchmarks/engines.py
+	mkdir -p $(RESULTS)
+	failed=""; for name in $(BENCHMARKS); do \
+		echo "== benchmarks/$$name.py -> $(RESULTS)/$$name.json" >&2; \
+		if $(BIN)/python benchmarks/$$name.py > $(RESULTS)/$$name.json.part; then \
+			mv $(RESULTS)/$$name.json.part $(RESULTS)/$$name.json; \
+		else rm -f $(RESULTS)/$$name.json.part; failed="$$failed $$name"; fi; \
+	done; \
+	if [ -n "$$failed" ]; then echo "benchmarks failed:$$failed" >&2; exit 1; fi
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

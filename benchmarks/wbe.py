@@ -4,12 +4,18 @@ Workloads: an unordered flow of ``--unordered`` no-op tasks (throughput) and a l
 ``--linear`` (per-task latency: one request and its replies at a time). Each runs on every chosen
 broker (redis, rabbitmq, fs = flowengine-fs) with each ``--workers`` count of worker processes
 (``flowengine worker``, one topic). The raw kombu request/response rate is measured first on the
-same broker (``kombu_ceiling.py``), so every result carries its ratio to that ceiling; with
-``--taskflow PYTHON`` the same workloads also run on TaskFlow's worker-based engine (its workers
-from that interpreter) for the ratio against TaskFlow. TaskFlow cannot load flowengine-fs; with
-``--taskflow-fs`` it runs the ``fs`` rows on kombu's own ``filesystem`` transport, the nearest
-brokerless equivalent, which is not safe for several processes (a reader can load a half-written
-message file and kill the worker's consumer), so those rows are skipped by default.
+same broker (``kombu_ceiling.py``), so every result carries its ratio to that ceiling.
+
+The same workloads also run on TaskFlow's worker-based engine, for the ratio against TaskFlow,
+whenever TaskFlow is at hand: by default this interpreter, when it can import ``taskflow`` (it
+is a test dependency); ``--taskflow PYTHON`` or ``TASKFLOW_PYTHON`` names another interpreter,
+``--no-taskflow`` (or ``TASKFLOW_PYTHON=``) leaves TaskFlow out. TaskFlow cannot load
+flowengine-fs; its nearest brokerless equivalent is kombu's stock ``filesystem`` transport, which
+TaskFlow cannot use reliably: that transport orders messages written in the same millisecond at
+random, so a task's SUCCESS reply can overtake its RUNNING one, and TaskFlow's engine then fails
+the request's PENDING -> SUCCESS transition and, logging it, calls ``logger.warnng`` (a typo in
+TaskFlow 6.x ``protocol.py``), whose AttributeError kills its reply consumer: the run hangs.
+So the TaskFlow ``fs`` rows say so and are skipped unless ``--taskflow-fs`` asks to try anyway.
 
 Reported per run: ``run_s`` (``engine.run()``, including finding the workers),
 ``tasks_per_s`` (tasks / run_s), ``steady_tasks_per_s`` (between the first and the last task's
@@ -29,9 +35,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -47,6 +55,13 @@ import kombu_ceiling as ceiling  # noqa: E402
 from flowengine.worker_based.executor import WorkerTaskExecutor  # noqa: E402
 
 TOPIC = "bench"
+#: Why the TaskFlow rows on ``fs`` are skipped by default (the module docstring tells more).
+TASKFLOW_FS_UNRELIABLE = (
+    "TaskFlow cannot load flowengine-fs, and cannot use kombu's stock filesystem transport "
+    "reliably: replies written in the same millisecond arrive in random order, a SUCCESS "
+    "before its RUNNING makes TaskFlow's engine call logger.warnng (a typo in TaskFlow 6.x), "
+    "which kills its reply consumer and hangs the run; --taskflow-fs tries anyway"
+)
 TASKS_MODULE = "wbe_bench_tasks"
 _TASKS = """\
 from {lib} import task
@@ -172,7 +187,8 @@ def flowengine_workers(
     else:
         command += ["--transport", options["transport"]]
         for key, value in options["transport_options"].items():
-            command += ["--transport-option", f"{key}={value}"]
+            text = value if isinstance(value, str) else json.dumps(value)
+            command += ["--transport-option", f"{key}={text}"]
     procs: list[subprocess.Popen[bytes]] = []
     logs = [Path(tasks_dir, f"worker-{i}.log") for i in range(count)]
     try:
@@ -287,9 +303,11 @@ def run_config(
 ) -> dict[str, Any]:
     """Start ``count`` workers of ``lib``, run the workloads, clean the broker up."""
     row: dict[str, Any] = {"broker": broker.name, "lib": lib, "workers": count}
-    if lib == "taskflow" and broker.name == "fs" and not args.taskflow_fs:
-        row["skipped"] = "TaskFlow cannot use flowengine-fs (see --taskflow-fs)"
-        return row
+    if lib == "taskflow" and broker.name == "fs":
+        if not args.taskflow_fs:
+            row["skipped"] = TASKFLOW_FS_UNRELIABLE
+            return row
+        row["transport"] = "kombu filesystem (stock)"
     workloads = [("unordered", args.unordered), ("linear", args.linear)]
     tasks_dir = os.path.join(tmp, f"tasks-{lib}")
     os.makedirs(tasks_dir, exist_ok=True)
@@ -315,6 +333,32 @@ def run_config(
     return row
 
 
+def default_taskflow() -> str | None:
+    """``TASKFLOW_PYTHON`` if set (empty: none), else this interpreter if it has TaskFlow."""
+    named = os.environ.get("TASKFLOW_PYTHON")
+    if named is not None:
+        return named or None
+    return sys.executable if importlib.util.find_spec("taskflow") is not None else None
+
+
+def taskflow_version(python: str) -> str:
+    """The TaskFlow version ``python`` imports.
+
+    Raises:
+        SystemExit: ``python`` cannot run or cannot import taskflow (named in the message).
+    """
+    probe = "import importlib.metadata as m; print(m.version('taskflow'))"
+    try:
+        found = subprocess.run([python, "-c", probe], capture_output=True, text=True,
+                               timeout=60, check=False)
+    except OSError as err:
+        raise SystemExit(f"--taskflow {python}: cannot run it: {err}") from err
+    if found.returncode != 0:
+        raise SystemExit(f"--taskflow {python}: cannot import taskflow: "
+                         f"{found.stderr.strip().splitlines()[-1:]}")
+    return found.stdout.strip()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -329,13 +373,18 @@ def main() -> None:
     parser.add_argument(
         "--taskflow",
         metavar="PYTHON",
-        default=os.environ.get("TASKFLOW_PYTHON"),
-        help="an interpreter with taskflow installed, for the comparison",
+        default=default_taskflow(),
+        help="an interpreter with taskflow installed, for the comparison (default: "
+        "TASKFLOW_PYTHON, else this one if it can import taskflow)",
     )
+    parser.add_argument(
+        "--no-taskflow", dest="taskflow", action="store_const", const=None,
+        help="leave the TaskFlow comparison out",
+    )  # fmt: skip
     parser.add_argument(
         "--taskflow-fs",
         action="store_true",
-        help="also run TaskFlow on kombu's filesystem transport for the fs rows",
+        help="also try TaskFlow on kombu's stock filesystem transport for the fs rows",
     )
     parser.add_argument(
         "--run-timeout", type=float, default=240.0, help="seconds each engine process may take"
@@ -344,8 +393,15 @@ def main() -> None:
     parser.add_argument("--ceiling-pipelined", type=int, default=5000)
     args = parser.parse_args()  # fmt: skip
     libs = [("flowengine", sys.executable)]
+    taskflow_info: dict[str, Any] = {"compared": False}
     if args.taskflow:
-        libs.append(("taskflow", args.taskflow))
+        # The engines and workers run with cwd in a temporary folder.
+        python = shutil.which(args.taskflow) or args.taskflow
+        python = os.path.abspath(python)
+        libs.append(("taskflow", python))
+        taskflow_info = {"compared": True, "python": python, "version": taskflow_version(python),
+                         "fs": "tried on kombu's stock filesystem transport" if args.taskflow_fs
+                         else "skipped: see the fs rows"}  # fmt: skip
     results: list[dict[str, Any]] = []
     ceilings: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="flowengine-wbe-bench-") as tmp:
@@ -370,6 +426,7 @@ def main() -> None:
         "cpus": os.cpu_count(),
         "sizes": {"unordered": args.unordered, "linear": args.linear},
         "flowengine_threads_per_worker": args.threads,
+        "taskflow": taskflow_info,
         "ceiling": ceilings,
         "results": results,
     }, indent=2))  # fmt: skip

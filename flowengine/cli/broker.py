@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from flowengine.cli.options import parse_pairs, split_env_list
+from flowengine.cli.options import parse_pairs, split_from_env
 
 
 def broker_options(command: Callable[..., Any]) -> Callable[..., Any]:
@@ -21,7 +21,10 @@ def broker_options(command: Callable[..., Any]) -> Callable[..., Any]:
                      help="Kombu transport name (memory, redis, flowengine-fs, ...)."),
         click.option("--transport-option", "transport_options",
                      envvar="FLOWENGINE_TRANSPORT_OPTIONS", multiple=True,
-                     help="Transport option key=value. Repeatable."),
+                     callback=split_from_env,
+                     help="Transport option key=value (a JSON value or a string). Repeatable; "
+                          "the environment variable holds several, separated by commas or "
+                          "whitespace."),
         click.option("--taskflow-compat", envvar="FLOWENGINE_TASKFLOW_COMPAT", is_flag=True,
                      help="Queues declared exactly as TaskFlow does (mixed fleets)."),
     ]
@@ -37,6 +40,6 @@ def broker_kwargs(url: str | None, exchange: str, transport: str | None,
         "exchange": exchange,
         "url": url,
         "transport": transport,
-        "transport_options": parse_pairs(split_env_list(transport_options), "transport option"),
+        "transport_options": parse_pairs(transport_options, "transport option"),
         "taskflow_compat": taskflow_compat,
     }

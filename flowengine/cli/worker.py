@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -12,9 +13,28 @@ from typing import Any
 import click
 
 from flowengine.cli.broker import broker_kwargs, broker_options
-from flowengine.cli.options import split_env_list
+from flowengine.cli.options import split_from_env
 
 DEFAULT_GRACE = 30.0
+
+
+def check_task_specs(specs: tuple[str, ...]) -> list[str]:
+    """``specs``, once each imports and resolves.
+
+    Raises:
+        click.ClickException: A spec cannot be imported (whatever its module raised while
+            loading: ImportError, SyntaxError, RuntimeError...) or resolved; the message
+            names the spec and the error.
+    """
+    from flowengine.worker_based.worker import find_task_classes
+
+    for spec in specs:
+        try:
+            find_task_classes(spec)
+        except Exception as err:  # a task module runs arbitrary code on import
+            raise click.ClickException(
+                f"cannot load the tasks of '{spec}': {type(err).__name__}: {err}") from err
+    return list(specs)
 
 
 @click.command("worker")
@@ -22,7 +42,9 @@ DEFAULT_GRACE = 30.0
 @click.option("--topic", envvar="FLOWENGINE_TOPIC", required=True,
               help="This worker's topic (queue <exchange>_<topic>).")
 @click.option("--task", "tasks", envvar="FLOWENGINE_TASKS", multiple=True, required=True,
-              help="Task classes to serve: 'pkg.mod', 'pkg.mod:Class'. Repeatable.")
+              callback=split_from_env,
+              help="Task classes to serve: 'pkg.mod', 'pkg.mod:Class'. Repeatable; the "
+                   "environment variable holds several, separated by commas or whitespace.")
 @click.option("--threads", envvar="FLOWENGINE_THREADS", type=click.IntRange(min=1), default=None,
               help="Task threads (also the most requests held at once).")
 @click.option("--grace", envvar="FLOWENGINE_GRACE", type=float, default=DEFAULT_GRACE,
@@ -36,7 +58,7 @@ DEFAULT_GRACE = 30.0
 def worker_command(topic: str, tasks: tuple[str, ...], threads: int | None, grace: float,
                    events: bool, metrics_port: int | None, log_level: str, **broker: Any) -> None:
     """Serve remote task requests until SIGTERM or SIGINT."""
-    from flowengine.worker_based.worker import Worker
+    from flowengine.worker_based.worker import BrokerRefused, Worker
 
     logging.basicConfig(level=log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -51,13 +73,10 @@ def worker_command(topic: str, tasks: tuple[str, ...], threads: int | None, grac
         except (ImportError, OSError) as err:
             raise click.ClickException(
                 f"cannot serve metrics on port {metrics_port}: {err}") from err
+    connection = broker_kwargs(**broker)  # usage errors first
     try:
-        worker = Worker(topic=topic, tasks=split_env_list(tasks), threads_count=threads,
-                        events=events, metrics=metrics_port is not None,
-                        **broker_kwargs(**broker))
-    except ImportError as err:
-        raise click.ClickException(
-            f"cannot import the tasks {list(split_env_list(tasks))}: {err}") from err
+        worker = Worker(topic=topic, tasks=check_task_specs(tasks), threads_count=threads,
+                        events=events, metrics=metrics_port is not None, **connection)
     except (ValueError, TypeError) as err:
         raise click.ClickException(f"cannot start the worker: {err}") from err
     stopping = threading.Event()
@@ -66,13 +85,18 @@ def worker_command(topic: str, tasks: tuple[str, ...], threads: int | None, grac
         if stopping.is_set():
             return
         stopping.set()
-        click.echo(f"received {signal.Signals(signum).name}: finishing in-flight work "
-                   f"(up to {grace:.0f}s)", err=True)
         threading.Thread(target=worker.stop, args=(grace,), daemon=True).start()
+        # Stopping must not depend on stderr: a closed pipe would raise here, in the main thread.
+        with contextlib.suppress(OSError):
+            click.echo(f"received {signal.Signals(signum).name}: finishing in-flight work "
+                       f"(up to {grace:.0f}s)", err=True)
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
-    worker.run(banner_writer=lambda text: click.echo(text, err=True))
+    try:
+        worker.run(banner_writer=lambda text: click.echo(text, err=True))
+    except BrokerRefused as err:
+        raise click.ClickException(str(err)) from err
     # In-flight work past the grace period was handed back to the broker; a task thread still
     # running it must not keep the process alive (the interpreter would wait for it).
     logging.shutdown()

@@ -28,6 +28,7 @@ from flowengine.worker_based import endpoint as ep
 from flowengine.worker_based import events as ev
 from flowengine.worker_based import extensions as ext
 from flowengine.worker_based import protocol as pr
+from flowengine.worker_based import proxy as px
 from flowengine.worker_based import server as sv
 
 LOG = logging.getLogger(__name__)
@@ -36,27 +37,67 @@ LOG = logging.getLogger(__name__)
 DEFAULT_STOP_GRACE = 30.0
 #: Seconds between worker-heartbeat events.
 DEFAULT_EVENT_HEARTBEAT = 2.0
+#: Name prefix of the task threads of a worker's own executor.
+TASK_THREAD_PREFIX = "flowengine-task"
 
 TaskSpec = str | types.ModuleType | type[task_mod.Task]
+_OWN_PACKAGE = __name__.partition(".")[0]
+#: AMQP reply codes of a refused login, permission or virtual host (ACCESS_REFUSED, NOT_ALLOWED).
+_AMQP_REFUSED = frozenset({403, 530})
+
+
+class BrokerRefused(ConnectionError):
+    """The broker refused the worker's credentials (or virtual host): retrying cannot help."""
+
+
+def _broker_refusal(err: BaseException | None) -> BaseException | None:
+    """The error in ``err``'s chain saying the broker refused the credentials, if any.
+
+    Kombu files both under its retried connection or channel errors: AMQP (py-amqp) raises
+    ``AccessRefused`` (reply code 403; ``NotAllowed``, 530, for a virtual host), Redis
+    (redis-py) ``AuthenticationError``. Matched by reply code and class name, since only
+    ``proxy`` imports the transports.
+    """
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if getattr(err, "reply_code", None) in _AMQP_REFUSED or any(
+                cls.__name__ == "AuthenticationError" for cls in type(err).__mro__):
+            return err
+        err = err.__cause__ or err.__context__
+    return None
 
 
 def _is_task_class(obj: Any) -> bool:
     return inspect.isclass(obj) and issubclass(obj, task_mod.Task) and not inspect.isabstract(obj)
 
 
+def _is_served_from_module(obj: Any) -> bool:
+    # flowengine's own classes (FunctorTask...) are bases and helpers a task module imports,
+    # never tasks it offers.
+    own = getattr(obj, "__module__", "").partition(".")[0] == _OWN_PACKAGE
+    return _is_task_class(obj) and not own
+
+
+def _spec_list(tasks: TaskSpec | Iterable[TaskSpec]) -> list[TaskSpec]:
+    # One spec may be given bare, not in a list.
+    return [tasks] if isinstance(tasks, (str, types.ModuleType, type)) else list(tasks)
+
+
 def find_task_classes(tasks: TaskSpec | Iterable[TaskSpec]) -> list[type[task_mod.Task]]:
     """Resolve task specs to Task subclasses, sorted by wire name.
 
     Args:
-        tasks: Each ``'pkg.mod'`` or a module object (every public Task subclass *defined* in
-            that module), ``'pkg.mod:Class'`` (also ``'pkg.mod:Outer.Inner'``) or a class.
+        tasks: Each ``'pkg.mod'`` or a module object (every public concrete Task subclass the
+            module defines or imports, as TaskFlow's ``find_subclasses`` finds them, except
+            flowengine's own classes), ``'pkg.mod:Class'`` (also ``'pkg.mod:Outer.Inner'``)
+            or a class.
 
     Raises:
         ImportError: A named module or class does not exist.
         TypeError: An item is not a Task subclass, module or string.
     """
-    # One spec may be given bare, not in a list.
-    specs = [tasks] if isinstance(tasks, (str, types.ModuleType, type)) else list(tasks)
+    specs = _spec_list(tasks)
     found: dict[str, type[task_mod.Task]] = {}
     for item in specs:
         module = None
@@ -81,8 +122,7 @@ def find_task_classes(tasks: TaskSpec | Iterable[TaskSpec]) -> list[type[task_mo
             raise TypeError(f"Expected a module, 'pkg.mod[:Class]' or Task subclass, got {item!r}")
         if module is not None:
             for name, obj in vars(module).items():
-                defined_here = getattr(obj, "__module__", None) == module.__name__
-                if not name.startswith("_") and defined_here and _is_task_class(obj):
+                if not name.startswith("_") and _is_served_from_module(obj):
                     found[pr.task_class_name(obj)] = obj
     return [found[name] for name in sorted(found)]
 
@@ -105,6 +145,10 @@ class Worker:
             or to the given :class:`~flowengine.worker_based.extensions.EventSink`.
         metrics: Update the Prometheus metrics (the ``metrics`` extra).
         heartbeat_interval: Seconds between worker-heartbeat events.
+
+    Raises:
+        ValueError: ``tasks`` resolve to no task class at all.
+        ImportError, TypeError: See :func:`find_task_classes`.
     """
 
     def __init__(
@@ -124,18 +168,24 @@ class Worker:
         heartbeat_interval: float = DEFAULT_EVENT_HEARTBEAT,
     ) -> None:
         self._exchange, self._topic = exchange, topic
+        specs = _spec_list(tasks)
+        classes = find_task_classes(specs)
+        if not classes:
+            named = [getattr(spec, "__name__", str(spec)) for spec in specs]
+            raise ValueError(f"Worker on topic '{topic}': the task specs {named} hold no "
+                             f"concrete Task subclasses, so it would serve nothing")
+        self._broker = {"url": url, "transport": transport,
+                        "transport_options": transport_options, "taskflow_compat": taskflow_compat}
         self._owns_executor = executor is None
         if executor is None:
             threads_count = threads_count or (os.cpu_count() or 1) * 5
             # The standard pool: its threads exit at once on shutdown, where futurist's idle
             # threads keep a stopping worker process alive for another second.
             executor = cf.ThreadPoolExecutor(max_workers=threads_count,
-                                             thread_name_prefix="flowengine-task")
+                                             thread_name_prefix=TASK_THREAD_PREFIX)
         self._executor = executor
         self._threads_count = threads_count
-        self._endpoints = [ep.Endpoint(cls) for cls in find_task_classes(tasks)]
-        if not self._endpoints:
-            LOG.warning("Worker on topic '%s' was given no task classes to run", topic)
+        self._endpoints = [ep.Endpoint(cls) for cls in classes]
         self._run_thread: int | None = None
         if events is True:
             events = ev.EventPublisher(exchange, url=url, transport=transport,
@@ -197,6 +247,9 @@ class Worker:
         Args:
             display_banner: Show :attr:`banner` first.
             banner_writer: Gets the banner text; by default each line is logged at INFO.
+
+        Raises:
+            BrokerRefused: The broker refused the credentials; nothing was served.
         """
         if display_banner:
             if banner_writer is None:
@@ -205,14 +258,41 @@ class Worker:
             else:
                 banner_writer(self.banner)
         self._run_thread = threading.get_ident()
-        if self._ticker is not None:
-            self._ticker.start()
         try:
+            self._check_broker()
+            if self._ticker is not None:
+                self._ticker.start()
             self._server.start()
         finally:
             if self._ticker is not None:
                 self._ticker.stop()
             self._events.close()  # flushes the worker-offline event
+
+    def _check_broker(self) -> None:
+        """Connect once, without retrying, so that refused credentials stop the worker now.
+
+        The consume loop retries connection errors (with no limit by default), and kombu
+        counts a refused login among them: a wrong password would be retried forever. Other
+        errors (a broker still starting) are left to that loop and its ``retry_options``.
+
+        Raises:
+            BrokerRefused: The broker refused the credentials or the virtual host.
+        """
+        probe = px.Proxy(self._topic, self._exchange, **self._broker)
+        try:
+            # Connects and declares this worker's queue (as consuming will), reads nothing.
+            probe.browse(self._topic, limit=0)
+        except Exception as err:
+            refused = _broker_refusal(err)
+            if refused is None:
+                LOG.debug("Broker check of topic '%s' failed, left to the retries: %s",
+                          self._topic, err)
+                return
+            where = self._server.connection_details.uri
+            raise BrokerRefused(f"Broker {where} refused the worker on topic '{self._topic}' "
+                                f"({type(refused).__name__}: {refused}); not retrying") from err
+        finally:
+            probe.close()
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the worker is serving; False on timeout."""

@@ -2,7 +2,8 @@
 
 Brokers: Redis and RabbitMQ as ``.ci/services.sh start`` runs them on 127.0.0.1 (see
 ``wbe_harness.BROKERS`` for the URLs and the variables that override them). A broker that does
-not answer fails the test when ``CI=true`` and skips it otherwise.
+not answer is started with that script (once a session, when the servers are installed) and
+checked again; still missing, it fails the test when ``CI=true`` and skips it otherwise.
 
 Worker processes: ``fleet_factory`` gives :class:`~wbe_harness.WorkerFleet` s whose processes are
 all stopped by pid (SIGTERM, then SIGKILL) when the test ends, whatever the test did to them, and
@@ -18,7 +19,25 @@ from typing import Any
 
 import pytest
 from fault_support import EngineRuns, Stage
-from wbe_harness import BROKERS, Broker, WorkerFleet, require_broker, unique_exchange
+from wbe_harness import (
+    BROKERS,
+    Broker,
+    ServerStarter,
+    WorkerFleet,
+    require_broker,
+    unique_exchange,
+    use_server_starter,
+)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def start_missing_brokers(local_servers: ServerStarter) -> Iterator[None]:
+    """Brokers that tests require (also by calling ``require_broker``) are started if missing."""
+    use_server_starter(local_servers)
+    try:
+        yield
+    finally:
+        use_server_starter(None)
 
 
 @pytest.fixture(scope="session", params=sorted(BROKERS))

@@ -4,7 +4,9 @@ The fixtures built on these live in ``conftest.py``; tests import the classes fr
 
 Brokers are the servers ``.ci/services.sh start`` runs on 127.0.0.1 (Redis 6379, RabbitMQ 5672 as
 guest/guest); ``FLOWENGINE_TEST_REDIS_URL`` and ``FLOWENGINE_TEST_AMQP_URL`` point elsewhere.
-A broker that does not answer fails the test when ``CI=true`` and skips it otherwise.
+A broker that does not answer is started (``.ci/services.sh start``, once a session, by the
+conftest's server starter) and checked again; still missing, it fails the test when ``CI=true``
+and skips it otherwise.
 
 Worker processes are real ``flowengine worker`` (or TaskFlow worker) processes, started with
 :class:`WorkerFleet` and stopped (SIGTERM, then SIGKILL) by pid when the fixture ends, whatever
@@ -20,6 +22,7 @@ reply queue of its own.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import signal
@@ -29,7 +32,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn, Protocol
 
 import kombu
 import pytest
@@ -72,31 +75,57 @@ BROKERS = {
 _checked: dict[str, str | None] = {}
 
 
-def unavailable(message: str) -> None:
+class ServerStarter(Protocol):
+    """What starts the local servers when one does not answer (``tests/conftest.py``)."""
+
+    def problem(self, check: Callable[[], str | None]) -> str | None:
+        """Why the server ``check`` looks at is unusable, after starting it if need be."""
+
+
+#: Set by the integration conftest; without it a broker that does not answer is not started.
+_starter: ServerStarter | None = None
+
+
+def use_server_starter(starter: ServerStarter | None) -> None:
+    """Start the servers with ``starter`` when :func:`require_broker` finds one missing."""
+    global _starter
+    _starter = starter
+
+
+def unavailable(message: str) -> NoReturn:
     """Fail (under ``CI=true``) or skip the test because a server it needs is missing."""
     if os.environ.get("CI", "").lower() == "true":
         pytest.fail(message)
     pytest.skip(message)
 
 
+def _broker_problem(broker: Broker) -> str | None:
+    conn = kombu.Connection(broker.url, connect_timeout=BROKER_CONNECT_TIMEOUT)
+    try:
+        conn.ensure_connection(max_retries=1, interval_start=0, interval_step=0,
+                               timeout=BROKER_CONNECT_TIMEOUT)
+        conn.channel().close()
+        return None
+    except Exception as err:  # any driver or network error means "not available"
+        return f"{type(err).__name__}: {(str(err).splitlines() or [''])[0]}"
+    finally:
+        conn.release()
+
+
 def require_broker(name: str) -> Broker:
-    """The broker called ``name`` once it answered (fail under CI=true, else skip)."""
+    """The broker called ``name`` once it answered (fail under CI=true, else skip).
+
+    A broker that does not answer is started (once a session, see :func:`use_server_starter`)
+    and checked again; the outcome is kept for the rest of the session.
+    """
     broker = BROKERS[name]
     if name not in _checked:
-        conn = kombu.Connection(broker.url, connect_timeout=BROKER_CONNECT_TIMEOUT)
-        try:
-            conn.ensure_connection(max_retries=1, interval_start=0, interval_step=0,
-                                   timeout=BROKER_CONNECT_TIMEOUT)
-            conn.channel().close()
-            _checked[name] = None
-        except Exception as err:  # any driver or network error means "not available"
-            _checked[name] = f"{type(err).__name__}: {(str(err).splitlines() or [''])[0]}"
-        finally:
-            conn.release()
+        check = functools.partial(_broker_problem, broker)
+        _checked[name] = check() if _starter is None else _starter.problem(check)
     reason = _checked[name]
     if reason is not None:
         unavailable(f"{name} test server at {mask_url(broker.url)} unavailable ({reason}); "
-                     f"run `.ci/services.sh start`")
+                    f"run `.ci/services.sh start`")
     return broker
 
 
