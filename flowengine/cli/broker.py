@@ -20,7 +20,7 @@ def broker_options(command: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--transport", envvar="FLOWENGINE_TRANSPORT", default=None,
                      help="Kombu transport name (memory, redis, flowengine-fs, ...)."),
         click.option("--transport-option", "transport_options",
-                     envvar="FLOWENGINE_TRANSPORT_OPTIONS", multiple=True,
+                     envvar="FLOWENGINE_TRANSPORT_OPTION", multiple=True,
                      callback=split_from_env,
                      help="Transport option key=value (a JSON value or a string). Repeatable; "
                           "the environment variable holds several, separated by commas or "

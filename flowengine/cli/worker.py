@@ -13,7 +13,7 @@ from typing import Any
 import click
 
 from flowengine.cli.broker import broker_kwargs, broker_options
-from flowengine.cli.options import split_from_env
+from flowengine.cli.options import show_envvars, split_from_env
 
 DEFAULT_GRACE = 30.0
 
@@ -37,11 +37,12 @@ def check_task_specs(specs: tuple[str, ...]) -> list[str]:
     return list(specs)
 
 
+@show_envvars
 @click.command("worker")
 @broker_options
 @click.option("--topic", envvar="FLOWENGINE_TOPIC", required=True,
               help="This worker's topic (queue <exchange>_<topic>).")
-@click.option("--task", "tasks", envvar="FLOWENGINE_TASKS", multiple=True, required=True,
+@click.option("--task", "tasks", envvar="FLOWENGINE_TASK", multiple=True, required=True,
               callback=split_from_env,
               help="Task classes to serve: 'pkg.mod', 'pkg.mod:Class'. Repeatable; the "
                    "environment variable holds several, separated by commas or whitespace.")

@@ -16,15 +16,6 @@ from click.testing import CliRunner
 
 from flowengine.cli.main import cli
 
-#: Names another developer's modules (cli/worker.py, cli/broker.py) still give differently; the
-#: change is asked for. Remove an entry once its option follows the convention.
-PENDING: dict[tuple[str, str], str] = {
-    ("worker", "--task"): "FLOWENGINE_TASKS",
-    ("*", "--transport-option"): "FLOWENGINE_TRANSPORT_OPTIONS",
-}
-#: Commands whose --help does not list the variables yet (cli/worker.py).
-HELP_PENDING = frozenset({"worker"})
-
 
 def commands(group: click.Group = cli, prefix: tuple[str, ...] = ()
              ) -> Iterator[tuple[tuple[str, ...], click.Command]]:
@@ -40,11 +31,8 @@ def options(command: click.Command) -> list[click.Option]:
             and p.name not in ("help", "version")]
 
 
-def expected_envvar(path: tuple[str, ...], option: click.Option) -> str:
+def expected_envvar(option: click.Option) -> str:
     long_name = max(option.opts, key=len)
-    for key in ((path[-1], long_name), ("*", long_name)):
-        if key in PENDING:
-            return PENDING[key]
     return "FLOWENGINE_" + long_name.lstrip("-").upper().replace("-", "_")
 
 
@@ -82,7 +70,7 @@ def test_every_command_is_covered() -> None:
                          ids=[f"{' '.join(p)} {max(o.opts, key=len)}" for p, o in CASES])
 def test_each_option_reads_its_environment_variable(
         path: tuple[str, ...], option: click.Option, monkeypatch: pytest.MonkeyPatch) -> None:
-    assert option.envvar == expected_envvar(path, option)
+    assert option.envvar == expected_envvar(option)
     raw, value = sample(option)
     monkeypatch.setenv(str(option.envvar), raw)
     command = cli
@@ -96,7 +84,7 @@ def test_each_option_reads_its_environment_variable(
     assert (held[0] if option.multiple else held) == value
 
 
-@pytest.mark.parametrize("path", sorted({path for path, _ in CASES} - {("worker",)}))
+@pytest.mark.parametrize("path", sorted({path for path, _ in CASES}))
 def test_help_names_each_environment_variable(path: tuple[str, ...]) -> None:
     shown = CliRunner().invoke(cli, [*path, "--help"])
     assert shown.exit_code == 0, shown.output

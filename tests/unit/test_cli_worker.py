@@ -98,7 +98,7 @@ def test_each_command_line_transport_option_is_taken_whole() -> None:
 
 def test_the_environment_variable_holds_several_split_on_commas_and_spaces() -> None:
     found = transport_options(env={
-        "FLOWENGINE_TRANSPORT_OPTIONS": "polling_interval=0.5,fsync=true  data_folder=/q"})
+        "FLOWENGINE_TRANSPORT_OPTION": "polling_interval=0.5,fsync=true  data_folder=/q"})
     assert found == {"polling_interval": 0.5, "fsync": True, "data_folder": "/q"}
 
 
@@ -221,7 +221,7 @@ def test_a_task_module_that_fails_to_import_is_one_clear_line(
 ) -> None:  # fmt: skip
     good, bad = task_modules(ECHO), task_modules(source)
     result = invoke("worker", "--transport", "memory", "--topic", "t",
-                    env={"FLOWENGINE_TASKS": f"{good},{bad}"})
+                    env={"FLOWENGINE_TASK": f"{good},{bad}"})
     assert result.exit_code == 1, result.output
     [line] = result.output.splitlines()
     assert line.startswith(f"Error: cannot load the tasks of '{bad}': {error}"), line
