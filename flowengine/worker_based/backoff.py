@@ -13,10 +13,37 @@ LOG = logging.getLogger(__name__)
 
 #: Retry log lines: the first few attempts, then every Nth.
 _LOG_FIRST, _LOG_EVERY = 3, 10
+#: AMQP reply codes of a refused login, permission or virtual host (ACCESS_REFUSED, NOT_ALLOWED).
+_AMQP_REFUSED = frozenset({403, 530})
 
 
 class RetryAbandoned(Exception):
     """A retry sequence was abandoned because its owner is stopping."""
+
+
+class BrokerRefused(Exception):
+    """The broker refused the credentials (or the virtual host): retrying cannot help.
+
+    Not a ``ConnectionError``: kombu retries those, and this one must end the retrying.
+    """
+
+
+def refusal(err: BaseException | None) -> BaseException | None:
+    """The error in ``err``'s chain saying the broker refused the credentials, if any.
+
+    Kombu files both under its retried connection or channel errors: AMQP (py-amqp) raises
+    ``AccessRefused`` (reply code 403; ``NotAllowed``, 530, for a virtual host), Redis
+    (redis-py) ``AuthenticationError``. Matched by reply code and class name, since only
+    ``proxy`` imports the transports.
+    """
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if getattr(err, "reply_code", None) in _AMQP_REFUSED or any(
+                cls.__name__ == "AuthenticationError" for cls in type(err).__mro__):
+            return err
+        err = err.__cause__ or err.__context__
+    return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,8 +125,13 @@ class Backoff:
         """Record a failed attempt and sleep before the next.
 
         Raises:
+            BrokerRefused: The broker refused the credentials: no retry can succeed.
             RetryAbandoned: ``stop`` was set (before or while sleeping).
         """
+        refused = refusal(exc)
+        if refused is not None:
+            raise BrokerRefused(f"{self._what} on {self._where} was refused by the broker "
+                                f"({type(refused).__name__}: {refused}); not retrying") from exc
         delay = self._options.delay(self.attempt)
         self.attempt += 1
         if self.attempt <= _LOG_FIRST or self.attempt % _LOG_EVERY == 0:

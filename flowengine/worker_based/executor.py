@@ -40,6 +40,8 @@ LOG = logging.getLogger(__name__)
 
 #: Seconds an engine's unused reply queue survives on brokers with queue expiry (AMQP).
 REPLY_QUEUE_EXPIRES = 600.0
+#: Seconds start() waits for the reply consumer to be consuming.
+CONSUMER_START_TIMEOUT = 30.0
 #: Seconds between scans for expired requests and lapsed leases.
 HOUSEKEEPING_PERIOD = 0.1
 #: Seconds between NOTIFY rounds to the configured topics (how TaskFlow workers stay known).
@@ -121,6 +123,7 @@ class WorkerTaskExecutor(local.TaskExecutor):
         self._dispatcher = cf.ThreadPoolExecutor(max_workers=1,
                                                  thread_name_prefix="flowengine-dispatch")
         self._dispatch_pending = threading.Event()
+        self._consumer_error: Exception | None = None
         handlers = {
             pr.RESPONSE: dp.Handler(self._on_response, pr.Response.validate),
             pr.NOTIFY: dp.Handler(self._on_notify,
@@ -156,13 +159,26 @@ class WorkerTaskExecutor(local.TaskExecutor):
                 return
             with _queues_lock:
                 _queues_in_use[self._queue_key] = _queues_in_use.get(self._queue_key, 0) + 1
-            self._thread = threading.Thread(target=self._proxy.start, daemon=True,
+            self._consumer_error = None
+            self._thread = threading.Thread(target=self._consume, daemon=True,
                                             name=f"flowengine-executor-{self._uuid[:8]}")
             self._thread.start()
-        if not self._proxy.wait(timeout=30):
-            raise exc.ExecutionFailure(
-                f"Executor {self._uuid} could not start consuming from "
-                f"{self._proxy.connection_details.uri}")
+            thread = self._thread
+        deadline = time.monotonic() + CONSUMER_START_TIMEOUT
+        # Consuming, or the consumer gave up (a refused login): whichever comes first.
+        while not self._proxy.wait(timeout=0.05):
+            if not thread.is_alive() or time.monotonic() > deadline:
+                raise exc.ExecutionFailure(
+                    f"Executor {self._uuid} could not start consuming from "
+                    f"{self._proxy.connection_details.uri}: {self._consumer_error or 'timed out'}"
+                ) from self._consumer_error
+
+    def _consume(self) -> None:
+        try:
+            self._proxy.start()
+        except Exception as err:  # kept for start() to raise; retries are the proxy's own
+            LOG.error("Executor %s stopped consuming replies: %s", self._uuid, err)
+            self._consumer_error = err
 
     def stop(self) -> None:
         """Stop consuming; submissions still outstanding fail with RequestTimeout.

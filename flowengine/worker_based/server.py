@@ -21,6 +21,7 @@ from typing import Any
 
 from flowengine import exceptions as exc
 from flowengine.types.failure import Failure
+from flowengine.worker_based import backoff as bo
 from flowengine.worker_based import cancellation as cn
 from flowengine.worker_based import dispatcher as dp
 from flowengine.worker_based import endpoint as ep
@@ -454,7 +455,7 @@ class Server:
         """
         if self._control_proxy is not None:
             self._control_thread = threading.Thread(
-                target=self._control_proxy.start, daemon=True,
+                target=self._serve_control, daemon=True,
                 name=f"flowengine-control-{self.worker_id}")
             self._control_thread.start()
         try:
@@ -468,6 +469,15 @@ class Server:
             self._control.shutdown(wait=True)
             if self._online:
                 self.announce(pr.WORKER_OFFLINE)
+
+    def _serve_control(self) -> None:
+        assert self._control_proxy is not None
+        try:
+            self._control_proxy.start()
+        except bo.BrokerRefused as err:  # the topic queue's consumer raises it to the caller
+            LOG.debug("Worker %s control queue: %s", self.worker_id, err)
+        except Exception as err:
+            LOG.error("Worker %s stopped reading its control queue: %s", self.worker_id, err)
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until serving; False on timeout."""

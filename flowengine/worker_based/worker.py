@@ -24,11 +24,11 @@ from concurrent.futures import Executor
 from typing import Any
 
 from flowengine import task as task_mod
+from flowengine.worker_based import backoff as bo
 from flowengine.worker_based import endpoint as ep
 from flowengine.worker_based import events as ev
 from flowengine.worker_based import extensions as ext
 from flowengine.worker_based import protocol as pr
-from flowengine.worker_based import proxy as px
 from flowengine.worker_based import server as sv
 
 LOG = logging.getLogger(__name__)
@@ -41,33 +41,9 @@ DEFAULT_EVENT_HEARTBEAT = 2.0
 TASK_THREAD_PREFIX = "flowengine-task"
 
 TaskSpec = str | types.ModuleType | type[task_mod.Task]
+#: What :meth:`Worker.run` raises when the broker refuses the credentials (not retried).
+BrokerRefused = bo.BrokerRefused
 _OWN_PACKAGE = __name__.partition(".")[0]
-#: AMQP reply codes of a refused login, permission or virtual host (ACCESS_REFUSED, NOT_ALLOWED).
-_AMQP_REFUSED = frozenset({403, 530})
-
-
-class BrokerRefused(ConnectionError):
-    """The broker refused the worker's credentials (or virtual host): retrying cannot help."""
-
-
-def _broker_refusal(err: BaseException | None) -> BaseException | None:
-    """The error in ``err``'s chain saying the broker refused the credentials, if any.
-
-    Kombu files both under its retried connection or channel errors: AMQP (py-amqp) raises
-    ``AccessRefused`` (reply code 403; ``NotAllowed``, 530, for a virtual host), Redis
-    (redis-py) ``AuthenticationError``. Matched by reply code and class name, since only
-    ``proxy`` imports the transports.
-    """
-    seen: set[int] = set()
-    while err is not None and id(err) not in seen:
-        seen.add(id(err))
-        if getattr(err, "reply_code", None) in _AMQP_REFUSED or any(
-                cls.__name__ == "AuthenticationError" for cls in type(err).__mro__):
-            return err
-        err = err.__cause__ or err.__context__
-    return None
-
-
 def _is_task_class(obj: Any) -> bool:
     return inspect.isclass(obj) and issubclass(obj, task_mod.Task) and not inspect.isabstract(obj)
 
@@ -259,40 +235,16 @@ class Worker:
                 banner_writer(self.banner)
         self._run_thread = threading.get_ident()
         try:
-            self._check_broker()
             if self._ticker is not None:
                 self._ticker.start()
             self._server.start()
+        except BrokerRefused as err:
+            raise BrokerRefused(f"The broker refused the worker on topic '{self._topic}': "
+                                f"{err}") from err
         finally:
             if self._ticker is not None:
                 self._ticker.stop()
             self._events.close()  # flushes the worker-offline event
-
-    def _check_broker(self) -> None:
-        """Connect once, without retrying, so that refused credentials stop the worker now.
-
-        The consume loop retries connection errors (with no limit by default), and kombu
-        counts a refused login among them: a wrong password would be retried forever. Other
-        errors (a broker still starting) are left to that loop and its ``retry_options``.
-
-        Raises:
-            BrokerRefused: The broker refused the credentials or the virtual host.
-        """
-        probe = px.Proxy(self._topic, self._exchange, **self._broker)
-        try:
-            # Connects and declares this worker's queue (as consuming will), reads nothing.
-            probe.browse(self._topic, limit=0)
-        except Exception as err:
-            refused = _broker_refusal(err)
-            if refused is None:
-                LOG.debug("Broker check of topic '%s' failed, left to the retries: %s",
-                          self._topic, err)
-                return
-            where = self._server.connection_details.uri
-            raise BrokerRefused(f"Broker {where} refused the worker on topic '{self._topic}' "
-                                f"({type(refused).__name__}: {refused}); not retrying") from err
-        finally:
-            probe.close()
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the worker is serving; False on timeout."""

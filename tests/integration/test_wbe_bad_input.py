@@ -258,3 +258,20 @@ def test_garbage_in_a_redis_reply_queue_does_not_stop_the_engine(tmp_path: Path)
     finally:
         tasks.use_ledger(previous)
         state.close()
+
+
+# ---- credentials the broker refuses ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("broker_name", ["redis", "rabbitmq"])
+def test_an_engine_whose_login_is_refused_fails_at_once_saying_so(broker_name: str) -> None:
+    url = require_broker(broker_name).url
+    host = url.split("@")[-1] if "@" in url else url.split("//", 1)[1]
+    scheme = url.split("://", 1)[0]
+    wrong = f"{scheme}://nobody:not-the-password@{host}"
+    flow = lf.Flow("f").add(tasks.Step("a"))
+    engine = engines.load(flow, engine="worker-based", url=wrong, exchange=unique_exchange("x"),
+                          topics=[TOPIC], transition_timeout=REPLY_TIMEOUT)
+    with pytest.raises(exc.ExecutionFailure, match="refused by the broker") as raised:
+        engine.run()
+    assert "not-the-password" not in str(raised.value)

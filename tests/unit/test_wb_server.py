@@ -572,3 +572,30 @@ def test_a_taskflow_engine_runs_its_tasks_on_a_flowengine_worker(
     finally:
         worker.stop(grace=WAIT)
         thread.join(WAIT)
+
+
+class _AccessRefused(Exception):
+    """Shaped as py-amqp's: a reply code is all the rule reads."""
+
+    reply_code = 403
+
+
+class AuthenticationError(Exception):
+    """Named as redis-py's."""
+
+
+@pytest.mark.parametrize("refused", [_AccessRefused("ACCESS_REFUSED"),
+                                     AuthenticationError("invalid username-password pair")])
+def test_a_refused_login_is_never_retried(refused: Exception) -> None:
+    # On a reconnect as on the first connection: a rotated password must not loop forever.
+    stop = threading.Event()
+    backoff = bo.Backoff(bo.RetryOptions(interval_start=60), "Consuming", "amqp://u:***@h//", stop)
+    wrapped = ConnectionError("connection lost")
+    wrapped.__cause__ = refused
+    for err in (refused, wrapped):
+        with pytest.raises(bo.BrokerRefused, match=r"amqp://u:\*\*\*@h// was refused"):
+            backoff(err)
+    assert backoff.attempt == 0
+    stop.set()  # anything else is retried (here: abandoned at once, as the owner stops)
+    with pytest.raises(bo.RetryAbandoned):
+        backoff(ConnectionError("connection refused"))
