@@ -12,6 +12,7 @@ works without it, using it raises an ImportError that says so. A :class:`Metrics
 from __future__ import annotations
 
 import threading
+import weakref
 from typing import Any
 
 from flowengine.worker_based import extensions as ext
@@ -71,7 +72,8 @@ class _Metrics:
             "flowengine_flows", "Flows that ended, by end state.", ("state",), registry=registry)
 
 
-_FAMILIES: dict[int, _Metrics] = {}
+# Keyed by the registry itself, weakly: an id outlives its object and may be reused by the next.
+_FAMILIES: weakref.WeakKeyDictionary[Any, _Metrics] = weakref.WeakKeyDictionary()
 _FAMILIES_LOCK = threading.Lock()
 _SERVERS: dict[tuple[str, int, int], Any] = {}
 _SERVERS_LOCK = threading.Lock()
@@ -81,9 +83,9 @@ def _families(registry: Any) -> _Metrics:
     prom = _prometheus()
     registry = prom.REGISTRY if registry is None else registry
     with _FAMILIES_LOCK:
-        found = _FAMILIES.get(id(registry))
+        found = _FAMILIES.get(registry)
         if found is None:
-            found = _FAMILIES[id(registry)] = _Metrics(prom, registry)
+            found = _FAMILIES[registry] = _Metrics(prom, registry)
         return found
 
 

@@ -365,3 +365,22 @@ def test_placement_follows_the_worker_that_took_the_attempt() -> None:
     assert placed("u") == (1, "w2")
     assert placed.settle("u", states.SUCCESS) == [
         {"attempt": 1, "action": "execute", "worker": "w2", "outcome": "SUCCESS"}]
+
+
+def test_each_registry_gets_its_own_metrics_even_at_a_reused_address() -> None:
+    # A registry that is gone may leave its address to the next one: metrics must follow the
+    # object, not its id, or the new registry never sees a sample.
+    import gc
+
+    prometheus_client = pytest.importorskip("prometheus_client")
+    from flowengine.worker_based.metrics import MetricsSink
+
+    seen: set[int] = set()
+    for _ in range(50):
+        registry = prometheus_client.CollectorRegistry()
+        seen.add(id(registry))
+        MetricsSink(role="engine", registry=registry).emit("flow-succeeded", flow_name="f")
+        assert registry.get_sample_value("flowengine_flows_total", {"state": "SUCCESS"}) == 1
+        del registry
+        gc.collect()
+    assert len(seen) < 50, "no address was reused: this test proves nothing here"
