@@ -40,6 +40,9 @@ LOG = logging.getLogger(__name__)
 
 #: Seconds an engine's unused reply queue survives on brokers with queue expiry (AMQP).
 REPLY_QUEUE_EXPIRES = 600.0
+#: Heartbeat intervals a worker holding a RUNNING attempt the broker handed out again has to
+#: show it is alive before the attempt is lost.
+PROOF_OF_LIFE = 1.5
 #: Seconds start() waits for the reply consumer to be consuming.
 CONSUMER_START_TIMEOUT = 30.0
 #: Seconds between scans for expired requests and lapsed leases.
@@ -284,6 +287,7 @@ class WorkerTaskExecutor(local.TaskExecutor):
                 sub.worker.in_flight = max(sub.worker.in_flight - 1, 0)
             sub.attempts += 1
             sub.request, sub.worker, sub.started, sub.lease_until = request, None, None, None
+            sub.suspect = None
             self._ongoing[request.request_id] = sub
         self._dispatch(sub)
 
@@ -498,10 +502,23 @@ class WorkerTaskExecutor(local.TaskExecutor):
 
     def _handed_back(self, sub: Submission, request: pr.Request, by: str | None) -> None:
         """A worker returned the current attempt unrun: the broker redelivered it to that worker,
-        so whoever held it before died or was cut off without settling it."""
+        so whoever held it before died, was cut off, or (Redis) held it past its visibility
+        timeout without settling it."""
         holder = sub.workers[-1] if sub.workers else "?"
         why = (f"the broker redelivered it to worker {by or '?'}: its worker {holder} died or "
                f"was cut off holding it")
+        if request.current_state == pr.RUNNING and self._lease_timeout is not None:
+            # The holder may still be running it (a long task Redis handed out again, a worker
+            # whose connection blipped): one that is alive proves it with its next heartbeat,
+            # which renews the lease; one that is gone lets the lease lapse soon.
+            due = self._clock() + PROOF_OF_LIFE * self._heartbeat_interval
+            if sub.lease_until is None or sub.lease_until > due:
+                sub.lease_until = due
+            sub.suspect = why
+            LOG.debug("Attempt %d of task %r (request %s) came back from the broker; its "
+                      "lease now ends unless worker %s sends a heartbeat", sub.attempts,
+                      sub.task.name, request.request_id, holder)
+            return
         if request.current_state == pr.RUNNING or sub.resent >= self._max_attempts:
             self._lapse(sub, why)
             return
@@ -517,6 +534,7 @@ class WorkerTaskExecutor(local.TaskExecutor):
         # Only flowengine workers send heartbeats; a TaskFlow worker's request holds no lease.
         if self._lease_timeout is not None and header(headers, pr.HEADER_PROTOCOL) is not None:
             sub.lease_until = self._clock() + self._lease_timeout
+            sub.suspect = None  # alive after all
 
     def _on_notify(self, data: Any, message: Any) -> None:
         headers = message.headers or {}
@@ -588,7 +606,7 @@ class WorkerTaskExecutor(local.TaskExecutor):
                     self._fail(sub, exc.TaskTimeLimitExceeded(sub.task.name, limit,
                                                               elapsed=now - sub.started))
                 elif sub.lease_until is not None and now > sub.lease_until:
-                    self._lapse(sub, "its lease lapsed (no heartbeat)")
+                    self._lapse(sub, sub.suspect or "its lease lapsed (no heartbeat)")
 
     def _orphaned(self, workers: list[TopicWorker], why: str) -> None:
         ids = {w.identity for w in workers}

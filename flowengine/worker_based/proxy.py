@@ -34,6 +34,9 @@ LOG = logging.getLogger(__name__)
 #: Seconds the consume loop waits for a message before it looks at stop requests and settlements.
 DRAIN_TIMEOUT = 0.01
 PUBLISH_POOL_SIZE = 8
+#: Seconds a message a Redis consumer took stays unsettled before Redis hands it out again
+#: (kombu's ``visibility_timeout``, one hour by default; ``transport_options`` may set it).
+REDIS_VISIBILITY_TIMEOUT = 30.0
 #: AMQP heartbeat of consuming connections, in seconds, unless the URL sets one (``?heartbeat=N``).
 #: A consumer that falls silent this long (killed, frozen with SIGSTOP, cut off) has its connection
 #: closed by the broker, which then redelivers what it held. Without it RabbitMQ keeps feeding a
@@ -217,6 +220,12 @@ class Proxy:
             self._transport_options.setdefault(
                 "polling_interval", transport_fs.DEFAULT_POLLING_INTERVAL
             )
+        if getattr(transport_cls, "driver_type", None) == "redis":
+            # Redis returns a message a consumer took and never settled only after this long;
+            # kombu's hour would strand the requests a killed worker had taken but not started
+            # well past any transition timeout. A request still running when it comes back is
+            # handed back, and its engine asks its holder for a heartbeat rather than rerun it.
+            self._transport_options.setdefault("visibility_timeout", REDIS_VISIBILITY_TIMEOUT)
         # Publishing pools: [confirmed, unconfirmed]; they differ only where the transport
         # has publisher confirms (AMQP), otherwise both are the same pool.
         self._producers: dict[bool, pools.ProducerPool] = {}

@@ -235,9 +235,16 @@ def test_a_task_that_kills_its_workers_fails_after_max_attempts_and_is_parked(
     broker_name: str, exchange: str, fleet_factory: Any, stage: Stage, runs: EngineRuns,
 ) -> None:  # fmt: skip
     broker = require_broker(broker_name)
-    fleet = fleet_factory(broker, exchange, env=stage.env)
+    # Transition timeouts this short need Redis to hand out again, as soon, what a killed
+    # worker had taken and not started (kombu's default waits an hour, flowengine's 30 s).
+    redis = {"visibility_timeout": 1, "unacked_restore_throttle": 1}
+    transport_options = redis if broker_name == "redis" else {}
+    fleet = fleet_factory(broker, exchange, env=stage.env, worker_args=[
+        arg for key, value in transport_options.items()
+        for arg in ("--transport-option", f"{key}={value}")])
     fleet.start(TOPIC, TASKS, count=2, threads=2)
-    options = {"max_attempts": MAX_ATTEMPTS, "transition_timeout": POISON_TIMEOUT}
+    options = {"max_attempts": MAX_ATTEMPTS, "transition_timeout": POISON_TIMEOUT,
+               "transport_options": transport_options}
     poisoned = _load(fleet, lf.Flow("poisoned").add(ft.Step("before"),
                                                     ft.KillsItsWorker("poison")), **options)
     bystanders = [

@@ -395,13 +395,15 @@ class WorkerFleet:
         taskflow_compat: TaskFlow's topology (required when TaskFlow peers share the exchange).
         url: The broker URL workers and engines get, if not ``broker.url`` (e.g. with an AMQP
             ``?heartbeat=N``); the harness's own short-lived connections keep ``broker.url``.
+        worker_args: Extra ``flowengine worker`` arguments for every worker it starts.
     """
 
     def __init__(self, broker: Broker, exchange: str, log_dir: Path,
                  env: Mapping[str, str] | None = None, taskflow_compat: bool = False,
-                 url: str | None = None) -> None:
+                 url: str | None = None, worker_args: Sequence[str] = ()) -> None:
         self.broker, self.exchange, self.log_dir = broker, exchange, log_dir
         self.url = url or broker.url
+        self.worker_args = list(worker_args)
         self.env = dict(env or {})
         self.taskflow_compat = taskflow_compat
         self.workers: list[WorkerProcess] = []
@@ -418,7 +420,8 @@ class WorkerFleet:
             for _ in range(count):
                 argv = [sys.executable, "-m", "flowengine.cli.main", "worker",
                         "--url", self.url, "--exchange", self.exchange, "--topic", topic,
-                        "--threads", str(threads), "--grace", "5", *extra_args]
+                        "--threads", str(threads), "--grace", "5", *self.worker_args,
+                        *extra_args]
                 argv += [arg for task in tasks for arg in ("--task", task)]
                 if self.taskflow_compat:
                     argv.append("--taskflow-compat")

@@ -22,7 +22,7 @@ from flowengine.worker_based import extensions as ext
 from flowengine.worker_based import protocol as pr
 from flowengine.worker_based import proxy as px
 from flowengine.worker_based.dead_letters import DeadLetters
-from flowengine.worker_based.executor import WorkerTaskExecutor
+from flowengine.worker_based.executor import PROOF_OF_LIFE, WorkerTaskExecutor
 
 WAIT = 10.0
 TASK_CLS = pr.task_class_name(Slow())
@@ -336,10 +336,12 @@ def test_a_started_attempt_handed_back_after_a_redelivery_counts_as_lost(
         _data, first = worker.next_request()
         worker.reply(first, pr.RUNNING)
         hand_back(worker, first)
+        outlive_proof_of_life(executor, clock)
         _data, second = worker.next_request()
         assert second.headers[pr.HEADER_ATTEMPT] == 2
         worker.reply(second, pr.RUNNING)
         hand_back(worker, second, by="worker-3")
+        outlive_proof_of_life(executor, clock)
         _outcome, failure = future.result(timeout=WAIT)
         assert failure.check(exc.WorkerLost) and "2 attempt" in failure.exception_str
     finally:
@@ -350,6 +352,36 @@ def test_a_started_attempt_handed_back_after_a_redelivery_counts_as_lost(
         assert "redelivered it to worker worker-3" in parked.reason, parked.reason
     finally:
         letters.close()
+
+
+def outlive_proof_of_life(executor: WorkerTaskExecutor, clock: Clock) -> None:
+    """Let the hand-back land, then pass the time its holder had to send a heartbeat."""
+    executor.cycles.settle()  # type: ignore[attr-defined]
+    clock.now += PROOF_OF_LIFE * 1.0 + 0.1  # make_executor's heartbeat interval is 1 s
+    executor.on_wait()
+
+
+def test_a_running_attempt_handed_back_is_kept_if_its_worker_proves_it_is_alive(
+    exchange: str, clock: Clock, worker: ScriptedWorker
+) -> None:
+    # Redis hands out again a message unsettled past its visibility timeout, though the
+    # worker running it is fine: that worker's next heartbeat keeps the attempt.
+    executor = make_executor(exchange, clock, max_attempts=1)
+    try:
+        future = executor.execute_task(Slow(name="long"), "atom-12", {})
+        _data, message = worker.next_request()
+        worker.reply(message, pr.RUNNING)
+        hand_back(worker, message)
+        executor.cycles.settle()  # type: ignore[attr-defined]
+        worker.reply(message, pr.EVENT, event_type=ext.EVENT_HEARTBEAT, details={})
+        executor.cycles.settle()  # type: ignore[attr-defined]
+        clock.now += PROOF_OF_LIFE * 1.0 + 0.1
+        executor.on_wait()
+        assert worker.requests.empty(), "an attempt whose worker is alive is not sent again"
+        worker.reply(message, pr.SUCCESS, result="finished once")
+        assert future.result(timeout=WAIT) == (EXECUTED, "finished once")
+    finally:
+        executor.stop()
 
 
 def test_an_unstarted_attempt_handed_back_is_sent_again_without_using_up_an_attempt(

@@ -599,3 +599,13 @@ def test_a_refused_login_is_never_retried(refused: Exception) -> None:
     stop.set()  # anything else is retried (here: abandoned at once, as the owner stops)
     with pytest.raises(bo.RetryAbandoned):
         backoff(ConnectionError("connection refused"))
+
+
+def test_redis_consumers_hand_back_unsettled_messages_in_seconds_not_an_hour() -> None:
+    # Nothing connects until a proxy is used, so no server is needed here.
+    default = px.Proxy(TOPIC, "fe", url="redis://127.0.0.1:6379/0")
+    assert default._transport_options["visibility_timeout"] == px.REDIS_VISIBILITY_TIMEOUT
+    chosen = px.Proxy(TOPIC, "fe", url="redis://127.0.0.1:6379/0",
+                      transport_options={"visibility_timeout": 5})
+    assert chosen._transport_options["visibility_timeout"] == 5
+    assert "visibility_timeout" not in px.Proxy(TOPIC, "fe", transport="memory")._transport_options
