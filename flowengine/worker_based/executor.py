@@ -436,8 +436,11 @@ class WorkerTaskExecutor(local.TaskExecutor):
         if sub is None or sub.request is None:
             # A reply to an attempt that already finished or lapsed (late, duplicate, or from
             # a worker that woke up): applying it would complete an atom twice.
-            LOG.info("Ignoring %s reply for unknown or finished request %s",
-                     data.get("state"), correlation_id)
+            # A late outcome is worth a line; a RUNNING or progress reply may trail the outcome
+            # it precedes (flowengine workers send them unconfirmed), which is routine.
+            level = logging.INFO if data.get("state") in (pr.SUCCESS, pr.FAILURE) else logging.DEBUG
+            LOG.log(level, "Ignoring %s reply for unknown or finished request %s",
+                    data.get("state"), correlation_id)
             return
         request = sub.request
         try:

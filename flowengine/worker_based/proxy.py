@@ -33,6 +33,8 @@ LOG = logging.getLogger(__name__)
 
 #: Seconds the consume loop waits for a message before it looks at stop requests and settlements.
 DRAIN_TIMEOUT = 0.01
+#: ... and while it holds messages other threads will settle.
+BUSY_DRAIN_TIMEOUT = 0.001
 PUBLISH_POOL_SIZE = 8
 #: Seconds a message a Redis consumer took stays unsettled before Redis hands it out again
 #: (kombu's ``visibility_timeout``, one hour by default; ``transport_options`` may set it).
@@ -303,6 +305,7 @@ class Proxy:
         expiration: float | None = None,
         priority: int | None = None,
         confirm: bool = True,
+        persistent: bool = True,
     ) -> None:
         """Publish ``msg`` to each routing key; thread-safe.
 
@@ -324,6 +327,8 @@ class Proxy:
             confirm: Wait for the broker's confirmation where the transport has publisher
                 confirms (AMQP). Outcomes, requests and dead letters need it; progress,
                 heartbeats and discovery do not, and skip the round trip.
+            persistent: Ask the broker to keep the message across its own restart (the
+                default topology); False for messages worth nothing after one.
         """
         body = encode(msg)
         keys = [routing_key] if isinstance(routing_key, str) else list(routing_key)
@@ -337,7 +342,7 @@ class Proxy:
         if correlation_id:
             properties["correlation_id"] = correlation_id
         if not self._compat:
-            properties["delivery_mode"] = 2  # persistent
+            properties["delivery_mode"] = 2 if persistent else 1
         if expiration is not None:
             properties["expiration"] = expiration
         if priority is not None and self._priorities:
@@ -540,7 +545,12 @@ class Proxy:
                 self._running.set()
                 _call_hook(self._on_connected)
                 while not self._stop_requested.is_set():
-                    _drain(conn, self._drain_timeout, errors, self._where)
+                    # Task threads settle what they took through this loop, between drains:
+                    # while some is held, drain briefly, or a settlement (and the prefetch slot
+                    # it frees) would wait for the next message or the full timeout.
+                    busy = self._held or not self._settlements.empty()
+                    _drain(conn, BUSY_DRAIN_TIMEOUT if busy else self._drain_timeout, errors,
+                           self._where)
                     if self._heartbeat:
                         conn.heartbeat_check()
                     self._flush_settlements()

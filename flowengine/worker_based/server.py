@@ -123,6 +123,11 @@ class _Heartbeats:
                         LOG.warning("Could not send a heartbeat: %s", err)
 
 
+def _from_flowengine(headers: Mapping[str, Any] | None) -> bool:
+    """Whether a request came from a flowengine engine (which announces its protocol)."""
+    return bool(headers) and pr.HEADER_PROTOCOL in headers  # type: ignore[operator]
+
+
 def _heartbeat_interval(headers: Mapping[str, Any]) -> float | None:
     value = headers.get(ext.HEADER_HEARTBEAT)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
@@ -407,9 +412,10 @@ class Server:
         state: str, name: str, **data: Any,
     ) -> bool:  # fmt: skip
         response = pr.Response(state, **data)
+        confirm = state in (pr.SUCCESS, pr.FAILURE) or not _from_flowengine(request_headers)
         try:
             try:
-                self._send(response, reply_to, correlation_id, request_headers)
+                self._send(response, reply_to, correlation_id, request_headers, confirm=confirm)
             except px.MessageEncodeError as err:
                 if state not in (pr.SUCCESS, pr.FAILURE):
                     raise
@@ -431,20 +437,27 @@ class Server:
     ) -> None:  # fmt: skip
         # Errors propagate to the caller (the task's notifier, the heartbeat thread): both log.
         event = pr.Response(pr.EVENT, event_type=event_type, details=dict(details))
-        self._send(event, props["reply_to"], props["correlation_id"], headers, retry=retry)
+        self._send(event, props["reply_to"], props["correlation_id"], headers, retry=retry,
+                   confirm=not _from_flowengine(headers))
 
     def _send(
         self, msg: pr.Message, reply_to: str, correlation_id: str | None = None,
         request_headers: Mapping[str, Any] | None = None, retry: bool = True,
+        confirm: bool = True,
     ) -> None:  # fmt: skip
         # The reply queue is its consumer's to declare (it exists before any request is sent).
         # Declaring it here too would clash with the engine's queue arguments, and would bring
         # back the queue of an engine that is gone, to fill up with replies nobody reads.
-        # All replies share one (confirmed) publishing path: over two connections a RUNNING or
-        # progress reply could overtake the outcome it precedes.
+        # A confirmed reply is in the queue before the next one is published, so replies keep
+        # their order over the pool's several connections. Outcomes are always confirmed (the
+        # request is acknowledged after them). A flowengine engine takes the rest unconfirmed,
+        # in any order (an outcome before its RUNNING counts; a late RUNNING or progress is
+        # ignored), which spares a broker round trip before each task starts, and transient
+        # (a broker restart loses nothing an engine needs). A TaskFlow engine does not: an
+        # outcome before RUNNING kills its reply consumer.
         self._proxy.publish(
             msg, reply_to, correlation_id=correlation_id, headers=self._headers(request_headers),
-            declare_queue=False, retry=retry,
+            declare_queue=False, retry=retry, confirm=confirm, persistent=confirm,
         )  # fmt: skip
 
     def start(self) -> None:
