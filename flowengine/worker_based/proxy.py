@@ -39,6 +39,8 @@ PUBLISH_POOL_SIZE = 8
 #: Seconds a message a Redis consumer took stays unsettled before Redis hands it out again
 #: (kombu's ``visibility_timeout``, one hour by default; ``transport_options`` may set it).
 REDIS_VISIBILITY_TIMEOUT = 30.0
+#: Seconds the Redis lock guarding those hand-outs outlives a consumer killed holding it.
+REDIS_RESTORE_LOCK_EXPIRE = 10
 #: AMQP heartbeat of consuming connections, in seconds, unless the URL sets one (``?heartbeat=N``).
 #: A consumer that falls silent this long (killed, frozen with SIGSTOP, cut off) has its connection
 #: closed by the broker, which then redelivers what it held. Without it RabbitMQ keeps feeding a
@@ -228,6 +230,10 @@ class Proxy:
             # well past any transition timeout. A request still running when it comes back is
             # handed back, and its engine asks its holder for a heartbeat rather than rerun it.
             self._transport_options.setdefault("visibility_timeout", REDIS_VISIBILITY_TIMEOUT)
+            # Handing messages out again takes a Redis lock that expires only after this
+            # (kombu: 5 minutes); a consumer killed while holding it stalls every consumer's
+            # restores that long. The work under the lock takes milliseconds.
+            self._transport_options.setdefault("unacked_mutex_expire", REDIS_RESTORE_LOCK_EXPIRE)
         # Publishing pools: [confirmed, unconfirmed]; they differ only where the transport
         # has publisher confirms (AMQP), otherwise both are the same pool.
         self._producers: dict[bool, pools.ProducerPool] = {}

@@ -605,6 +605,8 @@ def test_redis_consumers_hand_back_unsettled_messages_in_seconds_not_an_hour() -
     # Nothing connects until a proxy is used, so no server is needed here.
     default = px.Proxy(TOPIC, "fe", url="redis://127.0.0.1:6379/0")
     assert default._transport_options["visibility_timeout"] == px.REDIS_VISIBILITY_TIMEOUT
+    # ... and a consumer killed during a hand-out does not stall the others for minutes.
+    assert default._transport_options["unacked_mutex_expire"] == px.REDIS_RESTORE_LOCK_EXPIRE
     chosen = px.Proxy(TOPIC, "fe", url="redis://127.0.0.1:6379/0",
                       transport_options={"visibility_timeout": 5})
     assert chosen._transport_options["visibility_timeout"] == 5
