@@ -17,6 +17,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import functools
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -112,6 +113,7 @@ class WorkerTaskExecutor(local.TaskExecutor):
         self._clock = clock
         self._notify_period = notify_period
         self._next_notify = 0.0
+        self._next_due = math.inf  # the earliest expiry, time limit or lease end in flight
         self._lease_timeout = lease_timeout
         self._heartbeat_interval = heartbeat_interval
         self._max_attempts = max_attempts
@@ -289,6 +291,8 @@ class WorkerTaskExecutor(local.TaskExecutor):
             sub.request, sub.worker, sub.started, sub.lease_until = request, None, None, None
             sub.suspect = None
             self._ongoing[request.request_id] = sub
+            if self._transition_timeout is not None:
+                self._note_due(request.created_on + self._transition_timeout)
         self._dispatch(sub)
 
     def _dispatch(self, sub: Submission) -> None:
@@ -469,6 +473,9 @@ class WorkerTaskExecutor(local.TaskExecutor):
         elif state == pr.RUNNING:
             request.transition_and_log_error(pr.RUNNING, logger=LOG)
             sub.started = self._clock()
+            limit = self._time_limit(sub.task)
+            if limit:
+                self._note_due(sub.started + limit)
             self._holder(sub, header(headers, pr.HEADER_WORKER))
             self._renew(sub, headers)
         elif state in (pr.SUCCESS, pr.FAILURE):
@@ -517,6 +524,7 @@ class WorkerTaskExecutor(local.TaskExecutor):
             due = self._clock() + PROOF_OF_LIFE * self._heartbeat_interval
             if sub.lease_until is None or sub.lease_until > due:
                 sub.lease_until = due
+                self._note_due(due)
             sub.suspect = why
             LOG.debug("Attempt %d of task %r (request %s) came back from the broker; its "
                       "lease now ends unless worker %s sends a heartbeat", sub.attempts,
@@ -538,6 +546,7 @@ class WorkerTaskExecutor(local.TaskExecutor):
         if self._lease_timeout is not None and header(headers, pr.HEADER_PROTOCOL) is not None:
             sub.lease_until = self._clock() + self._lease_timeout
             sub.suspect = None  # alive after all
+            self._note_due(sub.lease_until)
 
     def _on_notify(self, data: Any, message: Any) -> None:
         headers = message.headers or {}
@@ -581,6 +590,12 @@ class WorkerTaskExecutor(local.TaskExecutor):
             self._next_housekeeping = now + HOUSEKEEPING_PERIOD
             self.on_wait()
 
+    def _note_due(self, when: float) -> None:
+        """Something falls due at ``when``: the next scan must not come later."""
+        with self._lock:
+            if when < self._next_due:
+                self._next_due = when
+
     def on_wait(self) -> None:
         """Expire overdue requests and lapsed leases, forget silent workers (runs periodically)."""
         now = self._clock()
@@ -590,11 +605,17 @@ class WorkerTaskExecutor(local.TaskExecutor):
         if gone:
             self._orphaned(gone, "expired")
         with self._lock:
+            # Scanning every request in flight costs while thousands are; scan only when the
+            # earliest deadline (noted as each one is set) has come.
+            if now < self._next_due:
+                return
+            self._next_due = math.inf
             subs = list(self._ongoing.values())
         for sub in subs:
             request = sub.request
             if request is None:
                 continue
+            self._note_due(self._deadline(sub, request))
             if request.expired and sub.revoking == request.request_id:
                 # Asked not to start, and now past its deadline header: no worker will run it.
                 self._cancelled(sub, "it expired unstarted after it was revoked")
@@ -610,6 +631,20 @@ class WorkerTaskExecutor(local.TaskExecutor):
                                                               elapsed=now - sub.started))
                 elif sub.lease_until is not None and now > sub.lease_until:
                     self._lapse(sub, sub.suspect or "its lease lapsed (no heartbeat)")
+
+    def _deadline(self, sub: Submission, request: pr.Request) -> float:
+        """When ``sub``'s attempt next needs looking at (expiry, time limit or lease)."""
+        if request.current_state in pr.WAITING_STATES:
+            return (math.inf if request.timeout is None
+                    else request.created_on + request.timeout)
+        due = math.inf
+        if request.current_state == pr.RUNNING:
+            limit = self._time_limit(sub.task)
+            if limit and sub.started is not None:
+                due = sub.started + limit
+            if sub.lease_until is not None:
+                due = min(due, sub.lease_until)
+        return due
 
     def _orphaned(self, workers: list[TopicWorker], why: str) -> None:
         ids = {w.identity for w in workers}

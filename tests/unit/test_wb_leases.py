@@ -418,3 +418,31 @@ def test_unstarted_hand_backs_are_bounded_too(
         assert failure.check(exc.WorkerLost)
     finally:
         executor.stop()
+
+
+def test_requests_in_flight_are_scanned_only_when_a_deadline_falls_due(
+    exchange: str, clock: Clock, worker: ScriptedWorker
+) -> None:
+    # The worker never answers: every request stays PENDING. Scanning thousands each
+    # housekeeping round would cost the consumer thread; nothing is due before the earliest
+    # deadline.
+    executor = make_executor(exchange, clock, transition_timeout=30.0)
+    looked_at: list[str] = []
+    deadline = executor._deadline
+
+    def counted(sub: Any, request: Any) -> float:
+        looked_at.append(sub.task.name)
+        return deadline(sub, request)
+
+    executor._deadline = counted  # type: ignore[method-assign]
+    try:
+        futures = [executor.execute_task(Slow(name=f"w{i}"), f"atom-w{i}", {}) for i in range(50)]
+        for _ in range(10):
+            executor.on_wait()
+        assert looked_at == [], "nothing was due yet"
+        clock.now += 31.0
+        executor.on_wait()
+        assert len(looked_at) == 50
+        assert all(f.result(timeout=WAIT)[1].check(exc.RequestTimeout) for f in futures)
+    finally:
+        executor.stop()
