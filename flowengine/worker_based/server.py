@@ -389,7 +389,9 @@ class Server:
         beating = object()  # delivery tags repeat across reconnects; this key cannot
         if interval is not None:
             # The engine's lease on this attempt lasts only as long as heartbeats keep coming.
-            beat = functools.partial(self._forward_event, props, headers, ext.EVENT_HEARTBEAT, {})
+            # A late heartbeat is harmless; progress (forward) must precede the outcome.
+            beat = functools.partial(self._forward_event, props, headers, ext.EVENT_HEARTBEAT, {},
+                                     confirm=not _from_flowengine(headers))
             self._heartbeats.add(beating, interval, functools.partial(beat, retry=False))
         try:
             if work.action == pr.EXECUTE:
@@ -412,10 +414,13 @@ class Server:
         state: str, name: str, **data: Any,
     ) -> bool:  # fmt: skip
         response = pr.Response(state, **data)
-        confirm = state in (pr.SUCCESS, pr.FAILURE) or not _from_flowengine(request_headers)
+        # Only RUNNING may trail: everything else here is the request's last word before it is
+        # acknowledged (an outcome, a hand-back, a cancellation) and must be stored first.
+        confirm = state != pr.RUNNING or not _from_flowengine(request_headers)
         try:
             try:
-                self._send(response, reply_to, correlation_id, request_headers, confirm=confirm)
+                self._send(response, reply_to, correlation_id, request_headers, confirm=confirm,
+                           persistent=confirm)
             except px.MessageEncodeError as err:
                 if state not in (pr.SUCCESS, pr.FAILURE):
                     raise
@@ -433,31 +438,31 @@ class Server:
 
     def _forward_event(
         self, props: Mapping[str, Any], headers: Mapping[str, Any], event_type: str,
-        details: Mapping[str, Any], retry: bool = True,
+        details: Mapping[str, Any], retry: bool = True, confirm: bool = True,
     ) -> None:  # fmt: skip
         # Errors propagate to the caller (the task's notifier, the heartbeat thread): both log.
         event = pr.Response(pr.EVENT, event_type=event_type, details=dict(details))
         self._send(event, props["reply_to"], props["correlation_id"], headers, retry=retry,
-                   confirm=not _from_flowengine(headers))
+                   confirm=confirm, persistent=confirm)
 
     def _send(
         self, msg: pr.Message, reply_to: str, correlation_id: str | None = None,
         request_headers: Mapping[str, Any] | None = None, retry: bool = True,
-        confirm: bool = True,
+        confirm: bool = True, persistent: bool = True,
     ) -> None:  # fmt: skip
         # The reply queue is its consumer's to declare (it exists before any request is sent).
         # Declaring it here too would clash with the engine's queue arguments, and would bring
         # back the queue of an engine that is gone, to fill up with replies nobody reads.
         # A confirmed reply is in the queue before the next one is published, so replies keep
-        # their order over the pool's several connections. Outcomes are always confirmed (the
-        # request is acknowledged after them). A flowengine engine takes the rest unconfirmed,
-        # in any order (an outcome before its RUNNING counts; a late RUNNING or progress is
-        # ignored), which spares a broker round trip before each task starts, and transient
-        # (a broker restart loses nothing an engine needs). A TaskFlow engine does not: an
-        # outcome before RUNNING kills its reply consumer.
+        # their order over the pool's several connections. Outcomes and progress are always
+        # confirmed (the request is acknowledged after the outcome; progress must reach the
+        # engine before it). A flowengine engine takes RUNNING and heartbeats unconfirmed and
+        # transient: an outcome before its RUNNING still counts and a late one is ignored, and
+        # it spares a broker round trip before each task starts. A TaskFlow engine does not:
+        # an outcome before RUNNING kills its reply consumer.
         self._proxy.publish(
             msg, reply_to, correlation_id=correlation_id, headers=self._headers(request_headers),
-            declare_queue=False, retry=retry, confirm=confirm, persistent=confirm,
+            declare_queue=False, retry=retry, confirm=confirm, persistent=persistent,
         )  # fmt: skip
 
     def start(self) -> None:
