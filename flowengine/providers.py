@@ -50,11 +50,15 @@ class ProviderIndex:
         self._injector = injector_name
         self._read = read
         self._by_name: dict[str, list[Provider]] = {}
+        # name -> (injected providers, atom providers, atom names): read per argument of every
+        # atom run, written only as providers are added.
+        self._splits: dict[str, tuple[list[Provider], list[Provider], list[str]]] = {}
         self.scope_fetcher: ScopeFetcher | None = None
 
     def add(self, provider: Any, mapping: Mapping[str, Any]) -> None:
         """Record that ``provider`` provides each name of ``mapping`` at its index."""
         for name, index in mapping.items():
+            self._splits.pop(name, None)
             entries = self._by_name.setdefault(name, [])
             if not any(p.name == provider and p.index == index for p in entries):
                 if provider is TRANSIENT:
@@ -71,24 +75,31 @@ class ProviderIndex:
         found = (self._read(p) for p in self._by_name.get(name, ()))
         return [value for ok, value in found if ok]
 
-    def _split(self, name: str) -> tuple[list[Provider], list[Provider]]:
-        providers = self._by_name.get(name, [])
-        defaults = [p for p in providers if p.name is TRANSIENT or p.name == self._injector]
-        atoms = [p for p in providers if p.name is not TRANSIENT and p.name != self._injector]
-        return defaults, atoms
+    def _split(self, name: str) -> tuple[list[Provider], list[Provider], list[str]]:
+        split = self._splits.get(name)
+        if split is None:
+            providers = self._by_name.get(name, [])
+            defaults = [p for p in providers if p.name is TRANSIENT or p.name == self._injector]
+            atoms = [p for p in providers if p.name is not TRANSIENT and p.name != self._injector]
+            split = self._splits[name] = (defaults, atoms, [p.name for p in atoms])
+        return split
 
-    def _visible(self, atom_name: str | None, atoms: list[Provider]) -> list[Provider]:
+    def _visible(self, atom_name: str | None, atoms: list[Provider],
+                 names: list[str]) -> list[Provider]:
         if atom_name is None or self.scope_fetcher is None or not atoms:
             return atoms
-        order = {n: i for i, n in enumerate(self.scope_fetcher(atom_name, [p.name for p in atoms]))}
+        seen = self.scope_fetcher(atom_name, names)
+        if len(atoms) == 1:  # the usual case: one provider, seen or not
+            return atoms if seen else []
+        order = {n: i for i, n in enumerate(seen)}
         return sorted((p for p in atoms if p.name in order), key=lambda p: order[p.name])
 
     def lookup(self, atom_name: str | None, name: str) -> tuple[bool, Any, str]:
         """Resolve ``name`` for ``atom_name``: ``(found, value, why not)``."""
         if name not in self._by_name:
             return False, None, f"no atom or injected value provides {name!r}"
-        defaults, atoms = self._split(name)
-        visible = self._visible(atom_name, atoms)
+        defaults, atoms, names = self._split(name)
+        visible = self._visible(atom_name, atoms, names)
         for provider in defaults + visible:
             found, value = self._read(provider)
             if found:
@@ -101,8 +112,12 @@ class ProviderIndex:
 
     def can_provide(self, atom_name: str, name: str) -> bool:
         """Whether anything ``atom_name`` can see could ever provide ``name``."""
-        defaults, atoms = self._split(name)
-        return bool(defaults or self._visible(atom_name, atoms))
+        defaults, atoms, names = self._split(name)
+        if defaults:
+            return True
+        if not atoms or atom_name is None or self.scope_fetcher is None:
+            return bool(atoms)
+        return bool(self.scope_fetcher(atom_name, names))
 
     def unsatisfied(self, atom_name: str, mapping: Mapping[str, str],
                     injected: Mapping[str, Any], optional: Iterable[str]) -> set[str]:
