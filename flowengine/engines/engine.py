@@ -13,6 +13,7 @@ from typing import Any
 from flowengine import exceptions as exc
 from flowengine import states
 from flowengine.engines import executor as ex
+from flowengine.engines import gc_pause
 from flowengine.engines.compiler import Compilation, PatternCompiler
 from flowengine.engines.machine import META_STATES, RunLoop
 from flowengine.engines.options import EngineOptions
@@ -102,7 +103,8 @@ class ActionEngine:
         with self._lock:
             if self._compilation is not None:
                 return
-            compilation = PatternCompiler(self._flow).compile()
+            with gc_pause.paused():
+                compilation = PatternCompiler(self._flow).compile()
             self._runtime = Runtime(compilation, self.storage, self._atom_notifier,
                                     self._task_executor(), self._options)
             self._compilation = compilation
@@ -125,11 +127,12 @@ class ActionEngine:
                 self._change_state(states.RESUMING)
                 storage = self.storage
                 atoms = list(self.compilation.iter_atoms())
-                storage.ensure_atoms(atoms)
-                for atom in atoms:
-                    if atom.inject:
-                        storage.inject_atom_args(atom.name, atom.inject,
-                                                 transient=self._options.inject_transient)
+                with gc_pause.paused():
+                    storage.ensure_atoms(atoms)
+                    for atom in atoms:
+                        if atom.inject:
+                            storage.inject_atom_args(atom.name, atom.inject,
+                                                     transient=self._options.inject_transient)
                 self._change_state(states.SUSPENDED)
                 self._storage_ensured = True
             assert self._runtime is not None
@@ -149,17 +152,19 @@ class ActionEngine:
         culprits = 0
         last_atom: Any = None
         storage = self.storage
-        for atom in self.compilation.iter_atoms():
-            for method, mapping, optional in (("execute", atom.rebind, atom.optional),
-                                              ("revert", atom.revert_rebind, atom.revert_optional)):
-                lacking = storage.fetch_unsatisfied_args(atom.name, mapping,
-                                                         optional_args=optional)
-                if lacking:
-                    last_cause = exc.MissingDependencies(atom, sorted(lacking), cause=last_cause,
-                                                         method=method)
-                    culprits += 1
-                    last_atom = atom
-                    missing.update(lacking)
+        with gc_pause.paused():
+            for atom in self.compilation.iter_atoms():
+                for method, mapping, optional in (
+                        ("execute", atom.rebind, atom.optional),
+                        ("revert", atom.revert_rebind, atom.revert_optional)):
+                    lacking = storage.fetch_unsatisfied_args(atom.name, mapping,
+                                                             optional_args=optional)
+                    if lacking:
+                        last_cause = exc.MissingDependencies(
+                            atom, sorted(lacking), cause=last_cause, method=method)
+                        culprits += 1
+                        last_atom = atom
+                        missing.update(lacking)
         if missing:
             assert last_cause is not None
             # As TaskFlow: the flow is named, and each atom's own error is in the cause chain.
