@@ -22,22 +22,10 @@ from fault_support import EngineRuns, Stage
 from wbe_harness import (
     BROKERS,
     Broker,
-    ServerStarter,
     WorkerFleet,
     require_broker,
     unique_exchange,
-    use_server_starter,
 )
-
-
-@pytest.fixture(scope="session", autouse=True)
-def start_missing_brokers(local_servers: ServerStarter) -> Iterator[None]:
-    """Brokers that tests require (also by calling ``require_broker``) are started if missing."""
-    use_server_starter(local_servers)
-    try:
-        yield
-    finally:
-        use_server_starter(None)
 
 
 @pytest.fixture(scope="session", params=sorted(BROKERS))

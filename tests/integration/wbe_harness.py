@@ -32,10 +32,10 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, NoReturn, Protocol
+from typing import Any
 
 import kombu
-import pytest
+from servers import SERVERS, unavailable  # tests/ is on sys.path (rootdir conftest)
 
 from flowengine.worker_based import protocol as pr
 from flowengine.worker_based.proxy import mask_url
@@ -75,30 +75,6 @@ BROKERS = {
 _checked: dict[str, str | None] = {}
 
 
-class ServerStarter(Protocol):
-    """What starts the local servers when one does not answer (``tests/conftest.py``)."""
-
-    def problem(self, check: Callable[[], str | None]) -> str | None:
-        """Why the server ``check`` looks at is unusable, after starting it if need be."""
-
-
-#: Set by the integration conftest; without it a broker that does not answer is not started.
-_starter: ServerStarter | None = None
-
-
-def use_server_starter(starter: ServerStarter | None) -> None:
-    """Start the servers with ``starter`` when :func:`require_broker` finds one missing."""
-    global _starter
-    _starter = starter
-
-
-def unavailable(message: str) -> NoReturn:
-    """Fail (under ``CI=true``) or skip the test because a server it needs is missing."""
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(message)
-    pytest.skip(message)
-
-
 def _broker_problem(broker: Broker) -> str | None:
     conn = kombu.Connection(broker.url, connect_timeout=BROKER_CONNECT_TIMEOUT)
     try:
@@ -115,13 +91,12 @@ def _broker_problem(broker: Broker) -> str | None:
 def require_broker(name: str) -> Broker:
     """The broker called ``name`` once it answered (fail under CI=true, else skip).
 
-    A broker that does not answer is started (once a session, see :func:`use_server_starter`)
-    and checked again; the outcome is kept for the rest of the session.
+    A broker that does not answer is started (once a session, see :mod:`servers`) and checked
+    again; the outcome is kept for the rest of the session.
     """
     broker = BROKERS[name]
     if name not in _checked:
-        check = functools.partial(_broker_problem, broker)
-        _checked[name] = check() if _starter is None else _starter.problem(check)
+        _checked[name] = SERVERS.problem(functools.partial(_broker_problem, broker))
     reason = _checked[name]
     if reason is not None:
         unavailable(f"{name} test server at {mask_url(broker.url)} unavailable ({reason}); "
