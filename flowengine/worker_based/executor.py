@@ -291,8 +291,8 @@ class WorkerTaskExecutor(local.TaskExecutor):
             sub.request, sub.worker, sub.started, sub.lease_until = request, None, None, None
             sub.suspect = None
             self._ongoing[request.request_id] = sub
-            if self._transition_timeout is not None:
-                self._note_due(request.created_on + self._transition_timeout)
+        if request.timeout is not None:
+            self._note_due(request.created_on + request.timeout)  # its expiry
         self._dispatch(sub)
 
     def _dispatch(self, sub: Submission) -> None:
@@ -473,11 +473,9 @@ class WorkerTaskExecutor(local.TaskExecutor):
         elif state == pr.RUNNING:
             request.transition_and_log_error(pr.RUNNING, logger=LOG)
             sub.started = self._clock()
-            limit = self._time_limit(sub.task)
-            if limit:
-                self._note_due(sub.started + limit)
             self._holder(sub, header(headers, pr.HEADER_WORKER))
             self._renew(sub, headers)
+            self._note_due(self._deadline(sub, request))  # its time limit or lease
         elif state in (pr.SUCCESS, pr.FAILURE):
             if request.current_state == pr.PENDING:
                 # The RUNNING reply was lost or overtaken; the outcome still counts.
@@ -524,7 +522,7 @@ class WorkerTaskExecutor(local.TaskExecutor):
             due = self._clock() + PROOF_OF_LIFE * self._heartbeat_interval
             if sub.lease_until is None or sub.lease_until > due:
                 sub.lease_until = due
-                self._note_due(due)
+                self._note_due(due)  # sooner than anything noted for this attempt so far
             sub.suspect = why
             LOG.debug("Attempt %d of task %r (request %s) came back from the broker; its "
                       "lease now ends unless worker %s sends a heartbeat", sub.attempts,
@@ -544,9 +542,9 @@ class WorkerTaskExecutor(local.TaskExecutor):
     def _renew(self, sub: Submission, headers: Mapping[str, Any]) -> None:
         # Only flowengine workers send heartbeats; a TaskFlow worker's request holds no lease.
         if self._lease_timeout is not None and header(headers, pr.HEADER_PROTOCOL) is not None:
+            # Later than the lease end noted before, so nothing new to note (see on_wait).
             sub.lease_until = self._clock() + self._lease_timeout
             sub.suspect = None  # alive after all
-            self._note_due(sub.lease_until)
 
     def _on_notify(self, data: Any, message: Any) -> None:
         headers = message.headers or {}

@@ -209,22 +209,22 @@ class Proxy:
         transport_cls = self._conn.get_transport_cls()
         # Virtual transports (memory, redis, flowengine-fs...) can settle from any thread.
         self._virtual = issubclass(transport_cls, virtual.Transport)
+        driver = getattr(transport_cls, "driver_type", None)
         self._conn, url_heartbeat = _without_heartbeat(self._conn)
-        amqp = getattr(transport_cls, "driver_type", None) == "amqp"
-        self._heartbeat = (url_heartbeat or CONSUMER_HEARTBEAT) if amqp else 0.0
+        self._heartbeat = (url_heartbeat or CONSUMER_HEARTBEAT) if driver == "amqp" else 0.0
         # Message priority is an AMQP queue feature; TaskFlow's declarations have none, and a
         # broker refuses a queue redeclared with different arguments.
         self._priorities = not taskflow_compat and not self._virtual
-        if getattr(transport_cls, "driver_type", None) == "amqp":
+        if driver == "amqp":
             # Publisher confirms: publish() returns only once the broker has the message, so a
             # worker acknowledges a request only after its outcome is safely stored.
             self._transport_options.setdefault("confirm_publish", True)
-        if getattr(transport_cls, "driver_type", None) == "memory":
+        if driver == "memory":
             # Kombu's memory transport sleeps a whole second between empty polls by default.
             self._transport_options.setdefault(
                 "polling_interval", transport_fs.DEFAULT_POLLING_INTERVAL
             )
-        if getattr(transport_cls, "driver_type", None) == "redis":
+        if driver == "redis":
             # Redis returns a message a consumer took and never settled only after this long;
             # kombu's hour would strand the requests a killed worker had taken but not started
             # well past any transition timeout. A request still running when it comes back is

@@ -351,7 +351,7 @@ class Server:
                      dp.describe(message), name)
             return reply(pr.EVENT, name, event_type=cn.EVENT_CANCELLED,
                          details={"worker": self.worker_id})
-        if dp.redelivered(message) and headers.get(pr.HEADER_PROTOCOL) is not None:
+        if dp.redelivered(message) and _from_flowengine(headers):
             # Its previous holder died or was cut off, perhaps killed by this very request. A
             # flowengine engine counts attempts and decides whether to try again; a TaskFlow
             # engine cannot, so its requests keep running on redelivery.

@@ -44,6 +44,8 @@ TaskSpec = str | types.ModuleType | type[task_mod.Task]
 #: What :meth:`Worker.run` raises when the broker refuses the credentials (not retried).
 BrokerRefused = bo.BrokerRefused
 _OWN_PACKAGE = __name__.partition(".")[0]
+
+
 def _is_task_class(obj: Any) -> bool:
     return inspect.isclass(obj) and issubclass(obj, task_mod.Task) and not inspect.isabstract(obj)
 

@@ -25,6 +25,8 @@ from flowengine.worker_based.dead_letters import DeadLetters
 from flowengine.worker_based.executor import PROOF_OF_LIFE, WorkerTaskExecutor
 
 WAIT = 10.0
+#: make_executor's heartbeat interval, in seconds of the test clock.
+HEARTBEAT_INTERVAL = 1.0
 TASK_CLS = pr.task_class_name(Slow())
 
 
@@ -126,7 +128,8 @@ class DrainCycles:
 def make_executor(exchange: str, clock: Clock, **options: Any) -> WorkerTaskExecutor:
     executor = WorkerTaskExecutor(
         uuid.uuid4().hex, exchange, ["leased"], transport="memory", clock=clock,
-        lease_timeout=options.pop("lease_timeout", 5.0), heartbeat_interval=1.0, **options)
+        lease_timeout=options.pop("lease_timeout", 5.0), heartbeat_interval=HEARTBEAT_INTERVAL,
+        **options)
     executor.cycles = DrainCycles(executor)  # type: ignore[attr-defined]
     executor.start()
     assert executor.wait_for_workers(1, timeout=WAIT) == 0
@@ -355,9 +358,9 @@ def test_a_started_attempt_handed_back_after_a_redelivery_counts_as_lost(
 
 
 def outlive_proof_of_life(executor: WorkerTaskExecutor, clock: Clock) -> None:
-    """Let the hand-back land, then pass the time its holder had to send a heartbeat."""
+    """Let what the worker sent land, then pass the time a holder has to send a heartbeat."""
     executor.cycles.settle()  # type: ignore[attr-defined]
-    clock.now += PROOF_OF_LIFE * 1.0 + 0.1  # make_executor's heartbeat interval is 1 s
+    clock.now += PROOF_OF_LIFE * HEARTBEAT_INTERVAL + 0.1
     executor.on_wait()
 
 
@@ -374,9 +377,7 @@ def test_a_running_attempt_handed_back_is_kept_if_its_worker_proves_it_is_alive(
         hand_back(worker, message)
         executor.cycles.settle()  # type: ignore[attr-defined]
         worker.reply(message, pr.EVENT, event_type=ext.EVENT_HEARTBEAT, details={})
-        executor.cycles.settle()  # type: ignore[attr-defined]
-        clock.now += PROOF_OF_LIFE * 1.0 + 0.1
-        executor.on_wait()
+        outlive_proof_of_life(executor, clock)
         assert worker.requests.empty(), "an attempt whose worker is alive is not sent again"
         worker.reply(message, pr.SUCCESS, result="finished once")
         assert future.result(timeout=WAIT) == (EXECUTED, "finished once")
