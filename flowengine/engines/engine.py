@@ -23,6 +23,8 @@ from flowengine.storage import Storage
 from flowengine.types.failure import Failure
 from flowengine.types.notifier import Notifier
 
+LOG = logging.getLogger(__name__)
+
 
 class ActionEngine:
     """Runs a flow by acting on its atoms: execute, revert, retry.
@@ -242,7 +244,7 @@ class ActionEngine:
                 except Exception:
                     # The error being raised names what failed first (an atom's state save, say);
                     # a later one (often the same fault again) must not hide it, so it is logged.
-                    logging.getLogger(__name__).exception(
+                    LOG.exception(
                         "Could not store flow %r (%s) as FAILURE either",
                         self.storage.flow_name, self.storage.flow_uuid)
                 raise

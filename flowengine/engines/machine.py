@@ -25,8 +25,6 @@ LOG = logging.getLogger(__name__)
 START = "start"
 SCHEDULE = "schedule_next"
 WAIT = "wait_finished"
-#: Queued to wake a waiting loop; never in flight, so analyzing it completes nothing.
-_WAKE_UP: cf.Future = cf.Future()
 ANALYZE = "examine_finished"
 FINISH = "completed"
 FAILED = "failed"
@@ -38,6 +36,8 @@ REVERTED = "reverted"
 META_STATES = frozenset((st.GAME_OVER, st.UNDEFINED))
 #: Atoms scheduled from one batch before finished ones are handled first.
 YIELD_AFTER = 32
+#: Queued to wake a waiting loop; never in flight, so analyzing it completes nothing.
+_WAKE_UP: cf.Future = cf.Future()
 #: States with time spent in them reported in ``engine.statistics``.
 TIMED_STATES = (st.ANALYZING, st.RESUMING, st.SCHEDULING, st.WAITING)
 
