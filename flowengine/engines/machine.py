@@ -36,6 +36,13 @@ REVERTED = "reverted"
 META_STATES = frozenset((st.GAME_OVER, st.UNDEFINED))
 #: Atoms scheduled from one batch before finished ones are handled first.
 YIELD_AFTER = 32
+
+
+def _dispatch_order(atom: Any) -> int:
+    """Sort key: higher ``priority`` first (sorting is stable, so ties keep graph order)."""
+    return -getattr(atom, "priority", 0)
+
+
 #: Queued to wake a waiting loop; never in flight, so analyzing it completes nothing.
 _WAKE_UP: cf.Future = cf.Future()
 #: States with time spent in them reported in ``engine.statistics``.
@@ -93,7 +100,13 @@ class RunLoop:
         self._timeout = timeout
         self.failures: list[Failure] = []
         self._next_up: list[Any] = []
+        # The rest of a batch cut short (_schedule), already deduplicated and in dispatch order,
+        # with its length then: while _next_up is still exactly that list, it is not sorted
+        # again. A wide flow is dispatched in slices, and re-sorting the remainder for every
+        # slice cost time quadratic in the width.
+        self._carried: tuple[list[Any], int] = ([], 0)
         self._in_flight: dict[cf.Future, Any] = {}
+        self._in_flight_atoms: set[Any] = set()  # the values of _in_flight, kept alongside
         # Futures report completion here, so waiting costs O(1) per finished atom rather than a
         # scan of everything in flight.
         self._finished: queue.SimpleQueue[cf.Future] = queue.SimpleQueue()
@@ -144,16 +157,21 @@ class RunLoop:
         if self._flow_state() == st.RUNNING and self._next_up:
             # Higher priority first; sorted() is stable, so ties keep graph order. An atom can
             # be listed twice (carried over from a yielded batch and found ready again).
-            unique = list(dict.fromkeys(self._next_up))
-            ordered = sorted(unique, key=lambda atom: -getattr(atom, "priority", 0))
+            carried, length = self._carried
+            if self._next_up is carried and len(carried) == length:
+                ordered = carried
+            else:
+                unique = list(dict.fromkeys(self._next_up))
+                ordered = sorted(unique, key=_dispatch_order)
             self._next_up = []
-            running = set(self._in_flight.values())
+            running = self._in_flight_atoms
             for index, atom in enumerate(ordered):
                 if index >= YIELD_AFTER and not self._finished.empty():
                     # A wide batch on an asynchronous executor: handle what has finished
                     # (store it, free its successors) before sending more, so dispatch and
                     # completion overlap. Smaller batches go out whole, as TaskFlow's do.
                     self._next_up = ordered[index:]
+                    self._carried = (self._next_up, len(self._next_up))
                     break
                 # Intentions may have changed since the atom was found ready (a failure).
                 if atom in running or not self._runtime.can_start(atom):
@@ -165,7 +183,7 @@ class RunLoop:
                     self.failures.append(Failure())
                     break
                 self._in_flight[future] = atom
-                running.add(atom)
+                running.add(atom)  # that is, _in_flight_atoms
                 if _succeeded(future):
                     # Ran in this thread (serial executor): store the result before the next
                     # atom starts, so a crash never loses finished work. Failures take the
@@ -220,6 +238,7 @@ class RunLoop:
     def _complete(self, future: cf.Future) -> bool:
         """Apply one finished future; False if the engine must stop."""
         atom = self._in_flight.pop(future)
+        self._in_flight_atoms.discard(atom)
         if future.cancelled():
             return True
         try:

@@ -98,16 +98,25 @@ MAX_BODY_BYTES = 8 * 1024 * 1024
 MAX_NESTING_DEPTH = 64
 
 
-_ORIGIN: tuple[int, str] = (0, "")
+_ORIGIN: str | None = None
+
+
+def _forget_origin() -> None:
+    global _ORIGIN
+    _ORIGIN = None
+
+
+# A forked child has its own pid. Resetting at fork, rather than comparing os.getpid() on every
+# call, keeps a system call off every message sent.
+os.register_at_fork(after_in_child=_forget_origin)
 
 
 def origin() -> str:
     """This process as ``host:pid``, the value of :data:`HEADER_ORIGIN` (cached per process)."""
     global _ORIGIN
-    pid = os.getpid()
-    if _ORIGIN[0] != pid:
-        _ORIGIN = (pid, f"{socket.gethostname()}:{pid}")
-    return _ORIGIN[1]
+    if _ORIGIN is None:
+        _ORIGIN = f"{socket.gethostname()}:{os.getpid()}"
+    return _ORIGIN
 
 
 def task_class_name(task: object) -> str:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import socket
 from typing import Any
 
 import jsonschema
@@ -288,3 +290,17 @@ def test_nesting_bound() -> None:
 def test_task_class_name_is_fully_qualified() -> None:
     assert pr.task_class_name(Resize) == f"{__name__}.Resize"
     assert pr.task_class_name(Resize()) == f"{__name__}.Resize"
+
+
+def test_origin_names_this_process_and_a_forked_child_its_own() -> None:
+    assert pr.origin() == f"{socket.gethostname()}:{os.getpid()}"
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child reports its origin and leaves without running pytest's teardown
+        os.write(write, pr.origin().encode())
+        os._exit(0)
+    os.close(write)
+    os.waitpid(pid, 0)
+    with os.fdopen(read, "rb") as pipe:
+        assert pipe.read().decode() == f"{socket.gethostname()}:{pid}"
+    assert pr.origin() == f"{socket.gethostname()}:{os.getpid()}"
