@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import os
 import socket
 import threading
@@ -81,16 +82,23 @@ class _Heartbeats:
         self._cond = threading.Condition()
         self._sending = threading.Lock()
         self._thread: threading.Thread | None = None
+        # When the thread wakes up by itself next: -inf while it is busy (it looks at every
+        # entry before it waits again), +inf while it waits for a first entry. A request added
+        # with a later due time needs no wake-up; waking the thread for every request would
+        # cost the task threads the GIL once per task.
+        self._wake_at = -math.inf
 
     def add(self, key: Any, interval: float, beat: Callable[[], None]) -> None:
         with self._cond:
-            self._due[key] = (time.monotonic() + interval, interval, beat)
+            due = time.monotonic() + interval
+            self._due[key] = (due, interval, beat)
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._run, name="flowengine-heartbeats", daemon=True
                 )
                 self._thread.start()
-            self._cond.notify()
+            elif due < self._wake_at:
+                self._cond.notify()
 
     def remove(self, key: Any) -> None:
         """Stop beating for ``key``; once this returns, no heartbeat of it is sent any more."""
@@ -110,7 +118,9 @@ class _Heartbeats:
                         beats.append((key, beat))
                 if not beats:
                     next_due = min((due for due, _, _ in self._due.values()), default=None)
+                    self._wake_at = math.inf if next_due is None else next_due
                     self._cond.wait(None if next_due is None else next_due - now)
+                    self._wake_at = -math.inf
                     continue
             for key, beat in beats:
                 with self._sending:
