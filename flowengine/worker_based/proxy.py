@@ -20,14 +20,15 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, NamedTuple
 
 import kombu
-from kombu import pools, serialization
+from kombu import serialization
 from kombu.transport import virtual
 
 from flowengine.persistence.backends._uri import mask_urls
 from flowengine.worker_based import backoff as bo
 from flowengine.worker_based import dispatcher as dp
+from flowengine.worker_based import producers as pd
 from flowengine.worker_based import protocol as pr
-from flowengine.worker_based import transport_fs
+from flowengine.worker_based import transport_fs, transport_redis
 
 LOG = logging.getLogger(__name__)
 
@@ -46,6 +47,21 @@ REDIS_RESTORE_LOCK_EXPIRE = 10
 #: closed by the broker, which then redelivers what it held. Without it RabbitMQ keeps feeding a
 #: frozen process's free prefetch slots forever.
 CONSUMER_HEARTBEAT = 10.0
+
+
+def _connect(url: str | None, transport: Any,
+             options: dict[str, Any]) -> tuple[kombu.Connection, str]:
+    """The (not yet connected) kombu connection for ``url``/``transport``, and its URI for logs.
+
+    Neither given: the embedded filesystem transport. Kombu's Redis transport is swapped for
+    flowengine's (see :mod:`~flowengine.worker_based.transport_redis`), whose connections
+    name a class instead of a scheme in ``as_uri()``, so the URI comes from kombu's.
+    """
+    if url is None and transport is None:
+        transport = transport_fs.TRANSPORT_NAME
+    # A host name, even for brokerless transports, keeps kombu from warning on every clone.
+    conn = kombu.Connection(url or "localhost", transport=transport, transport_options=options)
+    return transport_redis.lean(conn), mask_url(conn.as_uri(include_password=True))
 
 
 def _without_heartbeat(conn: kombu.Connection) -> tuple[kombu.Connection, float]:
@@ -199,13 +215,8 @@ class Proxy:
             type_handlers, requeue_filters=[lambda _data, _message: not self.is_running],
             on_refused=on_refused,
         )
-        if url is None and transport is None:
-            transport = transport_fs.TRANSPORT_NAME
         self._transport_options: dict[str, Any] = dict(transport_options or {})
-        # A host name, even for brokerless transports, keeps kombu from warning on every clone.
-        self._conn = kombu.Connection(
-            url or "localhost", transport=transport, transport_options=self._transport_options
-        )
+        self._conn, self._uri = _connect(url, transport, self._transport_options)
         transport_cls = self._conn.get_transport_cls()
         # Virtual transports (memory, redis, flowengine-fs...) can settle from any thread.
         self._virtual = issubclass(transport_cls, virtual.Transport)
@@ -236,14 +247,14 @@ class Proxy:
             self._transport_options.setdefault("unacked_mutex_expire", REDIS_RESTORE_LOCK_EXPIRE)
         # Publishing pools: [confirmed, unconfirmed]; they differ only where the transport
         # has publisher confirms (AMQP), otherwise both are the same pool.
-        self._producers: dict[bool, pools.ProducerPool] = {}
+        self._producers: dict[bool, pd.ProducerPool] = {}
         self._pool_lock = threading.Lock()
         self._queues: dict[str, kombu.Queue] = {}
         self._declared: set[str] = set()
         self._exchange = kombu.Exchange(
             exchange, type="direct", durable=not taskflow_compat, auto_delete=taskflow_compat
         )
-        self._where = f"{mask_url(self._conn.as_uri(include_password=True))} exchange {exchange!r}"
+        self._where = f"{self._uri} exchange {exchange!r}"
         self._running = threading.Event()
         self._stop_requested = threading.Event()
         self._stopped = threading.Event()
@@ -275,7 +286,7 @@ class Proxy:
         transport = self._conn.transport
         version = transport.driver_version()
         return ConnectionDetails(
-            uri=mask_url(self._conn.as_uri(include_password=True)),
+            uri=self._uri,
             transport=str(transport.driver_type),
             driver_name=str(transport.driver_name),
             driver_version=None if not version or version.lower() == "n/a" else str(version),
@@ -353,7 +364,7 @@ class Proxy:
             properties["expiration"] = expiration
         if priority is not None and self._priorities:
             properties["priority"] = max(0, min(int(priority), MAX_PRIORITY))
-        with self._producer_pool(confirm).acquire(block=True) as producer:
+        with self._producer_pool(confirm).acquire() as producer:
             pending = list(keys)
             try:
                 # The common case: one plain publish per key, no retry machinery around it.
@@ -390,9 +401,12 @@ class Proxy:
         )  # fmt: skip
         self._declared.add(wanted)
 
-    def _producer_pool(self, confirm: bool = True) -> pools.ProducerPool:
+    def _producer_pool(self, confirm: bool = True) -> pd.ProducerPool:
         confirmed = self._transport_options.get("confirm_publish", False)
         key = bool(confirm or not confirmed)
+        pool = self._producers.get(key)  # the common case takes no lock
+        if pool is not None:
+            return pool
         with self._pool_lock:
             pool = self._producers.get(key)
             if pool is None:
@@ -400,9 +414,7 @@ class Proxy:
                 if not key:
                     options = dict(self._transport_options, confirm_publish=False)
                     conn = self._conn.clone(transport_options=options)
-                pool = pools.ProducerPool(conn.Pool(limit=PUBLISH_POOL_SIZE),
-                                          limit=PUBLISH_POOL_SIZE)
-                self._producers[key] = pool
+                pool = self._producers[key] = pd.ProducerPool(conn, PUBLISH_POOL_SIZE)
             return pool
 
     def _declared_queue(self, routing_key: str) -> kombu.Queue:
@@ -457,10 +469,9 @@ class Proxy:
     def close(self) -> None:
         """Close the publishing connections; a later publish opens new ones."""
         with self._pool_lock:
-            pools_, self._producers = list(self._producers.values()), {}
-        for producers in pools_:
-            producers.force_close_all()
-            producers.connections.force_close_all()
+            pools, self._producers = list(self._producers.values()), {}
+        for producers in pools:
+            producers.close()
 
     def ack(self, message: Any) -> None:
         """Acknowledge a delivered message (from any thread)."""
@@ -636,17 +647,15 @@ class Broadcast:
 
     def __init__(self, exchange: str, url: str | None = None, transport: Any = None,
                  transport_options: Mapping[str, Any] | None = None) -> None:
-        if url is None and transport is None:
-            transport = transport_fs.TRANSPORT_NAME
         options = dict(transport_options or {})
-        self._conn, _ = _without_heartbeat(kombu.Connection(
-            url or "localhost", transport=transport, transport_options=options))
+        conn, uri = _connect(url, transport, options)
+        self._conn, _ = _without_heartbeat(conn)
         if getattr(self._conn.get_transport_cls(), "driver_type", None) == "memory":
             options.setdefault("polling_interval", transport_fs.DEFAULT_POLLING_INTERVAL)
         self._exchange = kombu.Exchange(exchange, type="fanout", durable=True,
                                         auto_delete=False, delivery_mode="transient")
         self._publishing: Any = None
-        self.where = f"{mask_url(self._conn.as_uri(include_password=True))} exchange {exchange!r}"
+        self.where = f"{uri} exchange {exchange!r}"
 
     def publish(self, documents: Iterable[Any]) -> None:
         """Publish each JSON document once, in order (no retries: events are best effort).

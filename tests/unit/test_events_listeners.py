@@ -11,6 +11,7 @@ import sys
 from typing import Any
 
 import pytest
+from manual_clock import ManualClock  # tests/ is on sys.path (rootdir conftest)
 from test_listeners import FailOnce  # tests/unit is on sys.path (pytest rootdir insertion)
 
 from flowengine import engines, exceptions, retry, states, task
@@ -212,16 +213,8 @@ def test_a_suspended_flow() -> None:
 # -- the atom log -------------------------------------------------------------------------------
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 class Slow(task.Task):
-    clock: Clock
+    clock: ManualClock
 
     def execute(self) -> None:
         self.clock.now += 1.25
@@ -244,7 +237,7 @@ def test_every_engine_logs_each_atom_transition(kind: str,
 
 
 def test_atom_log_line_format(caplog: pytest.LogCaptureFixture) -> None:
-    clock = Clock()
+    clock = ManualClock(100.0)
     slow = Slow("slow step")
     slow.clock = clock
     flow = linear_flow.Flow("provision").add(slow, Leaky("leaky"))

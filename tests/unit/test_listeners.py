@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from manual_clock import ManualClock  # tests/ is on sys.path (rootdir conftest)
 
 from flowengine import engines, exceptions, retry, states, task
 from flowengine.flows import linear_flow
@@ -16,19 +17,6 @@ from flowengine.listeners import logging as logging_listeners
 from flowengine.types.notifier import Notifier, RestrictedNotifier
 
 ENGINES = ["serial", "parallel"]
-
-
-class FakeClock:
-    """A clock that only moves when told to."""
-
-    def __init__(self, start: float = 1000.0) -> None:
-        self.now = start
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
 
 
 class Ok(task.Task):
@@ -56,7 +44,7 @@ class FailOnce(task.Task):
 class Takes(task.Task):
     """Takes ``seconds`` of the fake clock to execute and half that to revert."""
 
-    def __init__(self, name: str, clock: FakeClock, seconds: float) -> None:
+    def __init__(self, name: str, clock: ManualClock, seconds: float) -> None:
         super().__init__(name)
         self._clock = clock
         self._seconds = seconds
@@ -538,7 +526,7 @@ def test_dynamic_logging_uses_the_given_failure_formatter(
 
 @pytest.mark.parametrize("engine_name", ENGINES)
 def test_durations_are_saved_in_metadata(engine_name: str) -> None:
-    clock = FakeClock()
+    clock = ManualClock()
     flow = linear_flow.Flow("f").add(Takes("a", clock, 2.0), Takes("b", clock, 3.0))
     engine = engines.load(flow, engine=engine_name)
     with timing.DurationListener(engine, clock=clock):
@@ -549,7 +537,7 @@ def test_durations_are_saved_in_metadata(engine_name: str) -> None:
 
 
 def test_duration_of_a_reverted_task_is_its_revert() -> None:
-    clock = FakeClock()
+    clock = ManualClock()
     flow = linear_flow.Flow("f").add(Takes("a", clock, 2.0), Fail("c"))
     engine = engines.load(flow)
     with timing.DurationListener(engine, clock=clock):
@@ -561,7 +549,7 @@ def test_duration_of_a_reverted_task_is_its_revert() -> None:
 
 
 def test_printing_duration_listener() -> None:
-    clock = FakeClock()
+    clock = ManualClock()
     lines: list[str] = []
     engine = engines.load(linear_flow.Flow("f").add(Takes("a", clock, 1.25)))
     with timing.PrintingDurationListener(engine, printer=lines.append, clock=clock):
@@ -612,7 +600,7 @@ def test_duration_listener_warns_about_unfinished_timers(
 
 
 def test_event_times_are_saved_in_metadata() -> None:
-    clock = FakeClock(start=1_700_000_000.0)
+    clock = ManualClock(start=1_700_000_000.0)
     flow = linear_flow.Flow("f", retry=retry.Times(2, name="r")).add(Takes("a", clock, 4.0))
     engine = engines.load(flow)
     with timing.EventTimeListener(engine, clock=clock):

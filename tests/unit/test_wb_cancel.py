@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from manual_clock import ManualClock  # tests/ is on sys.path (rootdir conftest)
 from wb_lease_tasks import Slow  # tests/unit is on sys.path (pytest rootdir insertion)
 from wb_requester import TOPIC, WAIT, Requester, run_in_thread
 
@@ -91,14 +92,6 @@ class Scripted:
             thread.join(WAIT)
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @pytest.fixture
 def scripted(exchange: str) -> Iterator[Scripted]:
     worker = Scripted(exchange)
@@ -107,12 +100,12 @@ def scripted(exchange: str) -> Iterator[Scripted]:
 
 
 @pytest.fixture
-def clock() -> Clock:
-    return Clock()
+def clock() -> ManualClock:
+    return ManualClock()
 
 
 @pytest.fixture
-def executor(exchange: str, clock: Clock) -> Iterator[WorkerTaskExecutor]:
+def executor(exchange: str, clock: ManualClock) -> Iterator[WorkerTaskExecutor]:
     executor = WorkerTaskExecutor(uuid.uuid4().hex, exchange, ["scripted"], transport="memory",
                                   clock=clock, transition_timeout=30.0)
     executor.start()
@@ -152,7 +145,7 @@ def test_a_request_that_started_is_waited_for(
 
 
 def test_a_revoked_request_nobody_confirms_is_cancelled_once_it_expires(
-    scripted: Scripted, executor: WorkerTaskExecutor, clock: Clock
+    scripted: Scripted, executor: WorkerTaskExecutor, clock: ManualClock
 ) -> None:
     # Its deadline header voids it on every worker, so it can no longer run anywhere.
     future = executor.execute_task(Slow(name="stuck"), "atom-3", {})

@@ -12,6 +12,7 @@ import uuid
 from typing import Any
 
 import pytest
+from manual_clock import ManualClock  # tests/ is on sys.path (rootdir conftest)
 from wb_lease_tasks import Slow  # tests/unit is on sys.path (pytest rootdir insertion)
 
 from flowengine import exceptions as exc
@@ -28,16 +29,6 @@ WAIT = 10.0
 #: make_executor's heartbeat interval, in seconds of the test clock.
 HEARTBEAT_INTERVAL = 1.0
 TASK_CLS = pr.task_class_name(Slow())
-
-
-class Clock:
-    """A monotonic clock the test moves by hand."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class ScriptedWorker:
@@ -86,8 +77,8 @@ def exchange() -> str:
 
 
 @pytest.fixture
-def clock() -> Clock:
-    return Clock()
+def clock() -> ManualClock:
+    return ManualClock()
 
 
 @pytest.fixture
@@ -125,7 +116,7 @@ class DrainCycles:
             assert self._cond.wait_for(lambda: self._cycles >= target, timeout=WAIT)
 
 
-def make_executor(exchange: str, clock: Clock, **options: Any) -> WorkerTaskExecutor:
+def make_executor(exchange: str, clock: ManualClock, **options: Any) -> WorkerTaskExecutor:
     executor = WorkerTaskExecutor(
         uuid.uuid4().hex, exchange, ["leased"], transport="memory", clock=clock,
         lease_timeout=options.pop("lease_timeout", 5.0), heartbeat_interval=HEARTBEAT_INTERVAL,
@@ -137,7 +128,7 @@ def make_executor(exchange: str, clock: Clock, **options: Any) -> WorkerTaskExec
 
 
 def test_a_silent_worker_loses_its_lease_and_the_request_is_sent_again(
-    exchange: str, clock: Clock, worker: ScriptedWorker
+    exchange: str, clock: ManualClock, worker: ScriptedWorker
 ) -> None:
     executor = make_executor(exchange, clock, max_attempts=3)
     try:
@@ -169,7 +160,7 @@ def test_a_silent_worker_loses_its_lease_and_the_request_is_sent_again(
 
 
 def test_after_the_last_attempt_the_atom_fails_with_worker_lost_and_is_parked(
-    exchange: str, clock: Clock, worker: ScriptedWorker
+    exchange: str, clock: ManualClock, worker: ScriptedWorker
 ) -> None:
     executor = make_executor(exchange, clock, max_attempts=2)
     try:
@@ -205,7 +196,7 @@ def test_after_the_last_attempt_the_atom_fails_with_worker_lost_and_is_parked(
 
 
 def test_a_task_over_its_time_limit_fails_with_a_timeout(
-    exchange: str, clock: Clock, worker: ScriptedWorker
+    exchange: str, clock: ManualClock, worker: ScriptedWorker
 ) -> None:
     executor = make_executor(exchange, clock, time_limits={"limited": 3.0})
     try:
@@ -229,7 +220,7 @@ def test_a_task_over_its_time_limit_fails_with_a_timeout(
 
 
 def test_a_request_nobody_takes_expires_after_the_transition_timeout(
-    exchange: str, clock: Clock
+    exchange: str, clock: ManualClock
 ) -> None:
     executor = WorkerTaskExecutor(uuid.uuid4().hex, exchange, [], transport="memory",
                                   clock=clock, transition_timeout=30.0)
@@ -248,7 +239,7 @@ def test_a_request_nobody_takes_expires_after_the_transition_timeout(
 
 
 def test_an_unpublished_request_can_be_cancelled_but_a_published_one_cannot(
-    exchange: str, clock: Clock, worker: ScriptedWorker
+    exchange: str, clock: ManualClock, worker: ScriptedWorker
 ) -> None:
     executor = make_executor(exchange, clock)
     try:
@@ -264,7 +255,7 @@ def test_an_unpublished_request_can_be_cancelled_but_a_published_one_cannot(
 
 
 def test_an_attempt_taken_by_an_undiscovered_worker_survives_the_first_worker_going_offline(
-    exchange: str, clock: Clock, worker: ScriptedWorker
+    exchange: str, clock: ManualClock, worker: ScriptedWorker
 ) -> None:
     # Workers of a topic share its queue, and a new worker's announcement travels on another
     # queue than its replies: its RUNNING can arrive before the engine has heard of it.
@@ -297,7 +288,7 @@ def test_an_attempt_taken_by_an_undiscovered_worker_survives_the_first_worker_go
 
 
 def test_a_worker_going_offline_loses_the_attempts_it_holds(
-    exchange: str, clock: Clock, worker: ScriptedWorker
+    exchange: str, clock: ManualClock, worker: ScriptedWorker
 ) -> None:
     executor = make_executor(exchange, clock, max_attempts=2)
     try:
@@ -329,7 +320,7 @@ def hand_back(worker: ScriptedWorker, message: Any, by: str = "worker-2") -> Non
 
 
 def test_a_started_attempt_handed_back_after_a_redelivery_counts_as_lost(
-    exchange: str, clock: Clock, worker: ScriptedWorker
+    exchange: str, clock: ManualClock, worker: ScriptedWorker
 ) -> None:
     # A request that kills whichever worker runs it: the broker redelivers it each time, and
     # only the engine's count of handed-back attempts stops it going round the topic forever.
@@ -357,7 +348,7 @@ def test_a_started_attempt_handed_back_after_a_redelivery_counts_as_lost(
         letters.close()
 
 
-def outlive_proof_of_life(executor: WorkerTaskExecutor, clock: Clock) -> None:
+def outlive_proof_of_life(executor: WorkerTaskExecutor, clock: ManualClock) -> None:
     """Let what the worker sent land, then pass the time a holder has to send a heartbeat."""
     executor.cycles.settle()  # type: ignore[attr-defined]
     clock.now += PROOF_OF_LIFE * HEARTBEAT_INTERVAL + 0.1
@@ -365,7 +356,7 @@ def outlive_proof_of_life(executor: WorkerTaskExecutor, clock: Clock) -> None:
 
 
 def test_a_running_attempt_handed_back_is_kept_if_its_worker_proves_it_is_alive(
-    exchange: str, clock: Clock, worker: ScriptedWorker
+    exchange: str, clock: ManualClock, worker: ScriptedWorker
 ) -> None:
     # Redis hands out again a message unsettled past its visibility timeout, though the
     # worker running it is fine: that worker's next heartbeat keeps the attempt.
@@ -386,7 +377,7 @@ def test_a_running_attempt_handed_back_is_kept_if_its_worker_proves_it_is_alive(
 
 
 def test_an_unstarted_attempt_handed_back_is_sent_again_without_using_up_an_attempt(
-    exchange: str, clock: Clock, worker: ScriptedWorker
+    exchange: str, clock: ManualClock, worker: ScriptedWorker
 ) -> None:
     # A stopping worker gives back what it prefetched and never ran: no attempt was lost.
     executor = make_executor(exchange, clock, max_attempts=1)
@@ -407,7 +398,7 @@ def test_an_unstarted_attempt_handed_back_is_sent_again_without_using_up_an_atte
 
 
 def test_unstarted_hand_backs_are_bounded_too(
-    exchange: str, clock: Clock, worker: ScriptedWorker
+    exchange: str, clock: ManualClock, worker: ScriptedWorker
 ) -> None:
     executor = make_executor(exchange, clock, max_attempts=1)
     try:
@@ -422,7 +413,7 @@ def test_unstarted_hand_backs_are_bounded_too(
 
 
 def test_requests_in_flight_are_scanned_only_when_a_deadline_falls_due(
-    exchange: str, clock: Clock, worker: ScriptedWorker
+    exchange: str, clock: ManualClock, worker: ScriptedWorker
 ) -> None:
     # The worker never answers: every request stays PENDING. Scanning thousands each
     # housekeeping round would cost the consumer thread; nothing is due before the earliest

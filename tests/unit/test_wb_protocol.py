@@ -10,6 +10,7 @@ from typing import Any
 
 import jsonschema
 import pytest
+from manual_clock import ManualClock  # tests/ is on sys.path (rootdir conftest)
 from taskflow.engines.worker_based import protocol as tf_protocol
 
 from flowengine import exceptions as exc
@@ -28,14 +29,6 @@ def _failure(error: BaseException) -> Failure:
         raise error
     except BaseException:
         return Failure()
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def _request(**kwargs: Any) -> pr.Request:
@@ -236,7 +229,7 @@ def test_validators_are_compiled_once(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_expiry_uses_the_injected_clock() -> None:
-    clock = FakeClock()
+    clock = ManualClock(100.0)
     request = _request(timeout=10, clock=clock)
     clock.now += 10
     assert not request.expired
@@ -249,7 +242,7 @@ def test_expiry_uses_the_injected_clock() -> None:
 
 
 def test_no_timeout_never_expires() -> None:
-    clock = FakeClock()
+    clock = ManualClock(100.0)
     request = _request(timeout=None, clock=clock)
     clock.now += 1e9
     assert not request.expired

@@ -1,0 +1,149 @@
+"""flowengine's Redis transport for kombu: kombu's own, minus two costs it pays on every message.
+
+Kombu's Redis channel builds a new ``redis.Redis`` client (and its table of response callbacks)
+for every command outside the consume loop: every publish, every ack, every delivery's unacked
+bookkeeping. It also reads the exchange's binding table (``SMEMBERS _kombu.binding.<exchange>``)
+before every publish to a direct exchange, to find the queue the routing key names. Together that
+was about a third of an engine's and a worker's CPU per remote task. This channel:
+
+* keeps one client over the channel's connection pool for those commands. A ``redis.Redis``
+  client over a ``ConnectionPool`` takes a pooled connection per command (pipelines and
+  transactions take their own), so one client is safe to share between the threads that publish
+  and settle on a channel (:class:`~flowengine.worker_based.proxy.Proxy` settles deliveries of
+  virtual transports from task threads). When the channel drops its pool (a reconnect, a fork)
+  the next command builds a client over the new one.
+* routes a direct exchange's messages by a copy of its binding table that is re-read when it is
+  older than :data:`BINDING_CACHE_TTL` seconds (transport option ``binding_cache_ttl``; 0 reads
+  it every time, as kombu does), when the routing key has no queue in the copy, and after this
+  channel binds or deletes a queue of that exchange. A routing key bound to several queues is
+  looked up afresh on every publish, as kombu does.
+
+What the copy can get wrong, for at most ``binding_cache_ttl`` seconds after another channel or
+process changed the bindings:
+
+* A queue bound to a routing key that already had exactly one queue is missed: messages go to
+  the first queue only. flowengine's topology never does this: a worker topic's queue
+  ``<exchange>_<topic>`` and an engine's reply queue ``<exchange>_<engine uuid>`` are each the
+  only queue on their key, and the keys several queues share (discovery, control) are always
+  looked up afresh.
+* A deleted queue still receives: a message routed to it is pushed onto a Redis list nobody reads
+  (kombu would have dropped it as undeliverable). In flowengine this is a reply that reaches an
+  engine within that window after the engine deleted its reply queue: the engine had stopped
+  waiting for it, and the stray list stays in Redis until removed.
+
+``redis://`` and ``rediss://`` URLs (and ``transport="redis"``) get this transport only through
+:func:`lean`, which flowengine's :class:`~flowengine.worker_based.proxy.Proxy` and
+:class:`~flowengine.worker_based.proxy.Broadcast` call; kombu's alias table is left alone, so
+other kombu users in the process keep kombu's stock transport. Sentinel (``sentinel://``) and
+Unix socket (``redis+socket://``) URLs keep kombu's transport, as does a connection that failed
+over to the next URL of a ``;`` list (kombu resolves that URL's scheme again).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable
+from typing import Any
+
+import kombu
+from kombu.transport import redis as kombu_redis
+
+#: Seconds a channel routes by its copy of an exchange's binding table before reading it again.
+BINDING_CACHE_TTL = 1.0
+#: The transport names (URL schemes) :func:`lean` replaces.
+STOCK_NAMES = frozenset({"redis", "rediss"})
+
+# (deadline on the channel's clock, routing key -> the queues bound with it)
+_Routes = tuple[float, dict[str, frozenset[str]]]
+
+
+class Channel(kombu_redis.Channel):
+    """Kombu's Redis channel with one shared command client and a cached binding table."""
+
+    # kombu's option tuple is inferred with a fixed length.
+    from_transport_options = kombu_redis.Channel.from_transport_options + (  # type: ignore[assignment]
+        "binding_cache_ttl",)
+    binding_cache_ttl: float = BINDING_CACHE_TTL
+    #: Monotonic clock of the binding cache (tests replace it on an instance).
+    clock: Callable[[], float] = staticmethod(time.monotonic)
+    _command_client: Any = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # Before kombu's __init__, which already talks to Redis.
+        self._routes: dict[str, _Routes] = {}
+        super().__init__(*args, **kwargs)
+
+    # -- one client for the commands outside the consume loop -------------------------------
+
+    def _create_client(self, asynchronous: bool = False) -> Any:
+        if asynchronous:  # the consume loop's BRPOP/LISTEN client: kombu caches it already
+            return super()._create_client(asynchronous=True)
+        client = self._command_client
+        # The pool property builds a new pool after _disconnect_pools() dropped the old one.
+        if client is None or client.connection_pool is not self.pool:
+            client = self._command_client = super()._create_client()
+        return client
+
+    def conn_or_acquire(  # type: ignore[override]  # kombu's callers only enter it
+            self, client: Any = None) -> contextlib.AbstractContextManager[Any]:
+        # Called for every command: a plain context manager costs less than kombu's generator.
+        return contextlib.nullcontext(client if client else self._create_client())
+
+    # -- routing by a copy of the binding table ---------------------------------------------
+
+    def get_table(self, exchange: str) -> list[tuple[str, ...]]:
+        """The exchange's bindings, read from Redis (and kept as this channel's routing copy)."""
+        table = super().get_table(exchange)
+        routes: dict[str, set[str]] = {}
+        for routing_key, _pattern, queue in table:
+            routes.setdefault(routing_key, set()).add(queue)
+        # One assignment of an immutable snapshot: threads that settle on this channel (a
+        # requeue routes its message again) read it without a lock.
+        self._routes[exchange] = (self.clock() + float(self.binding_cache_ttl),
+                                  {key: frozenset(queues) for key, queues in routes.items()})
+        return table
+
+    def _lookup(self, exchange: str, routing_key: str, default: str | None = None) -> Any:
+        if exchange and self.typeof(exchange).type == "direct":
+            cached = self._routes.get(exchange)
+            if cached is not None and self.clock() < cached[0]:
+                queues = cached[1].get(routing_key)
+                if queues is not None and len(queues) == 1:
+                    return queues
+        # Missing, stale, unknown key or shared key: kombu's lookup, through get_table above.
+        return super()._lookup(exchange, routing_key, default)
+
+    def _queue_bind(self, exchange: str, routing_key: str, pattern: Any, queue: str) -> None:
+        self._routes.pop(exchange, None)
+        super()._queue_bind(exchange, routing_key, pattern, queue)
+
+    def _delete(self, queue: str, exchange: str, routing_key: str, pattern: Any, *args: Any,
+                **kwargs: Any) -> None:
+        self._routes.pop(exchange, None)
+        super()._delete(queue, exchange, routing_key, pattern, *args, **kwargs)
+
+
+class Transport(kombu_redis.Transport):
+    """Kombu's Redis transport with :class:`Channel` (same ``driver_type``: ``redis``)."""
+
+    Channel = Channel
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        if kombu_redis.redis is None:
+            raise ImportError("The Redis transport needs the redis package: "
+                              "pip install 'flowengine[redis]'")
+        super().__init__(*args, **kwargs)
+
+
+def lean(conn: kombu.Connection) -> kombu.Connection:
+    """``conn`` on :class:`Transport` if kombu would use its stock Redis transport, else ``conn``.
+
+    A clone keeps everything kombu took from the URL (host, port, database, password, the TLS
+    settings a ``rediss://`` URL implies, ``;`` alternates) and shares ``conn``'s
+    ``transport_options`` dict. Its ``as_uri()`` names the class instead of the scheme, so take
+    URIs for display from ``conn``.
+    """
+    if conn.transport_cls in STOCK_NAMES and not conn.uri_prefix:
+        return conn.clone(transport=Transport)
+    return conn

@@ -1,0 +1,244 @@
+"""Publishing through a Proxy's pool of ready producers, over kombu's memory transport.
+
+Faults come from a memory transport whose channel refuses the next N messages with a connection
+error, as a broker that went away does: the one edge that is simulated.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import kombu
+import pytest
+from kombu.exceptions import ConnectionError as KombuConnectionError
+from kombu.exceptions import OperationalError
+from kombu.transport import memory
+
+from flowengine.worker_based import producers as pd
+from flowengine.worker_based import protocol as pr
+from flowengine.worker_based import proxy as px
+
+#: Seconds a test waits for something another thread does.
+WAIT = 10.0
+#: Retry at once: the tests pass no time.
+NO_DELAY = {"interval_start": 0.0}
+
+
+class _Refusals:
+    """How many of the next messages the flaky transport refuses."""
+
+    remaining = 0
+    lock = threading.Lock()
+
+
+class FlakyChannel(memory.Channel):
+    def _put(self, queue: str, message: Any, **kwargs: Any) -> None:
+        with _Refusals.lock:
+            refuse = _Refusals.remaining > 0
+            if refuse:
+                _Refusals.remaining -= 1
+        if refuse:
+            raise KombuConnectionError("refused by the test")
+        super()._put(queue, message, **kwargs)
+
+
+class FlakyTransport(memory.Transport):
+    Channel = FlakyChannel
+
+
+@pytest.fixture
+def exchange() -> str:
+    return f"pub-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def proxy(exchange: str) -> Iterator[px.Proxy]:
+    _Refusals.remaining = 0
+    made = px.Proxy("me", exchange, transport=FlakyTransport, retry_options=NO_DELAY)
+    try:
+        yield made
+    finally:
+        made.close()
+
+
+def notify(n: int = 0) -> pr.Notify:
+    return pr.Notify(topic=f"t{n}", tasks=[])
+
+
+def producer_of(pool: pd.ProducerPool) -> Any:
+    """The producer the next acquire gets (given straight back)."""
+    with pool.acquire() as producer:
+        return producer
+
+
+def queued(proxy: px.Proxy, key: str) -> list[str]:
+    return [message.json()["topic"] for message in proxy.browse(key)]
+
+
+def test_publishes_reuse_one_producer_and_its_channel(proxy: px.Proxy) -> None:
+    proxy.publish(notify(0), "work")
+    pool = proxy._producer_pool()
+    producer = producer_of(pool)
+    channel = producer.channel
+    for n in range(1, 20):
+        proxy.publish(notify(n), "work")
+    assert producer_of(pool) is producer and producer.channel is channel
+    assert pool.size == 1 and producer.connection.connected
+    assert queued(proxy, "work") == [f"t{n}" for n in range(20)]
+
+
+def test_concurrent_publishers_never_share_a_producer_nor_pass_the_limit(exchange: str) -> None:
+    limit, threads, each = 3, 12, 30
+    pool = pd.ProducerPool(kombu.Connection("localhost", transport="memory"), limit)
+    target = kombu.Queue(f"{exchange}_work", kombu.Exchange(exchange, type="direct"),
+                         routing_key="work")
+    in_use: set[int] = set()
+    guard = threading.Lock()
+    problems: list[str] = []
+    start = threading.Barrier(threads)
+
+    def publish_some(worker: int) -> None:
+        start.wait(WAIT)
+        for n in range(each):
+            with pool.acquire() as producer:
+                with guard:
+                    if id(producer) in in_use:
+                        problems.append(f"producer shared by thread {worker}")
+                    in_use.add(id(producer))
+                    if pool.size > limit:
+                        problems.append(f"{pool.size} producers, limit {limit}")
+                producer.publish({"n": n}, exchange=target.exchange, routing_key="work",
+                                 declare=[target], serializer="json")
+                with guard:
+                    in_use.discard(id(producer))
+
+    running = [threading.Thread(target=publish_some, args=(i,)) for i in range(threads)]
+    for thread in running:
+        thread.start()
+    for thread in running:
+        thread.join(WAIT)
+    try:
+        assert not problems and not any(thread.is_alive() for thread in running)
+        with kombu.Connection("localhost", transport="memory") as conn:
+            assert target(conn.default_channel).queue_declare().message_count == threads * each
+        assert 1 <= pool.size <= limit and pool.idle == pool.size
+    finally:
+        pool.close()
+
+
+def test_acquire_waits_while_every_producer_is_in_use() -> None:
+    pool = pd.ProducerPool(kombu.Connection("localhost", transport="memory"), 1)
+    got = threading.Event()
+
+    def second() -> None:
+        with pool.acquire():
+            got.set()
+
+    with pool.acquire():
+        waiter = threading.Thread(target=second)
+        waiter.start()
+        # Nothing to await here: this checks that nothing happens while the producer is held.
+        assert not got.wait(0.2)
+    assert got.wait(WAIT)
+    waiter.join(WAIT)
+    assert pool.size == 1
+    pool.close()
+
+
+def test_a_producer_whose_publish_failed_is_closed_and_replaced(proxy: px.Proxy) -> None:
+    proxy.publish(notify(0), "work")
+    pool = proxy._producer_pool()
+    failed = producer_of(pool)
+    _Refusals.remaining = 1
+    with pytest.raises(KombuConnectionError):
+        proxy.publish(notify(1), "work", retry=False)
+    assert pool.size == 0 and not failed.connection.connected
+    proxy.publish(notify(2), "work", retry=False)
+    assert producer_of(pool) is not failed
+    assert queued(proxy, "work") == ["t0", "t2"]
+
+
+def test_a_publish_that_recovered_by_retrying_keeps_its_producer(proxy: px.Proxy) -> None:
+    proxy.publish(notify(0), "work")
+    pool = proxy._producer_pool()
+    producer = producer_of(pool)
+    _Refusals.remaining = 2
+    proxy.publish(notify(1), "work")
+    assert producer_of(pool) is producer and pool.size == 1
+    assert queued(proxy, "work") == ["t0", "t1"]
+
+
+def test_a_publish_whose_retries_ran_out_drops_its_producer(exchange: str) -> None:
+    _Refusals.remaining = 5
+    proxy = px.Proxy("me", exchange, transport=FlakyTransport,
+                     retry_options=dict(NO_DELAY, max_retries=2))
+    try:
+        with pytest.raises(OperationalError, match="refused by the test"):
+            proxy.publish(notify(0), "work")
+        assert proxy._producer_pool().size == 0
+        _Refusals.remaining = 0
+        proxy.publish(notify(1), "work")
+        assert queued(proxy, "work") == ["t1"]
+    finally:
+        proxy.close()
+
+
+def test_close_closes_idle_producers_and_a_later_publish_opens_new_ones(proxy: px.Proxy) -> None:
+    proxy.publish(notify(0), "work")
+    old_pool = proxy._producer_pool()
+    old = producer_of(old_pool)
+    proxy.close()
+    assert not old.connection.connected and old_pool.size == 0
+    proxy.publish(notify(1), "work")
+    assert proxy._producer_pool() is not old_pool
+    assert producer_of(proxy._producer_pool()) is not old
+    assert queued(proxy, "work") == ["t0", "t1"]
+
+
+def test_a_producer_in_use_during_close_is_closed_when_given_back() -> None:
+    pool = pd.ProducerPool(kombu.Connection("localhost", transport="memory"), 2)
+    with pool.acquire() as held:
+        held.publish({}, routing_key="nowhere", serializer="json")
+        pool.close()
+        assert held.connection.connected  # its publisher is still using it
+    assert not held.connection.connected and pool.size == 0
+    with pool.acquire() as late:  # a publish racing close() still gets a producer
+        assert late is not held
+    assert not late.connection.connected
+
+
+def test_confirmed_and_unconfirmed_publishes_have_separate_pools_only_with_confirms(
+        exchange: str) -> None:
+    confirming = px.Proxy("me", exchange, transport="memory",
+                          transport_options={"confirm_publish": True})
+    plain = px.Proxy("me", exchange, transport="memory")
+    try:
+        assert confirming._producer_pool(True) is not confirming._producer_pool(False)
+        unconfirmed = producer_of(confirming._producer_pool(False))
+        assert unconfirmed.connection.transport_options["confirm_publish"] is False
+        assert plain._producer_pool(True) is plain._producer_pool(False)
+    finally:
+        confirming.close()
+        plain.close()
+
+
+def test_a_limit_below_one_is_refused() -> None:
+    with pytest.raises(ValueError, match="at least 1, not 0"):
+        pd.ProducerPool(kombu.Connection("localhost", transport="memory"), 0)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_starts_with_empty_pools(proxy: px.Proxy) -> None:
+    proxy.publish(notify(0), "work")
+    pool = proxy._producer_pool()
+    assert pool.size == 1
+    pid = os.fork()
+    if pid == 0:  # the child: report through the exit code, never return into pytest
+        os._exit(0 if (pool.size, pool.idle) == (0, 0) else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert pool.size == 1  # the parent's pool is untouched
