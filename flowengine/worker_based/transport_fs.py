@@ -12,16 +12,21 @@ Layout under ``data_folder``::
     exchanges/<exchange>.json            the exchange's type and bindings (shared by all processes)
     tmp/                                 messages being written
     bad/<queue>/                         files that could not be decoded, kept for inspection
+    spares/                              settled message files for reuse (transport_fs_files)
+    bells/<queue>/<pid>.<token>          consumers waiting on the queue (transport_fs_doorbell)
 
-Unlike kombu's stock ``filesystem`` transport: a message is written to ``tmp/`` and renamed into its
-queue, so a reader never sees half a file; names sort in send order (a per-process strictly
-increasing nanosecond stamp plus a sequence number), so FIFO holds within a sender even in one
-millisecond; a consumer claims a message by renaming it into its own ``claimed/`` folder, which
-exactly one of several competing processes can do, and deletes it only on ack (a reject with
-requeue, a closed channel or a dead owner renames it back, marked redelivered as AMQP brokers
-mark it); an undecodable file is moved to ``bad/`` and logged instead of stopping the consumer.
-A message published with ``expiration`` is dropped once that many seconds have passed, as AMQP
-brokers do. POSIX only (rename, ``flock``).
+Unlike kombu's stock ``filesystem`` transport: a message is written outside its queue (a new
+file in ``tmp/``, or a spare) and renamed into it, so a reader never sees half a file; names sort
+in send order (a per-process strictly increasing nanosecond stamp plus a sequence number), so
+FIFO holds within a sender even in one millisecond; a consumer claims a message by renaming it
+into its own ``claimed/`` folder, which exactly one of several competing processes can do, and
+lets go of it only on ack, keeping the file for reuse (a reject with requeue, a closed channel
+or a dead owner renames it back, marked redelivered as AMQP brokers mark it); an undecodable file
+is moved to ``bad/`` and logged instead of stopping the consumer. A message published with
+``expiration`` is dropped once that many seconds have passed, as AMQP brokers do. A publisher
+rings the doorbells of the queue's consumers, which wake at once instead of at their next poll;
+polling every ``polling_interval`` remains, so a missed ring costs latency, never a message.
+POSIX only (rename, ``flock``); doorbells need Linux.
 Queues, claims and the on-disk binding table make this a whole transport, so the module is
 longer than most (kombu's stock filesystem transport is the same size).
 """
@@ -31,7 +36,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import fcntl
-import itertools
+import functools
 import json
 import logging
 import os
@@ -49,6 +54,8 @@ from kombu.transport import virtual
 from kombu.utils import json as kombu_json
 
 import flowengine
+from flowengine.worker_based import transport_fs_doorbell as doorbell
+from flowengine.worker_based import transport_fs_files as files
 
 LOG = logging.getLogger(__name__)
 
@@ -64,6 +71,7 @@ def default_data_folder() -> str:
     return os.path.join(tempfile.gettempdir(), f"flowengine-fs-{os.getuid()}")
 
 
+@functools.lru_cache(maxsize=1024)  # called several times per message, for a few names
 def _safe_name(name: str) -> str:
     if not name:
         raise ChannelError("flowengine-fs: queue and exchange names must not be empty")
@@ -71,41 +79,7 @@ def _safe_name(name: str) -> str:
     return "%2E" + quoted[1:] if quoted.startswith(".") else quoted
 
 
-class _Stamper:
-    """File names that sort in send order within a process, whatever the clock does."""
-
-    def __init__(self, clock: Any = time.time_ns) -> None:
-        self._clock = clock
-        self._last = 0
-        self._seq = itertools.count()
-        self._lock = threading.Lock()
-
-    def next_name(self) -> str:
-        with self._lock:
-            self._last = max(self._clock(), self._last + 1)
-            return f"{self._last:020d}.{os.getpid()}.{next(self._seq):010d}.msg"
-
-
-_STAMPER = _Stamper()
-
-
-def _expired(name: str, expiration: Any) -> bool:
-    # Per-message TTL as AMQP has it: milliseconds from publication, which the name records.
-    try:
-        published, ttl_ms = int(name.split(".", 1)[0]), int(expiration or 0)
-    except ValueError:  # a file this transport did not name: no TTL to apply
-        return False
-    return ttl_ms > 0 and time.time_ns() > published + ttl_ms * 1_000_000
-
-
-#: A message given back to its queue keeps its name (its FIFO place) plus this mark, which
-#: deliveries report as ``delivery_info["redelivered"]``, as AMQP brokers do.
-REDELIVERED_MARK = ".redelivered"
-
-
-def _returned_name(name: str) -> str:
-    stem = name[: -len(".msg")]
-    return name if stem.endswith(REDELIVERED_MARK) else f"{stem}{REDELIVERED_MARK}.msg"
+_STAMPER = files.Stamper()
 
 
 def _pid_alive(pid: int) -> bool:
@@ -119,11 +93,12 @@ def _pid_alive(pid: int) -> bool:
 
 
 class QoS(virtual.QoS):
-    """Settles claimed files: ack deletes, requeue renames back, close restores."""
+    """Settles claimed files: ack recycles, requeue renames back, close restores."""
 
     def ack(self, delivery_tag: str) -> None:
         self.channel.drop_claim(delivery_tag)
         super().ack(delivery_tag)
+        self._slot_freed()
 
     def reject(self, delivery_tag: str, requeue: bool = False) -> None:
         if requeue:
@@ -131,6 +106,15 @@ class QoS(virtual.QoS):
         else:
             self.channel.drop_claim(delivery_tag)
         self._quick_ack(delivery_tag)
+        self._slot_freed()
+
+    def _slot_freed(self) -> None:
+        # Settled from a task thread while the consumer waits for a free prefetch slot: wake
+        # it now rather than at its next poll. Only the settlement that frees a full consumer
+        # wakes it, so one with room is not woken for nothing.
+        limit = self.prefetch_count
+        if limit and len(self._delivered) - len(self._dirty) == limit - 1:
+            self.channel.wake_consumer()
 
     def restore_unacked(self) -> list[Any]:
         self._flush()
@@ -153,46 +137,85 @@ class Channel(virtual.Channel):
         self.fsync = bool(options.get("fsync", False))
         self.recover_interval = float(options.get("recover_interval", DEFAULT_RECOVER_INTERVAL))
         self._next_recovery = 0.0
-        self._claim_root = self.root / "claimed" / str(os.getpid())
-        self._claimed: dict[str, Path] = {}
+        # Plain strings joined with "/" on the per-message paths: pathlib, and even
+        # os.path.join, cost more than the system calls they name.
+        self._root = os.path.abspath(self.root)
+        self._queues = os.path.join(self._root, "queues")
+        self._tmp = os.path.join(self._root, "tmp")
+        self._claim_root = os.path.join(self._root, "claimed", str(os.getpid()))
+        self._claimed: dict[str, tuple[str, int]] = {}  # delivery tag -> (file, its size)
         # Names listed but not yet claimed, per queue: one listdir serves many gets.
         self._pending: dict[str, collections.deque[str]] = {}
         self._tables: dict[str, tuple[tuple[int, int, int], dict[str, Any]]] = {}
-        for sub in ("queues", "tmp", "exchanges", "bad"):
+        self._ringer = doorbell.Ringer(self._root)
+        for sub in ("queues", "tmp", "exchanges", "bad", files.SHARED):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
+
+    # -- consumers and their doorbells ----------------------------------------------------------
+
+    def basic_consume(self, queue: str, no_ack: bool, callback: Any, consumer_tag: str,
+                      **kwargs: Any) -> Any:  # fmt: skip
+        result = super().basic_consume(queue, no_ack, callback, consumer_tag, **kwargs)
+        self.connection.bell.register(_safe_name(queue))
+        return result
+
+    def basic_cancel(self, consumer_tag: str) -> Any:
+        queue = self._tag_to_queue.get(consumer_tag)
+        result = super().basic_cancel(consumer_tag)
+        # Kombu keeps one callback per queue and connection; so does the doorbell.
+        transport = self.connection
+        if queue is not None and transport is not None and queue not in transport._callbacks:
+            transport.bell.unregister(_safe_name(queue))
+        return result
+
+    def wake_consumer(self) -> None:
+        """Wake this connection's consumer if it waits (a prefetch slot has been freed)."""
+        if self.connection is not None:
+            self.connection.bell.wake()
+
+    def close(self) -> None:
+        super().close()
+        self._ringer.close()
 
     # -- queues --------------------------------------------------------------------------------
 
-    def _queue_dir(self, queue: str) -> Path:
-        return self.root / "queues" / _safe_name(queue)
+    def _queue_dir(self, queue: str) -> str:
+        return os.path.join(self._queues, _safe_name(queue))
 
     def _new_queue(self, queue: str, **kwargs: Any) -> None:
-        self._queue_dir(queue).mkdir(exist_ok=True)
+        os.makedirs(self._queue_dir(queue), exist_ok=True)
 
     def _has_queue(self, queue: str, **kwargs: Any) -> bool:
-        return self._queue_dir(queue).is_dir()
+        return os.path.isdir(self._queue_dir(queue))
 
     def _put(self, queue: str, message: Any, **kwargs: Any) -> None:
         name = _STAMPER.next_name()
-        tmp = self.root / "tmp" / name
-        self._write_file(tmp, kombu_json.dumps(message).encode("utf-8"))
-        target = self._queue_dir(queue) / name
+        data = kombu_json.dumps(message).encode("utf-8")
+        source = self._write_spare(data)
+        if source is None:
+            source = f"{self._tmp}/{name}"
+            self._write_file(source, data)
+        queue_dir = _safe_name(queue)
+        target = f"{self._queues}/{queue_dir}/{name}"
         try:
-            os.rename(tmp, target)
+            os.rename(source, target)
         except FileNotFoundError:  # queue folder removed meanwhile: recreate it
-            target.parent.mkdir(parents=True, exist_ok=True)
-            os.rename(tmp, target)
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            os.rename(source, target)
+        self._ringer.ring(queue_dir)
 
-    def _write_file(self, path: Path, data: bytes) -> None:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    def _write_file(self, path: str, data: bytes) -> None:
+        files.write(path, data, self.fsync)
+
+    def _write_spare(self, data: bytes) -> str | None:
+        spare = files.spares(self._root).take()
+        if spare is None:
+            return None
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            if self.fsync:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
+            files.write(spare[0], data, self.fsync, spare_size=spare[1])
+        except FileNotFoundError:  # someone cleaned up the data folder
+            return None
+        return spare[0]
 
     def _get(self, queue: str, timeout: float | None = None) -> Any:
         pending = self._pending.get(queue)
@@ -205,15 +228,16 @@ class Channel(virtual.Channel):
             claimed = self._claim(queue, name)
             if claimed is None:
                 continue  # another consumer won it
-            payload = self._load(queue, claimed)
-            if payload is None:
+            loaded = self._load(queue, claimed)
+            if loaded is None:
                 continue
-            if _expired(name, payload["properties"].get("expiration")):
-                claimed.unlink(missing_ok=True)
+            payload, size = loaded
+            if files.expired(name, payload["properties"].get("expiration")):
+                files.spares(self._root).keep(claimed, size)
                 continue
-            if name.endswith(f"{REDELIVERED_MARK}.msg"):
+            if name.endswith(f"{files.REDELIVERED_MARK}.msg"):
                 payload["properties"].setdefault("delivery_info", {})["redelivered"] = True
-            self._claimed[payload["properties"]["delivery_tag"]] = claimed
+            self._claimed[payload["properties"]["delivery_tag"]] = (claimed, size)
             return payload
         raise Empty()
 
@@ -223,31 +247,33 @@ class Channel(virtual.Channel):
         except FileNotFoundError:
             return []
 
-    def _claim(self, queue: str, name: str) -> Path | None:
-        target = self._claim_root / _safe_name(queue) / name
+    def _claim(self, queue: str, name: str) -> str | None:
+        queue_dir = _safe_name(queue)
+        target = f"{self._claim_root}/{queue_dir}/{name}"
         try:
-            os.rename(self._queue_dir(queue) / name, target)
+            os.rename(f"{self._queues}/{queue_dir}/{name}", target)
         except FileNotFoundError:
-            if target.parent.is_dir():
+            if os.path.isdir(os.path.dirname(target)):
                 return None
-            target.parent.mkdir(parents=True, exist_ok=True)
+            os.makedirs(os.path.dirname(target), exist_ok=True)
             return self._claim(queue, name)
         return target
 
-    def _load(self, queue: str, path: Path) -> Any:
+    def _load(self, queue: str, path: str) -> tuple[Any, int] | None:
         try:
-            payload = kombu_json.loads(path.read_bytes())
+            data = files.read(path)
+            payload = kombu_json.loads(data)
             self.Message(payload, channel=self)  # proves the envelope and body decode
-            return payload
+            return payload, len(data)
         except Exception as err:
-            bad = self.root / "bad" / _safe_name(queue)
-            bad.mkdir(exist_ok=True)
+            bad = os.path.join(self._root, "bad", _safe_name(queue))
+            os.makedirs(bad, exist_ok=True)
             with contextlib.suppress(FileNotFoundError):
-                os.rename(path, bad / path.name)
+                os.rename(path, os.path.join(bad, os.path.basename(path)))
             LOG.warning(
                 "flowengine-fs: moved undecodable message %s of queue %r to %s:"
                 " reason=decode-error %s",
-                path.name,
+                os.path.basename(path),
                 queue,
                 bad,
                 str(err)[:200],
@@ -255,22 +281,24 @@ class Channel(virtual.Channel):
             return None
 
     def drop_claim(self, delivery_tag: str) -> None:
-        """Forget a settled message: delete its claimed file."""
-        path = self._claimed.pop(delivery_tag, None)
-        if path is not None:
-            path.unlink(missing_ok=True)
+        """Forget a settled message: recycle its claimed file (see transport_fs_files)."""
+        claimed = self._claimed.pop(delivery_tag, None)
+        if claimed is not None:
+            files.spares(self._root).keep(*claimed)
 
     def unclaim(self, delivery_tag: str) -> None:
         """Give a message back to its queue under its original name (its FIFO place)."""
-        path = self._claimed.pop(delivery_tag, None)
-        if path is None:
+        claimed = self._claimed.pop(delivery_tag, None)
+        if claimed is None:
             return
-        queue_dir = self.root / "queues" / path.parent.name
+        folder, name = os.path.split(claimed[0])
+        queue_dir = os.path.basename(folder)
         try:
-            os.rename(path, queue_dir / _returned_name(path.name))
+            os.rename(claimed[0], os.path.join(self._queues, queue_dir, files.returned_name(name)))
         except FileNotFoundError:
             return  # already acknowledged by another thread
-        self._pending.pop(unquote(path.parent.name), None)
+        self._pending.pop(unquote(queue_dir), None)
+        self._ringer.ring(queue_dir)
 
     def _size(self, queue: str) -> int:
         return len(self._list(queue))
@@ -279,7 +307,7 @@ class Channel(virtual.Channel):
         count = 0
         for name in self._list(queue):
             try:
-                (self._queue_dir(queue) / name).unlink()
+                os.unlink(os.path.join(self._queue_dir(queue), name))
                 count += 1
             except FileNotFoundError:
                 pass
@@ -292,25 +320,34 @@ class Channel(virtual.Channel):
         if exchange:
             self._update_table(exchange, None, remove=(routing_key or "", pattern or "", queue))
         try:
-            self._queue_dir(queue).rmdir()
+            os.rmdir(self._queue_dir(queue))
         except OSError:
             pass
 
     def _recover_dead_claims(self) -> None:
         """Requeue what processes that died had claimed but not acknowledged."""
         self._next_recovery = time.monotonic() + self.recover_interval
+        doorbell.sweep(self._root, _pid_alive)
+        files.sweep(self._root, _pid_alive)
         for owner in (self.root / "claimed").glob("*"):
             if not owner.name.isdigit() or _pid_alive(int(owner.name)):
                 continue
             requeued = 0
-            for path in owner.glob("*/*.msg"):
-                with contextlib.suppress(FileNotFoundError):  # a racing recoverer won
-                    target = self.root / "queues" / path.parent.name / _returned_name(path.name)
-                    os.rename(path, target)
-                    requeued += 1
-            for folder in (*owner.glob("*"), owner):
+            for folder in owner.glob("*"):
+                before = requeued
+                for path in folder.glob("*.msg"):
+                    target = os.path.join(self._queues, folder.name, files.returned_name(path.name))
+                    with contextlib.suppress(FileNotFoundError):  # a racing recoverer won
+                        os.rename(path, target)
+                        requeued += 1
+                for path in folder.glob(f"{files.SPARE_PREFIX}*"):
+                    files.unlink(str(path))
                 with contextlib.suppress(OSError):
                     folder.rmdir()
+                if requeued > before:
+                    self._ringer.ring(folder.name)
+            with contextlib.suppress(OSError):
+                owner.rmdir()
             if requeued:
                 LOG.warning(
                     "flowengine-fs: requeued %d message(s) claimed by dead pid %s",
@@ -319,20 +356,20 @@ class Channel(virtual.Channel):
 
     # -- exchanges and bindings (on disk, so every process routes alike) --------------------
 
-    def _table_path(self, exchange: str) -> Path:
-        return self.root / "exchanges" / f"{_safe_name(exchange)}.json"
+    def _table_path(self, exchange: str) -> str:
+        return os.path.join(self._root, "exchanges", f"{_safe_name(exchange)}.json")
 
     def _read_table(self, exchange: str) -> dict[str, Any]:
         path = self._table_path(exchange)
         try:
-            stat = path.stat()
+            stat = os.stat(path)
         except FileNotFoundError:
             return {"type": None, "table": []}
         key = (stat.st_ino, stat.st_mtime_ns, stat.st_size)  # every write is a new file
         cached = self._tables.get(exchange)
         if cached is not None and cached[0] == key:
             return cached[1]
-        data = json.loads(path.read_bytes())
+        data = json.loads(files.read(path))
         self._tables[exchange] = (key, data)
         return data
 
@@ -344,7 +381,7 @@ class Channel(virtual.Channel):
         exchange_type: str | None = None,
     ) -> None:
         path = self._table_path(exchange)
-        with open(path.with_suffix(".lock"), "a") as lock:
+        with open(path[: -len(".json")] + ".lock", "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # writers serialise; readers see whole files
             data = self._read_table(exchange)
             rows = [list(row) for row in data["table"]]
@@ -355,7 +392,7 @@ class Channel(virtual.Channel):
             new = {"type": data["type"] or exchange_type, "table": rows}
             if new == data:
                 return
-            tmp = self.root / "tmp" / f"{path.name}.{os.getpid()}.{threading.get_ident()}"
+            tmp = Path(self._tmp, f"{os.path.basename(path)}.{os.getpid()}.{threading.get_ident()}")
             tmp.write_text(json.dumps(new))
             os.replace(tmp, path)
 
@@ -397,7 +434,13 @@ class Channel(virtual.Channel):
 
     def typeof(self, exchange: str, default: str = "direct") -> Any:
         if exchange not in self.state.exchanges:
-            stored = self._read_table(exchange)["type"] if exchange else None
+            stored = None
+            if exchange:
+                # A declared type never changes, so a table read before will do (bindings do
+                # change: get_table reads those afresh for every message).
+                cached = self._tables.get(exchange)
+                stored = cached[1]["type"] if cached else None
+                stored = stored or self._read_table(exchange)["type"]
             return self.exchange_types[stored or default]
         return super().typeof(exchange, default)
 
@@ -419,5 +462,23 @@ class Transport(virtual.Transport):
         asynchronous=False, exchange_type=frozenset(["direct", "topic", "fanout"])
     )
 
+    def __init__(self, client: Any, **kwargs: Any) -> None:
+        super().__init__(client, **kwargs)
+        root = client.transport_options.get("data_folder") or default_data_folder()
+        self.bell = doorbell.Doorbell(os.path.abspath(root))
+
     def driver_version(self) -> str:
         return flowengine.__version__
+
+    def drain_events(self, connection: Any, timeout: Any = None, **kwargs: Any) -> None:
+        """Deliver one message, waking on a ring rather than sleeping the polling interval."""
+        assert self.cycle is not None
+        get = functools.partial(self.cycle.get, self._deliver, timeout=timeout)
+        self.bell.drain(get, self._has_room, self.polling_interval, timeout)
+
+    def _has_room(self) -> bool:
+        return any(channel.qos.can_consume() for channel in self.channels if channel._consumers)
+
+    def close_connection(self, connection: Any) -> None:
+        super().close_connection(connection)
+        self.bell.close()
