@@ -141,6 +141,8 @@ class WorkerTaskExecutor(local.TaskExecutor):
             on_connected=self._notify_topics,
             # An engine's reply queue outlives it only briefly (brokers that support expiry).
             queue_expires=None if taskflow_compat else REPLY_QUEUE_EXPIRES,
+            # Replies are acknowledged on receipt and useless to any other engine.
+            auto_ack=True,
         )
         self._thread: threading.Thread | None = None
         self._closing: threading.Thread | None = None

@@ -181,6 +181,9 @@ class Proxy:
         on_refused: See :class:`~flowengine.worker_based.dispatcher.TypeDispatcher`.
         transient_queue: Declare the own queue non-durable and auto-deleted (a private queue
             that must vanish with its consumer, such as a worker's control queue).
+        auto_ack: Messages of the own queue need no acknowledgement, on Redis only (see
+            ``_consume``): for a consumer whose messages are worth nothing once its process is
+            gone, such as an engine's replies.
     """
 
     def __init__(
@@ -201,6 +204,7 @@ class Proxy:
         queue_expires: float | None = None,
         on_refused: Callable[[Any, str, str], None] | None = None,
         transient_queue: bool = False,
+        auto_ack: bool = False,
     ) -> None:
         if queue_expires is not None and taskflow_compat:
             raise ValueError(f"Queue of topic '{topic}': queue_expires needs taskflow_compat off")
@@ -212,7 +216,10 @@ class Proxy:
         self._transient_queue = transient_queue
         self._retry = bo.RetryOptions.from_options(retry_options)
         self._dispatcher = dp.TypeDispatcher(
-            type_handlers, requeue_filters=[lambda _data, _message: not self.is_running],
+            # A message that arrives while stopping goes back for the next consumer, unless
+            # the broker already forgot it (auto_ack): then it is handled like any other.
+            type_handlers,
+            requeue_filters=[lambda _data, _message: not self.is_running and not self._auto_ack],
             on_refused=on_refused,
         )
         self._transport_options: dict[str, Any] = dict(transport_options or {})
@@ -223,6 +230,12 @@ class Proxy:
         driver = getattr(transport_cls, "driver_type", None)
         self._conn, url_heartbeat = _without_heartbeat(self._conn)
         self._heartbeat = (url_heartbeat or CONSUMER_HEARTBEAT) if driver == "amqp" else 0.0
+        # Kombu's Redis transport keeps a copy of every unacknowledged delivery in Redis, two
+        # round trips per message, to hand it out again if its consumer's process dies holding
+        # it; a consumer that acknowledges on receipt gains nothing from that but the cost. On
+        # AMQP, deliveries in flight when a connection drops come back only if unacknowledged;
+        # on flowengine-fs an acknowledgement is what frees the message's file.
+        self._auto_ack = auto_ack and driver == "redis"
         # Message priority is an AMQP queue feature; TaskFlow's declarations have none, and a
         # broker refuses a queue redeclared with different arguments.
         self._priorities = not taskflow_compat and not self._virtual
@@ -512,6 +525,8 @@ class Proxy:
 
     def _on_message(self, message: Any) -> None:
         self._dispatcher.on_message(message)
+        if self._auto_ack:  # settled by the broker already; acks are no-ops
+            return
         with self._settle_lock:
             if not message.acknowledged:
                 self._held[id(message)] = message  # tags repeat across reconnects
@@ -555,6 +570,7 @@ class Proxy:
                 accept=[dp.JSON_CONTENT_TYPE],
                 prefetch_count=self._prefetch_count,
                 on_decode_error=self._dispatcher.on_decode_error,
+                no_ack=self._auto_ack,
             )
             with consumer:
                 backoff.attempt = 0

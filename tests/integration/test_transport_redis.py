@@ -345,3 +345,37 @@ def test_a_proxy_acks_requeues_and_rejects_from_other_threads(url: str, exchange
         assert consumer.wait_stopped(WAIT)
         consumer.close()
         sender.close()
+
+
+@pytest.mark.parametrize("auto_ack", [True, False])
+def test_an_auto_ack_consumer_keeps_no_copy_of_its_deliveries(
+        url: str, exchange: str, auto_ack: bool) -> None:
+    # An engine's replies: acknowledged on receipt, useless once the engine is gone. Kombu's
+    # copy of each unacknowledged delivery (two Redis round trips a message) buys them nothing.
+    delivered: queue.Queue[Any] = queue.Queue()
+    consumer = px.Proxy("replies", exchange, {pr.NOTIFY: dp.Handler(
+        lambda _data, message: delivered.put(message), manual_ack=True)}, url=url,
+        auto_ack=auto_ack)  # fmt: skip
+    sender = px.Proxy("sender", exchange, url=url)
+    thread = threading.Thread(target=consumer.start, daemon=True)
+    thread.start()
+    try:
+        assert consumer.wait(WAIT)
+        for n in range(3):
+            sender.publish(pr.Notify(topic=f"t{n}", tasks=[]), "replies")
+        messages = [delivered.get(timeout=WAIT) for _ in range(3)]
+        with kombu.Connection(url) as conn:
+            channel = conn.default_channel
+            copies = [channel.client.hexists(channel.unacked_key, m.delivery_tag)
+                      for m in messages]
+        # Not yet acknowledged (manual_ack): kombu keeps a copy unless the consumer auto-acks.
+        assert copies == [not auto_ack] * 3
+        assert consumer.unsettled == (0 if auto_ack else 3)
+        for message in messages:
+            consumer.ack(message)  # a no-op when auto-acked, and no error; Redis settles at once
+        assert consumer.unsettled == 0
+    finally:
+        consumer.stop()
+        assert consumer.wait_stopped(WAIT)
+        consumer.close()
+        sender.close()

@@ -465,6 +465,17 @@ def test_consumer_reconnects_after_a_connection_error(
         thread.join(WAIT)
 
 
+@pytest.mark.parametrize("transport", [{"transport": "memory"}, {}])
+def test_auto_ack_is_for_redis_only(transport: dict[str, Any], tmp_path: Path) -> None:
+    # On flowengine-fs an ack is what frees a message's file; on AMQP, unacknowledged deliveries
+    # in flight come back after a lost connection (tests/integration covers Redis).
+    options = {"transport_options": {"data_folder": str(tmp_path)}} if not transport else {}
+    proxy = px.Proxy(TOPIC, "auto", auto_ack=True, **transport, **options)
+    assert proxy._auto_ack is False
+    amqp = px.Proxy(TOPIC, "auto", url="amqp://guest:guest@127.0.0.1:1//", auto_ack=True)
+    assert amqp._auto_ack is False  # never connects: the decision is made up front
+
+
 def test_taskflow_compat_uses_taskflows_declarations() -> None:
     compat = px.Proxy(TOPIC, "tf", transport="memory", taskflow_compat=True)
     queue_ = compat._queue(TOPIC)
