@@ -93,6 +93,8 @@ class TypeDispatcher:
         max_depth: Bodies nesting deeper than this are refused.
         on_refused: Called as ``on_refused(message, reason, detail)`` after a message is
             refused (e.g. to tell the sender why); errors in it are logged, never raised.
+        settles: Whether messages are settled here (acked, rejected, requeued); False for a
+            consumer the broker settles for on delivery (no acknowledgements).
     """
 
     def __init__(
@@ -102,8 +104,10 @@ class TypeDispatcher:
         max_body_bytes: int = pr.MAX_BODY_BYTES,
         max_depth: int = pr.MAX_NESTING_DEPTH,
         on_refused: Callable[[Any, str, str], None] | None = None,
+        settles: bool = True,
     ) -> None:
         self._on_refused = on_refused
+        self._settles = settles
         self._type_handlers = dict(type_handlers or {})
         self._requeue_filters = list(requeue_filters or [])
         self._max_body_bytes = max_body_bytes
@@ -149,7 +153,7 @@ class TypeDispatcher:
             return self._refuse(message, REASON_DECODE_ERROR, str(err))
         if pr.exceeds_depth(data, self._max_depth):
             return self._refuse(message, REASON_TOO_DEEP, f"nests deeper than {self._max_depth}")
-        if self._wants_requeue(data, message):
+        if self._settles and self._wants_requeue(data, message):
             LOG.debug("Requeuing message %s", describe(message))
             return settle(message, "requeue")
         if handler.validator is not None:
@@ -157,7 +161,7 @@ class TypeDispatcher:
                 handler.validator(data)
             except (exc.InvalidFormat, ValueError, TypeError, KeyError) as err:
                 return self._refuse(message, REASON_INVALID_FORMAT, str(err))
-        if not handler.manual_ack:
+        if self._settles and not handler.manual_ack:
             settle(message, "ack")
         try:
             handler.process_message(data, message)
@@ -183,5 +187,5 @@ class TypeDispatcher:
                 self._on_refused(message, reason, detail[:200])
             except Exception:
                 LOG.exception("Refusal hook failed for message %s", describe(message))
-        if not message.acknowledged:
+        if self._settles and not message.acknowledged:
             settle(message, "reject")

@@ -215,13 +215,6 @@ class Proxy:
         self._queue_expires = queue_expires
         self._transient_queue = transient_queue
         self._retry = bo.RetryOptions.from_options(retry_options)
-        self._dispatcher = dp.TypeDispatcher(
-            # A message that arrives while stopping goes back for the next consumer, unless
-            # the broker already forgot it (auto_ack): then it is handled like any other.
-            type_handlers,
-            requeue_filters=[lambda _data, _message: not self.is_running and not self._auto_ack],
-            on_refused=on_refused,
-        )
         self._transport_options: dict[str, Any] = dict(transport_options or {})
         self._conn, self._uri = _connect(url, transport, self._transport_options)
         transport_cls = self._conn.get_transport_cls()
@@ -236,6 +229,10 @@ class Proxy:
         # AMQP, deliveries in flight when a connection drops come back only if unacknowledged;
         # on flowengine-fs an acknowledgement is what frees the message's file.
         self._auto_ack = auto_ack and driver == "redis"
+        self._dispatcher = dp.TypeDispatcher(
+            type_handlers, requeue_filters=[lambda _data, _message: not self.is_running],
+            on_refused=on_refused, settles=not self._auto_ack,
+        )
         # Message priority is an AMQP queue feature; TaskFlow's declarations have none, and a
         # broker refuses a queue redeclared with different arguments.
         self._priorities = not taskflow_compat and not self._virtual
@@ -499,6 +496,8 @@ class Proxy:
         self._settle(message, "reject")
 
     def _settle(self, message: Any, action: str) -> None:
+        if self._auto_ack:  # the broker forgot it on delivery: nothing to settle
+            return
         # Network channels are not thread-safe: other threads queue settlements for the loop.
         if self._virtual or threading.get_ident() == self._consumer_thread:
             self._settle_now(message, action)

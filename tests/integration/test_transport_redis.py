@@ -379,3 +379,35 @@ def test_an_auto_ack_consumer_keeps_no_copy_of_its_deliveries(
         assert consumer.wait_stopped(WAIT)
         consumer.close()
         sender.close()
+
+
+@pytest.mark.parametrize("auto_ack", [True, False])
+def test_an_auto_ack_consumer_sends_redis_no_acknowledgements(
+        url: str, exchange: str, auto_ack: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    acks: list[Any] = []
+    real_ack = kombu_redis.QoS.ack
+
+    def counted(self: Any, delivery_tag: Any) -> None:
+        acks.append(delivery_tag)
+        real_ack(self, delivery_tag)
+
+    monkeypatch.setattr(kombu_redis.QoS, "ack", counted)
+    delivered: queue.Queue[Any] = queue.Queue()
+    consumer = px.Proxy("replies", exchange, {pr.NOTIFY: dp.Handler(
+        lambda data, _message: delivered.put(data))}, url=url, auto_ack=auto_ack)
+    sender = px.Proxy("sender", exchange, url=url)
+    thread = threading.Thread(target=consumer.start, daemon=True)
+    thread.start()
+    try:
+        assert consumer.wait(WAIT)
+        for n in range(3):
+            sender.publish(pr.Notify(topic=f"t{n}", tasks=[]), "replies")
+        assert [delivered.get(timeout=WAIT)["topic"] for _ in range(3)] == ["t0", "t1", "t2"]
+        # Each delivery is acknowledged on receipt, before its handler runs: one Redis round
+        # trip a message, unless the broker settled it on delivery.
+        assert len(acks) == (0 if auto_ack else 3)
+    finally:
+        consumer.stop()
+        assert consumer.wait_stopped(WAIT)
+        consumer.close()
+        sender.close()

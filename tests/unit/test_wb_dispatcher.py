@@ -177,6 +177,20 @@ def test_auto_acked_message_is_not_settled_twice(channel: RecordingChannel) -> N
     assert channel.settled == [("ack", "tag-1")]
 
 
+def test_a_dispatcher_that_does_not_settle_only_handles_and_refuses(
+    channel: RecordingChannel, recorder: Recorder, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The broker settled these on delivery (a consumer without acknowledgements).
+    dispatcher = dp.TypeDispatcher({"REQUEST": dp.Handler(recorder)}, settles=False,
+                                   requeue_filters=[lambda _data, _message: True])
+    dispatcher.on_message(make_message(channel, {"a": 1}))  # handled, though a filter votes
+    with caplog.at_level(logging.WARNING):
+        dispatcher.on_message(make_message(channel, message_type="GOSSIP"))
+    assert [data for data, _ in recorder.calls] == [{"a": 1}]
+    assert channel.settled == []
+    assert "reason=unknown-type" in refusals(caplog)[0]
+
+
 def test_kombu_decode_errors_are_refused(
     channel: RecordingChannel, caplog: pytest.LogCaptureFixture
 ) -> None:
