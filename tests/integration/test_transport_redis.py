@@ -7,6 +7,7 @@ on the publishing channel, so its time-to-live passes without sleeping.
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 from collections.abc import Iterator
@@ -347,15 +348,11 @@ def test_a_proxy_acks_requeues_and_rejects_from_other_threads(url: str, exchange
         sender.close()
 
 
-@pytest.mark.parametrize("auto_ack", [True, False])
-def test_an_auto_ack_consumer_keeps_no_copy_of_its_deliveries(
-        url: str, exchange: str, auto_ack: bool) -> None:
-    # An engine's replies: acknowledged on receipt, useless once the engine is gone. Kombu's
-    # copy of each unacknowledged delivery (two Redis round trips a message) buys them nothing.
-    delivered: queue.Queue[Any] = queue.Queue()
-    consumer = px.Proxy("replies", exchange, {pr.NOTIFY: dp.Handler(
-        lambda _data, message: delivered.put(message), manual_ack=True)}, url=url,
-        auto_ack=auto_ack)  # fmt: skip
+@contextlib.contextmanager
+def replies_consumer(url: str, exchange: str, handler: dp.Handler,
+                     auto_ack: bool) -> Iterator[px.Proxy]:
+    """A consuming proxy on queue ``<exchange>_replies``, which three NOTIFY messages reach."""
+    consumer = px.Proxy("replies", exchange, {pr.NOTIFY: handler}, url=url, auto_ack=auto_ack)
     sender = px.Proxy("sender", exchange, url=url)
     thread = threading.Thread(target=consumer.start, daemon=True)
     thread.start()
@@ -363,6 +360,22 @@ def test_an_auto_ack_consumer_keeps_no_copy_of_its_deliveries(
         assert consumer.wait(WAIT)
         for n in range(3):
             sender.publish(pr.Notify(topic=f"t{n}", tasks=[]), "replies")
+        yield consumer
+    finally:
+        consumer.stop()
+        assert consumer.wait_stopped(WAIT)
+        consumer.close()
+        sender.close()
+
+
+@pytest.mark.parametrize("auto_ack", [True, False])
+def test_an_auto_ack_consumer_keeps_no_copy_of_its_deliveries(
+        url: str, exchange: str, auto_ack: bool) -> None:
+    # An engine's replies: acknowledged on receipt, useless once the engine is gone. Kombu's
+    # copy of each unacknowledged delivery (two Redis round trips a message) buys them nothing.
+    delivered: queue.Queue[Any] = queue.Queue()
+    handler = dp.Handler(lambda _data, message: delivered.put(message), manual_ack=True)
+    with replies_consumer(url, exchange, handler, auto_ack) as consumer:
         messages = [delivered.get(timeout=WAIT) for _ in range(3)]
         with kombu.Connection(url) as conn:
             channel = conn.default_channel
@@ -374,11 +387,6 @@ def test_an_auto_ack_consumer_keeps_no_copy_of_its_deliveries(
         for message in messages:
             consumer.ack(message)  # a no-op when auto-acked, and no error; Redis settles at once
         assert consumer.unsettled == 0
-    finally:
-        consumer.stop()
-        assert consumer.wait_stopped(WAIT)
-        consumer.close()
-        sender.close()
 
 
 @pytest.mark.parametrize("auto_ack", [True, False])
@@ -393,21 +401,9 @@ def test_an_auto_ack_consumer_sends_redis_no_acknowledgements(
 
     monkeypatch.setattr(kombu_redis.QoS, "ack", counted)
     delivered: queue.Queue[Any] = queue.Queue()
-    consumer = px.Proxy("replies", exchange, {pr.NOTIFY: dp.Handler(
-        lambda data, _message: delivered.put(data))}, url=url, auto_ack=auto_ack)
-    sender = px.Proxy("sender", exchange, url=url)
-    thread = threading.Thread(target=consumer.start, daemon=True)
-    thread.start()
-    try:
-        assert consumer.wait(WAIT)
-        for n in range(3):
-            sender.publish(pr.Notify(topic=f"t{n}", tasks=[]), "replies")
+    handler = dp.Handler(lambda data, _message: delivered.put(data))
+    with replies_consumer(url, exchange, handler, auto_ack):
         assert [delivered.get(timeout=WAIT)["topic"] for _ in range(3)] == ["t0", "t1", "t2"]
         # Each delivery is acknowledged on receipt, before its handler runs: one Redis round
         # trip a message, unless the broker settled it on delivery.
         assert len(acks) == (0 if auto_ack else 3)
-    finally:
-        consumer.stop()
-        assert consumer.wait_stopped(WAIT)
-        consumer.close()
-        sender.close()
