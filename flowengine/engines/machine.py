@@ -164,7 +164,7 @@ class RunLoop:
                 unique = list(dict.fromkeys(self._next_up))
                 ordered = sorted(unique, key=_dispatch_order)
             self._next_up = []
-            running = self._in_flight_atoms
+            running = self._in_flight_atoms  # kept current as atoms start and complete
             for index, atom in enumerate(ordered):
                 if index >= YIELD_AFTER and not self._finished.empty():
                     # A wide batch on an asynchronous executor: handle what has finished
@@ -183,7 +183,7 @@ class RunLoop:
                     self.failures.append(Failure())
                     break
                 self._in_flight[future] = atom
-                running.add(atom)  # that is, _in_flight_atoms
+                running.add(atom)
                 if _succeeded(future):
                     # Ran in this thread (serial executor): store the result before the next
                     # atom starts, so a crash never loses finished work. Failures take the
