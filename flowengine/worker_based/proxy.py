@@ -28,7 +28,7 @@ from flowengine.worker_based import backoff as bo
 from flowengine.worker_based import dispatcher as dp
 from flowengine.worker_based import producers as pd
 from flowengine.worker_based import protocol as pr
-from flowengine.worker_based import transport_fs, transport_redis
+from flowengine.worker_based import transport_fs, transport_memory, transport_redis
 
 LOG = logging.getLogger(__name__)
 
@@ -53,15 +53,17 @@ def _connect(url: str | None, transport: Any,
              options: dict[str, Any]) -> tuple[kombu.Connection, str]:
     """The (not yet connected) kombu connection for ``url``/``transport``, and its URI for logs.
 
-    Neither given: the embedded filesystem transport. Kombu's Redis transport is swapped for
-    flowengine's (see :mod:`~flowengine.worker_based.transport_redis`), whose connections
-    name a class instead of a scheme in ``as_uri()``, so the URI comes from kombu's.
+    Neither given: the embedded filesystem transport. Kombu's Redis and memory transports are
+    swapped for flowengine's (see :mod:`~flowengine.worker_based.transport_redis` and
+    :mod:`~flowengine.worker_based.transport_memory`), whose connections name a class instead
+    of a scheme in ``as_uri()``, so the URI comes from kombu's.
     """
     if url is None and transport is None:
         transport = transport_fs.TRANSPORT_NAME
     # A host name, even for brokerless transports, keeps kombu from warning on every clone.
     conn = kombu.Connection(url or "localhost", transport=transport, transport_options=options)
-    return transport_redis.lean(conn), mask_url(conn.as_uri(include_password=True))
+    swapped = transport_memory.guarded(transport_redis.lean(conn))
+    return swapped, mask_url(conn.as_uri(include_password=True))
 
 
 def _without_heartbeat(conn: kombu.Connection) -> tuple[kombu.Connection, float]:
