@@ -8,7 +8,8 @@ The client measures:
 
 * ``sequential``: one request at a time; the round-trip latency (p50, p95, mean).
 * ``pipelined``: many in flight; a publisher thread sends ``n`` requests back to back while the
-  main thread collects the replies; replies per second.
+  main thread collects the replies; replies per second, and (Linux) the CPU time the client,
+  the responder and the broker server spent per round trip (``cpu_ms_per_round_trip``).
 
 No engine, schema, state machine or task runs here, so nothing built on kombu can answer faster on
 the same broker and machine. A worker-based task costs one request and two replies (RUNNING, then
@@ -46,6 +47,9 @@ from typing import Any
 import kombu
 
 import flowengine.worker_based.transport_fs as transport_fs  # registers "flowengine-fs"
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cpu_usage as cpu  # noqa: E402
 
 BROKERS = ("redis", "rabbitmq", "fs")
 #: The shape of a small worker-based REQUEST and RESPONSE, so serialization costs alike.
@@ -145,8 +149,8 @@ def respond(config: dict[str, Any]) -> None:
 
 
 @contextlib.contextmanager
-def responder(broker: Broker, exchange: str, topic: str, persistent: bool) -> Iterator[None]:
-    """Run :func:`respond` in a child process for the duration of the block."""
+def responder(broker: Broker, exchange: str, topic: str, persistent: bool) -> Iterator[int]:
+    """Run :func:`respond` in a child process for the duration of the block; yield its pid."""
     config = {"broker": broker.as_dict(), "exchange": exchange, "topic": topic,
               "persistent": persistent}  # fmt: skip
     proc = subprocess.Popen(
@@ -155,7 +159,7 @@ def responder(broker: Broker, exchange: str, topic: str, persistent: bool) -> It
     )  # fmt: skip
     try:
         _wait_for_line(proc, "ready", timeout=30.0)
-        yield
+        yield proc.pid
     finally:
         proc.terminate()
         try:
@@ -323,10 +327,18 @@ def measure(
     try:
         client = _Client(broker, exchange, topic, persistent)
         try:
-            with responder(broker, exchange, topic, persistent):
+            with responder(broker, exchange, topic, persistent) as responder_pid:
                 client.sequential(min(20, sequential), time.monotonic() + time_limit)  # warm up
                 result["sequential"] = client.sequential(sequential, time.monotonic() + time_limit)
+                watch = {"client": [os.getpid()], "responder": [responder_pid]}
+                server = cpu.broker_pid(broker.name)
+                if server is not None:
+                    watch["broker"] = [server]
+                before = cpu.snapshot(watch)
                 result["pipelined"] = client.pipelined(pipelined, time.monotonic() + time_limit)
+                spent = cpu.per_unit_ms(before, cpu.snapshot(watch), result["pipelined"]["n"])
+                if spent:
+                    result["pipelined"]["cpu_ms_per_round_trip"] = spent
         finally:
             client.close()
             purge(broker, exchange, client.queue_names)  # once the responder has stopped

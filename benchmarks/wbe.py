@@ -26,6 +26,9 @@ SUCCESS; when completions arrive in one burst it says so, not how fast the engin
 ``first_task_ms``, ``after_last_task_ms`` (from the last SUCCESS until ``run()``
 returns: the executor's shutdown) and, for the linear flow, ``per_task_ms`` (median gap between
 consecutive SUCCESS notifications). Compile and storage preparation happen before the clock starts.
+On Linux each workload also reports ``cpu_ms_per_task``: the CPU time the engine, the worker
+processes and the broker server (none for ``fs``) spent during ``run()``, per task, and their
+total; against the machine's cores it bounds the rate any run could reach (``cpu_usage.py``).
 
 Every engine and worker runs in its own process, each engine run is bounded by ``--run-timeout``,
 and queues and exchanges the runs leave on a broker are deleted afterwards. Prints one JSON
@@ -53,6 +56,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cpu_usage as cpu  # noqa: E402
 import kombu_ceiling as ceiling  # noqa: E402
 
 from flowengine.worker_based.executor import WorkerTaskExecutor  # noqa: E402
@@ -77,9 +81,11 @@ class Noop(task.Task):
 
 # Runs in the engine's own process, with the interpreter of the library under test.
 _ENGINE_CHILD = r"""
-import json, statistics, sys, time
+import json, os, statistics, sys, time
 cfg = json.loads(sys.argv[1])
 sys.path.insert(0, cfg["tasks_dir"])
+sys.path.insert(0, cfg["bench_dir"])
+import cpu_usage
 if cfg["lib"] == "taskflow":
     from taskflow import engines
     from taskflow.patterns import linear_flow, unordered_flow
@@ -101,9 +107,12 @@ for shape, size in cfg["workloads"]:
     engine.atom_notifier.register("SUCCESS", on_success)
     engine.compile()
     engine.prepare()
+    watched = {"engine": [os.getpid()], **cfg["watch"]}
+    cpu_before = cpu_usage.snapshot(watched)
     started = time.perf_counter()
     engine.run()
     run_s = time.perf_counter() - started
+    cpu = cpu_usage.per_unit_ms(cpu_before, cpu_usage.snapshot(watched), size)
     gaps = [b - a for a, b in zip(done, done[1:])]
     row = {
         "tasks": size,
@@ -114,6 +123,8 @@ for shape, size in cfg["workloads"]:
         "steady_tasks_per_s": (len(done) - 1) / (done[-1] - done[0]) if len(done) > 1 else None,
         "flow_uuid": engine.storage.flow_uuid,
     }
+    if cpu:
+        row["cpu_ms_per_task"] = cpu
     if shape == "linear" and gaps:
         row["per_task_ms"] = 1000 * statistics.median(gaps)
         row["per_task_ms_p95"] = 1000 * sorted(gaps)[int(0.95 * (len(gaps) - 1))]
@@ -171,10 +182,10 @@ def _terminate(procs: list[subprocess.Popen[Any]], timeout: float = 15.0) -> lis
 @contextlib.contextmanager
 def flowengine_workers(
     broker: ceiling.Broker, exchange: str, count: int, threads: int, tasks_dir: str
-) -> Iterator[list[str]]:
+) -> Iterator[tuple[list[str], list[int]]]:
     """Start ``count`` ``flowengine worker`` processes; yield once all have announced themselves.
 
-    Yields the names of the queues the readiness check left behind.
+    Yields the names of the queues the readiness check left behind, and the workers' pids.
     """
     options = _broker_options(broker, "flowengine")
     listener_id = uuid.uuid4().hex
@@ -207,7 +218,7 @@ def flowengine_workers(
                 why = dead[0].read_text(errors="replace")[-500:] if dead else "timed out"
                 raise RuntimeError(f"flowengine workers did not come up: {why}")
         listener.stop()
-        yield [f"{exchange}_{listener_id}"]
+        yield [f"{exchange}_{listener_id}"], [proc.pid for proc in procs]
     finally:
         listener.stop()
         codes = _terminate(procs)
@@ -218,8 +229,9 @@ def flowengine_workers(
 @contextlib.contextmanager
 def taskflow_workers(
     python: str, broker: ceiling.Broker, exchange: str, count: int, tasks_dir: str
-) -> Iterator[list[str]]:
-    """Start ``count`` TaskFlow workers with ``python``; yield once each printed ``ready``."""
+) -> Iterator[tuple[list[str], list[int]]]:
+    """Start ``count`` TaskFlow workers with ``python``; yield (no leftover queues, their pids)
+    once each printed ``ready``."""
     config = {"exchange": exchange, "topic": TOPIC, "tasks": TASKS_MODULE,
               "tasks_dir": tasks_dir, **_broker_options(broker, "taskflow")}  # fmt: skip
     procs: list[subprocess.Popen[str]] = []
@@ -231,19 +243,24 @@ def taskflow_workers(
             ))  # fmt: skip
         for proc in procs:
             ceiling._wait_for_line(proc, "ready", timeout=30.0)
-        yield []
+        yield [], [proc.pid for proc in procs]
     finally:
         _terminate(procs)
 
 
 def run_engine(
     python: str, lib: str, broker: ceiling.Broker, exchange: str, workloads: list[tuple[str, int]],
-    tasks_dir: str, timeout: float,
+    tasks_dir: str, timeout: float, watch: dict[str, list[int]] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
-    """Run the workloads in one engine process of ``lib``; its measurements, or an error."""
+    """Run the workloads in one engine process of ``lib``; its measurements, or an error.
+
+    ``watch`` names the other processes (by group: ``workers``, ``broker``) whose CPU time each
+    workload's ``cpu_ms_per_task`` accounts, beside the engine's.
+    """
     options = {"exchange": exchange, "topics": [TOPIC], **_broker_options(broker, lib)}
     config = {"lib": lib, "tasks_dir": tasks_dir, "workloads": workloads,
-              "engine_options": options}  # fmt: skip
+              "engine_options": options, "watch": watch or {},
+              "bench_dir": os.path.dirname(os.path.abspath(__file__))}  # fmt: skip
     try:
         proc = subprocess.run(
             [python, "-c", _ENGINE_CHILD, json.dumps(config)], cwd=tasks_dir,
@@ -277,6 +294,11 @@ def compare(row: dict[str, Any], limit: dict[str, Any], taskflow: dict[str, Any]
         "unordered_vs_pipelined_ceiling": _ratio(unordered.get("tasks_per_s"), pipelined),
         "linear_per_task_vs_round_trip": _ratio(linear.get("per_task_ms"), round_trip),
     }
+    # For information: the CPU a task costs (engine, workers, broker) against the CPU one raw
+    # round trip costs (client, responder, broker), both while many are in flight.
+    ratios["unordered_cpu_per_task_vs_round_trip"] = _ratio(
+        unordered.get("cpu_ms_per_task", {}).get("total"),
+        limit.get("pipelined", {}).get("cpu_ms_per_round_trip", {}).get("total"))
     confirmed = limit.get("confirmed")
     if confirmed:  # for information: the targets are against the raw ceiling
         ratios["unordered_vs_confirmed_pipelined_ceiling"] = _ratio(
@@ -328,10 +350,14 @@ def run_config(
             workers = taskflow_workers(python, broker, exchange, count, tasks_dir)
         else:
             workers = flowengine_workers(broker, exchange, count, args.threads, tasks_dir)
-        with workers as leftovers:
+        with workers as (leftovers, pids):
             queues += leftovers
+            watch = {"workers": pids}
+            server = cpu.broker_pid(broker.name)
+            if server is not None:
+                watch["broker"] = [server]
             row.update(run_engine(python, lib, broker, exchange, workloads, tasks_dir,
-                                  args.run_timeout))  # fmt: skip
+                                  args.run_timeout, watch))  # fmt: skip
     except Exception as err:
         row["error"] = f"{type(err).__name__}: {err}"
     finally:

@@ -1,0 +1,79 @@
+"""Run the worker-based benchmarks with tiny sizes on the filesystem transport, and check the JSON.
+
+The numbers are not checked (speed is never asserted); the shape of the report is, and that the
+CPU accounting adds up, so a broken benchmark is found by CI rather than by whoever next runs it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+BENCHMARKS = ROOT / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
+import cpu_usage  # noqa: E402
+
+LINUX = sys.platform.startswith("linux")
+
+
+def run_benchmark(script: str, *args: str) -> dict[str, Any]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, str(BENCHMARKS / script), *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report: dict[str, Any] = json.loads(proc.stdout)
+    return report
+
+
+def test_wbe_reports_rates_ratios_and_cpu_on_the_filesystem_transport() -> None:
+    report = run_benchmark("wbe.py", "--brokers", "fs", "--workers", "1", "--unordered", "30",
+                           "--linear", "10", "--no-taskflow", "--ceiling-sequential", "10",
+                           "--ceiling-pipelined", "100")  # fmt: skip
+    assert report["benchmark"] == "wbe" and report["taskflow"] == {"compared": False}
+    pipelined = report["ceiling"]["fs"]["pipelined"]
+    assert pipelined["n"] == 100 and pipelined["replies_per_s"] > 0
+    [row] = report["results"]
+    assert (row["broker"], row["lib"], row["workers"]) == ("fs", "flowengine", 1)
+    assert "error" not in row, row
+    assert row["unordered"]["tasks"] == 30 and row["linear"]["tasks"] == 10
+    assert row["linear"]["per_task_ms"] > 0
+    assert set(row["targets_met"]) == {"throughput_at_least_half_ceiling",
+                                       "linear_latency_within_3x_round_trip"}  # fmt: skip
+    if LINUX:
+        for shape in ("unordered", "linear"):
+            spent = row[shape]["cpu_ms_per_task"]
+            assert set(spent) == {"engine", "workers", "total"}  # fs has no broker server
+            assert spent["total"] == pytest.approx(spent["engine"] + spent["workers"], abs=1e-3)
+        assert set(pipelined["cpu_ms_per_round_trip"]) == {"client", "responder", "total"}
+        assert "unordered_cpu_per_task_vs_round_trip" in row["ratios"]
+
+
+@pytest.mark.skipif(not LINUX, reason="reads /proc")
+def test_process_seconds_grows_with_work() -> None:
+    before = cpu_usage.process_seconds(os.getpid())
+    assert before is not None
+    # Busy until the kernel's tick-counted figure moves (a tick is usually 10 ms).
+    while cpu_usage.process_seconds(os.getpid()) == before:
+        sum(range(10_000))
+    assert cpu_usage.process_seconds(os.getpid()) > before  # type: ignore[operator]
+
+
+def test_unreadable_processes_are_left_out() -> None:
+    assert cpu_usage.process_seconds(-1) is None
+    assert cpu_usage.broker_pid("fs") is None
+    before = cpu_usage.snapshot({"gone": [-1], "none": []})
+    assert before == {"gone": None, "none": None}
+    assert cpu_usage.per_unit_ms(before, before, 10) == {}
+
+
+def test_per_unit_ms_divides_each_group_and_adds_a_total() -> None:
+    spent = cpu_usage.per_unit_ms({"a": 1.0, "b": 2.0, "c": None}, {"a": 1.5, "b": 2.25, "c": 9.0},
+                                  250)  # fmt: skip
+    assert spent == {"a": 2.0, "b": 1.0, "total": 3.0}
