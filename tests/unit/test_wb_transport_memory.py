@@ -14,7 +14,8 @@ import pytest
 from flowengine.worker_based import proxy as px
 from flowengine.worker_based import transport_memory as tm
 
-#: Rounds of the declaration race; kombu's stock transport loses about one message in 750.
+#: Rounds of the declaration race; kombu's stock transport loses a message in about one round
+#: in 500 to 1,000 (three to five of these rounds, in runs without the lock).
 ROUNDS = 2000
 
 
