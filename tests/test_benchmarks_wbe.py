@@ -55,9 +55,11 @@ def test_wbe_reports_rates_ratios_and_cpu_on_the_filesystem_transport() -> None:
         assert "unordered_cpu_per_task_vs_round_trip" in row["ratios"]
 
 
-@pytest.mark.skipif(not LINUX, reason="reads /proc")
 def test_process_seconds_grows_with_work() -> None:
     before = cpu_usage.process_seconds(os.getpid())
+    if not LINUX:  # no /proc: the benchmarks leave the CPU fields out
+        assert before is None
+        return
     assert before is not None
     # Busy until the kernel's tick-counted figure moves (a tick is usually 10 ms).
     while cpu_usage.process_seconds(os.getpid()) == before:

@@ -20,7 +20,9 @@ exchanges and queues. ``memory://`` URLs and ``transport="memory"`` get this tra
 
 from __future__ import annotations
 
+import functools
 import threading
+from collections.abc import Callable
 from queue import Queue
 from typing import Any
 
@@ -34,32 +36,26 @@ STOCK_NAMES = frozenset({"memory"})
 _DECLARING = threading.RLock()
 
 
+def _declaring(method: Callable[..., Any]) -> Callable[..., Any]:
+    """``method`` run while holding :data:`_DECLARING`."""
+
+    @functools.wraps(method)
+    def locked(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with _DECLARING:
+            return method(self, *args, **kwargs)
+
+    return locked
+
+
 class Channel(memory.Channel):
     """kombu's memory channel; declarations hold :data:`_DECLARING`."""
 
-    def exchange_declare(self, *args: Any, **kwargs: Any) -> Any:
-        with _DECLARING:
-            return super().exchange_declare(*args, **kwargs)
-
-    def exchange_delete(self, *args: Any, **kwargs: Any) -> Any:
-        with _DECLARING:
-            return super().exchange_delete(*args, **kwargs)
-
-    def queue_declare(self, *args: Any, **kwargs: Any) -> Any:
-        with _DECLARING:
-            return super().queue_declare(*args, **kwargs)
-
-    def queue_bind(self, *args: Any, **kwargs: Any) -> Any:
-        with _DECLARING:
-            return super().queue_bind(*args, **kwargs)
-
-    def queue_unbind(self, *args: Any, **kwargs: Any) -> Any:
-        with _DECLARING:
-            return super().queue_unbind(*args, **kwargs)
-
-    def queue_delete(self, *args: Any, **kwargs: Any) -> Any:
-        with _DECLARING:
-            return super().queue_delete(*args, **kwargs)
+    exchange_declare = _declaring(memory.Channel.exchange_declare)
+    exchange_delete = _declaring(memory.Channel.exchange_delete)
+    queue_declare = _declaring(memory.Channel.queue_declare)
+    queue_bind = _declaring(memory.Channel.queue_bind)
+    queue_unbind = _declaring(memory.Channel.queue_unbind)
+    queue_delete = _declaring(memory.Channel.queue_delete)
 
     def _queue_for(self, queue: str) -> Queue[Any]:
         # Also a check-then-create: a publish and a declare racing on a new queue could each
