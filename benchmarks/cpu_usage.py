@@ -39,6 +39,12 @@ def broker_pid(broker_name: str) -> int | None:
     return int(pids[0]) if len(pids) == 1 else None
 
 
+def with_broker(groups: Mapping[str, list[int]], broker_name: str) -> dict[str, list[int]]:
+    """``groups`` plus ``broker``, the local server of ``broker_name``, when it can be found."""
+    server = broker_pid(broker_name)
+    return {**groups, "broker": [server]} if server is not None else dict(groups)
+
+
 def snapshot(groups: Mapping[str, Iterable[int]]) -> dict[str, float | None]:
     """CPU seconds per group of pids (None if any pid of the group cannot be read)."""
     totals: dict[str, float | None] = {}

@@ -330,10 +330,8 @@ def measure(
             with responder(broker, exchange, topic, persistent) as responder_pid:
                 client.sequential(min(20, sequential), time.monotonic() + time_limit)  # warm up
                 result["sequential"] = client.sequential(sequential, time.monotonic() + time_limit)
-                watch = {"client": [os.getpid()], "responder": [responder_pid]}
-                server = cpu.broker_pid(broker.name)
-                if server is not None:
-                    watch["broker"] = [server]
+                watch = cpu.with_broker(
+                    {"client": [os.getpid()], "responder": [responder_pid]}, broker.name)
                 before = cpu.snapshot(watch)
                 result["pipelined"] = client.pipelined(pipelined, time.monotonic() + time_limit)
                 spent = cpu.per_unit_ms(before, cpu.snapshot(watch), result["pipelined"]["n"])

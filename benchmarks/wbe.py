@@ -352,10 +352,7 @@ def run_config(
             workers = flowengine_workers(broker, exchange, count, args.threads, tasks_dir)
         with workers as (leftovers, pids):
             queues += leftovers
-            watch = {"workers": pids}
-            server = cpu.broker_pid(broker.name)
-            if server is not None:
-                watch["broker"] = [server]
+            watch = cpu.with_broker({"workers": pids}, broker.name)
             row.update(run_engine(python, lib, broker, exchange, workloads, tasks_dir,
                                   args.run_timeout, watch))  # fmt: skip
     except Exception as err:
