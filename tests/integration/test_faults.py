@@ -187,6 +187,9 @@ def test_a_frozen_worker_with_a_free_slot_does_not_swallow_the_new_attempt(
 MAX_ATTEMPTS = 3
 #: Short, so requests the broker still holds after their flow gave up are void soon.
 POISON_TIMEOUT = 5.0
+#: A bystander's request can be taken by each worker the poison kills before it starts, and
+#: waits for every lapse and hand-back in turn (CI once saw one expire after 5 s on Redis).
+BYSTANDER_TIMEOUT = POISON_TIMEOUT + MAX_ATTEMPTS * LAPSE_BOUND
 
 
 def _dead_letters(broker: Broker, exchange: str) -> list[dict[str, Any]]:
@@ -249,7 +252,8 @@ def test_a_task_that_kills_its_workers_fails_after_max_attempts_and_is_parked(
                                                     ft.KillsItsWorker("poison")), **options)
     bystanders = [
         _load(fleet, lf.Flow(f"bystander-{i}").add(
-            *(ft.Slow(f"slow-{i}-{j}", inject={"seconds": 0.2}) for j in range(4))), **options)
+            *(ft.Slow(f"slow-{i}-{j}", inject={"seconds": 0.2}) for j in range(4))),
+            **{**options, "transition_timeout": BYSTANDER_TIMEOUT})
         for i in range(2)]
     with Keeper(fleet, TOPIC, TASKS, threads=2, count=2) as keeper:
         started = [runs.start(engine, name) for engine, name in
