@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Start (or stop) private RabbitMQ, Redis and PostgreSQL servers bound to 127.0.0.1 for the tests.
-# State lives under $FLOWENGINE_SERVICES_DIR (default /tmp/flowengine-services); ports are fixed so
-# the tests can find them: RabbitMQ 5672, Redis 6379, PostgreSQL 5432.
+# Start (or stop) private RabbitMQ, Redis, PostgreSQL, ZooKeeper, etcd and beanstalkd servers bound
+# to 127.0.0.1 for the tests. State lives under $FLOWENGINE_SERVICES_DIR (default
+# /tmp/flowengine-services); ports are fixed so the tests can find them: RabbitMQ 5672, Redis 6379,
+# PostgreSQL 5432, ZooKeeper 2181, etcd 2379 (peer 2380), beanstalkd 11300.
 set -euo pipefail
 base="${FLOWENGINE_SERVICES_DIR:-/tmp/flowengine-services}"
 mkdir -p "$base"
@@ -57,15 +58,61 @@ start_rabbitmq() {
     wait_port 5672 rabbitmq
 }
 
+start_zookeeper() {
+    port_open 2181 && return 0
+    local dir="$base/zookeeper"
+    mkdir -p "$dir/data" "$dir/conf"
+    cat >"$dir/conf/zoo.cfg" <<CFG
+tickTime=500
+initLimit=10
+syncLimit=5
+dataDir=$dir/data
+clientPort=2181
+clientPortAddress=127.0.0.1
+admin.enableServer=false
+maxSessionTimeout=60000
+minSessionTimeout=1000
+4lw.commands.whitelist=ruok,stat,mntr
+CFG
+    cp /etc/zookeeper/conf/log4j.properties "$dir/conf/" 2>/dev/null || true
+    # Started directly (not through zkServer.sh) so its classpath and log folder are ours.
+    nohup java -Xmx256m -Dzookeeper.log.dir="$dir" -Dzookeeper.root.logger=INFO,CONSOLE \
+        -cp "$dir/conf:/usr/share/java/zookeeper.jar:/usr/share/java/*" \
+        org.apache.zookeeper.server.quorum.QuorumPeerMain "$dir/conf/zoo.cfg" >"$dir/zookeeper.out" 2>&1 &
+    wait_port 2181 zookeeper
+}
+
+start_etcd() {
+    port_open 2379 && return 0
+    local dir="$base/etcd"
+    mkdir -p "$dir"
+    nohup etcd --name flowengine-test --data-dir "$dir/data" \
+        --listen-client-urls http://127.0.0.1:2379 --advertise-client-urls http://127.0.0.1:2379 \
+        --listen-peer-urls http://127.0.0.1:2380 --initial-advertise-peer-urls http://127.0.0.1:2380 \
+        --initial-cluster flowengine-test=http://127.0.0.1:2380 >"$dir/etcd.out" 2>&1 &
+    wait_port 2379 etcd
+}
+
+start_beanstalkd() {
+    port_open 11300 && return 0
+    mkdir -p "$base/beanstalkd"
+    nohup beanstalkd -l 127.0.0.1 -p 11300 -b "$base/beanstalkd" >"$base/beanstalkd.out" 2>&1 &
+    wait_port 11300 beanstalkd
+}
+
 stop_all() {
     redis-cli -h 127.0.0.1 -p 6379 shutdown nosave >/dev/null 2>&1 || true
     local bin; bin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1)
     [ -n "$bin" ] && su postgres -c "$bin/pg_ctl -D '$base/pgdata' -m fast stop" >/dev/null 2>&1 || true
     RABBITMQ_NODENAME=rabbit@localhost rabbitmqctl stop >/dev/null 2>&1 || true
+    pkill -f 'QuorumPeerMain .*flowengine-services' 2>/dev/null || true
+    pkill -x etcd 2>/dev/null || true
+    pkill -x beanstalkd 2>/dev/null || true
 }
 
 case "$action" in
-    start) start_redis; start_postgres; start_rabbitmq; echo "services up: redis 6379, postgres 5432, rabbitmq 5672";;
+    start) start_redis; start_postgres; start_rabbitmq; start_zookeeper; start_etcd; start_beanstalkd
+           echo "services up: redis 6379, postgres 5432, rabbitmq 5672, zookeeper 2181, etcd 2379, beanstalkd 11300";;
     stop) stop_all;;
     *) echo "usage: $0 start|stop" >&2; exit 2;;
 esac

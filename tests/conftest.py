@@ -71,3 +71,69 @@ def postgres_schema_url(postgres_url: str) -> Iterator[str]:
 
 
 # ---- end of postgres fixtures --------------------------------------------------------------------
+
+
+# ---- coordination services and beanstalkd (jobboards, the beanstalk transport) -------------------
+# Real servers on 127.0.0.1 as `.ci/services.sh start` runs them. Each fixture checks that its
+# server answers a protocol-level probe (not just an open port) and fails (CI=true) or skips
+# otherwise.
+
+ZOOKEEPER_HOSTS = os.environ.get("FLOWENGINE_TEST_ZOOKEEPER", "127.0.0.1:2181")
+ETCD_HOST, ETCD_PORT = "127.0.0.1", int(os.environ.get("FLOWENGINE_TEST_ETCD_PORT", "2379"))
+BEANSTALK_HOST = "127.0.0.1"
+BEANSTALK_PORT = int(os.environ.get("FLOWENGINE_TEST_BEANSTALK_PORT", "11300"))
+
+
+def _ask(host: str, port: int, request: bytes) -> bytes:
+    import socket
+
+    with socket.create_connection((host, port), timeout=3) as sock:
+        sock.sendall(request)
+        return sock.recv(4096)
+
+
+def _zookeeper_problem() -> str | None:
+    host, _, port = ZOOKEEPER_HOSTS.split(",")[0].partition(":")
+    try:
+        answer = _ask(host, int(port or 2181), b"ruok")
+    except OSError as err:
+        return f"{type(err).__name__}: {err}"
+    return None if answer.startswith(b"imok") else f"answered {answer[:40]!r} to ruok"
+
+
+def _etcd_problem() -> str | None:
+    try:
+        answer = _ask(ETCD_HOST, ETCD_PORT, b"GET /version HTTP/1.0\r\n\r\n")
+    except OSError as err:
+        return f"{type(err).__name__}: {err}"
+    return None if b"etcdserver" in answer else f"answered {answer[:60]!r} to GET /version"
+
+
+def _beanstalk_problem() -> str | None:
+    try:
+        answer = _ask(BEANSTALK_HOST, BEANSTALK_PORT, b"stats\r\n")
+    except OSError as err:
+        return f"{type(err).__name__}: {err}"
+    return None if answer.startswith(b"OK ") else f"answered {answer[:40]!r} to stats"
+
+
+@pytest.fixture(scope="session")
+def zookeeper_hosts(local_servers: LocalServers) -> str:
+    """The test ZooKeeper's ``host:port`` list, after checking it answers ``ruok``."""
+    local_servers.require(f"ZooKeeper test server at {ZOOKEEPER_HOSTS}", _zookeeper_problem)
+    return ZOOKEEPER_HOSTS
+
+
+@pytest.fixture(scope="session")
+def etcd_endpoint(local_servers: LocalServers) -> tuple[str, int]:
+    """The test etcd's (host, port), after checking its /version answers."""
+    local_servers.require(f"etcd test server at {ETCD_HOST}:{ETCD_PORT}", _etcd_problem)
+    return ETCD_HOST, ETCD_PORT
+
+
+@pytest.fixture(scope="session")
+def beanstalk_url(local_servers: LocalServers) -> str:
+    """The test beanstalkd's ``beanstalk://`` URL, after checking it answers ``stats``."""
+    local_servers.require(f"beanstalkd test server at {BEANSTALK_HOST}:{BEANSTALK_PORT}",
+                          _beanstalk_problem)
+    return f"beanstalk://{BEANSTALK_HOST}:{BEANSTALK_PORT}"

@@ -1,10 +1,10 @@
-"""The local test servers: RabbitMQ, Redis and PostgreSQL, as ``.ci/services.sh start`` runs them.
+"""The local test servers (RabbitMQ, Redis, PostgreSQL, ZooKeeper, etcd, beanstalkd).
 
-They run on 127.0.0.1. When one does not answer, that script is run (once per test process, if
-the servers are installed) and the check repeated, so tests run by hand start what they need. A
-server still missing fails the test when ``CI=true`` and skips it otherwise. Used by
-``tests/conftest.py`` (the ``local_servers`` fixture) and the integration harness; a plain module
-so both can import it.
+``.ci/services.sh start`` runs them on 127.0.0.1. When one does not answer, that script is run
+(once per test process, if the servers are installed) and the check repeated, so tests run by
+hand start what they need. A server still missing fails the test when ``CI=true`` and skips it
+otherwise. Used by ``tests/conftest.py`` (the ``local_servers`` fixture) and the integration
+harness; a plain module so both can import it.
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ SERVICES_SCRIPT = Path(__file__).resolve().parents[1] / ".ci" / "services.sh"
 #: Seconds the script gets (it waits up to a minute for each server's port).
 SERVICES_START_TIMEOUT = 240.0
 #: The programs the script starts, as `.ci/run` looks for them (shell patterns).
-SERVER_PROGRAMS = ("redis-server", "rabbitmq-server", "/usr/lib/postgresql/*/bin/postgres")
+SERVER_PROGRAMS = ("redis-server", "rabbitmq-server", "/usr/lib/postgresql/*/bin/postgres",
+                   "/usr/share/java/zookeeper.jar", "etcd", "beanstalkd")
 #: Seconds a freshly started server gets to answer its check.
 READY_PATIENCE = 15.0
 
