@@ -54,7 +54,11 @@ def presented(conn: HTTPConnection) -> str | None:
 
 
 class TokenRequired:
-    """ASGI middleware refusing requests without the token (401, naming how to give it)."""
+    """ASGI middleware refusing requests without the token (401, naming how to give it).
+
+    The 401 carries no ``WWW-Authenticate`` challenge, so a browser shows how to give the token
+    instead of a password prompt; clients that send basic auth unasked (``curl -u``) still work.
+    """
 
     def __init__(self, app: ASGIApp, token: str) -> None:
         self.app, self._token, self._cookie = app, token, _digest(token)
@@ -78,9 +82,7 @@ class TokenRequired:
             return
         await PlainTextResponse(
             "This dashboard needs its token: open it with ?token=..., or send it as a bearer "
-            "token or basic auth password.\n", status_code=401,
-            headers={"WWW-Authenticate": 'Basic realm="flowengine dashboard"'})(
-                scope, receive, send)
+            "token or basic auth password.\n", status_code=401)(scope, receive, send)
 
     def _enter(self, conn: HTTPConnection) -> Response:
         url = URL(scope=conn.scope)

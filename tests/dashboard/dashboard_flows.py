@@ -12,6 +12,8 @@ from flowengine.flows import graph_flow, linear_flow, unordered_flow
 
 #: A file whose existence lets the gated tasks finish (the browser test opens it).
 GATE_ENV = "DASHBOARD_TEST_GATE"
+#: Seconds each gated task works once the gate is open.
+WORK = 0.2
 
 
 class Connect(task.Task):
@@ -41,13 +43,15 @@ class Explode(task.Task):
 
 
 class Gated(task.Task):
-    """Waits (bounded) for the gate file, so a browser can watch it RUNNING."""
+    """Waits (bounded) for the gate file, so a browser can watch it RUNNING, then works a
+    moment (so the timeline has bars worth seeing)."""
 
     def execute(self) -> str:
         gate = os.environ.get(GATE_ENV)
         deadline = time.monotonic() + 30.0
         while gate and not Path(gate).exists() and time.monotonic() < deadline:
             time.sleep(0.05)  # a polled file: the only signal a worker process shares here
+        time.sleep(WORK)
         return self.name
 
 
