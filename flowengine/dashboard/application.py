@@ -81,18 +81,19 @@ def create_app(data: DashboardData, *, read_only: bool = False,
     async def workers(request: Request) -> Response:
         return render(request, "workers.html", {"workers": data.workers()})
 
-    async def dead_letters(request: Request) -> Response:
+    async def listing(read: Callable[[], Any]) -> tuple[Any, str | None]:
+        """What ``read`` returns, or nothing and why (a broker or board that is away)."""
         try:
-            letters, error = await run_in_threadpool(data.dead_letters), None
+            return await run_in_threadpool(read), None
         except Exception as err:
-            letters, error = [], views.reason(err)
+            return [], views.reason(err)
+
+    async def dead_letters(request: Request) -> Response:
+        letters, error = await listing(data.dead_letters)
         return render(request, "dead_letters.html", {"letters": letters, "error": error})
 
     async def jobs(request: Request) -> Response:
-        try:
-            found, error = await run_in_threadpool(data.jobs), None
-        except Exception as err:
-            found, error = [], views.reason(err)
+        found, error = await listing(data.jobs)
         return render(request, "jobs.html", {"jobs": found, "error": error})
 
     def action(do: Callable[[str], str], back: Callable[[Request], str]
