@@ -85,6 +85,13 @@ def _when(value: Any) -> str:
     return "-" if value is None else str(value)
 
 
+def _duration(seconds: Any) -> str:
+    """Seconds, or milliseconds under one second (most atoms take less)."""
+    if not isinstance(seconds, (int, float)):
+        return "-"
+    return f"{seconds * 1000:.1f} ms" if seconds < 1 else f"{seconds:.2f} s"
+
+
 def _ago(seconds: Any) -> str:
     return f"{seconds:.1f}s ago" if isinstance(seconds, (int, float)) else "-"
 
@@ -95,7 +102,7 @@ def _state_counts(counts: Mapping[str, int]) -> str:
 
 def install_filters(env: jinja2.Environment) -> None:
     """Add the dashboard's filters to a Jinja environment."""
-    env.filters.update(pretty=_pretty, when=_when, ago=_ago, duration=fmt.duration,
+    env.filters.update(pretty=_pretty, when=_when, ago=_ago, duration=_duration,
                        percent=fmt.percent, state_counts=_state_counts,
                        minutes=minutes)
     env.globals.update(FLOW_STATES=FLOW_STATES)

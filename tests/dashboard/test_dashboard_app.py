@@ -146,3 +146,19 @@ def test_jobs_page_with_a_board(store: base.Backend) -> None:
     assert "backup" in page
     with TestClient(create_app(DashboardData(store, EventHub(None)))) as app:
         assert app.get("/jobs").status_code == 404
+
+
+def test_stored_text_is_escaped(store: base.Backend) -> None:
+    import contextlib
+
+    from flowengine.persistence import models
+
+    book = models.LogBook("<b>book</b>")
+    book.add(models.FlowDetail("<script>alert(1)</script>", "evil-flow"))
+    with contextlib.closing(store.get_connection()) as conn:
+        conn.save_logbook(book)
+    with client(store) as app:
+        for path in ("/flows", "/flows/evil-flow"):
+            page = app.get(path).text
+            assert "<script>alert(1)</script>" not in page
+            assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
