@@ -64,5 +64,7 @@
     var state = STATES[event.type];
     if (state && event.task_name) { setState(event.task_name, state); }
     if (prefixes.some(function (p) { return (event.type || "").indexOf(p) === 0; })) { schedule(); }
+    // An engine may announce a flow's end a moment before its store has it: look once more.
+    if (/^flow-(succeeded|failed|reverted|suspended)$/.test(event.type || "")) { setTimeout(schedule, 1000); }
   };
 })();
