@@ -56,7 +56,10 @@ def dashboard_command(backend_uri: str, board: str | None, host: str, port: int,
     except ImportError as err:
         raise click.UsageError(str(err)) from err
     data = DashboardData(backend, hub, settings, jobboard)
-    app = create_app(data, read_only=read_only, token=token)
+    # Without a token, loopback is the only protection: refuse other Host names, so a web
+    # page whose DNS name was rebound to 127.0.0.1 cannot read the dashboard.
+    hosts = None if token else ["127.0.0.1", "localhost", "::1", "[::1]", host]
+    app = create_app(data, read_only=read_only, token=token, allowed_hosts=hosts)
     click.echo(f"flowengine dashboard: http://{host}:{port}/ (flows from "
                f"{mask_urls(backend_uri)}{', read-only' if read_only else ''})", err=True)
     try:

@@ -20,6 +20,7 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, RedirectResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
@@ -40,14 +41,16 @@ EVENT_FIELDS = ("type", "flow_uuid", "flow_name", "atom_uuid", "task_name", "wor
 PAGE_SIZE = 50
 
 
-def create_app(data: DashboardData, *, read_only: bool = False,
-               token: str | None = None) -> Starlette:
+def create_app(data: DashboardData, *, read_only: bool = False, token: str | None = None,
+               allowed_hosts: list[str] | None = None) -> Starlette:
     """The dashboard as an ASGI application.
 
     Args:
         data: What it shows and changes.
         read_only: Hide and refuse every action.
         token: Required from every request when given (see :mod:`.access`).
+        allowed_hosts: Answer only requests whose ``Host`` is one of these (a page of another
+            site that renamed itself to 127.0.0.1 through its DNS cannot read this one).
     """
     templates = Jinja2Templates(directory=str(HERE / "templates"))
     views.install_filters(templates.env)
@@ -170,5 +173,7 @@ def create_app(data: DashboardData, *, read_only: bool = False,
     app = Starlette(routes=routes, lifespan=lifespan)
     if token:
         app.add_middleware(access.TokenRequired, token=token)
+    if allowed_hosts:
+        app.add_middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts)
     app.state.started = datetime.datetime.now(datetime.UTC)
     return app

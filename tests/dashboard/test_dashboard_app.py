@@ -162,3 +162,10 @@ def test_stored_text_is_escaped(store: base.Backend) -> None:
             page = app.get(path).text
             assert "<script>alert(1)</script>" not in page
             assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+
+
+def test_other_host_names_are_refused_when_asked(store: base.Backend) -> None:
+    app = create_app(DashboardData(store, EventHub(None)), allowed_hosts=["127.0.0.1"])
+    with TestClient(app, base_url="http://127.0.0.1:8080") as local:
+        assert local.get("/flows").status_code == 200
+        assert local.get("/flows", headers={"host": "rebound.example:8080"}).status_code == 400
