@@ -14,10 +14,16 @@ from flowengine.persistence import backends, base, models
 from flowengine.persistence.queries import FlowQuery, find_flows
 
 
-@pytest.fixture(params=["sqlite", "memory"])
+@pytest.fixture(params=["sqlite", "memory", "postgresql"])
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[base.Backend]:
-    found = open_store(tmp_path / "q.db") if request.param == "sqlite" else backends.fetch(
-        "memory://")
+    if request.param == "sqlite":
+        found = open_store(tmp_path / "q.db")
+    elif request.param == "memory":
+        found = backends.fetch("memory://")
+    else:  # a real server: the SQL queries must mean the same on PostgreSQL
+        found = backends.fetch(request.getfixturevalue("postgres_schema_url"))
+        with contextlib.closing(found.get_connection()) as conn:
+            conn.upgrade()
     book = models.LogBook("book")
     for index in range(12):
         fd = models.FlowDetail(f"flow-{index % 3}_x" if index != 5 else "odd%name",
