@@ -1,40 +1,15 @@
-"""Fixtures of the dashboard tests: a SQLite store with flows, the data interface, an app."""
+"""Fixtures of the dashboard tests: a SQLite store, and one holding two finished flows."""
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import dashboard_flows as df
 import pytest
+from dashboard_store import open_store, store_run
 
-from flowengine import engines
-from flowengine import exceptions as exc
-from flowengine.listeners.timing import EventTimeListener
-from flowengine.persistence import backends, base, models
-
-PASSWORD = "hunter2-very-secret"
-
-
-def open_store(path: Path) -> base.Backend:
-    """A SQLite backend at ``path``, created and upgraded."""
-    backend = backends.fetch(f"sqlite:///{path}")
-    with contextlib.closing(backend.get_connection()) as conn:
-        conn.upgrade()
-    return backend
-
-
-def store_run(backend: base.Backend, factory: Any, book: models.LogBook | None = None,
-              **engine_options: Any) -> str:
-    """Run ``factory``'s flow with timings stored and the factory saved; return its uuid."""
-    book = book or models.LogBook("dashboard-tests")
-    engine = engines.load_from_factory(factory, store={"user": "ada", "password": PASSWORD},
-                                       book=book, backend=backend, **engine_options)
-    with EventTimeListener(engine), contextlib.suppress(exc.WrappedFailure, RuntimeError):
-        engine.run()
-    return str(engine.storage.flow_uuid)
+from flowengine.persistence import base
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 from click.testing import CliRunner
-from conftest import PASSWORD
+from dashboard_store import PASSWORD
 
 from flowengine.cli.main import cli
 from flowengine.dashboard import DashboardData, EventHub, create_app

@@ -16,7 +16,6 @@ from typing import Any
 
 import dashboard_flows as df
 import pytest
-from conftest import PASSWORD, open_store, store_run
 from dashboard_site import (
     Site,
     chromium,
@@ -26,6 +25,7 @@ from dashboard_site import (
     stop_workers,
     wait_for,
 )
+from dashboard_store import PASSWORD, open_store, store_run
 
 from flowengine import engines, states
 from flowengine.dashboard import DashboardData, EventHub, create_app

@@ -6,7 +6,7 @@ import uuid
 
 import dashboard_flows as df
 import pytest
-from conftest import PASSWORD
+from dashboard_store import PASSWORD
 
 from flowengine import engines, states
 from flowengine.dashboard import ActionRefused, DashboardData, EventHub

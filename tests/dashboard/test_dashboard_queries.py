@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import open_store
+from dashboard_store import open_store
 
 from flowengine.persistence import backends, base, models
 from flowengine.persistence.queries import FlowQuery, find_flows
