@@ -169,3 +169,25 @@ def test_other_host_names_are_refused_when_asked(store: base.Backend) -> None:
     with TestClient(app, base_url="http://127.0.0.1:8080") as local:
         assert local.get("/flows").status_code == 200
         assert local.get("/flows", headers={"host": "rebound.example:8080"}).status_code == 400
+
+
+def test_resume_through_the_page(store: base.Backend) -> None:
+    import dashboard_flows as df
+
+    from flowengine import engines, states
+
+    engine = engines.load_from_factory(df.provisioning, store={"user": "ada", "password": "x"},
+                                       backend=store)
+    engine.compile()
+    engine.prepare()
+    engine.storage.set_flow_state(states.SUSPENDED)
+    flow = str(engine.storage.flow_uuid)
+    data = DashboardData(store, EventHub(None))
+    with TestClient(create_app(data), follow_redirects=False) as app:
+        page = app.get(f"/flows/{flow}").text
+        assert f'action="/flows/{flow}/resume"' in page
+        done = app.post(f"/flows/{flow}/resume", data={"csrf_token": csrf_of(app)})
+        assert done.status_code == 303 and "resuming" in done.headers["location"]
+        assert data.wait_idle(30.0)
+        page = app.get(f"/flows/{flow}").text
+    assert 'id="flow-state" data-state="SUCCESS"' in page and "/resume" not in page
