@@ -64,6 +64,8 @@ def dashboard_command(backend_uri: str, board: str | None, host: str, port: int,
                f"{mask_urls(backend_uri)}{', read-only' if read_only else ''})", err=True)
     try:
         # No access log: a request line can hold a ?token= before it is exchanged for a cookie.
-        uvicorn.run(app, host=host, port=port, access_log=False, log_level="warning")
+        # Open pages hold event streams: shutting down must not wait for them to leave.
+        uvicorn.run(app, host=host, port=port, access_log=False, log_level="warning",
+                    timeout_graceful_shutdown=2)
     finally:
         backend.close()

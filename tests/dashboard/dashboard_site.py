@@ -44,7 +44,8 @@ class Site:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port,
-                                                     access_log=False, log_level="warning"))
+                                                     access_log=False, log_level="warning",
+                                                     timeout_graceful_shutdown=1))
         self._thread = threading.Thread(target=self._server.run, daemon=True)
 
     def __enter__(self) -> Site:
