@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+import tempfile
 import threading
 import time
 from typing import Any
@@ -30,6 +31,7 @@ from worker_processes import TRANSPORT, WorkerProcess, listening_executor, worke
 
 from flowengine import engines, exceptions, task
 from flowengine.flows import graph_flow
+from flowengine.persistence import backends, models
 from flowengine.types import notifier
 from flowengine.worker_based.executor import WorkerTaskExecutor
 
@@ -37,6 +39,8 @@ EXCHANGE = "demo"
 TOPIC = "provisioning"
 WORKER_NAMES = ("worker-1", "worker-2")
 THREADS_PER_WORKER = 2
+#: Where the runs are stored, for ``flowengine dashboard`` (kept after the demo ends).
+STORE = f"sqlite:///{tempfile.gettempdir()}/flowengine-demo.db"
 
 console = Console(highlight=False, soft_wrap=True)
 STYLES = {
@@ -152,11 +156,12 @@ def build_flow() -> graph_flow.Flow:
     )
 
 
-def run(executor: WorkerTaskExecutor, simulate_outage: bool) -> list[str]:
+def run(executor: WorkerTaskExecutor, simulate_outage: bool, backend: Any = None) -> list[str]:
     """Run the flow on the workers; return the names of the reverted atoms, in order."""
     flow = build_flow()
     engine = engines.load(
-        flow, engine="worker-based", executor=executor, store={"simulate_outage": simulate_outage}
+        flow, engine="worker-based", executor=executor, store={"simulate_outage": simulate_outage},
+        backend=backend, book=models.LogBook("make-run"),
     )
     board = Board([atom.name for atom in engine.compilation.iter_atoms()])
     for step in flow:
@@ -197,11 +202,13 @@ def main() -> None:
                 f"started {pids} on topic '{TOPIC}'; both announced themselves"
                 f" in {time.monotonic() - started:.2f}s"
             )
-            console.rule("[bold]1. provisioning a server on two workers")
-            run(executor, simulate_outage=False)
-            console.rule("[bold]2. the same flow with a failing health check")
-            reverted = run(executor, simulate_outage=True)
+            with backends.backend(STORE) as backend:
+                console.rule("[bold]1. provisioning a server on two workers")
+                run(executor, simulate_outage=False, backend=backend)
+                console.rule("[bold]2. the same flow with a failing health check")
+                reverted = run(executor, simulate_outage=True, backend=backend)
             console.print("revert order: " + " -> ".join(reverted))
+            console.print(f"see both runs in a browser: flowengine dashboard --backend {STORE}")
             console.rule("[bold]3. stopping the workers (SIGTERM)")
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from flowengine import __version__
+from flowengine.cli.dashboard import dashboard_command
 from flowengine.cli.dead_letters import dead_letters_group
 from flowengine.cli.events import events_command
 from flowengine.cli.flows import flows_command, show_command
@@ -29,6 +30,7 @@ cli.add_command(flows_command)
 cli.add_command(show_command)
 cli.add_command(graph_command)
 cli.add_command(check_command)
+cli.add_command(dashboard_command)
 
 
 def main() -> None:

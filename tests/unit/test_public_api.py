@@ -43,6 +43,7 @@ PUBLIC_MODULES = [
     "flowengine.listeners.capturing",
     "flowengine.persistence.models",
     "flowengine.persistence.backends",
+    "flowengine.persistence.queries",
     "flowengine.utils.persistence_utils",
     # flowengine's worker-based engine and its additions
     "flowengine.worker_based.worker",
@@ -54,6 +55,7 @@ PUBLIC_MODULES = [
     "flowengine.worker_based.event_listener",
     "flowengine.worker_based.metrics",
     "flowengine.listeners.atoms",
+    "flowengine.dashboard",
 ]
 
 

@@ -1,0 +1,305 @@
+"""Everything the dashboard reads and changes, behind one interface: :class:`DashboardData`.
+
+Flows come from the persistence backend (so history survives restarts), live state from the
+event hub, workers from their announcements and heartbeats, dead letters from the broker, jobs
+from a jobboard when one is given. Every value handed to a page is masked here first
+(:mod:`flowengine.dashboard.masking`); the web layer never touches a backend or a broker.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from flowengine import engines, states
+from flowengine import exceptions as exc
+from flowengine.cli import records
+from flowengine.dashboard import compiled as cp
+from flowengine.dashboard import layout, timeline
+from flowengine.dashboard.live import EventHub
+from flowengine.dashboard.masking import mask, mask_text
+from flowengine.persistence import base, models, queries
+
+LOG = logging.getLogger(__name__)
+
+#: Flow detail metadata naming the engine to resume a flow on: ``{"engine": name, "options":
+#: {...}}`` (broker settings are never stored: the dashboard's own are used).
+ENGINE_META = "engine"
+#: Flow states a flow can be resumed from.
+RESUMABLE = frozenset({states.SUSPENDED, states.FAILURE})
+#: Broker settings that are the dashboard's own, never taken from stored engine options.
+_BROKER_KEYS = ("exchange", "url", "transport", "transport_options")
+
+
+class ActionRefused(Exception):
+    """An action cannot be done (read-only mode, wrong state, unknown id); the message says why."""
+
+
+@dataclasses.dataclass(frozen=True)
+class FlowView:
+    """One flow as its page shows it (every value already masked)."""
+
+    summary: dict[str, Any]
+    atoms: list[dict[str, Any]]
+    drawing: layout.Layout
+    graph_note: str | None
+    timeline: timeline.Timeline | None
+    store: Any
+    running_here: bool
+    resumable: bool
+
+
+class DashboardData:
+    """The dashboard's data and actions.
+
+    Args:
+        backend: Where flows are stored.
+        hub: The event hub (live events and workers).
+        broker: Broker settings (``exchange``, ``url``, ``transport``, ``transport_options``)
+            for dead letters and resumed worker-based flows; None for none.
+        board: A connected jobboard (TaskFlow's JobBoard API), or None.
+        clock: UNIX time.
+    """
+
+    def __init__(self, backend: base.Backend, hub: EventHub,
+                 broker: Mapping[str, Any] | None = None, board: Any = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.backend, self.hub, self.board, self._clock = backend, hub, board, clock
+        self.broker = dict(broker) if broker is not None else None
+        self._compiler = cp.Compiler()
+        self._running: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    # -- flows --------------------------------------------------------------------------
+
+    def flows(self, query: queries.FlowQuery) -> queries.FlowPage:
+        """A page of stored flows, newest first."""
+        return queries.find_flows(self.backend, query)
+
+    def _load(self, flow_uuid: str) -> models.FlowDetail | None:
+        with contextlib.closing(self.backend.get_connection()) as conn:
+            try:
+                return conn.get_flow_details(flow_uuid)
+            except exc.NotFound:
+                return None
+
+    def flow(self, flow_uuid: str) -> FlowView | None:
+        """Everything the flow page shows, or None when no flow has that uuid."""
+        fd = self._load(flow_uuid)
+        if fd is None:
+            return None
+        compiled = self._compiler.compile(fd)
+        stored = [records.atom_record(ad) for ad in records.atoms_of(fd)]
+        injected = next((ad.results for ad in fd if ad.name == records.INJECTOR), None)
+        injected = injected if isinstance(injected, dict) else {}
+        results = {a["name"]: a["result"] for a in stored}
+        secrets = _secret_values(compiled, stored, results, injected)
+        atoms = [self._shown(a, compiled, results, injected, secrets) for a in stored]
+        summary = mask(records.flow_summary(None, fd), secrets)
+        with self._lock:
+            running_here = flow_uuid in self._running
+        return FlowView(
+            summary=summary, atoms=atoms,
+            drawing=cp.drawing(compiled, [a["name"] for a in stored]),
+            graph_note=compiled if isinstance(compiled, str) else None,
+            timeline=timeline.build(stored, self.hub.events_of(flow_uuid), self._clock()),
+            store=mask(injected, secrets), running_here=running_here,
+            resumable=fd.state in RESUMABLE and not running_here)
+
+    def _shown(self, atom: dict[str, Any], compiled: cp.Compiled | str, results: dict[str, Any],
+               injected: dict[str, Any], secrets: list[str]) -> dict[str, Any]:
+        shown = {k: atom[k] for k in ("name", "uuid", "kind", "state", "intention", "progress",
+                                      "started_at", "duration", "revert_duration", "attempts",
+                                      "workers", "attempt_log")}
+        inputs = ({} if isinstance(compiled, str)
+                  else cp.inputs_of(compiled, atom["name"], results, injected))
+        if not isinstance(compiled, str):
+            for name in compiled.secret_args.get(atom["name"], ()):
+                if name in inputs:
+                    inputs[name] = "***"
+        shown["inputs"] = mask(inputs, secrets)
+        shown["result"] = mask(atom["result"], secrets)
+        shown["revert_result"] = mask(atom["revert_result"], secrets)
+        for key in ("failure", "revert_failure"):
+            failure = atom[key]
+            shown[key] = None if failure is None else {
+                "type": failure["type"], "message": mask_text(failure["message"] or "", secrets),
+                "traceback": mask_text(failure["traceback"] or "", secrets)}
+        return shown
+
+    # -- actions ------------------------------------------------------------------------
+
+    def resume(self, flow_uuid: str) -> str:
+        """Resume a suspended or failed flow in this process, on its stored engine options.
+
+        Raises:
+            ActionRefused: no such flow, it is not resumable, or it cannot be rebuilt.
+        """
+        fd = self._load(flow_uuid)
+        if fd is None:
+            raise ActionRefused(f"no flow {flow_uuid!r}")
+        if fd.state not in RESUMABLE:
+            raise ActionRefused(f"flow {fd.name!r} is {fd.state}; only "
+                                f"{' or '.join(sorted(RESUMABLE))} flows can be resumed")
+        name, options = self._engine_options(fd)
+        try:
+            flow = engines.flow_from_detail(fd)
+            engine = engines.load(flow, flow_detail=fd, backend=self.backend, engine=name,
+                                  **options)
+        except Exception as err:
+            raise ActionRefused(f"flow {fd.name!r} cannot be resumed: "
+                                f"{type(err).__name__}: {mask_text(str(err))}") from err
+        with self._lock:
+            if flow_uuid in self._running:
+                raise ActionRefused(f"flow {fd.name!r} is already running here")
+            self._running[flow_uuid] = engine
+        threading.Thread(target=self._run, args=(flow_uuid, engine), daemon=True,
+                         name=f"flowengine-dashboard-resume-{flow_uuid[:8]}").start()
+        return f"resuming flow {fd.name!r} on the {name} engine"
+
+    def _engine_options(self, fd: models.FlowDetail) -> tuple[str, dict[str, Any]]:
+        stored = fd.meta.get(ENGINE_META)
+        if not isinstance(stored, dict):
+            return "serial", {}
+        name = str(stored.get("engine") or "serial")
+        options = {k: v for k, v in dict(stored.get("options") or {}).items()
+                   if k not in _BROKER_KEYS}
+        if name in ("worker-based", "workers") and self.broker is not None:
+            options.update(self.broker)
+        return name, options
+
+    def _run(self, flow_uuid: str, engine: Any) -> None:
+        try:
+            engine.run()
+        except Exception as err:  # the flow's own outcome is stored; this is for the log
+            LOG.info("Resumed flow %s ended with %s", flow_uuid, mask_text(repr(err)))
+        finally:
+            with self._lock:
+                self._running.pop(flow_uuid, None)
+
+    def suspend(self, flow_uuid: str) -> str:
+        """Suspend a flow this dashboard runs (one it resumed); running atoms finish.
+
+        Raises:
+            ActionRefused: the flow is not running in this process.
+        """
+        with self._lock:
+            engine = self._running.get(flow_uuid)
+        if engine is None:
+            raise ActionRefused(f"flow {flow_uuid!r} is not running in this dashboard; only "
+                                "flows it resumed can be suspended from it")
+        engine.suspend()
+        return f"suspending flow {flow_uuid}: running atoms finish first"
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait until no resumed flow runs here (for tests and shutdown); False on timeout."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._lock:
+                if not self._running:
+                    return True
+            time.sleep(0.05)
+        return False
+
+    # -- workers, dead letters, jobs ------------------------------------------------------
+
+    def workers(self) -> list[dict[str, Any]]:
+        """Workers heard from (live, then gone), with masked host details."""
+        return [mask(row) for row in self.hub.workers()]
+
+    def _letters(self) -> Any:
+        if self.broker is None:
+            raise ActionRefused("no broker: start the dashboard with broker options")
+        from flowengine.worker_based.dead_letters import DeadLetters
+
+        return DeadLetters(**self.broker)
+
+    def dead_letters(self) -> list[dict[str, Any]]:
+        """Parked requests, oldest first, as masked dicts."""
+        letters = self._letters()
+        try:
+            return [mask(letter.to_dict()) for letter in letters.list()]
+        finally:
+            letters.close()
+
+    def requeue(self, letter_id: str) -> str:
+        """Send a parked request back to its topic."""
+        letters = self._letters()
+        try:
+            letter = letters.requeue(letter_id)
+        except exc.NotFound as err:
+            raise ActionRefused(str(err)) from err
+        finally:
+            letters.close()
+        return f"requeued {letter.task_name} ({letter.id}) to topic {letter.topic}"
+
+    def discard(self, letter_id: str) -> str:
+        """Delete a parked request for good."""
+        if self.broker is None:
+            raise ActionRefused("no broker: start the dashboard with broker options")
+        from flowengine.worker_based import extensions as ext
+        from flowengine.worker_based import protocol as pr
+        from flowengine.worker_based import proxy as px
+
+        def is_it(stored: Any) -> bool:
+            found = stored.headers.get(pr.HEADER_REQUEST_ID) or stored.properties.get(
+                "correlation_id")
+            return str(found) == letter_id
+
+        # DeadLetters has list and requeue only; discarding is taking without giving back.
+        proxy = px.Proxy(ext.DEAD_LETTER_ROUTING_KEY, **self.broker)
+        try:
+            taken = proxy.take(ext.DEAD_LETTER_ROUTING_KEY, is_it)
+        finally:
+            proxy.close()
+        if taken is None:
+            raise ActionRefused(f"No dead letter with id {letter_id!r}")
+        return f"discarded dead letter {letter_id}"
+
+    def jobs(self) -> list[dict[str, Any]] | None:
+        """Jobs on the board (None without one), with state, owner and attempts."""
+        if self.board is None:
+            return None
+        found = []
+        for job in self.board.iterjobs(only_unclaimed=False, ensure_fresh=True):
+            details = job.details if isinstance(getattr(job, "details", None), dict) else {}
+            found.append(mask({
+                "uuid": job.uuid, "name": job.name, "state": job.state,
+                "owner": self.board.find_owner(job),
+                "attempts": getattr(job, "attempts", details.get("attempts")),
+                "created_on": str(getattr(job, "created_on", "") or "")}))
+        return found
+
+
+def _secret_values(compiled: cp.Compiled | str, atoms: list[dict[str, Any]],
+                   results: dict[str, Any], injected: dict[str, Any]) -> list[str]:
+    """The stored values of every atom's ``secret_args`` (masked wherever they appear)."""
+    if isinstance(compiled, str):
+        return []
+    found = []
+    for atom in atoms:
+        names = compiled.secret_args.get(atom["name"], ())
+        if names:
+            given = cp.inputs_of(compiled, atom["name"], results, injected)
+            found += [str(given[n]) for n in names if given.get(n) not in (None, "")]
+    return found
+
+
+def open_board(uri: str, backend: base.Backend) -> Any:
+    """Connect to the jobboard ``uri`` (TaskFlow's JobBoard API) for the jobs page.
+
+    Raises:
+        ImportError: this flowengine has no ``flowengine.jobs`` package.
+    """
+    try:
+        from flowengine.jobs import backends as job_backends  # type: ignore[import-not-found]
+    except ImportError as err:
+        raise ImportError("--board needs flowengine.jobs, which this installation lacks") from err
+    board = job_backends.fetch("flowengine-dashboard", uri, persistence=backend)
+    board.connect()
+    return board

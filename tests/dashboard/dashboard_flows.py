@@ -1,0 +1,80 @@
+"""Flows the dashboard tests store and run (importable by worker processes: no test imports)."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from flowengine import task
+from flowengine.flows import graph_flow, linear_flow, unordered_flow
+
+#: A file whose existence lets the gated tasks finish (the browser test opens it).
+GATE_ENV = "DASHBOARD_TEST_GATE"
+#: Seconds each gated task works once the gate is open.
+WORK = 0.2
+
+
+class Connect(task.Task):
+    """Logs in with a secret password and returns a session (the password must never show)."""
+
+    secret_args = ("password",)
+    default_provides = "session"
+
+    def execute(self, user: str, password: str) -> dict[str, Any]:
+        return {"user": user, "session": "s-1"}
+
+
+class Provision(task.Task):
+    """Returns what it was given, tagged with its own name."""
+
+    def execute(self, session: dict[str, Any]) -> str:
+        return f"{self.name} for {session['user']}"
+
+
+class Explode(task.Task):
+    """Fails, with the password in its message (masked by the engine before it is stored)."""
+
+    secret_args = ("password",)
+
+    def execute(self, password: str, session: dict[str, Any]) -> None:
+        raise RuntimeError(f"cannot reach the API with {password}")
+
+
+class Gated(task.Task):
+    """Waits (bounded) for the gate file, so a browser can watch it RUNNING, then works a
+    moment (so the timeline has bars worth seeing)."""
+
+    def execute(self) -> str:
+        gate = os.environ.get(GATE_ENV)
+        deadline = time.monotonic() + 30.0
+        while gate and not Path(gate).exists() and time.monotonic() < deadline:
+            time.sleep(0.05)  # a polled file: the only signal a worker process shares here
+        time.sleep(WORK)
+        return self.name
+
+
+def provisioning() -> linear_flow.Flow:
+    """connect -> (disk, network) -> report; succeeds."""
+    return linear_flow.Flow("provisioning").add(
+        Connect("connect"),
+        unordered_flow.Flow("resources").add(Provision("disk"), Provision("network")),
+        Provision("report"))
+
+
+def exploding() -> linear_flow.Flow:
+    """connect -> explode: fails and reverts."""
+    return linear_flow.Flow("exploding").add(Connect("connect"), Explode("explode"))
+
+
+def gated(width: int = 2) -> graph_flow.Flow:
+    """``first`` then ``width`` gated atoms side by side, then ``last``: runs on workers."""
+    flow = graph_flow.Flow("gated")
+    first, last = Gated("first"), Gated("last")
+    middle = [Gated(f"step-{i}") for i in range(width)]
+    flow.add(first, *middle, last)
+    for step in middle:
+        flow.link(first, step)
+        flow.link(step, last)
+    return flow

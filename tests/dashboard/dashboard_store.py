@@ -1,0 +1,34 @@
+"""A SQLite store with flows for the dashboard tests (a module of its own: test modules import
+it by name, and ``conftest`` names are ambiguous in a whole-suite run)."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Any
+
+from flowengine import engines
+from flowengine import exceptions as exc
+from flowengine.listeners.timing import EventTimeListener
+from flowengine.persistence import backends, base, models
+
+PASSWORD = "hunter2-very-secret"
+
+
+def open_store(path: Path) -> base.Backend:
+    """A SQLite backend at ``path``, created and upgraded."""
+    backend = backends.fetch(f"sqlite:///{path}")
+    with contextlib.closing(backend.get_connection()) as conn:
+        conn.upgrade()
+    return backend
+
+
+def store_run(backend: base.Backend, factory: Any, book: models.LogBook | None = None,
+              **engine_options: Any) -> str:
+    """Run ``factory``'s flow with timings stored and the factory saved; return its uuid."""
+    book = book or models.LogBook("dashboard-tests")
+    engine = engines.load_from_factory(factory, store={"user": "ada", "password": PASSWORD},
+                                       book=book, backend=backend, **engine_options)
+    with EventTimeListener(engine), contextlib.suppress(exc.WrappedFailure, RuntimeError):
+        engine.run()
+    return str(engine.storage.flow_uuid)

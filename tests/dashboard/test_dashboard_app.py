@@ -1,0 +1,193 @@
+"""The web layer through Starlette's TestClient: pages, fragments, CSRF, read-only, token."""
+
+from __future__ import annotations
+
+import base64
+import re
+import warnings
+from collections.abc import Iterator
+
+import pytest
+from click.testing import CliRunner
+from dashboard_store import PASSWORD
+
+from flowengine.cli.main import cli
+from flowengine.dashboard import DashboardData, EventHub, create_app
+from flowengine.persistence import base
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")  # Starlette's note about httpx's successor
+    from starlette.testclient import TestClient
+
+TOKEN = "tok-" + "s3cr3t" * 4
+
+
+def client(store: base.Backend, **options: object) -> TestClient:
+    return TestClient(create_app(DashboardData(store, EventHub(None)), **options),  # type: ignore[arg-type]
+                      follow_redirects=False)
+
+
+@pytest.fixture
+def app(store: base.Backend, stored: dict[str, str]) -> Iterator[TestClient]:
+    with client(store) as found:
+        yield found
+
+
+def csrf_of(app: TestClient) -> str:
+    """The CSRF token the pages gave (forms carry the same)."""
+    app.get("/flows")
+    return str(app.cookies["flowengine_csrf"])
+
+
+def test_every_page_renders_without_secrets(app: TestClient, stored: dict[str, str]) -> None:
+    pages = ["/flows", "/flows?state=REVERTED", "/workers", "/dead-letters",
+             *(f"/flows/{uuid}" for uuid in stored.values())]
+    for path in pages:
+        response = app.get(path)
+        assert response.status_code == 200, (path, response.text[:300])
+        assert PASSWORD not in response.text, path
+    assert app.get("/").headers["location"] == "/flows"
+
+
+def test_flows_page_filters_and_paginates(app: TestClient, stored: dict[str, str]) -> None:
+    page = app.get("/flows?state=SUCCESS").text
+    assert stored["provisioning"] in page and stored["exploding"] not in page
+    assert stored["exploding"] in app.get("/flows?name=explod").text
+    assert "no flows match" in app.get(f"/flows?uuid={stored['exploding']}x").text
+    bad = app.get("/flows?state=NOPE")
+    assert bad.status_code == 400 and "NOPE" in bad.text
+    assert app.get("/flows?since=yesterday").status_code == 400
+
+
+def test_flow_page_draws_atoms_coloured_by_state(app: TestClient,
+                                                 stored: dict[str, str]) -> None:
+    page = app.get(f"/flows/{stored['exploding']}").text
+    assert '<svg id="graph"' in page
+    assert re.search(r'data-atom="explode" data-state="REVERTED"', page)
+    assert "RuntimeError" in page and "cannot reach the API with ***" in page
+    fragment = app.get(f"/flows/{stored['exploding']}?fragment=1").text
+    assert "<nav>" not in fragment and 'data-atom="connect"' in fragment
+    assert app.get("/flows/not-a-flow").status_code == 404
+
+
+def test_actions_need_the_csrf_token(app: TestClient, stored: dict[str, str]) -> None:
+    token = csrf_of(app)
+    path = f"/flows/{stored['exploding']}/suspend"
+    assert app.post(path, data={}).status_code == 403
+    assert app.post(path, data={"csrf_token": "forged" * 8}).status_code == 403
+    assert app.post(path, data={"csrf_token": token},
+                    headers={"origin": "http://evil.example"}).status_code == 403
+    done = app.post(path, data={"csrf_token": token})
+    assert done.status_code == 303 and "not+running+in+this+dashboard" in done.headers["location"]
+
+
+def test_read_only_hides_and_refuses_actions(store: base.Backend,
+                                             stored: dict[str, str]) -> None:
+    with client(store, read_only=True) as app:
+        page = app.get(f"/flows/{stored['exploding']}").text
+        assert "read-only" in page and "<form method=\"post\"" not in page
+        token = csrf_of(app)
+        refused = app.post(f"/flows/{stored['exploding']}/resume", data={"csrf_token": token})
+        assert refused.status_code == 403 and "read-only" in refused.text
+        assert app.post("/dead-letters/x/requeue").status_code == 403
+
+
+def test_a_token_protected_dashboard_refuses_strangers(store: base.Backend,
+                                                       stored: dict[str, str]) -> None:
+    with client(store, token=TOKEN) as app:
+        assert app.get("/flows").status_code == 401
+        assert app.get("/flows", headers={"authorization": "Bearer wrong"}).status_code == 401
+        assert app.post(f"/flows/{stored['exploding']}/resume").status_code == 401
+        assert app.get("/flows", headers={"authorization": f"Bearer {TOKEN}"}).status_code == 200
+        basic = base64.b64encode(f"ops:{TOKEN}".encode()).decode()
+        assert app.get("/flows", headers={"authorization": f"Basic {basic}"}).status_code == 200
+        entered = app.get(f"/flows?token={TOKEN}&state=SUCCESS")
+        assert entered.status_code == 303 and entered.headers["location"] == "/flows?state=SUCCESS"
+        assert TOKEN not in entered.headers["set-cookie"]
+        assert app.get("/flows").status_code == 200  # the cookie now stands for the token
+
+
+def test_the_command_refuses_an_open_address_without_a_token(store: base.Backend) -> None:
+    result = CliRunner().invoke(cli, ["dashboard", "--backend", "sqlite:///x.db",
+                                      "--host", "0.0.0.0"])
+    assert result.exit_code == 2 and "--token" in result.output
+
+
+def test_a_broker_that_is_away_is_named_without_its_password(store: base.Backend) -> None:
+    broker = {"exchange": "x", "url": "redis://:s3cretpw@127.0.0.1:1/0"}
+    with TestClient(create_app(DashboardData(store, EventHub(None), broker))) as app:
+        page = app.get("/dead-letters")
+    assert page.status_code == 200 and "cannot read the dead letters" in page.text
+    assert "s3cretpw" not in page.text
+
+
+class _Job:
+    """A job as TaskFlow's JobBoard API hands it out (the jobboard itself lands elsewhere)."""
+
+    def __init__(self, name: str, state: str) -> None:
+        self.uuid, self.name, self.state = f"uuid-{name}", name, state
+        self.details = {"attempts": 2}
+
+
+class _Board:
+    def iterjobs(self, only_unclaimed: bool = False, ensure_fresh: bool = False) -> list[_Job]:
+        assert not only_unclaimed and ensure_fresh
+        return [_Job("nightly", "CLAIMED"), _Job("backup", "UNCLAIMED")]
+
+    def find_owner(self, job: _Job) -> str | None:
+        return "conductor-1" if job.state == "CLAIMED" else None
+
+
+def test_jobs_page_with_a_board(store: base.Backend) -> None:
+    with TestClient(create_app(DashboardData(store, EventHub(None), board=_Board()))) as app:
+        page = app.get("/jobs").text
+        assert 'href="/jobs"' in app.get("/flows").text
+    assert re.search(r"nightly.*CLAIMED.*conductor-1.*2", page, re.S)
+    assert "backup" in page
+    with TestClient(create_app(DashboardData(store, EventHub(None)))) as app:
+        assert app.get("/jobs").status_code == 404
+
+
+def test_stored_text_is_escaped(store: base.Backend) -> None:
+    import contextlib
+
+    from flowengine.persistence import models
+
+    book = models.LogBook("<b>book</b>")
+    book.add(models.FlowDetail("<script>alert(1)</script>", "evil-flow"))
+    with contextlib.closing(store.get_connection()) as conn:
+        conn.save_logbook(book)
+    with client(store) as app:
+        for path in ("/flows", "/flows/evil-flow"):
+            page = app.get(path).text
+            assert "<script>alert(1)</script>" not in page
+            assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+
+
+def test_other_host_names_are_refused_when_asked(store: base.Backend) -> None:
+    app = create_app(DashboardData(store, EventHub(None)), allowed_hosts=["127.0.0.1"])
+    with TestClient(app, base_url="http://127.0.0.1:8080") as local:
+        assert local.get("/flows").status_code == 200
+        assert local.get("/flows", headers={"host": "rebound.example:8080"}).status_code == 400
+
+
+def test_resume_through_the_page(store: base.Backend) -> None:
+    import dashboard_flows as df
+
+    from flowengine import engines, states
+
+    engine = engines.load_from_factory(df.provisioning, store={"user": "ada", "password": "x"},
+                                       backend=store)
+    engine.compile()
+    engine.prepare()
+    engine.storage.set_flow_state(states.SUSPENDED)
+    flow = str(engine.storage.flow_uuid)
+    data = DashboardData(store, EventHub(None))
+    with TestClient(create_app(data), follow_redirects=False) as app:
+        page = app.get(f"/flows/{flow}").text
+        assert f'action="/flows/{flow}/resume"' in page
+        done = app.post(f"/flows/{flow}/resume", data={"csrf_token": csrf_of(app)})
+        assert done.status_code == 303 and "resuming" in done.headers["location"]
+        assert data.wait_idle(30.0)
+        page = app.get(f"/flows/{flow}").text
+    assert 'id="flow-state" data-state="SUCCESS"' in page and "/resume" not in page

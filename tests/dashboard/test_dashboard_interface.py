@@ -1,0 +1,129 @@
+"""The data interface: flows with secrets masked, graph and timeline, actions, dead letters."""
+
+from __future__ import annotations
+
+import uuid
+
+import dashboard_flows as df
+import pytest
+from dashboard_store import PASSWORD
+
+from flowengine import engines, states
+from flowengine.dashboard import ActionRefused, DashboardData, EventHub
+from flowengine.dashboard.interface import ENGINE_META
+from flowengine.persistence import base, models
+from flowengine.worker_based import dead_letters, protocol, proxy
+
+
+def test_a_flow_shows_graph_timeline_inputs_and_results_without_its_secret(
+        store: base.Backend, stored: dict[str, str]) -> None:
+    data = DashboardData(store, EventHub(None))
+    view = data.flow(stored["provisioning"])
+    assert view is not None
+    assert view.summary["state"] == states.SUCCESS and view.graph_note is None
+    links = {(link.source, link.target) for link in view.drawing.links}
+    assert {("connect", "disk"), ("connect", "network"), ("disk", "report")} <= links
+    columns = {node.name: node.x for node in view.drawing.nodes}
+    assert columns["connect"] < columns["disk"] == columns["network"] < columns["report"]
+    atoms = {atom["name"]: atom for atom in view.atoms}
+    assert atoms["connect"]["inputs"] == {"user": "ada", "password": "***"}
+    assert atoms["disk"]["inputs"] == {"session": {"user": "ada", "session": "s-1"}}
+    assert atoms["report"]["result"] == "report for ada"
+    assert view.timeline is not None
+    assert {row.name for row in view.timeline.rows} == set(atoms)
+    assert all(bar.outcome == states.SUCCESS for row in view.timeline.rows for bar in row.bars)
+    assert PASSWORD not in repr(view)
+
+
+def test_a_failure_shows_its_traceback_masked(store: base.Backend,
+                                               stored: dict[str, str]) -> None:
+    view = DashboardData(store, EventHub(None)).flow(stored["exploding"])
+    assert view is not None and view.summary["state"] == states.REVERTED
+    failure = {atom["name"]: atom for atom in view.atoms}["explode"]["failure"]
+    assert failure["type"] == "RuntimeError"
+    assert "cannot reach the API with ***" in failure["message"]
+    assert "Traceback" in failure["traceback"] or "raise RuntimeError" in failure["traceback"]
+    assert PASSWORD not in repr(view)
+    assert view.resumable is False
+
+
+def test_events_heard_make_one_bar_per_attempt(store: base.Backend,
+                                               stored: dict[str, str]) -> None:
+    hub = EventHub(None)
+    data = DashboardData(store, hub)
+    flow = stored["provisioning"]
+    atom = next(a["uuid"] for a in data.flow(flow).atoms if a["name"] == "disk")  # type: ignore[union-attr]
+    for kind, stamp, extra in (("task-sent", 10.0, {"worker": "w1", "attempt": 1}),
+                               ("task-lost", 11.0, {"worker": "w1", "attempt": 1}),
+                               ("task-sent", 11.5, {"worker": "w2", "attempt": 2}),
+                               ("task-started", 12.0, {"worker": "w2", "attempt": 2}),
+                               ("task-succeeded", 13.0, {"worker": "w2", "attempt": 2})):
+        hub.publish({"type": kind, "timestamp": stamp, "flow_uuid": flow, "atom_uuid": atom,
+                     "task_name": "disk", "action": "execute", **extra})
+    view = data.flow(flow)
+    assert view is not None and view.timeline is not None
+    [row] = [row for row in view.timeline.rows if row.name == "disk"]
+    assert [(b.attempt, b.worker, b.outcome, b.queued, b.start, b.end) for b in row.bars] == [
+        (1, "w1", "LOST", 10.0, 10.0, 11.0), (2, "w2", "SUCCESS", 11.5, 12.0, 13.0)]
+
+
+def test_resume_runs_a_suspended_flow_on_its_stored_engine(store: base.Backend) -> None:
+    book = models.LogBook("resumable")
+    engine = engines.load_from_factory(df.provisioning, store={"user": "ada", "password": "x"},
+                                       book=book, backend=store)
+    engine.compile()
+    engine.prepare()
+    engine.storage.set_flow_state(states.SUSPENDED)
+    flow = str(engine.storage.flow_uuid)
+    engine.storage.update_flow_metadata({ENGINE_META: {"engine": "parallel",
+                                                       "options": {"max_workers": 2}}})
+    data = DashboardData(store, EventHub(None))
+    assert data.flow(flow).resumable  # type: ignore[union-attr]
+    assert "parallel" in data.resume(flow)
+    assert data.wait_idle(30.0)
+    assert data.flow(flow).summary["state"] == states.SUCCESS  # type: ignore[union-attr]
+    with pytest.raises(ActionRefused, match="SUCCESS"):
+        data.resume(flow)
+    with pytest.raises(ActionRefused, match="not running in this dashboard"):
+        data.suspend(flow)
+    with pytest.raises(ActionRefused, match="no flow"):
+        data.resume("nope")
+
+
+def test_dead_letters_list_requeue_and_discard(store: base.Backend) -> None:
+    broker = {"exchange": f"dash-{uuid.uuid4().hex[:8]}", "transport": "memory"}
+    data = DashboardData(store, EventHub(None), broker)
+    assert data.dead_letters() == []  # also declares the dead letters' queue
+    parker = proxy.Proxy("parker", broker["exchange"], transport="memory")
+    ids = []
+    for name in ("a", "b"):
+        request = protocol.Request(df.Provision(name), uuid.uuid4().hex, protocol.EXECUTE,
+                                   {"session": {"password": "pw"}})
+        dead_letters.park(parker, request, {protocol.HEADER_REQUEST_ID: request.request_id},
+                          "lost twice", "nobody-serves", ["w1", "w2"], reply_to="gone")
+        ids.append(request.request_id)
+    listed = data.dead_letters()
+    assert [(d["id"], d["task_name"], d["reason"], d["workers"]) for d in listed] == [
+        (ids[0], "a", "lost twice", ["w1", "w2"]), (ids[1], "b", "lost twice", ["w1", "w2"])]
+    assert "requeued a" in data.requeue(ids[0])
+    assert ids[1] in data.discard(ids[1])
+    assert data.dead_letters() == []
+    [back] = parker.browse("nobody-serves")
+    assert back.headers[protocol.HEADER_REQUEST_ID] == ids[0]
+    with pytest.raises(ActionRefused, match="No dead letter"):
+        data.discard(ids[1])
+    parker.close()
+
+
+def test_workers_are_live_then_gone(store: base.Backend) -> None:
+    now = [100.0]
+    hub = EventHub(None, clock=lambda: now[0])
+    for worker in ("w1", "w2"):
+        hub.publish({"type": "worker-heartbeat", "worker": worker, "topic": "t", "timestamp": 99.0,
+                     "tasks": ["x.Y"], "capacity": 2, "free": 1, "in_flight": 1,
+                     "hostname": "h", "pid": 1})
+    hub.publish({"type": "worker-offline", "worker": "w2", "timestamp": 99.5})
+    now[0] = 120.0
+    rows = DashboardData(store, hub).workers()
+    assert [(r["worker"], r["gone"], r["silent"]) for r in rows] == [
+        ("w1", False, True), ("w2", True, False)]
