@@ -1,0 +1,65 @@
+"""Whether tracing is on, found without importing OpenTelemetry.
+
+Tracing is on when the application has imported ``opentelemetry.trace`` (which it must have
+done to configure anything) and set a tracer provider (or names one in
+``OTEL_PYTHON_TRACER_PROVIDER``). Otherwise every hook returns after a dictionary lookup: the
+OpenTelemetry API is never imported by flowengine itself, so an installed but unused API costs
+no start-up time either.
+"""
+
+from __future__ import annotations
+
+import sys
+from types import ModuleType
+from typing import Any
+
+import flowengine
+
+#: The instrumentation scope name of every flowengine span.
+SCOPE = "flowengine"
+#: What a missing API says.
+MISSING = ("Tracing needs the OpenTelemetry API: install the 'otel' extra "
+           "(pip install 'flowengine[otel]')")
+
+# (provider, tracer): one tracer per configured provider, made on first use.
+_cached: tuple[Any, Any] | None = None
+
+
+def trace_module() -> ModuleType | None:
+    """``opentelemetry.trace`` if the application imported it, else None."""
+    return sys.modules.get("opentelemetry.trace")
+
+
+def tracer() -> Any | None:
+    """flowengine's tracer from the configured provider, or None when tracing is off."""
+    global _cached
+    trace = sys.modules.get("opentelemetry.trace")
+    if trace is None:
+        return None
+    provider = trace.get_tracer_provider()
+    if isinstance(provider, (trace.ProxyTracerProvider, trace.NoOpTracerProvider)):
+        return None
+    cached = _cached
+    if cached is not None and cached[0] is provider:
+        return cached[1]
+    made = provider.get_tracer(SCOPE, flowengine.__version__)
+    _cached = (provider, made)
+    return made
+
+
+def enabled() -> bool:
+    """Whether flowengine records spans (the API is imported and a provider is configured)."""
+    return tracer() is not None
+
+
+def require() -> ModuleType:
+    """``opentelemetry.trace``, imported.
+
+    Raises:
+        ImportError: naming the extra to install when the API is missing.
+    """
+    try:
+        import opentelemetry.trace as trace
+    except ImportError as err:
+        raise ImportError(MISSING) from err
+    return trace
