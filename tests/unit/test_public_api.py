@@ -54,6 +54,7 @@ PUBLIC_MODULES = [
     "flowengine.worker_based.event_listener",
     "flowengine.worker_based.metrics",
     "flowengine.listeners.atoms",
+    "flowengine.tracing",
 ]
 
 
