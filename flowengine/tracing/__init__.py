@@ -8,7 +8,7 @@ The public names are for applications (the logging filter), services posting job
 conductors. The engine, the worker-based executor and the worker call the hooks below.
 """
 
-from flowengine.tracing._api import enabled
+from flowengine.tracing._api import enabled, flush
 from flowengine.tracing.jobs import TRACE_KEY, claimed_job, job_trace
 from flowengine.tracing.logs import TraceContextFilter
 from flowengine.tracing.propagation import SENT_AT, TRACEPARENT, TRACESTATE
@@ -18,6 +18,7 @@ from flowengine.tracing.runs import failure_resolved, flow_run, task_scope
 __all__ = [
     # applications
     "enabled",
+    "flush",
     "TraceContextFilter",
     # jobs and conductors
     "TRACE_KEY",

@@ -9,6 +9,7 @@ no start-up time either.
 
 from __future__ import annotations
 
+import logging
 import sys
 from types import ModuleType
 from typing import Any
@@ -50,6 +51,20 @@ def tracer() -> Any | None:
 def enabled() -> bool:
     """Whether flowengine records spans (the API is imported and a provider is configured)."""
     return tracer() is not None
+
+
+def flush(timeout: float = 5.0) -> None:
+    """Export the spans the configured provider still buffers (before a process ends without
+    running its exit handlers, as the worker command does)."""
+    trace = sys.modules.get("opentelemetry.trace")
+    if trace is None:
+        return
+    force_flush = getattr(trace.get_tracer_provider(), "force_flush", None)
+    if force_flush is not None:
+        try:
+            force_flush(int(timeout * 1000))
+        except Exception:  # an exporter that fails must not stop the process from exiting
+            logging.getLogger(__name__).warning("Could not flush spans", exc_info=True)
 
 
 def require() -> ModuleType:
