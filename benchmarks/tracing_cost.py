@@ -13,7 +13,8 @@ only, the worst case for a per-atom cost) and a worker-based engine running an u
 ``--remote`` no-op tasks on an in-process worker over kombu's memory transport (adds the producer
 and consumer spans and the header propagation). Each mode reports seconds, tasks/s, ``ratio``
 (mode time / ``absent`` time; 1.05 means 5% slower) and spans made per task. The hooks' cost when
-off is also timed directly, in nanoseconds per call.
+off is also timed directly, in nanoseconds per call, and so is the SDK's own cost of one span
+(``sdk_span_alone``, microseconds): the floor of what recording costs per atom.
 
 Example::
 
@@ -173,6 +174,23 @@ def _hooks_off(modes: Modes, calls: int) -> dict[str, float]:
     return result
 
 
+def _sdk_span(modes: Modes, calls: int) -> dict[str, float]:
+    """Microseconds the SDK itself takes to start and end one span (the floor of ``on``)."""
+    result = {}
+    for mode in ("not_sampled", "on"):
+        modes.enter(mode)
+        try:
+            tracer = trace.get_tracer("tracing-cost")
+            attributes = {"flowengine.atom.name": "t", "flowengine.atom.kind": "task"}
+            seconds = min(timeit.repeat(
+                lambda: tracer.start_span("execute t", attributes=attributes).end(),  # noqa: B023
+                number=calls, repeat=3))
+            result[f"{mode}_us"] = seconds / calls * 1e6
+        finally:
+            modes.leave()
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--serial", type=int, default=300, help="serial linear flow size")
@@ -194,11 +212,13 @@ def main() -> None:
         measured = _measure(modes, runs, {"serial": args.serial, "worker_based": args.remote},
                             args.repeat)
         hooks = _hooks_off(modes, args.hook_calls)
+        sdk = _sdk_span(modes, max(args.hook_calls // 20, 10))
     finally:
         worker.stop(grace=5)
         thread.join(10)
     report = {"benchmark": "tracing_cost", "python": platform.python_version(),
-              "cpus": os.cpu_count(), "repeat": args.repeat, **measured, "hooks_off": hooks}
+              "cpus": os.cpu_count(), "repeat": args.repeat, **measured, "hooks_off": hooks,
+              "sdk_span_alone": sdk}
     json.dump(report, sys.stdout, indent=2)
     sys.stdout.write("\n")
 

@@ -26,6 +26,21 @@ MISSING = ("Tracing needs the OpenTelemetry API: install the 'otel' extra "
 _cached: tuple[Any, Any] | None = None
 
 
+_modules: tuple[ModuleType, ModuleType] | None = None
+
+
+def otel() -> tuple[ModuleType, ModuleType]:
+    """``(opentelemetry.trace, opentelemetry.context)``, for code that runs with tracing on
+    (imported once: an import statement per span would cost more than the span)."""
+    global _modules
+    if _modules is None:
+        import opentelemetry.context as context
+        import opentelemetry.trace as trace
+
+        _modules = (trace, context)
+    return _modules
+
+
 def trace_module() -> ModuleType | None:
     """``opentelemetry.trace`` if the application imported it, else None."""
     return sys.modules.get("opentelemetry.trace")

@@ -14,6 +14,7 @@ from typing import Any
 
 from flowengine.tracing import names
 from flowengine.tracing import propagation as prop
+from flowengine.tracing._api import otel
 
 #: Outcome of a request attempt replaced by another (lease lapsed, handed back).
 LOST = "lost"
@@ -34,8 +35,7 @@ class AtomSpan:
              task_name: str) -> None:
         """Open the producer span of a new attempt (ending the one it replaces) and put its
         context in ``headers``."""
-        from opentelemetry import trace
-
+        trace = otel()[0]
         with self.lock:
             previous, links = self.attempt_span, []
             if previous is not None:

@@ -31,9 +31,7 @@ def job_trace() -> dict[str, str]:
     """
     if _api.tracer() is None:
         return {}
-    from opentelemetry import trace
-
-    span = trace.get_current_span()
+    span = _api.otel()[0].get_current_span()
     return prop.carrier_of(span) if span.get_span_context().is_valid else {}
 
 
@@ -56,8 +54,7 @@ def claimed_job(job: Any, conductor: str, storage: Any = None) -> Iterator[None]
     if tracer is None:
         yield
         return
-    from opentelemetry import trace
-
+    trace = _api.otel()[0]
     stored = _carrier(storage.flow_meta) if storage is not None else None
     earlier = prop.span_context(stored)
     links = [trace.Link(earlier, {names.RESUMED: True})] if earlier is not None else []

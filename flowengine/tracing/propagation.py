@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping, MutableMapping
 from typing import Any
 
+from flowengine.tracing._api import otel
+
 TRACEPARENT = "traceparent"
 TRACESTATE = "tracestate"
 #: Request header: UNIX time the attempt was published (for the worker's queue time).
@@ -29,9 +31,7 @@ def _w3c() -> Any:
 
 def inject(carrier: MutableMapping[str, Any], span: Any) -> None:
     """Write ``span``'s context into ``carrier`` as ``traceparent`` (and ``tracestate``)."""
-    from opentelemetry import trace
-
-    _w3c().inject(carrier, context=trace.set_span_in_context(span))
+    _w3c().inject(carrier, context=otel()[0].set_span_in_context(span))
 
 
 def carrier_of(span: Any) -> dict[str, str]:
@@ -55,10 +55,8 @@ def extract(carrier: Mapping[str, Any] | None) -> Any | None:
     state = carrier.get(TRACESTATE)
     if isinstance(state, str) and len(state) <= 512:
         fields[TRACESTATE] = state
-    from opentelemetry import trace
-
     context = _w3c().extract(fields)
-    if not trace.get_current_span(context).get_span_context().is_valid:
+    if not otel()[0].get_current_span(context).get_span_context().is_valid:
         return None
     return context
 
@@ -68,6 +66,4 @@ def span_context(carrier: Mapping[str, Any] | None) -> Any | None:
     context = extract(carrier)
     if context is None:
         return None
-    from opentelemetry import trace
-
-    return trace.get_current_span(context).get_span_context()
+    return otel()[0].get_current_span(context).get_span_context()

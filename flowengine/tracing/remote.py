@@ -59,9 +59,7 @@ def serving(headers: Mapping[str, Any] | None, *, task_name: Any, worker: str,
 @contextlib.contextmanager
 def _consume(tracer: Any, headers: Mapping[str, Any], task_name: Any, worker: str,
              request_id: Any, attempt: Any, topic: str | None) -> Iterator[None]:
-    from opentelemetry import trace
-    from opentelemetry.trace import Status, StatusCode
-
+    trace = _api.otel()[0]
     name = str(task_name)[:200]  # from the message: bounded
     sent_at = headers.get(prop.SENT_AT)
     queued = None
@@ -83,7 +81,7 @@ def _consume(tracer: Any, headers: Mapping[str, Any], task_name: Any, worker: st
     finally:
         _serving.reset(token)
         if served.outcome in _FAILED:
-            span.set_status(Status(StatusCode.ERROR, served.outcome))
+            span.set_status(trace.Status(trace.StatusCode.ERROR, served.outcome))
         span.end()
 
 

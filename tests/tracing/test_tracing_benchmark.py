@@ -31,3 +31,4 @@ def test_tracing_cost_reports_every_mode_and_the_hooks_cost_when_off() -> None:
     assert set(report["hooks_off"]) == {
         f"{hook}_{mode}_ns" for hook in ("flow_run", "task_scope", "request_sent", "serving",
                                          "replied") for mode in ("absent", "no_provider")}
+    assert set(report["sdk_span_alone"]) == {"not_sampled_us", "on_us"}
