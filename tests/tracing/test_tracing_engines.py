@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 from typing import Any
 
 import pytest
@@ -158,3 +159,12 @@ def test_with_no_provider_nothing_is_recorded_and_the_hooks_do_nothing() -> None
                          task_name="t", worker="w"):
         tracing.replied("SUCCESS")
     assert tracing.job_trace() == {}
+
+
+def test_the_log_filter_names_the_extra_when_the_api_is_missing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, "opentelemetry.trace", None)  # import fails
+    with pytest.raises(ImportError, match=r"flowengine\[otel\]"):
+        tracing.TraceContextFilter()
+    assert not tracing.enabled()

@@ -144,3 +144,20 @@ def test_a_replaced_attempt_ends_lost_and_its_replacement_links_to_it(
     # Each attempt's own context travelled in its headers.
     assert first[tracing.TRACEPARENT].split("-")[2] == format(lost.context.span_id, "016x")
     assert second[tracing.TRACEPARENT].split("-")[2] == format(kept.context.span_id, "016x")
+
+
+@pytest.mark.parametrize("traceparent", [
+    "00-zz-not-hex", "00-" + "0" * 32 + "-" + "0" * 16 + "-01", "x" * 1000, 42, None])
+def test_a_worker_given_an_unusable_traceparent_starts_a_trace_of_its_own(
+    spans: InMemorySpanExporter, traceparent: object,
+) -> None:  # fmt: skip
+    headers = {tracing.TRACEPARENT: traceparent, tracing.TRACESTATE: "k=" + "v" * 1000,
+               tracing.SENT_AT: "yesterday"}
+    with tracing.serving(headers, task_name="t" * 500, worker="w", attempt="2"):
+        tracing.replied("FAILURE")
+    [ran] = spans.get_finished_spans()
+    assert ran.parent is None
+    assert ran.name == "run " + "t" * 200  # names from a message are bounded
+    assert names.QUEUE_TIME not in ran.attributes and names.REQUEST_ATTEMPT not in ran.attributes
+    assert ran.attributes[names.OUTCOME] == "FAILURE"
+    assert ran.status.status_code == trace.StatusCode.ERROR
