@@ -158,7 +158,7 @@ def _hooks_off(modes: Modes, calls: int) -> dict[str, float]:
         "flow_run": lambda: tracing.flow_run(engine),
         "task_scope": lambda: tracing.task_scope(noop),
         "request_sent": lambda: tracing.request_sent(
-            headers, "atom", request_id="r", attempt=1, task_name="t", topic="q", worker=None),
+            headers, "atom", request_id="r", attempt=1, task_name="t", topic="q"),
         "serving": lambda: tracing.serving(headers, task_name="t", worker="w"),
         "replied": lambda: tracing.replied("SUCCESS"),
     }

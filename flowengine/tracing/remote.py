@@ -31,18 +31,19 @@ _FAILED = frozenset(("FAILURE",))
 
 
 def request_sent(headers: MutableMapping[str, Any], atom_uuid: str, *, request_id: str,
-                 attempt: int, task_name: str, topic: str, worker: str | None) -> None:
+                 attempt: int, task_name: str, topic: str) -> None:
     """Open the producer span of a request attempt and add its context to ``headers``.
 
-    Nothing happens unless the atom's span is open in this process (tracing on).
+    Nothing happens unless the atom's span is open in this process (tracing on). The worker is
+    not named here: workers on a topic share its queue, so the one that takes the request is
+    known only from its ``run`` span.
     """
     entry = REGISTRY.by_uuid.get(atom_uuid)
     if entry is None:
         return
     attributes = names.clean({
         names.TASK_NAME: task_name, names.ATOM_UUID: atom_uuid, names.MESSAGE_ID: request_id,
-        names.REQUEST_ATTEMPT: attempt, names.DESTINATION: topic, names.WORKER: worker,
-        names.OPERATION: "send"})
+        names.REQUEST_ATTEMPT: attempt, names.DESTINATION: topic, names.OPERATION: "send"})
     entry.send(headers, attributes, task_name)
 
 

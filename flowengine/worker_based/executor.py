@@ -321,7 +321,7 @@ class WorkerTaskExecutor(local.TaskExecutor):
         headers = self._headers(sub, request)
         tracing.request_sent(headers, sub.uuid, request_id=request.request_id,
                              attempt=request.attempt, task_name=sub.task.name,
-                             topic=worker.topic, worker=worker.identity)
+                             topic=worker.topic)
         try:
             # Unconfirmed: a confirm costs a broker round trip per request. A request the
             # broker loses is not lost silently: it fails after transition_timeout.

@@ -106,7 +106,6 @@ def test_one_trace_runs_from_the_flow_to_every_worker_and_keeps_a_killed_workers
     lost, kept = sorted(_named(mine, "send victim"), key=_attempt)
     assert (_attempt(lost), _attempt(kept)) == (1, 2)
     assert lost["attributes"][names.OUTCOME] == "lost"
-    assert str(victim.pid) in lost["attributes"][names.WORKER].split(":")
     assert kept["attributes"][names.OUTCOME] == "SUCCESS"
     assert [link["context"]["span_id"] for link in kept["links"]] == [lost["context"]["span_id"]]
     ran_victim = _named(theirs, "run victim")

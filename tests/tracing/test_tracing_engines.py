@@ -153,7 +153,7 @@ def test_with_no_provider_nothing_is_recorded_and_the_hooks_do_nothing() -> None
                       type(tracing.task_scope(object())))
     headers: dict[str, Any] = {}
     tracing.request_sent(headers, "no-such-atom", request_id="r", attempt=1, task_name="t",
-                         topic="q", worker=None)
+                         topic="q")
     assert headers == {}
     with tracing.serving({"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"},
                          task_name="t", worker="w"):
