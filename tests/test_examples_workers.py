@@ -215,3 +215,26 @@ def test_wbe_progress() -> None:
     engine_pid, worker_pid = _search(r"engine pid (\d+); worker pid (\d+)", output).groups()
     assert f"copied 64 MB in pid {worker_pid}" in output, "the task did not run in the worker"
     assert engine_pid != worker_pid
+
+
+def test_tracing() -> None:
+    output = _run("tracing.py")
+    tree = [r"started worker-1 \(pid \d+\), worker-2 \(pid \d+\)", r"flow state: SUCCESS",
+            r"11 spans from 3 processes",
+            # A linear flow's tasks may all go to one worker.
+            r"trace [0-9a-f]{32} \((3 processes: service, worker-1, worker-2|"
+            r"2 processes: service, worker-[12])\)",
+            r"POST /orders \[service\] .*",
+            r"flow place-order \[service\] .* outcome=SUCCESS"]
+    for atom in ("reserve_stock", "charge_card", "ship_order"):
+        tree += [rf"execute {atom} \[service\] .* outcome=SUCCESS",
+                 rf"send {atom} \[service\] .* attempt=1 outcome=SUCCESS",
+                 rf"run {atom} \[worker-[12]\] .* attempt=1 outcome=SUCCESS queued=.*"]
+    assert_in_order(output, tree)
+    # One tree: each span is indented one step deeper than its parent.
+    depths = {line.split()[0] + " " + line.split()[1]: len(line) - len(line.lstrip())
+              for line in output.splitlines() if line.startswith("  ")}
+    assert depths["flow place-order"] == depths["POST /orders"] + 2
+    assert depths["run ship_order"] == depths["send ship_order"] + 2 == depths[
+        "execute ship_order"] + 4 == depths["flow place-order"] + 6
+    _assert_gone(_pids(output))

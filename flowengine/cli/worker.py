@@ -12,6 +12,7 @@ from typing import Any
 
 import click
 
+from flowengine import tracing
 from flowengine.cli.broker import broker_kwargs, broker_options
 from flowengine.cli.options import show_envvars, split_from_env
 
@@ -100,6 +101,7 @@ def worker_command(topic: str, tasks: tuple[str, ...], threads: int | None, grac
         raise click.ClickException(str(err)) from err
     # In-flight work past the grace period was handed back to the broker; a task thread still
     # running it must not keep the process alive (the interpreter would wait for it).
+    tracing.flush()  # exit handlers (the SDK's own flush among them) do not run after os._exit
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()

@@ -11,7 +11,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from flowengine import exceptions as exc
-from flowengine import states
+from flowengine import states, tracing
 from flowengine.engines import executor as ex
 from flowengine.engines import gc_pause
 from flowengine.engines.compiler import Compilation, PatternCompiler
@@ -217,7 +217,7 @@ class ActionEngine:
         executor = self._runtime.task_action.executor
         final: str | None = None
         started = time.monotonic()
-        with _started(executor), AtomLogListener(self):
+        with _started(executor), AtomLogListener(self), tracing.flow_run(self):
             self._change_state(states.RUNNING)
             loop = self._loop = RunLoop(self._runtime, self._statistics, timeout=timeout)
             closed = False

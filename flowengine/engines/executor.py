@@ -15,6 +15,7 @@ from typing import Any
 
 import futurist
 
+from flowengine import tracing
 from flowengine.atom import REVERT_FLOW_FAILURES, REVERT_RESULT
 from flowengine.task import EVENT_UPDATE_PROGRESS
 from flowengine.types.failure import Failure
@@ -64,8 +65,9 @@ def execute_task(
     task: Any, arguments: Mapping[str, Any], progress_callback: ProgressCallback | None = None
 ) -> tuple[str, Any]:
     """Run ``pre_execute``/``execute``/``post_execute`` here and now."""
-    result = _run(task, task.pre_execute, lambda: task.execute(**arguments), task.post_execute,
-                  progress_callback)
+    with tracing.task_scope(task):
+        result = _run(task, task.pre_execute, lambda: task.execute(**arguments),
+                      task.post_execute, progress_callback)
     return EXECUTED, _redact(task, arguments, result)
 
 
@@ -80,8 +82,9 @@ def revert_task(
     kwargs = dict(arguments)
     kwargs[REVERT_RESULT] = result
     kwargs[REVERT_FLOW_FAILURES] = failures
-    outcome = _run(task, task.pre_revert, lambda: task.revert(**kwargs), task.post_revert,
-                   progress_callback)
+    with tracing.task_scope(task):
+        outcome = _run(task, task.pre_revert, lambda: task.revert(**kwargs), task.post_revert,
+                       progress_callback)
     return REVERTED, _redact(task, arguments, outcome)
 
 

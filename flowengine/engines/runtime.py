@@ -15,7 +15,7 @@ from typing import Any
 
 from flowengine import deciders as de
 from flowengine import retry as retry_mod
-from flowengine import states
+from flowengine import states, tracing
 from flowengine.atom import Atom
 from flowengine.engines import executor as ex
 from flowengine.engines import resolution
@@ -332,5 +332,7 @@ class Runtime:
     def process_failure(self, atom: Any, failure: Failure) -> None:
         """Decide how ``atom``'s failure is handled and set intentions accordingly."""
         strategy = resolution.determine(self, atom, failure, self.options.defer_reverts)
+        tracing.failure_resolved(self.storage.get_atom_uuid(atom.name), strategy.strategy,
+                                 strategy.retry)
         LOG.debug("Resolving failure of %r with %s: %s", atom.name, strategy, failure)
         strategy.apply(self)

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from flowengine import exceptions as exc
+from flowengine import tracing
 from flowengine.engines import executor as local
 from flowengine.task import EVENT_UPDATE_PROGRESS
 from flowengine.types.failure import Failure
@@ -317,12 +318,15 @@ class WorkerTaskExecutor(local.TaskExecutor):
         # Announced before publishing, so task-sent always precedes the worker's task-received.
         self._events.emit("task-sent", **self._event_fields(sub), topic=worker.topic,
                           worker=worker.identity, action=sub.action)
+        headers = self._headers(sub, request)
+        tracing.request_sent(headers, sub.uuid, request_id=request.request_id,
+                             attempt=request.attempt, task_name=sub.task.name,
+                             topic=worker.topic)
         try:
             # Unconfirmed: a confirm costs a broker round trip per request. A request the
             # broker loses is not lost silently: it fails after transition_timeout.
             self._proxy.publish(request, worker.topic, reply_to=self._uuid,
-                                correlation_id=request.request_id,
-                                headers=self._headers(sub, request),
+                                correlation_id=request.request_id, headers=headers,
                                 priority=getattr(sub.task, "priority", 0), confirm=False)
         except Exception as err:
             LOG.warning("Publishing request %s for %r to topic %r failed: %s",

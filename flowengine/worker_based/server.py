@@ -21,6 +21,7 @@ from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Any
 
 from flowengine import exceptions as exc
+from flowengine import tracing
 from flowengine.types.failure import Failure
 from flowengine.worker_based import backoff as bo
 from flowengine.worker_based import cancellation as cn
@@ -334,7 +335,11 @@ class Server:
 
     def _process_request(self, data: Mapping[str, Any], message: Any) -> None:
         try:
-            published = self._serve(data, message)
+            headers = message.headers or {}
+            with tracing.serving(headers, task_name=data.get("task_name"), worker=self.worker_id,
+                                 request_id=headers.get(pr.HEADER_REQUEST_ID),
+                                 attempt=headers.get(pr.HEADER_ATTEMPT), topic=self._topic):
+                published = self._serve(data, message)
         except Exception:  # a bug must not leave the request unsettled
             LOG.exception("Serving request %s failed", dp.describe(message))
             published = False
@@ -424,6 +429,7 @@ class Server:
         state: str, name: str, **data: Any,
     ) -> bool:  # fmt: skip
         response = pr.Response(state, **data)
+        tracing.replied(state, data.get("event_type"))
         # Only RUNNING may trail: everything else here is the request's last word before it is
         # acknowledged (an outcome, a hand-back, a cancellation) and must be stored first.
         confirm = state != pr.RUNNING or not _from_flowengine(request_headers)

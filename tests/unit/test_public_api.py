@@ -56,6 +56,7 @@ PUBLIC_MODULES = [
     "flowengine.worker_based.metrics",
     "flowengine.listeners.atoms",
     "flowengine.dashboard",
+    "flowengine.tracing",
 ]
 
 
