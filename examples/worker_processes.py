@@ -62,9 +62,13 @@ def start_worker(
 
 
 def wait_until_known(
-    executor: WorkerTaskExecutor, workers: Sequence[WorkerProcess], timeout: float = 20.0
+    executor: WorkerTaskExecutor, workers: Sequence[WorkerProcess], timeout: float = 60.0
 ) -> None:
-    """Wait until ``executor`` has heard from every worker; fail early if one exits."""
+    """Wait until ``executor`` has heard from every worker; fail early if one exits.
+
+    The wait ends as soon as every worker has announced itself; the generous bound is for a busy
+    machine, where starting a Python process that imports kombu can take many seconds.
+    """
     deadline = time.monotonic() + timeout
     while executor.wait_for_workers(len(workers), timeout=0.1):
         for worker in workers:
