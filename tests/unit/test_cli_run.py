@@ -392,7 +392,7 @@ def test_console_script_runs_and_checks_flows(tmp_path: pathlib.Path) -> None:
     assert checked.stdout.startswith("OK: flow 'nested': 5 atoms")
     failed = call("check", "cli_flows:make_missing")
     assert failed.returncode == exits.ERROR
-    assert "requires ['nowhere']" in failed.stderr
+    assert "nowhere: needed by atom 'b'" in failed.stderr
 
 
 def test_example_runs_a_flow_through_the_command() -> None:
