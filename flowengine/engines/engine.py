@@ -68,7 +68,10 @@ class ActionEngine:
 
     @property
     def atom_notifier(self) -> Notifier:
-        """Atom state changes are announced here (details: task_/retry_ name, uuid, ...)."""
+        """Atom state changes are announced here.
+
+        Details: ``task_name`` or ``retry_name``, its uuid, ``old_state`` and the result.
+        """
         return self._atom_notifier
 
     @property
