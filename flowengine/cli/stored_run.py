@@ -81,6 +81,10 @@ def merge(saved: dict[str, Any], engine: str, broker: dict[str, Any], topics: li
     """
     if "engine_name" not in explicit and saved.get("engine"):
         engine = str(saved["engine"])
+        if MASK in engine:
+            raise click.UsageError(
+                f"the flow ran on engine {engine}, whose password is not stored: give "
+                f"--engine again to resume it")
     merged = dict(broker)
     for key, value in (saved.get("broker") or {}).items():
         if key in _BROKER_KEYS and key not in explicit:
