@@ -17,7 +17,7 @@ from flowengine.cli.options import json_option, show_envvars
 @click.command("flows")
 @backend_option(required=True)
 @click.option("--state", "states_wanted", multiple=True, envvar="FLOWENGINE_STATE",
-              callback=lambda ctx, param, value: _flow_states(value),
+              type=click.Choice(sorted(states.FLOW_STATES), case_sensitive=False),
               help="Only flows in this state (SUCCESS, REVERTED, ...). Repeatable.")
 @json_option()
 def flows_command(backend_uri: str, states_wanted: tuple[str, ...], as_json: bool) -> None:
@@ -41,16 +41,6 @@ def flows_command(backend_uri: str, states_wanted: tuple[str, ...], as_json: boo
              f["book"] or "-"] for f in found]
     for line in fmt.table(["FLOW", "NAME", "STATE", "ATOMS", "UPDATED", "BOOK"], rows):
         click.echo(line)
-
-
-def _flow_states(given: tuple[str, ...]) -> tuple[str, ...]:
-    """The states asked for, upper-cased; one no flow can be in is a usage error (exit 2)."""
-    unknown = [s for s in given if s.upper() not in states.FLOW_STATES]
-    if unknown:
-        raise click.BadParameter(
-            f"{', '.join(map(repr, unknown))} is not a flow state; choose from "
-            f"{', '.join(sorted(states.FLOW_STATES))}", param_hint="--state")
-    return tuple(s.upper() for s in given)
 
 
 def _counts(flow: dict[str, Any]) -> str:
