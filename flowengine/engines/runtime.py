@@ -344,10 +344,12 @@ class Runtime:
             # keeping state in memory until the engine can write it all (flush_unsaved).
             LOG.error("Could not store the outcome of atom %r; failing it: %s", atom.name, err)
             self.storage.keep_unsaved(err)
-            if outcome == ex.EXECUTED:
-                result = self._fail_unsaved(atom, result, Failure.from_exception(err))
-            else:
+            if outcome != ex.EXECUTED:
                 action.complete_reversion(atom, result)
+            elif isinstance(result, Failure):
+                result = action.complete_execution(atom, result)  # its own failure stands
+            else:
+                result = self._fail_unsaved(atom, result, Failure.from_exception(err))
         if not isinstance(result, Failure):
             return None
         if outcome == ex.EXECUTED and not self.options.never_resolve:

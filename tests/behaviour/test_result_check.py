@@ -51,13 +51,6 @@ def _opened(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> Iterat
         opened.close()
 
 
-@pytest.fixture(params=[_NO_BACKEND, *BACKENDS])
-def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
-    """A persistence backend of each kind, or None (the engine keeps state in memory)."""
-    with _opened(request.param, request, tmp_path) as opened:
-        yield opened
-
-
 @pytest.fixture(params=BACKENDS)
 def stored(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
     """A persistence backend of each kind."""
@@ -70,8 +63,17 @@ def _flow() -> linear_flow.Flow:
                                                tasks.Step("c"))
 
 
+# Parametrized here rather than by a fixture, so that the remote copy of this scenario
+# (tests/integration/test_wbe_engine_suite.py) runs it on every backend too.
+@pytest.mark.parametrize("backend_kind", [_NO_BACKEND, *BACKENDS])
 def test_a_result_that_is_not_json_fails_its_atom_and_reverts(
-        engine_factory: EngineFactory, backend: Any) -> None:
+        engine_factory: EngineFactory, backend_kind: str, request: pytest.FixtureRequest,
+        tmp_path: Path) -> None:
+    with _opened(backend_kind, request, tmp_path) as backend:
+        _check_refused(engine_factory, backend)
+
+
+def _check_refused(engine_factory: EngineFactory, backend: Any) -> None:
     engine = engine_factory(_flow(), backend=backend)
     with pytest.raises(Exception) as raised:
         engine.run()
@@ -197,3 +199,15 @@ def test_a_backend_that_stays_down_still_reverts_then_says_so(
 
 def _three_steps() -> linear_flow.Flow:
     return linear_flow.Flow("three").add(tasks.Step("a"), tasks.Step("b"), tasks.Step("c"))
+
+
+def test_a_failure_that_cannot_be_stored_keeps_its_own_error(
+        local_engine_factory: EngineFactory, stored: Any) -> None:
+    fault = _Fault(f"atom boom {states.FAILURE}", stays_down=False)
+    flow = linear_flow.Flow("f").add(tasks.Step("a"), tasks.Fail("boom"))
+    engine = local_engine_factory(flow, backend=_FlakyBackend(stored, fault))
+    with pytest.raises(tasks.Boom, match="boom failed"):
+        engine.run()
+    assert fault.failed == [f"atom boom {states.FAILURE}"]
+    assert tasks.names("revert") == ["boom", "a"]
+    assert _stored(stored, engine.storage.flow_uuid)["flow"] == states.REVERTED
