@@ -14,8 +14,9 @@ from typing import Any
 
 import pytest
 
-from flowengine import engines, states, task
+from flowengine import engines, retry, states, task
 from flowengine import exceptions as exc
+from flowengine.engines import executor as ex
 from flowengine.flows import linear_flow as lf
 from flowengine.flows import unordered_flow as uf
 
@@ -161,7 +162,54 @@ def test_an_async_task_past_its_time_limit_is_cancelled(
     assert engine.storage.get_flow_state() == states.REVERTED
 
 
-def test_suspending_cancels_async_tasks_that_have_not_started() -> None:
+def test_an_async_call_cancelled_before_it_starts_never_runs() -> None:
+    # What a suspension does to atoms that have not started: their futures are cancelled.
+    executor = ex.ParallelThreadTaskExecutor(max_async_tasks=1)
+    executor.start()
+    release = threading.Event()
+    ran: list[str] = []
+
+    class Holds(task.Task):
+        async def execute(self) -> str:
+            ran.append(self.name)
+            await asyncio.get_running_loop().run_in_executor(None, release.wait, 30)
+            return self.name
+
+    class Queued(task.Task):
+        async def execute(self) -> str:
+            ran.append(self.name)
+            return self.name
+
+    try:
+        holding = executor.execute_task(Holds("holds"), "u1", {})
+        queued = executor.execute_task(Queued("queued"), "u2", {})
+        assert queued.cancel(), "a call waiting for a slot can be cancelled"
+        release.set()
+        assert holding.result(timeout=30) == (ex.EXECUTED, "holds")
+    finally:
+        release.set()
+        executor.stop()  # waits for the loop: the queued call had its turn by now
+    assert ran == ["holds"]
+
+
+def test_retry_controllers_retry_async_tasks(local_engine_factory: EngineFactory) -> None:
+    class Flaky(AsyncStep):
+        failures_left = 2
+
+        async def execute(self) -> str:
+            tasks.record("execute", self.name)
+            if Flaky.failures_left:
+                Flaky.failures_left -= 1
+                raise tasks.Boom("not yet")
+            return "third time"
+
+    flow = lf.Flow("f", retry=retry.Times(3)).add(Flaky("flaky", provides="out"))
+    engine = local_engine_factory.run(flow)
+    assert engine.storage.fetch("out") == "third time"
+    assert tasks.names("execute") == ["flaky"] * 3
+
+
+def test_suspending_between_async_tasks_resumes_where_it_stopped() -> None:
     class Suspender(task.Task):
         async def execute(self) -> str:
             return self.name
