@@ -72,7 +72,7 @@ def check_command(ctx: click.Context, spec: str, store: tuple[str, ...],
     except exc.MissingDependencies as err:
         _echo_missing(getattr(flow, "name", spec), err)
         ctx.exit(exits.ERROR)
-    except (exc.TaskFlowException, TypeError, ValueError) as err:
+    except (exc.TaskFlowException, TypeError, ValueError, NotImplementedError) as err:
         message = err.pformat() if isinstance(err, exc.TaskFlowException) else str(err)
         click.echo(f"error: flow {getattr(flow, 'name', spec)!r}: {type(err).__name__}: "
                    f"{message}", err=True)

@@ -209,7 +209,7 @@ def _validate(engine: Any) -> None:
     try:
         engine.compile()
         engine.validate()
-    except (exc.TaskFlowException, TypeError, ValueError) as err:
+    except (exc.TaskFlowException, TypeError, ValueError, NotImplementedError) as err:
         message = err.pformat() if isinstance(err, exc.TaskFlowException) else str(err)
         raise loading.LoadError(f"flow {engine.storage.flow_name!r} cannot run: "
                                 f"{type(err).__name__}: {message}") from err

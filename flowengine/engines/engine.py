@@ -129,7 +129,7 @@ class ActionEngine:
         for atom in compilation.iter_atoms():
             methods = ex.async_methods(atom)
             if methods:
-                raise NotImplementedError(
+                raise exc.NotImplementedError(
                     f"Task {atom.name!r} has async def {' and '.join(methods)}, which the "
                     f"{type(self).__name__} cannot await yet (its workers call tasks on "
                     f"threads); run it on the serial or parallel engine, or make it a plain def")

@@ -112,6 +112,19 @@ def make_impatient() -> linear_flow.Flow:
                                              Echo("last"))
 
 
+class Waits(task.Task):
+    """An async task."""
+
+    async def execute(self) -> str:
+        JOURNAL.append(f"execute {self.name}")
+        return self.name
+
+
+def make_async() -> linear_flow.Flow:
+    """One async task: local engines await it; the worker-based engine refuses it."""
+    return linear_flow.Flow("async").add(Waits("waits"))
+
+
 def make_missing() -> linear_flow.Flow:
     """b needs ``nowhere``, which nothing provides."""
     return linear_flow.Flow("missing").add(Echo("a"), Echo("b", requires=("nowhere",)))

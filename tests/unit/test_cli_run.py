@@ -466,3 +466,13 @@ def test_a_second_ctrl_c_stops_at_once_and_still_says_how_to_resume(
     again = invoke("run", "--resume", flow_id, "--backend", uri)
     assert again.exit_code == exits.OK, again.output
     assert cli_flows.JOURNAL[-1] == "execute last"
+
+
+def test_an_async_task_runs_locally_and_is_refused_by_name_on_workers() -> None:
+    assert invoke("run", "cli_flows:make_async").exit_code == exits.OK
+    assert cli_flows.JOURNAL == ["execute waits"]
+    refused = invoke("run", "cli_flows:make_async", "--engine", "worker-based",
+                     "--transport", "memory")
+    assert refused.exit_code == exits.ERROR, refused.output
+    assert "Task 'waits' has async def execute, which the WorkerBasedActionEngine cannot await" \
+        in refused.stderr
