@@ -14,7 +14,7 @@ import click
 
 from flowengine import engines
 from flowengine import exceptions as exc
-from flowengine.cli import exits, graph_view, loading
+from flowengine.cli import exits, formatting, graph_view, loading
 from flowengine.cli.options import parse_pairs, show_envvars
 from flowengine.engines.compiler import FLOW, RETRY, TASK
 
@@ -70,7 +70,8 @@ def check_command(ctx: click.Context, spec: str, store: tuple[str, ...],
         engine.compile()
         engine.validate()
     except exc.MissingDependencies as err:
-        _echo_missing(getattr(flow, "name", spec), err)
+        for line in formatting.missing_inputs(getattr(flow, "name", spec), err):
+            click.echo(line, err=True)
         ctx.exit(exits.ERROR)
     except (exc.TaskFlowException, TypeError, ValueError, NotImplementedError) as err:
         message = err.pformat() if isinstance(err, exc.TaskFlowException) else str(err)
@@ -86,26 +87,6 @@ def check_command(ctx: click.Context, spec: str, store: tuple[str, ...],
     needed = sorted(getattr(flow, "requires", ()))
     if needed:
         click.echo(f"inputs it needs from outside (--store): {', '.join(needed)}")
-
-
-def _echo_missing(flow_name: str, err: exc.MissingDependencies) -> None:
-    """The inputs the flow needs, then which atom needs which (instead of the cause chain)."""
-    needs: dict[str, dict[str, list[str]]] = {}  # atom -> name -> methods
-    cause: BaseException | None = err
-    while isinstance(cause, exc.MissingDependencies):
-        if cause.method is not None:
-            atom = str(getattr(cause.who, "name", cause.who))
-            for name in cause.missing_requirements:
-                needs.setdefault(atom, {}).setdefault(name, []).insert(0, cause.method)
-        cause = cause.cause
-    wanted = sorted(err.missing_requirements)
-    click.echo(f"error: flow {flow_name!r}: MissingDependencies: it needs input(s) nothing in it "
-               f"provides: {', '.join(wanted)}", err=True)
-    for atom, names in needs.items():
-        for name, methods in names.items():
-            click.echo(f"  {name}: needed by atom {atom!r} ({', '.join(methods)})", err=True)
-    example = " ".join(f"--store {name}=VALUE" for name in wanted)
-    click.echo(f"hint: give them with --store NAME=VALUE ({example})", err=True)
 
 
 def _count(n: int, singular: str, plural: str | None = None) -> str:

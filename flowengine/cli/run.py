@@ -209,6 +209,9 @@ def _validate(engine: Any) -> None:
     try:
         engine.compile()
         engine.validate()
+    except exc.MissingDependencies as err:
+        lines = fmt.missing_inputs(engine.storage.flow_name, err)
+        raise loading.LoadError("\n".join(lines).removeprefix("error: ")) from err
     except (exc.TaskFlowException, TypeError, ValueError, NotImplementedError) as err:
         message = err.pformat() if isinstance(err, exc.TaskFlowException) else str(err)
         raise loading.LoadError(f"flow {engine.storage.flow_name!r} cannot run: "
