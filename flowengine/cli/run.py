@@ -258,7 +258,7 @@ def _run(engine: Any, request: Request, *, plain: bool, as_json: bool) -> int:
                     engine.suspend()
         except KeyboardInterrupt:
             click.echo("interrupted while suspending", err=True)
-            _echo_resume_hint(engine, request)
+            _echo_resume_hint(engine, request, err=True)
             return exits.INTERRUPTED
         except Exception as err:
             error = err
@@ -328,13 +328,13 @@ def _echo_summary(engine: Any, request: Request, outcome: Outcome, watcher: RunW
         _echo_resume_hint(engine, request)
 
 
-def _echo_resume_hint(engine: Any, request: Request) -> None:
+def _echo_resume_hint(engine: Any, request: Request, err: bool = False) -> None:
     """How to resume the flow (it is resumed on the engine and broker it ran on)."""
     if request.backend_uri is None:
-        click.echo("not saved (no --backend): this run cannot be resumed")
+        click.echo("not saved (no --backend): this run cannot be resumed", err=err)
         return
     hint = (f"resume with: flowengine run --resume {engine.storage.flow_uuid} "
             f"--backend {mask_urls(request.backend_uri)}")
     if stored_run.needs_url(request.broker):
         hint += " --url <the broker URL, with its password>"
-    click.echo(hint)
+    click.echo(hint, err=err)

@@ -411,7 +411,8 @@ def test_example_runs_a_flow_through_the_command() -> None:
 
 
 def _flow_id(result: Result) -> str:
-    hint = next(line for line in lines(result) if line.startswith("resume with: "))
+    printed = lines(result) + result.stderr.splitlines()
+    hint = next(line for line in printed if line.startswith("resume with: "))
     return hint.split()[5]
 
 
@@ -462,7 +463,9 @@ def test_a_second_ctrl_c_stops_at_once_and_still_says_how_to_resume(
     cli_flows.InterruptTwice.fired = False
     result = invoke("run", "cli_flows:make_impatient", "--backend", uri)
     assert result.exit_code == exits.INTERRUPTED, result.output
+    # On stderr, beside the interruption (stdout may be --json's alone).
     assert "interrupted while suspending" in result.stderr
+    assert "resume with: flowengine run --resume " in result.stderr
     flow_id = _flow_id(result)
     cli_flows.JOURNAL.clear()
     again = invoke("run", "--resume", flow_id, "--backend", uri)
