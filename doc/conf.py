@@ -13,7 +13,14 @@ author = "flowengine contributors"
 copyright = "flowengine contributors"
 release = version = "0.1.0"
 
-extensions: list[str] = []
+# The API reference (doc/api) is generated from Google-style docstrings.
+extensions: list[str] = ["sphinx.ext.autodoc", "sphinx.ext.napoleon"]
+autodoc_member_order = "bysource"
+autodoc_typehints = "description"
+napoleon_google_docstring = True
+napoleon_numpy_docstring = False
+# Engine classes list their options in an "Options:" section, rendered like "Args:".
+napoleon_custom_sections = [("Options", "params_style")]
 root_doc = "index"
 exclude_patterns = ["_build", "Thumbs.db", ".DS_Store"]
 # Python code in literal blocks is highlighted; nothing is fetched over the network.

@@ -1,10 +1,11 @@
-"""The `make run` demo: provision a server with a graph flow, then watch a failure get undone.
+"""Provision a server with a graph flow on the local parallel engine, then watch a failure get
+undone (the in-process version of the `make run` demo, which is examples/demo_workers.py).
 
 Part 1 runs the flow on the parallel engine and prints each atom's progress as it happens.
 Part 2 runs the same flow with a health check that fails: the engine reverts the completed
 tasks in the reverse of the order they ran in, and the run re-raises the failure.
 
-Run: make run    (or: python examples/main_job.py)
+Run: python examples/main_job.py
 """
 
 import time

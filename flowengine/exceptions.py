@@ -289,6 +289,8 @@ class MissingDependencies(DependencyFailure):
             message = (self.METHOD_TPL % {"method": method}) + message
         super().__init__(message, cause=cause)
         self.missing_requirements = requirements
+        self.who = who
+        self.method = method
 
 
 class CompilationFailure(TaskFlowException):

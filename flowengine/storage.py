@@ -3,8 +3,9 @@
 Every change goes to the flow detail's models and, when a backend is given, is written through
 to it at once, so an interrupted flow can be resumed by a new engine. What ``engine.storage`` is.
 
-This module is a little over 500 lines because it carries TaskFlow's whole ``Storage`` API
-(about forty short public methods programs already call); how argument names are resolved to
+This module is about 600 lines because it carries TaskFlow's whole ``Storage`` API (about forty
+short public methods programs already call) and the policy for writes that fail mid-run
+(:meth:`Storage.keep_unsaved`), which needs every write; how argument names are resolved to
 providers lives apart, in :mod:`flowengine.providers`.
 """
 
@@ -64,6 +65,7 @@ class Storage:
         self._injected_args: dict[str, dict[str, Any]] = {}
         # Failures keep their exc_info here; the stored copy loses it on serialization.
         self._failures: dict[str, dict[str, Failure]] = {}
+        self._unsaved: exceptions.StorageFailure | None = None
         for ad in self._by_name.values():
             self._remember_failures(ad)
         injector = self._by_name.get(self.injector_name)
@@ -125,15 +127,57 @@ class Storage:
         self._providers.scope_fetcher = scope_fetcher
 
     def _write(self, what: str, call: Callable[..., Any], *args: Any) -> None:
-        """Write through to the backend; any error becomes a StorageFailure naming ``what``."""
+        """Write through to the backend; any error becomes a StorageFailure naming ``what``.
+
+        After :meth:`keep_unsaved`, a failed write is logged instead: the change stays in memory
+        until :meth:`flush_unsaved` writes the whole flow detail.
+        """
         try:
             call(*args)
-        except exceptions.StorageFailure:
-            raise
         except Exception as err:
+            if self._unsaved is not None:
+                LOG.warning("Keeping %s of flow %r in memory only: %s", what, self.flow_name, err)
+                return
+            if isinstance(err, exceptions.StorageFailure):
+                raise
             raise exceptions.StorageFailure(
                 f"Could not save {what} of flow {self.flow_name!r} ({self.flow_uuid}) to "
                 f"backend {type(self._backend).__name__}: {err}") from err
+
+    @property
+    def unsaved(self) -> exceptions.StorageFailure | None:
+        """The write failure that put this storage in memory-only mode, if any."""
+        return self._unsaved
+
+    def keep_unsaved(self, failure: exceptions.StorageFailure) -> None:
+        """Keep going after ``failure``: later failed writes are logged, not raised.
+
+        The engine calls this so that a flow whose record could not be written still reverts
+        the work it completed (its state lives on in memory meanwhile).
+        """
+        if self._unsaved is None:
+            self._unsaved = failure
+
+    def flush_unsaved(self) -> None:
+        """Write the whole flow detail after failed writes, and leave memory-only mode.
+
+        Raises:
+            StorageFailure: the backend still refuses; the error names the first failure too.
+        """
+        first = self._unsaved
+        if first is None or self._connection is None:
+            self._unsaved = None
+            return
+        with self._lock:
+            try:
+                self._connection.update_flow_details(self._flow_detail)
+            except Exception as err:
+                raise exceptions.StorageFailure(
+                    f"Flow {self.flow_name!r} ({self.flow_uuid}) ended "
+                    f"{self.get_flow_state()}, but its records could not be saved to backend "
+                    f"{type(self._backend).__name__} ({err}); the first failed write: {first}",
+                    cause=first) from err
+            self._unsaved = None
 
     def _save_atom(self, ad: models.AtomDetail) -> None:
         if self._connection is not None:

@@ -1,4 +1,5 @@
-"""Run the worker-based benchmarks with tiny sizes on the filesystem transport, and check the JSON.
+"""Run the worker-based benchmarks with tiny sizes on the filesystem transport (and the local
+async one), and check the JSON.
 
 The numbers are not checked (speed is never asserted); the shape of the report is, and that the
 CPU accounting adds up, so a broken benchmark is found by CI rather than by whoever next runs it.
@@ -79,3 +80,9 @@ def test_per_unit_ms_divides_each_group_and_adds_a_total() -> None:
     spent = cpu_usage.per_unit_ms({"a": 1.0, "b": 2.0, "c": None}, {"a": 1.5, "b": 2.25, "c": 9.0},
                                   250)  # fmt: skip
     assert spent == {"a": 2.0, "b": 1.0, "total": 3.0}
+
+
+def test_async_tasks_benchmark_reports_both_runs() -> None:
+    report = run_benchmark("async_tasks.py", "--tasks", "20", "--wait", "0.01", "--threads", "2")
+    assert report["benchmark"] == "async_tasks" and report["tasks"] == 20
+    assert report["async_run_s"] > 0 and report["threads_run_s"] > 0

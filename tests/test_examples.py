@@ -83,6 +83,13 @@ EXPECTED_LINES: dict[str, list[str]] = {
         "flow  backup: RUNNING -> SUCCESS",
         "stored progress of copy: 1.0",
     ],
+    "async_and_time_limits.py": [
+        "healthy hosts: 50 of 50",
+        "reserve: reserved an address",
+        "wait_for_boot: cancelled by its time limit",
+        "reserve: released 10.0.0.7",
+        "run raised TaskTimeLimitExceeded: Task 'wait_for_boot' exceeded its time limit of 0.5s",
+    ],
     "main_job.py": [
         "health_check   ✔ done -> ok",
         "flow state: SUCCESS",
@@ -151,8 +158,8 @@ def _run(script: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-#: Scripts run at the same time. Most wait on sleeps and workers, but the worker-based ones start two
-#: worker processes each: all at once on two cores starved some of them past their start-up wait.
+#: Scripts run at the same time. Most wait on sleeps and workers, but the worker-based ones start
+#: two worker processes each: all at once on two cores starved some past their start-up wait.
 CONCURRENT_SCRIPTS = 6
 
 

@@ -6,6 +6,7 @@ from typing import Any
 
 import click
 
+from flowengine import states
 from flowengine.cli import formatting as fmt
 from flowengine.cli import records
 from flowengine.cli.flow_options import backend_option
@@ -16,6 +17,7 @@ from flowengine.cli.options import json_option, show_envvars
 @click.command("flows")
 @backend_option(required=True)
 @click.option("--state", "states_wanted", multiple=True, envvar="FLOWENGINE_STATE",
+              type=click.Choice(sorted(states.FLOW_STATES), case_sensitive=False),
               help="Only flows in this state (SUCCESS, REVERTED, ...). Repeatable.")
 @json_option()
 def flows_command(backend_uri: str, states_wanted: tuple[str, ...], as_json: bool) -> None:

@@ -1,4 +1,5 @@
-"""Text helpers shared by the flow commands: durations, short values, aligned columns."""
+"""Text helpers shared by the flow commands: durations, short values, aligned columns, missing
+inputs."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import datetime
 import json
 from collections.abc import Sequence
 from typing import Any
+
+from flowengine import exceptions as exc
 
 #: Width values are cut to unless ``--full`` is given.
 VALUE_WIDTH = 60
@@ -67,4 +70,24 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     for row in (headers, *rows):
         cells = [cell.ljust(w) for cell, w in zip(row, widths)]
         lines.append("  ".join(cells).rstrip())
+    return lines
+
+
+def missing_inputs(flow_name: str, err: exc.MissingDependencies) -> list[str]:
+    """The inputs a flow needs, then which atom needs which: not the nested cause chain."""
+    needs: dict[str, dict[str, list[str]]] = {}  # atom -> name -> methods
+    cause: BaseException | None = err
+    while isinstance(cause, exc.MissingDependencies):
+        if cause.method is not None:
+            atom = str(getattr(cause.who, "name", cause.who))
+            for name in cause.missing_requirements:
+                needs.setdefault(atom, {}).setdefault(name, []).insert(0, cause.method)
+        cause = cause.cause
+    wanted = sorted(err.missing_requirements)
+    lines = [f"error: flow {flow_name!r}: MissingDependencies: it needs input(s) nothing in it "
+             f"provides: {', '.join(wanted)}"]
+    lines += [f"  {name}: needed by atom {atom!r} ({', '.join(methods)})"
+              for atom, names in needs.items() for name, methods in names.items()]
+    example = " ".join(f"--store {name}=VALUE" for name in wanted)
+    lines.append(f"hint: give them with --store NAME=VALUE ({example})")
     return lines

@@ -14,7 +14,7 @@ import click
 
 from flowengine import engines
 from flowengine import exceptions as exc
-from flowengine.cli import exits, graph_view, loading
+from flowengine.cli import exits, formatting, graph_view, loading
 from flowengine.cli.options import parse_pairs, show_envvars
 from flowengine.engines.compiler import FLOW, RETRY, TASK
 
@@ -69,13 +69,14 @@ def check_command(ctx: click.Context, spec: str, store: tuple[str, ...],
     try:
         engine.compile()
         engine.validate()
-    except (exc.TaskFlowException, TypeError, ValueError) as err:
+    except exc.MissingDependencies as err:
+        for line in formatting.missing_inputs(getattr(flow, "name", spec), err):
+            click.echo(line, err=True)
+        ctx.exit(exits.ERROR)
+    except (exc.TaskFlowException, TypeError, ValueError, NotImplementedError) as err:
         message = err.pformat() if isinstance(err, exc.TaskFlowException) else str(err)
         click.echo(f"error: flow {getattr(flow, 'name', spec)!r}: {type(err).__name__}: "
                    f"{message}", err=True)
-        if isinstance(err, exc.MissingDependencies):
-            click.echo("hint: give inputs nothing in the flow provides with --store NAME=VALUE",
-                       err=True)
         ctx.exit(exits.ERROR)
     compilation = engine.compilation
     kinds = Counter(compilation.kind(node) for node in compilation.execution_graph)

@@ -17,7 +17,7 @@ from rich.console import Console
 
 from flowengine import engines, states
 from flowengine import exceptions as exc
-from flowengine.cli import exits, loading, records, telemetry
+from flowengine.cli import exits, loading, records, stored_run, telemetry
 from flowengine.cli import formatting as fmt
 from flowengine.cli.broker import broker_kwargs, broker_options
 from flowengine.cli.flow_options import backend_option
@@ -50,6 +50,17 @@ class Request:
     broker: dict[str, Any]
     events: bool | None
     metrics: bool
+    topics: list[str] = dataclasses.field(default_factory=list)
+    metrics_port: int | None = None
+    #: Options given on the command line or in the environment (a resume keeps the others).
+    explicit: frozenset[str] = frozenset()
+
+    def engine_options(self) -> dict[str, Any]:
+        """The options ``engines.load`` gets for this request's engine."""
+        if not telemetry.is_worker_based(self.engine):
+            return {}
+        return {**self.broker, "topics": self.topics,
+                **telemetry.engine_options(self.events, self.metrics_port)}
 
 
 @show_envvars
@@ -93,17 +104,15 @@ def run_command(ctx: click.Context, spec: str | None, engine_name: str, topics: 
         raise click.UsageError("--resume needs --backend: where the flow was saved")
     if metrics_port is not None:
         metrics_port = telemetry.serve_metrics(metrics_port)
-    options: dict[str, Any] = {}
-    if telemetry.is_worker_based(engine_name):
-        options = {**broker_kwargs(**broker), "topics": split_env_list(tuple(topics)),
-                   **telemetry.engine_options(events, metrics_port)}
     request = Request(
-        spec=spec, resume_id=resume_id, engine=engine_name, options=options,
+        spec=spec, resume_id=resume_id, engine=engine_name, options={},
         store=parse_pairs(store, "store value"), args=loading.parse_args(factory_args),
         kwargs=parse_pairs(factory_kwargs, "factory keyword argument"),
         backend=None if backend_uri is None else records.open_backend(backend_uri, create=True),
         backend_uri=backend_uri, book=book, broker=broker_kwargs(**broker), events=events,
-        metrics=metrics_port is not None)
+        metrics=metrics_port is not None, topics=split_env_list(tuple(topics)),
+        metrics_port=metrics_port, explicit=stored_run.explicit_options(ctx))
+    request.options = request.engine_options()
     try:
         engine = _load(request)
         _validate(engine)
@@ -125,6 +134,7 @@ def _load(request: Request) -> Any:
         with contextlib.closing(request.backend.get_connection()) as conn:
             flow_detail = records.find_flow(conn, request.resume_id, request.backend_uri,
                                             param_hint="--resume")
+        _reuse_stored_run(request, flow_detail)
     if request.spec is not None:
         target = loading.import_target(request.spec)
         flow = loading.build_flow(request.spec, target, request.args, request.kwargs)
@@ -145,10 +155,23 @@ def _load(request: Request) -> Any:
         raise loading.LoadError(f"cannot load flow {flow.name!r} into engine "
                                 f"{request.engine!r}: {err}") from err
     if is_new and request.backend is not None:
+        flow_detail.meta[stored_run.META_KEY] = stored_run.record(
+            request.engine, request.broker, request.topics)
         _save_new(flow_detail, flow, target, request)
     if request.store:
         engine.storage.inject(request.store)
     return engine
+
+
+def _reuse_stored_run(request: Request, flow_detail: models.FlowDetail) -> None:
+    """Resume on the engine (and broker) the flow ran on, unless the command says otherwise."""
+    stored = stored_run.stored(flow_detail)
+    if stored is None:
+        return
+    engine, broker, topics = stored_run.merge(stored, request.engine, request.broker,
+                                              request.topics, request.explicit)
+    request.engine, request.broker, request.topics = engine, broker, topics
+    request.options = request.engine_options()
 
 
 def _rebuild(flow_detail: Any) -> Any:
@@ -186,7 +209,10 @@ def _validate(engine: Any) -> None:
     try:
         engine.compile()
         engine.validate()
-    except (exc.TaskFlowException, TypeError, ValueError) as err:
+    except exc.MissingDependencies as err:
+        lines = fmt.missing_inputs(engine.storage.flow_name, err)
+        raise loading.LoadError("\n".join(lines).removeprefix("error: ")) from err
+    except (exc.TaskFlowException, TypeError, ValueError, NotImplementedError) as err:
         message = err.pformat() if isinstance(err, exc.TaskFlowException) else str(err)
         raise loading.LoadError(f"flow {engine.storage.flow_name!r} cannot run: "
                                 f"{type(err).__name__}: {message}") from err
@@ -232,6 +258,7 @@ def _run(engine: Any, request: Request, *, plain: bool, as_json: bool) -> int:
                     engine.suspend()
         except KeyboardInterrupt:
             click.echo("interrupted while suspending", err=True)
+            _echo_resume_hint(engine, request, err=True)
             return exits.INTERRUPTED
         except Exception as err:
             error = err
@@ -297,9 +324,17 @@ def _echo_summary(engine: Any, request: Request, outcome: Outcome, watcher: RunW
             click.echo(f"    {line}")
     if outcome.error is not None and not _failures(engine):
         click.echo(f"error: {type(outcome.error).__name__}: {outcome.error}", err=True)
-    if outcome.state == states.SUSPENDED:
-        if request.backend_uri is None:
-            click.echo("not saved (no --backend): this run cannot be resumed")
-        else:
-            click.echo(f"resume with: flowengine run --resume {storage.flow_uuid} "
-                       f"--backend {mask_urls(request.backend_uri)}")
+    if outcome.state not in (states.SUCCESS, states.REVERTED, states.FAILURE):
+        _echo_resume_hint(engine, request)
+
+
+def _echo_resume_hint(engine: Any, request: Request, err: bool = False) -> None:
+    """How to resume the flow (it is resumed on the engine and broker it ran on)."""
+    if request.backend_uri is None:
+        click.echo("not saved (no --backend): this run cannot be resumed", err=err)
+        return
+    hint = (f"resume with: flowengine run --resume {engine.storage.flow_uuid} "
+            f"--backend {mask_urls(request.backend_uri)}")
+    if stored_run.needs_url(request.broker):
+        hint += " --url <the broker URL, with its password>"
+    click.echo(hint, err=err)

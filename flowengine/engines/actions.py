@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import functools
+import json
 import logging
 import time
 from collections.abc import Callable
 from typing import Any
 
+from flowengine import exceptions as exc
 from flowengine import states
 from flowengine.engines import executor as ex
 from flowengine.retry import EXECUTE_REVERT_HISTORY, REVERT_FLOW_FAILURES, Retry
@@ -32,6 +34,27 @@ META_RETRY_DUE = "retry_due"
 META_RETURNED = "returned"
 
 
+# Values json.dumps always encodes, checked without encoding them.
+_PLAIN = (str, int, float, bool, type(None))
+
+
+def unfit_for_json(atom_name: str, what: str, value: Any) -> Failure | None:
+    """A failure naming the atom and the type if ``value`` is not a JSON value, else None.
+
+    Results are stored and sent as JSON on every backend and transport, so every engine makes
+    this check the moment a result is produced, whether or not anything stores it yet.
+    """
+    if isinstance(value, _PLAIN):
+        return None
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError, RecursionError) as err:
+        return Failure.from_exception(exc.InvalidFormat(
+            f"Atom {atom_name!r} {what} a value of type {type(value).__name__}, which is not "
+            f"JSON ({err}); results are stored and sent as JSON"))
+    return None
+
+
 def _meta(storage: Storage, atom_name: str) -> dict[str, Any]:
     """The named atom's stored metadata (read only)."""
     detail = storage.flow_detail.find(storage.get_atom_uuid(atom_name))
@@ -48,6 +71,9 @@ class TaskAction:
         self._notifier = notifier
         self._executor = executor
         self._on_state = on_state
+        # What tasks returned that could not be stored (not JSON, or the write failed): kept
+        # in memory so that this engine's revert still receives it.
+        self._kept: dict[str, Any] = {}
 
     def _announce(self, task: Any, state: str, old_state: str, result: Any) -> None:
         self._on_state(task, state)
@@ -68,6 +94,7 @@ class TaskAction:
     def reset_state(self, task: Any, state: str) -> None:
         """Forget the task's results and move it to ``state`` (PENDING or IGNORE)."""
         old_state = self._storage.get_atom_state(task.name)
+        self._kept.pop(task.name, None)
         self._storage.reset(task.name, state)
         self._announce(task, state, old_state, NO_RESULT)
 
@@ -117,7 +144,12 @@ class TaskAction:
         result, would pass it too).
         """
         returned = None
-        if not isinstance(result, Failure):
+        self._kept.pop(task.name, None)
+        unfit = None if isinstance(result, Failure) else unfit_for_json(task.name, "returned",
+                                                                        result)
+        if unfit is not None:
+            self._kept[task.name], result = result, unfit
+        elif not isinstance(result, Failure):
             try:
                 self._storage.check_result_shape(task.name, result)
             except Exception:
@@ -130,6 +162,13 @@ class TaskAction:
             self.change_state(task, states.SUCCESS, result=result, progress=1.0)
         return result
 
+    def fail_unsaved(self, task: Any, result: Any, failure: Failure) -> Failure:
+        """Fail ``task`` because its outcome could not be stored; its revert gets ``result``."""
+        if not isinstance(result, Failure):
+            self._kept[task.name] = result
+        self.change_state(task, states.FAILURE, result=failure)
+        return failure
+
     def schedule_reversion(self, task: Any, arguments: dict[str, Any]) -> cf.Future:
         """Mark REVERTING and submit the task's revert."""
         self.change_state(task, states.REVERTING, progress=0.0)
@@ -137,6 +176,8 @@ class TaskAction:
         returned = _meta(self._storage, task.name).get(META_RETURNED)
         if returned and isinstance(result, Failure):
             result = returned[0]
+        if task.name in self._kept and isinstance(result, Failure):
+            result = self._kept[task.name]
         failures = self._storage.get_execute_failures()
         return self._executor.revert_task(
             task, self._storage.get_atom_uuid(task.name), arguments, result, failures,
@@ -145,6 +186,8 @@ class TaskAction:
 
     def complete_reversion(self, task: Any, result: Any) -> None:
         """Store the outcome of ``revert``."""
+        if not isinstance(result, Failure):
+            result = unfit_for_json(task.name, "returned from revert", result) or result
         if isinstance(result, Failure):
             self.change_state(task, states.REVERT_FAILURE, result=result)
         else:
@@ -243,6 +286,8 @@ class RetryAction:
 
     def complete_execution(self, retry: Retry, result: Any) -> Any:
         """Store the outcome of the retry's ``execute``; return it."""
+        if not isinstance(result, Failure):
+            result = unfit_for_json(retry.name, "returned", result) or result
         if isinstance(result, Failure):
             self.change_state(retry, states.FAILURE, result=result)
         else:

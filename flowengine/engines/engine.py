@@ -16,7 +16,7 @@ from flowengine.engines import executor as ex
 from flowengine.engines import gc_pause
 from flowengine.engines.compiler import Compilation, PatternCompiler
 from flowengine.engines.machine import META_STATES, RunLoop
-from flowengine.engines.options import EngineOptions
+from flowengine.engines.options import EngineOptions, as_optional_int
 from flowengine.engines.runtime import Runtime
 from flowengine.listeners.atoms import AtomLogListener
 from flowengine.storage import Storage
@@ -68,7 +68,10 @@ class ActionEngine:
 
     @property
     def atom_notifier(self) -> Notifier:
-        """Atom state changes are announced here (details: task_/retry_ name, uuid, ...)."""
+        """Atom state changes are announced here.
+
+        Details: ``task_name`` or ``retry_name``, its uuid, ``old_state`` and the result.
+        """
         return self._atom_notifier
 
     @property
@@ -98,7 +101,14 @@ class ActionEngine:
     # -- lifecycle --------------------------------------------------------------------------
 
     def _task_executor(self) -> ex.TaskExecutor:
-        return ex.SerialTaskExecutor()
+        return ex.SerialTaskExecutor(**self._local_options())
+
+    def _local_options(self) -> dict[str, Any]:
+        """The options of the local executors: ``time_limits`` and ``max_async_tasks``."""
+        extra = self._options.extra
+        return {"time_limits": extra.get("time_limits"),
+                "max_async_tasks": as_optional_int("max_async_tasks",
+                                                   extra.get("max_async_tasks"))}
 
     def compile(self) -> None:
         """Compile the flow into its execution graph (once)."""
@@ -107,9 +117,22 @@ class ActionEngine:
                 return
             with gc_pause.paused():
                 compilation = PatternCompiler(self._flow).compile()
+            executor = self._task_executor()
+            if not executor.runs_coroutines:
+                self._refuse_coroutines(compilation)
             self._runtime = Runtime(compilation, self.storage, self._atom_notifier,
-                                    self._task_executor(), self._options)
+                                    executor, self._options)
             self._compilation = compilation
+
+    def _refuse_coroutines(self, compilation: Compilation) -> None:
+        """Refuse ``async def`` tasks before anything runs, on an engine that cannot await them."""
+        for atom in compilation.iter_atoms():
+            methods = ex.async_methods(atom)
+            if methods:
+                raise exc.NotImplementedError(
+                    f"Task {atom.name!r} has async def {' and '.join(methods)}, which the "
+                    f"{type(self).__name__} cannot await yet (its workers call tasks on "
+                    f"threads); run it on the serial or parallel engine, or make it a plain def")
 
     def _change_state(self, state: str) -> None:
         moved, old_state = self.storage.change_flow_state(state)
@@ -214,6 +237,8 @@ class ActionEngine:
         """
         self.validate()
         assert self._runtime is not None
+        # A previous run left state only in memory: it must reach the backend before more runs.
+        self.storage.flush_unsaved()
         executor = self._runtime.task_action.executor
         final: str | None = None
         started = time.monotonic()
@@ -247,12 +272,20 @@ class ActionEngine:
                     LOG.exception(
                         "Could not store flow %r (%s) as FAILURE either",
                         self.storage.flow_name, self.storage.flow_uuid)
+                try:
+                    self.storage.flush_unsaved()
+                except Exception:
+                    LOG.exception("Flow %r (%s) records stay unsaved",
+                                  self.storage.flow_name, self.storage.flow_uuid)
                 raise
             finally:
                 self._loop = None
                 self._statistics["active_for"] = time.monotonic() - started
         if final is not None and final not in self.IGNORABLE_STATES:
             self._change_state(final)
+            # After a failed write the run went on in memory (reverting what it had done):
+            # write everything now, or raise the StorageFailure saying the records are stale.
+            self.storage.flush_unsaved()
             if final not in self.NO_RERAISING_STATES:
                 failures = list(self.storage.get_execute_failures().values())
                 failures += self.storage.get_revert_failures().values()
@@ -269,7 +302,12 @@ def _started(executor: ex.TaskExecutor) -> Iterator[None]:
 
 
 class SerialActionEngine(ActionEngine):
-    """Runs one atom at a time, in the calling thread."""
+    """Runs one atom at a time, in the calling thread.
+
+    Options:
+        time_limits: ``{task name: seconds}`` overriding the tasks' ``time_limit``. A call with
+            a time limit runs on a helper thread, so the engine can stop waiting for it.
+    """
 
 
 class ParallelActionEngine(ActionEngine):
@@ -279,6 +317,9 @@ class ParallelActionEngine(ActionEngine):
         executor: a ``concurrent.futures.Executor`` to use (never shut down by the engine),
             or the string "threads".
         max_workers: size of the engine's own pool when no executor is given.
+        max_async_tasks: ``async def`` calls awaited at the same time, on one event loop
+            thread (they take no pool thread); default 64.
+        time_limits: ``{task name: seconds}`` overriding the tasks' ``time_limit``.
     """
 
     def __init__(self, flow: Any, flow_detail: Any, backend: Any,
@@ -296,11 +337,12 @@ class ParallelActionEngine(ActionEngine):
         given = self._options.executor
         if given is None or (isinstance(given, str) and given.lower() in
                              ("thread", "threads", "threaded")):
-            return ex.ParallelThreadTaskExecutor(max_workers=self._options.max_workers)
+            return ex.ParallelThreadTaskExecutor(max_workers=self._options.max_workers,
+                                                 **self._local_options())
         if isinstance(given, ex.TaskExecutor):
             return given
         if hasattr(given, "submit"):
-            return ex.ParallelThreadTaskExecutor(executor=given)
+            return ex.ParallelThreadTaskExecutor(executor=given, **self._local_options())
         raise ValueError(
             f"Parallel engine option 'executor' must be an Executor or 'threads', not {given!r}"
         )

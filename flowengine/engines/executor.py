@@ -3,20 +3,30 @@
 An executor returns a future whose result is ``(EXECUTED, result)`` or ``(REVERTED, result)``;
 a raised exception comes back as a :class:`~flowengine.types.failure.Failure` result, never as
 the future's exception. The worker-based engine supplies its own executor with the same API.
+
+The local executors also bound calls by their time limits (:mod:`.time_limits`) and await
+``async def`` methods on an event loop of their own (:mod:`.event_loop`).
 """
 
 from __future__ import annotations
 
 import abc
+import asyncio
 import concurrent.futures as cf
+import contextlib
+import functools
+import inspect
 import threading
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any
 
 import futurist
 
 from flowengine import tracing
 from flowengine.atom import REVERT_FLOW_FAILURES, REVERT_RESULT
+from flowengine.engines.event_loop import EventLoopThread
+from flowengine.engines.time_limits import Clock, Watchdog, limit_for, parse_time_limits, settle
 from flowengine.task import EVENT_UPDATE_PROGRESS
 from flowengine.types.failure import Failure
 
@@ -41,24 +51,58 @@ def _redact(task: Any, arguments: Mapping[str, Any], outcome: Any) -> Any:
     return outcome
 
 
-def _run(task: Any, pre: Callable[[], Any], call: Callable[[], Any], post: Callable[[], Any],
-         progress_callback: ProgressCallback | None) -> Any:
-    """Run ``pre``, ``call``, ``post`` with progress forwarded; an exception becomes a Failure."""
+@contextlib.contextmanager
+def _hooked(task: Any, post: Callable[[], Any],
+            progress_callback: ProgressCallback | None) -> Iterator[list[Any]]:
+    """Around a call: progress forwarded, ``post`` after it; an exception becomes a Failure.
+
+    The body puts the call's outcome in the yielded one-item list.
+    """
     registered = _listen(task, progress_callback)
+    box: list[Any] = [None]
     try:
         try:
-            pre()
-            outcome = call()
+            yield box
         except Exception:
-            outcome = Failure()
+            box[0] = Failure()
         finally:
             try:
                 post()
             except Exception:
-                outcome = Failure()
+                box[0] = Failure()
     finally:
         _unlisten(task, progress_callback, registered)
-    return outcome
+
+
+def _run(task: Any, pre: Callable[[], Any], call: Callable[[], Any], post: Callable[[], Any],
+         progress_callback: ProgressCallback | None) -> Any:
+    """Run ``pre``, ``call``, ``post`` with progress forwarded; an exception becomes a Failure."""
+    with _hooked(task, post, progress_callback) as box:
+        pre()
+        box[0] = call()
+        if inspect.iscoroutine(box[0]):
+            box[0].close()
+            raise TypeError(
+                f"Task {task.name!r} returned a coroutine; declare it async def (so the "
+                f"engine awaits it) or return a value")
+    return box[0]
+
+
+async def _run_async(task: Any, pre: Callable[[], Any], call: Callable[[], Awaitable[Any]],
+                     post: Callable[[], Any], progress_callback: ProgressCallback | None) -> Any:
+    """:func:`_run` for an ``async def`` method: ``call()`` is awaited."""
+    with _hooked(task, post, progress_callback) as box:
+        pre()
+        box[0] = await call()
+    return box[0]
+
+
+def _revert_kwargs(arguments: Mapping[str, Any], result: Any,
+                   failures: Mapping[str, Failure]) -> dict[str, Any]:
+    kwargs = dict(arguments)
+    kwargs[REVERT_RESULT] = result
+    kwargs[REVERT_FLOW_FAILURES] = failures
+    return kwargs
 
 
 def execute_task(
@@ -79,13 +123,46 @@ def revert_task(
     progress_callback: ProgressCallback | None = None,
 ) -> tuple[str, Any]:
     """Run ``pre_revert``/``revert``/``post_revert`` here and now."""
-    kwargs = dict(arguments)
-    kwargs[REVERT_RESULT] = result
-    kwargs[REVERT_FLOW_FAILURES] = failures
+    kwargs = _revert_kwargs(arguments, result, failures)
     with tracing.task_scope(task):
         outcome = _run(task, task.pre_revert, lambda: task.revert(**kwargs), task.post_revert,
                        progress_callback)
     return REVERTED, _redact(task, arguments, outcome)
+
+
+async def execute_task_async(
+    task: Any, arguments: Mapping[str, Any], progress_callback: ProgressCallback | None = None
+) -> tuple[str, Any]:
+    """:func:`execute_task` for a task whose ``execute`` is ``async def``."""
+    with tracing.task_scope(task):
+        result = await _run_async(task, task.pre_execute, lambda: task.execute(**arguments),
+                                  task.post_execute, progress_callback)
+    return EXECUTED, _redact(task, arguments, result)
+
+
+async def revert_task_async(
+    task: Any,
+    arguments: Mapping[str, Any],
+    result: Any,
+    failures: Mapping[str, Failure],
+    progress_callback: ProgressCallback | None = None,
+) -> tuple[str, Any]:
+    """:func:`revert_task` for a task whose ``revert`` is ``async def``."""
+    kwargs = _revert_kwargs(arguments, result, failures)
+    with tracing.task_scope(task):
+        outcome = await _run_async(task, task.pre_revert, lambda: task.revert(**kwargs),
+                                   task.post_revert, progress_callback)
+    return REVERTED, _redact(task, arguments, outcome)
+
+
+def is_async(method: Any) -> bool:
+    """Whether ``method`` is an ``async def`` (its call returns a coroutine to await)."""
+    return inspect.iscoroutinefunction(method)
+
+
+def async_methods(task: Any) -> list[str]:
+    """Names of ``task``'s methods an engine must await (``execute``, ``revert``)."""
+    return [name for name in ("execute", "revert") if is_async(getattr(task, name, None))]
 
 
 def _listen(task: Any, callback: ProgressCallback | None) -> bool:
@@ -102,6 +179,10 @@ def _unlisten(task: Any, callback: ProgressCallback | None, registered: bool) ->
 
 class TaskExecutor(metaclass=abc.ABCMeta):
     """Runs tasks somewhere and hands back futures of their outcomes."""
+
+    #: Whether ``async def`` execute/revert methods are awaited here; an engine refuses tasks
+    #: with them, before anything runs, when its executor cannot.
+    runs_coroutines = False
 
     @abc.abstractmethod
     def execute_task(
@@ -138,8 +219,104 @@ def _done_future(value: Any) -> cf.Future:
     return future
 
 
-class SerialTaskExecutor(TaskExecutor):
-    """Runs each task in the calling thread, at submission."""
+class LocalTaskExecutor(TaskExecutor):
+    """What the serial and parallel executors share: time limits and awaiting coroutines.
+
+    Args:
+        time_limits: ``{task name: seconds}`` overriding tasks' ``time_limit``.
+        max_async_tasks: ``async def`` calls awaited at the same time (on one loop thread).
+        clock: monotonic clock of the time limits (tests inject one).
+    """
+
+    runs_coroutines = True
+
+    def __init__(self, time_limits: Mapping[str, float] | None = None,
+                 max_async_tasks: int | None = None, clock: Clock = time.monotonic) -> None:
+        if max_async_tasks is not None and max_async_tasks < 1:
+            raise ValueError(f"max_async_tasks must be at least 1, got {max_async_tasks}")
+        self._limits = parse_time_limits(time_limits)
+        self._max_async = max_async_tasks or DEFAULT_MAX_ASYNC_TASKS
+        self._clock = clock
+        self._watchdog = Watchdog(clock)
+        self._loop: EventLoopThread | None = None
+        self._loop_lock = threading.Lock()
+
+    @property
+    def watchdog(self) -> Watchdog:
+        """Fails calls past their time limit (tests call its ``check`` after moving the clock)."""
+        return self._watchdog
+
+    def start(self) -> None:
+        self._watchdog = Watchdog(self._clock)
+
+    def stop(self) -> None:
+        self._watchdog.stop()
+        with self._loop_lock:
+            loop, self._loop = self._loop, None
+        if loop is not None:
+            loop.stop()
+
+    def _event_loop(self) -> EventLoopThread:
+        with self._loop_lock:
+            if self._loop is None:
+                self._loop = EventLoopThread(self._max_async)
+            return self._loop
+
+    def _dispatch(self, task: Any, outcome: str, method: Any, call: Callable[[], Any],
+                  coroutine: Callable[[], Awaitable[Any]]) -> cf.Future:
+        limit = limit_for(task, self._limits)
+        if is_async(method):
+            return self._awaited(task, outcome, coroutine, limit)
+        if limit is None:
+            return self._plain(call)
+        return self._bounded(task, outcome, call, limit)
+
+    @abc.abstractmethod
+    def _plain(self, call: Callable[[], Any]) -> cf.Future:
+        """Run a call that has no time limit."""
+
+    @abc.abstractmethod
+    def _bounded(self, task: Any, outcome: str, call: Callable[[], Any],
+                 limit: float) -> cf.Future:
+        """Run a call the watchdog fails after ``limit`` seconds."""
+
+    def _timed(self, future: cf.Future, task: Any, outcome: str, call: Callable[[], Any],
+               limit: float) -> None:
+        """Run ``call`` under the watchdog, settling ``future`` (unless cancelled first)."""
+        if not future.set_running_or_notify_cancel():
+            return
+        self._watchdog.started(future, task.name, outcome, limit)
+        try:
+            value = call()
+        finally:
+            self._watchdog.finished(future)
+        settle(future, value, task.name)
+
+    def _awaited(self, task: Any, outcome: str, coroutine: Callable[[], Awaitable[Any]],
+                 limit: float | None) -> cf.Future:
+        future: cf.Future = cf.Future()
+        loop = self._event_loop()
+        loop.submit(self._await(future, task, outcome, coroutine, limit, loop.loop))
+        return future
+
+    async def _await(self, future: cf.Future, task: Any, outcome: str,
+                     coroutine: Callable[[], Awaitable[Any]], limit: float | None,
+                     loop: asyncio.AbstractEventLoop) -> None:
+        if not future.set_running_or_notify_cancel():
+            return  # cancelled (a suspension) while it waited for a slot
+        if limit is not None:
+            running = asyncio.current_task()
+            assert running is not None
+            # Unlike a thread, a coroutine can be stopped: once the watchdog fails it, cancel it.
+            future.add_done_callback(functools.partial(_cancel_soon, loop, running))
+            self._watchdog.started(future, task.name, outcome, limit)
+        try:
+            value = await coroutine()
+        except asyncio.CancelledError as err:
+            value = (outcome, Failure.from_exception(err))
+        finally:
+            self._watchdog.finished(future)
+        settle(future, value, task.name)
 
     def execute_task(
         self,
@@ -148,7 +325,10 @@ class SerialTaskExecutor(TaskExecutor):
         arguments: Mapping[str, Any],
         progress_callback: ProgressCallback | None = None,
     ) -> cf.Future:
-        return _done_future(execute_task(task, arguments, progress_callback))
+        return self._dispatch(
+            task, EXECUTED, task.execute,
+            functools.partial(execute_task, task, arguments, progress_callback),
+            functools.partial(execute_task_async, task, arguments, progress_callback))
 
     def revert_task(
         self,
@@ -159,29 +339,77 @@ class SerialTaskExecutor(TaskExecutor):
         failures: Mapping[str, Failure],
         progress_callback: ProgressCallback | None = None,
     ) -> cf.Future:
-        return _done_future(revert_task(task, arguments, result, failures, progress_callback))
+        return self._dispatch(
+            task, REVERTED, task.revert,
+            functools.partial(revert_task, task, arguments, result, failures, progress_callback),
+            functools.partial(revert_task_async, task, arguments, result, failures,
+                              progress_callback))
 
 
-class ParallelThreadTaskExecutor(TaskExecutor):
-    """Runs tasks on a thread pool (one the caller gives, or one of ``max_workers`` threads).
+#: Default number of ``async def`` calls one local executor awaits at the same time.
+DEFAULT_MAX_ASYNC_TASKS = 64
 
-    A caller-supplied executor is used as is and never shut down by the engine.
+
+def _cancel_soon(loop: asyncio.AbstractEventLoop, task: asyncio.Task, _done: Any) -> None:
+    if not task.done():
+        try:
+            loop.call_soon_threadsafe(task.cancel)
+        except RuntimeError:
+            pass  # the loop already closed, and the task with it
+
+
+class SerialTaskExecutor(LocalTaskExecutor):
+    """Runs each task in the calling thread, at submission, one at a time.
+
+    A call with a time limit runs on a helper thread while the caller waits for it or for the
+    watchdog, whichever is first; an ``async def`` call is awaited on the executor's loop.
     """
 
-    def __init__(self, executor: cf.Executor | None = None, max_workers: int | None = None) -> None:
+    def _plain(self, call: Callable[[], Any]) -> cf.Future:
+        return _done_future(call())
+
+    def _bounded(self, task: Any, outcome: str, call: Callable[[], Any],
+                 limit: float) -> cf.Future:
+        future: cf.Future = cf.Future()
+        threading.Thread(target=self._timed, args=(future, task, outcome, call, limit),
+                         daemon=True, name=f"flowengine-timed-{task.name}").start()
+        cf.wait([future])
+        return future
+
+    def _awaited(self, task: Any, outcome: str, coroutine: Callable[[], Awaitable[Any]],
+                 limit: float | None) -> cf.Future:
+        future = super()._awaited(task, outcome, coroutine, limit)
+        cf.wait([future])  # one task at a time, as for any other task
+        return future
+
+
+class ParallelThreadTaskExecutor(LocalTaskExecutor):
+    """Runs tasks on a thread pool (one the caller gives, or one of ``max_workers`` threads).
+
+    A caller-supplied executor is used as is and never shut down by the engine. ``async def``
+    calls do not take a pool thread: up to ``max_async_tasks`` of them are awaited at the same
+    time on the executor's event loop thread.
+    """
+
+    def __init__(self, executor: cf.Executor | None = None, max_workers: int | None = None,
+                 time_limits: Mapping[str, float] | None = None,
+                 max_async_tasks: int | None = None, clock: Clock = time.monotonic) -> None:
         if max_workers is not None and max_workers < 1:
             raise ValueError(f"max_workers must be at least 1, got {max_workers}")
+        super().__init__(time_limits, max_async_tasks, clock)
         self._given = executor
         self._max_workers = max_workers
         self._pool: cf.Executor | None = executor
         self._lock = threading.Lock()
 
     def start(self) -> None:
+        super().start()
         with self._lock:
             if self._pool is None:
                 self._pool = futurist.ThreadPoolExecutor(max_workers=self._max_workers)
 
     def stop(self) -> None:
+        super().stop()
         with self._lock:
             if self._given is None and self._pool is not None:
                 # The engine only stops once every future it submitted has finished, so no work
@@ -191,29 +419,19 @@ class ParallelThreadTaskExecutor(TaskExecutor):
 
     def _submit(self, fn: Callable[..., Any], *args: Any) -> cf.Future:
         if self._pool is None:
-            self.start()
-        assert self._pool is not None
+            with self._lock:
+                if self._pool is None:
+                    self._pool = futurist.ThreadPoolExecutor(max_workers=self._max_workers)
         return self._pool.submit(fn, *args)
 
-    def execute_task(
-        self,
-        task: Any,
-        task_uuid: str,
-        arguments: Mapping[str, Any],
-        progress_callback: ProgressCallback | None = None,
-    ) -> cf.Future:
-        return self._submit(execute_task, task, arguments, progress_callback)
+    def _plain(self, call: Callable[[], Any]) -> cf.Future:
+        return self._submit(call)
 
-    def revert_task(
-        self,
-        task: Any,
-        task_uuid: str,
-        arguments: Mapping[str, Any],
-        result: Any,
-        failures: Mapping[str, Failure],
-        progress_callback: ProgressCallback | None = None,
-    ) -> cf.Future:
-        return self._submit(revert_task, task, arguments, result, failures, progress_callback)
+    def _bounded(self, task: Any, outcome: str, call: Callable[[], Any],
+                 limit: float) -> cf.Future:
+        future: cf.Future = cf.Future()
+        self._submit(self._timed, future, task, outcome, call, limit)
+        return future
 
 
 class DelayTimer:

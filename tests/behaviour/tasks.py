@@ -348,6 +348,14 @@ class Greeting(RecordingTask):
         return f"hello {who}"
 
 
+class NotJson(RecordingTask):
+    """Returns a set: not a JSON value, so no engine may accept it as a result."""
+
+    def execute(self) -> Any:
+        record("execute", self.name)
+        return {self.name}
+
+
 class Fail(RecordingTask):
     """Always raises :class:`Boom` naming itself."""
 

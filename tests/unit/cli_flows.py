@@ -54,6 +54,21 @@ class Interrupt(task.Task):
         return "interrupted"
 
 
+class InterruptTwice(task.Task):
+    """Sends SIGINT twice, as an impatient operator would, the first time it runs: the second
+    one stops the run at once."""
+
+    fired = False
+
+    def execute(self) -> str:
+        JOURNAL.append(f"execute {self.name}")
+        if not InterruptTwice.fired:
+            InterruptTwice.fired = True
+            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGINT)
+        return "interrupted"
+
+
 class Echo(task.Task):
     """Returns a fixed value."""
 
@@ -89,6 +104,25 @@ def make_revert_fails() -> linear_flow.Flow:
 def make_suspending() -> linear_flow.Flow:
     """first, interrupt (Ctrl-C), last: suspended after interrupt; a resume runs last."""
     return linear_flow.Flow("suspending").add(Echo("first"), Interrupt("interrupt"), Echo("last"))
+
+
+def make_impatient() -> linear_flow.Flow:
+    """first, interrupt twice, last: the second Ctrl-C stops the run."""
+    return linear_flow.Flow("impatient").add(Echo("first"), InterruptTwice("interrupt"),
+                                             Echo("last"))
+
+
+class Waits(task.Task):
+    """An async task."""
+
+    async def execute(self) -> str:
+        JOURNAL.append(f"execute {self.name}")
+        return self.name
+
+
+def make_async() -> linear_flow.Flow:
+    """One async task: local engines await it; the worker-based engine refuses it."""
+    return linear_flow.Flow("async").add(Waits("waits"))
 
 
 def make_missing() -> linear_flow.Flow:

@@ -144,8 +144,10 @@ def test_options_come_from_environment_variables() -> None:
 def test_missing_inputs_exit_1_naming_the_atom_and_the_input() -> None:
     result = invoke("run", "cli_flows:make_needs_x")
     assert result.exit_code == exits.ERROR
-    assert "MissingDependencies" in result.stderr
-    assert """'execute' method on '"a==1.0"' requires ['x']""" in result.stderr
+    assert result.stderr.splitlines() == [
+        "Error: flow 'needs-x': MissingDependencies: it needs input(s) nothing in it provides: x",
+        "  x: needed by atom 'a' (execute)",
+        "hint: give them with --store NAME=VALUE (--store x=VALUE)"]
 
 
 @pytest.mark.parametrize(("spec", "message"), [
@@ -186,7 +188,7 @@ def test_a_flow_that_cannot_run_saves_nothing(tmp_path: pathlib.Path) -> None:
     uri = f"sqlite:///{tmp_path / 'flows.db'}"
     result = invoke("run", "cli_flows:make_missing", "--backend", uri)
     assert result.exit_code == exits.ERROR
-    assert "requires ['nowhere']" in result.stderr
+    assert "  nowhere: needed by atom 'b' (execute, revert)" in result.stderr.splitlines()
     assert invoke("flows", "--backend", uri).stdout == "no flows\n"
 
 
@@ -392,7 +394,7 @@ def test_console_script_runs_and_checks_flows(tmp_path: pathlib.Path) -> None:
     assert checked.stdout.startswith("OK: flow 'nested': 5 atoms")
     failed = call("check", "cli_flows:make_missing")
     assert failed.returncode == exits.ERROR
-    assert "requires ['nowhere']" in failed.stderr
+    assert "nowhere: needed by atom 'b'" in failed.stderr
 
 
 def test_example_runs_a_flow_through_the_command() -> None:
@@ -406,3 +408,76 @@ def test_example_runs_a_flow_through_the_command() -> None:
     assert "  revert order: switch_traffic -> upload -> build" in out
     assert any(line.startswith("  failure: switch_traffic RuntimeError: health check failed")
                for line in out)
+
+
+def _flow_id(result: Result) -> str:
+    printed = lines(result) + result.stderr.splitlines()
+    hint = next(line for line in printed if line.startswith("resume with: "))
+    return hint.split()[5]
+
+
+def test_resume_runs_on_the_engine_the_flow_ran_on(tmp_path: pathlib.Path) -> None:
+    uri = f"sqlite:///{tmp_path / 'flows.db'}"
+    first = invoke("run", "cli_flows:make_suspending", "--backend", uri,
+                   "--engine", "parallel://?max_workers=2")
+    assert first.exit_code == exits.SUSPENDED, first.output
+    flow_id = _flow_id(first)
+    again = invoke("run", "--resume", flow_id, "--backend", uri, "--json")
+    assert again.exit_code == exits.OK, again.output
+    assert json.loads(again.stdout)["engine"] == "parallel://?max_workers=2"
+    # An engine given on the command line wins over the stored one.
+    cli_flows.JOURNAL.clear()
+    third = invoke("run", "--resume", flow_id, "--backend", uri, "--engine", "serial", "--json")
+    assert json.loads(third.stdout)["engine"] == "serial"
+
+
+def test_the_stored_run_keeps_no_secret(tmp_path: pathlib.Path) -> None:
+    from flowengine.cli import stored_run
+
+    saved = stored_run.record(
+        "worker-based", {"url": "amqp://guest:hunter2@rabbit//", "exchange": "x",
+                         "transport": None, "taskflow_compat": False,
+                         "transport_options": {"sasl_password": "hunter2", "region": "eu"}},
+        ["billing"])
+    assert "hunter2" not in json.dumps(saved)
+    assert saved["broker"]["url"] == "amqp://guest:***@rabbit//"
+    assert saved["broker"]["transport_options"] == {"sasl_password": "***", "region": "eu"}
+    assert saved["topics"] == ["billing"]
+
+    # A resume that needs the password says so (exit 2) instead of failing to connect.
+    uri = f"sqlite:///{tmp_path / 'flows.db'}"
+    flow_id = _flow_id(invoke("run", "cli_flows:make_suspending", "--backend", uri))
+    with backends.backend(uri) as backend:
+        conn = backend.get_connection()
+        fd = conn.get_flow_details(flow_id)
+        fd.meta[stored_run.META_KEY] = saved
+        conn.update_flow_details(fd)
+    refused = invoke("run", "--resume", flow_id, "--backend", uri)
+    assert refused.exit_code == exits.USAGE, refused.output
+    assert "amqp://guest:***@rabbit//, whose password is not stored: give --url" in refused.output
+
+
+def test_a_second_ctrl_c_stops_at_once_and_still_says_how_to_resume(
+        tmp_path: pathlib.Path) -> None:
+    uri = f"sqlite:///{tmp_path / 'flows.db'}"
+    cli_flows.InterruptTwice.fired = False
+    result = invoke("run", "cli_flows:make_impatient", "--backend", uri)
+    assert result.exit_code == exits.INTERRUPTED, result.output
+    # On stderr, beside the interruption (stdout may be --json's alone).
+    assert "interrupted while suspending" in result.stderr
+    assert "resume with: flowengine run --resume " in result.stderr
+    flow_id = _flow_id(result)
+    cli_flows.JOURNAL.clear()
+    again = invoke("run", "--resume", flow_id, "--backend", uri)
+    assert again.exit_code == exits.OK, again.output
+    assert cli_flows.JOURNAL[-1] == "execute last"
+
+
+def test_an_async_task_runs_locally_and_is_refused_by_name_on_workers() -> None:
+    assert invoke("run", "cli_flows:make_async").exit_code == exits.OK
+    assert cli_flows.JOURNAL == ["execute waits"]
+    refused = invoke("run", "cli_flows:make_async", "--engine", "worker-based",
+                     "--transport", "memory")
+    assert refused.exit_code == exits.ERROR, refused.output
+    assert "Task 'waits' has async def execute, which the WorkerBasedActionEngine cannot await" \
+        in refused.stderr

@@ -1,5 +1,5 @@
-"""An engine that cannot store an atom's state stops instead of running unrecorded work; which
-backend an engine's storage has, and who closes it."""
+"""An engine that cannot store an atom's state runs no unrecorded work and reverts what it did
+before raising; which backend an engine's storage has, and who closes it."""
 
 from __future__ import annotations
 
@@ -18,12 +18,16 @@ from flowengine.persistence import backends, base, models
 from flowengine.persistence.backends import impl_memory
 
 RAN: list[str] = []
+REVERTED: list[str] = []
 
 
 class Step(task.Task):
     def execute(self) -> str:
         RAN.append(self.name)
         return self.name
+
+    def revert(self, **kwargs: Any) -> None:
+        REVERTED.append(self.name)
 
 
 class FailingConnection:
@@ -52,19 +56,21 @@ class ReadOnlyLater(impl_memory.MemoryBackend):
         return FailingConnection(super().get_connection(), self.budget)
 
 
-def test_engine_stops_when_a_running_state_cannot_be_stored() -> None:
+def test_engine_reverts_when_a_running_state_cannot_be_stored() -> None:
     RAN.clear()
+    REVERTED.clear()
     backend = ReadOnlyLater(writes_allowed=2)  # a: RUNNING, SUCCESS; then b's RUNNING fails
     engine = engines.load(lf.Flow("f").add(Step("a"), Step("b"), Step("c")), backend=backend)
     with pytest.raises(exceptions.StorageFailure, match="'b'") as caught:
         engine.run()
     assert "read-only" in str(caught.value)
     assert RAN == ["a"], "b must not run: its RUNNING state was never stored"
-    assert engine.storage.get_flow_state() == states.FAILURE
-    # What was stored before the fault is still there.
+    assert REVERTED == ["b", "a"], "what ran is reverted even though atoms cannot be stored"
+    assert engine.storage.get_flow_state() == states.REVERTED
+    # Atom writes fail, but the whole flow detail could be written at the end.
     stored = {ad.name: ad.state for ad in backend.get_connection().get_atoms_for_flow(
         engine.storage.flow_uuid)}
-    assert stored["a"] == states.SUCCESS
+    assert stored == {"a": states.REVERTED, "b": states.REVERTED, "c": states.PENDING}
 
 
 class LockTheDatabase(task.Task):
@@ -80,17 +86,15 @@ class LockTheDatabase(task.Task):
         return "locked"
 
 
-def test_the_first_storage_failure_is_the_one_raised(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    # The task's SUCCESS cannot be stored (locked), nor can the flow's FAILURE after it: the
-    # error raised must be the first one, naming the atom, with the second one logged.
+def test_the_first_storage_failure_is_the_one_raised(tmp_path: Path) -> None:
+    # The task's SUCCESS cannot be stored (locked), nor can anything after it: the error raised
+    # says the records are not saved and names the first failure and its atom.
     db = tmp_path / "locked.db"
     LockTheDatabase.path = str(db)
     engine = engines.load(lf.Flow("f").add(LockTheDatabase("locker")), book=models.LogBook("b"),
                           backend=f"sqlite:///{db}?busy_timeout=0.05")
     try:
-        with pytest.raises(exceptions.BackendError) as caught:
+        with pytest.raises(exceptions.StorageFailure, match="could not be saved") as caught:
             engine.run()
     finally:
         for holder in LockTheDatabase.holders:
@@ -99,8 +103,7 @@ def test_the_first_storage_failure_is_the_one_raised(
     message = str(caught.value)
     assert "updating atom detail" in message and "'locker'" in message, message
     assert str(db) in message and "locked" in message
-    later = [r for r in caplog.records if "as FAILURE either" in r.getMessage()]
-    assert len(later) == 1 and "updating flow detail" in str(later[0].exc_info[1])
+    assert isinstance(caught.value.cause, exceptions.BackendError)
 
 
 def test_storage_without_a_backend_gets_a_memory_backend_as_in_taskflow() -> None:

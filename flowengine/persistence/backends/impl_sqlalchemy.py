@@ -157,13 +157,13 @@ class SQLAlchemyBackend(base.Backend):
       waits for a lock another transaction holds (a row read ``FOR UPDATE``, say).
     * ``statement_timeout`` (seconds, default 120; 0 means no limit): how long any PostgreSQL
       statement may run before the server cancels it.
-
-    A wait that runs out fails with :class:`~flowengine.exceptions.BackendError` naming the
-    database and the record.
     * ``max_retries`` (default 0): extra attempts to connect when validating, with backoff.
     * ``idle_timeout``, ``max_pool_size``, ``max_overflow``, ``pool_timeout``,
       ``connect_timeout``, ``isolation_level``, ``echo``, ``engine_args``: engine and pool
       settings (``engine_args`` is passed to :func:`sqlalchemy.create_engine` last).
+
+    A wait that runs out fails with :class:`~flowengine.exceptions.BackendError` naming the
+    database and the record.
 
     Args:
         conf: The configuration.

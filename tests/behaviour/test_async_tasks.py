@@ -1,0 +1,257 @@
+"""``async def execute`` / ``revert``: awaited by the local engines, never stored as coroutines.
+
+The behaviour suite's core cases (order, results and arguments, reverting, what revert receives,
+progress, suspension, time limits) with async tasks on the serial and parallel engines; the
+parallel engine awaits many of them at once on one event loop thread. The worker-based engine
+refuses them before anything runs until its workers can await them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import pytest
+
+from flowengine import engines, retry, states, task
+from flowengine import exceptions as exc
+from flowengine.engines import executor as ex
+from flowengine.flows import linear_flow as lf
+from flowengine.flows import unordered_flow as uf
+
+from . import tasks
+from .harness import EngineFactory, InProcessWorker
+
+
+class AsyncStep(task.Task):
+    """Awaits, then returns its name; its async revert records what it received."""
+
+    async def execute(self) -> str:
+        tasks.record("execute", self.name)
+        await asyncio.sleep(0)
+        return self.name
+
+    async def revert(self, result: Any, flow_failures: Any, **kwargs: Any) -> str:
+        await asyncio.sleep(0)
+        tasks.record("revert", self.name, result=tasks._result_summary(result),
+                     flow_failures=sorted(flow_failures))
+        return f"{self.name} undone"
+
+
+class AsyncAdd(AsyncStep):
+    async def execute(self, x: int, y: int) -> int:  # type: ignore[override]
+        tasks.record("execute", self.name, x=x, y=y)
+        await asyncio.sleep(0)
+        return x + y
+
+
+class AsyncFail(AsyncStep):
+    async def execute(self) -> str:
+        tasks.record("execute", self.name)
+        await asyncio.sleep(0)
+        raise tasks.Boom(f"{self.name} failed")
+
+
+class AsyncProgress(AsyncStep):
+    async def execute(self) -> str:
+        self.update_progress(0.5)
+        await asyncio.sleep(0)
+        return self.name
+
+
+def test_async_tasks_run_in_order_and_pass_results(local_engine_factory: EngineFactory) -> None:
+    flow = lf.Flow("f").add(AsyncAdd("one", provides="sum", inject={"y": 1}),
+                            AsyncAdd("two", provides="total", rebind={"x": "sum"},
+                                     inject={"y": 10}))
+    engine = local_engine_factory.run(flow, store={"x": 5})
+    assert engine.storage.fetch("total") == 16
+    assert tasks.names("execute") == ["one", "two"]
+    assert engine.storage.get_atom_state("two") == states.SUCCESS
+
+
+def test_a_failing_async_task_reverts_with_async_reverts(
+        local_engine_factory: EngineFactory) -> None:
+    flow = lf.Flow("f").add(AsyncStep("a"), tasks.Step("b"), AsyncFail("boom"))
+    engine = local_engine_factory(flow)
+    with pytest.raises(tasks.Boom, match="boom failed"):
+        engine.run()
+    assert tasks.names("revert") == ["boom", "b", "a"]
+    reverts = {e["atom"]: e for e in tasks.entries("revert")}
+    assert reverts["a"]["result"] == "a" and reverts["a"]["flow_failures"] == ["boom"]
+    assert reverts["boom"]["result"] == {"failure": "boom failed"}
+    assert engine.storage.get_revert_result("a") == "a undone"
+    assert engine.storage.get_flow_state() == states.REVERTED
+
+
+def test_async_tasks_report_progress(local_engine_factory: EngineFactory) -> None:
+    reported: list[float] = []
+    progress = AsyncProgress("p")
+    progress.notifier.register(task.EVENT_UPDATE_PROGRESS,
+                               lambda event, details: reported.append(details["progress"]))
+    engine = local_engine_factory.run(lf.Flow("f").add(progress))
+    assert reported == [0.0, 0.5, 1.0]
+    assert engine.storage.get("p") == "p"
+
+
+class Gate(task.Task):
+    """All of them wait at one asyncio barrier: they finish only if all run at once."""
+
+    parties = 0
+    arrived: asyncio.Event | None = None
+    count = 0
+
+    async def execute(self) -> str:
+        cls = type(self)
+        if cls.arrived is None:
+            cls.arrived = asyncio.Event()
+        cls.count += 1
+        if cls.count == cls.parties:
+            cls.arrived.set()
+        await asyncio.wait_for(cls.arrived.wait(), 30)
+        return self.name
+
+
+def test_the_parallel_engine_awaits_many_async_tasks_at_once() -> None:
+    # More tasks than threads: they take no pool thread, only loop slots.
+    Gate.parties, Gate.arrived, Gate.count = 200, None, 0
+    flow = uf.Flow("wide").add(*(Gate(f"g{i}") for i in range(200)))
+    engine = engines.load(flow, engine="parallel", max_workers=2, max_async_tasks=200)
+    engine.run()
+    assert engine.storage.get_flow_state() == states.SUCCESS
+
+
+def test_max_async_tasks_bounds_how_many_run_at_once() -> None:
+    running, peak = 0, 0
+
+    class Counted(task.Task):
+        async def execute(self) -> None:
+            nonlocal running, peak
+            running += 1
+            peak = max(peak, running)
+            await asyncio.sleep(0.01)
+            running -= 1
+
+    flow = uf.Flow("wide").add(*(Counted(f"c{i}") for i in range(12)))
+    engines.run(flow, engine="parallel", max_async_tasks=3)
+    assert peak == 3
+
+
+class AsyncBlocks(task.Task):
+    """Never finishes by itself; records that it was cancelled."""
+
+    time_limit = 0.3
+    cancelled = threading.Event()
+
+    async def execute(self) -> None:
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            type(self).cancelled.set()
+            raise
+
+
+def test_an_async_task_past_its_time_limit_is_cancelled(
+        local_engine_factory: EngineFactory) -> None:
+    AsyncBlocks.cancelled.clear()
+    engine = local_engine_factory(lf.Flow("f").add(tasks.Step("a"), AsyncBlocks("slow")))
+    with pytest.raises(exc.TaskTimeLimitExceeded, match="'slow' exceeded its time limit"):
+        engine.run()
+    assert AsyncBlocks.cancelled.wait(10), "the coroutine was never cancelled"
+    assert tasks.names("revert") == ["a"]
+    assert engine.storage.get_flow_state() == states.REVERTED
+
+
+def test_an_async_call_cancelled_before_it_starts_never_runs() -> None:
+    # What a suspension does to atoms that have not started: their futures are cancelled.
+    executor = ex.ParallelThreadTaskExecutor(max_async_tasks=1)
+    executor.start()
+    release = threading.Event()
+    ran: list[str] = []
+
+    class Holds(task.Task):
+        async def execute(self) -> str:
+            ran.append(self.name)
+            await asyncio.get_running_loop().run_in_executor(None, release.wait, 30)
+            return self.name
+
+    class Queued(task.Task):
+        async def execute(self) -> str:
+            ran.append(self.name)
+            return self.name
+
+    try:
+        holding = executor.execute_task(Holds("holds"), "u1", {})
+        queued = executor.execute_task(Queued("queued"), "u2", {})
+        assert queued.cancel(), "a call waiting for a slot can be cancelled"
+        release.set()
+        assert holding.result(timeout=30) == (ex.EXECUTED, "holds")
+    finally:
+        release.set()
+        executor.stop()  # waits for the loop: the queued call had its turn by now
+    assert ran == ["holds"]
+
+
+def test_retry_controllers_retry_async_tasks(local_engine_factory: EngineFactory) -> None:
+    class Flaky(AsyncStep):
+        failures_left = 2
+
+        async def execute(self) -> str:
+            tasks.record("execute", self.name)
+            if Flaky.failures_left:
+                Flaky.failures_left -= 1
+                raise tasks.Boom("not yet")
+            return "third time"
+
+    flow = lf.Flow("f", retry=retry.Times(3)).add(Flaky("flaky", provides="out"))
+    engine = local_engine_factory.run(flow)
+    assert engine.storage.fetch("out") == "third time"
+    assert tasks.names("execute") == ["flaky"] * 3
+
+
+def test_suspending_between_async_tasks_resumes_where_it_stopped() -> None:
+    class Suspender(task.Task):
+        async def execute(self) -> str:
+            return self.name
+
+    flow = lf.Flow("f").add(Suspender("first"), AsyncStep("second"), AsyncStep("third"))
+    engine = engines.load(flow, engine="parallel", max_async_tasks=1)
+
+    def suspend_after_first(state: str, details: dict[str, Any]) -> None:
+        if details.get("task_name") == "first":
+            engine.suspend()
+
+    engine.atom_notifier.register(states.SUCCESS, suspend_after_first)
+    engine.run()
+    assert engine.storage.get_flow_state() == states.SUSPENDED
+    assert tasks.names("execute") == []
+    engine.run()
+    assert tasks.names("execute") == ["second", "third"]
+    assert engine.storage.get_flow_state() == states.SUCCESS
+
+
+def test_engine_run_inside_a_running_event_loop(local_engine_factory: EngineFactory) -> None:
+    async def service() -> Any:
+        return local_engine_factory.run(lf.Flow("f").add(AsyncStep("a")))
+
+    engine = asyncio.run(service())
+    assert engine.storage.get("a") == "a"
+
+
+def test_no_coroutine_is_ever_stored_as_a_result() -> None:
+    class SyncReturnsCoroutine(task.Task):
+        def execute(self) -> Any:
+            return asyncio.sleep(0)
+
+    engine = engines.load(lf.Flow("f").add(SyncReturnsCoroutine("odd")))
+    with pytest.raises(TypeError, match="'odd' returned a coroutine; declare it async def"):
+        engine.run()
+
+
+def test_the_worker_based_engine_refuses_async_tasks_before_running(
+        behaviour_worker: InProcessWorker) -> None:
+    factory = EngineFactory("worker-based", behaviour_worker.engine_options())
+    engine = factory(lf.Flow("f").add(tasks.Step("a"), AsyncStep("later")))
+    with pytest.raises(NotImplementedError, match="'later' has async def execute and revert"):
+        engine.run()
+    assert tasks.names("execute") == []
