@@ -1,0 +1,640 @@
+"""Jobs and jobboards: TaskFlow's API, with claims that are leases.
+
+A *job* names a logbook (its flows) and carries free-form ``details``; it is *posted* on a
+*jobboard* that lives on a coordination service (Redis, ZooKeeper, etcd). Conductors *claim*
+jobs, run their flows and then *consume* them (done), *abandon* them (let another conductor
+resume them) or *trash* them (set aside for an operator).
+
+Names, arguments and semantics are TaskFlow's. What every flowengine backend adds and must
+guarantee (the board behaviour suite in ``tests/jobs/`` checks each one):
+
+* **A claim is a lease** held by the service (Redis key expiry, ZooKeeper ephemeral node, etcd
+  lease), ``claim_ttl`` seconds long (30 by default). :meth:`JobBoard.keep_alive` renews it;
+  when its holder stops renewing (killed, frozen, partitioned) the service ends the claim by
+  itself and the job is unclaimed again, without any other party deciding it.
+* **Attempts are counted.** Every successful claim is one attempt (:attr:`Job.attempts`). A job
+  whose ``max_attempts`` claims (3 by default; 0 means no limit) all ended in an abandon or an
+  expired claim is moved to the trash instead of being offered again; the trash keeps the reason
+  and can be listed (:meth:`JobBoard.iter_trash`) and re-posted (:meth:`JobBoard.repost`).
+* **Waiting is pushed.** :meth:`JobBoard.wait` and :meth:`Job.wait` block on the service's own
+  notifications (pub/sub, watches); a backend calls :meth:`JobBoard._notify_change` whenever it
+  learns that any job changed, and answers :meth:`JobBoard._next_wakeup` with when a lease it
+  knows of ends, if the service does not announce that itself. Neither method polls.
+* **Entities stay visible while alive.** :meth:`JobBoard.register_entity` records a conductor
+  (or any :class:`~flowengine.types.entity.Entity`) for ``claim_ttl`` seconds; registering again
+  refreshes it, and :meth:`JobBoard.iter_entities` lists the live ones.
+
+A job whose record is gone (consumed or trashed) reads as :data:`~flowengine.states.COMPLETE`,
+as in TaskFlow.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import dataclasses
+import datetime
+import enum
+import functools
+import threading
+import time
+import uuid as uuidlib
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from flowengine import exceptions as exc
+from flowengine import states
+from flowengine.types import notifier
+
+if TYPE_CHECKING:
+    from flowengine.persistence import base as persistence_base
+    from flowengine.persistence import models
+    from flowengine.types.entity import Entity
+
+__all__ = [
+    "DEFAULT_CLAIM_TTL", "DEFAULT_MAX_ATTEMPTS", "POSTED", "REMOVAL",
+    "BoardOptions", "ClaimLost", "Job", "JobBoard", "JobBoardIterator", "JobFailure", "JobPriority",
+    "NotFound", "NotifyingJobBoard", "TrashedJob", "UnclaimableJob", "check_who", "format_posting",
+]
+
+#: TaskFlow's exceptions, importable from here as well.
+NotFound = exc.NotFound
+UnclaimableJob = exc.UnclaimableJob
+JobFailure = exc.JobFailure
+
+#: Seconds a claim lasts unless renewed.
+DEFAULT_CLAIM_TTL = 30.0
+#: Claims a job gets before it goes to the trash (0: no limit).
+DEFAULT_MAX_ATTEMPTS = 3
+
+POSTED = "POSTED"  # a job was posted
+REMOVAL = "REMOVAL"  # a job was removed (consumed or trashed)
+
+
+class ClaimLost(UnclaimableJob):
+    """A claim ended (expired, or taken by another owner) while its holder thought it held it.
+
+    Args:
+        message: Names the job and the owner that lost it.
+        job_uuid: The job.
+        who: The owner that lost it.
+    """
+
+    def __init__(self, message: str, job_uuid: str = "", who: str = "") -> None:
+        super().__init__(message)
+        self.job_uuid = job_uuid
+        self.who = who
+
+
+class JobPriority(enum.Enum):
+    """How urgent a job is; boards hand out more urgent jobs first."""
+
+    VERY_HIGH = "VERY_HIGH"
+    HIGH = "HIGH"
+    NORMAL = "NORMAL"
+    LOW = "LOW"
+    VERY_LOW = "VERY_LOW"
+
+    @classmethod
+    def convert(cls, value: JobPriority | str) -> JobPriority:
+        """The priority ``value`` names (case-insensitive), or it if it already is one.
+
+        Raises:
+            ValueError: If ``value`` names no priority (the message lists the valid ones).
+        """
+        if isinstance(value, cls):
+            return value
+        try:
+            return cls(str(value).upper())
+        except ValueError:
+            valid = [p.value for p in cls]
+            raise ValueError(f"'{value}' is not a valid priority, valid priorities are {valid}") \
+                from None
+
+    @property
+    def rank(self) -> int:
+        """0 for the most urgent priority, 4 for the least."""
+        return list(type(self)).index(self)
+
+    @classmethod
+    def reorder(cls, *values: tuple[JobPriority | str, Any]) -> Any:
+        """Given ``(priority, value)`` pairs, the values most urgent first (stable).
+
+        One pair gives its value alone, as in TaskFlow; more give a tuple.
+        """
+        if not values:
+            raise ValueError("At least one (priority, value) pair is required")
+        ordered = sorted(values, key=lambda pair: cls.convert(pair[0]).rank)
+        if len(ordered) == 1:
+            return ordered[0][1]
+        return tuple(value for _, value in ordered)
+
+
+@dataclasses.dataclass(frozen=True)
+class BoardOptions:
+    """flowengine's board options, read from the board's conf dict.
+
+    Attributes:
+        claim_ttl: Seconds a claim (and an entity registration) lasts unless renewed
+            (conf key ``claim_ttl``).
+        max_attempts: Claims a job gets before it is trashed; 0 means no limit (conf key
+            ``max_attempts``).
+    """
+
+    claim_ttl: float = DEFAULT_CLAIM_TTL
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+
+    def __post_init__(self) -> None:
+        if not self.claim_ttl > 0:
+            raise ValueError(f"Board option claim_ttl must be > 0 seconds, not {self.claim_ttl!r}")
+        if self.max_attempts < 0:
+            raise ValueError(f"Board option max_attempts must be >= 0, not {self.max_attempts!r}")
+
+    @classmethod
+    def from_conf(cls, conf: dict[str, Any]) -> BoardOptions:
+        """Read ``claim_ttl`` and ``max_attempts`` (strings from a URI are accepted).
+
+        Raises:
+            ValueError: If either is not a number in range (the message names the key).
+        """
+        values: dict[str, Any] = {}
+        for key, kind in (("claim_ttl", float), ("max_attempts", int)):
+            if conf.get(key) is None:
+                continue
+            try:
+                values[key] = kind(conf[key])
+            except (TypeError, ValueError):
+                raise ValueError(f"Board option {key} must be a number, not {conf[key]!r}") \
+                    from None
+        return cls(**values)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrashedJob:
+    """A job set aside in a board's trash, for an operator to inspect or re-post.
+
+    Attributes:
+        uuid: The job's uuid (kept on re-post).
+        name: The job's name.
+        reason: Why it was trashed ("abandoned or orphaned 3 times", or the trasher's reason).
+        attempts: Claims it had had.
+        trashed_on: When it was trashed (UTC).
+        posting: The job's posting as :func:`format_posting` wrote it.
+    """
+
+    uuid: str
+    name: str
+    reason: str
+    attempts: int
+    trashed_on: datetime.datetime
+    posting: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON-ready form backends store."""
+        return {"uuid": self.uuid, "name": self.name, "reason": self.reason,
+                "attempts": self.attempts, "trashed_on": self.trashed_on.isoformat(),
+                "posting": self.posting}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrashedJob:
+        """Read :meth:`to_dict`'s form."""
+        return cls(uuid=data["uuid"], name=data["name"], reason=data.get("reason", ""),
+                   attempts=int(data.get("attempts", 0)),
+                   trashed_on=datetime.datetime.fromisoformat(data["trashed_on"]),
+                   posting=dict(data.get("posting") or {}))
+
+
+def utcnow() -> datetime.datetime:
+    """Now, in UTC, timezone-aware."""
+    return datetime.datetime.now(datetime.UTC)
+
+
+def format_posting(uuid: str, name: str, created_on: datetime.datetime | None = None,
+                   last_modified: datetime.datetime | None = None,
+                   details: dict[str, Any] | None = None,
+                   book: models.LogBook | None = None,
+                   priority: JobPriority = JobPriority.NORMAL) -> dict[str, Any]:
+    """The JSON-ready record of a job that every backend stores (TaskFlow's keys).
+
+    Dates are ISO 8601 strings; ``book`` becomes ``{"name", "uuid"}``.
+    """
+    posting: dict[str, Any] = {"uuid": uuid, "name": name, "priority": priority.value,
+                               "details": dict(details or {})}
+    if created_on is not None:
+        posting["created_on"] = created_on.isoformat()
+    if last_modified is not None:
+        posting["last_modified"] = last_modified.isoformat()
+    if book is not None:
+        posting["book"] = {"name": book.name, "uuid": book.uuid}
+    return posting
+
+
+def _parse_date(value: Any) -> datetime.datetime | None:
+    if not value:
+        return None
+    return datetime.datetime.fromisoformat(str(value))
+
+
+class Job(metaclass=abc.ABCMeta):
+    """A named unit of work posted on a board: a logbook to run and some details.
+
+    Backends subclass it and read :attr:`state` and :attr:`attempts` from the service.
+
+    Args:
+        board: The board it was posted on or read from.
+        name: Its (not unique) name.
+        uuid: Its uuid (a new one if omitted).
+        details: Free-form JSON-ready details (the conductor reads ``store`` from them).
+        backend: The persistence backend :attr:`book` is loaded from.
+        book: The logbook, if already loaded.
+        book_data: ``{"name", "uuid"}`` of the logbook when it is not loaded.
+        priority: Its priority.
+        created_on: When it was first posted.
+        last_modified: When its posting last changed.
+    """
+
+    def __init__(self, board: JobBoard, name: str, uuid: str | None = None,
+                 details: dict[str, Any] | None = None,
+                 backend: persistence_base.Backend | None = None,
+                 book: models.LogBook | None = None, book_data: dict[str, Any] | None = None,
+                 priority: JobPriority = JobPriority.NORMAL,
+                 created_on: datetime.datetime | None = None,
+                 last_modified: datetime.datetime | None = None) -> None:
+        self._board = board
+        self._name = name
+        self._uuid = uuid or str(uuidlib.uuid4())
+        self._details = details or {}
+        self._backend = backend
+        self._book = book
+        self._book_data = book_data or {}
+        self._priority = priority
+        self._created_on = created_on
+        self._last_modified = last_modified
+
+    @classmethod
+    def from_posting(cls: type[_J], board: JobBoard, posting: dict[str, Any],
+                     backend: persistence_base.Backend | None = None, **kwargs: Any) -> _J:
+        """The job a :func:`format_posting` record describes."""
+        return cls(board, posting["name"], uuid=posting["uuid"],
+                   details=posting.get("details") or {}, backend=backend,
+                   book_data=posting.get("book") or {},
+                   priority=JobPriority.convert(posting.get("priority", "NORMAL")),
+                   created_on=_parse_date(posting.get("created_on")),
+                   last_modified=_parse_date(posting.get("last_modified")), **kwargs)
+
+    @property
+    @abc.abstractmethod
+    def state(self) -> str:
+        """UNCLAIMED, CLAIMED or COMPLETE (gone: consumed or trashed), read from the service."""
+
+    @property
+    @abc.abstractmethod
+    def attempts(self) -> int:
+        """How many times it has been claimed, read from the service (0 once gone)."""
+
+    @property
+    def board(self) -> JobBoard:
+        """The board it was posted on or read from."""
+        return self._board
+
+    @property
+    def priority(self) -> JobPriority:
+        """Its :class:`JobPriority`."""
+        return self._priority
+
+    @property
+    def created_on(self) -> datetime.datetime | None:
+        """When it was posted (UTC)."""
+        return self._created_on
+
+    @property
+    def last_modified(self) -> datetime.datetime | None:
+        """When its posting last changed (UTC)."""
+        return self._last_modified
+
+    @property
+    def uuid(self) -> str:
+        """Its uuid."""
+        return self._uuid
+
+    @property
+    def name(self) -> str:
+        """Its name (not unique)."""
+        return self._name
+
+    @property
+    def details(self) -> dict[str, Any]:
+        """Its details, as posted (see :func:`flowengine.jobs.masking.masked` to show them)."""
+        return self._details
+
+    @property
+    def book(self) -> models.LogBook | None:
+        """Its logbook, loaded from the persistence backend on first use (None if it has none)."""
+        if self._book is None and self._backend is not None and self.book_uuid is not None:
+            with contextlib.closing(self._backend.get_connection()) as conn:
+                self._book = conn.get_logbook(self.book_uuid)
+        return self._book
+
+    @property
+    def book_uuid(self) -> str | None:
+        """Its logbook's uuid."""
+        return self._book.uuid if self._book is not None else self._book_data.get("uuid")
+
+    @property
+    def book_name(self) -> str | None:
+        """Its logbook's name."""
+        return self._book.name if self._book is not None else self._book_data.get("name")
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until it is COMPLETE (consumed or trashed); False if ``timeout`` passes first.
+
+        Woken by the board's notifications, never by polling.
+        """
+        return self._board._wait_until(lambda: self.state == states.COMPLETE, timeout)
+
+    def __str__(self) -> str:
+        from flowengine.jobs.masking import masked
+
+        return (f"{type(self).__name__}: {self.name} (priority={self.priority}, uuid={self.uuid},"
+                f" details={masked(self.details)})")
+
+
+_J = TypeVar("_J", bound=Job)
+
+
+class JobBoardIterator(Iterator[Job]):
+    """Iterates over a board's jobs, skipping those that vanished or changed state meanwhile.
+
+    Args:
+        board: The board.
+        fetch: Returns the jobs to offer (most urgent first).
+        only_unclaimed: Offer only jobs that are UNCLAIMED when reached.
+        ensure_fresh: Passed to ``fetch``: read the service rather than the board's cache.
+    """
+
+    def __init__(self, board: JobBoard, fetch: Callable[[bool], Iterable[Job]],
+                 only_unclaimed: bool = False, ensure_fresh: bool = False) -> None:
+        self._board = board
+        self._fetch = fetch
+        self._jobs: list[Job] | None = None
+        self.only_unclaimed = only_unclaimed
+        self.ensure_fresh = ensure_fresh
+
+    @property
+    def board(self) -> JobBoard:
+        """The board it iterates over."""
+        return self._board
+
+    def __iter__(self) -> JobBoardIterator:
+        return self
+
+    def __next__(self) -> Job:
+        if self._jobs is None:
+            self._jobs = list(self._fetch(self.ensure_fresh))
+            self._jobs.reverse()
+        allowed = (states.UNCLAIMED,) if self.only_unclaimed else tuple(states.JOB_STATES)
+        while self._jobs:
+            job = self._jobs.pop()
+            if job.state in allowed and (self.only_unclaimed or job.state != states.COMPLETE):
+                return job
+        raise StopIteration
+
+
+class JobBoard(metaclass=abc.ABCMeta):
+    """A place where jobs are posted, claimed, renewed, completed, abandoned and trashed.
+
+    Args:
+        name: The board's name (for logs).
+        conf: Backend configuration; see :class:`BoardOptions` for the keys every backend reads.
+        persistence: The persistence backend jobs' logbooks are saved in and loaded from.
+    """
+
+    def __init__(self, name: str, conf: dict[str, Any],
+                 persistence: persistence_base.Backend | None = None) -> None:
+        self._name = name
+        self._persistence = persistence
+        self._conf = dict(conf)
+        self.options = BoardOptions.from_conf(self._conf)
+        self._changes = threading.Condition()
+        self._generation = 0
+
+    @property
+    def name(self) -> str:
+        """The board's name."""
+        return self._name
+
+    # ---- TaskFlow's API ------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def iterjobs(self, only_unclaimed: bool = False, ensure_fresh: bool = False) -> Iterator[Job]:
+        """Jobs on the board, most urgent first, then oldest first.
+
+        Args:
+            only_unclaimed: Only jobs nobody holds a claim on.
+            ensure_fresh: Read the service now; otherwise a board may answer from a cache that its
+                notifications keep current (it may lag the service by a notification).
+        """
+
+    def wait(self, timeout: float | None = None) -> Iterator[Job]:
+        """Block until some job is unclaimed; return an iterator over the unclaimed jobs.
+
+        Woken by the service's notifications (a post, an abandon, a claim that ended), never by
+        polling.
+
+        Raises:
+            flowengine.exceptions.NotFound: If ``timeout`` seconds pass with no unclaimed job.
+        """
+        found: list[Job] = []
+
+        def unclaimed() -> bool:
+            found[:] = list(self.iterjobs(only_unclaimed=True, ensure_fresh=True))
+            return bool(found)
+
+        if not self._wait_until(unclaimed, timeout):
+            raise NotFound(f"No unclaimed job appeared on board '{self.name}' within {timeout}s")
+        return iter(found)
+
+    @property
+    def job_count(self) -> int:
+        """How many jobs the board holds (any state)."""
+        return sum(1 for _ in self.iterjobs())
+
+    @abc.abstractmethod
+    def find_owner(self, job: Job) -> str | None:
+        """Who holds a claim on ``job`` (None if nobody).
+
+        Raises:
+            flowengine.exceptions.NotFound: If the job is gone.
+        """
+
+    @abc.abstractmethod
+    def post(self, name: str, book: models.LogBook | None = None,
+             details: dict[str, Any] | None = None,
+             priority: JobPriority | str = JobPriority.NORMAL) -> Job:
+        """Post a new, unclaimed job and wake every waiter. Returns it."""
+
+    @abc.abstractmethod
+    def claim(self, job: Job, who: str) -> None:
+        """Take a ``claim_ttl`` lease on ``job`` for ``who`` and count one attempt.
+
+        A job that already had ``max_attempts`` claims is moved to the trash instead (reason:
+        abandoned or orphaned N times) and :class:`UnclaimableJob` raised.
+
+        Raises:
+            flowengine.exceptions.NotFound: If the job is gone.
+            flowengine.exceptions.UnclaimableJob: If anyone, ``who`` included, holds a claim on
+                it, or it was just trashed.
+        """
+
+    @abc.abstractmethod
+    def keep_alive(self, job: Job, who: str) -> None:
+        """Renew ``who``'s claim on ``job`` for another ``claim_ttl`` seconds.
+
+        Raises:
+            ClaimLost: If ``who`` no longer holds the claim (expired, or the job is gone).
+        """
+
+    @abc.abstractmethod
+    def consume(self, job: Job, who: str) -> None:
+        """Remove a job ``who`` holds a claim on: its work is done.
+
+        Raises:
+            flowengine.exceptions.NotFound: If the job is gone.
+            flowengine.exceptions.JobFailure: If ``who`` does not hold the claim.
+        """
+
+    @abc.abstractmethod
+    def abandon(self, job: Job, who: str, counted: bool = True) -> None:
+        """Release ``who``'s claim so another owner can resume the job.
+
+        Args:
+            job: The job.
+            who: Its claim holder.
+            counted: Whether the attempt counts toward ``max_attempts`` (False when a stopping
+                conductor hands back a job it did not fail on). A counted abandon of a job that
+                reached ``max_attempts`` moves it to the trash.
+
+        Raises:
+            flowengine.exceptions.NotFound: If the job is gone.
+            flowengine.exceptions.JobFailure: If ``who`` does not hold the claim.
+        """
+
+    @abc.abstractmethod
+    def trash(self, job: Job, who: str, reason: str = "") -> None:
+        """Move a job ``who`` holds a claim on to the trash (with ``reason``).
+
+        Raises:
+            flowengine.exceptions.NotFound: If the job is gone.
+            flowengine.exceptions.JobFailure: If ``who`` does not hold the claim.
+        """
+
+    @abc.abstractmethod
+    def register_entity(self, entity: Entity) -> None:
+        """Record ``entity`` as alive for ``claim_ttl`` seconds (again: refresh it)."""
+
+    @property
+    @abc.abstractmethod
+    def connected(self) -> bool:
+        """Whether the board is connected to its service."""
+
+    @abc.abstractmethod
+    def connect(self) -> None:
+        """Connect to the service and start following its notifications."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Stop following notifications and disconnect (claims it holds then expire)."""
+
+    # ---- flowengine's additions ----------------------------------------------------------------
+
+    @abc.abstractmethod
+    def unregister_entity(self, entity: Entity) -> None:
+        """Forget ``entity`` now (a conductor stopping cleanly)."""
+
+    @abc.abstractmethod
+    def iter_entities(self, kind: str | None = None) -> list[Entity]:
+        """The registered entities that are alive, of ``kind`` if given, sorted by name."""
+
+    @abc.abstractmethod
+    def iter_trash(self) -> list[TrashedJob]:
+        """The trashed jobs, oldest first."""
+
+    @abc.abstractmethod
+    def repost(self, job_uuid: str) -> Job:
+        """Move a trashed job back to the board, unclaimed, with no attempts counted.
+
+        Raises:
+            flowengine.exceptions.NotFound: If no trashed job has that uuid.
+        """
+
+    @abc.abstractmethod
+    def discard(self, job_uuid: str) -> None:
+        """Delete a trashed job for good.
+
+        Raises:
+            flowengine.exceptions.NotFound: If no trashed job has that uuid.
+        """
+
+    def __enter__(self) -> JobBoard:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # ---- for backends: pushed waiting ----------------------------------------------------------
+
+    def _notify_change(self) -> None:
+        """Wake every waiter: something on the board changed (call from notification threads)."""
+        with self._changes:
+            self._generation += 1
+            self._changes.notify_all()
+
+    def _next_wakeup(self) -> float | None:
+        """Seconds until a lease the service will not announce ends (None: none known)."""
+        return None
+
+    def _wait_until(self, condition: Callable[[], bool], timeout: float | None) -> bool:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            with self._changes:
+                seen = self._generation
+            if condition():
+                return True
+            with self._changes:
+                if self._generation != seen:
+                    continue  # changed while we looked: look again before sleeping
+                waits = [w for w in (self._next_wakeup(),
+                                     None if deadline is None else deadline - time.monotonic())
+                         if w is not None]
+                if deadline is not None and deadline - time.monotonic() <= 0:
+                    return False
+                self._changes.wait(max(0.0, min(waits)) if waits else None)
+
+
+class NotifyingJobBoard(JobBoard):
+    """A board whose :attr:`notifier` announces :data:`POSTED` and :data:`REMOVAL` events.
+
+    Listeners are called as ``callback(event, details={"job": job})``.
+    """
+
+    def __init__(self, name: str, conf: dict[str, Any],
+                 persistence: persistence_base.Backend | None = None) -> None:
+        super().__init__(name, conf, persistence)
+        self.notifier = notifier.Notifier()
+
+
+def check_who(meth: Callable[..., _R]) -> Callable[..., _R]:
+    """Decorate a board method taking ``(job, who)``: ``who`` must be a non-empty string."""
+
+    @functools.wraps(meth)
+    def wrapper(self: Any, job: Any, who: Any, *args: Any, **kwargs: Any) -> _R:
+        if not isinstance(who, str):
+            raise TypeError(f"Job applicant must be a string, not {type(who).__name__}")
+        if not who:
+            raise ValueError("Job applicant must be non-empty")
+        return meth(self, job, who, *args, **kwargs)
+
+    return wrapper
+
+
+_R = TypeVar("_R")

@@ -1,0 +1,61 @@
+"""One factory per jobboard backend, for the board and conductor suites.
+
+Every backend has two functions with the same shape:
+
+* ``make_<backend>_board(server, namespace, *, name="board", persistence=None, **options)``
+  builds an UNCONNECTED board on ``server`` (what the backend's server fixture gives: a Redis
+  URL, ZooKeeper hosts, an etcd ``(host, port)``) whose data all lives under ``namespace``
+  (a unique string per test); ``options`` are extra conf keys (``claim_ttl``, ``max_attempts``).
+  Two boards made with the same server and namespace see the same jobs.
+* ``wipe_<backend>(server, namespace)`` deletes everything stored under ``namespace``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from flowengine.jobs.base import JobBoard
+
+
+def make_redis_board(server: str, namespace: str, *, name: str = "board",
+                     persistence: Any = None, **options: Any) -> JobBoard:
+    """A Redis board at ``server`` (a ``redis://`` URL) keyed under ``namespace``."""
+    from flowengine.jobs.backends import fetch
+
+    return fetch(name, {"board": server, "namespace": namespace, **options},
+                 persistence=persistence)
+
+
+def wipe_redis(server: str, namespace: str) -> None:
+    """Delete every key of ``namespace``."""
+    import redis
+
+    client = redis.Redis.from_url(server)
+    try:
+        keys = list(client.scan_iter(match=f"{namespace}:*", count=500))
+        if keys:
+            client.delete(*keys)
+    finally:
+        client.close()
+
+
+def make_zookeeper_board(server: str, namespace: str, *, name: str = "board",
+                         persistence: Any = None, **options: Any) -> JobBoard:
+    """A ZooKeeper board on ``server`` (``host:port`` list) under path ``/<namespace>``."""
+    pytest.skip("not yet")
+
+
+def wipe_zookeeper(server: str, namespace: str) -> None:
+    """Delete the ``/<namespace>`` tree."""
+
+
+def make_etcd_board(server: tuple[str, int], namespace: str, *, name: str = "board",
+                    persistence: Any = None, **options: Any) -> JobBoard:
+    """An etcd board on ``server`` (host, port) under prefix ``/<namespace>``."""
+    pytest.skip("not yet")
+
+
+def wipe_etcd(server: tuple[str, int], namespace: str) -> None:
+    """Delete every key under ``/<namespace>``."""
