@@ -1,0 +1,455 @@
+"""The Redis jobboard: claims are keys that expire, changes are published.
+
+Layout under the ``namespace`` (conf key; default ``flowengine``):
+
+=============================  ==============================================================
+``<ns>:jobs``                  hash: job uuid -> posting (JSON, :func:`~..base.format_posting`)
+``<ns>:attempts``              hash: job uuid -> claims so far
+``<ns>:claim:<uuid>``          the claim: its owner, expiring after ``claim_ttl`` (a lease)
+``<ns>:trash``, ``<ns>:trash-info``   hashes: trashed postings, and why / when / attempts
+``<ns>:entity:<kind>:<name>``  a registered entity (JSON), expiring after ``claim_ttl``
+``<ns>:events``                the channel every change is published on
+=============================  ==============================================================
+
+Every operation is one Lua script (:mod:`._redis_scripts`), so it is atomic on the server.
+Waiting is pushed: a thread follows the channel and wakes waiters; a claim that ends by expiry
+is not announced by Redis (without keyspace notifications), so waiters also sleep until the end
+of the soonest lease they know of, which is a timer set from the claim's own TTL, not polling.
+After a lost connection the thread reconnects with capped backoff and re-reads everything, so
+no change missed meanwhile is lost.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import uuid as uuidlib
+from collections.abc import Iterator
+from typing import Any
+
+from flowengine import exceptions as exc
+from flowengine import states
+from flowengine.jobs import base
+from flowengine.types.entity import Entity
+from flowengine.utils import redis_utils
+
+import redis  # isort: skip  (redis_utils above names the extra when it is missing)
+
+from flowengine.jobs.backends import _redis_scripts as scripts
+
+__all__ = ["RedisJob", "RedisJobBoard"]
+
+LOG = logging.getLogger(__name__)
+
+_RECONNECT_DELAYS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0)
+
+
+class RedisJob(base.Job):
+    """A job on a :class:`RedisJobBoard`; state and attempts are read from Redis."""
+
+    @property
+    def state(self) -> str:
+        """UNCLAIMED, CLAIMED or COMPLETE (gone)."""
+        assert isinstance(self._board, RedisJobBoard)
+        return self._board._job_state(self.uuid)
+
+    @property
+    def attempts(self) -> int:
+        """Claims so far."""
+        assert isinstance(self._board, RedisJobBoard)
+        return self._board._attempts(self.uuid)
+
+
+class RedisJobBoard(base.NotifyingJobBoard):
+    """A jobboard on Redis (TaskFlow's conf keys: host, port, password, db, namespace, sentinel
+    settings, ssl settings; plus ``claim_ttl`` and ``max_attempts``).
+
+    Args:
+        name: The board's name.
+        conf: The conf (see above).
+        client: A Redis client to use instead of one built from ``conf`` (not closed by
+            :meth:`close`).
+        persistence: The persistence backend jobs' logbooks are loaded from.
+    """
+
+    DEFAULT_NAMESPACE = "flowengine"
+
+    def __init__(self, name: str, conf: dict[str, Any], client: redis.Redis | None = None,
+                 persistence: Any = None) -> None:
+        super().__init__(name, conf, persistence)
+        self._client = client
+        self._owns_client = client is None
+        ns = str(self._conf.get("namespace") or self.DEFAULT_NAMESPACE)
+        self._ns = ns
+        self._channel = f"{ns}:events"
+        self._keys = [f"{ns}:jobs", f"{ns}:attempts", f"{ns}:trash", f"{ns}:trash-info"]
+        self._scripts: dict[str, Any] = {}
+        self._lock = threading.Lock()
+        self._cache: dict[str, dict[str, Any]] = {}
+        self._lease_ends: dict[str, float] = {}
+        self._listener: threading.Thread | None = None
+        self._stopping = threading.Event()
+        self._following = threading.Event()
+        self._stop_channel = ""
+        self._connected = False
+
+    # ---- connection ----------------------------------------------------------------------------
+
+    @property
+    def connected(self) -> bool:
+        """Whether :meth:`connect` ran and :meth:`close` did not."""
+        return self._connected
+
+    def connect(self) -> None:
+        """Connect, check the server answers, and start following the board's changes.
+
+        Raises:
+            flowengine.exceptions.JobFailure: If Redis cannot be reached.
+        """
+        if self._connected:
+            return
+        if self._client is None:
+            self._client = redis_utils.make_client(self._conf)
+        try:
+            self._client.ping()
+        except redis.RedisError as err:
+            raise exc.JobFailure(f"Cannot connect jobboard '{self.name}' to Redis: {err}") \
+                from err
+        self._scripts = {name: self._client.register_script(getattr(scripts, name))
+                         for name in ("CLAIM", "KEEP_ALIVE", "CONSUME", "ABANDON", "TRASH",
+                                      "REPOST", "DISCARD", "POST")}
+        self._stopping.clear()
+        self._stop_channel = f"{self._ns}:stop:{uuidlib.uuid4().hex}"
+        pubsub = self._client.pubsub()
+        pubsub.subscribe(self._channel, self._stop_channel)
+        self._listener = threading.Thread(target=self._follow, args=(pubsub,), daemon=True,
+                                          name=f"jobboard-{self.name}")
+        self._listener.start()
+        self._connected = True
+        self._following.wait(5.0)
+
+    def close(self) -> None:
+        """Stop following changes and disconnect (claims held are left to expire)."""
+        if not self._connected:
+            return
+        self._connected = False
+        self._stopping.set()
+        assert self._client is not None
+        try:
+            self._client.publish(self._stop_channel, "stop")
+        except redis.RedisError:
+            LOG.debug("Jobboard %s: Redis unreachable while closing", self.name)
+        if self._listener is not None:
+            self._listener.join(5.0)
+        if self._owns_client:
+            self._client.close()
+            self._client = None
+        self._notify_change()
+
+    # ---- following changes ---------------------------------------------------------------------
+
+    def _follow(self, pubsub: Any) -> None:
+        failures = 0
+        try:
+            while not self._stopping.is_set():
+                try:
+                    message = pubsub.get_message(timeout=None)
+                except (redis.ConnectionError, redis.TimeoutError, OSError) as err:
+                    delay = _RECONNECT_DELAYS[min(failures, len(_RECONNECT_DELAYS) - 1)]
+                    failures += 1
+                    LOG.warning("Jobboard %s lost Redis (%s); reconnecting in %.2fs",
+                                self.name, err, delay)
+                    self._stopping.wait(delay)
+                    continue
+                failures = 0
+                if message is not None:
+                    self._on_message(message)
+        finally:
+            try:
+                pubsub.close()
+            except redis.RedisError:  # closing a dead connection
+                pass
+
+    def _on_message(self, message: dict[str, Any]) -> None:
+        channel = _text(message.get("channel"))
+        if message.get("type") == "subscribe":
+            if channel == self._channel:
+                # (Re)subscribed: anything published while we were away is lost, so re-read.
+                self._reload()
+                self._following.set()
+            return
+        if message.get("type") != "message" or channel != self._channel:
+            return
+        try:
+            event = json.loads(_text(message["data"]))
+        except ValueError:
+            LOG.warning("Jobboard %s ignored a message that is not JSON on %s", self.name,
+                        self._channel)
+            return
+        self._apply(event)
+        self._notify_change()
+
+    def _apply(self, event: dict[str, Any]) -> None:
+        kind, job_uuid = event.get("event"), str(event.get("uuid"))
+        job: base.Job | None = None
+        with self._lock:
+            if kind == "posted":
+                raw = event.get("posting")
+                posting: dict[str, Any] = json.loads(raw) if isinstance(raw, str) else raw or {}
+                self._cache[job_uuid] = posting
+                job = self._job(posting)
+            elif kind == "removed":
+                gone = self._cache.pop(job_uuid, None)
+                self._lease_ends.pop(job_uuid, None)
+                job = self._job(gone) if gone else None
+            elif kind in ("claimed", "renewed"):
+                self._lease_ends[job_uuid] = time.monotonic() + float(event["ttl_ms"]) / 1000
+            elif kind == "released":
+                self._lease_ends.pop(job_uuid, None)
+        if job is not None:
+            self.notifier.notify(base.POSTED if kind == "posted" else base.REMOVAL, {"job": job})
+
+    def _reload(self) -> None:
+        try:
+            postings = self._read_postings()
+            client = self._require_client()
+            with client.pipeline(transaction=False) as pipe:
+                for job_uuid in postings:
+                    pipe.pttl(self._claim_key(job_uuid))
+                ttls = pipe.execute()
+        except redis.RedisError as err:
+            LOG.warning("Jobboard %s could not re-read the board: %s", self.name, err)
+            return
+        now = time.monotonic()
+        with self._lock:
+            self._cache = postings
+            self._lease_ends = {u: now + ttl / 1000 for u, ttl in zip(postings, ttls, strict=True)
+                                if ttl and ttl > 0}
+        self._notify_change()
+
+    def _next_wakeup(self) -> float | None:
+        with self._lock:
+            ends = dict(self._lease_ends)
+        if not ends:
+            return None
+        now = time.monotonic()
+        overdue = [u for u, end in ends.items() if end <= now]
+        if overdue and self._client is not None:
+            # A renewal or release we did not hear of: ask Redis when these claims really end.
+            try:
+                ttls = [self._client.pttl(self._claim_key(u)) for u in overdue]
+            except redis.RedisError:
+                return 0.5
+            with self._lock:
+                for job_uuid, ttl in zip(overdue, ttls, strict=True):
+                    if ttl and ttl > 0:
+                        self._lease_ends[job_uuid] = ends[job_uuid] = now + ttl / 1000
+                    else:
+                        self._lease_ends.pop(job_uuid, None)
+                        ends.pop(job_uuid, None)
+            if len(overdue) != len([u for u in overdue if u in ends]):
+                return 0.0  # a claim just ended: look now
+        return max(0.0, min(ends.values(), default=now) - now) if ends else None
+
+    # ---- reading -------------------------------------------------------------------------------
+
+    def _require_client(self) -> redis.Redis:
+        if self._client is None or not self._connected:
+            raise exc.JobFailure(f"Jobboard '{self.name}' is not connected")
+        return self._client
+
+    def _claim_key(self, job_uuid: str) -> str:
+        return f"{self._ns}:claim:{job_uuid}"
+
+    def _read_postings(self) -> dict[str, dict[str, Any]]:
+        assert self._client is not None
+        raw = self._client.hgetall(self._keys[0])
+        return {_text(k): json.loads(_text(v)) for k, v in raw.items()}
+
+    def _job(self, posting: dict[str, Any]) -> RedisJob:
+        return RedisJob.from_posting(self, posting, backend=self._persistence)
+
+    def _job_state(self, job_uuid: str) -> str:
+        client = self._require_client()
+        try:
+            with client.pipeline(transaction=True) as pipe:
+                pipe.hexists(self._keys[0], job_uuid)
+                pipe.exists(self._claim_key(job_uuid))
+                exists, claimed = pipe.execute()
+        except redis.RedisError as err:
+            raise exc.JobFailure(f"Cannot read the state of job {job_uuid}: {err}") from err
+        if not exists:
+            return states.COMPLETE
+        return states.CLAIMED if claimed else states.UNCLAIMED
+
+    def _attempts(self, job_uuid: str) -> int:
+        value = self._require_client().hget(self._keys[1], job_uuid)
+        return int(value) if value else 0
+
+    def iterjobs(self, only_unclaimed: bool = False,
+                 ensure_fresh: bool = False) -> Iterator[base.Job]:
+        """Jobs on the board, most urgent then oldest first (see :meth:`JobBoard.iterjobs`)."""
+        self._require_client()
+
+        def fetch(fresh: bool) -> list[base.Job]:
+            if fresh or not self._following.is_set():
+                postings = list(self._read_postings().values())
+            else:
+                with self._lock:
+                    postings = list(self._cache.values())
+            jobs = [self._job(p) for p in postings]
+            return sorted(jobs, key=lambda j: (j.priority.rank, str(j.created_on), j.uuid))
+
+        return base.JobBoardIterator(self, fetch, only_unclaimed, ensure_fresh)
+
+    def find_owner(self, job: base.Job) -> str | None:
+        """Who holds the claim on ``job``; raises NotFound if it is gone."""
+        client = self._require_client()
+        with client.pipeline(transaction=True) as pipe:
+            pipe.hexists(self._keys[0], job.uuid)
+            pipe.get(self._claim_key(job.uuid))
+            exists, owner = pipe.execute()
+        if not exists:
+            raise exc.NotFound(f"Job {job.uuid} is not on board '{self.name}'")
+        return _text(owner) if owner else None
+
+    # ---- changing ------------------------------------------------------------------------------
+
+    def _run(self, script: str, job_uuid: str, who: str, *args: Any) -> tuple[str, str]:
+        self._require_client()
+        try:
+            status, value = self._scripts[script](
+                keys=[*self._keys, self._claim_key(job_uuid)],
+                args=[job_uuid, self._channel, who, *args])
+        except redis.RedisError as err:
+            raise exc.JobFailure(f"Jobboard '{self.name}' could not {script.lower()} job"
+                                 f" {job_uuid}: {err}") from err
+        return _text(status), _text(value)
+
+    def _refused(self, status: str, value: str, job: base.Job, who: str, action: str) -> None:
+        if status == "missing":
+            raise exc.NotFound(f"Cannot {action} job {job.uuid} ({job.name}): it is not on board"
+                               f" '{self.name}'")
+        if status == "notowner":
+            holder = f"claimed by '{value}'" if value else "not claimed"
+            raise exc.JobFailure(f"Cannot {action} job {job.uuid} ({job.name}) as '{who}': it is"
+                                 f" {holder}")
+
+    def post(self, name: str, book: Any = None, details: dict[str, Any] | None = None,
+             priority: base.JobPriority | str = base.JobPriority.NORMAL) -> base.Job:
+        """Post a job (details must be JSON-ready); every follower is woken."""
+        now = base.utcnow()
+        job_uuid = str(uuidlib.uuid4())
+        posting = base.format_posting(job_uuid, name, created_on=now, last_modified=now,
+                                      details=details, book=book,
+                                      priority=base.JobPriority.convert(priority))
+        try:
+            encoded = json.dumps(posting)
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"Details of job '{name}' are not JSON-ready: {err}") from err
+        self._run("POST", job_uuid, "", encoded)
+        job = self._job(posting)
+        if book is not None:
+            job._book = book
+        return job
+
+    @base.check_who
+    def claim(self, job: base.Job, who: str) -> None:
+        """Claim ``job`` for ``claim_ttl`` seconds (see :meth:`JobBoard.claim`)."""
+        status, value = self._run("CLAIM", job.uuid, who, int(self.options.claim_ttl * 1000),
+                                  self.options.max_attempts, base.utcnow().isoformat())
+        if status == "missing":
+            self._refused(status, value, job, who, "claim")
+        if status == "owned":
+            raise exc.UnclaimableJob(f"Job {job.uuid} ({job.name}) is already claimed by"
+                                     f" '{value}'")
+        if status == "trashed":
+            raise exc.UnclaimableJob(f"Job {job.uuid} ({job.name}) was moved to the trash: it"
+                                     f" was abandoned or orphaned {value} times")
+
+    @base.check_who
+    def keep_alive(self, job: base.Job, who: str) -> None:
+        """Renew ``who``'s claim; raises :class:`~..base.ClaimLost` if it no longer holds it."""
+        status, _ = self._run("KEEP_ALIVE", job.uuid, who, int(self.options.claim_ttl * 1000))
+        if status != "renewed":
+            raise base.ClaimLost(f"'{who}' lost its claim on job {job.uuid} ({job.name})",
+                                 job.uuid, who)
+
+    @base.check_who
+    def consume(self, job: base.Job, who: str) -> None:
+        """Remove a finished job (see :meth:`JobBoard.consume`)."""
+        self._refused(*self._run("CONSUME", job.uuid, who), job, who, "consume")
+
+    @base.check_who
+    def abandon(self, job: base.Job, who: str, counted: bool = True) -> None:
+        """Release ``who``'s claim (see :meth:`JobBoard.abandon`)."""
+        status, value = self._run("ABANDON", job.uuid, who, "1" if counted else "0",
+                                  self.options.max_attempts, base.utcnow().isoformat())
+        self._refused(status, value, job, who, "abandon")
+
+    @base.check_who
+    def trash(self, job: base.Job, who: str, reason: str = "") -> None:
+        """Move a claimed job to the trash (see :meth:`JobBoard.trash`)."""
+        status, value = self._run("TRASH", job.uuid, who, reason or f"trashed by {who}",
+                                  base.utcnow().isoformat())
+        self._refused(status, value, job, who, "trash")
+
+    def iter_trash(self) -> list[base.TrashedJob]:
+        """The trashed jobs, oldest first."""
+        client = self._require_client()
+        with client.pipeline(transaction=True) as pipe:
+            pipe.hgetall(self._keys[2])
+            pipe.hgetall(self._keys[3])
+            postings, infos = pipe.execute()
+        trashed = []
+        for key, raw in postings.items():
+            posting = json.loads(_text(raw))
+            info = json.loads(_text(infos.get(key, b"{}")))
+            trashed.append(base.TrashedJob.from_dict(
+                {"uuid": posting["uuid"], "name": posting["name"], "posting": posting,
+                 "trashed_on": info.get("trashed_on") or base.utcnow().isoformat(), **{
+                     k: info[k] for k in ("reason", "attempts") if k in info}}))
+        return sorted(trashed, key=lambda t: t.trashed_on)
+
+    def repost(self, job_uuid: str) -> base.Job:
+        """Put a trashed job back on the board (see :meth:`JobBoard.repost`)."""
+        status, posting = self._run("REPOST", job_uuid, "")
+        if status == "missing":
+            raise exc.NotFound(f"No trashed job {job_uuid} on board '{self.name}'")
+        return self._job(json.loads(posting))
+
+    def discard(self, job_uuid: str) -> None:
+        """Delete a trashed job (see :meth:`JobBoard.discard`)."""
+        if self._run("DISCARD", job_uuid, "")[0] == "missing":
+            raise exc.NotFound(f"No trashed job {job_uuid} on board '{self.name}'")
+
+    # ---- entities ------------------------------------------------------------------------------
+
+    def _entity_key(self, entity: Entity) -> str:
+        return f"{self._ns}:entity:{entity.kind}:{entity.name}"
+
+    def register_entity(self, entity: Entity) -> None:
+        """Record ``entity`` for ``claim_ttl`` seconds (again: refresh)."""
+        self._require_client().set(self._entity_key(entity), json.dumps(entity.to_dict()),
+                                   px=int(self.options.claim_ttl * 1000))
+
+    def unregister_entity(self, entity: Entity) -> None:
+        """Forget ``entity`` now."""
+        self._require_client().delete(self._entity_key(entity))
+
+    def iter_entities(self, kind: str | None = None) -> list[Entity]:
+        """The live entities (of ``kind``), sorted by name."""
+        client = self._require_client()
+        pattern = f"{self._ns}:entity:{kind + ':' if kind else ''}*"
+        keys = list(client.scan_iter(match=pattern, count=500))
+        values = client.mget(keys) if keys else []
+        found = [Entity.from_dict(json.loads(_text(v))) for v in values if v]
+        return sorted(found, key=lambda e: (e.kind, e.name))
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
