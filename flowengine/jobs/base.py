@@ -350,7 +350,7 @@ class Job(metaclass=abc.ABCMeta):
 
         Woken by the board's notifications, never by polling.
         """
-        return self._board._wait_until(lambda: self.state == states.COMPLETE, timeout)
+        return self._board.wait_until(lambda: self.state == states.COMPLETE, timeout)
 
     def __str__(self) -> str:
         from flowengine.jobs.masking import masked
@@ -450,7 +450,7 @@ class JobBoard(metaclass=abc.ABCMeta):
             found[:] = list(self.iterjobs(only_unclaimed=True, ensure_fresh=True))
             return bool(found)
 
-        if not self._wait_until(unclaimed, timeout):
+        if not self.wait_until(unclaimed, timeout):
             raise NotFound(f"No unclaimed job appeared on board '{self.name}' within {timeout}s")
         return iter(found)
 
@@ -593,7 +593,16 @@ class JobBoard(metaclass=abc.ABCMeta):
         """Seconds until a lease the service will not announce ends (None: none known)."""
         return None
 
-    def _wait_until(self, condition: Callable[[], bool], timeout: float | None) -> bool:
+    def wake_waiters(self) -> None:
+        """Make every :meth:`wait_until` look at its condition again (a conductor stopping)."""
+        self._notify_change()
+
+    def wait_until(self, condition: Callable[[], bool], timeout: float | None) -> bool:
+        """Block until ``condition()`` is true, re-checking it whenever the board changes.
+
+        Returns False if ``timeout`` seconds pass first. ``condition`` may read the service; it
+        is never called in a loop without a change (or a lease end) in between.
+        """
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             with self._changes:

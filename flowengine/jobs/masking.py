@@ -7,7 +7,7 @@ from typing import Any
 
 from flowengine.persistence.backends._uri import mask_urls
 
-__all__ = ["MASK", "is_secret_key", "masked"]
+__all__ = ["MASK", "is_secret_key", "masked", "scrub"]
 
 MASK = "***"
 
@@ -33,3 +33,25 @@ def masked(data: Any) -> Any:
     if isinstance(data, str):
         return mask_urls(data)
     return data
+
+
+def _secret_values(data: Any) -> set[str]:
+    found: set[str] = set()
+    if isinstance(data, dict):
+        for key, value in data.items():
+            if is_secret_key(key) and isinstance(value, (str, int, float)) and str(value):
+                found.add(str(value))
+            else:
+                found |= _secret_values(value)
+    elif isinstance(data, (list, tuple)):
+        for item in data:
+            found |= _secret_values(item)
+    return found
+
+
+def scrub(text: str, details: Any) -> str:
+    """``text`` with every secret value of ``details`` (see :func:`masked`) and every URL
+    password replaced by ``***`` (for messages that may quote a secret, such as errors)."""
+    for secret in sorted(_secret_values(details), key=len, reverse=True):
+        text = text.replace(secret, MASK)
+    return mask_urls(text)

@@ -124,10 +124,10 @@ class RedisJobBoard(base.NotifyingJobBoard):
         self._stop_channel = f"{self._ns}:stop:{uuidlib.uuid4().hex}"
         pubsub = self._client.pubsub()
         pubsub.subscribe(self._channel, self._stop_channel)
+        self._connected = True
         self._listener = threading.Thread(target=self._follow, args=(pubsub,), daemon=True,
                                           name=f"jobboard-{self.name}")
         self._listener.start()
-        self._connected = True
         self._following.wait(5.0)
 
     def close(self) -> None:
@@ -212,9 +212,11 @@ class RedisJobBoard(base.NotifyingJobBoard):
             self.notifier.notify(base.POSTED if kind == "posted" else base.REMOVAL, {"job": job})
 
     def _reload(self) -> None:
+        client = self._client
+        if client is None:
+            return
         try:
             postings = self._read_postings()
-            client = self._require_client()
             with client.pipeline(transaction=False) as pipe:
                 for job_uuid in postings:
                     pipe.pttl(self._claim_key(job_uuid))
