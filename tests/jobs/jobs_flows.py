@@ -26,6 +26,14 @@ def _record(ledger: str | None, name: str) -> None:
             os.fsync(out.fileno())
 
 
+def ledger_entries(ledger: Path) -> list[tuple[str, int]]:
+    """``(task name, pid)`` of each execution, in order."""
+    if not ledger.exists():
+        return []
+    return [(line.split()[0], int(line.split()[1]))
+            for line in ledger.read_text().splitlines() if line.strip()]
+
+
 def ledger_lines(ledger: Path) -> list[str]:
     """The names of the tasks executed, in order."""
     if not ledger.exists():
