@@ -54,6 +54,22 @@ PUBLIC_MODULES = [
     "flowengine.worker_based.event_listener",
     "flowengine.worker_based.metrics",
     "flowengine.listeners.atoms",
+    # jobboards and conductors (TaskFlow's modules) and their additions
+    "flowengine.jobs.base",
+    "flowengine.jobs.backends",
+    "flowengine.jobs.backends.impl_redis",
+    "flowengine.jobs.posting",
+    "flowengine.jobs.masking",
+    "flowengine.conductors.base",
+    "flowengine.conductors.backends",
+    "flowengine.conductors.backends.impl_blocking",
+    "flowengine.conductors.backends.impl_nonblocking",
+    "flowengine.conductors.backends.impl_executor",
+    "flowengine.conductors.claims",
+    "flowengine.listeners.claims",
+    "flowengine.types.entity",
+    "flowengine.utils.redis_utils",
+    "flowengine.logging",
 ]
 
 
