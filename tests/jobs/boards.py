@@ -43,12 +43,27 @@ def wipe_redis(server: str, namespace: str) -> None:
 
 def make_zookeeper_board(server: str, namespace: str, *, name: str = "board",
                          persistence: Any = None, **options: Any) -> JobBoard:
-    """A ZooKeeper board on ``server`` (``host:port`` list) under path ``/<namespace>``."""
-    pytest.skip("not yet")
+    """A ZooKeeper board on ``server`` (``host:port`` list) under path ``/<namespace>/jobs``
+    (its trash and entities are ``/<namespace>/.trash`` and ``/<namespace>/.entities``)."""
+    from flowengine.jobs.backends import fetch
+
+    return fetch(name, {"board": "zookeeper", "hosts": server, "path": f"/{namespace}/jobs",
+                        **options}, persistence=persistence)
 
 
 def wipe_zookeeper(server: str, namespace: str) -> None:
     """Delete the ``/<namespace>`` tree."""
+    from kazoo.client import KazooClient
+
+    client = KazooClient(hosts=server)
+    client.start(timeout=15)
+    try:
+        client.delete(f"/{namespace}", recursive=True)
+    except Exception:  # noqa: BLE001 - nothing there to delete
+        pass
+    finally:
+        client.stop()
+        client.close()
 
 
 def make_etcd_board(server: tuple[str, int], namespace: str, *, name: str = "board",

@@ -12,16 +12,24 @@ its session, as in TaskFlow.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
+import posixpath
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol, cast
 
 from flowengine.jobs import base
 
-__all__ = ["ServerClock", "Snapshot", "decode", "encode", "posting_of"]
+from kazoo import exceptions as k_exc  # isort: skip  (the board imports kazoo_utils first)
 
+__all__ = ["ATTEMPTS", "CLAIM", "LOCK_POSTFIX", "TRASHED", "LeaseTimers", "ServerClock",
+           "Snapshot", "ZookeeperJob", "decode", "encode", "from_millis", "posting_of",
+           "read_node", "session_hex", "trashed_job"]
+
+#: A claim's node is its job's node plus this (TaskFlow's name).
+LOCK_POSTFIX = ".lock"
 #: Keys flowengine adds to a job node's posting (TaskFlow readers ignore them).
 ATTEMPTS, CLAIM, TRASHED = "attempts", "claim", "trashed"
 
@@ -137,3 +145,104 @@ def trashed_job(data: dict[str, Any]) -> base.TrashedJob:
         "uuid": data["uuid"], "name": data["name"], "posting": posting_of(data),
         "reason": info.get("reason", ""), "attempts": info.get("attempts", 0),
         "trashed_on": info.get("trashed_on") or base.utcnow().isoformat()})
+
+
+def read_node(request: Any) -> tuple[dict[str, Any] | None, Any]:
+    """The (data, stat) a kazoo ``get_async`` gave; (None, None) if the node does not exist."""
+    try:
+        raw, stat = request.get()
+    except k_exc.NoNodeError:
+        return None, None
+    return decode(raw), stat
+
+
+def from_millis(millis: int) -> datetime.datetime:
+    """A node's ``ctime``/``mtime`` as an aware UTC datetime."""
+    return datetime.datetime.fromtimestamp(millis / 1000.0, datetime.UTC)
+
+
+class _Reader(Protocol):
+    def _state(self, job: ZookeeperJob) -> str: ...
+
+    def _attempts(self, job: ZookeeperJob) -> int: ...
+
+
+class ZookeeperJob(base.Job):
+    """A job on a :class:`ZookeeperJobBoard` (state and attempts are read from ZooKeeper)."""
+
+    def __init__(self, board: base.JobBoard, name: str, path: str, **kwargs: Any) -> None:
+        super().__init__(board, name, **kwargs)
+        self._path = path
+        digits = posixpath.basename(path).rpartition("job")[2]
+        self._sequence = int(digits) if digits.isdigit() else 0
+
+    @property
+    def path(self) -> str:
+        """The job node's path."""
+        return self._path
+
+    @property
+    def lock_path(self) -> str:
+        """The claim (lock) node's path."""
+        return self._path + LOCK_POSTFIX
+
+    @property
+    def sequence(self) -> int:
+        """The job node's sequence number (posting order)."""
+        return self._sequence
+
+    @property
+    def state(self) -> str:
+        """UNCLAIMED, CLAIMED or COMPLETE (gone)."""
+        return cast(_Reader, self._board)._state(self)
+
+    @property
+    def attempts(self) -> int:
+        """Claims so far (0 once gone)."""
+        return cast(_Reader, self._board)._attempts(self)
+
+
+class LeaseTimers:
+    """When the claims a board has seen end, so that its waiters wake then (no polling).
+
+    ZooKeeper announces a lock node that goes, not a lease that runs out; these timers cover
+    the second. Each end is announced once: a lease found over is forgotten.
+
+    Args:
+        clock: ZooKeeper's clock.
+    """
+
+    def __init__(self, clock: ServerClock) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._ends: dict[str, float] = {}
+
+    def note(self, snap: Snapshot) -> None:
+        """Remember when the claim ``snap`` shows ends (or that it has none)."""
+        end = snap.lease_end()
+        with self._lock:
+            if end is not None and end > self._clock.now():
+                self._ends[snap.path] = end
+            else:
+                self._ends.pop(snap.path, None)
+
+    def forget(self, path: str) -> None:
+        """The job at ``path`` is gone."""
+        with self._lock:
+            self._ends.pop(path, None)
+
+    def clear(self) -> None:
+        """Forget every lease."""
+        with self._lock:
+            self._ends.clear()
+
+    def next_wakeup(self) -> float | None:
+        """Seconds until the soonest lease ends (0: one just did); None if none is known."""
+        now = self._clock.now()
+        with self._lock:
+            for path in [p for p, end in self._ends.items() if end <= now]:
+                del self._ends[path]
+                return 0.0
+            soonest = min(self._ends.values(), default=None)
+        # A hair past the end, so that the look finds it over.
+        return None if soonest is None else soonest - now + 0.005
