@@ -213,3 +213,33 @@ def test_secrets_in_details_stay_out_of_the_logs(board: JobBoard, persistence: A
         events.wait_for("job_consumed")
     assert "hunter2-s3cret" not in caplog.text
     assert "***" in caplog.text
+
+
+def test_jobs_run_on_the_worker_based_engine(board: JobBoard, persistence: Any,
+                                             tmp_path: Path) -> None:
+    import uuid
+
+    from flowengine.worker_based.worker import Worker
+
+    exchange = f"conductor-{uuid.uuid4().hex[:8]}"
+    worker = Worker(exchange, "jobs", tasks=[jobs_flows.__name__], transport="memory",
+                    threads_count=2)
+    serving = threading.Thread(target=worker.run, kwargs={"display_banner": False},
+                               daemon=True)
+    serving.start()
+    assert worker.wait(30)
+    ledger = tmp_path / "ledger"
+    jobs = [post_flow(board, persistence, jobs_flows.steps, factory_args=(2,), name=f"j{i}",
+                      store={"ledger": str(ledger)}) for i in range(2)]
+    conductor = make("nonblocking", board, persistence, engine="worker-based",
+                     engine_options={"exchange": exchange, "topics": ["jobs"],
+                                     "transport": "memory"}, max_simultaneous_jobs=2)
+    events = Events(conductor)
+    try:
+        with running(conductor):
+            events.wait_for("job_consumed", count=2)
+    finally:
+        worker.stop(grace=5)
+        serving.join(10)
+    assert all(job.state == states.COMPLETE for job in jobs)
+    assert sorted(jobs_flows.ledger_lines(ledger)) == ["step-1", "step-1", "step-2", "step-2"]
