@@ -18,10 +18,23 @@ except ImportError as err:  # pragma: no cover - depends on the installed extras
 
 from flowengine import exceptions as exc
 
-__all__ = ["CONF_TRANSFERS", "KazooTransactionException", "check_compatible", "checked_commit",
-           "finalize_client", "make_client"]
+__all__ = ["CLIENT_LOG", "CONF_TRANSFERS", "KazooTransactionException", "check_compatible",
+           "checked_commit", "finalize_client", "make_client"]
 
 LOG = logging.getLogger(__name__)
+
+
+class _NoTracing(logging.Filter):
+    """Drops kazoo's request and response tracing (below INFO): it shows node data, and job
+    details in node data may hold secrets."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.INFO
+
+
+#: The logger clients made here log to (kazoo's own warnings and errors only).
+CLIENT_LOG = logging.getLogger("flowengine.kazoo")
+CLIENT_LOG.addFilter(_NoTracing())
 
 DEFAULT_HOSTS = "localhost:2181"
 
@@ -64,7 +77,7 @@ def make_client(conf: dict[str, Any]) -> k_client.KazooClient:
         TypeError: If ``hosts`` is not usable (the message shows it).
     """
     kwargs: dict[str, Any] = {"hosts": _hosts(conf.get("hosts") or DEFAULT_HOSTS),
-                              "logger": LOG}
+                              "logger": CLIENT_LOG}
     for key, convert in CONF_TRANSFERS:
         if conf.get(key) is not None:
             kwargs[key] = convert(conf[key])
