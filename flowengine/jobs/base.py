@@ -367,16 +367,18 @@ class JobBoardIterator(Iterator[Job]):
 
     Args:
         board: The board.
-        fetch: Returns the jobs to offer (most urgent first).
+        fetch: Returns the jobs to offer (most urgent first), each alone or as ``(job, state)``
+            when the backend read its state along with the listing (saving a read per job).
         only_unclaimed: Offer only jobs that are UNCLAIMED when reached.
         ensure_fresh: Passed to ``fetch``: read the service rather than the board's cache.
     """
 
-    def __init__(self, board: JobBoard, fetch: Callable[[bool], Iterable[Job]],
+    def __init__(self, board: JobBoard,
+                 fetch: Callable[[bool], Iterable[Job | tuple[Job, str]]],
                  only_unclaimed: bool = False, ensure_fresh: bool = False) -> None:
         self._board = board
         self._fetch = fetch
-        self._jobs: list[Job] | None = None
+        self._jobs: list[Job | tuple[Job, str]] | None = None
         self.only_unclaimed = only_unclaimed
         self.ensure_fresh = ensure_fresh
 
@@ -392,10 +394,12 @@ class JobBoardIterator(Iterator[Job]):
         if self._jobs is None:
             self._jobs = list(self._fetch(self.ensure_fresh))
             self._jobs.reverse()
-        allowed = (states.UNCLAIMED,) if self.only_unclaimed else tuple(states.JOB_STATES)
+        allowed = (states.UNCLAIMED,) if self.only_unclaimed else (states.UNCLAIMED,
+                                                                   states.CLAIMED)
         while self._jobs:
-            job = self._jobs.pop()
-            if job.state in allowed and (self.only_unclaimed or job.state != states.COMPLETE):
+            item = self._jobs.pop()
+            job, state = item if isinstance(item, tuple) else (item, None)
+            if (state if state is not None else job.state) in allowed:
                 return job
         raise StopIteration
 

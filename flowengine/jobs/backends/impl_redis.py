@@ -286,6 +286,23 @@ class RedisJobBoard(base.NotifyingJobBoard):
             return states.COMPLETE
         return states.CLAIMED if claimed else states.UNCLAIMED
 
+    def _states(self, job_uuids: list[str]) -> list[str]:
+        """The states of many jobs in one round trip."""
+        if not job_uuids:
+            return []
+        client = self._require_client()
+        try:
+            with client.pipeline(transaction=True) as pipe:
+                for job_uuid in job_uuids:
+                    pipe.hexists(self._keys[0], job_uuid)
+                    pipe.exists(self._claim_key(job_uuid))
+                answers = pipe.execute()
+        except redis.RedisError as err:
+            raise exc.JobFailure(f"Cannot read the jobs of board '{self.name}': {err}") from err
+        return [states.COMPLETE if not exists else states.CLAIMED if claimed
+                else states.UNCLAIMED for exists, claimed in zip(answers[::2], answers[1::2],
+                                                                 strict=True)]
+
     def _attempts(self, job_uuid: str) -> int:
         value = self._require_client().hget(self._keys[1], job_uuid)
         return int(value) if value else 0
@@ -295,14 +312,15 @@ class RedisJobBoard(base.NotifyingJobBoard):
         """Jobs on the board, most urgent then oldest first (see :meth:`JobBoard.iterjobs`)."""
         self._require_client()
 
-        def fetch(fresh: bool) -> list[base.Job]:
+        def fetch(fresh: bool) -> list[tuple[base.Job, str]]:
             if fresh or not self._following.is_set():
                 postings = list(self._read_postings().values())
             else:
                 with self._lock:
                     postings = list(self._cache.values())
-            jobs = [self._job(p) for p in postings]
-            return sorted(jobs, key=lambda j: (j.priority.rank, str(j.created_on), j.uuid))
+            jobs = sorted((self._job(p) for p in postings),
+                          key=lambda j: (j.priority.rank, str(j.created_on), j.uuid))
+            return list(zip(jobs, self._states([j.uuid for j in jobs]), strict=True))
 
         return base.JobBoardIterator(self, fetch, only_unclaimed, ensure_fresh)
 
