@@ -14,8 +14,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
-
 from flowengine.jobs.base import JobBoard
 
 
@@ -68,9 +66,20 @@ def wipe_zookeeper(server: str, namespace: str) -> None:
 
 def make_etcd_board(server: tuple[str, int], namespace: str, *, name: str = "board",
                     persistence: Any = None, **options: Any) -> JobBoard:
-    """An etcd board on ``server`` (host, port) under prefix ``/<namespace>``."""
-    pytest.skip("not yet")
+    """An etcd board on ``server`` (host, port) with path ``namespace``: its keys are under
+    ``/taskflow/jobs/<namespace>/``, ``/taskflow/.trash/<namespace>/`` and
+    ``/taskflow/.entities/<namespace>/`` (TaskFlow's layout)."""
+    from flowengine.jobs.backends import fetch
+
+    host, port = server
+    return fetch(name, {"board": "etcd", "host": host, "port": port, "path": namespace,
+                        **options}, persistence=persistence)
 
 
 def wipe_etcd(server: tuple[str, int], namespace: str) -> None:
-    """Delete every key under ``/<namespace>``."""
+    """Delete every key of the board with path ``namespace``."""
+    import etcd3gw
+
+    client = etcd3gw.Etcd3Client(host=server[0], port=server[1], timeout=10)
+    for root in ("/taskflow/jobs/", "/taskflow/.trash/", "/taskflow/.entities/"):
+        client.delete_prefix(f"{root}{namespace}/")

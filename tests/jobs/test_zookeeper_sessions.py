@@ -17,6 +17,7 @@ import pytest
 pytest.importorskip("kazoo")
 
 from kazoo.client import KazooClient, KazooState  # noqa: E402
+from taskflow_interop import check_boards_share_jobs  # noqa: E402
 
 from flowengine import states  # noqa: E402
 from flowengine.jobs import backends, base  # noqa: E402
@@ -120,19 +121,7 @@ def test_taskflow_and_flowengine_boards_share_jobs(zookeeper_hosts: str, root: s
     theirs.connect()
     ours = _board(zookeeper_hosts, root, "flowengine")
     try:
-        mine = ours.post("from-flowengine", details={"store": {"x": 1}})
-        their_view = {j.uuid: j for j in theirs.iterjobs(ensure_fresh=True)}
-        assert their_view[mine.uuid].details == {"store": {"x": 1}}
-        theirs.claim(their_view[mine.uuid], "taskflow-conductor")
-        assert ours.find_owner(mine) == "taskflow-conductor"  # a session-long claim
-        theirs.consume(their_view[mine.uuid], "taskflow-conductor")
-        assert mine.wait(timeout=10)
-        posted = theirs.post("from-taskflow", details={"k": "v"})
-        [seen] = list(ours.iterjobs(ensure_fresh=True))
-        assert (seen.uuid, seen.name, seen.details) == (posted.uuid, "from-taskflow", {"k": "v"})
-        ours.claim(seen, "flowengine-conductor")
-        assert theirs.find_owner(posted) == "flowengine-conductor"
-        ours.consume(seen, "flowengine-conductor")
+        check_boards_share_jobs(theirs, ours)
     finally:
         theirs.close()
         ours.close()

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import json
 import posixpath
 import threading
 import time
@@ -21,6 +20,7 @@ from collections.abc import Callable
 from typing import Any, Protocol, cast
 
 from flowengine.jobs import base
+from flowengine.jobs.backends._json_values import decode, encode
 
 from kazoo import exceptions as k_exc  # isort: skip  (the board imports kazoo_utils first)
 
@@ -32,22 +32,6 @@ __all__ = ["ATTEMPTS", "CLAIM", "LOCK_POSTFIX", "TRASHED", "LeaseTimers", "Serve
 LOCK_POSTFIX = ".lock"
 #: Keys flowengine adds to a job node's posting (TaskFlow readers ignore them).
 ATTEMPTS, CLAIM, TRASHED = "attempts", "claim", "trashed"
-
-
-def encode(data: dict[str, Any]) -> bytes:
-    """JSON bytes for a node."""
-    return json.dumps(data, separators=(",", ":")).encode("utf-8")
-
-
-def decode(raw: bytes | None) -> dict[str, Any]:
-    """A node's JSON data ({} if empty, not JSON or not an object)."""
-    if not raw:
-        return {}
-    try:
-        data = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
 
 
 def posting_of(data: dict[str, Any]) -> dict[str, Any]:
