@@ -56,6 +56,7 @@ PUBLIC_MODULES = [
     "flowengine.listeners.atoms",
     # jobboards and conductors (TaskFlow's modules) and their additions
     "flowengine.jobs.base",
+    "flowengine.jobs.records",
     "flowengine.jobs.backends",
     "flowengine.jobs.backends.impl_redis",
     "flowengine.jobs.posting",

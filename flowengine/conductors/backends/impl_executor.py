@@ -83,6 +83,8 @@ class ExecutorConductor(base.Conductor):
                                                               exc.StorageFailure)
     MAX_SIMULTANEOUS_JOBS = -1
     REFRESH_PERIODICITY = 30.0
+    #: Seconds to pause after the board or persistence failed, before trying again.
+    TROUBLE_PAUSE = 1.0
 
     def __init__(self, name: str, jobboard: jobs_base.JobBoard, persistence: Any = None,
                  engine: str | None = None, engine_options: dict[str, Any] | None = None,
@@ -181,6 +183,7 @@ class ExecutorConductor(base.Conductor):
                               exc_info=True)
             self._stopped.wait(1.0)
             return None
+        troubled = False
         for job in candidates:
             if self._stopped.is_set():
                 return None
@@ -193,6 +196,7 @@ class ExecutorConductor(base.Conductor):
             except exc.JobFailure:
                 self._log.warning("Conductor %s could not claim %s", self._name, job,
                                   exc_info=True)
+                troubled = True
                 continue
             assert self._keeper is not None
             fence = self._keeper.hold(job, self._on_claim_lost, claimed_at)
@@ -201,6 +205,8 @@ class ExecutorConductor(base.Conductor):
             self._log.info("Conductor %s claimed %s (attempt %s)", self._name, job,
                            job.attempts)
             return job
+        if troubled:
+            self._stopped.wait(self.TROUBLE_PAUSE)  # the board is failing: do not spin on it
         return None
 
     def _submit(self, executor: Any, job: jobs_base.Job) -> None:
@@ -230,9 +236,12 @@ class ExecutorConductor(base.Conductor):
         try:
             engine = held.engine = self._engine_from_job(job, backend)
         except exc.StorageFailure as err:
-            self._log.warning("Could not load %s: %s; abandoning it", job,
+            # Persistence is failing, not the job: hand it back uncounted, after a pause so
+            # that conductors do not pass it around in a tight loop meanwhile.
+            self._log.warning("Could not load %s: %s; handing it back", job,
                               scrub(str(err), job.details))
-            return _Outcome("abandon", reason=str(err))
+            self._stopped.wait(self.TROUBLE_PAUSE)
+            return _Outcome("abandon", counted=False, reason=str(err))
         except Exception as err:
             reason = scrub(f"no engine could be made from it: {err}", job.details)
             self._log.warning("Trashing %s: %s", job, reason)
