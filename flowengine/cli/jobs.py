@@ -51,7 +51,8 @@ def jobs_group() -> None:
 @show_envvars
 @jobs_group.command("list")
 @board_options
-@click.option("--trash", "trashed", is_flag=True, help="List the trashed jobs instead.")
+@click.option("--trash", "trashed", is_flag=True, envvar="FLOWENGINE_TRASH",
+              help="List the trashed jobs instead.")
 @json_option()
 def list_command(board_uri: str, board_options: tuple[str, ...], trashed: bool,
                  as_json: bool) -> None:
@@ -97,7 +98,7 @@ def show_command(board_uri: str, board_options: tuple[str, ...], job_id: str) ->
 @click.argument("spec", metavar="MODULE:FACTORY")
 @store_option
 @factory_options
-@click.option("--name", envvar="FLOWENGINE_JOB_NAME", default=None, help="The job's name.")
+@click.option("--name", envvar="FLOWENGINE_NAME", default=None, help="The job's name.")
 @click.option("--priority", envvar="FLOWENGINE_PRIORITY", default="NORMAL", show_default=True,
               type=click.Choice(["VERY_HIGH", "HIGH", "NORMAL", "LOW", "VERY_LOW"],
                                 case_sensitive=False))
@@ -131,7 +132,8 @@ def post_command(board_uri: str, board_options: tuple[str, ...], backend_uri: st
 @jobs_group.command("trash")
 @board_options
 @click.argument("job_id")
-@click.option("--reason", default="trashed by an operator", show_default=True)
+@click.option("--reason", envvar="FLOWENGINE_REASON", default="trashed by an operator",
+              show_default=True, help="Why, kept with the trashed job.")
 def trash_command(board_uri: str, board_options: tuple[str, ...], job_id: str,
                   reason: str) -> None:
     """Move an unclaimed job to the trash (JOB_ID: its uuid or the start of it)."""
