@@ -108,8 +108,10 @@ def test_an_execution_failure_is_abandoned_and_counted(board_factory: BoardFacto
     conductor = make("blocking", board, persistence)
     events = Events(conductor)
     with running(conductor):
-        events.wait_for("job_abandoned", count=2)
-        assert job.wait(timeout=10)  # the second abandon sends it to the trash
+        events.wait_for("job_trashed")  # the second abandon sends it to the trash
+        assert job.wait(timeout=10)
+    assert [e for e, _ in events.seen if e.startswith("job_")] == [
+        "job_abandoned", "job_abandoned", "job_trashed"]
     [trashed] = board.iter_trash()
     assert trashed.uuid == job.uuid and "abandoned or orphaned 2 times" in trashed.reason
 

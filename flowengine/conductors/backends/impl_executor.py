@@ -329,6 +329,11 @@ class ExecutorConductor(base.Conductor):
             else:
                 board.abandon(job, who, counted=outcome.counted)
                 self._notifier.notify("job_abandoned", ending)
+                if outcome.counted and job.state == states.COMPLETE:
+                    # That was its last attempt: the board moved it to the trash.
+                    reason = f"abandoned or orphaned {self._jobboard.options.max_attempts} times"
+                    self._log.warning("Job %s was trashed: %s", job, reason)
+                    self._notifier.notify("job_trashed", {**ending, "reason": reason})
         except (exc.JobFailure, exc.NotFound) as err:
             self._log.warning("Could not %s %s: %s", outcome.action, job, err)
 
