@@ -162,8 +162,14 @@ class ClaimKeeper:
         self._thread.start()
 
     def _loop(self) -> None:
-        while not self._stopping.wait(self.tick()):
-            pass
+        while True:
+            try:
+                pause = self.tick()
+            except Exception:  # the keeper must outlive any one failure
+                LOG.exception("Renewing the claims of %s failed", self._owner)
+                pause = self._interval
+            if self._stopping.wait(pause):
+                return
 
     def stop(self) -> None:
         """Stop renewing (the claims still held then expire on their own)."""

@@ -150,6 +150,10 @@ def test_a_redis_restart_is_survived(private_redis: PrivateRedis, tmp_path: Path
         assert jobs_flows.ledger_lines(stage.ledger) == ["step-1", "step-2", "step-3"]
         later = stage.post(jobs_flows.steps, factory_args=(1,))  # still taking new jobs
         assert later.wait(timeout=30), first.output()
-        assert job.state == states.COMPLETE
+        private_redis.stop()  # and again while it waits, idle, for jobs
+        private_redis.start()
+        last = stage.post(jobs_flows.steps, factory_args=(1,))
+        assert last.wait(timeout=30), first.output()
+        assert job.state == states.COMPLETE and first.process.poll() is None
     finally:
         stage.close()

@@ -122,3 +122,26 @@ redis.call('HSET', KEYS[1], uuid, ARGV[4])
 publish('posted', {posting=ARGV[4]})
 return {'posted', ''}
 """
+
+# Entities: KEYS = [entities (hash: "kind:name" -> JSON), expiries (sorted set: "kind:name" ->
+# when it lapses, in ms of the server's clock)], so listing never scans the keyspace.
+_NOW_MS = """
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+"""
+
+#: ARGV = member, entity JSON, ttl_ms.
+REGISTER = _NOW_MS + """
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+redis.call('ZADD', KEYS[2], now + tonumber(ARGV[3]), ARGV[1])
+return 1
+"""
+
+#: Drops the lapsed entities and returns the others as HGETALL does.
+LIVE_ENTITIES = _NOW_MS + """
+for _, member in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now)) do
+  redis.call('HDEL', KEYS[1], member)
+end
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+return redis.call('HGETALL', KEYS[1])
+"""

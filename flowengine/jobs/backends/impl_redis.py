@@ -7,7 +7,8 @@ Layout under the ``namespace`` (conf key; default ``flowengine``):
 ``<ns>:attempts``              hash: job uuid -> claims so far
 ``<ns>:claim:<uuid>``          the claim: its owner, expiring after ``claim_ttl`` (a lease)
 ``<ns>:trash``, ``<ns>:trash-info``   hashes: trashed postings, and why / when / attempts
-``<ns>:entity:<kind>:<name>``  a registered entity (JSON), expiring after ``claim_ttl``
+``<ns>:entities``              hash: ``kind:name`` -> a registered entity (JSON)
+``<ns>:entity-expiries``       sorted set: ``kind:name`` -> when it lapses (server clock, ms)
 ``<ns>:events``                the channel every change is published on
 =============================  ==============================================================
 
@@ -21,6 +22,7 @@ no change missed meanwhile is lost.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
@@ -119,7 +121,8 @@ class RedisJobBoard(base.NotifyingJobBoard):
                 from err
         self._scripts = {name: self._client.register_script(getattr(scripts, name))
                          for name in ("CLAIM", "KEEP_ALIVE", "CONSUME", "ABANDON", "TRASH",
-                                      "REPOST", "DISCARD", "POST")}
+                                      "REPOST", "DISCARD", "POST", "REGISTER",
+                                      "LIVE_ENTITIES")}
         self._stopping.clear()
         self._stop_channel = f"{self._ns}:stop:{uuidlib.uuid4().hex}"
         pubsub = self._client.pubsub()
@@ -257,6 +260,15 @@ class RedisJobBoard(base.NotifyingJobBoard):
 
     # ---- reading -------------------------------------------------------------------------------
 
+    @contextlib.contextmanager
+    def _talking(self, action: str) -> Iterator[redis.Redis]:
+        """The client, with Redis errors raised as JobFailure naming the board and ``action``."""
+        client = self._require_client()
+        try:
+            yield client
+        except redis.RedisError as err:
+            raise exc.JobFailure(f"Jobboard '{self.name}' could not {action}: {err}") from err
+
     def _require_client(self) -> redis.Redis:
         if self._client is None or not self._connected:
             raise exc.JobFailure(f"Jobboard '{self.name}' is not connected")
@@ -304,7 +316,8 @@ class RedisJobBoard(base.NotifyingJobBoard):
                                                                  strict=True)]
 
     def _attempts(self, job_uuid: str) -> int:
-        value = self._require_client().hget(self._keys[1], job_uuid)
+        with self._talking(f"read the attempts of job {job_uuid}") as client:
+            value = client.hget(self._keys[1], job_uuid)
         return int(value) if value else 0
 
     def iterjobs(self, only_unclaimed: bool = False,
@@ -314,7 +327,8 @@ class RedisJobBoard(base.NotifyingJobBoard):
 
         def fetch(fresh: bool) -> list[tuple[base.Job, str]]:
             if fresh or not self._following.is_set():
-                postings = list(self._read_postings().values())
+                with self._talking("list its jobs"):
+                    postings = list(self._read_postings().values())
             else:
                 with self._lock:
                     postings = list(self._cache.values())
@@ -326,8 +340,8 @@ class RedisJobBoard(base.NotifyingJobBoard):
 
     def find_owner(self, job: base.Job) -> str | None:
         """Who holds the claim on ``job``; raises NotFound if it is gone."""
-        client = self._require_client()
-        with client.pipeline(transaction=True) as pipe:
+        with self._talking(f"find the owner of job {job.uuid}") as client, \
+                client.pipeline(transaction=True) as pipe:
             pipe.hexists(self._keys[0], job.uuid)
             pipe.get(self._claim_key(job.uuid))
             exists, owner = pipe.execute()
@@ -418,8 +432,8 @@ class RedisJobBoard(base.NotifyingJobBoard):
 
     def iter_trash(self) -> list[base.TrashedJob]:
         """The trashed jobs, oldest first."""
-        client = self._require_client()
-        with client.pipeline(transaction=True) as pipe:
+        with self._talking("list its trash") as client, \
+                client.pipeline(transaction=True) as pipe:
             pipe.hgetall(self._keys[2])
             pipe.hgetall(self._keys[3])
             postings, infos = pipe.execute()
@@ -447,26 +461,33 @@ class RedisJobBoard(base.NotifyingJobBoard):
 
     # ---- entities ------------------------------------------------------------------------------
 
-    def _entity_key(self, entity: Entity) -> str:
-        return f"{self._ns}:entity:{entity.kind}:{entity.name}"
+    def _entity_keys(self) -> list[str]:
+        return [f"{self._ns}:entities", f"{self._ns}:entity-expiries"]
 
     def register_entity(self, entity: Entity) -> None:
-        """Record ``entity`` for ``claim_ttl`` seconds (again: refresh)."""
-        self._require_client().set(self._entity_key(entity), json.dumps(entity.to_dict()),
-                                   px=int(self.options.claim_ttl * 1000))
+        """Record ``entity`` for ``claim_ttl`` seconds of the server's clock (again: refresh)."""
+        with self._talking(f"register {entity.name}"):
+            self._scripts["REGISTER"](keys=self._entity_keys(), args=[
+                f"{entity.kind}:{entity.name}", json.dumps(entity.to_dict()),
+                int(self.options.claim_ttl * 1000)])
 
     def unregister_entity(self, entity: Entity) -> None:
         """Forget ``entity`` now."""
-        self._require_client().delete(self._entity_key(entity))
+        member = f"{entity.kind}:{entity.name}"
+        entities, expiries = self._entity_keys()
+        with self._talking(f"unregister {entity.name}") as client, \
+                client.pipeline(transaction=True) as pipe:
+            pipe.hdel(entities, member)
+            pipe.zrem(expiries, member)
+            pipe.execute()
 
     def iter_entities(self, kind: str | None = None) -> list[Entity]:
         """The live entities (of ``kind``), sorted by name."""
-        client = self._require_client()
-        pattern = f"{self._ns}:entity:{kind + ':' if kind else ''}*"
-        keys = list(client.scan_iter(match=pattern, count=500))
-        values = client.mget(keys) if keys else []
-        found = [Entity.from_dict(json.loads(_text(v))) for v in values if v]
-        return sorted(found, key=lambda e: (e.kind, e.name))
+        with self._talking("list its entities"):
+            flat = self._scripts["LIVE_ENTITIES"](keys=self._entity_keys())
+        found = [Entity.from_dict(json.loads(_text(value))) for value in flat[1::2]]
+        return sorted((e for e in found if kind is None or e.kind == kind),
+                      key=lambda e: (e.kind, e.name))
 
 
 def _text(value: Any) -> str:
