@@ -26,7 +26,6 @@ import contextlib
 import json
 import logging
 import threading
-import time
 import uuid as uuidlib
 from collections.abc import Iterator
 from typing import Any
@@ -40,6 +39,7 @@ from flowengine.utils import redis_utils
 import redis  # isort: skip  (redis_utils above names the extra when it is missing)
 
 from flowengine.jobs.backends import _redis_scripts as scripts
+from flowengine.jobs.backends._lease_times import LeaseTimes
 
 __all__ = ["RedisJob", "RedisJobBoard"]
 
@@ -90,7 +90,7 @@ class RedisJobBoard(base.NotifyingJobBoard):
         self._scripts: dict[str, Any] = {}
         self._lock = threading.Lock()
         self._cache: dict[str, dict[str, Any]] = {}
-        self._lease_ends: dict[str, float] = {}
+        self._leases = LeaseTimes()
         self._listener: threading.Thread | None = None
         self._stopping = threading.Event()
         self._following = threading.Event()
@@ -167,8 +167,12 @@ class RedisJobBoard(base.NotifyingJobBoard):
                     self._stopping.wait(delay)
                     continue
                 failures = 0
-                if message is not None:
+                if message is None:
+                    continue
+                try:
                     self._on_message(message)
+                except Exception:  # one bad message must not stop the board following
+                    LOG.exception("Jobboard %s could not handle %r", self.name, message)
         finally:
             try:
                 pubsub.close()
@@ -205,12 +209,12 @@ class RedisJobBoard(base.NotifyingJobBoard):
                 job = self._job(posting)
             elif kind == "removed":
                 gone = self._cache.pop(job_uuid, None)
-                self._lease_ends.pop(job_uuid, None)
+                self._leases.released(job_uuid)
                 job = self._job(gone) if gone else None
             elif kind in ("claimed", "renewed"):
-                self._lease_ends[job_uuid] = time.monotonic() + float(event["ttl_ms"]) / 1000
+                self._leases.claimed(job_uuid, float(event["ttl_ms"]))
             elif kind == "released":
-                self._lease_ends.pop(job_uuid, None)
+                self._leases.released(job_uuid)
         if job is not None:
             self.notifier.notify(base.POSTED if kind == "posted" else base.REMOVAL, {"job": job})
 
@@ -227,36 +231,20 @@ class RedisJobBoard(base.NotifyingJobBoard):
         except redis.RedisError as err:
             LOG.warning("Jobboard %s could not re-read the board: %s", self.name, err)
             return
-        now = time.monotonic()
         with self._lock:
             self._cache = postings
-            self._lease_ends = {u: now + ttl / 1000 for u, ttl in zip(postings, ttls, strict=True)
-                                if ttl and ttl > 0}
+        self._leases.reset(dict(zip(postings, ttls, strict=True)))
         self._notify_change()
 
     def _next_wakeup(self) -> float | None:
-        with self._lock:
-            ends = dict(self._lease_ends)
-        if not ends:
-            return None
-        now = time.monotonic()
-        overdue = [u for u, end in ends.items() if end <= now]
-        if overdue and self._client is not None:
-            # A renewal or release we did not hear of: ask Redis when these claims really end.
-            try:
-                ttls = [self._client.pttl(self._claim_key(u)) for u in overdue]
-            except redis.RedisError:
-                return 0.5
-            with self._lock:
-                for job_uuid, ttl in zip(overdue, ttls, strict=True):
-                    if ttl and ttl > 0:
-                        self._lease_ends[job_uuid] = ends[job_uuid] = now + ttl / 1000
-                    else:
-                        self._lease_ends.pop(job_uuid, None)
-                        ends.pop(job_uuid, None)
-            if len(overdue) != len([u for u in overdue if u in ends]):
-                return 0.0  # a claim just ended: look now
-        return max(0.0, min(ends.values(), default=now) - now) if ends else None
+        def remaining_ms(job_uuids: list[str]) -> list[int]:
+            assert self._client is not None
+            with self._client.pipeline(transaction=False) as pipe:
+                for job_uuid in job_uuids:
+                    pipe.pttl(self._claim_key(job_uuid))
+                return [int(ttl) for ttl in pipe.execute()]
+
+        return self._leases.next_wakeup(remaining_ms)
 
     # ---- reading -------------------------------------------------------------------------------
 
