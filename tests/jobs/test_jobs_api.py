@@ -108,3 +108,16 @@ def test_checking_claim_listener_calls_back_once_the_claim_is_lost() -> None:
     assert lost and lost[0] == states.RUNNING
     with pytest.raises(ValueError, match="callable"):
         CheckingClaimListener(engine, _Job(), board, "me", on_job_loss="no")  # type: ignore[arg-type]
+
+
+def test_a_missing_redis_client_names_the_extra_to_install() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['redis'] = None\n"
+            "from flowengine.jobs import backends\n"
+            "backends.fetch('b', 'redis://127.0.0.1:1/0')\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode != 0
+    assert "ImportError" in done.stderr and "flowengine[redis]" in done.stderr
