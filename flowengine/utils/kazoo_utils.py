@@ -18,8 +18,8 @@ except ImportError as err:  # pragma: no cover - depends on the installed extras
 
 from flowengine import exceptions as exc
 
-__all__ = ["CLIENT_LOG", "CONF_TRANSFERS", "KazooTransactionException", "check_compatible",
-           "checked_commit", "finalize_client", "make_client"]
+__all__ = ["CLIENT_LOG", "CONF_TRANSFERS", "KazooClient", "KazooTransactionException",
+           "check_compatible", "checked_commit", "finalize_client", "make_client"]
 
 LOG = logging.getLogger(__name__)
 
@@ -64,8 +64,19 @@ def _hosts(value: Any) -> str:
     return value.strip()
 
 
-def make_client(conf: dict[str, Any]) -> k_client.KazooClient:
-    """An unstarted :class:`~kazoo.client.KazooClient` for ``conf``.
+class KazooClient(k_client.KazooClient):
+    """A :class:`kazoo.client.KazooClient` whose :meth:`close` stops it first if it still runs
+    (kazoo's refuses, so ``contextlib.closing(client)`` would fail)."""
+
+    def close(self) -> None:
+        """Stop the client if needed, then release its resources."""
+        if not self._stopped.is_set():
+            self.stop()
+        super().close()
+
+
+def make_client(conf: dict[str, Any]) -> KazooClient:
+    """An unstarted :class:`KazooClient` for ``conf``.
 
     Keys read: ``hosts`` (string, list or dict; ``localhost:2181`` by default), ``timeout``
     (the session timeout in seconds: how long a silent client keeps its ephemeral nodes),
@@ -81,7 +92,7 @@ def make_client(conf: dict[str, Any]) -> k_client.KazooClient:
     for key, convert in CONF_TRANSFERS:
         if conf.get(key) is not None:
             kwargs[key] = convert(conf[key])
-    return k_client.KazooClient(**kwargs)
+    return KazooClient(**kwargs)
 
 
 def finalize_client(client: k_client.KazooClient) -> None:

@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
+from boards import wipe_zookeeper
 
 pytest.importorskip("kazoo")
 
@@ -27,15 +28,9 @@ from flowengine.types.entity import Entity  # noqa: E402
 @pytest.fixture
 def root(zookeeper_hosts: str) -> Iterator[str]:
     """A fresh ZooKeeper path, deleted afterwards."""
-    path = f"/fe-test-{uuid.uuid4().hex[:12]}"
-    yield path
-    cleaner = KazooClient(hosts=zookeeper_hosts)
-    cleaner.start(timeout=15)
-    try:
-        cleaner.delete(path, recursive=True)
-    finally:
-        cleaner.stop()
-        cleaner.close()
+    name = f"fe-test-{uuid.uuid4().hex[:12]}"
+    yield f"/{name}"
+    wipe_zookeeper(zookeeper_hosts, name)
 
 
 def _board(hosts: str, root: str, name: str, **kwargs: object) -> base.JobBoard:

@@ -25,6 +25,7 @@ import contextlib
 import dataclasses
 import logging
 import posixpath
+import threading
 import time
 import uuid as uuidlib
 from collections.abc import Callable, Iterator
@@ -37,7 +38,7 @@ from flowengine.types.entity import Entity
 from flowengine.utils import kazoo_utils
 
 from kazoo import exceptions as k_exc  # isort: skip  (kazoo_utils names the extra if missing)
-from kazoo.client import KazooClient
+from kazoo.client import KazooClient, KazooState
 
 from flowengine.jobs.backends import _zookeeper_records as rec
 from flowengine.jobs.backends._zookeeper_folders import EntityFolder, TrashFolder
@@ -47,6 +48,8 @@ from flowengine.jobs.backends._zookeeper_watch import JobWatch
 __all__ = ["ZookeeperJob", "ZookeeperJobBoard"]
 
 LOG = logging.getLogger(__name__)
+
+_STARTING = threading.Lock()
 
 
 class ZookeeperJobBoard(base.NotifyingJobBoard):
@@ -143,7 +146,11 @@ class ZookeeperJobBoard(base.NotifyingJobBoard):
         if self._connected:
             return
         try:
-            self._client.start(timeout=timeout)
+            with _STARTING:
+                # Boards sharing a client (TaskFlow's examples do) must not start it twice at
+                # once: kazoo's start closes whatever connection is being made.
+                if self._client.state == KazooState.LOST:
+                    self._client.start(timeout=timeout)
         except (self._client.handler.timeout_exception, k_exc.KazooException) as err:
             raise exc.JobFailure(f"Jobboard '{self.name}' cannot connect to ZooKeeper at"
                                  f" {self._client.hosts}: {err}") from err
