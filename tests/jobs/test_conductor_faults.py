@@ -79,12 +79,13 @@ def _by(entries: list[tuple[str, int]], pid: int) -> list[str]:
 
 def test_kill_9_mid_flow_another_conductor_finishes_without_rerunning(
         stage: Stage, conductors: list[Conductor]) -> None:
-    first = stage.conductor(conductors, "first")
-    stage.wait_registered(first)
+    pair = [stage.conductor(conductors, name) for name in ("left", "right")]
+    for conductor in pair:
+        stage.wait_registered(conductor)
     job = stage.post(jobs_flows.steps, gate=str(stage.gate), gated_step="step-2")
     jobs_flows.wait_for_file(Path(f"{stage.gate}.waiting"), timeout=30)
-    second = stage.conductor(conductors, "second")
-    stage.wait_registered(second)
+    [first] = [c for c in pair if c.name == stage.board.find_owner(job)]
+    [second] = [c for c in pair if c is not first]
     first.signal(signal.SIGKILL)
     killed_at = time.monotonic()
     stage.gate.touch()
