@@ -1,4 +1,4 @@
-"""The etcd jobboard's keys and the v3 requests it sends through etcd3gw's HTTP gateway.
+"""The etcd jobboard's keys, the v3 requests it sends through etcd3gw's gateway, its job type.
 
 Every change is one etcd transaction (``/kv/txn``) whose comparisons make it atomic against
 whatever else happened to the job: an ``If`` on the revisions last read, a ``Then`` that writes.
@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-from typing import Any
+from typing import Any, Protocol, cast
 
+from flowengine import states
 from flowengine.jobs import base
 from flowengine.jobs.backends._json_values import decode, encode
 
-__all__ = ["KV", "Snapshot", "b64", "decode", "delete", "delete_prefix", "encode", "exists",
-           "missing", "prefix_end", "put", "same", "trashed_job", "unb64"]
+__all__ = ["KV", "EtcdJob", "Snapshot", "b64", "decode", "delete", "delete_prefix", "encode",
+           "exists", "missing", "prefix_end", "put", "same", "trashed_job", "unb64"]
 
 #: Keys flowengine adds next to TaskFlow's ``.data`` / ``.lock`` / ``.last_modified``.
 ATTEMPTS_POSTFIX = ".attempts"
@@ -150,3 +151,63 @@ def trashed_job(raw: bytes) -> base.TrashedJob | None:
         "uuid": data["uuid"], "name": data.get("name", ""), "posting": data,
         "reason": info.get("reason", ""), "attempts": info.get("attempts", 0),
         "trashed_on": info.get("trashed_on") or base.utcnow().isoformat()})
+
+
+class _Reader(Protocol):
+    def _read(self, job: base.Job) -> Snapshot: ...
+
+    def _lease_ttl(self, lease: int) -> int: ...
+
+    def _renew_lease(self, lease: int) -> int: ...
+
+
+class EtcdJob(base.Job):
+    """A job on an :class:`EtcdJobBoard` (state and attempts are read from etcd)."""
+
+    def __init__(self, board: base.JobBoard, name: str, key: str, sequence: int = 0,
+                 **kwargs: Any) -> None:
+        super().__init__(board, name, **kwargs)
+        self._key = key
+        self._sequence = sequence
+
+    @property
+    def key(self) -> str:
+        """The job's key (its records are this plus ``.data``, ``.lock``...)."""
+        return self._key
+
+    @property
+    def sequence(self) -> int:
+        """The job's number (posting order)."""
+        return self._sequence
+
+    @property
+    def state(self) -> str:
+        """UNCLAIMED, CLAIMED or COMPLETE (gone)."""
+        snap = self._etcd_board._read(self)
+        if snap.data is None:
+            return states.COMPLETE
+        return states.CLAIMED if snap.lock is not None else states.UNCLAIMED
+
+    @property
+    def attempts(self) -> int:
+        """Claims so far (0 once gone)."""
+        return self._etcd_board._read(self).tries
+
+    def expires_in(self) -> int:
+        """Seconds until the claim expires unless renewed (-1: not claimed); TaskFlow's name."""
+        snap = self._etcd_board._read(self)
+        if snap.lock is None or not snap.lock.lease:
+            return -1
+        return self._etcd_board._lease_ttl(snap.lock.lease)
+
+    def extend_expiry(self, expiry: float | None = None) -> bool:
+        """Renew the claim's lease (TaskFlow's name; ``expiry`` is ignored, the lease keeps its
+        length). Whether it was still alive."""
+        snap = self._etcd_board._read(self)
+        if snap.lock is None or not snap.lock.lease:
+            return False
+        return self._etcd_board._renew_lease(snap.lock.lease) > 0
+
+    @property
+    def _etcd_board(self) -> _Reader:
+        return cast(_Reader, self._board)

@@ -59,10 +59,11 @@ class EtcdStore:
                                  f" {self.client.host}:{self.client.port}: {detail}") from err
         return answer
 
-    def range(self, prefix: str, what: str, exact: bool = False) -> tuple[list[keys.KV], int]:
-        """The keys starting with ``prefix`` (only ``prefix`` itself if ``exact``), sorted by
-        key, and the revision read at."""
-        body: dict[str, Any] = {"key": keys.b64(prefix)}
+    def range(self, prefix: str, what: str, exact: bool = False,
+              keys_only: bool = False) -> tuple[list[keys.KV], int]:
+        """The keys starting with ``prefix`` (only ``prefix`` itself if ``exact``; without
+        their values if ``keys_only``), sorted by key, and the revision read at."""
+        body: dict[str, Any] = {"key": keys.b64(prefix), "keys_only": keys_only}
         if not exact:
             body["range_end"] = keys.b64(keys.prefix_end(prefix))
         answer = self._post("/kv/range", body, what)

@@ -23,7 +23,7 @@ from kazoo.client import KazooClient
 
 from flowengine.jobs.backends import _zookeeper_records as rec
 
-__all__ = ["EntityFolder", "TrashFolder"]
+__all__ = ["EntityFolder", "FolderMethods", "TrashFolder"]
 
 LOG = logging.getLogger(__name__)
 
@@ -181,3 +181,56 @@ class EntityFolder:
         """Forget what was registered (the board is closing)."""
         with self._lock:
             self._registered.clear()
+
+
+class FolderMethods:
+    """The board's trash and entity methods, over its :class:`TrashFolder` and
+    :class:`EntityFolder` (a mixin of :class:`~.impl_zookeeper.ZookeeperJobBoard`)."""
+
+    JOB_PREFIX: str
+    options: base.BoardOptions
+    _path: str
+    _trash: TrashFolder
+    _entities: EntityFolder
+    _require: Callable[[], KazooClient]
+    _failures: Callable[[str], contextlib.AbstractContextManager[None]]
+    _job: Callable[[str, dict[str, Any], Any], base.Job | None]
+
+    def iter_trash(self) -> list[base.TrashedJob]:
+        """The trashed jobs, oldest first."""
+        with self._failures("list its trash"):
+            return self._trash.jobs()
+
+    def repost(self, job_uuid: str) -> base.Job:
+        """Put a trashed job back on the board, unclaimed, with no attempts counted."""
+        self._require()
+        with self._failures(f"repost trashed job {job_uuid}"):
+            path, posting = self._trash.repost(job_uuid,
+                                               posixpath.join(self._path, self.JOB_PREFIX))
+        job = self._job(path, posting, None)
+        assert job is not None
+        return job
+
+    def discard(self, job_uuid: str) -> None:
+        """Delete a trashed job for good."""
+        self._require()
+        with self._failures(f"discard trashed job {job_uuid}"):
+            self._trash.discard(job_uuid)
+
+    def register_entity(self, entity: Entity) -> None:
+        """Record ``entity`` (an ephemeral node) for ``claim_ttl`` seconds; again: refresh it."""
+        self._require()
+        with self._failures(f"register {entity.kind} '{entity.name}'"):
+            self._entities.register(entity, self.options.claim_ttl)
+
+    def unregister_entity(self, entity: Entity) -> None:
+        """Forget ``entity`` now."""
+        self._require()
+        with self._failures(f"unregister {entity.kind} '{entity.name}'"):
+            self._entities.unregister(entity)
+
+    def iter_entities(self, kind: str | None = None) -> list[Entity]:
+        """The registered entities whose registration has not expired, sorted by kind, name."""
+        self._require()
+        with self._failures("list entities"):
+            return self._entities.live(kind)

@@ -33,6 +33,7 @@ from flowengine import exceptions as exc
 from flowengine import states
 from flowengine.jobs import base
 from flowengine.jobs.backends import _etcd_keys as keys
+from flowengine.jobs.backends._etcd_keys import EtcdJob
 from flowengine.jobs.backends._etcd_store import EtcdStore, make_client
 from flowengine.jobs.backends._etcd_watch import Events, PrefixWatch
 from flowengine.types.entity import Entity
@@ -40,59 +41,6 @@ from flowengine.types.entity import Entity
 __all__ = ["EtcdJob", "EtcdJobBoard"]
 
 LOG = logging.getLogger(__name__)
-
-
-class EtcdJob(base.Job):
-    """A job on an :class:`EtcdJobBoard` (state and attempts are read from etcd)."""
-
-    def __init__(self, board: EtcdJobBoard, name: str, key: str, sequence: int = 0,
-                 **kwargs: Any) -> None:
-        super().__init__(board, name, **kwargs)
-        self._key = key
-        self._sequence = sequence
-
-    @property
-    def key(self) -> str:
-        """The job's key (its records are this plus ``.data``, ``.lock``...)."""
-        return self._key
-
-    @property
-    def sequence(self) -> int:
-        """The job's number (posting order)."""
-        return self._sequence
-
-    @property
-    def state(self) -> str:
-        """UNCLAIMED, CLAIMED or COMPLETE (gone)."""
-        snap = self._etcd_board._read(self)
-        if snap.data is None:
-            return states.COMPLETE
-        return states.CLAIMED if snap.lock is not None else states.UNCLAIMED
-
-    @property
-    def attempts(self) -> int:
-        """Claims so far (0 once gone)."""
-        return self._etcd_board._read(self).tries
-
-    def expires_in(self) -> int:
-        """Seconds until the claim expires unless renewed (-1: not claimed); TaskFlow's name."""
-        snap = self._etcd_board._read(self)
-        if snap.lock is None or not snap.lock.lease:
-            return -1
-        return self._etcd_board._require().time_to_live(snap.lock.lease, "read a claim's lease")
-
-    def extend_expiry(self, expiry: float | None = None) -> bool:
-        """Renew the claim's lease (TaskFlow's name; ``expiry`` is ignored, the lease keeps its
-        length). Whether it was still alive."""
-        snap = self._etcd_board._read(self)
-        if snap.lock is None or not snap.lock.lease:
-            return False
-        return self._etcd_board._require().refresh(snap.lock.lease, "renew a claim") > 0
-
-    @property
-    def _etcd_board(self) -> EtcdJobBoard:
-        assert isinstance(self._board, EtcdJobBoard)
-        return self._board
 
 
 class EtcdJobBoard(base.NotifyingJobBoard):
@@ -210,14 +158,19 @@ class EtcdJobBoard(base.NotifyingJobBoard):
             self.notifier.notify(base.POSTED, {"job": job})
         return jobs
 
-    def _read_postings(self) -> tuple[dict[str, bytes], int]:
-        found, revision = self._require().range(f"{self._root}/{self.JOB_PREFIX}", "list jobs")
+    def _read_postings(self, values: bool = True) -> tuple[dict[str, bytes], set[str], int]:
+        """The board's postings by job key (empty values unless ``values``), the keys of the
+        claimed jobs, and the revision read at: one range request."""
+        found, revision = self._require().range(f"{self._root}/{self.JOB_PREFIX}", "list jobs",
+                                                keys_only=not values)
         postings = {kv.key[:-len(self.DATA_POSTFIX)]: kv.value for kv in found
                     if kv.key.endswith(self.DATA_POSTFIX)}
-        return postings, revision
+        claimed = {kv.key[:-len(self.LOCK_POSTFIX)] for kv in found
+                   if kv.key.endswith(self.LOCK_POSTFIX)}
+        return postings, claimed, revision
 
     def _reload(self) -> int:
-        postings, revision = self._read_postings()
+        postings, _, revision = self._read_postings()
         self._sync(postings)
         self._notify_change()
         return revision
@@ -240,6 +193,12 @@ class EtcdJobBoard(base.NotifyingJobBoard):
 
     # ---- reading -------------------------------------------------------------------------------
 
+    def _lease_ttl(self, lease: int) -> int:
+        return self._require().time_to_live(lease, "read a claim's lease")
+
+    def _renew_lease(self, lease: int) -> int:
+        return self._require().refresh(lease, "renew a claim")
+
     def _key_of(self, job: base.Job) -> str:
         if not isinstance(job, EtcdJob):
             raise exc.NotFound(f"Job {job.uuid} ({job.name}) is not a job of etcd board"
@@ -256,14 +215,17 @@ class EtcdJobBoard(base.NotifyingJobBoard):
         """Jobs on the board, most urgent then oldest first (see :meth:`JobBoard.iterjobs`)."""
         self._require()
 
-        def fetch(fresh: bool) -> list[base.Job]:
+        def fetch(fresh: bool) -> list[tuple[base.Job, str]]:
+            # One range read gives the listing and every job's state with it.
+            postings, claimed, _ = self._read_postings(values=fresh)
             if fresh:
-                jobs = self._sync(self._read_postings()[0])
+                jobs = self._sync(postings)
             else:
                 with self._lock:
                     jobs = list(self._known.values())
             jobs.sort(key=lambda j: (j.priority.rank, j.sequence))
-            return list(jobs)
+            return [(job, states.COMPLETE if job.key not in postings else
+                     states.CLAIMED if job.key in claimed else states.UNCLAIMED) for job in jobs]
 
         return base.JobBoardIterator(self, fetch, only_unclaimed, ensure_fresh)
 

@@ -34,14 +34,13 @@ from typing import Any
 from flowengine import exceptions as exc
 from flowengine import states
 from flowengine.jobs import base
-from flowengine.types.entity import Entity
 from flowengine.utils import kazoo_utils
 
 from kazoo import exceptions as k_exc  # isort: skip  (kazoo_utils names the extra if missing)
 from kazoo.client import KazooClient, KazooState
 
 from flowengine.jobs.backends import _zookeeper_records as rec
-from flowengine.jobs.backends._zookeeper_folders import EntityFolder, TrashFolder
+from flowengine.jobs.backends._zookeeper_folders import EntityFolder, FolderMethods, TrashFolder
 from flowengine.jobs.backends._zookeeper_records import ZookeeperJob
 from flowengine.jobs.backends._zookeeper_watch import JobWatch
 
@@ -52,7 +51,7 @@ LOG = logging.getLogger(__name__)
 _STARTING = threading.Lock()
 
 
-class ZookeeperJobBoard(base.NotifyingJobBoard):
+class ZookeeperJobBoard(FolderMethods, base.NotifyingJobBoard):
     """A jobboard on ZooKeeper through kazoo (conf: TaskFlow's ``hosts``, ``path``, ``timeout``
     and the other keys of :func:`~flowengine.utils.kazoo_utils.make_client`; plus ``claim_ttl``
     and ``max_attempts``).
@@ -225,15 +224,23 @@ class ZookeeperJobBoard(base.NotifyingJobBoard):
     # ---- reading -------------------------------------------------------------------------------
 
     def _read(self, path: str) -> rec.Snapshot:
+        return self._read_many([path])[0]
+
+    def _read_many(self, paths: list[str]) -> list[rec.Snapshot]:
+        """Each job's node and lock node, all asked for at once (one round trip)."""
         client = self._require()
-        with self._failures("read job node " + path):
-            job_request = client.get_async(path)
-            lock_request = client.get_async(path + self.LOCK_POSTFIX)
-            data, stat = rec.read_node(job_request)
-            lock, lock_stat = rec.read_node(lock_request)
-        snap = rec.Snapshot(path, data, stat, lock if data is not None else None, lock_stat)
-        self._leases.note(snap)
-        return snap
+        with self._failures("read job nodes under " + self._path):
+            requests = [(p, client.get_async(p), client.get_async(p + self.LOCK_POSTFIX))
+                        for p in paths]
+            snaps = []
+            for path, job_request, lock_request in requests:
+                data, stat = rec.read_node(job_request)
+                lock, lock_stat = rec.read_node(lock_request)
+                snaps.append(rec.Snapshot(path, data, stat, lock if data is not None else None,
+                                          lock_stat))
+        for snap in snaps:
+            self._leases.note(snap)
+        return snaps
 
     def _attempts(self, job: ZookeeperJob) -> int:
         return self._read(job.path).attempts
@@ -255,15 +262,19 @@ class ZookeeperJobBoard(base.NotifyingJobBoard):
         """Jobs on the board, most urgent then oldest first (see :meth:`JobBoard.iterjobs`)."""
         client = self._require()
 
-        def fetch(fresh: bool) -> list[base.Job]:
-            jobs: list[ZookeeperJob]
-            if fresh:
-                with self._failures("list its jobs"):
-                    jobs = self._watch.sync(client.get_children(self._path))
-            else:
-                jobs = self._watch.jobs()
+        def fetch(fresh: bool) -> list[tuple[base.Job, str]]:
+            # The listing shows which jobs have a lock; only those need reading (at once).
+            with self._failures("list its jobs"):
+                children = set(client.get_children(self._path))
+            jobs = self._watch.sync(list(children)) if fresh else self._watch.jobs()
             jobs.sort(key=lambda j: (j.priority.rank, j.sequence))
-            return list(jobs)
+            locked = self._read_many([j.path for j in jobs
+                                      if posixpath.basename(j.lock_path) in children])
+            now = self._clock.now()
+            found = {snap.path: states.COMPLETE if snap.data is None else states.CLAIMED
+                     if snap.live_owner(now) else states.UNCLAIMED for snap in locked}
+            return [(job, found.get(job.path) or (states.UNCLAIMED if posixpath.basename(
+                job.path) in children else states.COMPLETE)) for job in jobs]
 
         return base.JobBoardIterator(self, fetch, only_unclaimed, ensure_fresh)
 
@@ -463,44 +474,3 @@ class ZookeeperJobBoard(base.NotifyingJobBoard):
         self._leases.forget(path)
         self._watch.forget(path)
         self._notify_change()
-
-    # ---- the trash and the entities ----------------------------------------------------------
-
-    def iter_trash(self) -> list[base.TrashedJob]:
-        """The trashed jobs, oldest first."""
-        with self._failures("list its trash"):
-            return self._trash.jobs()
-
-    def repost(self, job_uuid: str) -> base.Job:
-        """Put a trashed job back on the board, unclaimed, with no attempts counted."""
-        self._require()
-        with self._failures(f"repost trashed job {job_uuid}"):
-            path, posting = self._trash.repost(job_uuid,
-                                               posixpath.join(self._path, self.JOB_PREFIX))
-        job = self._job(path, posting, None)
-        assert job is not None
-        return job
-
-    def discard(self, job_uuid: str) -> None:
-        """Delete a trashed job for good."""
-        self._require()
-        with self._failures(f"discard trashed job {job_uuid}"):
-            self._trash.discard(job_uuid)
-
-    def register_entity(self, entity: Entity) -> None:
-        """Record ``entity`` (an ephemeral node) for ``claim_ttl`` seconds; again: refresh it."""
-        self._require()
-        with self._failures(f"register {entity.kind} '{entity.name}'"):
-            self._entities.register(entity, self.options.claim_ttl)
-
-    def unregister_entity(self, entity: Entity) -> None:
-        """Forget ``entity`` now."""
-        self._require()
-        with self._failures(f"unregister {entity.kind} '{entity.name}'"):
-            self._entities.unregister(entity)
-
-    def iter_entities(self, kind: str | None = None) -> list[Entity]:
-        """The registered entities whose registration has not expired, sorted by kind, name."""
-        self._require()
-        with self._failures("list entities"):
-            return self._entities.live(kind)
