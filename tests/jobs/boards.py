@@ -12,9 +12,15 @@ Every backend has two functions with the same shape:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from flowengine.jobs.base import JobBoard
+
+#: What the ``board_factory`` fixture gives: makes a connected board from conf keys. (Tests
+#: import it from here: every test folder has a ``conftest`` module, so importing one by name
+#: would find whichever was loaded first.)
+BoardFactory = Callable[..., JobBoard]
 
 
 def make_redis_board(server: str, namespace: str, *, name: str = "board",

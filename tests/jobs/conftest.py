@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import boards
@@ -51,7 +51,7 @@ def board_backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
-BoardFactory = Callable[..., JobBoard]
+BoardFactory = boards.BoardFactory
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ from typing import Any
 
 import jobs_flows
 import pytest
-from conftest import BoardFactory
+from boards import BoardFactory
 from manual_clock import ManualClock
 
 from flowengine import exceptions as exc

@@ -16,7 +16,7 @@ from typing import Any
 
 import jobs_flows
 import pytest
-from conftest import BoardFactory
+from boards import BoardFactory
 
 from flowengine import states
 from flowengine.conductors import backends as conductors

@@ -12,7 +12,7 @@ import threading
 import time
 
 import pytest
-from conftest import BoardFactory
+from boards import BoardFactory
 
 from flowengine import exceptions as exc
 from flowengine import states
