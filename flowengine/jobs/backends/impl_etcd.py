@@ -79,6 +79,7 @@ class EtcdJobBoard(base.NotifyingJobBoard):
         self._trash_root = f"{self.TRASH_PATH}/{path}/"
         self._entity_root = f"{self.ENTITY_PATH}/{path}/"
         self._client = client
+        self._owns_client = client is None
         self._store: EtcdStore | None = None
         self._watch: PrefixWatch | None = None
         self._lock = threading.Lock()
@@ -122,6 +123,8 @@ class EtcdJobBoard(base.NotifyingJobBoard):
         watch, self._watch, self._store = self._watch, None, None
         if watch is not None:
             watch.stop()
+        if self._owns_client and self._client is not None:
+            self._client.session.close()  # its pooled connections; a new connect reopens them
         with self._lock:
             self._known.clear()
             self._entity_leases.clear()
