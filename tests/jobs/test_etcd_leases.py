@@ -142,3 +142,14 @@ def test_taskflow_and_flowengine_boards_share_jobs(etcd_endpoint: tuple[str, int
     finally:
         theirs.close()
         ours.close()
+
+
+def test_an_unreachable_etcd_is_named() -> None:
+    from flowengine import exceptions as exc
+    from flowengine.jobs import backends
+
+    board = backends.fetch("b", {"board": "etcd", "host": "127.0.0.1", "port": free_port(),
+                                 "timeout": 1})
+    with pytest.raises(exc.JobFailure, match="etcd at 127.0.0.1"):
+        board.connect()
+    assert not board.connected

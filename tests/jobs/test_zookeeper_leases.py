@@ -98,3 +98,16 @@ def test_boards_whose_clocks_disagree_agree_on_a_claim(zookeeper_hosts: str,
     finally:
         ahead.close()
         behind.close()
+
+
+def test_bad_conf_and_an_unreachable_server_are_named(zookeeper_hosts: str) -> None:
+    from flowengine import exceptions as exc
+
+    with pytest.raises(ValueError, match="'jobs'"):
+        backends.fetch("b", {"board": "zookeeper", "hosts": zookeeper_hosts, "path": "jobs"})
+    with pytest.raises(TypeError, match="hosts"):
+        backends.fetch("b", {"board": "zookeeper", "hosts": 42})
+    board = backends.fetch("b", "zookeeper://127.0.0.1:1/taskflow/jobs")
+    with pytest.raises(exc.JobFailure, match="127.0.0.1:1"):
+        board.connect(timeout=0.5)  # type: ignore[call-arg]
+    assert not board.connected

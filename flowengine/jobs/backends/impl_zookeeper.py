@@ -151,14 +151,21 @@ class ZookeeperJobBoard(FolderMethods, base.NotifyingJobBoard):
                 if self._client.state == KazooState.LOST:
                     self._client.start(timeout=timeout)
         except (self._client.handler.timeout_exception, k_exc.KazooException) as err:
+            hosts = ",".join(f"{host}:{port}" for host, port in self._client.hosts)
             raise exc.JobFailure(f"Jobboard '{self.name}' cannot connect to ZooKeeper at"
-                                 f" {self._client.hosts}: {err}") from err
-        with self._failures("set up its folders"):
-            if str(self._conf.get("check_compatible", "1")).lower() not in ("0", "false", "no"):
-                kazoo_utils.check_compatible(self._client, self.MIN_ZK_VERSION)
-            for folder in (self._path, self._trash_path, self._entity_path):
-                self._client.ensure_path(folder)
-            self._server_now()
+                                 f" {hosts}: {err}") from err
+        try:
+            with self._failures("set up its folders"):
+                if str(self._conf.get("check_compatible", "1")).lower() not in ("0", "false",
+                                                                                 "no"):
+                    kazoo_utils.check_compatible(self._client, self.MIN_ZK_VERSION)
+                for folder in (self._path, self._trash_path, self._entity_path):
+                    self._client.ensure_path(folder)
+                self._server_now()
+        except exc.TaskFlowException:
+            if self._owns_client:
+                kazoo_utils.finalize_client(self._client)
+            raise
         self._connected = True
         self._watch.start()
 
