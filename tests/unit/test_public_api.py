@@ -59,6 +59,8 @@ PUBLIC_MODULES = [
     "flowengine.jobs.records",
     "flowengine.jobs.backends",
     "flowengine.jobs.backends.impl_redis",
+    "flowengine.jobs.backends.impl_zookeeper",
+    "flowengine.jobs.backends.impl_etcd",
     "flowengine.jobs.posting",
     "flowengine.jobs.masking",
     "flowengine.conductors.base",
@@ -70,6 +72,9 @@ PUBLIC_MODULES = [
     "flowengine.listeners.claims",
     "flowengine.types.entity",
     "flowengine.utils.redis_utils",
+    "flowengine.utils.kazoo_utils",
+    "flowengine.utils.threading_utils",
+    "flowengine.utils.eventlet_utils",
     "flowengine.logging",
 ]
 
