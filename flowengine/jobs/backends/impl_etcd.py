@@ -149,17 +149,21 @@ class EtcdJobBoard(base.NotifyingJobBoard):
 
     def _sync(self, postings: dict[str, bytes]) -> list[EtcdJob]:
         """Bring the cache in line with the ``.data`` keys read; announce what changed."""
+        changes: list[tuple[str, EtcdJob]] = []
         with self._lock:
-            gone = [self._known.pop(k) for k in list(self._known) if k not in postings]
-            made = [(k, self._job(k, raw)) for k, raw in postings.items() if k not in self._known]
-            posted = [job for k, job in made if job is not None
-                      and self._known.setdefault(k, job) is job]
+            for key in [k for k in self._known if k not in postings]:
+                changes.append((base.REMOVAL, self._known.pop(key)))
+            for key, raw in postings.items():
+                if key not in self._known and (job := self._job(key, raw)) is not None:
+                    self._known[key] = job
+                    changes.append((base.POSTED, job))
             jobs = list(self._known.values())
-        for job in gone:
-            self.notifier.notify(base.REMOVAL, {"job": job})
-        for job in posted:
-            self.notifier.notify(base.POSTED, {"job": job})
+        self._announce(changes)
         return jobs
+
+    def _announce(self, changes: list[tuple[str, EtcdJob]]) -> None:
+        for event, job in changes:
+            self.notifier.notify(event, {"job": job})
 
     def _read_postings(self, values: bool = True) -> tuple[dict[str, bytes], set[str], int]:
         """The board's postings by job key (empty values unless ``values``), the keys of the
@@ -179,19 +183,19 @@ class EtcdJobBoard(base.NotifyingJobBoard):
         return revision
 
     def _on_events(self, events: Events) -> None:
-        for kind, kv in events:
-            if not kv.key.endswith(self.DATA_POSTFIX):
-                continue
-            key = kv.key[:-len(self.DATA_POSTFIX)]
-            with self._lock:
-                known = self._known.get(key)
-                job = self._known.pop(key, None) if kind == "DELETE" else (
-                    None if known is not None else self._job(key, kv.value))
-                if job is not None and kind != "DELETE":
+        changes: list[tuple[str, EtcdJob]] = []
+        with self._lock:
+            for kind, kv in events:
+                if not kv.key.endswith(self.DATA_POSTFIX):
+                    continue  # a claim, release or expiry: only waiters care
+                key = kv.key[:-len(self.DATA_POSTFIX)]
+                if kind == "DELETE":
+                    if (gone := self._known.pop(key, None)) is not None:
+                        changes.append((base.REMOVAL, gone))
+                elif key not in self._known and (job := self._job(key, kv.value)) is not None:
                     self._known[key] = job
-            if job is not None:
-                self.notifier.notify(base.REMOVAL if kind == "DELETE" else base.POSTED,
-                                     {"job": job})
+                    changes.append((base.POSTED, job))
+        self._announce(changes)
         self._notify_change()
 
     # ---- reading -------------------------------------------------------------------------------
