@@ -275,13 +275,19 @@ class ZookeeperJobBoard(FolderMethods, base.NotifyingJobBoard):
                 children = set(client.get_children(self._path))
             jobs = self._watch.sync(list(children)) if fresh else self._watch.jobs()
             jobs.sort(key=lambda j: (j.priority.rank, j.sequence))
-            locked = self._read_many([j.path for j in jobs
-                                      if posixpath.basename(j.lock_path) in children])
+            locked = {snap.path: snap for snap in self._read_many(
+                [j.path for j in jobs if posixpath.basename(j.lock_path) in children])}
             now = self._clock.now()
-            found = {snap.path: states.COMPLETE if snap.data is None else states.CLAIMED
-                     if snap.live_owner(now) else states.UNCLAIMED for snap in locked}
-            return [(job, found.get(job.path) or (states.UNCLAIMED if posixpath.basename(
-                job.path) in children else states.COMPLETE)) for job in jobs]
+            listed: list[tuple[base.Job, str]] = []
+            for job in jobs:
+                snap = locked.get(job.path)
+                if posixpath.basename(job.path) not in children or (snap and snap.data is None):
+                    listed.append((job, states.COMPLETE))
+                elif snap is not None and snap.live_owner(now):
+                    listed.append((job, states.CLAIMED))
+                else:
+                    listed.append((job, states.UNCLAIMED))
+            return listed
 
         return base.JobBoardIterator(self, fetch, only_unclaimed, ensure_fresh)
 
