@@ -385,7 +385,7 @@ class ZookeeperJobBoard(FolderMethods, base.NotifyingJobBoard):
             if owner:
                 holder = f"claimed by '{owner}'"
             elif snap.lock_owner:
-                holder = f"not claimed ('{snap.lock_owner}''s claim expired)"
+                holder = f"not claimed (the claim of '{snap.lock_owner}' expired)"
             else:
                 holder = "not claimed"
             raise exc.JobFailure(f"Cannot {action} job {job.uuid} ({job.name}) as '{who}': it is"
