@@ -23,6 +23,8 @@ __all__ = ["PrefixWatch"]
 LOG = logging.getLogger(__name__)
 
 _RECONNECT_DELAYS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0)
+#: Seconds a watch stream may stay silent before it is taken for dead.
+QUIET_LIMIT = 11 * 60.0
 
 #: A batch of events: ("PUT" or "DELETE", the key as changed).
 Events = list[tuple[str, keys.KV]]
@@ -103,10 +105,12 @@ class PrefixWatch:
     def _follow(self) -> None:
         body: dict[str, Any] = {"create_request": {"key": keys.b64(self._prefix),
                                    "range_end": keys.b64(keys.prefix_end(self._prefix)),
-                                   "start_revision": self._revision + 1}}
-        timeout = self._client.timeout
+                                   "start_revision": self._revision + 1,
+                                   "progress_notify": True}}
+        # etcd sends a progress message on a quiet watch every 10 minutes (its default), so a
+        # stream silent for longer is dead (a partition that sent no reset): watch again.
         response = self._session.post(self._client.get_url("/watch"), json=body, stream=True,
-                                      timeout=(timeout, None) if timeout else None)
+                                      timeout=(self._client.timeout or 10.0, QUIET_LIMIT))
         with self._lock:
             self._response = response
         try:
