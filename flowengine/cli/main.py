@@ -5,11 +5,13 @@ from __future__ import annotations
 import click
 
 from flowengine import __version__
+from flowengine.cli.conductor import conductor_command
 from flowengine.cli.dashboard import dashboard_command
 from flowengine.cli.dead_letters import dead_letters_group
 from flowengine.cli.events import events_command
 from flowengine.cli.flows import flows_command, show_command
 from flowengine.cli.graph import check_command, graph_command
+from flowengine.cli.jobs import conductors_command, jobs_group
 from flowengine.cli.run import run_command
 from flowengine.cli.worker import worker_command
 from flowengine.cli.workers import workers_command
@@ -31,6 +33,9 @@ cli.add_command(show_command)
 cli.add_command(graph_command)
 cli.add_command(check_command)
 cli.add_command(dashboard_command)
+cli.add_command(conductor_command)
+cli.add_command(jobs_group)
+cli.add_command(conductors_command)
 
 
 def main() -> None:

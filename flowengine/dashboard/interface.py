@@ -297,7 +297,7 @@ def open_board(uri: str, backend: base.Backend) -> Any:
         ImportError: this flowengine has no ``flowengine.jobs`` package.
     """
     try:
-        from flowengine.jobs import backends as job_backends  # type: ignore[import-not-found]
+        from flowengine.jobs import backends as job_backends
     except ImportError as err:
         raise ImportError("--board needs flowengine.jobs, which this installation lacks") from err
     board = job_backends.fetch("flowengine-dashboard", uri, persistence=backend)

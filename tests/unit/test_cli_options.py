@@ -61,8 +61,10 @@ def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_every_command_is_covered() -> None:
     names = {" ".join(path) for path, _ in commands()}
-    assert names == {"check", "dashboard", "dead-letters list", "dead-letters requeue", "events",
-                     "flows", "graph", "run", "show", "worker", "workers"}
+    assert names == {"check", "conductor", "conductors", "dashboard", "dead-letters list",
+                     "dead-letters requeue", "events", "flows", "graph", "jobs list", "jobs post",
+                     "jobs repost", "jobs show", "jobs trash", "run", "show", "worker",
+                     "workers"}
     assert len(CASES) > 40
 
 

@@ -57,6 +57,28 @@ PUBLIC_MODULES = [
     "flowengine.listeners.atoms",
     "flowengine.dashboard",
     "flowengine.tracing",
+    # jobboards and conductors (TaskFlow's modules) and their additions
+    "flowengine.jobs.base",
+    "flowengine.jobs.records",
+    "flowengine.jobs.backends",
+    "flowengine.jobs.backends.impl_redis",
+    "flowengine.jobs.backends.impl_zookeeper",
+    "flowengine.jobs.backends.impl_etcd",
+    "flowengine.jobs.posting",
+    "flowengine.jobs.masking",
+    "flowengine.conductors.base",
+    "flowengine.conductors.backends",
+    "flowengine.conductors.backends.impl_blocking",
+    "flowengine.conductors.backends.impl_nonblocking",
+    "flowengine.conductors.backends.impl_executor",
+    "flowengine.conductors.claims",
+    "flowengine.listeners.claims",
+    "flowengine.types.entity",
+    "flowengine.utils.redis_utils",
+    "flowengine.utils.kazoo_utils",
+    "flowengine.utils.threading_utils",
+    "flowengine.utils.eventlet_utils",
+    "flowengine.logging",
 ]
 
 

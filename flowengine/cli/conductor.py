@@ -1,0 +1,89 @@
+"""``flowengine conductor``: claim jobs from a jobboard and run them until SIGTERM."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import socket
+import threading
+from typing import Any
+
+import click
+
+from flowengine.cli import records, telemetry
+from flowengine.cli.board_options import board_options as board_options_decorator
+from flowengine.cli.board_options import open_board
+from flowengine.cli.broker import broker_kwargs, broker_options
+from flowengine.cli.flow_options import backend_option
+from flowengine.cli.loading import ensure_cwd_on_path
+from flowengine.cli.options import show_envvars, split_env_list
+
+
+@show_envvars
+@click.command("conductor")
+@board_options_decorator
+@backend_option(required=True)
+@click.option("--name", envvar="FLOWENGINE_NAME", default=None,
+              help="The conductor's name, its claims' owner (default: conductor-HOST-PID).")
+@click.option("--engine", "engine_name", envvar="FLOWENGINE_ENGINE", default="serial",
+              show_default=True,
+              help="serial, parallel, worker-based, or an engine URI such as "
+                   "parallel://?max_workers=4.")
+@broker_options
+@click.option("--topic", "topics", multiple=True, envvar="FLOWENGINE_TOPIC",
+              help="Worker topic to ask for workers (worker-based engine). Repeatable.")
+@click.option("--max-jobs", envvar="FLOWENGINE_MAX_JOBS", type=click.IntRange(min=1),
+              default=4, show_default=True, help="Jobs run at once.")
+@click.option("--keep-logbooks", envvar="FLOWENGINE_KEEP_LOGBOOKS", is_flag=True,
+              help="Keep a consumed job's logbook (by default it is deleted).")
+@click.option("--log-level", envvar="FLOWENGINE_LOG_LEVEL", default="INFO", show_default=True,
+              type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
+def conductor_command(board_uri: str, board_options: tuple[str, ...], backend_uri: str,
+                      name: str | None, engine_name: str, topics: tuple[str, ...],
+                      max_jobs: int, keep_logbooks: bool, log_level: str,
+                      **broker: Any) -> None:
+    """Claim jobs from the board and run them until SIGTERM or SIGINT.
+
+    On the first signal it stops claiming, suspends the running jobs (their running atoms
+    finish) and hands them back to the board for another conductor, without counting an
+    attempt against them; a second signal exits at once (their claims then expire).
+    """
+    from flowengine.conductors.backends.impl_nonblocking import NonBlockingConductor
+
+    logging.basicConfig(level=log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    ensure_cwd_on_path()
+    name = name or f"conductor-{socket.gethostname()}-{os.getpid()}"
+    options: dict[str, Any] = {}
+    if telemetry.is_worker_based(engine_name):
+        options = {**broker_kwargs(**broker), "topics": split_env_list(tuple(topics))}
+    persistence = records.open_backend(backend_uri, create=True)
+    try:
+        with open_board(board_uri, board_options, persistence=persistence, name=name) as board:
+            conductor = NonBlockingConductor(
+                name, board, persistence=persistence, engine=engine_name, engine_options=options,
+                max_simultaneous_jobs=max_jobs, delete_logbook=not keep_logbooks)
+            _run_until_signalled(conductor)
+    finally:
+        persistence.close()
+
+
+def _run_until_signalled(conductor: Any) -> None:
+    stopping = threading.Event()
+
+    def _stop(signum: int, _frame: Any) -> None:
+        if stopping.is_set():
+            raise SystemExit(1)
+        stopping.set()
+        threading.Thread(target=conductor.stop, daemon=True).start()
+        with contextlib.suppress(OSError):
+            click.echo(f"received {signal.Signals(signum).name}: handing running jobs back",
+                       err=True)
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    click.echo(f"conductor {conductor.name} running (pid {os.getpid()})",
+               err=True)
+    conductor.run()

@@ -1,0 +1,1 @@
+"""Conductors: TaskFlow's ``conductors`` package (see :mod:`flowengine.conductors.base`)."""

@@ -1,0 +1,347 @@
+"""The conductor both TaskFlow conductors are made of: claim, run in an executor, finish.
+
+What it does with a job, in order:
+
+1. Waits (pushed by the board, never polling) until a job is unclaimed and it has a free slot
+   (``max_simultaneous_jobs``), then claims it. The claim is kept alive by a
+   :class:`~flowengine.conductors.claims.ClaimKeeper` for as long as the job runs, and the
+   engine writes its progress through a :class:`~flowengine.conductors.claims.ClaimFence`, so
+   a conductor that lost the claim starts no further atom of the job.
+2. Loads the job's engine and runs it, announcing ``compilation``, ``preparation``,
+   ``validation`` and ``running`` (each ``_start`` and ``_end``) on :attr:`notifier`.
+3. Finishes it as TaskFlow does: *consumes* it when the flow ended, successfully or with an
+   ordinary failure (``job_consumed``); *abandons* it on a storage or execution failure or when
+   the flow was suspended (``job_abandoned``), which counts an attempt unless the conductor was
+   stopping; *trashes* it when no engine could be made from it (``job_trashed``). A job whose
+   claim was lost is left alone: it is another conductor's now.
+
+Event details are TaskFlow's: ``{"job", "engine", "conductor"}`` for the stages and
+``{"job", "conductor", "persistence"}`` for the endings (plus ``reason`` for a trash).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from flowengine import exceptions as exc
+from flowengine import states
+from flowengine.conductors import base
+from flowengine.conductors.claims import ClaimFence, ClaimKeeper
+from flowengine.conductors.fencing import FencedBackend
+from flowengine.jobs import base as jobs_base
+from flowengine.jobs.masking import scrub
+
+__all__ = ["ExecutorConductor"]
+
+LOG = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class _Running:
+    job: jobs_base.Job
+    fence: ClaimFence
+    engine: Any = None
+    lost: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class _Outcome:
+    action: str  # consume, abandon, trash or lost
+    counted: bool = True
+    reason: str = ""
+
+
+class ExecutorConductor(base.Conductor):
+    """Runs claimed jobs in an executor from :meth:`_executor_factory` (see the module).
+
+    Args:
+        name: As for :class:`~flowengine.conductors.base.Conductor`.
+        jobboard: As for the base.
+        persistence: As for the base.
+        engine: As for the base.
+        engine_options: As for the base.
+        wait_timeout: Longest wait for the board before it is re-read (a safety net: waiting is
+            pushed); None means :attr:`REFRESH_PERIODICITY`.
+        log: The logger to use.
+        max_simultaneous_jobs: Jobs run at once (<= 0: no limit).
+        delete_logbook: Delete a consumed job's logbook from persistence.
+        clock: The monotonic clock claims are kept and fenced with.
+    """
+
+    START_FINISH_EVENTS_EMITTED = ("compilation", "preparation", "validation", "running")
+    EVENTS_EMITTED = (*(f"{e}_{edge}" for e in START_FINISH_EVENTS_EMITTED
+                        for edge in ("start", "end")),
+                      "job_consumed", "job_abandoned", "job_trashed")
+    #: Exceptions after which a job is abandoned (resumed elsewhere), not consumed.
+    NO_CONSUME_EXCEPTIONS: tuple[type[BaseException], ...] = (exc.ExecutionFailure,
+                                                              exc.StorageFailure)
+    MAX_SIMULTANEOUS_JOBS = -1
+    REFRESH_PERIODICITY = 30.0
+    #: Seconds to pause after the board or persistence failed, before trying again.
+    TROUBLE_PAUSE = 1.0
+
+    def __init__(self, name: str, jobboard: jobs_base.JobBoard, persistence: Any = None,
+                 engine: str | None = None, engine_options: dict[str, Any] | None = None,
+                 wait_timeout: float | None = None, log: logging.Logger | None = None,
+                 max_simultaneous_jobs: int = MAX_SIMULTANEOUS_JOBS,
+                 delete_logbook: bool = False,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__(name, jobboard, persistence=persistence, engine=engine,
+                         engine_options=engine_options)
+        if wait_timeout is not None and not wait_timeout > 0:
+            raise ValueError(f"Conductor {name}: wait_timeout must be > 0, not {wait_timeout!r}")
+        self._wait_timeout = wait_timeout or self.REFRESH_PERIODICITY
+        self._log = log or LOG
+        self._max_simultaneous_jobs = max_simultaneous_jobs
+        self._delete_logbook = delete_logbook
+        self._clock = clock
+        self._stopped = threading.Event()
+        self._dead = threading.Event()
+        self._dead.set()
+        self._slots = threading.Condition()
+        self._running: dict[str, _Running] = {}
+        self._keeper: ClaimKeeper | None = None
+
+    def _executor_factory(self) -> Any:
+        """The executor jobs run in (``submit`` and ``shutdown(wait=True)``)."""
+        raise NotImplementedError
+
+    @property
+    def dispatching(self) -> bool:
+        """Whether :meth:`run` is claiming jobs."""
+        return not self._dead.is_set() and not self._stopped.is_set()
+
+    # ---- the loop ------------------------------------------------------------------------------
+
+    def run(self, max_dispatches: int | None = None) -> None:
+        """Claim and run jobs until :meth:`stop`, or until ``max_dispatches`` were started and
+        have finished."""
+        self._dead.clear()
+        self._stopped.clear()
+        self.connect()
+        keeper = self._keeper = ClaimKeeper(self._jobboard, self._name, self.conductor,
+                                            clock=self._clock)
+        keeper.start()
+        executor = self._executor_factory()
+        dispatched = 0
+        try:
+            while max_dispatches is None or dispatched < max_dispatches:
+                if not self._wait_for_slot():
+                    break
+                job = self._claim_next()
+                if job is not None:
+                    self._submit(executor, job)
+                    dispatched += 1
+        finally:
+            executor.shutdown(wait=True)
+            keeper.stop()
+            with contextlib.suppress(exc.TaskFlowException):
+                self._jobboard.unregister_entity(self.conductor)
+            self._dead.set()
+
+    def stop(self) -> None:
+        """Stop claiming; running engines are suspended and their jobs handed back uncounted."""
+        self._stopped.set()
+        with self._slots:
+            running = list(self._running.values())
+            self._slots.notify_all()
+        for held in running:
+            if held.engine is not None:
+                held.engine.suspend()
+        self._jobboard.wake_waiters()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until :meth:`run` returned; False if ``timeout`` passed first."""
+        return self._dead.wait(timeout)
+
+    def _wait_for_slot(self) -> bool:
+        with self._slots:
+            while (not self._stopped.is_set() and self._max_simultaneous_jobs > 0
+                   and len(self._running) >= self._max_simultaneous_jobs):
+                self._slots.wait()
+        return not self._stopped.is_set()
+
+    def _claim_next(self) -> jobs_base.Job | None:
+        candidates: list[jobs_base.Job] = []
+
+        def ready() -> bool:
+            if self._stopped.is_set():
+                return True
+            candidates[:] = list(self._jobboard.iterjobs(only_unclaimed=True, ensure_fresh=True))
+            return bool(candidates)
+
+        try:
+            self._jobboard.wait_until(ready, self._wait_timeout)
+        except exc.JobFailure:
+            self._log.warning("Conductor %s cannot read its jobboard; retrying", self._name,
+                              exc_info=True)
+            self._stopped.wait(1.0)
+            return None
+        troubled = False
+        for job in candidates:
+            if self._stopped.is_set():
+                return None
+            claimed_at = self._clock()
+            try:
+                self._jobboard.claim(job, self._name)
+            except (exc.UnclaimableJob, exc.NotFound) as err:
+                self._log.debug("Job %s not claimed: %s", job.uuid, err)
+                continue
+            except exc.JobFailure:
+                self._log.warning("Conductor %s could not claim %s", self._name, job,
+                                  exc_info=True)
+                troubled = True
+                continue
+            assert self._keeper is not None
+            fence = self._keeper.hold(job, self._on_claim_lost, claimed_at)
+            with self._slots:
+                self._running[job.uuid] = _Running(job, fence)
+            self._log.info("Conductor %s claimed %s (attempt %s)", self._name, job,
+                           job.attempts)
+            return job
+        if troubled:
+            self._stopped.wait(self.TROUBLE_PAUSE)  # the board is failing: do not spin on it
+        return None
+
+    def _submit(self, executor: Any, job: jobs_base.Job) -> None:
+        try:
+            future = executor.submit(self._dispatch_job, job)
+        except RuntimeError:
+            self._log.warning("Could not submit %s; handing it back", job, exc_info=True)
+            self._finish(job, _Outcome("abandon", counted=False))
+            return
+        future.add_done_callback(lambda f: self._on_job_done(job, f))
+
+    def _on_claim_lost(self, job: jobs_base.Job) -> None:
+        with self._slots:
+            held = self._running.get(job.uuid)
+        if held is not None:
+            held.lost = True
+            if held.engine is not None:
+                held.engine.suspend()
+
+    # ---- one job -------------------------------------------------------------------------------
+
+    def _dispatch_job(self, job: jobs_base.Job) -> _Outcome:
+        with self._slots:
+            held = self._running[job.uuid]
+        backend = (FencedBackend(self._persistence, held.fence)
+                   if self._persistence is not None else None)
+        try:
+            engine = held.engine = self._engine_from_job(job, backend)
+        except exc.StorageFailure as err:
+            # Persistence is failing, not the job: hand it back uncounted, after a pause so
+            # that conductors do not pass it around in a tight loop meanwhile.
+            self._log.warning("Could not load %s: %s; handing it back", job,
+                              scrub(str(err), job.details))
+            self._stopped.wait(self.TROUBLE_PAUSE)
+            return _Outcome("abandon", counted=False, reason=str(err))
+        except Exception as err:
+            reason = scrub(f"no engine could be made from it: {err}", job.details)
+            self._log.warning("Trashing %s: %s", job, reason)
+            return _Outcome("trash", reason=reason)
+        if self._stopped.is_set() or held.lost:
+            engine.suspend()
+        consume = self._run_engine(job, engine, held)
+        if held.lost or not held.fence.held:
+            self._log.warning("Conductor %s lost the claim on %s while running it; leaving it"
+                              " to its new owner", self._name, job)
+            return _Outcome("lost")
+        if consume:
+            return _Outcome("consume")
+        return _Outcome("abandon", counted=not self._stopped.is_set())
+
+    def _run_engine(self, job: jobs_base.Job, engine: Any, held: _Running) -> bool:
+        details = {"job": job, "engine": engine, "conductor": self}
+
+        def run() -> None:
+            suspended = False
+            for _state in engine.run_iter():
+                if not suspended and (self._stopped.is_set() or held.lost):
+                    engine.suspend()
+                    suspended = True
+
+        with contextlib.ExitStack() as stack:
+            for listener in self._listeners_from_job(job, engine):
+                stack.enter_context(listener)
+            try:
+                for stage, event in ((engine.compile, "compilation"),
+                                     (engine.prepare, "preparation"),
+                                     (engine.validate, "validation"), (run, "running")):
+                    self._notifier.notify(f"{event}_start", details)
+                    stage()
+                    self._notifier.notify(f"{event}_end", details)
+            except exc.WrappedFailure as failures:
+                consume = not all(f.check(*self.NO_CONSUME_EXCEPTIONS) for f in failures)
+                self._log.warning("Job %s failed (%s failures; %s): %s", job, len(failures),
+                                  "consuming it" if consume else "not consuming it",
+                                  scrub(str(failures), job.details))
+                return consume
+            except self.NO_CONSUME_EXCEPTIONS as err:
+                self._log.warning("Job %s failed (not consuming it): %s", job,
+                                  scrub(str(err), job.details))
+                return False
+            except Exception as err:
+                self._log.warning("Job %s failed (consuming it): %s", job,
+                                  scrub(str(err), job.details))
+                return True
+        if engine.storage.get_flow_state() == states.SUSPENDED:
+            self._log.info("Job %s was suspended", job)
+            return False
+        self._log.info("Job %s completed", job)
+        return True
+
+    def _on_job_done(self, job: jobs_base.Job, future: Any) -> None:
+        try:
+            outcome = future.result()
+        except Exception as err:
+            self._log.warning("Dispatching %s failed", job, exc_info=True)
+            outcome = _Outcome("trash", reason=f"dispatching it failed: {err}")
+        try:
+            self._finish(job, outcome)
+        finally:
+            with self._slots:
+                self._running.pop(job.uuid, None)
+                self._slots.notify_all()
+
+    def _finish(self, job: jobs_base.Job, outcome: _Outcome) -> None:
+        if self._keeper is not None:
+            self._keeper.release(job)
+        if outcome.action == "lost":
+            return
+        board, who = self._jobboard, self._name
+        ending = {"job": job, "conductor": self, "persistence": self._persistence}
+        try:
+            if outcome.action == "consume":
+                board.consume(job, who)
+                self._notifier.notify("job_consumed", ending)
+                if self._delete_logbook:
+                    self._delete_book(job)
+            elif outcome.action == "trash":
+                board.trash(job, who, reason=outcome.reason)
+                self._notifier.notify("job_trashed", {**ending, "reason": outcome.reason})
+            else:
+                board.abandon(job, who, counted=outcome.counted)
+                self._notifier.notify("job_abandoned", ending)
+                if outcome.counted and job.state == states.COMPLETE:
+                    # That was its last attempt: the board moved it to the trash.
+                    reason = f"abandoned or orphaned {self._jobboard.options.max_attempts} times"
+                    self._log.warning("Job %s was trashed: %s", job, reason)
+                    self._notifier.notify("job_trashed", {**ending, "reason": reason})
+        except (exc.JobFailure, exc.NotFound) as err:
+            self._log.warning("Could not %s %s: %s", outcome.action, job, err)
+
+    def _delete_book(self, job: jobs_base.Job) -> None:
+        if self._persistence is None or job.book_uuid is None:
+            return
+        try:
+            with contextlib.closing(self._persistence.get_connection()) as conn:
+                conn.destroy_logbook(job.book_uuid)
+        except exc.TaskFlowException as err:
+            self._log.warning("Could not delete the logbook of consumed %s: %s", job, err)

@@ -1,0 +1,139 @@
+"""Conductors: claim jobs from a jobboard and run their flows (TaskFlow's API).
+
+A conductor turns a job into an engine: the job's logbook holds the flow detail to run (the
+one named by ``details["flow_uuid"]``, or the book's only one), the flow is rebuilt from the
+factory saved in that flow detail, and ``details["store"]`` (over the flow detail's
+``meta["store"]``) is the engine's store. See :mod:`.backends.impl_executor` for how jobs are
+claimed, kept and finished.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import os
+import socket
+import threading
+from typing import Any
+
+from flowengine import engines
+from flowengine import exceptions as exc
+from flowengine.jobs import base as jobs_base
+from flowengine.persistence import models
+from flowengine.types import notifier
+from flowengine.types.entity import Entity
+
+__all__ = ["Conductor"]
+
+
+class Conductor(metaclass=abc.ABCMeta):
+    """Claims jobs from a board and runs them in engines.
+
+    Args:
+        name: The conductor's name, the owner of its claims (unique among conductors).
+        jobboard: The board it takes jobs from.
+        persistence: The persistence backend jobs' logbooks are in.
+        engine: The engine kind (``serial``, ``parallel``, ``worker-based``...) or URI.
+        engine_options: Passed to the engine.
+    """
+
+    #: The kind of entity a conductor registers as.
+    ENTITY_KIND = "conductor"
+
+    def __init__(self, name: str, jobboard: jobs_base.JobBoard, persistence: Any = None,
+                 engine: str | None = None, engine_options: dict[str, Any] | None = None) -> None:
+        self._name = name
+        self._jobboard = jobboard
+        self._persistence = persistence
+        self._engine = engine
+        self._engine_options = dict(engine_options or {})
+        self._lock = threading.RLock()
+        self._notifier = notifier.Notifier()
+        self._entity: Entity | None = None
+
+    @property
+    def name(self) -> str:
+        """The conductor's name (the owner of its claims)."""
+        return self._name
+
+    @property
+    def conductor(self) -> Entity:
+        """The entity this conductor registers as (``name@host:pid`` with host and pid)."""
+        if self._entity is None:
+            host, pid = socket.gethostname(), os.getpid()
+            self._entity = Entity(self.ENTITY_KIND, f"{self._name}@{host}:{pid}",
+                                  {"hostname": host, "pid": pid, "engine": self._engine or
+                                   "default"})
+        return self._entity
+
+    @property
+    def notifier(self) -> notifier.Notifier:
+        """Announces what the conductor does (see the implementation for the events)."""
+        return self._notifier
+
+    def _book_of(self, job: jobs_base.Job) -> models.LogBook:
+        book = job.book
+        if book is None and self._persistence is not None and job.book_uuid is not None:
+            with contextlib.closing(self._persistence.get_connection()) as conn:
+                book = conn.get_logbook(job.book_uuid)
+        if book is None:
+            raise exc.NotFound(f"No book found in job {job.uuid} ({job.name})")
+        return book
+
+    def _flow_detail_from_job(self, job: jobs_base.Job) -> models.FlowDetail:
+        """The flow detail to run: ``details["flow_uuid"]``'s, or the book's only one."""
+        book = self._book_of(job)
+        flow_uuid = (job.details or {}).get("flow_uuid")
+        if flow_uuid is not None:
+            flow_detail = book.find(flow_uuid)
+            if flow_detail is None:
+                raise exc.NotFound(f"No flow detail {flow_uuid} in the book of job {job.uuid}"
+                                   f" ({job.name})")
+            return flow_detail
+        details = list(book)
+        if len(details) == 1:
+            return details[0]
+        if not details:
+            raise exc.NotFound(f"No flow detail(s) found in the book of job {job.uuid}")
+        raise exc.MultipleChoices(f"No flow_uuid in the details of job {job.uuid} and its book"
+                                  f" has {len(details)} flow details")
+
+    def _engine_from_job(self, job: jobs_base.Job, backend: Any = None) -> Any:
+        """The engine that runs ``job`` (``backend``: the persistence it writes through)."""
+        flow_detail = self._flow_detail_from_job(job)
+        store: dict[str, Any] = {}
+        store.update((flow_detail.meta or {}).get("store") or {})
+        store.update((job.details or {}).get("store") or {})
+        kwargs: dict[str, Any] = dict(self._engine_options)
+        if self._engine is not None:
+            kwargs["engine"] = self._engine
+        return engines.load_from_detail(
+            flow_detail, store=store,
+            backend=backend if backend is not None else self._persistence, **kwargs)
+
+    def _listeners_from_job(self, job: jobs_base.Job, engine: Any) -> list[Any]:
+        """Listeners (entered around the run) to attach to ``job``'s engine; override to add."""
+        return []
+
+    def connect(self) -> None:
+        """Connect the jobboard if it is not."""
+        with self._lock:
+            if not self._jobboard.connected:
+                self._jobboard.connect()
+
+    def close(self) -> None:
+        """Close the jobboard."""
+        with self._lock:
+            self._jobboard.close()
+
+    @abc.abstractmethod
+    def run(self, max_dispatches: int | None = None) -> None:
+        """Claim and run jobs until :meth:`stop` (or ``max_dispatches`` jobs were started)."""
+
+    @abc.abstractmethod
+    def stop(self) -> None:
+        """Ask :meth:`run` to return; running jobs are suspended and handed back."""
+
+    @abc.abstractmethod
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until :meth:`run` returned; False if ``timeout`` passed first."""

@@ -1,0 +1,1 @@
+"""Jobboards: TaskFlow's ``jobs`` package (see :mod:`flowengine.jobs.base`)."""

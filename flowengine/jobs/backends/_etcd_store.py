@@ -1,0 +1,128 @@
+"""The etcd requests the etcd jobboard makes, over an etcd3gw client, with errors it names.
+
+etcd3gw's helpers drop the answer's revision and encode text as Latin-1, so reads and
+transactions go through its ``post`` directly; leases use its :class:`etcd3gw.Lease`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flowengine import exceptions as exc
+
+try:
+    import etcd3gw
+    import etcd3gw.exceptions as etcd_exc
+    import requests
+except ImportError as err:  # pragma: no cover - depends on the installed extras
+    raise ImportError("The etcd jobboard needs the etcd3gw client: "
+                      "pip install 'flowengine[etcd]'") from err
+
+from flowengine.jobs.backends import _etcd_keys as keys
+
+__all__ = ["CLIENT_CONF", "EtcdStore", "make_client"]
+
+#: Conf keys passed on to :class:`etcd3gw.Etcd3Client`, with their converters (TaskFlow's).
+CLIENT_CONF = (("host", str), ("port", int), ("protocol", str), ("ca_cert", str),
+               ("cert_key", str), ("cert_cert", str), ("timeout", float), ("api_path", str))
+#: Seconds a request may take when the conf sets no ``timeout`` (etcd3gw's default waits forever).
+DEFAULT_TIMEOUT = 10.0
+
+
+def make_client(conf: dict[str, Any]) -> etcd3gw.Etcd3Client:
+    """The etcd3gw client ``conf`` describes (``host``, ``port``, ``protocol``, TLS files,
+    ``timeout``, ``api_path``)."""
+    kwargs: dict[str, Any] = {key: convert(conf[key]) for key, convert in CLIENT_CONF
+                              if conf.get(key) is not None}
+    kwargs.setdefault("timeout", DEFAULT_TIMEOUT)
+    return etcd3gw.Etcd3Client(**kwargs)
+
+
+class EtcdStore:
+    """Ranges, transactions and leases on one etcd, each failure a JobFailure naming ``what``.
+
+    Args:
+        client: The etcd3gw client.
+        board: The board's name (for errors).
+    """
+
+    def __init__(self, client: etcd3gw.Etcd3Client, board: str) -> None:
+        self.client = client
+        self._board = board
+
+    def _post(self, path: str, body: dict[str, Any], what: str) -> dict[str, Any]:
+        try:
+            answer: dict[str, Any] = self.client.post(self.client.get_url(path), json=body)
+        except (etcd_exc.Etcd3Exception, requests.RequestException) as err:
+            detail = getattr(err, "detail_text", None) or err
+            raise exc.JobFailure(f"Jobboard '{self._board}' could not {what} on etcd at"
+                                 f" {self.client.host}:{self.client.port}: {detail}") from err
+        return answer
+
+    def range(self, prefix: str, what: str, exact: bool = False,
+              keys_only: bool = False) -> tuple[list[keys.KV], int]:
+        """The keys starting with ``prefix`` (only ``prefix`` itself if ``exact``; without
+        their values if ``keys_only``), sorted by key, and the revision read at."""
+        body: dict[str, Any] = {"key": keys.b64(prefix), "keys_only": keys_only}
+        if not exact:
+            body["range_end"] = keys.b64(keys.prefix_end(prefix))
+        answer = self._post("/kv/range", body, what)
+        found = [keys.KV.from_gateway(item) for item in answer.get("kvs") or ()]
+        return sorted(found, key=lambda kv: kv.key), int(answer["header"]["revision"])
+
+    def get(self, key: str, what: str) -> keys.KV | None:
+        """One key (None if missing)."""
+        found, _ = self.range(key, what, exact=True)
+        return found[0] if found else None
+
+    def txn(self, compare: list[dict[str, Any]], success: list[dict[str, Any]],
+            what: str) -> bool:
+        """Run ``success`` if every ``compare`` holds; whether it did."""
+        answer = self._post("/kv/txn", {"compare": compare, "success": success, "failure": []},
+                            what)
+        return bool(answer.get("succeeded"))
+
+    def grant(self, ttl: float, what: str) -> int:
+        """A new lease of ``ttl`` seconds (whole seconds, rounded up); its id."""
+        answer = self._post("/lease/grant", {"TTL": max(1, int(-(-ttl // 1))), "ID": 0}, what)
+        return int(answer["ID"])
+
+    def refresh(self, lease: int, what: str) -> int:
+        """Renew ``lease``; the seconds it now has (<= 0: it had already expired)."""
+        answer = self._post("/lease/keepalive", {"ID": lease}, what)
+        return int((answer.get("result") or {}).get("TTL", -1))
+
+    def time_to_live(self, lease: int, what: str) -> int:
+        """Seconds ``lease`` has left (<= 0: expired)."""
+        return int(self._post("/kv/lease/timetolive", {"ID": lease}, what).get("TTL", -1))
+
+    def revoke(self, lease: int) -> None:
+        """End ``lease`` now (its keys go), ignoring failures: it expires anyway."""
+        try:
+            self._post("/kv/lease/revoke", {"ID": lease}, f"revoke lease {lease}")
+        except exc.JobFailure:
+            pass
+
+    def put_numbered(self, root: str, posting: dict[str, Any], what: str,
+                     also_if: list[dict[str, Any]], also: list[dict[str, Any]],
+                     ) -> tuple[str, dict[str, Any]]:
+        """Store ``posting`` as ``<root>/job<N>.data`` under the next number of
+        ``<root>/sequence`` (TaskFlow's counter), with ``also`` if ``also_if`` holds; retried
+        while other posts take the number. The job's key and the posting as stored.
+
+        Raises:
+            flowengine.exceptions.NotFound: If ``also_if`` stopped holding.
+        """
+        counter = f"{root}/sequence"
+        while True:
+            current = self.get(counter, what)
+            number = int(current.value or b"0") + 1 if current is not None else 1
+            key = f"{root}/job{number}"
+            stored = dict(posting, sequence=number)
+            if self.txn([keys.same(counter, current), *also_if],
+                        [keys.put(counter, str(number).encode()),
+                         keys.put(key + keys.DATA_POSTFIX, keys.encode(stored)), *also], what):
+                return key, stored
+            if also_if and not self.txn(also_if, [], what):
+                raise exc.NotFound(f"Jobboard '{self._board}' could not {what}: it changed"
+                                   f" meanwhile")

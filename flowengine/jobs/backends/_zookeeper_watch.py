@@ -1,0 +1,167 @@
+"""Following a ZooKeeper board's jobs: a children watch, a cache, and the announcements.
+
+kazoo calls watches on its own event thread, which must never block, so :class:`JobWatch`
+hands every listing to one thread of its own. That thread reads the new job nodes, updates the
+cache, announces :data:`~flowengine.jobs.base.POSTED` and :data:`~flowengine.jobs.base.REMOVAL`
+and wakes the board's waiters. A lost session (its watches and ephemeral nodes are gone) is
+followed, once kazoo has a new one, by a full re-read; ``ChildrenWatch`` sets itself again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import posixpath
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
+
+from flowengine import exceptions as exc
+from flowengine.jobs import base
+from flowengine.types import notifier as notifier_mod
+
+from kazoo import exceptions as k_exc  # isort: skip  (the board imports kazoo_utils first)
+from kazoo.client import KazooClient, KazooState
+from kazoo.recipe.watchers import ChildrenWatch
+
+from flowengine.jobs.backends import _zookeeper_records as rec
+
+__all__ = ["JobWatch"]
+
+LOG = logging.getLogger(__name__)
+
+_RESYNC = object()
+_STOP = object()
+
+J = TypeVar("J", bound=base.Job)
+
+
+class JobWatch(Generic[J]):
+    """The jobs under ``path``, kept current by a watch.
+
+    Args:
+        client: The board's client.
+        path: The board's job folder.
+        is_job: Whether a child's name is a job node.
+        make_job: The job a node's (path, data, stat) describes (None: not a posting).
+        notifier: Where POSTED and REMOVAL are announced.
+        changed: Called after every change seen (wakes the board's waiters).
+        new_session: Called on the watch's thread when a lost session was replaced.
+        name: The board's name (for logs and the thread's name).
+    """
+
+    def __init__(self, client: KazooClient, path: str, is_job: Callable[[str], bool],
+                 make_job: Callable[[str, dict[str, Any], Any], J | None],
+                 notifier: notifier_mod.Notifier, changed: Callable[[], None],
+                 new_session: Callable[[], None], name: str) -> None:
+        self._client, self._path, self._is_job, self._make_job = client, path, is_job, make_job
+        self._notifier, self._changed, self._new_session = notifier, changed, new_session
+        self._name = name
+        self._lock = threading.Lock()
+        self._known: dict[str, J] = {}
+        self._events: queue.Queue[object] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._watching = False
+        self._session_lost = False
+
+    def start(self) -> None:
+        """Start following (the first listing is read before this returns)."""
+        self._watching = True
+        self._client.add_listener(self._on_session_state)
+        self._thread = threading.Thread(target=self._follow, daemon=True,
+                                        name=f"jobboard-{self._name}")
+        self._thread.start()
+        ChildrenWatch(self._client, self._path, self._on_children, allow_session_lost=True)
+
+    def stop(self) -> None:
+        """Stop following and forget the cache."""
+        self._watching = False
+        self._client.remove_listener(self._on_session_state)
+        self._events.put(_STOP)
+        if self._thread is not None:
+            self._thread.join(10)
+            self._thread = None
+        with self._lock:
+            self._known.clear()
+
+    def jobs(self) -> list[J]:
+        """The cached jobs."""
+        with self._lock:
+            return list(self._known.values())
+
+    def add(self, path: str, job: J) -> None:
+        """A job this board just posted (announced unless the watch was quicker)."""
+        with self._lock:
+            fresh = path not in self._known
+            self._known.setdefault(path, job)
+        if fresh:
+            self._notifier.notify(base.POSTED, {"job": job})
+
+    def forget(self, path: str) -> None:
+        """A job this board just removed (announced unless the watch was quicker)."""
+        with self._lock:
+            job = self._known.pop(path, None)
+        if job is not None:
+            self._notifier.notify(base.REMOVAL, {"job": job})
+
+    def _on_children(self, children: list[str]) -> bool | None:
+        if not self._watching:
+            return False  # ends the ChildrenWatch
+        self._events.put(children)
+        return None
+
+    def _on_session_state(self, state: str) -> None:
+        # On kazoo's connection thread: only note it.
+        if state == KazooState.LOST:
+            self._session_lost = True
+            LOG.warning("Jobboard %s lost its ZooKeeper session: its claims and registrations"
+                        " are gone", self._name)
+        elif state == KazooState.CONNECTED and self._session_lost:
+            self._session_lost = False
+            self._events.put(_RESYNC)
+
+    def _follow(self) -> None:
+        while True:
+            item = self._events.get()
+            with contextlib.suppress(queue.Empty):
+                while item is not _STOP:  # only the latest listing matters
+                    following = self._events.get_nowait()
+                    item = _RESYNC if _RESYNC in (item, following) else following
+            if item is _STOP:
+                return
+            try:
+                if item is _RESYNC:
+                    self._new_session()
+                    item = self._client.get_children(self._path)
+                assert isinstance(item, list)
+                self.sync(item)
+            except (exc.TaskFlowException, k_exc.KazooException,
+                    self._client.handler.timeout_exception) as err:
+                LOG.warning("Jobboard %s could not follow a change: %s", self._name, err)
+            self._changed()
+
+    def sync(self, children: list[str]) -> list[J]:
+        """Bring the cache in line with a listing of the folder, announce what changed, and
+        return the cached jobs."""
+        paths = {posixpath.join(self._path, c) for c in children if self._is_job(c)}
+        with self._lock:
+            gone = [self._known.pop(p) for p in list(self._known) if p not in paths]
+            new = [p for p in paths if p not in self._known]
+        requests = [(p, self._client.get_async(p)) for p in new]
+        posted = []
+        for path, request in requests:
+            data, stat = rec.read_node(request)
+            job = None if data is None else self._make_job(path, data, stat)
+            if job is None:
+                continue
+            with self._lock:
+                if path in self._known:
+                    continue
+                self._known[path] = job
+            posted.append(job)
+        for job in gone:
+            self._notifier.notify(base.REMOVAL, {"job": job})
+        for job in posted:
+            self._notifier.notify(base.POSTED, {"job": job})
+        return self.jobs()

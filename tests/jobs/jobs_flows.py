@@ -1,0 +1,122 @@
+"""Flow factories the conductor tests post as jobs (imported by name by the conductors).
+
+Tasks record each execution in a ledger file (``store["ledger"]``: one line per execution) so
+tests, and the fault tests' separate processes, can count how often each atom ran. A task can
+wait for a file to appear (``store["gate"]``), so a test decides when the flow goes on.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from flowengine import exceptions as exc
+from flowengine import task
+from flowengine.flows import linear_flow
+
+
+def _record(ledger: str | None, name: str) -> None:
+    if ledger:
+        with open(ledger, "a", encoding="utf-8") as out:
+            out.write(f"{name} {os.getpid()}\n")
+            out.flush()
+            os.fsync(out.fileno())
+
+
+def ledger_entries(ledger: Path) -> list[tuple[str, int]]:
+    """``(task name, pid)`` of each execution, in order."""
+    if not ledger.exists():
+        return []
+    return [(line.split()[0], int(line.split()[1]))
+            for line in ledger.read_text().splitlines() if line.strip()]
+
+
+def ledger_lines(ledger: Path) -> list[str]:
+    """The names of the tasks executed, in order."""
+    if not ledger.exists():
+        return []
+    return [line.split()[0] for line in ledger.read_text().splitlines() if line.strip()]
+
+
+def wait_for_file(path: Path, timeout: float = 20.0) -> None:
+    """Block until ``path`` exists (written by another thread or process)."""
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} did not appear within {timeout}s"
+        time.sleep(0.01)
+
+
+class Step(task.Task):
+    """Records itself; when it is the gated step, it first writes ``<gate>.waiting`` and waits
+    for the file ``gate``."""
+
+    def execute(self, ledger: str | None = None, gate: str | None = None,
+                gated_step: str | None = None, hold: float = 0.0) -> str:
+        if gate and gated_step == self.name:
+            Path(f"{gate}.waiting").touch()
+            while not Path(gate).exists():
+                time.sleep(0.02)  # a file written by another process: nothing to wait on
+        if hold:
+            threading.Event().wait(hold)  # simulates work that takes this long
+        _record(ledger, self.name)
+        return self.name
+
+
+class Crash(task.Task):
+    """Kills its whole process (a conductor that crashes on this job every time)."""
+
+    def execute(self, ledger: str | None = None) -> None:
+        _record(ledger, self.name)
+        os._exit(17)
+
+
+class Broken(task.Task):
+    """Fails with an ordinary error."""
+
+    def execute(self) -> None:
+        raise ValueError("broken on purpose")
+
+
+class Unreachable(task.Task):
+    """Fails as if its executor were unreachable (an ExecutionFailure: abandoned)."""
+
+    def execute(self) -> None:
+        raise exc.ExecutionFailure("executor unreachable on purpose")
+
+
+class Secretive(task.Task):
+    """Takes a password (declared secret), and fails saying so."""
+
+    secret_args = ("password",)
+
+    def execute(self, password: str) -> None:
+        raise ValueError(f"refused {password}")
+
+
+def steps(count: int = 3) -> Any:
+    """``count`` steps in a line: step-1 ... step-N."""
+    return linear_flow.Flow("steps").add(
+        *(Step(f"step-{i}") for i in range(1, count + 1)))
+
+
+def crashing() -> Any:
+    """A step, then a crash."""
+    return linear_flow.Flow("crashing").add(Step("before"), Crash("crash"))
+
+
+def broken() -> Any:
+    """An ordinary failure."""
+    return linear_flow.Flow("broken").add(Broken("broken"))
+
+
+def unreachable() -> Any:
+    """An execution failure."""
+    return linear_flow.Flow("unreachable").add(Unreachable("unreachable"))
+
+
+def secretive() -> Any:
+    """A task whose failure names its password."""
+    return linear_flow.Flow("secretive").add(Secretive("secretive"))

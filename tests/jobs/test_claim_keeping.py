@@ -1,0 +1,140 @@
+"""Claim keep-alive and fencing, with an injected clock (no waiting on real time)."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from pathlib import Path
+from typing import Any
+
+import jobs_flows
+import pytest
+from boards import BoardFactory
+from manual_clock import ManualClock
+
+from flowengine import exceptions as exc
+from flowengine import states
+from flowengine.conductors.backends.impl_blocking import BlockingConductor
+from flowengine.conductors.claims import ClaimFence, ClaimKeeper, FencedOff
+from flowengine.conductors.fencing import FencedBackend
+from flowengine.jobs import base
+from flowengine.jobs.posting import post_flow
+from flowengine.persistence import models
+from flowengine.persistence.backends import impl_memory
+
+
+class FakeJob(base.Job):
+    state = states.CLAIMED
+    attempts = 1
+
+
+class RecordingBoard:
+    """Just what a keeper calls: keep_alive and register_entity."""
+
+    def __init__(self, lost: bool = False) -> None:
+        self.options = base.BoardOptions(claim_ttl=30.0)
+        self.renewals: list[str] = []
+        self.registrations = 0
+        self.lost = lost
+
+    def keep_alive(self, job: base.Job, who: str) -> None:
+        if self.lost:
+            raise base.ClaimLost(f"{who} lost {job.uuid}", job.uuid, who)
+        self.renewals.append(job.uuid)
+
+    def register_entity(self, entity: Any) -> None:
+        self.registrations += 1
+
+
+def _job() -> FakeJob:
+    return FakeJob(None, "job")  # type: ignore[arg-type]
+
+
+def test_a_fence_holds_until_the_claim_could_have_ended() -> None:
+    clock = ManualClock()
+    fence = ClaimFence(_job(), ttl=30.0, clock=clock)
+    fence.check("x")
+    clock.advance(27.9)  # 30 s minus the 2 s margin
+    assert fence.held
+    clock.advance(0.2)
+    assert not fence.held
+    with pytest.raises(FencedOff, match="not renewed in time"):
+        fence.check("atom 'a'")
+    fence.renewed(sent_at=clock())
+    assert fence.held
+    fence.lose("taken by another conductor")
+    with pytest.raises(FencedOff, match="taken by another"):
+        fence.check("atom 'a'")
+
+
+def test_the_keeper_renews_every_third_of_the_ttl() -> None:
+    clock, board = ManualClock(), RecordingBoard()
+    keeper = ClaimKeeper(board, "me", entity=None, clock=clock)  # type: ignore[arg-type]
+    job = _job()
+    fence = keeper.hold(job, on_lost=lambda j: None)
+    assert keeper.tick() == pytest.approx(10.0) and board.renewals == [job.uuid]
+    clock.advance(9.9)
+    assert keeper.tick() == pytest.approx(0.1) and len(board.renewals) == 1
+    clock.advance(0.1)
+    keeper.tick()
+    assert len(board.renewals) == 2
+    clock.advance(27.0)  # past the first claim's end, but renewed 10 s in
+    assert fence.held
+    keeper.release(job)
+    clock.advance(10)
+    keeper.tick()
+    assert len(board.renewals) == 2
+
+
+def test_a_lost_claim_closes_the_fence_and_calls_back() -> None:
+    clock, board = ManualClock(), RecordingBoard(lost=True)
+    keeper = ClaimKeeper(board, "me", clock=clock)  # type: ignore[arg-type]
+    lost: list[str] = []
+    job = _job()
+    fence = keeper.hold(job, on_lost=lambda j: lost.append(j.uuid))
+    keeper.tick()
+    assert lost == [job.uuid] and not fence.held
+
+
+def test_a_fenced_backend_refuses_writes_but_not_reads() -> None:
+    clock = ManualClock()
+    backend = impl_memory.MemoryBackend({})
+    book = models.LogBook("b")
+    book.add(models.FlowDetail("f", "fd-1"))
+    with contextlib.closing(backend.get_connection()) as conn:
+        conn.save_logbook(book)
+    fence = ClaimFence(_job(), ttl=10.0, clock=clock)
+    fenced = FencedBackend(backend, fence)
+    conn = fenced.get_connection()
+    conn.update_flow_details(book.find("fd-1"))
+    clock.advance(60)
+    with pytest.raises(exc.StorageFailure, match="update flow details 'f'"):
+        conn.update_flow_details(book.find("fd-1"))
+    assert conn.get_logbook(book.uuid).uuid == book.uuid
+
+
+def test_a_conductor_past_its_claim_starts_no_further_atom(board_factory: BoardFactory,
+                                                           tmp_path: Path) -> None:
+    board = board_factory(claim_ttl=2.0)
+    persistence = impl_memory.MemoryBackend({})
+    ledger, gate = tmp_path / "ledger", tmp_path / "gate"
+    job = post_flow(board, persistence, jobs_flows.steps,
+                    store={"ledger": str(ledger), "gate": str(gate), "gated_step": "step-2"})
+    clock = ManualClock()
+    conductor = BlockingConductor("frozen", board, persistence=persistence, clock=clock)
+    endings: list[str] = []
+    for event in ("job_consumed", "job_abandoned", "job_trashed"):
+        conductor.notifier.register(event, lambda e, details: endings.append(e))
+    thread = threading.Thread(target=conductor.run, kwargs={"max_dispatches": 1})
+    thread.start()
+    jobs_flows.wait_for_file(Path(f"{gate}.waiting"))
+    clock.advance(2.0)  # as if frozen past its claim: no renewal happened meanwhile
+    gate.touch()
+    assert conductor.wait(20)
+    thread.join()
+    assert jobs_flows.ledger_lines(ledger) == ["step-1", "step-2"]  # step-3 never ran
+    assert endings == []  # the job is left to whoever claims it next
+    with contextlib.closing(persistence.get_connection()) as conn:
+        [flow_detail] = list(conn.get_logbook(job.book_uuid))
+        step2 = next(ad for ad in flow_detail if ad.name == "step-2")
+        assert step2.state == states.RUNNING  # its result was refused, so it will run again
