@@ -42,9 +42,15 @@ TRANSITION_TIMEOUT = 15.0
 
 #: The fixtures through which a behaviour test gets engines that may run its tasks remotely.
 REMOTE_FIXTURES = ("engine_factory", "concurrent_engine_factory")
-#: Behaviour tests whose atoms cannot travel, by TaskFlow's rule that a worker rebuilds a task
-#: from its class name and ``name`` alone (``endpoint.generate``); they take
-#: ``local_engine_factory``. Each is listed with why, and a test below keeps this list true.
+#: Behaviour tests that take ``local_engine_factory``, each with why, and a test below keeps this
+#: list true: atoms that cannot travel (by TaskFlow's rule that a worker rebuilds a task from its
+#: class name and ``name`` alone, ``endpoint.generate``) and local-engine machinery.
+_ASYNC_ONLY_LOCALLY = ("async tasks: workers do not await coroutines yet, so the worker-based "
+                       "engine refuses them before anything runs (test_async_tasks checks that)")
+_LOCAL_WATCHDOG = ("the local engines' watchdog; the worker-based engine bounds a call through "
+                   "its attempt's deadline (tests/unit/test_wb_leases.py)")
+_LOCAL_BACKEND_FAULTS = ("faults injected into this process's backend connection; the code that "
+                         "handles them is the engine's, the same on every engine")
 EXCLUDED = {
     "test_functor_task_requirements_come_from_the_function":
         "FunctorTask: its behaviour is the function given to its constructor",
@@ -52,6 +58,18 @@ EXCLUDED = {
         "FunctorTask: its execute and revert are functions given to its constructor",
     "test_map_and_reduce_functor_tasks":
         "MapFunctorTask/ReduceFunctorTask: functions given to their constructors",
+    "test_a_failing_async_task_reverts_with_async_reverts": _ASYNC_ONLY_LOCALLY,
+    "test_an_async_task_past_its_time_limit_is_cancelled": _ASYNC_ONLY_LOCALLY,
+    "test_engine_run_inside_a_running_event_loop": _ASYNC_ONLY_LOCALLY,
+    "test_retry_controllers_retry_async_tasks": _ASYNC_ONLY_LOCALLY,
+    "test_async_tasks_run_in_order_and_pass_results": _ASYNC_ONLY_LOCALLY,
+    "test_async_tasks_report_progress": _ASYNC_ONLY_LOCALLY,
+    "test_a_revert_past_its_time_limit_is_a_revert_failure": _LOCAL_WATCHDOG,
+    "test_the_engine_option_overrides_the_class_limit": _LOCAL_WATCHDOG,
+    "test_a_call_past_its_time_limit_fails_the_atom_and_reverts": _LOCAL_WATCHDOG,
+    "test_a_failed_write_fails_the_atom_and_the_flow_reverts": _LOCAL_BACKEND_FAULTS,
+    "test_a_backend_that_stays_down_still_reverts_then_says_so": _LOCAL_BACKEND_FAULTS,
+    "test_a_failure_that_cannot_be_stored_keeps_its_own_error": _LOCAL_BACKEND_FAULTS,
 }
 #: Behaviour tests that fail on real brokers for an engine bug not fixed yet: name -> reason.
 KNOWN_BUGS: dict[str, str] = {}
