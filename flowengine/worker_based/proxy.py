@@ -12,6 +12,7 @@ import collections
 import contextlib
 import json
 import logging
+import math
 import queue
 import threading
 import time
@@ -21,6 +22,7 @@ from typing import Any, NamedTuple
 
 import kombu
 from kombu import serialization
+from kombu.exceptions import OperationalError
 from kombu.transport import virtual
 
 from flowengine.persistence.backends._uri import mask_urls
@@ -37,6 +39,14 @@ DRAIN_TIMEOUT = 0.01
 #: ... and while it holds messages other threads will settle.
 BUSY_DRAIN_TIMEOUT = 0.001
 PUBLISH_POOL_SIZE = 8
+#: Seconds a publish keeps retrying through a broker outage unless its caller gives its own
+#: deadline (the purpose of the message decides: an outcome waits far longer than a request
+#: whose engine gives up on it after its transition timeout).
+PUBLISH_DEADLINE = 120.0
+#: Seconds a declaration is trusted: a broker restarted without its data (or a failover that
+#: lost it) forgets queues and bindings without any client seeing an error, so consumers and
+#: publishers declare again this often, and after every reconnect.
+DECLARATION_TTL = 2.0
 #: Seconds a message a Redis consumer took stays unsettled before Redis hands it out again
 #: (kombu's ``visibility_timeout``, one hour by default; ``transport_options`` may set it).
 REDIS_VISIBILITY_TIMEOUT = 30.0
@@ -94,6 +104,13 @@ def _drain(conn: kombu.Connection, timeout: float, errors: tuple[type[BaseExcept
     except Exception as err:
         LOG.warning("Dropped a message on %s: reason=%s %s: %s", where, dp.REASON_DECODE_ERROR,
                     type(err).__name__, str(err)[:200])
+
+
+class BrokerOutage(OperationalError):
+    """A publish gave up: the broker stayed unreachable past the message's deadline.
+
+    The message names the broker (its URL masked), the message and how long it was tried.
+    """
 
 
 class MessageEncodeError(ValueError):
@@ -186,6 +203,7 @@ class Proxy:
         auto_ack: Messages of the own queue need no acknowledgement, on Redis only (see
             ``_consume``): for a consumer whose messages are worth nothing once its process is
             gone, such as an engine's replies.
+        publishers: Most publishing connections open at once (per confirm mode).
     """
 
     def __init__(
@@ -207,6 +225,7 @@ class Proxy:
         on_refused: Callable[[Any, str, str], None] | None = None,
         transient_queue: bool = False,
         auto_ack: bool = False,
+        publishers: int = PUBLISH_POOL_SIZE,
     ) -> None:
         if queue_expires is not None and taskflow_compat:
             raise ValueError(f"Queue of topic '{topic}': queue_expires needs taskflow_compat off")
@@ -260,9 +279,11 @@ class Proxy:
         # Publishing pools: [confirmed, unconfirmed]; they differ only where the transport
         # has publisher confirms (AMQP), otherwise both are the same pool.
         self._producers: dict[bool, pd.ProducerPool] = {}
+        self._publishers = publishers
         self._pool_lock = threading.Lock()
         self._queues: dict[str, kombu.Queue] = {}
-        self._declared: set[str] = set()
+        # Routing key -> when its target was last declared (see DECLARATION_TTL).
+        self._declared: dict[str, float] = {}
         self._exchange = kombu.Exchange(
             exchange, type="direct", durable=not taskflow_compat, auto_delete=taskflow_compat
         )
@@ -272,6 +293,9 @@ class Proxy:
         self._stopped = threading.Event()
         self._stopped.set()
         self._stop_grace = 0.0
+        self._lost_at: float | None = None
+        #: Seconds the consumer was disconnected before its latest (re)connection (0: none).
+        self.last_outage = 0.0
         self._consumer_thread: int | None = None
         self._settle_lock = threading.Lock()
         self._held: dict[int, Any] = {}
@@ -335,6 +359,7 @@ class Proxy:
         priority: int | None = None,
         confirm: bool = True,
         persistent: bool = True,
+        deadline: float | None = None,
     ) -> None:
         """Publish ``msg`` to each routing key; thread-safe.
 
@@ -358,6 +383,13 @@ class Proxy:
                 heartbeats and discovery do not, and skip the round trip.
             persistent: Ask the broker to keep the message across its own restart (the
                 default topology); False for messages worth nothing after one.
+            deadline: Seconds to keep retrying through a broker outage (None:
+                :data:`PUBLISH_DEADLINE`); each retry waits a capped, jittered backoff and
+                goes out on a new connection.
+
+        Raises:
+            BrokerOutage: The broker stayed unreachable past ``deadline`` (or the retries of
+                ``retry_options`` ran out); it names the broker and the message.
         """
         body = encode(msg)
         keys = [routing_key] if isinstance(routing_key, str) else list(routing_key)
@@ -376,27 +408,37 @@ class Proxy:
             properties["expiration"] = expiration
         if priority is not None and self._priorities:
             properties["priority"] = max(0, min(int(priority), MAX_PRIORITY))
-        with self._producer_pool(confirm).acquire() as producer:
-            pending = list(keys)
+        pending = list(keys)
+        errors = self._conn.connection_errors + self._conn.channel_errors + (OperationalError,)
+        backoff: bo.Backoff | None = None
+        while True:
             try:
-                # The common case: one plain publish per key, no retry machinery around it.
-                while pending:
-                    self._send(producer.publish, body, pending[0], declare_queue, headers,
-                               properties)
-                    pending.pop(0)
-            except self._conn.connection_errors + self._conn.channel_errors:
-                # A new connection may face a broker that lost non-durable declarations.
+                # Each attempt on a producer of its own: one whose publish raised is closed,
+                # so a retry goes out on a new connection (a broker back from an outage).
+                with self._producer_pool(confirm).acquire() as producer:
+                    while pending:
+                        self._send(producer.publish, body, pending[0], declare_queue, headers,
+                                   properties)
+                        pending.pop(0)
+                return
+            except errors as err:
+                # A new connection may face a broker that lost its declarations.
                 self._declared.clear()
                 if not retry:
                     raise
-                backoff = bo.Backoff(self._retry, "Publishing", self._where, self._stop_requested)
-                send = producer.connection.ensure(
-                    producer, producer.publish, errback=backoff,
-                    max_retries=self._retry.max_retries,
-                    interval_start=0, interval_step=0, interval_max=0,
-                )  # fmt: skip
-                for key in pending:
-                    self._send(send, body, key, declare_queue, headers, properties)
+                if backoff is None:
+                    wait = PUBLISH_DEADLINE if deadline is None else deadline
+                    backoff = bo.Backoff(self._retry, f"Publishing {msg.TYPE} to {pending[0]!r}",
+                                         self._where, self._stop_requested,
+                                         deadline=time.monotonic() + wait)
+                if backoff.exhausted:
+                    raise BrokerOutage(
+                        f"Publishing {msg.TYPE} to {pending[0]!r} on {self._where} failed "
+                        f"{backoff.attempt + 1} times over {backoff.elapsed:.1f}s: {err}") from err
+                try:
+                    backoff(err)
+                except bo.RetryDeadline as late:
+                    raise BrokerOutage(str(late)) from err
 
     def _send(self, send: Callable[..., Any], body: bytes, key: str, declare_queue: bool,
               headers: Mapping[str, Any] | None, properties: Mapping[str, Any]) -> None:
@@ -404,14 +446,16 @@ class Proxy:
         # so each routing key's target is declared once, until a connection error.
         wanted = key if declare_queue else ""
         declare = None
-        if wanted not in self._declared:
+        now = time.monotonic()
+        if now - self._declared.get(wanted, -math.inf) > DECLARATION_TTL:
             declare = [self._declared_queue(key)] if declare_queue else [self._exchange]
         send(
             body, routing_key=key, exchange=self._exchange, declare=declare,
             content_type=dp.JSON_CONTENT_TYPE, content_encoding="utf-8",
             headers=dict(headers or {}), **properties,
         )  # fmt: skip
-        self._declared.add(wanted)
+        if declare is not None:
+            self._declared[wanted] = now
 
     def _producer_pool(self, confirm: bool = True) -> pd.ProducerPool:
         confirmed = self._transport_options.get("confirm_publish", False)
@@ -426,7 +470,7 @@ class Proxy:
                 if not key:
                     options = dict(self._transport_options, confirm_publish=False)
                     conn = self._conn.clone(transport_options=options)
-                pool = self._producers[key] = pd.ProducerPool(conn, PUBLISH_POOL_SIZE)
+                pool = self._producers[key] = pd.ProducerPool(conn, self._publishers)
             return pool
 
     def _declared_queue(self, routing_key: str) -> kombu.Queue:
@@ -546,7 +590,11 @@ class Proxy:
             while not self._stop_requested.is_set():
                 try:
                     self._consume(backoff)
-                except errors as err:
+                except errors + (OperationalError,) as err:
+                    # Not serving until consuming again: a worker stops answering discovery.
+                    self._running.clear()
+                    if self._lost_at is None:
+                        self._lost_at = time.monotonic()
                     if backoff.exhausted:
                         raise
                     backoff(err)
@@ -564,7 +612,13 @@ class Proxy:
                 errback=backoff, max_retries=self._retry.max_retries,
                 interval_start=0, interval_step=0, interval_max=0,
             )  # fmt: skip
-            self._held.clear()  # deliveries of a lost connection are the broker's again
+            # Deliveries of a lost connection are the broker's again: task threads still
+            # settle them on their old channel when done (or the broker hands them out again,
+            # and a flowengine worker hands a redelivered request back to its engine).
+            self._held.clear()
+            # A new connection may face a broker that lost every declaration (restarted
+            # empty): nothing declared before is trusted; the consumer declares its own.
+            self._declared.clear()
             consumer = conn.Consumer(
                 queues=[self._own_queue()],
                 on_message=self._on_message,
@@ -575,10 +629,19 @@ class Proxy:
             )
             with consumer:
                 backoff.attempt = 0
+                lost_at, self._lost_at = self._lost_at, None
+                self.last_outage = 0.0 if lost_at is None else time.monotonic() - lost_at
                 self._consumer_thread = threading.get_ident()
                 self._running.set()
                 _call_hook(self._on_connected)
+                declared = time.monotonic()
                 while not self._stop_requested.is_set():
+                    if time.monotonic() - declared > DECLARATION_TTL:
+                        # Heals a queue or binding the broker lost (restarted empty), and
+                        # finds a dead connection even when every prefetch slot is busy and
+                        # the transport is not reading from it (kombu's Redis QoS).
+                        consumer.declare()
+                        declared = time.monotonic()
                     # Task threads settle what they took through this loop, between drains:
                     # while some is held, drain briefly, or a settlement (and the prefetch slot
                     # it frees) would wait for the next message or the full timeout.

@@ -33,6 +33,9 @@ from flowengine.worker_based import proxy as px
 LOG = logging.getLogger(__name__)
 
 _ECHOED_HEADERS = (pr.HEADER_REQUEST_ID, pr.HEADER_ATTEMPT)
+#: Seconds a worker keeps trying to publish an outcome (or hand-back) through a broker outage:
+#: it is the only record of work done, and the request is acknowledged only once it is out.
+OUTCOME_PUBLISH_DEADLINE = 900.0
 
 
 def make_worker_id() -> str:
@@ -44,7 +47,8 @@ def _event_fields(data: Mapping[str, Any], message: Any) -> dict[str, Any]:
     """The identifying fields of a request's events (from its body and headers)."""
     headers = message.headers or {}
     return {
-        "flow_uuid": (message.properties or {}).get("reply_to"),
+        "flow_uuid": headers.get(pr.HEADER_FLOW_UUID)
+        or (message.properties or {}).get("reply_to"),
         "atom_uuid": headers.get(pr.HEADER_ATOM_UUID),
         "task_name": data.get("task_name"),
         "request_id": headers.get(pr.HEADER_REQUEST_ID)
@@ -276,6 +280,10 @@ class Server:
             LOG.warning("Worker %s could not announce itself %s: %s", self.worker_id, status, err)
 
     def _on_notify(self, data: Any, message: Any) -> None:
+        if not self._proxy.is_running:
+            # Its request consumer is down (reconnecting): engines must not count on it.
+            LOG.debug("Worker %s is not serving; discovery not answered", self.worker_id)
+            return
         reply_to = message.properties.get("reply_to")
         if not reply_to:
             LOG.warning("NOTIFY %s has no reply_to; not answered", dp.describe(message))
@@ -429,8 +437,10 @@ class Server:
         confirm = state != pr.RUNNING or not _from_flowengine(request_headers)
         try:
             try:
+                # An outcome is the only copy of work done: it waits out a long outage.
                 self._send(response, reply_to, correlation_id, request_headers, confirm=confirm,
-                           persistent=confirm)
+                           persistent=confirm,
+                           deadline=OUTCOME_PUBLISH_DEADLINE if confirm else None)
             except px.MessageEncodeError as err:
                 if state not in (pr.SUCCESS, pr.FAILURE):
                     raise
@@ -440,7 +450,8 @@ class Server:
                 why.__cause__ = err
                 failure = pr.failure_to_dict(Failure.from_exception(why))
                 failed = pr.Response(pr.FAILURE, result=failure)
-                self._send(failed, reply_to, correlation_id, request_headers)
+                self._send(failed, reply_to, correlation_id, request_headers,
+                           deadline=OUTCOME_PUBLISH_DEADLINE)
         except Exception as err:
             LOG.error("Could not send %s reply for task %s to %r: %s", state, name, reply_to, err)
             return False
@@ -458,7 +469,7 @@ class Server:
     def _send(
         self, msg: pr.Message, reply_to: str, correlation_id: str | None = None,
         request_headers: Mapping[str, Any] | None = None, retry: bool = True,
-        confirm: bool = True, persistent: bool = True,
+        confirm: bool = True, persistent: bool = True, deadline: float | None = None,
     ) -> None:  # fmt: skip
         # The reply queue is its consumer's to declare (it exists before any request is sent).
         # Declaring it here too would clash with the engine's queue arguments, and would bring
@@ -473,6 +484,7 @@ class Server:
         self._proxy.publish(
             msg, reply_to, correlation_id=correlation_id, headers=self._headers(request_headers),
             declare_queue=False, retry=retry, confirm=confirm, persistent=persistent,
+            deadline=deadline,
         )  # fmt: skip
 
     def start(self) -> None:
