@@ -220,6 +220,11 @@ class Client:
                     self._topics.pop(topic, None)
             if not self._views:
                 self._idle_since = time.monotonic()
+                # A timer, not the consumer's housekeeping: a client whose broker is gone
+                # retries connecting and runs no housekeeping, yet must close when unused.
+                timer = threading.Timer(LINGER, self._retire_if_idle)
+                timer.daemon = True
+                timer.start()
 
     def route(self, request_id: str, view: View) -> None:
         """Replies with ``correlation_id == request_id`` go to ``view`` from now on."""
@@ -323,12 +328,16 @@ class Client:
             self._round(force=True)
         with self._lock:
             views = list(self._views.values())
-            idle = self._idle_since is not None and now - self._idle_since > LINGER
         for view in views:
             try:
                 view.on_wait()
             except Exception:  # one engine's bug must not stop the others' replies
                 LOG.exception("Housekeeping of %r raised; the others go on", view)
+
+    def _retire_if_idle(self) -> None:
+        with self._lock:
+            idle = (self._idle_since is not None
+                    and time.monotonic() - self._idle_since >= LINGER * 0.99)
         if idle:
             _retire(self)
 
@@ -351,8 +360,9 @@ class Client:
             LOG.debug("Could not broadcast a discovery request: %s", err)
         for topic in topics:
             try:
+                # Not retried: this runs on the consumer thread, and a round follows soon.
                 self.proxy.publish(pr.Notify(), topic, reply_to=self.uuid, headers=protocol,
-                                   confirm=False)
+                                   confirm=False, retry=False)
             except Exception as err:
                 LOG.warning("Could not ask topic %r for workers: %s", topic, err)
 

@@ -225,7 +225,10 @@ class WorkerTaskExecutor(local.TaskExecutor):
             if sub.request is not None:
                 self._untrack(sub.request.request_id)
 
-    def _new_attempt(self, sub: Submission) -> None:
+    def _new_attempt(self, sub: Submission, defer: bool = False) -> None:
+        """Start the submission's next attempt and dispatch it (``defer``: from the client's
+        dispatch thread, for callers on its consumer thread, which must never wait on a
+        publish retrying through an outage)."""
         request = pr.Request(
             sub.task, sub.uuid, sub.action, sub.arguments, timeout=self._transition_timeout,
             result=sub.result, failures=sub.failures, clock=self._clock,
@@ -245,7 +248,10 @@ class WorkerTaskExecutor(local.TaskExecutor):
             self.client.route(request.request_id, self)
         if request.timeout is not None:
             self._note_due(request.created_on + request.timeout)  # its expiry
-        self._dispatch(sub)
+        if defer:
+            self.client.submit(functools.partial(self._dispatch, sub))
+        else:
+            self._dispatch(sub)
 
     def _dispatch(self, sub: Submission) -> None:
         """Publish a WAITING attempt to the best capable worker, if one is known."""
@@ -507,7 +513,7 @@ class WorkerTaskExecutor(local.TaskExecutor):
         LOG.info("Attempt %d of task %r (request %s) never started: %s; sending it again",
                  sub.attempts, sub.task.name, request.request_id, why)
         sub.resent += 1
-        self._new_attempt(sub)
+        self._new_attempt(sub, defer=True)
 
     def _renew(self, sub: Submission, headers: Mapping[str, Any]) -> None:
         # Only flowengine workers send heartbeats; a TaskFlow worker's request holds no lease.
@@ -635,7 +641,7 @@ class WorkerTaskExecutor(local.TaskExecutor):
         self._events.emit("task-lost", **self._event_fields(sub), reason=why,
                           worker=sub.workers[-1] if sub.workers else None)
         if sub.attempts - sub.resent < self._max_attempts:
-            self._new_attempt(sub)
+            self._new_attempt(sub, defer=True)
             self._events.emit("task-retried", **self._event_fields(sub), reason=why)
             return
         error = exc.WorkerLost(sub.task.name, sub.attempts, list(sub.workers))
