@@ -115,7 +115,7 @@ def many(n):
             engine.run()
             results.append(engine.storage.get_flow_state())
         except Exception as err:
-            results.append(type(err).__name__)
+            results.append(f"{type(err).__name__}: {err}"[:300])
 
     watcher = threading.Thread(target=watch, name="peak-watcher", daemon=True)
     watcher.start()

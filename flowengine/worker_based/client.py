@@ -45,6 +45,8 @@ REPLY_QUEUE_EXPIRES = 600.0
 CONSUMER_START_TIMEOUT = 30.0
 #: Seconds between the views' housekeeping passes (expiries, leases, lost workers).
 HOUSEKEEPING_PERIOD = 0.1
+#: Most views one pass looks at (with more, each is looked at every few passes).
+HOUSEKEEPING_BATCH = 500
 #: Seconds between NOTIFY rounds (how TaskFlow workers stay known; flowengine workers also
 #: announce themselves).
 NOTIFY_PERIOD = pr.NOTIFY_PERIOD
@@ -152,6 +154,8 @@ class Client:
         self._idle_since: float | None = None
         self._closed = False
         self._retired = False
+        self._timer_pending = False
+        self._cursor = 0
         self._thread: threading.Thread | None = None
         self._consumer_error: Exception | None = None
         # Requests waiting for a worker are sent from here, not from the consumer thread that
@@ -206,12 +210,12 @@ class Client:
             self._round(force=bool(new_topics))
         return known
 
-    def detach(self, view: View, topics: list[str]) -> None:
-        """Detach ``view``; its routes go (a late reply for them is ignored)."""
+    def detach(self, view: View, topics: list[str], routed: list[str]) -> None:
+        """Detach ``view`` and drop its ``routed`` request ids (a late reply is ignored)."""
         with self._lock:
             self._views.pop(id(view), None)
-            for request_id in [r for r, v in self._routes.items() if v is view]:
-                del self._routes[request_id]
+            for request_id in routed:
+                self._routes.pop(request_id, None)
             for topic in topics:
                 left = self._topics.get(topic, 1) - 1
                 if left > 0:
@@ -220,11 +224,13 @@ class Client:
                     self._topics.pop(topic, None)
             if not self._views:
                 self._idle_since = time.monotonic()
-                # A timer, not the consumer's housekeeping: a client whose broker is gone
-                # retries connecting and runs no housekeeping, yet must close when unused.
-                timer = threading.Timer(LINGER, self._retire_if_idle)
-                timer.daemon = True
-                timer.start()
+                if not self._timer_pending:
+                    # A timer, not the consumer's housekeeping: a client whose broker is gone
+                    # retries connecting and runs no housekeeping, yet must close when unused.
+                    self._timer_pending = True
+                    timer = threading.Timer(LINGER, self._retire_if_idle)
+                    timer.daemon = True
+                    timer.start()
 
     def route(self, request_id: str, view: View) -> None:
         """Replies with ``correlation_id == request_id`` go to ``view`` from now on."""
@@ -328,6 +334,12 @@ class Client:
             self._round(force=True)
         with self._lock:
             views = list(self._views.values())
+        if len(views) > HOUSEKEEPING_BATCH:
+            # Thousands of engines: each pass looks at a slice of them in turn, so the
+            # consumer thread keeps its time for replies (timeouts need no finer grain).
+            start = self._cursor % len(views)
+            self._cursor = start + HOUSEKEEPING_BATCH
+            views = (views + views)[start:start + HOUSEKEEPING_BATCH]
         for view in views:
             try:
                 view.on_wait()
@@ -336,10 +348,17 @@ class Client:
 
     def _retire_if_idle(self) -> None:
         with self._lock:
-            idle = (self._idle_since is not None
-                    and time.monotonic() - self._idle_since >= LINGER * 0.99)
-        if idle:
-            _retire(self)
+            self._timer_pending = False
+            if self._idle_since is None:
+                return  # in use again
+            left = LINGER - (time.monotonic() - self._idle_since)
+            if left > 0:  # used and left again meanwhile: wait out the rest
+                self._timer_pending = True
+                timer = threading.Timer(left, self._retire_if_idle)
+                timer.daemon = True
+                timer.start()
+                return
+        _retire(self)
 
     def _round(self, force: bool = False) -> None:
         """Ask every flowengine worker and every topic in use for its workers."""

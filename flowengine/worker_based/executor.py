@@ -156,10 +156,11 @@ class WorkerTaskExecutor(AttemptTracking, local.TaskExecutor):
         """Detach from the broker client; submissions still outstanding fail with
         RequestTimeout (the client stays open for the process's other engines)."""
         client, self._client = self._client, None
-        if client is not None:
-            client.detach(self, self._topics)
         with self._lock:
             leftovers = list(self._ongoing.values())
+            routed = list(self._ongoing)
+        if client is not None:
+            client.detach(self, self._topics, routed)
         for sub in leftovers:
             state = sub.request.current_state if sub.request else pr.WAITING
             self._fail(sub, exc.RequestTimeout(
