@@ -7,6 +7,7 @@ thread at the same time, and all of them reach the worker through the process's 
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -178,3 +179,19 @@ def test_broker_options_are_validated_where_they_are_built() -> None:
         bc.Broker("x", retry_options={"interval_strat": 1})
     assert bc.Broker("x", transport="memory", transport_options={"a": 1}) == bc.Broker(
         "x", transport="memory", transport_options={"a": 1})
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_builds_its_own_client(worker: InProcessWorker) -> None:
+    broker = bc.Broker(worker.exchange, transport="memory")
+    parent = bc.client_for(broker)
+    pid = os.fork()
+    if pid == 0:  # the child: report through the exit code, never return into pytest
+        try:
+            fresh = bc.clients() == [] and bc.client_for(broker) is not parent
+            os._exit(0 if fresh else 1)
+        except BaseException:
+            os._exit(2)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert bc.client_for(broker) is parent, "the parent keeps its own"
