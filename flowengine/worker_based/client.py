@@ -227,10 +227,7 @@ class Client:
                 if not self._timer_pending:
                     # A timer, not the consumer's housekeeping: a client whose broker is gone
                     # retries connecting and runs no housekeeping, yet must close when unused.
-                    self._timer_pending = True
-                    timer = threading.Timer(LINGER, self._retire_if_idle)
-                    timer.daemon = True
-                    timer.start()
+                    self._linger(LINGER)
 
     def route(self, request_id: str, view: View) -> None:
         """Replies with ``correlation_id == request_id`` go to ``view`` from now on."""
@@ -353,12 +350,20 @@ class Client:
                 return  # in use again
             left = LINGER - (time.monotonic() - self._idle_since)
             if left > 0:  # used and left again meanwhile: wait out the rest
-                self._timer_pending = True
-                timer = threading.Timer(left, self._retire_if_idle)
-                timer.daemon = True
-                timer.start()
+                self._linger(left)
                 return
         _retire(self)
+
+    def _linger(self, seconds: float) -> None:
+        """Look again in ``seconds`` whether the client is still unused (lock held)."""
+        timer = threading.Timer(seconds, self._retire_if_idle)
+        timer.daemon = True
+        try:
+            timer.start()
+        except RuntimeError as err:  # no thread to spare: it stays open until exit
+            LOG.debug("Broker client %s cannot schedule its idle close: %s", self.uuid, err)
+            return
+        self._timer_pending = True
 
     def _round(self, force: bool = False) -> None:
         """Ask every flowengine worker and every topic in use for its workers."""
