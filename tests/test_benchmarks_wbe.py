@@ -86,3 +86,18 @@ def test_async_tasks_benchmark_reports_both_runs() -> None:
     report = run_benchmark("async_tasks.py", "--tasks", "20", "--wait", "0.01", "--threads", "2")
     assert report["benchmark"] == "async_tasks" and report["tasks"] == 20
     assert report["async_run_s"] > 0 and report["threads_run_s"] > 0
+
+
+def test_many_flows_reports_sockets_threads_and_ratios_on_the_filesystem_transport() -> None:
+    report = run_benchmark("many_flows.py", "--brokers", "fs", "--flows", "8", "--lone", "2",
+                           "--ceiling-sequential", "5", "--one-engine-cap", "12")
+    assert report["benchmark"] == "many_flows"
+    result = report["results"]["fs"]
+    assert "error" not in result, result
+    [row] = result["rows"]
+    assert row["flows"] == 8 and row["all_finished"] and row["failures"] == []
+    assert row["one_engine_tasks"] == 12 and row["ratio_vs_one_engine"] > 0
+    if LINUX:
+        assert 0 <= row["peak_sockets"] and 1 <= row["peak_library_threads"]
+        assert row["peak_rss_mb"] > 0
+    assert result["lone_flow_ms"] > 0 and result["lone_flow_vs_3_round_trips"] > 0

@@ -6,6 +6,7 @@ import dataclasses
 import logging
 import random
 import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -19,6 +20,10 @@ _AMQP_REFUSED = frozenset({403, 530})
 
 class RetryAbandoned(Exception):
     """A retry sequence was abandoned because its owner is stopping."""
+
+
+class RetryDeadline(Exception):
+    """Waiting for the next retry would pass the retry sequence's deadline."""
 
 
 class BrokerRefused(Exception):
@@ -109,11 +114,20 @@ class Backoff:
         what: What is being retried, for log lines ("Publishing").
         where: Where (a masked URL), for log lines.
         stop: Set when retrying should end.
+        deadline: ``time.monotonic()`` past which no retry starts (None: no deadline).
     """
 
-    def __init__(self, options: RetryOptions, what: str, where: str, stop: threading.Event) -> None:
+    def __init__(self, options: RetryOptions, what: str, where: str, stop: threading.Event,
+                 deadline: float | None = None) -> None:
         self._options, self._what, self._where, self._stop = options, what, where, stop
+        self._deadline = deadline
+        self.started = time.monotonic()
         self.attempt = 0
+
+    @property
+    def elapsed(self) -> float:
+        """Seconds since the sequence began."""
+        return time.monotonic() - self.started
 
     @property
     def exhausted(self) -> bool:
@@ -127,12 +141,18 @@ class Backoff:
         Raises:
             BrokerRefused: The broker refused the credentials: no retry can succeed.
             RetryAbandoned: ``stop`` was set (before or while sleeping).
+            RetryDeadline: The next retry would start past the deadline.
         """
         refused = refusal(exc)
         if refused is not None:
             raise BrokerRefused(f"{self._what} on {self._where} was refused by the broker "
                                 f"({type(refused).__name__}: {refused}); not retrying") from exc
         delay = self._options.delay(self.attempt)
+        if self._deadline is not None and time.monotonic() + delay > self._deadline:
+            raise RetryDeadline(
+                f"{self._what} on {self._where} failed for {self.elapsed:.1f}s over "
+                f"{self.attempt + 1} attempt(s), the most it may wait; the broker is "
+                f"unreachable (outage): {exc}") from exc
         self.attempt += 1
         if self.attempt <= _LOG_FIRST or self.attempt % _LOG_EVERY == 0:
             LOG.warning(

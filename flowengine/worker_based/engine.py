@@ -13,13 +13,13 @@ from typing import Any
 from flowengine import states
 from flowengine.engines import executor as local
 from flowengine.engines.engine import ActionEngine
-from flowengine.engines.options import as_bool
 from flowengine.types.notifier import register_deregister
 from flowengine.worker_based import extensions as ext
 from flowengine.worker_based import protocol as pr
 from flowengine.worker_based.event_listener import EventListener, PlacementSink
 from flowengine.worker_based.events import EventPublisher, combine
 from flowengine.worker_based.executor import WorkerTaskExecutor
+from flowengine.worker_based.options import WorkerEngineOptions
 
 LOG = logging.getLogger(__name__)
 
@@ -30,21 +30,6 @@ _PLACED_STATES = (states.SUCCESS, states.FAILURE, states.REVERTED, states.REVERT
 _META_ATTEMPT_LOG = "attempt_log"
 #: Most attempts kept in it per atom (a retried subflow runs its atoms again and again).
 _MAX_LOGGED_ATTEMPTS = 50
-
-
-def _port(value: Any) -> int | None:
-    """Option ``metrics_port`` as a port number (None: no endpoint)."""
-    if value in (None, ""):
-        return None
-    try:
-        port = int(value)
-    except (TypeError, ValueError) as err:
-        raise ValueError(f"Worker-based engine option 'metrics_port' must be a port number, "
-                         f"not {value!r}") from err
-    if not 0 <= port <= 65535:
-        raise ValueError(f"Worker-based engine option 'metrics_port' must be 0 to 65535, "
-                         f"not {port}")
-    return port
 
 
 class WorkerBasedActionEngine(ActionEngine):
@@ -75,17 +60,18 @@ class WorkerBasedActionEngine(ActionEngine):
     ) -> None:
         super().__init__(flow, flow_detail, backend, options)
         self._worker_executor: local.TaskExecutor | None = None
-        extra = self._options.extra
+        #: The validated worker-based options (a misspelt or mistyped one fails here).
+        self.worker_options = opts = WorkerEngineOptions.from_mapping(self._options.extra)
         # A ready-made executor may use a broker the options do not name: publish nowhere then.
-        known = self._options.executor is None or extra.get("url") or extra.get("transport")
+        known = self._options.executor is None or opts.url or opts.transport
         self._publisher: ext.EventSink = ext.NO_EVENTS
-        if as_bool("events", extra.get("events", True)) and known:
+        if opts.events and known:
             self._publisher = EventPublisher(
-                extra.get("exchange", "default"), url=extra.get("url"),
-                transport=extra.get("transport"), transport_options=extra.get("transport_options"))
-        self._metrics_port = _port(extra.get("metrics_port"))
+                opts.exchange, url=opts.url, transport=opts.transport,
+                transport_options=opts.transport_options)
+        self._metrics_port = opts.metrics_port
         self._metrics: ext.EventSink = ext.NO_EVENTS
-        if self._metrics_port is not None or as_bool("metrics", extra.get("metrics", False)):
+        if self._metrics_port is not None or opts.metrics:
             from flowengine.worker_based.metrics import MetricsSink
 
             self._metrics = MetricsSink(role="engine")
@@ -145,7 +131,6 @@ class WorkerBasedActionEngine(ActionEngine):
     def _task_executor(self) -> local.TaskExecutor:
         if self._worker_executor is not None:
             return self._worker_executor
-        extra = dict(self._options.extra)
         given = self._options.executor
         if given is not None:
             if not isinstance(given, local.TaskExecutor):
@@ -155,28 +140,9 @@ class WorkerBasedActionEngine(ActionEngine):
                 )
             self._worker_executor = given
             return given
-        topics = extra.get("topics") or []
-        if isinstance(topics, str):
-            topics = [t for t in topics.split(",") if t]
-        timeout = extra.get("transition_timeout", pr.REQUEST_TIMEOUT)
-        expiry = extra.get("worker_expiry", pr.EXPIRES_AFTER)
-        lease = extra.get("lease_timeout", ext.DEFAULT_LEASE_TIMEOUT)
         self._worker_executor = WorkerTaskExecutor(
             uuid=self.storage.flow_uuid,
-            exchange=extra.get("exchange", "default"),
-            topics=topics,
-            transition_timeout=None if timeout is None else float(timeout),
-            url=extra.get("url"),
-            transport=extra.get("transport"),
-            transport_options=extra.get("transport_options"),
-            retry_options=extra.get("retry_options"),
-            worker_expiry=None if expiry is None else float(expiry),
-            taskflow_compat=as_bool("taskflow_compat", extra.get("taskflow_compat", False)),
-            lease_timeout=None if lease in (None, "", "none", "None") else float(lease),
-            heartbeat_interval=float(extra.get("heartbeat_interval",
-                                               ext.DEFAULT_HEARTBEAT_INTERVAL)),
-            max_attempts=int(extra.get("max_attempts", ext.DEFAULT_MAX_ATTEMPTS)),
-            time_limits=extra.get("time_limits"),
             events=combine(self._publisher, self._metrics, self.atom_placement),
+            **self.worker_options.executor_options(),
         )
         return self._worker_executor

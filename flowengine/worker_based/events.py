@@ -29,8 +29,8 @@ from typing import Any
 
 from flowengine.persistence.backends._uri import mask_urls
 from flowengine.types.failure import Failure
+from flowengine.worker_based import broadcast as bc
 from flowengine.worker_based import extensions as ext
-from flowengine.worker_based import proxy as px
 
 LOG = logging.getLogger(__name__)
 
@@ -117,7 +117,7 @@ def scrub(value: Any, depth: int = 0) -> Any:
 class _Outbox:
     """The queue and publishing thread of one destination, shared by a process's publishers."""
 
-    def __init__(self, broadcast: px.Broadcast, maxsize: int) -> None:
+    def __init__(self, broadcast: bc.Broadcast, maxsize: int) -> None:
         self._broadcast = broadcast
         self._queue: collections.deque[tuple[str, int, float, dict[str, Any]]] = (
             collections.deque(maxlen=maxsize))
@@ -214,7 +214,7 @@ def _outbox(exchange: str, url: str | None, transport: Any,
     with _OUTBOXES_LOCK:
         box = _OUTBOXES.get(key)
         if box is None:
-            broadcast = px.Broadcast(events_exchange(exchange), url=url, transport=transport,
+            broadcast = bc.Broadcast(events_exchange(exchange), url=url, transport=transport,
                                      transport_options=transport_options)
             box = _OUTBOXES[key] = _Outbox(broadcast, maxsize)
         return box
@@ -369,7 +369,7 @@ class EventReceiver:
     def __init__(self, exchange: str, url: str | None = None, transport: Any = None,
                  transport_options: Mapping[str, Any] | None = None,
                  types: Iterable[str] = (), flow: str | None = None) -> None:
-        self._broadcast = px.Broadcast(events_exchange(exchange), url=url, transport=transport,
+        self._broadcast = bc.Broadcast(events_exchange(exchange), url=url, transport=transport,
                                        transport_options=transport_options)
         self._types, self._flow = tuple(types), flow
 

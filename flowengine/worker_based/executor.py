@@ -28,38 +28,30 @@ from flowengine import tracing
 from flowengine.engines import executor as local
 from flowengine.task import EVENT_UPDATE_PROGRESS
 from flowengine.types.failure import Failure
+from flowengine.worker_based import attempt as at
+from flowengine.worker_based import backoff as bo
 from flowengine.worker_based import cancellation as cn
-from flowengine.worker_based import dead_letters
-from flowengine.worker_based import dispatcher as dp
+from flowengine.worker_based import client as bc
 from flowengine.worker_based import extensions as ext
 from flowengine.worker_based import protocol as pr
 from flowengine.worker_based import proxy as px
-from flowengine.worker_based import types as wtypes
+from flowengine.worker_based import tracking
 from flowengine.worker_based.submission import RemoteFuture, Submission
-from flowengine.worker_based.types import TopicWorker, WorkerFinder, header
+from flowengine.worker_based.tracking import AttemptTracking
+from flowengine.worker_based.types import WorkerFinder
 
 LOG = logging.getLogger(__name__)
 
-#: Seconds an engine's unused reply queue survives on brokers with queue expiry (AMQP).
-REPLY_QUEUE_EXPIRES = 600.0
-#: Heartbeat intervals a worker holding a RUNNING attempt the broker handed out again has to
-#: show it is alive before the attempt is lost.
-PROOF_OF_LIFE = 1.5
-#: Seconds start() waits for the reply consumer to be consuming.
-CONSUMER_START_TIMEOUT = 30.0
-#: Seconds between scans for expired requests and lapsed leases.
-HOUSEKEEPING_PERIOD = 0.1
-#: Seconds between NOTIFY rounds to the configured topics (how TaskFlow workers stay known).
-NOTIFY_PERIOD = pr.NOTIFY_PERIOD
+# The process's client owns the reply queue, its consumer and the discovery rounds now; the
+# names stay where TaskFlow-era code looks for them.
+PROOF_OF_LIFE = tracking.PROOF_OF_LIFE
+REPLY_QUEUE_EXPIRES = bc.REPLY_QUEUE_EXPIRES
+CONSUMER_START_TIMEOUT = bc.CONSUMER_START_TIMEOUT
+HOUSEKEEPING_PERIOD = bc.HOUSEKEEPING_PERIOD
+NOTIFY_PERIOD = bc.NOTIFY_PERIOD
 
 
-# Reply queues in use by this process's executors (engines resuming one flow detail share its
-# uuid, hence its queue): a closing executor deletes its queue only when no other uses it.
-_queues_in_use: dict[tuple[str, str, str], int] = {}
-_queues_lock = threading.Lock()
-
-
-class WorkerTaskExecutor(local.TaskExecutor):
+class WorkerTaskExecutor(AttemptTracking, local.TaskExecutor):
     """Executes tasks on workers reached through a broker.
 
     Args:
@@ -72,7 +64,8 @@ class WorkerTaskExecutor(local.TaskExecutor):
             :class:`~flowengine.worker_based.proxy.Proxy`.
         worker_expiry: seconds after which a silent worker is forgotten.
         clock: monotonic clock (tests inject one to move time without sleeping).
-        notify_period: seconds between NOTIFY rounds to ``topics``.
+        notify_period: ignored: the process's broker client asks every topic in use for
+            workers every :data:`NOTIFY_PERIOD` seconds.
         lease_timeout: seconds a RUNNING request on a flowengine worker may go without a
             heartbeat before it is re-dispatched (None: never).
         heartbeat_interval: seconds between the heartbeats workers are asked to send.
@@ -91,7 +84,7 @@ class WorkerTaskExecutor(local.TaskExecutor):
         url: str | None = None,
         transport: Any = None,
         transport_options: Mapping[str, Any] | None = None,
-        retry_options: Mapping[str, Any] | None = None,
+        retry_options: Mapping[str, Any] | bo.RetryOptions | None = None,
         worker_expiry: float | None = pr.EXPIRES_AFTER,
         taskflow_compat: bool = False,
         clock: Callable[[], float] = time.monotonic,
@@ -108,12 +101,13 @@ class WorkerTaskExecutor(local.TaskExecutor):
             raise ValueError(f"lease_timeout ({lease_timeout}s) must be longer than "
                              f"heartbeat_interval ({heartbeat_interval}s)")
         self._uuid = uuid
-        self._exchange = exchange
+        self._broker = bc.Broker(exchange, url=url, transport=transport,
+                                 transport_options=transport_options,
+                                 retry_options=retry_options, taskflow_compat=taskflow_compat)
         self._topics = list(topics)
         self._transition_timeout = transition_timeout
         self._clock = clock
-        self._notify_period = notify_period
-        self._next_notify = 0.0
+        self._next_expiry_check = -math.inf
         self._next_due = math.inf  # the earliest expiry, time limit or lease end in flight
         self._lease_timeout = lease_timeout
         self._heartbeat_interval = heartbeat_interval
@@ -124,105 +118,55 @@ class WorkerTaskExecutor(local.TaskExecutor):
         self._ongoing: dict[str, Submission] = {}
         self._never_started: set[str] = set()
         self.finder = WorkerFinder(worker_expiry, clock=clock, on_change=self._worker_appeared)
-        # Requests waiting for a worker are sent from here, not from the consumer thread that
-        # learns of the worker: a burst of publishes there would hold up every reply.
-        self._dispatcher = cf.ThreadPoolExecutor(max_workers=1,
-                                                 thread_name_prefix="flowengine-dispatch")
         self._dispatch_pending = threading.Event()
-        self._consumer_error: Exception | None = None
-        handlers = {
-            pr.RESPONSE: dp.Handler(self._on_response, pr.Response.validate),
-            pr.NOTIFY: dp.Handler(self._on_notify,
-                                  functools.partial(pr.Notify.validate, response=True)),
-        }
-        self._proxy = px.Proxy(
-            uuid, exchange, handlers, on_wait=self._housekeeping, url=url, transport=transport,
-            transport_options=transport_options, retry_options=retry_options,
-            taskflow_compat=taskflow_compat, extra_routing_keys=[pr.DISCOVERY_ROUTING_KEY],
-            on_connected=self._notify_topics,
-            # An engine's reply queue outlives it only briefly (brokers that support expiry).
-            queue_expires=None if taskflow_compat else REPLY_QUEUE_EXPIRES,
-            # Replies are acknowledged on receipt and useless to any other engine.
-            auto_ack=True,
-        )
-        self._thread: threading.Thread | None = None
-        self._closing: threading.Thread | None = None
-        self._next_housekeeping = 0.0
-        self._recent_key = (self._proxy.connection_details.uri, exchange)
-        self._queue_key = (self._recent_key[0], exchange, uuid)
-        self._slow_close = self._proxy.connection_details.transport == "redis"
-        for known in wtypes.recall(self._recent_key):
-            self.finder.add(known.topic, known.tasks, identity=known.identity,
-                            capacity=known.capacity, flowengine=known.flowengine)
+        self._client: bc.Client | None = None
 
     # -- lifecycle --------------------------------------------------------------------------
 
-    def start(self) -> None:
-        """Start consuming replies (in a background thread) and ask the topics for workers."""
-        closing, self._closing = self._closing, None
-        if closing is not None:
-            closing.join(timeout=10)
-        with self._lock:
-            if self._thread is not None and self._thread.is_alive():
-                return
-            with _queues_lock:
-                _queues_in_use[self._queue_key] = _queues_in_use.get(self._queue_key, 0) + 1
-            self._consumer_error = None
-            self._thread = threading.Thread(target=self._consume, daemon=True,
-                                            name=f"flowengine-executor-{self._uuid[:8]}")
-            self._thread.start()
-            thread = self._thread
-        deadline = time.monotonic() + CONSUMER_START_TIMEOUT
-        # Consuming, or the consumer gave up (a refused login): whichever comes first.
-        while not self._proxy.wait(timeout=0.05):
-            if not thread.is_alive() or time.monotonic() > deadline:
-                raise exc.ExecutionFailure(
-                    f"Executor {self._uuid} could not start consuming from "
-                    f"{self._proxy.connection_details.uri}: {self._consumer_error or 'timed out'}"
-                ) from self._consumer_error
+    @property
+    def client(self) -> bc.Client:
+        """The process's broker client this executor is a view on."""
+        client = self._client
+        return client if client is not None else bc.client_for(self._broker)
 
-    def _consume(self) -> None:
-        try:
-            self._proxy.start()
-        except Exception as err:  # kept for start() to raise; retries are the proxy's own
-            LOG.error("Executor %s stopped consuming replies: %s", self._uuid, err)
-            self._consumer_error = err
+    @property
+    def _proxy(self) -> px.Proxy:
+        return self.client.proxy
+
+    def start(self) -> None:
+        """Attach to the process's broker client (starting it on first use).
+
+        Workers the process already knows are known at once; a discovery round is sent only
+        when none are, or when this executor names a topic not asked before.
+        """
+        if self._client is not None:
+            return
+        while True:
+            client = bc.client_for(self._broker)
+            try:
+                known = client.attach(self, self._topics)
+                break
+            except bc.ClientClosed:
+                continue  # it lingered out just now: the next one is new
+        self._client = client
+        for worker in known:
+            self.finder.add(worker.topic, worker.tasks, identity=worker.identity,
+                            capacity=worker.capacity, flowengine=worker.flowengine)
 
     def stop(self) -> None:
-        """Stop consuming; submissions still outstanding fail with RequestTimeout.
-
-        On Redis it returns at once and the consumer winds down in the background (that takes
-        up to a second, the broker's blocking read); elsewhere it is quick and done in place.
-        """
-        self._proxy.stop()
-        thread, self._thread = self._thread, None
-        if thread is not None:
-            with _queues_lock:
-                _queues_in_use[self._queue_key] = _queues_in_use.get(self._queue_key, 1) - 1
-        if self._slow_close:
-            self._closing = threading.Thread(target=self._close, args=(thread,), daemon=True,
-                                             name=f"flowengine-executor-close-{self._uuid[:8]}")
-            self._closing.start()
-        else:
-            self._close(thread)
+        """Detach from the broker client; submissions still outstanding fail with
+        RequestTimeout (the client stays open for the process's other engines)."""
+        client, self._client = self._client, None
         with self._lock:
             leftovers = list(self._ongoing.values())
+            routed = list(self._ongoing)
+        if client is not None:
+            client.detach(self, self._topics, routed)
         for sub in leftovers:
             state = sub.request.current_state if sub.request else pr.WAITING
             self._fail(sub, exc.RequestTimeout(
                 f"Request for task {sub.task.name!r} was still {state} when its executor "
                 f"stopped"))
-
-    def _close(self, consumer: threading.Thread | None) -> None:
-        if consumer is not None:
-            consumer.join(timeout=10)
-        # Nothing reads this queue until the next start() declares it again; left in place it
-        # would keep collecting worker announcements forever.
-        with _queues_lock:
-            if _queues_in_use.get(self._queue_key, 0) > 0:
-                return
-            _queues_in_use.pop(self._queue_key, None)
-            self._proxy.delete_own_queue()
 
     def wait_for_workers(self, workers: int = 1, timeout: float | None = None) -> int:
         """Block until ``workers`` workers are known; return how many are still missing."""
@@ -278,25 +222,35 @@ class WorkerTaskExecutor(local.TaskExecutor):
     def _forget(self, sub: Submission) -> None:
         with self._lock:
             if sub.request is not None:
-                self._ongoing.pop(sub.request.request_id, None)
+                self._untrack(sub.request.request_id)
 
-    def _new_attempt(self, sub: Submission) -> None:
+    def _new_attempt(self, sub: Submission, defer: bool = False) -> None:
+        """Start the submission's next attempt and dispatch it (``defer``: from the client's
+        dispatch thread, for callers on its consumer thread, which must never wait on a
+        publish retrying through an outage)."""
         request = pr.Request(
             sub.task, sub.uuid, sub.action, sub.arguments, timeout=self._transition_timeout,
             result=sub.result, failures=sub.failures, clock=self._clock,
             attempt=sub.attempts + 1)
         with self._lock:
             if sub.request is not None:
-                self._ongoing.pop(sub.request.request_id, None)
+                self._untrack(sub.request.request_id)
             if sub.worker is not None:
                 sub.worker.in_flight = max(sub.worker.in_flight - 1, 0)
             sub.attempts += 1
-            sub.request, sub.worker, sub.started, sub.lease_until = request, None, None, None
-            sub.suspect = None
+            sub.request, sub.worker, sub.suspect = request, None, None
+            sub.attempt = at.Attempt(
+                f"attempt {sub.attempts} of task {sub.task.name!r} (request "
+                f"{request.request_id})", self._clock, timeout=self._transition_timeout,
+                lease_timeout=self._lease_timeout, time_limit=self._time_limit(sub.task))
             self._ongoing[request.request_id] = sub
+            self.client.route(request.request_id, self)
         if request.timeout is not None:
             self._note_due(request.created_on + request.timeout)  # its expiry
-        self._dispatch(sub)
+        if defer:
+            self.client.submit(functools.partial(self._dispatch, sub))
+        else:
+            self._dispatch(sub)
 
     def _dispatch(self, sub: Submission) -> None:
         """Publish a WAITING attempt to the best capable worker, if one is known."""
@@ -311,6 +265,7 @@ class WorkerTaskExecutor(local.TaskExecutor):
                     or sub.future.done()):
                 return
             request.transition(pr.PENDING)
+            self._advance(sub, at.DISPATCH)
             worker.in_flight += 1
             sub.worker, sub.topic = worker, worker.topic
             sub.workers.append(worker.identity)
@@ -325,9 +280,11 @@ class WorkerTaskExecutor(local.TaskExecutor):
         try:
             # Unconfirmed: a confirm costs a broker round trip per request. A request the
             # broker loses is not lost silently: it fails after transition_timeout.
-            self._proxy.publish(request, worker.topic, reply_to=self._uuid,
+            self._proxy.publish(request, worker.topic, reply_to=self.client.reply_to,
                                 correlation_id=request.request_id, headers=headers,
-                                priority=getattr(sub.task, "priority", 0), confirm=False)
+                                priority=getattr(sub.task, "priority", 0), confirm=False,
+                                # Through an outage, as long as the request may wait anyway.
+                                deadline=self._transition_timeout)
         except Exception as err:
             LOG.warning("Publishing request %s for %r to topic %r failed: %s",
                         request.request_id, sub.task.name, worker.topic, err)
@@ -348,6 +305,7 @@ class WorkerTaskExecutor(local.TaskExecutor):
             pr.HEADER_REQUEST_ID: request.request_id,
             pr.HEADER_ATTEMPT: request.attempt,
             pr.HEADER_ATOM_UUID: request.uuid,
+            pr.HEADER_FLOW_UUID: self._uuid,
             pr.HEADER_TASK_NAME: sub.task.name,
             pr.HEADER_ORIGIN: pr.origin(),
         }
@@ -366,12 +324,10 @@ class WorkerTaskExecutor(local.TaskExecutor):
         if self._dispatch_pending.is_set():
             return  # a pass over the waiting requests is already queued
         self._dispatch_pending.set()
-        try:
-            self._dispatcher.submit(self._dispatch_waiting)
-        except RuntimeError:  # shut down
-            self._dispatch_pending.clear()
+        self.client.submit(self.dispatch_waiting)
 
-    def _dispatch_waiting(self) -> None:
+    def dispatch_waiting(self) -> None:
+        """Publish the requests that wait for a worker (one appeared)."""
         self._dispatch_pending.clear()
         with self._lock:
             waiting = [s for s in self._ongoing.values()
@@ -385,7 +341,7 @@ class WorkerTaskExecutor(local.TaskExecutor):
         """End the current attempt's tracking; None if it had ended already."""
         with self._lock:
             request = sub.request
-            if request is None or self._ongoing.pop(request.request_id, None) is None:
+            if request is None or self._untrack(request.request_id) is None:
                 return None
             if sub.worker is not None:
                 sub.worker.in_flight = max(sub.worker.in_flight - 1, 0)
@@ -437,254 +393,10 @@ class WorkerTaskExecutor(local.TaskExecutor):
             self._never_started.add(sub.uuid)
         self._finish(sub, Failure.from_exception(error))
 
-    def _on_response(self, data: Any, message: Any) -> None:
-        correlation_id = message.properties.get("correlation_id")
-        headers = message.headers or {}
-        self.finder.seen(header(headers, pr.HEADER_WORKER), header(headers, pr.HEADER_CAPACITY))
-        with self._lock:
-            sub = self._ongoing.get(correlation_id)
-        if sub is None or sub.request is None:
-            # A reply to an attempt that already finished or lapsed (late, duplicate, or from
-            # a worker that woke up): applying it would complete an atom twice.
-            # A late outcome is worth a line; a RUNNING or progress reply may trail the outcome
-            # it precedes (flowengine workers send them unconfirmed), which is routine.
-            level = logging.INFO if data.get("state") in (pr.SUCCESS, pr.FAILURE) else logging.DEBUG
-            LOG.log(level, "Ignoring %s reply for unknown or finished request %s",
-                    data.get("state"), correlation_id)
-            return
-        request = sub.request
-        try:
-            response = pr.Response.from_dict(data)
-        except Exception as err:
-            # Valid by schema yet undecodable: fail the attempt rather than wait on it forever.
-            LOG.warning("Undecodable %s reply for request %s of task %r: %s",
-                        data.get("state"), correlation_id, sub.task.name, err)
-            self._fail(sub, exc.InvalidFormat(
-                f"The {data.get('state')} reply for task {sub.task.name!r} (request "
-                f"{correlation_id}) could not be decoded: {err}"))
-            return
-        state = response.state
-        if state == pr.EVENT:
-            event_type = response.data["event_type"]
-            if event_type == ext.EVENT_HEARTBEAT:
-                self._renew(sub, headers)
-            elif event_type == ext.EVENT_REDELIVERED:
-                self._handed_back(sub, request, header(headers, pr.HEADER_WORKER))
-            elif event_type == cn.EVENT_CANCELLED:
-                if request.current_state in pr.WAITING_STATES:
-                    by = header(headers, pr.HEADER_WORKER) or "?"
-                    self._cancelled(sub, f"worker {by} dropped it unstarted, as asked")
-            else:
-                sub.task.notifier.notify(response.data["event_type"], response.data["details"])
-        elif state == pr.RUNNING:
-            request.transition_and_log_error(pr.RUNNING, logger=LOG)
-            sub.started = self._clock()
-            self._holder(sub, header(headers, pr.HEADER_WORKER))
-            self._renew(sub, headers)
-            self._note_due(self._deadline(sub, request))  # its time limit or lease
-        elif state in (pr.SUCCESS, pr.FAILURE):
-            if request.current_state == pr.PENDING:
-                # The RUNNING reply was lost or overtaken; the outcome still counts.
-                request.transition_and_log_error(pr.RUNNING, logger=LOG)
-            if request.transition_and_log_error(state, logger=LOG):
-                self._finish(sub, response.data["result"])
-        else:
-            LOG.warning("Ignoring reply in state %s for request %s", state, correlation_id)
-
-    def _holder(self, sub: Submission, identity: str | None) -> None:
-        """Track the worker that actually took the request: workers sharing a topic share its
-        queue, so it may not be the one it was sent for (and an offline notice from that one
-        must not re-dispatch work another is running)."""
-        if not identity or (sub.worker is not None and sub.worker.identity == identity):
-            return
-        # The holder may not be known yet: its announcement travels on another queue than its
-        # replies and can arrive later. The attempt still moves to it, by identity.
-        holder = self.finder.get(identity)
-        with self._lock:
-            if sub.worker is not None:
-                sub.worker.in_flight = max(sub.worker.in_flight - 1, 0)
-            if holder is not None:
-                holder.in_flight += 1
-            sub.worker = holder
-            previous = sub.workers[-1] if sub.workers else None
-            if sub.workers:
-                sub.workers[-1] = identity
-            else:
-                sub.workers.append(identity)
-        self._events.emit("task-moved", **self._event_fields(sub), worker=identity,
-                          from_worker=previous)
-
-    def _handed_back(self, sub: Submission, request: pr.Request, by: str | None) -> None:
-        """A worker returned the current attempt unrun: the broker redelivered it to that worker,
-        so whoever held it before died, was cut off, or (Redis) held it past its visibility
-        timeout without settling it."""
-        holder = sub.workers[-1] if sub.workers else "?"
-        why = (f"the broker redelivered it to worker {by or '?'}: its worker {holder} died or "
-               f"was cut off holding it")
-        if request.current_state == pr.RUNNING and self._lease_timeout is not None:
-            # The holder may still be running it (a long task Redis handed out again, a worker
-            # whose connection blipped): one that is alive proves it with its next heartbeat,
-            # which renews the lease; one that is gone lets the lease lapse soon.
-            due = self._clock() + PROOF_OF_LIFE * self._heartbeat_interval
-            if sub.lease_until is None or sub.lease_until > due:
-                sub.lease_until = due
-                self._note_due(due)  # sooner than anything noted for this attempt so far
-            sub.suspect = why
-            LOG.debug("Attempt %d of task %r (request %s) came back from the broker; its "
-                      "lease now ends unless worker %s sends a heartbeat", sub.attempts,
-                      sub.task.name, request.request_id, holder)
-            return
-        if request.current_state == pr.RUNNING or sub.resent >= self._max_attempts:
-            self._lapse(sub, why)
-            return
-        # It never started (no RUNNING reply precedes the hand-back on the reply queue), so
-        # sending it again costs no attempt: a graceful worker stop gives back requests it
-        # prefetched. Bounded all the same, in case something kills workers before they reply.
-        LOG.info("Attempt %d of task %r (request %s) never started: %s; sending it again",
-                 sub.attempts, sub.task.name, request.request_id, why)
-        sub.resent += 1
-        self._new_attempt(sub)
-
-    def _renew(self, sub: Submission, headers: Mapping[str, Any]) -> None:
-        # Only flowengine workers send heartbeats; a TaskFlow worker's request holds no lease.
-        if self._lease_timeout is not None and header(headers, pr.HEADER_PROTOCOL) is not None:
-            # Later than the lease end noted before, so nothing new to note (see on_wait).
-            sub.lease_until = self._clock() + self._lease_timeout
-            sub.suspect = None  # alive after all
-
-    def _on_notify(self, data: Any, message: Any) -> None:
-        headers = message.headers or {}
-        identity = header(headers, pr.HEADER_WORKER)
-        if header(headers, pr.HEADER_WORKER_STATUS) == pr.WORKER_OFFLINE:
-            if identity:
-                wtypes.forget(self._recent_key, identity)
-                gone = self.finder.remove(identity)
-                if gone is not None:
-                    self._orphaned([gone], "went offline")
-            return
-        worker = self.finder.add(data["topic"], data["tasks"], identity=identity,
-                                 capacity=header(headers, pr.HEADER_CAPACITY),
-                                 flowengine=header(headers, pr.HEADER_PROTOCOL) is not None)
-        wtypes.remember(self._recent_key, worker)
-
-    # -- housekeeping (consumer thread) -----------------------------------------------------
-
-    def _notify_topics(self) -> None:
-        self._next_notify = self._clock() + self._notify_period
-        try:
-            # Every flowengine worker answers this one (TaskFlow workers ignore it).
-            self._proxy.publish(pr.Notify(), ext.DISCOVER_ROUTING_KEY, reply_to=self._uuid,
-                                headers={pr.HEADER_PROTOCOL: pr.PROTOCOL_VERSION},
-                                declare_queue=False, retry=False, confirm=False)
-        except Exception as err:
-            LOG.debug("Could not broadcast a discovery request: %s", err)
-        for topic in self._topics:
-            try:
-                self._proxy.publish(pr.Notify(), topic, reply_to=self._uuid,
-                                    headers={pr.HEADER_PROTOCOL: pr.PROTOCOL_VERSION},
-                                    confirm=False)
-            except Exception as err:
-                LOG.warning("Could not ask topic %r for workers: %s", topic, err)
-
-    def _housekeeping(self) -> None:
-        # The consumer calls this after every drain (every few ms); scanning every in-flight
-        # request that often costs more than it saves, and timeouts need no finer grain.
-        now = time.monotonic()
-        if now >= self._next_housekeeping:
-            self._next_housekeeping = now + HOUSEKEEPING_PERIOD
-            self.on_wait()
-
-    def _note_due(self, when: float) -> None:
-        """Something falls due at ``when``: the next scan must not come later."""
-        with self._lock:
-            if when < self._next_due:
-                self._next_due = when
-
-    def on_wait(self) -> None:
-        """Expire overdue requests and lapsed leases, forget silent workers (runs periodically)."""
-        now = self._clock()
-        if now >= self._next_notify:
-            self._notify_topics()
-        gone = self.finder.expire()
-        if gone:
-            self._orphaned(gone, "expired")
-        with self._lock:
-            # Scanning every request in flight costs while thousands are; scan only when the
-            # earliest deadline (noted as each one is set) has come.
-            if now < self._next_due:
-                return
-            self._next_due = math.inf
-            subs = list(self._ongoing.values())
-        for sub in subs:
-            request = sub.request
-            if request is None:
-                continue
-            self._note_due(self._deadline(sub, request))
-            if request.expired and sub.revoking == request.request_id:
-                # Asked not to start, and now past its deadline header: no worker will run it.
-                self._cancelled(sub, "it expired unstarted after it was revoked")
-            elif request.expired:
-                self._fail(sub, exc.RequestTimeout(
-                    f"Request {request.request_id} for task {sub.task.name!r} has expired "
-                    f"after waiting for {request.timeout} seconds for it to transition out "
-                    f"of (WAITING, PENDING) states"))
-            elif request.current_state == pr.RUNNING:
-                limit = self._time_limit(sub.task)
-                if limit and sub.started is not None and now - sub.started > limit:
-                    self._fail(sub, exc.TaskTimeLimitExceeded(sub.task.name, limit,
-                                                              elapsed=now - sub.started))
-                elif sub.lease_until is not None and now > sub.lease_until:
-                    self._lapse(sub, sub.suspect or "its lease lapsed (no heartbeat)")
-
-    def _deadline(self, sub: Submission, request: pr.Request) -> float:
-        """When ``sub``'s attempt next needs looking at (expiry, time limit or lease)."""
-        if request.current_state in pr.WAITING_STATES:
-            return (math.inf if request.timeout is None
-                    else request.created_on + request.timeout)
-        due = math.inf
-        if request.current_state == pr.RUNNING:
-            limit = self._time_limit(sub.task)
-            if limit and sub.started is not None:
-                due = sub.started + limit
-            if sub.lease_until is not None:
-                due = min(due, sub.lease_until)
-        return due
-
-    def _orphaned(self, workers: list[TopicWorker], why: str) -> None:
-        ids = {w.identity for w in workers}
-        with self._lock:
-            # By the identity of the attempt's holder, which a RUNNING reply may have moved
-            # to a worker this executor has not discovered yet.
-            held = [s for s in self._ongoing.values()
-                    if s.workers and s.workers[-1] in ids and s.request is not None
-                    and s.request.current_state in (pr.PENDING, pr.RUNNING)]
-        for sub in held:
-            self._lapse(sub, f"its worker {sub.workers[-1]} {why}")
-
-    def _lapse(self, sub: Submission, why: str) -> None:
-        """The current attempt is lost: try again elsewhere, or give up and park it."""
-        request = sub.request
-        assert request is not None
-        LOG.warning("Attempt %d of task %r (request %s, worker %s) is lost: %s",
-                    sub.attempts, sub.task.name, request.request_id,
-                    sub.workers[-1] if sub.workers else "?", why)
-        self._events.emit("task-lost", **self._event_fields(sub), reason=why,
-                          worker=sub.workers[-1] if sub.workers else None)
-        if sub.attempts - sub.resent < self._max_attempts:
-            self._new_attempt(sub)
-            self._events.emit("task-retried", **self._event_fields(sub), reason=why)
-            return
-        error = exc.WorkerLost(sub.task.name, sub.attempts, list(sub.workers))
-        self._park(sub, request, f"{error}; the last one: {why}")
-        self._fail(sub, error)
-
-    def _park(self, sub: Submission, request: pr.Request, reason: str) -> None:
-        """Publish the request as a dead letter an operator can list and requeue."""
-        headers = self._headers(sub, request)
-        topic = sub.worker.topic if sub.worker else sub.topic
-        try:
-            dead_letters.park(self._proxy, request, headers, reason, topic, sub.workers,
-                              reply_to=self._uuid)
-        except Exception as err:
-            LOG.error("Could not park request %s of task %r as a dead letter: %s",
-                      request.request_id, sub.task.name, err)
+    def _untrack(self, request_id: str) -> Submission | None:
+        """Stop tracking attempt ``request_id`` (and routing its replies here)."""
+        sub = self._ongoing.pop(request_id, None)
+        client = self._client
+        if client is not None:
+            client.unroute(request_id)
+        return sub

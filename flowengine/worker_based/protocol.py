@@ -76,6 +76,9 @@ HEADER_PROTOCOL = "x-flowengine-protocol"  # int: the sender speaks flowengine p
 HEADER_REQUEST_ID = "x-flowengine-request-id"  # str: unique per attempt, echoed in replies
 HEADER_ATTEMPT = "x-flowengine-attempt"  # int: 1 for the first attempt
 HEADER_ATOM_UUID = "x-flowengine-atom-uuid"  # str
+#: str: the flow the request is for. TaskFlow engines name their reply queue after the flow, so
+#: ``reply_to`` says it; a flowengine process has one reply queue for all its flows.
+HEADER_FLOW_UUID = "x-flowengine-flow-uuid"
 HEADER_TASK_NAME = "x-flowengine-task-name"  # str
 HEADER_ORIGIN = "x-flowengine-origin"  # str: "host:pid" of the sender
 HEADER_WORKER = "x-flowengine-worker"  # str: the replying worker's id

@@ -1,34 +1,45 @@
-"""The messaging edge: the only flowengine module that talks to kombu.
+"""The messaging edge: publishing, consuming and settling over kombu.
 
 A :class:`Proxy` owns one exchange and one queue. It publishes JSON messages (declaring the target
 queue, so messages wait for a consumer that has not started yet), consumes its own queue on the
 thread that calls :meth:`Proxy.start`, reconnects with capped, jittered exponential backoff, and
-lets any thread settle (ack, requeue, reject) the messages it delivered.
+lets any thread settle (ack, requeue, reject) the messages it delivered. Connections, the codec
+and per-broker tuning are :mod:`~flowengine.worker_based.connection`'s (its names are
+re-exported here).
 """
 
 from __future__ import annotations
 
-import collections
-import contextlib
-import json
 import logging
+import math
 import queue
 import threading
 import time
-import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any, NamedTuple
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 import kombu
 from kombu import serialization
+from kombu.exceptions import OperationalError
 from kombu.transport import virtual
 
-from flowengine.persistence.backends._uri import mask_urls
 from flowengine.worker_based import backoff as bo
 from flowengine.worker_based import dispatcher as dp
 from flowengine.worker_based import producers as pd
 from flowengine.worker_based import protocol as pr
-from flowengine.worker_based import transport_fs, transport_memory, transport_redis
+from flowengine.worker_based.connection import (  # noqa: F401 - re-exported names
+    CONSUMER_HEARTBEAT,
+    REDIS_RESTORE_LOCK_EXPIRE,
+    REDIS_VISIBILITY_TIMEOUT,
+    BrokerOutage,
+    ConnectionDetails,
+    StoredMessage,
+    connect,
+    drain_once,
+    mask_url,
+    tune,
+    without_heartbeat,
+)
 
 LOG = logging.getLogger(__name__)
 
@@ -37,72 +48,18 @@ DRAIN_TIMEOUT = 0.01
 #: ... and while it holds messages other threads will settle.
 BUSY_DRAIN_TIMEOUT = 0.001
 PUBLISH_POOL_SIZE = 8
-#: Seconds a message a Redis consumer took stays unsettled before Redis hands it out again
-#: (kombu's ``visibility_timeout``, one hour by default; ``transport_options`` may set it).
-REDIS_VISIBILITY_TIMEOUT = 30.0
-#: Seconds the Redis lock guarding those hand-outs outlives a consumer killed holding it.
-REDIS_RESTORE_LOCK_EXPIRE = 10
-#: AMQP heartbeat of consuming connections, in seconds, unless the URL sets one (``?heartbeat=N``).
-#: A consumer that falls silent this long (killed, frozen with SIGSTOP, cut off) has its connection
-#: closed by the broker, which then redelivers what it held. Without it RabbitMQ keeps feeding a
-#: frozen process's free prefetch slots forever.
-CONSUMER_HEARTBEAT = 10.0
-
-
-def _connect(url: str | None, transport: Any,
-             options: dict[str, Any]) -> tuple[kombu.Connection, str]:
-    """The (not yet connected) kombu connection for ``url``/``transport``, and its URI for logs.
-
-    Neither given: the embedded filesystem transport. Kombu's Redis and memory transports are
-    swapped for flowengine's (see :mod:`~flowengine.worker_based.transport_redis` and
-    :mod:`~flowengine.worker_based.transport_memory`), whose connections name a class instead
-    of a scheme in ``as_uri()``, so the URI comes from kombu's.
-    """
-    if url is None and transport is None:
-        transport = transport_fs.TRANSPORT_NAME
-    # A host name, even for brokerless transports, keeps kombu from warning on every clone.
-    conn = kombu.Connection(url or "localhost", transport=transport, transport_options=options)
-    swapped = transport_memory.guarded(transport_redis.lean(conn))
-    return swapped, mask_url(conn.as_uri(include_password=True))
-
-
-def _without_heartbeat(conn: kombu.Connection) -> tuple[kombu.Connection, float]:
-    """``conn`` with heartbeats off, and the heartbeat its URL asked for (0: none).
-
-    Only a consume loop sends heartbeats (it calls ``heartbeat_check`` between drains); a
-    publishing or one-off connection that negotiated them would be closed by the broker when
-    idle, and an unconfirmed publish on it could vanish.
-    """
-    heartbeat = float(conn.heartbeat or 0)
-    return (conn.clone(heartbeat=0) if heartbeat else conn), heartbeat
-
-
-def _drain(conn: kombu.Connection, timeout: float, errors: tuple[type[BaseException], ...],
-           where: str) -> None:
-    """One ``drain_events``; connection errors propagate, a bad payload is dropped and logged.
-
-    Kombu's Redis transport decodes a message as it pops it off the list, so a list entry that
-    is not kombu's JSON envelope raises here rather than reaching ``on_decode_error``. The entry
-    is gone by then, so there is nothing to redeliver; the consumer carries on.
-    """
-    try:
-        conn.drain_events(timeout=timeout)
-    except TimeoutError:
-        pass
-    except errors:
-        raise
-    except Exception as err:
-        LOG.warning("Dropped a message on %s: reason=%s %s: %s", where, dp.REASON_DECODE_ERROR,
-                    type(err).__name__, str(err)[:200])
+#: Seconds a publish keeps retrying through a broker outage unless its caller gives its own
+#: deadline (the purpose of the message decides: an outcome waits far longer than a request
+#: whose engine gives up on it after its transition timeout).
+PUBLISH_DEADLINE = 120.0
+#: Seconds a declaration is trusted: a broker restarted without its data (or a failover that
+#: lost it) forgets queues and bindings without any client seeing an error, so consumers and
+#: publishers declare again this often, and after every reconnect.
+DECLARATION_TTL = 2.0
 
 
 class MessageEncodeError(ValueError):
     """A message body is not JSON-serializable, or is larger than the receive bound."""
-
-
-def mask_url(url: str | None) -> str:
-    """``url`` with passwords replaced by ``***`` (every URL of a ``;`` failover list)."""
-    return mask_urls(url or "")
 
 
 def encode(msg: pr.Message) -> bytes:
@@ -133,30 +90,8 @@ def _call_hook(hook: Callable[[], None] | None) -> None:
         LOG.exception("Proxy hook %r raised; consuming goes on", hook)
 
 
-class ConnectionDetails(NamedTuple):
-    """Read-only facts about a proxy's broker connection (the URI has no password)."""
-
-    uri: str
-    transport: str
-    driver_name: str
-    driver_version: str | None
-    options: dict[str, Any]
-
-
 #: Highest message priority queues are declared with (AMQP ``x-max-priority``).
 MAX_PRIORITY = 9
-
-
-class StoredMessage(NamedTuple):
-    """A message copied out of a queue: its raw body, headers and properties."""
-
-    body: bytes
-    headers: dict[str, Any]
-    properties: dict[str, Any]
-
-    def json(self) -> Any:
-        """The body decoded as JSON."""
-        return json.loads(self.body.decode("utf-8"))
 
 
 class Proxy:
@@ -186,6 +121,7 @@ class Proxy:
         auto_ack: Messages of the own queue need no acknowledgement, on Redis only (see
             ``_consume``): for a consumer whose messages are worth nothing once its process is
             gone, such as an engine's replies.
+        publishers: Most publishing connections open at once (per confirm mode).
     """
 
     def __init__(
@@ -207,6 +143,7 @@ class Proxy:
         on_refused: Callable[[Any, str, str], None] | None = None,
         transient_queue: bool = False,
         auto_ack: bool = False,
+        publishers: int = PUBLISH_POOL_SIZE,
     ) -> None:
         if queue_expires is not None and taskflow_compat:
             raise ValueError(f"Queue of topic '{topic}': queue_expires needs taskflow_compat off")
@@ -218,12 +155,12 @@ class Proxy:
         self._transient_queue = transient_queue
         self._retry = bo.RetryOptions.from_options(retry_options)
         self._transport_options: dict[str, Any] = dict(transport_options or {})
-        self._conn, self._uri = _connect(url, transport, self._transport_options)
+        self._conn, self._uri = connect(url, transport, self._transport_options)
         transport_cls = self._conn.get_transport_cls()
         # Virtual transports (memory, redis, flowengine-fs...) can settle from any thread.
         self._virtual = issubclass(transport_cls, virtual.Transport)
         driver = getattr(transport_cls, "driver_type", None)
-        self._conn, url_heartbeat = _without_heartbeat(self._conn)
+        self._conn, url_heartbeat = without_heartbeat(self._conn)
         self._heartbeat = (url_heartbeat or CONSUMER_HEARTBEAT) if driver == "amqp" else 0.0
         # Kombu's Redis transport keeps a copy of every unacknowledged delivery in Redis, two
         # round trips per message, to hand it out again if its consumer's process dies holding
@@ -238,31 +175,15 @@ class Proxy:
         # Message priority is an AMQP queue feature; TaskFlow's declarations have none, and a
         # broker refuses a queue redeclared with different arguments.
         self._priorities = not taskflow_compat and not self._virtual
-        if driver == "amqp":
-            # Publisher confirms: publish() returns only once the broker has the message, so a
-            # worker acknowledges a request only after its outcome is safely stored.
-            self._transport_options.setdefault("confirm_publish", True)
-        if driver == "memory":
-            # Kombu's memory transport sleeps a whole second between empty polls by default.
-            self._transport_options.setdefault(
-                "polling_interval", transport_fs.DEFAULT_POLLING_INTERVAL
-            )
-        if driver == "redis":
-            # Redis returns a message a consumer took and never settled only after this long;
-            # kombu's hour would strand the requests a killed worker had taken but not started
-            # well past any transition timeout. A request still running when it comes back is
-            # handed back, and its engine asks its holder for a heartbeat rather than rerun it.
-            self._transport_options.setdefault("visibility_timeout", REDIS_VISIBILITY_TIMEOUT)
-            # Handing messages out again takes a Redis lock that expires only after this
-            # (kombu: 5 minutes); a consumer killed while holding it stalls every consumer's
-            # restores that long. The work under the lock takes milliseconds.
-            self._transport_options.setdefault("unacked_mutex_expire", REDIS_RESTORE_LOCK_EXPIRE)
+        tune(driver, self._transport_options)
         # Publishing pools: [confirmed, unconfirmed]; they differ only where the transport
         # has publisher confirms (AMQP), otherwise both are the same pool.
         self._producers: dict[bool, pd.ProducerPool] = {}
+        self._publishers = publishers
         self._pool_lock = threading.Lock()
         self._queues: dict[str, kombu.Queue] = {}
-        self._declared: set[str] = set()
+        # Routing key -> when its target was last declared (see DECLARATION_TTL).
+        self._declared: dict[str, float] = {}
         self._exchange = kombu.Exchange(
             exchange, type="direct", durable=not taskflow_compat, auto_delete=taskflow_compat
         )
@@ -272,6 +193,9 @@ class Proxy:
         self._stopped = threading.Event()
         self._stopped.set()
         self._stop_grace = 0.0
+        self._lost_at: float | None = None
+        #: Seconds the consumer was disconnected before its latest (re)connection (0: none).
+        self.last_outage = 0.0
         self._consumer_thread: int | None = None
         self._settle_lock = threading.Lock()
         self._held: dict[int, Any] = {}
@@ -335,6 +259,7 @@ class Proxy:
         priority: int | None = None,
         confirm: bool = True,
         persistent: bool = True,
+        deadline: float | None = None,
     ) -> None:
         """Publish ``msg`` to each routing key; thread-safe.
 
@@ -358,6 +283,13 @@ class Proxy:
                 heartbeats and discovery do not, and skip the round trip.
             persistent: Ask the broker to keep the message across its own restart (the
                 default topology); False for messages worth nothing after one.
+            deadline: Seconds to keep retrying through a broker outage (None:
+                :data:`PUBLISH_DEADLINE`); each retry waits a capped, jittered backoff and
+                goes out on a new connection.
+
+        Raises:
+            BrokerOutage: The broker stayed unreachable past ``deadline`` (or the retries of
+                ``retry_options`` ran out); it names the broker and the message.
         """
         body = encode(msg)
         keys = [routing_key] if isinstance(routing_key, str) else list(routing_key)
@@ -376,27 +308,37 @@ class Proxy:
             properties["expiration"] = expiration
         if priority is not None and self._priorities:
             properties["priority"] = max(0, min(int(priority), MAX_PRIORITY))
-        with self._producer_pool(confirm).acquire() as producer:
-            pending = list(keys)
+        pending = list(keys)
+        errors = self._conn.connection_errors + self._conn.channel_errors + (OperationalError,)
+        backoff: bo.Backoff | None = None
+        while True:
             try:
-                # The common case: one plain publish per key, no retry machinery around it.
-                while pending:
-                    self._send(producer.publish, body, pending[0], declare_queue, headers,
-                               properties)
-                    pending.pop(0)
-            except self._conn.connection_errors + self._conn.channel_errors:
-                # A new connection may face a broker that lost non-durable declarations.
+                # Each attempt on a producer of its own: one whose publish raised is closed,
+                # so a retry goes out on a new connection (a broker back from an outage).
+                with self._producer_pool(confirm).acquire() as producer:
+                    while pending:
+                        self._send(producer.publish, body, pending[0], declare_queue, headers,
+                                   properties)
+                        pending.pop(0)
+                return
+            except errors as err:
+                # A new connection may face a broker that lost its declarations.
                 self._declared.clear()
                 if not retry:
                     raise
-                backoff = bo.Backoff(self._retry, "Publishing", self._where, self._stop_requested)
-                send = producer.connection.ensure(
-                    producer, producer.publish, errback=backoff,
-                    max_retries=self._retry.max_retries,
-                    interval_start=0, interval_step=0, interval_max=0,
-                )  # fmt: skip
-                for key in pending:
-                    self._send(send, body, key, declare_queue, headers, properties)
+                if backoff is None:
+                    wait = PUBLISH_DEADLINE if deadline is None else deadline
+                    backoff = bo.Backoff(self._retry, f"Publishing {msg.TYPE} to {pending[0]!r}",
+                                         self._where, self._stop_requested,
+                                         deadline=time.monotonic() + wait)
+                if backoff.exhausted:
+                    raise BrokerOutage(
+                        f"Publishing {msg.TYPE} to {pending[0]!r} on {self._where} failed "
+                        f"{backoff.attempt + 1} times over {backoff.elapsed:.1f}s: {err}") from err
+                try:
+                    backoff(err)
+                except bo.RetryDeadline as late:
+                    raise BrokerOutage(str(late)) from err
 
     def _send(self, send: Callable[..., Any], body: bytes, key: str, declare_queue: bool,
               headers: Mapping[str, Any] | None, properties: Mapping[str, Any]) -> None:
@@ -404,14 +346,16 @@ class Proxy:
         # so each routing key's target is declared once, until a connection error.
         wanted = key if declare_queue else ""
         declare = None
-        if wanted not in self._declared:
+        now = time.monotonic()
+        if now - self._declared.get(wanted, -math.inf) > DECLARATION_TTL:
             declare = [self._declared_queue(key)] if declare_queue else [self._exchange]
         send(
             body, routing_key=key, exchange=self._exchange, declare=declare,
             content_type=dp.JSON_CONTENT_TYPE, content_encoding="utf-8",
             headers=dict(headers or {}), **properties,
         )  # fmt: skip
-        self._declared.add(wanted)
+        if declare is not None:
+            self._declared[wanted] = now
 
     def _producer_pool(self, confirm: bool = True) -> pd.ProducerPool:
         confirmed = self._transport_options.get("confirm_publish", False)
@@ -426,7 +370,7 @@ class Proxy:
                 if not key:
                     options = dict(self._transport_options, confirm_publish=False)
                     conn = self._conn.clone(transport_options=options)
-                pool = self._producers[key] = pd.ProducerPool(conn, PUBLISH_POOL_SIZE)
+                pool = self._producers[key] = pd.ProducerPool(conn, self._publishers)
             return pool
 
     def _declared_queue(self, routing_key: str) -> kombu.Queue:
@@ -546,7 +490,11 @@ class Proxy:
             while not self._stop_requested.is_set():
                 try:
                     self._consume(backoff)
-                except errors as err:
+                except errors + (OperationalError,) as err:
+                    # Not serving until consuming again: a worker stops answering discovery.
+                    self._running.clear()
+                    if self._lost_at is None:
+                        self._lost_at = time.monotonic()
                     if backoff.exhausted:
                         raise
                     backoff(err)
@@ -564,7 +512,13 @@ class Proxy:
                 errback=backoff, max_retries=self._retry.max_retries,
                 interval_start=0, interval_step=0, interval_max=0,
             )  # fmt: skip
-            self._held.clear()  # deliveries of a lost connection are the broker's again
+            # Deliveries of a lost connection are the broker's again: task threads still
+            # settle them on their old channel when done (or the broker hands them out again,
+            # and a flowengine worker hands a redelivered request back to its engine).
+            self._held.clear()
+            # A new connection may face a broker that lost every declaration (restarted
+            # empty): nothing declared before is trusted; the consumer declares its own.
+            self._declared.clear()
             consumer = conn.Consumer(
                 queues=[self._own_queue()],
                 on_message=self._on_message,
@@ -575,15 +529,24 @@ class Proxy:
             )
             with consumer:
                 backoff.attempt = 0
+                lost_at, self._lost_at = self._lost_at, None
+                self.last_outage = 0.0 if lost_at is None else time.monotonic() - lost_at
                 self._consumer_thread = threading.get_ident()
                 self._running.set()
                 _call_hook(self._on_connected)
+                declared = time.monotonic()
                 while not self._stop_requested.is_set():
+                    if time.monotonic() - declared > DECLARATION_TTL:
+                        # Heals a queue or binding the broker lost (restarted empty), and
+                        # finds a dead connection even when every prefetch slot is busy and
+                        # the transport is not reading from it (kombu's Redis QoS).
+                        consumer.declare()
+                        declared = time.monotonic()
                     # Task threads settle what they took through this loop, between drains:
                     # while some is held, drain briefly, or a settlement (and the prefetch slot
                     # it frees) would wait for the next message or the full timeout.
                     busy = self._held or not self._settlements.empty()
-                    _drain(conn, BUSY_DRAIN_TIMEOUT if busy else self._drain_timeout, errors,
+                    drain_once(conn, BUSY_DRAIN_TIMEOUT if busy else self._drain_timeout, errors,
                            self._where)
                     if self._heartbeat:
                         conn.heartbeat_check()
@@ -638,112 +601,3 @@ class Proxy:
         self._stop_grace = grace
         self._running.clear()
         self._stop_requested.set()
-
-
-# -- broadcast: the event stream's transport ------------------------------------------------
-
-#: Seconds a broadcast document may wait in a listener's queue before the broker drops it.
-BROADCAST_TTL = 60.0
-#: Most documents a listener's queue holds on brokers that bound queues (AMQP: oldest dropped).
-BROADCAST_MAX_LENGTH = 10_000
-
-
-class Broadcast:
-    """A fanout exchange of transient JSON documents (flowengine's event stream).
-
-    Publishing declares the exchange only, so documents nobody listens for go nowhere. Each
-    listener reads through its own exclusive, auto-delete queue, which it unbinds and deletes
-    when it stops. Documents are not persistent and expire after :data:`BROADCAST_TTL` seconds;
-    on the ``flowengine-fs`` transport a listener killed with SIGKILL leaves its queue folder
-    bound (expired documents in it are dropped only when read).
-
-    Args:
-        exchange: The fanout exchange's name.
-        url, transport, transport_options: As for :class:`Proxy`.
-    """
-
-    def __init__(self, exchange: str, url: str | None = None, transport: Any = None,
-                 transport_options: Mapping[str, Any] | None = None) -> None:
-        options = dict(transport_options or {})
-        conn, uri = _connect(url, transport, options)
-        self._conn, _ = _without_heartbeat(conn)
-        if getattr(self._conn.get_transport_cls(), "driver_type", None) == "memory":
-            options.setdefault("polling_interval", transport_fs.DEFAULT_POLLING_INTERVAL)
-        self._exchange = kombu.Exchange(exchange, type="fanout", durable=True,
-                                        auto_delete=False, delivery_mode="transient")
-        self._publishing: Any = None
-        self.where = f"{uri} exchange {exchange!r}"
-
-    def publish(self, documents: Iterable[Any]) -> None:
-        """Publish each JSON document once, in order (no retries: events are best effort).
-
-        Raises:
-            kombu's connection and channel errors; the next call reconnects.
-        """
-        try:
-            if self._publishing is None:
-                conn = self._conn.clone()
-                conn.ensure_connection(max_retries=1, interval_start=0, interval_step=0.2,
-                                       interval_max=0.2)
-                self._publishing = (conn, kombu.Producer(conn.channel(), self._exchange))
-            producer = self._publishing[1]
-            for document in documents:
-                producer.publish(document, routing_key="", serializer="json",
-                                 expiration=BROADCAST_TTL, retry=False)
-        except Exception:
-            self.close()
-            raise
-
-    def close(self) -> None:
-        """Release the publishing connection (a later :meth:`publish` opens a new one)."""
-        publishing, self._publishing = self._publishing, None
-        if publishing is not None:
-            try:
-                publishing[0].release()
-            except Exception as err:
-                LOG.debug("Closing the broadcast connection to %s failed: %s", self.where, err)
-
-    def listen(self, stop: Callable[[], bool], ready: Callable[[], None] | None = None,
-               poll: float = 0.1) -> Iterator[Any]:
-        """Yield each JSON document published from now on, until ``stop()`` returns True.
-
-        Args:
-            stop: Asked after every poll.
-            ready: Called once the listener's queue is bound and consumed (on Redis, once the
-                subscription is made), i.e. when documents published from then on will arrive.
-            poll: Seconds between looks at ``stop``.
-        """
-        received: collections.deque[Any] = collections.deque()
-        own = kombu.Queue(
-            f"{self._exchange.name}.{uuid.uuid4().hex}", self._exchange, routing_key="",
-            durable=False, exclusive=True, auto_delete=True, max_length=BROADCAST_MAX_LENGTH,
-        )  # fmt: skip
-
-        def _refused(message: Any, err: Exception) -> None:
-            LOG.warning("Dropped a broadcast document on %s that is not JSON: %s", self.where, err)
-
-        with self._conn.clone() as conn:
-            conn.ensure_connection(max_retries=1, interval_start=0, interval_step=0.2,
-                                   interval_max=0.2)
-            errors = conn.connection_errors + conn.channel_errors
-            channel = conn.channel()
-            consumer = kombu.Consumer(
-                channel, queues=[own], no_ack=True, accept=[dp.JSON_CONTENT_TYPE],
-                callbacks=[lambda body, _message: received.append(body)],
-                on_decode_error=_refused,
-            )  # fmt: skip
-            try:
-                with consumer:
-                    while not stop():
-                        _drain(conn, poll, errors, self.where)
-                        if ready is not None:
-                            announce, ready = ready, None
-                            announce()
-                        while received:
-                            yield received.popleft()
-            finally:
-                # Virtual transports (memory, flowengine-fs) keep unbound queues' rows otherwise.
-                with contextlib.suppress(Exception):
-                    bound = own(channel)
-                    bound.unbind_from(self._exchange, routing_key="")
-                    bound.delete()

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
 import os
 import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Any
 
@@ -30,10 +29,14 @@ from flowengine.worker_based import endpoint as ep
 from flowengine.worker_based import extensions as ext
 from flowengine.worker_based import protocol as pr
 from flowengine.worker_based import proxy as px
+from flowengine.worker_based.heartbeats import Heartbeats
 
 LOG = logging.getLogger(__name__)
 
 _ECHOED_HEADERS = (pr.HEADER_REQUEST_ID, pr.HEADER_ATTEMPT)
+#: Seconds a worker keeps trying to publish an outcome (or hand-back) through a broker outage:
+#: it is the only record of work done, and the request is acknowledged only once it is out.
+OUTCOME_PUBLISH_DEADLINE = 900.0
 
 
 def make_worker_id() -> str:
@@ -45,7 +48,8 @@ def _event_fields(data: Mapping[str, Any], message: Any) -> dict[str, Any]:
     """The identifying fields of a request's events (from its body and headers)."""
     headers = message.headers or {}
     return {
-        "flow_uuid": (message.properties or {}).get("reply_to"),
+        "flow_uuid": headers.get(pr.HEADER_FLOW_UUID)
+        or (message.properties or {}).get("reply_to"),
         "atom_uuid": headers.get(pr.HEADER_ATOM_UUID),
         "task_name": data.get("task_name"),
         "request_id": headers.get(pr.HEADER_REQUEST_ID)
@@ -73,65 +77,6 @@ def _major(version: Any) -> str:
 
 #: Shortest heartbeat interval a request may ask for, in seconds.
 MIN_HEARTBEAT_INTERVAL = 0.01
-
-
-class _Heartbeats:
-    """Sends every running request's heartbeats from one thread, each at its own interval."""
-
-    def __init__(self) -> None:
-        self._due: dict[Any, tuple[float, float, Callable[[], None]]] = {}
-        self._cond = threading.Condition()
-        self._sending = threading.Lock()
-        self._thread: threading.Thread | None = None
-        # When the thread wakes up by itself next: -inf while it is busy (it looks at every
-        # entry before it waits again), +inf while it waits for a first entry. A request added
-        # with a later due time needs no wake-up; waking the thread for every request would
-        # cost the task threads the GIL once per task.
-        self._wake_at = -math.inf
-
-    def add(self, key: Any, interval: float, beat: Callable[[], None]) -> None:
-        with self._cond:
-            due = time.monotonic() + interval
-            self._due[key] = (due, interval, beat)
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name="flowengine-heartbeats", daemon=True
-                )
-                self._thread.start()
-            elif due < self._wake_at:
-                self._cond.notify()
-
-    def remove(self, key: Any) -> None:
-        """Stop beating for ``key``; once this returns, no heartbeat of it is sent any more."""
-        with self._cond:
-            self._due.pop(key, None)
-        with self._sending:  # waits out a heartbeat of this key being sent right now
-            pass
-
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                now = time.monotonic()
-                beats = []
-                for key, (due, interval, beat) in list(self._due.items()):
-                    if due <= now:
-                        self._due[key] = (now + interval, interval, beat)
-                        beats.append((key, beat))
-                if not beats:
-                    next_due = min((due for due, _, _ in self._due.values()), default=None)
-                    self._wake_at = math.inf if next_due is None else next_due
-                    self._cond.wait(None if next_due is None else next_due - now)
-                    self._wake_at = -math.inf
-                    continue
-            for key, beat in beats:
-                with self._sending:
-                    # A heartbeat after the outcome would only confuse the engine's logs.
-                    if key not in self._due:
-                        continue
-                    try:
-                        beat()
-                    except Exception as err:  # the next interval tries again
-                        LOG.warning("Could not send a heartbeat: %s", err)
 
 
 def _from_flowengine(headers: Mapping[str, Any] | None) -> bool:
@@ -187,7 +132,7 @@ class Server:
         self._online = False
         # Discovery is answered off the task threads, so a busy worker still answers at once.
         self._control = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flowengine-control")
-        self._heartbeats = _Heartbeats()
+        self._heartbeats = Heartbeats()
         self._revoked = cn.Revoked()
         handlers = {
             pr.NOTIFY: dp.Handler(
@@ -277,6 +222,10 @@ class Server:
             LOG.warning("Worker %s could not announce itself %s: %s", self.worker_id, status, err)
 
     def _on_notify(self, data: Any, message: Any) -> None:
+        if not self._proxy.is_running:
+            # Its request consumer is down (reconnecting): engines must not count on it.
+            LOG.debug("Worker %s is not serving; discovery not answered", self.worker_id)
+            return
         reply_to = message.properties.get("reply_to")
         if not reply_to:
             LOG.warning("NOTIFY %s has no reply_to; not answered", dp.describe(message))
@@ -435,8 +384,10 @@ class Server:
         confirm = state != pr.RUNNING or not _from_flowengine(request_headers)
         try:
             try:
+                # An outcome is the only copy of work done: it waits out a long outage.
                 self._send(response, reply_to, correlation_id, request_headers, confirm=confirm,
-                           persistent=confirm)
+                           persistent=confirm,
+                           deadline=OUTCOME_PUBLISH_DEADLINE if confirm else None)
             except px.MessageEncodeError as err:
                 if state not in (pr.SUCCESS, pr.FAILURE):
                     raise
@@ -446,7 +397,8 @@ class Server:
                 why.__cause__ = err
                 failure = pr.failure_to_dict(Failure.from_exception(why))
                 failed = pr.Response(pr.FAILURE, result=failure)
-                self._send(failed, reply_to, correlation_id, request_headers)
+                self._send(failed, reply_to, correlation_id, request_headers,
+                           deadline=OUTCOME_PUBLISH_DEADLINE)
         except Exception as err:
             LOG.error("Could not send %s reply for task %s to %r: %s", state, name, reply_to, err)
             return False
@@ -464,7 +416,7 @@ class Server:
     def _send(
         self, msg: pr.Message, reply_to: str, correlation_id: str | None = None,
         request_headers: Mapping[str, Any] | None = None, retry: bool = True,
-        confirm: bool = True, persistent: bool = True,
+        confirm: bool = True, persistent: bool = True, deadline: float | None = None,
     ) -> None:  # fmt: skip
         # The reply queue is its consumer's to declare (it exists before any request is sent).
         # Declaring it here too would clash with the engine's queue arguments, and would bring
@@ -479,6 +431,7 @@ class Server:
         self._proxy.publish(
             msg, reply_to, correlation_id=correlation_id, headers=self._headers(request_headers),
             declare_queue=False, retry=retry, confirm=confirm, persistent=persistent,
+            deadline=deadline,
         )  # fmt: skip
 
     def start(self) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 
 from flowengine.types.failure import Failure
 from flowengine.worker_based import protocol as pr
+from flowengine.worker_based.attempt import Attempt
 from flowengine.worker_based.types import TopicWorker
 
 
@@ -61,5 +62,9 @@ class Submission:
     worker: TopicWorker | None = None
     workers: list[str] = dataclasses.field(default_factory=list)
     topic: str = ""  # where the last attempt was published, for parking it as a dead letter
-    started: float | None = None
-    lease_until: float | None = None
+    attempt: Attempt | None = None  # the current attempt's lifecycle (leases, time limits)
+
+    @property
+    def lease_until(self) -> float | None:
+        """When the current attempt's lease ends (None: it holds none)."""
+        return None if self.attempt is None else self.attempt.lease_until

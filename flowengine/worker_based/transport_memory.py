@@ -15,7 +15,7 @@ declarations, binds, unbinds, deletions). Everything else, and all the state, st
 a connection made with plain ``transport="memory"`` elsewhere in the process sees the same
 exchanges and queues. ``memory://`` URLs and ``transport="memory"`` get this transport through
 :func:`guarded`, which :class:`~flowengine.worker_based.proxy.Proxy` and
-:class:`~flowengine.worker_based.proxy.Broadcast` call; kombu's alias table is left alone.
+:class:`~flowengine.worker_based.broadcast.Broadcast` call; kombu's alias table is left alone.
 """
 
 from __future__ import annotations

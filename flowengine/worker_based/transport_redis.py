@@ -33,7 +33,7 @@ process changed the bindings:
 
 ``redis://`` and ``rediss://`` URLs (and ``transport="redis"``) get this transport only through
 :func:`lean`, which flowengine's :class:`~flowengine.worker_based.proxy.Proxy` and
-:class:`~flowengine.worker_based.proxy.Broadcast` call; kombu's alias table is left alone, so
+:class:`~flowengine.worker_based.broadcast.Broadcast` call; kombu's alias table is left alone, so
 other kombu users in the process keep kombu's stock transport. Sentinel (``sentinel://``) and
 Unix socket (``redis+socket://``) URLs keep kombu's transport, as does a connection that failed
 over to the next URL of a ``;`` list (kombu resolves that URL's scheme again).

@@ -192,33 +192,3 @@ def _load(worker: TopicWorker) -> tuple[float, int]:
 def header(headers: Any, name: str) -> Any:
     """Read a header from a kombu message's headers (which may be None)."""
     return (headers or {}).get(name)
-
-
-# Workers heard from recently, shared by every executor of this process talking to the same
-# broker and exchange: an engine created after them dispatches at once instead of waiting for
-# the discovery round trip. Entries older than RECENT seconds are not trusted.
-RECENT = 10.0
-_recent: dict[tuple[str, str], dict[str, tuple[float, TopicWorker]]] = {}
-_recent_lock = threading.Lock()
-
-
-def remember(key: tuple[str, str], worker: TopicWorker) -> None:
-    """Note that ``worker`` was heard from just now on broker+exchange ``key``."""
-    with _recent_lock:
-        _recent.setdefault(key, {})[worker.identity] = (time.monotonic(), worker)
-
-
-def forget(key: tuple[str, str], identity: str) -> None:
-    """Drop a worker that went offline."""
-    with _recent_lock:
-        _recent.get(key, {}).pop(identity, None)
-
-
-def recall(key: tuple[str, str]) -> list[TopicWorker]:
-    """Workers heard from on ``key`` within the last :data:`RECENT` seconds."""
-    cutoff = time.monotonic() - RECENT
-    with _recent_lock:
-        known = _recent.get(key, {})
-        for identity in [i for i, (seen, _w) in known.items() if seen < cutoff]:
-            del known[identity]
-        return [worker for _seen, worker in known.values()]

@@ -22,6 +22,7 @@ from flowengine import engines, states
 from flowengine import exceptions as exc
 from flowengine.flows import linear_flow as lf
 from flowengine.flows import unordered_flow as uf
+from flowengine.worker_based import client as bc
 
 pytestmark = pytest.mark.integration
 
@@ -121,6 +122,10 @@ def test_a_finished_engine_leaves_no_queue_that_keeps_filling(
     engine = engines.load(tasks.Step("one"), engine="worker-based", **fleet.engine_options(TOPIC))
     engine.run()
     assert engine.storage.get_flow_state() == states.SUCCESS
+    # The engine used the process's client, whose reply queue goes when the client closes
+    # (at exit, or after lingering unused).
+    [shared] = [c for c in bc.clients() if c.broker.exchange == exchange]
+    shared.close()
     # Another worker comes online long after the engine finished. It answers this ping after
     # its announcement is published (one control thread), so the announcement went out.
     fleet.start("late", [tasks.__name__], threads=1)
@@ -129,4 +134,5 @@ def test_a_finished_engine_leaves_no_queue_that_keeps_filling(
         client.ping("late", timeout=15.0)
     finally:
         client.close()
+    assert queued_messages(redis_broker.url, f"{exchange}_{shared.uuid}") in (None, 0)
     assert queued_messages(redis_broker.url, f"{exchange}_{engine.storage.flow_uuid}") in (None, 0)

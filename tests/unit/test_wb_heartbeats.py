@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from flowengine.worker_based import server
+from flowengine.worker_based.heartbeats import Heartbeats
 
 WAIT = 10.0
 LONG = 3600.0  # an interval no test outlives
@@ -27,20 +27,20 @@ class CountingCondition(threading.Condition):
 
 
 @pytest.fixture
-def beats() -> Iterator[server._Heartbeats]:
-    heartbeats = server._Heartbeats()
+def beats() -> Iterator[Heartbeats]:
+    heartbeats = Heartbeats()
     heartbeats._cond = CountingCondition()
     yield heartbeats
     for key in list(heartbeats._due):
         heartbeats.remove(key)
 
 
-def _waiting(beats: server._Heartbeats) -> bool:
+def _waiting(beats: Heartbeats) -> bool:
     with beats._cond:
         return beats._wake_at != float("-inf")
 
 
-def _wait_until_waiting(beats: server._Heartbeats) -> None:
+def _wait_until_waiting(beats: Heartbeats) -> None:
     # The thread says it waits (_wake_at) under the condition it then waits on; poll that.
     deadline = time.monotonic() + WAIT
     pause = threading.Event()  # never set: a bounded pause between looks
@@ -49,7 +49,7 @@ def _wait_until_waiting(beats: server._Heartbeats) -> None:
         pause.wait(0.001)
 
 
-def test_each_key_beats_at_its_interval_until_removed(beats: server._Heartbeats) -> None:
+def test_each_key_beats_at_its_interval_until_removed(beats: Heartbeats) -> None:
     beat = threading.Event()
     beats.add("a", 0.01, beat.set)
     assert beat.wait(WAIT)
@@ -59,7 +59,7 @@ def test_each_key_beats_at_its_interval_until_removed(beats: server._Heartbeats)
 
 
 def test_a_sooner_beat_wakes_the_thread_and_a_later_one_does_not(
-    beats: server._Heartbeats,
+    beats: Heartbeats,
 ) -> None:
     beats.add("long", LONG, lambda: None)
     _wait_until_waiting(beats)

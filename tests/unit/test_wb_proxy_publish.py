@@ -162,14 +162,45 @@ def test_a_producer_whose_publish_failed_is_closed_and_replaced(proxy: px.Proxy)
     assert queued(proxy, "work") == ["t0", "t2"]
 
 
-def test_a_publish_that_recovered_by_retrying_keeps_its_producer(proxy: px.Proxy) -> None:
+def test_a_publish_that_recovered_by_retrying_lands_once_on_a_new_producer(
+        proxy: px.Proxy) -> None:
+    # Each retry goes out on a new connection: the failed one may be dead for good (a broker
+    # back from an outage is reached only through a new one).
     proxy.publish(notify(0), "work")
     pool = proxy._producer_pool()
     producer = producer_of(pool)
     _Refusals.remaining = 2
     proxy.publish(notify(1), "work")
-    assert producer_of(pool) is producer and pool.size == 1
+    assert producer_of(pool) is not producer and pool.size == 1
     assert queued(proxy, "work") == ["t0", "t1"]
+
+
+def test_a_publish_gives_up_at_its_deadline_naming_the_broker_and_the_outage(
+        exchange: str) -> None:
+    _Refusals.remaining = 1_000_000
+    proxy = px.Proxy("me", exchange, transport=FlakyTransport,
+                     retry_options={"interval_start": 0.01, "interval_max": 0.02})
+    try:
+        with pytest.raises(px.BrokerOutage) as caught:
+            proxy.publish(notify(0), "work", deadline=0.2)
+        text = str(caught.value)
+        assert "Publishing NOTIFY to 'work'" in text and "FlakyTransport" in text
+        assert "unreachable (outage)" in text and "refused by the test" in text
+        assert _Refusals.remaining < 1_000_000 - 2, "it retried before giving up"
+    finally:
+        _Refusals.remaining = 0
+        proxy.close()
+
+
+def test_a_publish_retries_until_the_broker_is_back(exchange: str) -> None:
+    _Refusals.remaining = 20
+    proxy = px.Proxy("me", exchange, transport=FlakyTransport,
+                     retry_options={"interval_start": 0.001, "interval_max": 0.002})
+    try:
+        proxy.publish(notify(0), "work", deadline=WAIT)
+        assert queued(proxy, "work") == ["t0"] and _Refusals.remaining == 0
+    finally:
+        proxy.close()
 
 
 def test_a_publish_whose_retries_ran_out_drops_its_producer(exchange: str) -> None:

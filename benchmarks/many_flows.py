@@ -1,0 +1,254 @@
+"""Many concurrent flows in one process: what the process-wide broker client buys.
+
+An orchestration service runs many short flows at once, each loaded with
+``engines.load(flow, engine="worker-based", ...)`` on its own thread. For each chosen broker
+(redis, rabbitmq, fs = flowengine-fs) and each ``--flows`` count N, one engine process runs N
+flows of 3 no-op tasks at once, each with its own engine on its own thread, against
+``--workers`` ``flowengine worker`` processes. In the same engine process and run it also
+measures one engine running the same number of tasks (an unordered flow of 3N no-op tasks, at
+most ``--one-engine-cap``) and a lone 3-task flow (median of ``--lone`` runs on the warm client);
+the raw kombu round trip is measured first on the same broker (``kombu_ceiling.py``).
+
+Reported per N: ``all_finished``, ``wall_s``, ``flows_per_s``, ``tasks_per_s``,
+``one_engine_tasks_per_s`` and their ratio, the engine process's ``peak_sockets`` and
+``peak_library_threads`` (threads other than the flows' own and the main thread), its
+``peak_rss_mb``; per broker ``lone_flow_ms`` against ``3 x`` the raw sequential round trip.
+``--redis-flows`` adds counts on Redis only (the 10,000-flow run). Targets (Redis): every flow
+finishes, task rate at least 0.7 of one engine's, at most 16 sockets and 32 library threads
+whatever N, a lone flow within 3x its raw round trips. Prints one JSON document. Example::
+
+    python benchmarks/many_flows.py --brokers redis --flows 100 1000 --redis-flows 10000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import uuid
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import kombu_ceiling as ceiling  # noqa: E402
+import wbe  # noqa: E402
+
+#: Seconds each flow's requests may wait for a worker (10,000 flows queue a while).
+TRANSITION_TIMEOUT = 900.0
+TARGET_RATIO = 0.7
+TARGET_SOCKETS = 16
+TARGET_THREADS = 32
+TARGET_LONE_X = 3.0
+
+_ENGINE_CHILD = r"""
+import json, os, resource, statistics, sys, threading, time
+cfg = json.loads(sys.argv[1])
+sys.path.insert(0, cfg["tasks_dir"])
+from flowengine import engines, states
+from flowengine.flows import linear_flow, unordered_flow
+import wbe_bench_tasks as tasks
+
+# Ten thousand flow threads: small stacks keep the process's memory about the engines.
+threading.stack_size(512 * 1024)
+RUNNER = "flow-runner-"
+
+
+def sockets():
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            count += os.readlink("/proc/self/fd/" + fd).startswith("socket:")
+        except OSError:
+            pass
+    return count
+
+
+def library_threads():
+    return sum(1 for t in threading.enumerate()
+               if not t.name.startswith(RUNNER) and t is not threading.main_thread()
+               and t.name != "peak-watcher")
+
+
+def rss_mb():
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return None
+
+
+def three(i):
+    return linear_flow.Flow("f%d" % i).add(*[tasks.Noop("t%d" % k) for k in range(3)])
+
+
+def one_engine(size):
+    flow = unordered_flow.Flow("one").add(*[tasks.Noop("t%d" % k) for k in range(size)])
+    engine = engines.load(flow, engine="worker-based", **cfg["engine_options"])
+    engine.compile()
+    engine.prepare()
+    started = time.perf_counter()
+    engine.run()
+    return size / (time.perf_counter() - started)
+
+
+def many(n):
+    peak = {"sockets": 0, "threads": 0, "rss_mb": 0.0}
+    stop = threading.Event()
+
+    def watch():
+        while not stop.wait(0.05):
+            peak["sockets"] = max(peak["sockets"], sockets())
+            peak["threads"] = max(peak["threads"], library_threads())
+            peak["rss_mb"] = max(peak["rss_mb"], rss_mb() or 0.0)
+
+    results = []
+    gate = threading.Event()
+
+    def run(i):
+        engine = engines.load(three(i), engine="worker-based", **cfg["engine_options"])
+        gate.wait()
+        try:
+            engine.run()
+            results.append(engine.storage.get_flow_state())
+        except Exception as err:
+            results.append(f"{type(err).__name__}: {err}"[:300])
+
+    watcher = threading.Thread(target=watch, name="peak-watcher", daemon=True)
+    watcher.start()
+    runners = [threading.Thread(target=run, args=(i,), name=RUNNER + str(i), daemon=True)
+               for i in range(n)]
+    for runner in runners:
+        runner.start()
+    started = time.perf_counter()
+    gate.set()
+    deadline = time.monotonic() + cfg["timeout"]
+    for runner in runners:
+        runner.join(max(deadline - time.monotonic(), 0.01))
+    wall = time.perf_counter() - started
+    stop.set()
+    watcher.join()
+    done = sum(1 for r in results if r == states.SUCCESS)
+    return {
+        "flows": n, "finished": done, "all_finished": done == n, "wall_s": wall,
+        "flows_per_s": done / wall, "tasks_per_s": 3 * done / wall,
+        "peak_sockets": peak["sockets"], "peak_library_threads": peak["threads"],
+        "peak_rss_mb": round(peak["rss_mb"], 1),
+        "failures": sorted({str(r) for r in results if r != states.SUCCESS}),
+    }
+
+
+out = {"baseline_rss_mb": rss_mb()}
+one_engine(3)  # warm: the client and the workers known
+lone = []
+for _ in range(cfg["lone"]):
+    engine = engines.load(three(0), engine="worker-based", **cfg["engine_options"])
+    started = time.perf_counter()
+    engine.run()
+    lone.append(time.perf_counter() - started)
+out["lone_flow_ms"] = 1000 * statistics.median(lone)
+rows = []
+for n in cfg["flows"]:
+    row = many(n)
+    row["one_engine_tasks"] = min(3 * n, cfg["one_engine_cap"])
+    row["one_engine_tasks_per_s"] = one_engine(row["one_engine_tasks"])
+    row["ratio_vs_one_engine"] = row["tasks_per_s"] / row["one_engine_tasks_per_s"]
+    rows.append(row)
+    print(json.dumps(row), file=sys.stderr, flush=True)
+out["rows"] = rows
+print(json.dumps(out))
+"""
+
+
+def run_engine_process(broker: ceiling.Broker, exchange: str, tasks_dir: str, flows: list[int],
+                       args: argparse.Namespace) -> dict[str, Any]:
+    """Run the many-flows workloads in one engine process; its measurements, or an error."""
+    options = {"exchange": exchange, "topics": [wbe.TOPIC],
+               "transition_timeout": TRANSITION_TIMEOUT,
+               **wbe._broker_options(broker, "flowengine")}
+    config = {"tasks_dir": tasks_dir, "engine_options": options, "flows": flows,
+              "lone": args.lone, "one_engine_cap": args.one_engine_cap,
+              "timeout": args.run_timeout}
+    try:
+        proc = subprocess.run([sys.executable, "-c", _ENGINE_CHILD, json.dumps(config)],
+                              cwd=tasks_dir, capture_output=True, text=True,
+                              timeout=args.run_timeout * (len(flows) + 1) + 120, check=False)
+    except subprocess.TimeoutExpired:
+        return {"error": "the engine process timed out"}
+    if proc.returncode != 0:
+        tail = proc.stderr.strip().splitlines()[-3:] if proc.stderr else ["failed"]
+        return {"error": " | ".join(tail)}
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result
+
+
+def judge(name: str, result: dict[str, Any], limit: dict[str, Any]) -> None:
+    """Add the raw round trip comparison and, on Redis, the targets."""
+    trip = (limit.get("sequential") or {}).get("p50_ms")
+    if trip and "lone_flow_ms" in result:
+        result["raw_round_trip_ms"] = trip
+        result["lone_flow_vs_3_round_trips"] = result["lone_flow_ms"] / (3 * trip)
+    if name != "redis" or "rows" not in result:
+        return
+    rows = result["rows"]
+    result["targets_met"] = {
+        "all_flows_finish": all(r["all_finished"] for r in rows),
+        "task_rate_at_least_0_7_of_one_engine": all(
+            r["ratio_vs_one_engine"] >= TARGET_RATIO for r in rows if r["flows"] <= 1000),
+        "at_most_16_sockets": all(r["peak_sockets"] <= TARGET_SOCKETS for r in rows),
+        "at_most_32_library_threads": all(
+            r["peak_library_threads"] <= TARGET_THREADS for r in rows),
+        "lone_flow_within_3x_round_trips":
+            result.get("lone_flow_vs_3_round_trips", TARGET_LONE_X + 1) <= TARGET_LONE_X,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--brokers", nargs="+", choices=ceiling.BROKERS,
+                        default=list(ceiling.BROKERS))
+    parser.add_argument("--flows", type=int, nargs="+", default=[100, 1000],
+                        help="concurrent flows, on every broker")
+    parser.add_argument("--redis-flows", type=int, nargs="*", default=[],
+                        help="more counts on Redis only (e.g. 10000)")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=8, help="task threads per worker")
+    parser.add_argument("--lone", type=int, default=20, help="lone 3-task flows timed")
+    parser.add_argument("--one-engine-cap", type=int, default=3000,
+                        help="most tasks of the one-engine comparison flow")
+    parser.add_argument("--run-timeout", type=float, default=600.0,
+                        help="seconds each batch of concurrent flows may take")
+    parser.add_argument("--ceiling-sequential", type=int, default=200)
+    args = parser.parse_args()
+    results: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="flowengine-many-flows-") as tmp:
+        Path(tmp, f"{wbe.TASKS_MODULE}.py").write_text(wbe._TASKS.format(lib="flowengine"))
+        for name in args.brokers:
+            broker = ceiling.make_broker(name, os.path.join(tmp, "fs"))
+            limit = ceiling.measure(broker, args.ceiling_sequential, 10)
+            exchange = f"many-{uuid.uuid4().hex[:8]}"
+            flows = args.flows + (args.redis_flows if name == "redis" else [])
+            leftovers: list[str] = []
+            try:
+                with wbe.flowengine_workers(broker, exchange, args.workers, args.threads,
+                                            tmp) as (leftovers, _pids):
+                    result = run_engine_process(broker, exchange, tmp, flows, args)
+            except Exception as err:  # an unreachable broker is a result, not a crash
+                result = {"error": f"{type(err).__name__}: {err}"}
+            finally:
+                ceiling.purge(broker, exchange, [f"{exchange}_{wbe.TOPIC}", *leftovers])
+            judge(name, result, limit)
+            results[name] = {"ceiling_sequential": limit.get("sequential"), **result}
+            print(json.dumps({name: results[name]}), file=sys.stderr)
+    print(json.dumps({
+        "benchmark": "many_flows", "python": platform.python_version(),
+        "cpus": os.cpu_count(), "workers": args.workers, "threads_per_worker": args.threads,
+        "results": results,
+    }, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,124 @@
+"""The broadcast used by the event stream: a fanout exchange of transient JSON documents."""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
+
+import kombu
+
+from flowengine.worker_based import dispatcher as dp
+from flowengine.worker_based import proxy as px
+from flowengine.worker_based import transport_fs
+
+LOG = logging.getLogger(__name__)
+
+#: Seconds a broadcast document may wait in a listener's queue before the broker drops it.
+BROADCAST_TTL = 60.0
+#: Most documents a listener's queue holds on brokers that bound queues (AMQP: oldest dropped).
+BROADCAST_MAX_LENGTH = 10_000
+
+
+class Broadcast:
+    """A fanout exchange of transient JSON documents (flowengine's event stream).
+
+    Publishing declares the exchange only, so documents nobody listens for go nowhere. Each
+    listener reads through its own exclusive, auto-delete queue, which it unbinds and deletes
+    when it stops. Documents are not persistent and expire after :data:`BROADCAST_TTL` seconds;
+    on the ``flowengine-fs`` transport a listener killed with SIGKILL leaves its queue folder
+    bound (expired documents in it are dropped only when read).
+
+    Args:
+        exchange: The fanout exchange's name.
+        url, transport, transport_options: As for :class:`Proxy`.
+    """
+
+    def __init__(self, exchange: str, url: str | None = None, transport: Any = None,
+                 transport_options: Mapping[str, Any] | None = None) -> None:
+        options = dict(transport_options or {})
+        conn, uri = px.connect(url, transport, options)
+        self._conn, _ = px.without_heartbeat(conn)
+        if getattr(self._conn.get_transport_cls(), "driver_type", None) == "memory":
+            options.setdefault("polling_interval", transport_fs.DEFAULT_POLLING_INTERVAL)
+        self._exchange = kombu.Exchange(exchange, type="fanout", durable=True,
+                                        auto_delete=False, delivery_mode="transient")
+        self._publishing: Any = None
+        self.where = f"{uri} exchange {exchange!r}"
+
+    def publish(self, documents: Iterable[Any]) -> None:
+        """Publish each JSON document once, in order (no retries: events are best effort).
+
+        Raises:
+            kombu's connection and channel errors; the next call reconnects.
+        """
+        try:
+            if self._publishing is None:
+                conn = self._conn.clone()
+                conn.ensure_connection(max_retries=1, interval_start=0, interval_step=0.2,
+                                       interval_max=0.2)
+                self._publishing = (conn, kombu.Producer(conn.channel(), self._exchange))
+            producer = self._publishing[1]
+            for document in documents:
+                producer.publish(document, routing_key="", serializer="json",
+                                 expiration=BROADCAST_TTL, retry=False)
+        except Exception:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """Release the publishing connection (a later :meth:`publish` opens a new one)."""
+        publishing, self._publishing = self._publishing, None
+        if publishing is not None:
+            try:
+                publishing[0].release()
+            except Exception as err:
+                LOG.debug("Closing the broadcast connection to %s failed: %s", self.where, err)
+
+    def listen(self, stop: Callable[[], bool], ready: Callable[[], None] | None = None,
+               poll: float = 0.1) -> Iterator[Any]:
+        """Yield each JSON document published from now on, until ``stop()`` returns True.
+
+        Args:
+            stop: Asked after every poll.
+            ready: Called once the listener's queue is bound and consumed (on Redis, once the
+                subscription is made), i.e. when documents published from then on will arrive.
+            poll: Seconds between looks at ``stop``.
+        """
+        received: collections.deque[Any] = collections.deque()
+        own = kombu.Queue(
+            f"{self._exchange.name}.{uuid.uuid4().hex}", self._exchange, routing_key="",
+            durable=False, exclusive=True, auto_delete=True, max_length=BROADCAST_MAX_LENGTH,
+        )  # fmt: skip
+
+        def _refused(message: Any, err: Exception) -> None:
+            LOG.warning("Dropped a broadcast document on %s that is not JSON: %s", self.where, err)
+
+        with self._conn.clone() as conn:
+            conn.ensure_connection(max_retries=1, interval_start=0, interval_step=0.2,
+                                   interval_max=0.2)
+            errors = conn.connection_errors + conn.channel_errors
+            channel = conn.channel()
+            consumer = kombu.Consumer(
+                channel, queues=[own], no_ack=True, accept=[dp.JSON_CONTENT_TYPE],
+                callbacks=[lambda body, _message: received.append(body)],
+                on_decode_error=_refused,
+            )  # fmt: skip
+            try:
+                with consumer:
+                    while not stop():
+                        px.drain_once(conn, poll, errors, self.where)
+                        if ready is not None:
+                            announce, ready = ready, None
+                            announce()
+                        while received:
+                            yield received.popleft()
+            finally:
+                # Virtual transports (memory, flowengine-fs) keep unbound queues' rows otherwise.
+                with contextlib.suppress(Exception):
+                    bound = own(channel)
+                    bound.unbind_from(self._exchange, routing_key="")
+                    bound.delete()

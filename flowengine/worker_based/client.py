@@ -1,0 +1,466 @@
+"""The process-wide broker client every worker-based engine of a process shares.
+
+One :class:`Client` per broker (URL, transport and its options, exchange, topology, retry
+policy), created on first use by :func:`client_for`: one set of publishing connections, ONE
+reply queue ``<exchange>_<client uuid>`` with one consumer thread for the whole process, one
+warm record of the workers heard from, one thread that sends requests waiting for a worker.
+Engines (their :class:`~flowengine.worker_based.executor.WorkerTaskExecutor`) are thin views
+on it: each attaches while it runs, and replies reach it by their ``correlation_id`` (the
+attempt's request id, unique per process). The wire format is TaskFlow's: a request's
+``reply_to`` is the routing key of the process's reply queue, which is all a TaskFlow worker
+needs to answer it.
+
+A client with no view attached lingers :data:`LINGER` seconds, so engines created one after
+another find it warm, then closes. :func:`close_all` closes every client (it runs at
+interpreter exit); a forked child starts with none and builds its own.
+"""
+
+from __future__ import annotations
+
+import atexit
+import concurrent.futures as cf
+import functools
+import json
+import logging
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+from flowengine import exceptions as exc
+from flowengine.worker_based import backoff as bo
+from flowengine.worker_based import dispatcher as dp
+from flowengine.worker_based import extensions as ext
+from flowengine.worker_based import protocol as pr
+from flowengine.worker_based import proxy as px
+from flowengine.worker_based.types import TopicWorker, header
+
+LOG = logging.getLogger(__name__)
+
+#: Seconds the process's reply queue survives unused on brokers with queue expiry (AMQP).
+REPLY_QUEUE_EXPIRES = 600.0
+#: Seconds :meth:`Client.attach` waits for the reply consumer to be consuming.
+CONSUMER_START_TIMEOUT = 30.0
+#: Seconds between the views' housekeeping passes (expiries, leases, lost workers).
+HOUSEKEEPING_PERIOD = 0.1
+#: Most views one pass looks at (with more, each is looked at every few passes).
+HOUSEKEEPING_BATCH = 500
+#: Seconds between NOTIFY rounds (how TaskFlow workers stay known; flowengine workers also
+#: announce themselves).
+NOTIFY_PERIOD = pr.NOTIFY_PERIOD
+#: Fewest seconds between two discovery rounds an attaching view asks for: the answers to one
+#: round reach every view, so a thousand engines starting at once cost one round.
+MIN_ROUND_GAP = 0.5
+#: Seconds a worker heard from stays known to views attaching later without hearing it again.
+RECENT = 2 * NOTIFY_PERIOD + 1.0
+#: Seconds a client with no view attached stays open (warm) before it closes.
+LINGER = 5.0
+#: Publishing connections of a client: a publish takes well under a millisecond, so a few
+#: serve a process's every engine, and sockets stay bounded whatever the number of flows.
+PUBLISHERS = 4
+
+
+class ClientClosed(Exception):
+    """The client closed (or is closing) while a view tried to attach: get a new one."""
+
+
+class View(Protocol):
+    """What the client needs of an engine's executor."""
+
+    def on_reply(self, data: Any, message: Any) -> None:
+        """A RESPONSE for one of its attempts."""
+
+    def on_notify(self, data: Any, message: Any) -> None:
+        """A worker announcement or NOTIFY reply."""
+
+    def on_wait(self) -> None:
+        """Housekeeping: expiries, leases, lost workers."""
+
+    def dispatch_waiting(self) -> None:
+        """Publish requests that wait for a worker (a worker appeared)."""
+
+    def resumed(self, outage: float) -> None:
+        """The client reconnected after ``outage`` seconds without its broker."""
+
+
+class Broker:
+    """How to reach a broker: the frozen identity of a client (hashable).
+
+    Args:
+        exchange: The direct exchange workers listen on.
+        url: Broker URL (None with no ``transport``: the embedded filesystem transport).
+        transport: Kombu transport name or class.
+        transport_options: Kombu transport options.
+        retry_options: See :class:`~flowengine.worker_based.backoff.RetryOptions`.
+        taskflow_compat: TaskFlow's exact queue declarations.
+    """
+
+    __slots__ = ("exchange", "url", "transport", "transport_options", "retry",
+                 "taskflow_compat", "_key")
+
+    def __init__(self, exchange: str, url: str | None = None, transport: Any = None,
+                 transport_options: Mapping[str, Any] | None = None,
+                 retry_options: Mapping[str, Any] | bo.RetryOptions | None = None,
+                 taskflow_compat: bool = False) -> None:
+        if not isinstance(exchange, str) or not exchange:
+            raise ValueError(f"A broker needs an exchange name, not {exchange!r}")
+        if url is not None and not isinstance(url, str):
+            raise TypeError(f"Broker option 'url' must be a string, not {url!r}")
+        self.exchange, self.url, self.transport = exchange, url, transport
+        self.transport_options = dict(transport_options or {})
+        self.retry = bo.RetryOptions.from_options(retry_options)
+        self.taskflow_compat = bool(taskflow_compat)
+        options = json.dumps(self.transport_options, sort_keys=True, default=repr)
+        self._key = (exchange, url, transport if _hashable(transport) else repr(transport),
+                     options, self.retry, self.taskflow_compat)
+
+    def __hash__(self) -> int:
+        return hash(self._key)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Broker) and other._key == self._key
+
+    def __repr__(self) -> str:
+        return f"Broker({px.mask_url(self.url)!r}, exchange={self.exchange!r})"
+
+
+def _hashable(value: Any) -> bool:
+    try:
+        hash(value)
+    except TypeError:
+        return False
+    return True
+
+
+class Client:
+    """One broker's reply queue, publishers and known workers, shared by a process's engines.
+
+    Use :func:`client_for`; engines attach a view while they run.
+    """
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self.uuid = uuid.uuid4().hex
+        self._lock = threading.RLock()
+        self._views: dict[int, View] = {}
+        self._routes: dict[str, View] = {}
+        self._topics: dict[str, int] = {}
+        self._asked: set[str] = set()
+        self._known: dict[str, tuple[float, TopicWorker]] = {}
+        self._next_round = 0.0
+        self._next_housekeeping = 0.0
+        self._idle_since: float | None = None
+        self._closed = False
+        self._retired = False
+        self._timer_pending = False
+        self._cursor = 0
+        self._thread: threading.Thread | None = None
+        self._consumer_error: Exception | None = None
+        # Requests waiting for a worker are sent from here, not from the consumer thread that
+        # learns of the worker: a burst of publishes there would hold up every reply.
+        self._dispatcher = cf.ThreadPoolExecutor(max_workers=1,
+                                                 thread_name_prefix="flowengine-dispatch")
+        handlers = {
+            pr.RESPONSE: dp.Handler(self._on_response, pr.Response.validate),
+            pr.NOTIFY: dp.Handler(self._on_notify,
+                                  functools.partial(pr.Notify.validate, response=True)),
+        }
+        self.proxy = px.Proxy(
+            self.uuid, broker.exchange, handlers, on_wait=self._housekeeping, url=broker.url,
+            transport=broker.transport, transport_options=broker.transport_options,
+            retry_options=broker.retry, taskflow_compat=broker.taskflow_compat,
+            extra_routing_keys=[pr.DISCOVERY_ROUTING_KEY], on_connected=self._on_connected,
+            queue_expires=None if broker.taskflow_compat else REPLY_QUEUE_EXPIRES,
+            # Replies are acknowledged on receipt and useless to any other process.
+            auto_ack=True, publishers=PUBLISHERS,
+        )
+
+    @property
+    def reply_to(self) -> str:
+        """The routing key replies to this process's requests go to."""
+        return self.uuid
+
+    @property
+    def views(self) -> int:
+        """How many views are attached."""
+        return len(self._views)
+
+    # -- views ------------------------------------------------------------------------------
+
+    def attach(self, view: View, topics: list[str]) -> list[TopicWorker]:
+        """Attach ``view`` (starting the consumer if needed); return the workers known now.
+
+        Raises:
+            ExecutionFailure: The consumer could not start (a refused login, no broker).
+        """
+        with self._lock:
+            if self._closed or self._retired:
+                raise ClientClosed(f"The broker client for {self.broker} is closed")
+            self._views[id(view)] = view
+            self._idle_since = None
+            new_topics = [t for t in topics if t not in self._asked]
+            for topic in topics:
+                self._topics[topic] = self._topics.get(topic, 0) + 1
+            thread = self._start_consumer()
+        self._wait_consuming(thread)
+        known = self.known_workers()
+        if new_topics or not known:
+            self._round(force=bool(new_topics))
+        return known
+
+    def detach(self, view: View, topics: list[str], routed: list[str]) -> None:
+        """Detach ``view`` and drop its ``routed`` request ids (a late reply is ignored)."""
+        with self._lock:
+            self._views.pop(id(view), None)
+            for request_id in routed:
+                self._routes.pop(request_id, None)
+            for topic in topics:
+                left = self._topics.get(topic, 1) - 1
+                if left > 0:
+                    self._topics[topic] = left
+                else:
+                    self._topics.pop(topic, None)
+            if not self._views:
+                self._idle_since = time.monotonic()
+                if not self._timer_pending:
+                    # A timer, not the consumer's housekeeping: a client whose broker is gone
+                    # retries connecting and runs no housekeeping, yet must close when unused.
+                    self._linger(LINGER)
+
+    def route(self, request_id: str, view: View) -> None:
+        """Replies with ``correlation_id == request_id`` go to ``view`` from now on."""
+        self._routes[request_id] = view
+
+    def unroute(self, request_id: str) -> None:
+        """Replies for ``request_id`` are ignored from now on."""
+        self._routes.pop(request_id, None)
+
+    def submit(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` on the client's dispatch thread (dropped once the client is closed)."""
+        try:
+            self._dispatcher.submit(fn)
+        except RuntimeError:  # shut down
+            LOG.debug("Broker client for %s is closed; dropped %r", self.broker, fn)
+
+    def known_workers(self) -> list[TopicWorker]:
+        """Workers heard from within the last :data:`RECENT` seconds."""
+        cutoff = time.monotonic() - RECENT
+        with self._lock:
+            for identity in [i for i, (seen, _w) in self._known.items() if seen < cutoff]:
+                del self._known[identity]
+            return [worker for _seen, worker in self._known.values()]
+
+    # -- consuming --------------------------------------------------------------------------
+
+    def _start_consumer(self) -> threading.Thread:
+        if self._thread is None or not self._thread.is_alive():
+            self._consumer_error = None
+            self._thread = threading.Thread(target=self._consume, daemon=True,
+                                            name=f"flowengine-client-{self.uuid[:8]}")
+            self._thread.start()
+        return self._thread
+
+    def _wait_consuming(self, thread: threading.Thread) -> None:
+        deadline = time.monotonic() + CONSUMER_START_TIMEOUT
+        # Consuming, or the consumer gave up (a refused login): whichever comes first.
+        while not self.proxy.wait(timeout=0.05):
+            if not thread.is_alive() or time.monotonic() > deadline:
+                raise exc.ExecutionFailure(
+                    f"Could not start consuming replies from "
+                    f"{self.proxy.connection_details.uri}: "
+                    f"{self._consumer_error or 'timed out'}") from self._consumer_error
+
+    def _consume(self) -> None:
+        try:
+            self.proxy.start()
+        except Exception as err:  # kept for attach() to raise; retries are the proxy's own
+            LOG.error("Broker client %s stopped consuming replies: %s", self.uuid, err)
+            self._consumer_error = err
+
+    def _on_response(self, data: Any, message: Any) -> None:
+        view = self._routes.get(message.properties.get("correlation_id"))
+        if view is None:
+            # A reply to an attempt that already finished or lapsed (late, duplicate, or from
+            # a worker that woke up): applying it would complete an atom twice. A late outcome
+            # is worth a line; a RUNNING or progress reply may trail its outcome (flowengine
+            # workers send them unconfirmed), which is routine.
+            level = logging.INFO if data.get("state") in (pr.SUCCESS, pr.FAILURE) else logging.DEBUG
+            LOG.log(level, "Ignoring %s reply for unknown or finished request %s",
+                    data.get("state"), message.properties.get("correlation_id"))
+            return
+        view.on_reply(data, message)
+
+    def _on_notify(self, data: Any, message: Any) -> None:
+        headers = message.headers or {}
+        identity = header(headers, pr.HEADER_WORKER) or data["topic"]
+        with self._lock:
+            if header(headers, pr.HEADER_WORKER_STATUS) == pr.WORKER_OFFLINE:
+                self._known.pop(identity, None)
+            else:
+                self._known[identity] = (time.monotonic(), TopicWorker(
+                    data["topic"], frozenset(data["tasks"]), identity,
+                    capacity=header(headers, pr.HEADER_CAPACITY),
+                    flowengine=header(headers, pr.HEADER_PROTOCOL) is not None))
+            views = list(self._views.values())
+        for view in views:
+            view.on_notify(data, message)
+
+    def _on_connected(self) -> None:
+        outage = self.proxy.last_outage
+        if outage:
+            # The process, not the workers, lost the broker: their leases must not lapse
+            # for it, and the replies that waited meanwhile are drained before any is judged.
+            LOG.warning("Broker client %s is back on %s after %.1fs without it", self.uuid,
+                        self.broker, outage)
+            with self._lock:
+                views = list(self._views.values())
+            for view in views:
+                view.resumed(outage)
+        self._round(force=True)
+
+    def _housekeeping(self) -> None:
+        # The consumer calls this after every drain (every few ms); scanning every view that
+        # often costs more than it saves, and timeouts need no finer grain.
+        now = time.monotonic()
+        if now < self._next_housekeeping:
+            return
+        self._next_housekeeping = now + HOUSEKEEPING_PERIOD
+        if now >= self._next_round and self._views:
+            self._round(force=True)
+        with self._lock:
+            views = list(self._views.values())
+        if len(views) > HOUSEKEEPING_BATCH:
+            # Thousands of engines: each pass looks at a slice of them in turn, so the
+            # consumer thread keeps its time for replies (timeouts need no finer grain).
+            start = self._cursor % len(views)
+            self._cursor = start + HOUSEKEEPING_BATCH
+            views = (views + views)[start:start + HOUSEKEEPING_BATCH]
+        for view in views:
+            try:
+                view.on_wait()
+            except Exception:  # one engine's bug must not stop the others' replies
+                LOG.exception("Housekeeping of %r raised; the others go on", view)
+
+    def _retire_if_idle(self) -> None:
+        with self._lock:
+            self._timer_pending = False
+            if self._idle_since is None:
+                return  # in use again
+            left = LINGER - (time.monotonic() - self._idle_since)
+            if left > 0:  # used and left again meanwhile: wait out the rest
+                self._linger(left)
+                return
+        _retire(self)
+
+    def _linger(self, seconds: float) -> None:
+        """Look again in ``seconds`` whether the client is still unused (lock held)."""
+        timer = threading.Timer(seconds, self._retire_if_idle)
+        timer.daemon = True
+        try:
+            timer.start()
+        except RuntimeError as err:  # no thread to spare: it stays open until exit
+            LOG.debug("Broker client %s cannot schedule its idle close: %s", self.uuid, err)
+            return
+        self._timer_pending = True
+
+    def _round(self, force: bool = False) -> None:
+        """Ask every flowengine worker and every topic in use for its workers."""
+        now = time.monotonic()
+        with self._lock:
+            if not force and now < self._next_round - NOTIFY_PERIOD + MIN_ROUND_GAP:
+                return
+            self._next_round = now + NOTIFY_PERIOD
+            topics = list(self._topics)
+            self._asked.update(topics)
+        protocol = {pr.HEADER_PROTOCOL: pr.PROTOCOL_VERSION}
+        try:
+            # Every flowengine worker answers this one (TaskFlow workers ignore it).
+            self.proxy.publish(pr.Notify(), ext.DISCOVER_ROUTING_KEY, reply_to=self.uuid,
+                               headers=protocol, declare_queue=False, retry=False,
+                               confirm=False)
+        except Exception as err:
+            LOG.debug("Could not broadcast a discovery request: %s", err)
+        for topic in topics:
+            try:
+                # Not retried: this runs on the consumer thread, and a round follows soon.
+                self.proxy.publish(pr.Notify(), topic, reply_to=self.uuid, headers=protocol,
+                                   confirm=False, retry=False)
+            except Exception as err:
+                LOG.warning("Could not ask topic %r for workers: %s", topic, err)
+
+    # -- closing ----------------------------------------------------------------------------
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop consuming, delete the reply queue and close the connections."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            thread, self._thread = self._thread, None
+        self.proxy.stop()
+        self._dispatcher.shutdown(wait=False)
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+        # Nothing reads the queue any more; left in place it would collect announcements.
+        self.proxy.delete_own_queue()
+        self.proxy.close()
+
+
+# -- the process's clients ------------------------------------------------------------------
+
+_clients: dict[Broker, Client] = {}
+_clients_lock = threading.Lock()
+
+
+def client_for(broker: Broker) -> Client:
+    """The process's client for ``broker``, created on first use."""
+    with _clients_lock:
+        client = _clients.get(broker)
+        if client is None or client._closed or client._retired:
+            client = _clients[broker] = Client(broker)
+        return client
+
+
+def _retire(client: Client) -> None:
+    """Close ``client`` if it is still idle (from its own consumer thread)."""
+    with _clients_lock:
+        with client._lock:
+            if client._views or client._closed:
+                return
+            client._retired = True
+            if _clients.get(client.broker) is client:
+                del _clients[client.broker]
+    threading.Thread(target=client.close, daemon=True,
+                     name=f"flowengine-client-close-{client.uuid[:8]}").start()
+
+
+def clients() -> list[Client]:
+    """The clients open in this process."""
+    with _clients_lock:
+        return list(_clients.values())
+
+
+def close_all(timeout: float = 10.0) -> None:
+    """Close every client of this process (at interpreter exit, or for tests)."""
+    with _clients_lock:
+        open_clients = list(_clients.values())
+        _clients.clear()
+    for client in open_clients:
+        try:
+            client.close(timeout)
+        except Exception as err:  # exiting: nothing more to do about it
+            LOG.debug("Closing broker client %s failed: %s", client.uuid, err)
+
+
+def _forget_after_fork() -> None:
+    # A child must not consume or publish over its parent's sockets: it builds its own clients.
+    global _clients_lock
+    _clients.clear()
+    _clients_lock = threading.Lock()
+
+
+atexit.register(close_all)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_after_fork)

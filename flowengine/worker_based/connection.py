@@ -1,0 +1,135 @@
+"""Connections to the broker: transport selection, per-broker tuning, the codec.
+
+:func:`connect` is the one place a transport is chosen (flowengine's own transports are
+registered with kombu by their modules); :func:`tune` the one place broker-specific options
+are set. With :mod:`~flowengine.worker_based.proxy` and
+:mod:`~flowengine.worker_based.broadcast`, the only modules that import kombu.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any, NamedTuple
+
+import kombu
+from kombu.exceptions import OperationalError
+
+from flowengine.persistence.backends._uri import mask_urls
+from flowengine.worker_based import dispatcher as dp
+from flowengine.worker_based import transport_fs, transport_memory, transport_redis
+
+LOG = logging.getLogger("flowengine.worker_based.proxy")
+
+#: Seconds a message a Redis consumer took stays unsettled before Redis hands it out again
+#: (kombu's ``visibility_timeout``, one hour by default; ``transport_options`` may set it).
+REDIS_VISIBILITY_TIMEOUT = 30.0
+#: Seconds the Redis lock guarding those hand-outs outlives a consumer killed holding it.
+REDIS_RESTORE_LOCK_EXPIRE = 10
+#: AMQP heartbeat of consuming connections, in seconds, unless the URL sets one (``?heartbeat=N``).
+#: A consumer that falls silent this long (killed, frozen with SIGSTOP, cut off) has its connection
+#: closed by the broker, which then redelivers what it held. Without it RabbitMQ keeps feeding a
+#: frozen process's free prefetch slots forever.
+CONSUMER_HEARTBEAT = 10.0
+
+
+def connect(url: str | None, transport: Any,
+             options: dict[str, Any]) -> tuple[kombu.Connection, str]:
+    """The (not yet connected) kombu connection for ``url``/``transport``, and its URI for logs.
+
+    Neither given: the embedded filesystem transport. Kombu's Redis and memory transports are
+    swapped for flowengine's (see :mod:`~flowengine.worker_based.transport_redis` and
+    :mod:`~flowengine.worker_based.transport_memory`), whose connections name a class instead
+    of a scheme in ``as_uri()``, so the URI comes from kombu's.
+    """
+    if url is None and transport is None:
+        transport = transport_fs.TRANSPORT_NAME
+    # A host name, even for brokerless transports, keeps kombu from warning on every clone.
+    conn = kombu.Connection(url or "localhost", transport=transport, transport_options=options)
+    swapped = transport_memory.guarded(transport_redis.lean(conn))
+    return swapped, mask_url(conn.as_uri(include_password=True))
+
+
+def without_heartbeat(conn: kombu.Connection) -> tuple[kombu.Connection, float]:
+    """``conn`` with heartbeats off, and the heartbeat its URL asked for (0: none).
+
+    Only a consume loop sends heartbeats (it calls ``heartbeat_check`` between drains); a
+    publishing or one-off connection that negotiated them would be closed by the broker when
+    idle, and an unconfirmed publish on it could vanish.
+    """
+    heartbeat = float(conn.heartbeat or 0)
+    return (conn.clone(heartbeat=0) if heartbeat else conn), heartbeat
+
+
+def drain_once(conn: kombu.Connection, timeout: float, errors: tuple[type[BaseException], ...],
+           where: str) -> None:
+    """One ``drain_events``; connection errors propagate, a bad payload is dropped and logged.
+
+    Kombu's Redis transport decodes a message as it pops it off the list, so a list entry that
+    is not kombu's JSON envelope raises here rather than reaching ``on_decode_error``. The entry
+    is gone by then, so there is nothing to redeliver; the consumer carries on.
+    """
+    try:
+        conn.drain_events(timeout=timeout)
+    except TimeoutError:
+        pass
+    except errors:
+        raise
+    except Exception as err:
+        LOG.warning("Dropped a message on %s: reason=%s %s: %s", where, dp.REASON_DECODE_ERROR,
+                    type(err).__name__, str(err)[:200])
+
+
+class BrokerOutage(OperationalError):
+    """A publish gave up: the broker stayed unreachable past the message's deadline.
+
+    The message names the broker (its URL masked), the message and how long it was tried.
+    """
+
+
+def mask_url(url: str | None) -> str:
+    """``url`` with passwords replaced by ``***`` (every URL of a ``;`` failover list)."""
+    return mask_urls(url or "")
+
+
+class ConnectionDetails(NamedTuple):
+    """Read-only facts about a proxy's broker connection (the URI has no password)."""
+
+    uri: str
+    transport: str
+    driver_name: str
+    driver_version: str | None
+    options: dict[str, Any]
+
+
+class StoredMessage(NamedTuple):
+    """A message copied out of a queue: its raw body, headers and properties."""
+
+    body: bytes
+    headers: dict[str, Any]
+    properties: dict[str, Any]
+
+    def json(self) -> Any:
+        """The body decoded as JSON."""
+        return json.loads(self.body.decode("utf-8"))
+
+
+def tune(driver: str | None, options: dict[str, Any]) -> None:
+    """Set flowengine's defaults for ``driver`` (kombu's ``driver_type``) in ``options``."""
+    if driver == "amqp":
+        # Publisher confirms: publish() returns only once the broker has the message, so a
+        # worker acknowledges a request only after its outcome is safely stored.
+        options.setdefault("confirm_publish", True)
+    if driver == "memory":
+        # Kombu's memory transport sleeps a whole second between empty polls by default.
+        options.setdefault("polling_interval", transport_fs.DEFAULT_POLLING_INTERVAL)
+    if driver == "redis":
+        # Redis returns a message a consumer took and never settled only after this long;
+        # kombu's hour would strand the requests a killed worker had taken but not started
+        # well past any transition timeout. A request still running when it comes back is
+        # handed back, and its engine asks its holder for a heartbeat rather than rerun it.
+        options.setdefault("visibility_timeout", REDIS_VISIBILITY_TIMEOUT)
+        # Handing messages out again takes a Redis lock that expires only after this
+        # (kombu: 5 minutes); a consumer killed while holding it stalls every consumer's
+        # restores that long. The work under the lock takes milliseconds.
+        options.setdefault("unacked_mutex_expire", REDIS_RESTORE_LOCK_EXPIRE)

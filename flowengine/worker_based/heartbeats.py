@@ -1,0 +1,72 @@
+"""The worker's heartbeats: one thread renews every running request's lease at its interval."""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+LOG = logging.getLogger(__name__)
+
+
+class Heartbeats:
+    """Sends every running request's heartbeats from one thread, each at its own interval."""
+
+    def __init__(self) -> None:
+        self._due: dict[Any, tuple[float, float, Callable[[], None]]] = {}
+        self._cond = threading.Condition()
+        self._sending = threading.Lock()
+        self._thread: threading.Thread | None = None
+        # When the thread wakes up by itself next: -inf while it is busy (it looks at every
+        # entry before it waits again), +inf while it waits for a first entry. A request added
+        # with a later due time needs no wake-up; waking the thread for every request would
+        # cost the task threads the GIL once per task.
+        self._wake_at = -math.inf
+
+    def add(self, key: Any, interval: float, beat: Callable[[], None]) -> None:
+        """Call ``beat`` every ``interval`` seconds until :meth:`remove` (first in one interval)."""
+        with self._cond:
+            due = time.monotonic() + interval
+            self._due[key] = (due, interval, beat)
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="flowengine-heartbeats", daemon=True
+                )
+                self._thread.start()
+            elif due < self._wake_at:
+                self._cond.notify()
+
+    def remove(self, key: Any) -> None:
+        """Stop beating for ``key``; once this returns, no heartbeat of it is sent any more."""
+        with self._cond:
+            self._due.pop(key, None)
+        with self._sending:  # waits out a heartbeat of this key being sent right now
+            pass
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                now = time.monotonic()
+                beats = []
+                for key, (due, interval, beat) in list(self._due.items()):
+                    if due <= now:
+                        self._due[key] = (now + interval, interval, beat)
+                        beats.append((key, beat))
+                if not beats:
+                    next_due = min((due for due, _, _ in self._due.values()), default=None)
+                    self._wake_at = math.inf if next_due is None else next_due
+                    self._cond.wait(None if next_due is None else next_due - now)
+                    self._wake_at = -math.inf
+                    continue
+            for key, beat in beats:
+                with self._sending:
+                    # A heartbeat after the outcome would only confuse the engine's logs.
+                    if key not in self._due:
+                        continue
+                    try:
+                        beat()
+                    except Exception as err:  # the next interval tries again
+                        LOG.warning("Could not send a heartbeat: %s", err)

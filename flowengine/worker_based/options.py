@@ -1,0 +1,174 @@
+"""The worker-based engine's options as one typed, frozen record, validated where it is built.
+
+``engines.load(flow, engine="worker-based", **options)`` hands the engine every option the
+action engine does not know itself; :meth:`WorkerEngineOptions.from_mapping` turns them into
+this record. A misspelt or wrongly typed option is an error naming it; ``None`` means the
+default, as in TaskFlow.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from flowengine.engines.options import as_bool
+from flowengine.worker_based import backoff as bo
+from flowengine.worker_based import extensions as ext
+from flowengine.worker_based import protocol as pr
+
+_WHAT = "Worker-based engine option"
+
+
+def _error(name: str, value: Any, wanted: str) -> ValueError:
+    return ValueError(f"{_WHAT} {name!r} must be {wanted}, not {value!r}")
+
+
+def _seconds(name: str, value: Any, optional: bool) -> float | None:
+    if value in ("", "none", "None") and optional:
+        return None
+    if isinstance(value, bool):
+        raise _error(name, value, "a number of seconds")
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        raise _error(name, value, "a number of seconds") from None
+    if seconds <= 0:
+        raise _error(name, value, "a positive number of seconds")
+    return seconds
+
+
+def _positive_int(name: str, value: Any) -> int:
+    if isinstance(value, bool):
+        raise _error(name, value, "a whole number of at least 1")
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise _error(name, value, "a whole number of at least 1") from None
+    if number < 1 or number != float(value):
+        raise _error(name, value, "a whole number of at least 1")
+    return number
+
+
+def _text(name: str, value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise _error(name, value, "a non-empty string")
+    return value
+
+
+def _topics(name: str, value: Any) -> tuple[str, ...]:
+    if isinstance(value, str):
+        return tuple(t for t in value.split(",") if t)
+    if not isinstance(value, (list, tuple, set, frozenset)) or not all(
+            isinstance(t, str) and t for t in value):
+        raise _error(name, value, "a list of topic names (or one comma-separated string)")
+    return tuple(value)
+
+
+def _mapping(name: str, value: Any) -> dict[str, Any]:
+    if not isinstance(value, Mapping):
+        raise _error(name, value, "a mapping")
+    return dict(value)
+
+
+def _port(name: str, value: Any) -> int | None:
+    if value == "":
+        return None
+    try:
+        port = int(value)
+    except (TypeError, ValueError):
+        raise _error(name, value, "a port number") from None
+    if not 0 <= port <= 65535:
+        raise _error(name, value, "a port number from 0 to 65535")
+    return port
+
+
+def _time_limits(name: str, value: Any) -> dict[str, float]:
+    limits = _mapping(name, value)
+    return {str(task): float(_seconds(f"{name}[{task!r}]", seconds, optional=False) or 0)
+            for task, seconds in limits.items()}
+
+
+def _retry(name: str, value: Any) -> bo.RetryOptions:
+    try:
+        return bo.RetryOptions.from_options(value)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{_WHAT} {name!r}: {err}") from err
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerEngineOptions:
+    """What a worker-based engine is configured with (see :doc:`workers`)."""
+
+    exchange: str = "default"
+    url: str | None = None
+    topics: tuple[str, ...] = ()
+    transport: Any = None
+    transport_options: Mapping[str, Any] | None = None
+    retry_options: bo.RetryOptions | None = None
+    transition_timeout: float | None = pr.REQUEST_TIMEOUT
+    worker_expiry: float | None = pr.EXPIRES_AFTER
+    taskflow_compat: bool = False
+    lease_timeout: float | None = ext.DEFAULT_LEASE_TIMEOUT
+    heartbeat_interval: float = ext.DEFAULT_HEARTBEAT_INTERVAL
+    max_attempts: int = ext.DEFAULT_MAX_ATTEMPTS
+    time_limits: Mapping[str, float] | None = None
+    events: bool = True
+    metrics: bool = False
+    metrics_port: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.lease_timeout is not None and self.lease_timeout <= self.heartbeat_interval:
+            raise ValueError(f"{_WHAT} 'lease_timeout' ({self.lease_timeout}s) must be longer "
+                             f"than 'heartbeat_interval' ({self.heartbeat_interval}s)")
+
+    def executor_options(self) -> dict[str, Any]:
+        """The options a :class:`~flowengine.worker_based.executor.WorkerTaskExecutor` takes."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if f.name not in _ENGINE_ONLY}
+
+    @classmethod
+    def from_mapping(cls, options: Mapping[str, Any]) -> WorkerEngineOptions:
+        """Validate ``options``; ``None`` values mean the default.
+
+        Raises:
+            ValueError: An unknown option (with the nearest known name), or a bad value;
+                the message names the option.
+        """
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            hints = [f"{name!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
+                     for name in unknown
+                     for close in [difflib.get_close_matches(name, known, n=1)]]
+            raise ValueError(f"Unknown worker-based engine option(s): {', '.join(hints)}")
+        values: dict[str, Any] = {}
+        for name, value in options.items():
+            if value is None and name not in _NONE_MEANS_NONE:
+                continue  # the default, as in TaskFlow
+            values[name] = _CONVERT[name](name, value) if value is not None else None
+        return cls(**values)
+
+
+#: Options the engine itself uses (events and metrics), not its executor.
+_ENGINE_ONLY = frozenset({"events", "metrics", "metrics_port"})
+_NONE_MEANS_NONE = frozenset({"transition_timeout", "worker_expiry", "lease_timeout"})
+_CONVERT: dict[str, Callable[[str, Any], Any]] = {
+    "exchange": _text,
+    "url": _text,
+    "topics": _topics,
+    "transport": lambda _n, v: v,
+    "transport_options": _mapping,
+    "retry_options": _retry,
+    "transition_timeout": lambda n, v: _seconds(n, v, optional=True),
+    "worker_expiry": lambda n, v: _seconds(n, v, optional=True),
+    "taskflow_compat": as_bool,
+    "lease_timeout": lambda n, v: _seconds(n, v, optional=True),
+    "heartbeat_interval": lambda n, v: _seconds(n, v, optional=False),
+    "max_attempts": _positive_int,
+    "time_limits": _time_limits,
+    "events": as_bool,
+    "metrics": as_bool,
+    "metrics_port": _port,
+}

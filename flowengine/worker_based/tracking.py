@@ -1,0 +1,339 @@
+"""How the attempts in flight progress and end: replies, worker news and the clock.
+
+The half of :class:`~flowengine.worker_based.executor.WorkerTaskExecutor` that runs on the
+process's broker client's consumer thread: it applies each reply (RUNNING, heartbeats,
+progress, hand-backs, outcomes) and worker announcement to the attempt it concerns, and
+judges every attempt's lifecycle (:mod:`~flowengine.worker_based.attempt`) by the clock:
+expiries, time limits and lapsed leases, re-dispatching or parking what is lost.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from flowengine import exceptions as exc
+from flowengine.worker_based import attempt as at
+from flowengine.worker_based import cancellation as cn
+from flowengine.worker_based import client as bc
+from flowengine.worker_based import dead_letters
+from flowengine.worker_based import extensions as ext
+from flowengine.worker_based import protocol as pr
+from flowengine.worker_based import proxy as px
+from flowengine.worker_based.submission import Submission
+from flowengine.worker_based.types import TopicWorker, WorkerFinder, header
+
+LOG = logging.getLogger("flowengine.worker_based.executor")
+
+#: Heartbeat intervals a worker holding a RUNNING attempt the broker handed out again has to
+#: show it is alive before the attempt is lost.
+PROOF_OF_LIFE = 1.5
+#: Seconds between looks for workers that fell silent (an engine's clock).
+_EXPIRY_CHECK_PERIOD = 1.0
+
+
+class AttemptTracking:
+    """Replies and the clock applied to an executor's attempts (a mixin of the executor,
+    which provides the state and the completing methods declared here)."""
+
+    _lock: threading.RLock
+    _ongoing: dict[str, Submission]
+    _clock: Callable[[], float]
+    _lease_timeout: float | None
+    _heartbeat_interval: float
+    _max_attempts: int
+    _events: ext.EventSink
+    _next_due: float
+    _next_expiry_check: float
+    finder: WorkerFinder
+
+    @property
+    def client(self) -> bc.Client:
+        raise NotImplementedError
+
+    @property
+    def _proxy(self) -> px.Proxy:
+        raise NotImplementedError
+
+    def _fail(self, sub: Submission, error: Exception) -> None:
+        raise NotImplementedError
+
+    def _finish(self, sub: Submission, result: Any) -> None:
+        raise NotImplementedError
+
+    def _cancelled(self, sub: Submission, why: str) -> None:
+        raise NotImplementedError
+
+    def _new_attempt(self, sub: Submission, defer: bool = False) -> None:
+        raise NotImplementedError
+
+    def _event_fields(self, sub: Submission) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _headers(self, sub: Submission, request: pr.Request) -> dict[str, Any]:
+        raise NotImplementedError
+
+    # -- replies (the client's consumer thread) ---------------------------------------------
+
+    def on_reply(self, data: Any, message: Any) -> None:
+        """Apply a RESPONSE for one of this executor's attempts (the client's consumer)."""
+        correlation_id = message.properties.get("correlation_id")
+        headers = message.headers or {}
+        self.finder.seen(header(headers, pr.HEADER_WORKER), header(headers, pr.HEADER_CAPACITY))
+        with self._lock:
+            sub = self._ongoing.get(correlation_id)
+        if sub is None or sub.request is None:
+            # A reply to an attempt that already finished or lapsed (late, duplicate, or from
+            # a worker that woke up): applying it would complete an atom twice.
+            # A late outcome is worth a line; a RUNNING or progress reply may trail the outcome
+            # it precedes (flowengine workers send them unconfirmed), which is routine.
+            level = logging.INFO if data.get("state") in (pr.SUCCESS, pr.FAILURE) else logging.DEBUG
+            LOG.log(level, "Ignoring %s reply for unknown or finished request %s",
+                    data.get("state"), correlation_id)
+            return
+        request = sub.request
+        try:
+            response = pr.Response.from_dict(data)
+        except Exception as err:
+            # Valid by schema yet undecodable: fail the attempt rather than wait on it forever.
+            LOG.warning("Undecodable %s reply for request %s of task %r: %s",
+                        data.get("state"), correlation_id, sub.task.name, err)
+            self._fail(sub, exc.InvalidFormat(
+                f"The {data.get('state')} reply for task {sub.task.name!r} (request "
+                f"{correlation_id}) could not be decoded: {err}"))
+            return
+        state = response.state
+        if state == pr.EVENT:
+            event_type = response.data["event_type"]
+            if event_type == ext.EVENT_HEARTBEAT:
+                self._renew(sub, headers)
+            elif event_type == ext.EVENT_REDELIVERED:
+                self._handed_back(sub, request, header(headers, pr.HEADER_WORKER))
+            elif event_type == cn.EVENT_CANCELLED:
+                if request.current_state in pr.WAITING_STATES:
+                    by = header(headers, pr.HEADER_WORKER) or "?"
+                    self._cancelled(sub, f"worker {by} dropped it unstarted, as asked")
+            else:
+                sub.task.notifier.notify(response.data["event_type"], response.data["details"])
+        elif state == pr.RUNNING:
+            request.transition_and_log_error(pr.RUNNING, logger=LOG)
+            attempt = sub.attempt
+            if attempt is not None and attempt.state == at.PENDING:
+                if header(headers, pr.HEADER_PROTOCOL) is None:
+                    # Only flowengine workers send heartbeats: a TaskFlow worker's request
+                    # holds no lease.
+                    attempt.lease_timeout = None
+                self._advance(sub, at.START)
+            self._holder(sub, header(headers, pr.HEADER_WORKER))
+            self._renew(sub, headers)
+            self._note_due(self._deadline(sub, request))  # its time limit or lease
+        elif state in (pr.SUCCESS, pr.FAILURE):
+            if request.current_state == pr.PENDING:
+                # The RUNNING reply was lost or overtaken; the outcome still counts.
+                request.transition_and_log_error(pr.RUNNING, logger=LOG)
+            if request.transition_and_log_error(state, logger=LOG):
+                self._advance(sub, at.FINISH)
+                self._finish(sub, response.data["result"])
+        else:
+            LOG.warning("Ignoring reply in state %s for request %s", state, correlation_id)
+
+    def _holder(self, sub: Submission, identity: str | None) -> None:
+        """Track the worker that actually took the request: workers sharing a topic share its
+        queue, so it may not be the one it was sent for (and an offline notice from that one
+        must not re-dispatch work another is running)."""
+        if not identity or (sub.worker is not None and sub.worker.identity == identity):
+            return
+        # The holder may not be known yet: its announcement travels on another queue than its
+        # replies and can arrive later. The attempt still moves to it, by identity.
+        holder = self.finder.get(identity)
+        with self._lock:
+            if sub.worker is not None:
+                sub.worker.in_flight = max(sub.worker.in_flight - 1, 0)
+            if holder is not None:
+                holder.in_flight += 1
+            sub.worker = holder
+            previous = sub.workers[-1] if sub.workers else None
+            if sub.workers:
+                sub.workers[-1] = identity
+            else:
+                sub.workers.append(identity)
+        self._events.emit("task-moved", **self._event_fields(sub), worker=identity,
+                          from_worker=previous)
+
+    def _handed_back(self, sub: Submission, request: pr.Request, by: str | None) -> None:
+        """A worker returned the current attempt unrun: the broker redelivered it to that worker,
+        so whoever held it before died, was cut off, or (Redis) held it past its visibility
+        timeout without settling it."""
+        holder = sub.workers[-1] if sub.workers else "?"
+        why = (f"the broker redelivered it to worker {by or '?'}: its worker {holder} died or "
+               f"was cut off holding it")
+        if request.current_state == pr.RUNNING and self._lease_timeout is not None:
+            # The holder may still be running it (a long task Redis handed out again, a worker
+            # whose connection blipped): one that is alive proves it with its next heartbeat,
+            # which renews the lease; one that is gone lets the lease lapse soon.
+            due = self._clock() + PROOF_OF_LIFE * self._heartbeat_interval
+            if sub.attempt is not None:
+                sub.attempt.shorten(due)
+                self._note_due(due)  # sooner than anything noted for this attempt so far
+            sub.suspect = why
+            LOG.debug("Attempt %d of task %r (request %s) came back from the broker; its "
+                      "lease now ends unless worker %s sends a heartbeat", sub.attempts,
+                      sub.task.name, request.request_id, holder)
+            return
+        if request.current_state == pr.RUNNING or sub.resent >= self._max_attempts:
+            self._lapse(sub, why)
+            return
+        # It never started (no RUNNING reply precedes the hand-back on the reply queue), so
+        # sending it again costs no attempt: a graceful worker stop gives back requests it
+        # prefetched. Bounded all the same, in case something kills workers before they reply.
+        LOG.info("Attempt %d of task %r (request %s) never started: %s; sending it again",
+                 sub.attempts, sub.task.name, request.request_id, why)
+        sub.resent += 1
+        self._new_attempt(sub, defer=True)
+
+    def _renew(self, sub: Submission, headers: Mapping[str, Any]) -> None:
+        # Only flowengine workers send heartbeats; a TaskFlow worker's request holds no lease.
+        attempt = sub.attempt
+        if (attempt is not None and attempt.state == at.RUNNING
+                and attempt.lease_timeout is not None
+                and header(headers, pr.HEADER_PROTOCOL) is not None):
+            # Later than the lease end noted before, so nothing new to note (see on_wait).
+            self._advance(sub, at.RENEW)
+            sub.suspect = None  # alive after all
+
+    def _advance(self, sub: Submission, event: str) -> None:
+        """Apply ``event`` to the current attempt's lifecycle (logged if it does not apply:
+        replies can be late or duplicated, and are never a reason to fail)."""
+        if sub.attempt is None:
+            return
+        try:
+            sub.attempt.on(event)
+        except at.AttemptError as err:
+            LOG.debug("%s", err)
+
+    def on_notify(self, data: Any, message: Any) -> None:
+        """Learn of a worker (or its going offline) from an announcement or NOTIFY reply."""
+        headers = message.headers or {}
+        identity = header(headers, pr.HEADER_WORKER)
+        if header(headers, pr.HEADER_WORKER_STATUS) == pr.WORKER_OFFLINE:
+            if identity:
+                gone = self.finder.remove(identity)
+                if gone is not None:
+                    self._orphaned([gone], "went offline")
+            return
+        self.finder.add(data["topic"], data["tasks"], identity=identity,
+                        capacity=header(headers, pr.HEADER_CAPACITY),
+                        flowengine=header(headers, pr.HEADER_PROTOCOL) is not None)
+
+    # -- housekeeping (the client's consumer thread) ----------------------------------------
+
+    def resumed(self, outage: float) -> None:
+        """The process's broker connection is back after ``outage`` seconds.
+
+        Its own disconnection does not count against the workers: every running attempt's
+        lease and every worker's liveness start afresh, with time for the heartbeats and
+        outcomes that waited in the reply queue to be drained before any lease is judged.
+        """
+        grace = outage + PROOF_OF_LIFE * self._heartbeat_interval
+        with self._lock:
+            for sub in self._ongoing.values():
+                if sub.attempt is not None:
+                    sub.attempt.extend(grace)
+        for worker in self.finder.workers():
+            self.finder.seen(worker.identity)
+
+    def _note_due(self, when: float) -> None:
+        """Something falls due at ``when``: the next scan must not come later."""
+        with self._lock:
+            if when < self._next_due:
+                self._next_due = when
+
+    def on_wait(self) -> None:
+        """Expire overdue requests and lapsed leases, forget silent workers (runs periodically)."""
+        now = self._clock()
+        if now >= self._next_expiry_check:
+            self._next_expiry_check = now + _EXPIRY_CHECK_PERIOD
+            gone = self.finder.expire()
+            if gone:
+                self._orphaned(gone, "expired")
+        with self._lock:
+            # Scanning every request in flight costs while thousands are; scan only when the
+            # earliest deadline (noted as each one is set) has come.
+            if now < self._next_due:
+                return
+            self._next_due = math.inf
+            subs = list(self._ongoing.values())
+        for sub in subs:
+            request = sub.request
+            if request is None:
+                continue
+            self._note_due(self._deadline(sub, request))
+            if request.expired and sub.revoking == request.request_id:
+                # Asked not to start, and now past its deadline header: no worker will run it.
+                self._cancelled(sub, "it expired unstarted after it was revoked")
+            elif request.expired:
+                self._fail(sub, exc.RequestTimeout(
+                    f"Request {request.request_id} for task {sub.task.name!r} has expired "
+                    f"after waiting for {request.timeout} seconds for it to transition out "
+                    f"of (WAITING, PENDING) states"))
+            elif request.current_state == pr.RUNNING and sub.attempt is not None:
+                attempt = sub.attempt
+                verdict = attempt.judge()
+                if verdict == at.TIME_OUT and attempt.time_limit and attempt.started is not None:
+                    self._advance(sub, at.TIME_OUT)
+                    self._fail(sub, exc.TaskTimeLimitExceeded(
+                        sub.task.name, attempt.time_limit, elapsed=now - attempt.started))
+                elif verdict == at.LAPSE:
+                    self._advance(sub, at.LAPSE)
+                    self._lapse(sub, sub.suspect or "its lease lapsed (no heartbeat)")
+
+    def _deadline(self, sub: Submission, request: pr.Request) -> float:
+        """When ``sub``'s attempt next needs looking at (expiry, time limit or lease)."""
+        if request.current_state in pr.WAITING_STATES:
+            return (math.inf if request.timeout is None
+                    else request.created_on + request.timeout)
+        if request.current_state == pr.RUNNING and sub.attempt is not None:
+            return sub.attempt.due()
+        return math.inf
+
+    def _orphaned(self, workers: list[TopicWorker], why: str) -> None:
+        ids = {w.identity for w in workers}
+        with self._lock:
+            # By the identity of the attempt's holder, which a RUNNING reply may have moved
+            # to a worker this executor has not discovered yet.
+            held = [s for s in self._ongoing.values()
+                    if s.workers and s.workers[-1] in ids and s.request is not None
+                    and s.request.current_state in (pr.PENDING, pr.RUNNING)]
+        for sub in held:
+            self._lapse(sub, f"its worker {sub.workers[-1]} {why}")
+
+    def _lapse(self, sub: Submission, why: str) -> None:
+        """The current attempt is lost: try again elsewhere, or give up and park it."""
+        request = sub.request
+        assert request is not None
+        LOG.warning("Attempt %d of task %r (request %s, worker %s) is lost: %s",
+                    sub.attempts, sub.task.name, request.request_id,
+                    sub.workers[-1] if sub.workers else "?", why)
+        self._events.emit("task-lost", **self._event_fields(sub), reason=why,
+                          worker=sub.workers[-1] if sub.workers else None)
+        if sub.attempts - sub.resent < self._max_attempts:
+            self._new_attempt(sub, defer=True)
+            self._events.emit("task-retried", **self._event_fields(sub), reason=why)
+            return
+        error = exc.WorkerLost(sub.task.name, sub.attempts, list(sub.workers))
+        self._park(sub, request, f"{error}; the last one: {why}")
+        self._fail(sub, error)
+
+    def _park(self, sub: Submission, request: pr.Request, reason: str) -> None:
+        """Publish the request as a dead letter an operator can list and requeue."""
+        headers = self._headers(sub, request)
+        topic = sub.worker.topic if sub.worker else sub.topic
+        try:
+            dead_letters.park(self._proxy, request, headers, reason, topic, sub.workers,
+                              reply_to=self.client.reply_to)
+        except Exception as err:
+            LOG.error("Could not park request %s of task %r as a dead letter: %s",
+                      request.request_id, sub.task.name, err)

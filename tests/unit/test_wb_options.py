@@ -1,0 +1,77 @@
+"""Worker-based engine options: one typed, frozen record, validated where it is built."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from behaviour import tasks
+
+from flowengine import engines
+from flowengine.worker_based import backoff as bo
+from flowengine.worker_based import extensions as ext
+from flowengine.worker_based import protocol as pr
+from flowengine.worker_based.options import WorkerEngineOptions
+
+
+def test_no_options_are_the_defaults() -> None:
+    options = WorkerEngineOptions.from_mapping({})
+    assert options == WorkerEngineOptions()
+    assert (options.exchange, options.transition_timeout, options.max_attempts) == (
+        "default", pr.REQUEST_TIMEOUT, ext.DEFAULT_MAX_ATTEMPTS)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        options.exchange = "other"  # type: ignore[misc]
+
+
+def test_none_means_the_default_and_none_for_timeouts_means_never() -> None:
+    options = WorkerEngineOptions.from_mapping(
+        {"exchange": None, "max_attempts": None, "transition_timeout": None,
+         "lease_timeout": "none"})
+    assert (options.exchange, options.max_attempts) == ("default", ext.DEFAULT_MAX_ATTEMPTS)
+    assert options.transition_timeout is None and options.lease_timeout is None
+
+
+def test_values_are_converted_to_their_types() -> None:
+    options = WorkerEngineOptions.from_mapping(
+        {"topics": "a,b", "transition_timeout": "5", "max_attempts": "4", "events": "false",
+         "retry_options": {"interval_start": 1}, "time_limits": {"t": 2},
+         "metrics_port": "9100"})
+    assert options.topics == ("a", "b") and options.transition_timeout == 5.0
+    assert options.max_attempts == 4 and options.events is False
+    assert options.retry_options == bo.RetryOptions(interval_start=1.0)
+    assert options.time_limits == {"t": 2.0} and options.metrics_port == 9100
+
+
+def test_a_misspelt_option_is_an_error_naming_it_and_its_nearest_name() -> None:
+    with pytest.raises(ValueError, match=r"Unknown worker-based engine option\(s\): "
+                                         r"'transition_timout' \(did you mean "
+                                         r"'transition_timeout'\?\)"):
+        WorkerEngineOptions.from_mapping({"transition_timout": 5})
+
+
+@pytest.mark.parametrize(("name", "value", "wanted"), [
+    ("max_attempts", 0, "a whole number of at least 1"),
+    ("max_attempts", 1.5, "a whole number of at least 1"),
+    ("transition_timeout", "soon", "a number of seconds"),
+    ("heartbeat_interval", -1, "a positive number of seconds"),
+    ("topics", [1], "a list of topic names"),
+    ("exchange", 3, "a non-empty string"),
+    ("transport_options", "x=1", "a mapping"),
+    ("metrics_port", 70000, "a port number from 0 to 65535"),
+    ("taskflow_compat", "perhaps", ""),
+])
+def test_a_wrongly_typed_option_is_an_error_naming_it(name: str, value: object,
+                                                       wanted: str) -> None:
+    with pytest.raises(ValueError, match=repr(name)) as caught:
+        WorkerEngineOptions.from_mapping({name: value})
+    assert wanted in str(caught.value)
+
+
+def test_a_lease_no_longer_than_the_heartbeat_interval_is_refused() -> None:
+    with pytest.raises(ValueError, match="'lease_timeout' .* must be longer than"):
+        WorkerEngineOptions.from_mapping({"lease_timeout": 1, "heartbeat_interval": 2})
+
+
+def test_engines_load_refuses_a_misspelt_worker_based_option() -> None:
+    with pytest.raises(ValueError, match="'topic'.*did you mean 'topics'"):
+        engines.load(tasks.Step("s"), engine="worker-based", topic="x", transport="memory")
