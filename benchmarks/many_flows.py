@@ -99,11 +99,14 @@ def many(n):
     peak = {"sockets": 0, "threads": 0, "rss_mb": 0.0}
     stop = threading.Event()
 
+    def sample():
+        peak["sockets"] = max(peak["sockets"], sockets())
+        peak["threads"] = max(peak["threads"], library_threads())
+        peak["rss_mb"] = max(peak["rss_mb"], rss_mb() or 0.0)
+
     def watch():
         while not stop.wait(0.05):
-            peak["sockets"] = max(peak["sockets"], sockets())
-            peak["threads"] = max(peak["threads"], library_threads())
-            peak["rss_mb"] = max(peak["rss_mb"], rss_mb() or 0.0)
+            sample()
 
     results = []
     gate = threading.Event()
@@ -131,6 +134,9 @@ def many(n):
     wall = time.perf_counter() - started
     stop.set()
     watcher.join()
+    # A run shorter than the watcher's period may have gone unsampled; the shared client lingers
+    # after its last engine leaves, so a sample taken now still sees what the run held.
+    sample()
     done = sum(1 for r in results if r == states.SUCCESS)
     return {
         "flows": n, "finished": done, "all_finished": done == n, "wall_s": wall,
