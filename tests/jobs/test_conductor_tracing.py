@@ -4,6 +4,7 @@ the tracing itself does not depend on the backend)."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,6 +12,7 @@ from typing import Any
 
 import jobs_flows
 import pytest
+from click.testing import CliRunner
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -18,8 +20,10 @@ from span_capture import captured_spans
 from test_conductor_behaviour import Events, make, running
 
 from flowengine import tracing
+from flowengine.cli.main import cli
 from flowengine.jobs.base import JobBoard
 from flowengine.jobs.posting import post_flow
+from flowengine.persistence import backends as p_backends
 from flowengine.persistence.backends import impl_memory
 from flowengine.tracing import names
 
@@ -106,3 +110,27 @@ def test_a_job_resumed_by_another_conductor_links_to_the_first_run(
                                      key=lambda span: span.start_time or 0)
     assert parent_id(first_flow) == started.context.span_id
     assert parent_id(second_flow) == resumed.context.span_id
+
+
+def test_a_job_posted_from_the_command_line_continues_its_traceparent(
+    board: JobBoard, board_namespace: str, redis_url: str, spans: InMemorySpanExporter,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    trace_id, span_id = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+    monkeypatch.chdir(Path(jobs_flows.__file__).parent)
+    monkeypatch.setenv("TRACEPARENT", f"00-{trace_id}-{span_id}-01")
+    backend = f"sqlite:///{tmp_path / 'flows.db'}"
+    post = ["jobs", "post", "--board", redis_url, "--board-option", f"namespace={board_namespace}",
+            "--backend", backend, "jobs_flows:steps", "--arg", "1", "--name", "from-ci"]
+    posted = CliRunner().invoke(cli, post, catch_exceptions=False)
+    assert posted.exit_code == 0, posted.output
+    refused = CliRunner().invoke(cli, [*post, "--traceparent", "not-a-trace"])
+    assert refused.exit_code == 2 and "not a W3C traceparent" in refused.output
+    with contextlib.closing(p_backends.fetch(backend)) as persistence:
+        conductor = make("blocking", board, persistence)
+        events = Events(conductor)
+        with running(conductor):
+            events.wait_for("job_consumed")
+    [claimed] = named(spans, "job from-ci")
+    assert format(claimed.context.trace_id, "032x") == trace_id
+    assert parent_id(claimed) == int(span_id, 16)
