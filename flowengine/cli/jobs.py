@@ -5,6 +5,7 @@ Job details are always shown with their secrets masked.
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Any
 
@@ -48,11 +49,14 @@ def _find(board: Any, prefix: str) -> Any:
 _TRACEPARENT = re.compile(r"[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
 
 
-def _traceparent(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
-    if value and not _TRACEPARENT.fullmatch(value.strip()):
-        raise click.BadParameter(f"{value[:80]!r} is not a W3C traceparent "
-                                 "(00-<32 hex trace id>-<16 hex span id>-<2 hex flags>)")
-    return value.strip() if value else None
+def _traceparent(given: str | None) -> str | None:
+    """``--traceparent``, else ``$TRACEPARENT`` (the name CI systems and otel-cli use), checked."""
+    value = (given or os.environ.get("TRACEPARENT") or "").strip()
+    if value and not _TRACEPARENT.fullmatch(value):
+        raise click.BadParameter(f"{value[:80]!r} is not a W3C traceparent (00-<32 hex trace"
+                                 " id>-<16 hex span id>-<2 hex flags>)",
+                                 param_hint="--traceparent or $TRACEPARENT")
+    return value or None
 
 
 @click.group("jobs")
@@ -114,7 +118,7 @@ def show_command(board_uri: str, board_options: tuple[str, ...], job_id: str) ->
 @click.option("--priority", envvar="FLOWENGINE_PRIORITY", default="NORMAL", show_default=True,
               type=click.Choice(["VERY_HIGH", "HIGH", "NORMAL", "LOW", "VERY_LOW"],
                                 case_sensitive=False))
-@click.option("--traceparent", envvar="TRACEPARENT", default=None, callback=_traceparent,
+@click.option("--traceparent", envvar="FLOWENGINE_TRACEPARENT", default=None,
               help="A W3C traceparent (00-<trace id>-<span id>-<flags>) the conductor's span of "
                    "the job continues, e.g. a CI pipeline's; default: $TRACEPARENT, else the "
                    "current span when tracing is on.")
@@ -129,6 +133,7 @@ def post_command(board_uri: str, board_options: tuple[str, ...], backend_uri: st
     from flowengine import tracing
     from flowengine.jobs.posting import post_flow
 
+    traceparent = _traceparent(traceparent)
     import_target(spec)  # fails here, naming the spec, rather than in a conductor
     persistence = records.open_backend(backend_uri, create=True)
     try:
