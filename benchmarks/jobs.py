@@ -1,6 +1,8 @@
 """Jobboard and conductor benchmark: throughput, post-to-start latency, failover time.
 
-For each backend (``--backends``; Redis by default):
+For each backend (``--backends``: ``redis``, ``zookeeper``, ``etcd``, comma-separated; Redis by
+default), every measurement on a board of its own below one root per run, removed at the end
+(see :class:`Places`):
 
 * ``throughput``: ``--jobs`` one-task jobs are posted, then 1, 2 and 4 nonblocking conductors
   (threads of this process, each with its own board connection, sharing an in-memory
@@ -110,15 +112,6 @@ class Lib:
 
         return backends.fetch(kind, name, board, persistence=self.persistence, **options)
 
-    def wipe(self) -> None:
-        import redis
-
-        client = redis.Redis.from_url(REDIS_URL)
-        keys = list(client.scan_iter(match=f"{self.conf['namespace']}*", count=1000))
-        if keys:
-            client.delete(*keys)
-
-
 class TaskFlowLib(Lib):
     name = "taskflow"
 
@@ -204,7 +197,6 @@ def throughput(lib: Lib, jobs: int, conductors: int) -> dict[str, Any]:
     took = (consumed.times[-1] if consumed.times else time.perf_counter()) - started
     for board in [poster, *boards]:
         board.close()
-    lib.wipe()
     return {"conductors": conductors, "jobs": jobs, "consumed": consumed.count,
             "complete": finished, "seconds": round(took, 3),
             "jobs_per_s": round(consumed.count / took, 1) if took > 0 else None}
@@ -228,7 +220,6 @@ def latency(lib: Lib, samples: int) -> dict[str, Any]:
             time.sleep(0.05)  # idle again
     poster.close()
     board.close()
-    lib.wipe()
     if not delays:
         return {"samples": 0}
     ordered = sorted(delays)
@@ -285,16 +276,73 @@ def failover(conf: dict[str, Any], claim_ttl: float) -> dict[str, Any]:
 # ---- driver ------------------------------------------------------------------------------------
 
 
-def backend_conf(name: str, args: argparse.Namespace) -> dict[str, Any]:
-    namespace = f"bench-{uuid.uuid4().hex[:8]}"
-    if name == "redis":
-        return {"board": args.redis, "namespace": namespace}
-    if name == "zookeeper":
-        return {"board": "zookeeper", "hosts": args.zookeeper, "path": f"/{namespace}"}
-    if name == "etcd":
-        host, _, port = args.etcd.partition(":")
-        return {"board": "etcd", "host": host, "port": int(port or 2379), "path": f"/{namespace}"}
-    raise SystemExit(f"unknown backend {name!r}")
+class Places:
+    """Unique places on each backend for one run: all under one parent, removed at the end.
+
+    Every measurement gets its own board (``conf()``) below the run's root, so no measurement
+    sees another's jobs: Redis keys ``flowengine-bench:<run>:<n>:*``, ZooKeeper paths
+    ``/flowengine-bench/<run>/<n>/jobs`` (the board's trash and entities are its siblings), etcd
+    board paths ``flowengine-bench/<run>/<n>``.
+    """
+
+    PARENT = "flowengine-bench"
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.run = uuid.uuid4().hex[:8]
+        self.made = 0
+
+    def conf(self, backend: str) -> dict[str, Any]:
+        """The conf of a new, empty board on ``backend``."""
+        self.made += 1
+        if backend == "redis":
+            return {"board": self.args.redis,
+                    "namespace": f"{self.PARENT}:{self.run}:{self.made}"}
+        if backend == "zookeeper":
+            return {"board": "zookeeper", "hosts": self.args.zookeeper,
+                    "path": f"/{self.PARENT}/{self.run}/{self.made}/jobs"}
+        if backend == "etcd":
+            host, port = etcd_address(self.args.etcd)
+            return {"board": "etcd", "host": host, "port": port,
+                    "path": f"{self.PARENT}/{self.run}/{self.made}"}
+        raise SystemExit(f"unknown backend {backend!r} (known: redis, zookeeper, etcd)")
+
+    def remove(self, backend: str) -> None:
+        """Delete everything this run stored on ``backend``."""
+        if backend == "redis":
+            import redis
+
+            client = redis.Redis.from_url(self.args.redis)
+            try:
+                keys = list(client.scan_iter(match=f"{self.PARENT}:{self.run}:*", count=1000))
+                if keys:
+                    client.delete(*keys)
+            finally:
+                client.close()
+        elif backend == "zookeeper":
+            from kazoo.client import KazooClient
+
+            zk = KazooClient(hosts=self.args.zookeeper)
+            zk.start(timeout=15)
+            try:
+                zk.delete(f"/{self.PARENT}/{self.run}", recursive=True)
+                with contextlib.suppress(Exception):  # another run may still use the parent
+                    zk.delete(f"/{self.PARENT}")
+            finally:
+                zk.stop()
+                zk.close()
+        elif backend == "etcd":
+            import etcd3gw
+
+            host, port = etcd_address(self.args.etcd)
+            etcd = etcd3gw.Etcd3Client(host=host, port=port, timeout=10)
+            for root in ("/taskflow/jobs/", "/taskflow/.trash/", "/taskflow/.entities/"):
+                etcd.delete_prefix(f"{root}{self.PARENT}/{self.run}/")
+
+
+def etcd_address(address: str) -> tuple[str, int]:
+    host, _, port = address.partition(":")
+    return host, int(port or 2379)
 
 
 def guarded(measure: Callable[[], dict[str, Any]]) -> dict[str, Any]:
@@ -304,14 +352,15 @@ def guarded(measure: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         return {"error": f"{type(err).__name__}: {err}"}
 
 
-def measure_backend(name: str, args: argparse.Namespace, counts: list[int]) -> dict[str, Any]:
+def measure_backend(name: str, args: argparse.Namespace, places: Places,
+                    counts: list[int]) -> dict[str, Any]:
     """Throughput, latency and (unless disabled) failover of flowengine on one backend."""
     row: dict[str, Any] = {}
-    row["throughput"] = [guarded(lambda n=n: throughput(Lib(backend_conf(name, args)),
-                                                         args.jobs, n)) for n in counts]
-    row["latency"] = guarded(lambda: latency(Lib(backend_conf(name, args)), args.samples))
+    row["throughput"] = [guarded(lambda n=n: throughput(Lib(places.conf(name)), args.jobs, n))
+                         for n in counts]
+    row["latency"] = guarded(lambda: latency(Lib(places.conf(name)), args.samples))
     if not args.no_failover:
-        row["failover"] = guarded(lambda: failover(backend_conf(name, args), args.claim_ttl))
+        row["failover"] = guarded(lambda: failover(places.conf(name), args.claim_ttl))
     return row
 
 
@@ -331,26 +380,41 @@ def main() -> None:
     counts = [int(c) for c in args.conductors.split(",") if c]
     report: dict[str, Any] = {"benchmark": "jobs", "python": platform.python_version(),
                               "cpus": os.cpu_count(), "results": {}}
-    for name in args.backends.split(","):
-        report["results"][name] = measure_backend(name, args, counts)
-    if not args.no_taskflow and "redis" in args.backends.split(","):
-        tf = {"throughput": [guarded(lambda n=n: throughput(
-                  TaskFlowLib(backend_conf("redis", args)), args.jobs, n)) for n in counts],
-              "latency": guarded(lambda: latency(TaskFlowLib(backend_conf("redis", args)),
-                                                 args.samples))}
-        report["taskflow_redis"] = tf
-        ours = report["results"]["redis"]
-        ratios: dict[str, Any] = {}
-        with contextlib.suppress(KeyError, TypeError, ZeroDivisionError):
-            ratios["latency_median_taskflow_over_flowengine"] = round(
-                tf["latency"]["median_ms"] / ours["latency"]["median_ms"], 1)
-        for mine, theirs in zip(ours["throughput"], tf["throughput"], strict=True):
-            with contextlib.suppress(KeyError, TypeError, ZeroDivisionError):
-                ratios[f"jobs_per_s_{mine['conductors']}_conductors_flowengine_over_taskflow"] = \
-                    round(mine["jobs_per_s"] / theirs["jobs_per_s"], 2)
-        report["ratios"] = ratios
+    backends = [name for name in args.backends.split(",") if name]
+    places = Places(args)
+    report["run"] = places.run
+    try:
+        for name in backends:
+            places.conf(name)  # an unknown name stops the run before anything is measured
+        for name in backends:
+            report["results"][name] = measure_backend(name, args, places, counts)
+        if not args.no_taskflow and "redis" in backends:
+            report.update(taskflow_comparison(args, places, counts, report["results"]["redis"]))
+    finally:
+        for name in backends:
+            try:
+                places.remove(name)
+            except Exception as err:  # report it, but keep the numbers measured
+                print(f"could not remove this run's data from {name}: {err}", file=sys.stderr)
     json.dump(report, sys.stdout, indent=2)
     sys.stdout.write("\n")
+
+
+def taskflow_comparison(args: argparse.Namespace, places: Places, counts: list[int],
+                        ours: dict[str, Any]) -> dict[str, Any]:
+    """TaskFlow's throughput and latency on Redis, and their ratios to flowengine's."""
+    tf = {"throughput": [guarded(lambda n=n: throughput(TaskFlowLib(places.conf("redis")),
+                                                         args.jobs, n)) for n in counts],
+          "latency": guarded(lambda: latency(TaskFlowLib(places.conf("redis")), args.samples))}
+    ratios: dict[str, Any] = {}
+    with contextlib.suppress(KeyError, TypeError, ZeroDivisionError):
+        ratios["latency_median_taskflow_over_flowengine"] = round(
+            tf["latency"]["median_ms"] / ours["latency"]["median_ms"], 1)
+    for mine, theirs in zip(ours["throughput"], tf["throughput"], strict=True):
+        with contextlib.suppress(KeyError, TypeError, ZeroDivisionError):
+            ratios[f"jobs_per_s_{mine['conductors']}_conductors_flowengine_over_taskflow"] = \
+                round(mine["jobs_per_s"] / theirs["jobs_per_s"], 2)
+    return {"taskflow_redis": tf, "ratios": ratios}
 
 
 if __name__ == "__main__":

@@ -63,7 +63,8 @@ def _describe(span: dict[str, Any]) -> str:
     took = (_when(span["end_time"]) - _when(span["start_time"])).total_seconds() * 1000
     parts = [span["name"], f"[{span['resource']['attributes']['service.name']}]",
              f"{took:.1f} ms"]
-    for key, label in (("flowengine.request.attempt", "attempt"),
+    for key, label in (("flowengine.conductor", "conductor"),
+                       ("flowengine.request.attempt", "attempt"),
                        ("flowengine.outcome", "outcome"),
                        ("flowengine.retry.decision", "decision")):
         if key in attributes:

@@ -73,11 +73,12 @@ def postgres_schema_url(postgres_url: str) -> Iterator[str]:
 # ---- end of postgres fixtures --------------------------------------------------------------------
 
 
-# ---- coordination services and beanstalkd (jobboards, the beanstalk transport) -------------------
+# ---- Redis, coordination services and beanstalkd (jobboards, the beanstalk transport) ------------
 # Real servers on 127.0.0.1 as `.ci/services.sh start` runs them. Each fixture checks that its
 # server answers a protocol-level probe (not just an open port) and fails (CI=true) or skips
 # otherwise.
 
+REDIS_URL = os.environ.get("FLOWENGINE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 ZOOKEEPER_HOSTS = os.environ.get("FLOWENGINE_TEST_ZOOKEEPER", "127.0.0.1:2181")
 ETCD_HOST, ETCD_PORT = "127.0.0.1", int(os.environ.get("FLOWENGINE_TEST_ETCD_PORT", "2379"))
 BEANSTALK_HOST = "127.0.0.1"
@@ -90,6 +91,20 @@ def _ask(host: str, port: int, request: bytes) -> bytes:
     with socket.create_connection((host, port), timeout=3) as sock:
         sock.sendall(request)
         return sock.recv(4096)
+
+
+def _redis_problem() -> str | None:
+    try:
+        import redis
+
+        client = redis.Redis.from_url(REDIS_URL, socket_timeout=3)
+        try:
+            client.ping()
+        finally:
+            client.close()
+    except Exception as err:  # any client or network error means "not available"
+        return f"{type(err).__name__}: {err}"
+    return None
 
 
 def _zookeeper_problem() -> str | None:
@@ -115,6 +130,14 @@ def _beanstalk_problem() -> str | None:
     except OSError as err:
         return f"{type(err).__name__}: {err}"
     return None if answer.startswith(b"OK ") else f"answered {answer[:40]!r} to stats"
+
+
+@pytest.fixture(scope="session")
+def redis_url(local_servers: LocalServers) -> str:
+    """The shared test Redis's URL (jobboards, the dashboard's jobs page), after checking it
+    answers PING."""
+    local_servers.require(f"Redis test server at {REDIS_URL}", _redis_problem)
+    return REDIS_URL
 
 
 @pytest.fixture(scope="session")

@@ -5,6 +5,8 @@ Job details are always shown with their secrets masked.
 
 from __future__ import annotations
 
+import os
+import re
 from typing import Any
 
 import click
@@ -41,6 +43,20 @@ def _find(board: Any, prefix: str) -> Any:
         what = "no job" if not matches else f"{len(matches)} jobs"
         raise click.ClickException(f"{what} on the board with a uuid starting {prefix!r}")
     return matches[0]
+
+
+#: A W3C ``traceparent``: version, trace id, parent span id, flags (lowercase hex).
+_TRACEPARENT = re.compile(r"[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
+
+
+def _traceparent(given: str | None) -> str | None:
+    """``--traceparent``, else ``$TRACEPARENT`` (the name CI systems and otel-cli use), checked."""
+    value = (given or os.environ.get("TRACEPARENT") or "").strip()
+    if value and not _TRACEPARENT.fullmatch(value):
+        raise click.BadParameter(f"{value[:80]!r} is not a W3C traceparent (00-<32 hex trace"
+                                 " id>-<16 hex span id>-<2 hex flags>)",
+                                 param_hint="--traceparent or $TRACEPARENT")
+    return value or None
 
 
 @click.group("jobs")
@@ -102,15 +118,22 @@ def show_command(board_uri: str, board_options: tuple[str, ...], job_id: str) ->
 @click.option("--priority", envvar="FLOWENGINE_PRIORITY", default="NORMAL", show_default=True,
               type=click.Choice(["VERY_HIGH", "HIGH", "NORMAL", "LOW", "VERY_LOW"],
                                 case_sensitive=False))
+@click.option("--traceparent", envvar="FLOWENGINE_TRACEPARENT", default=None,
+              help="A W3C traceparent (00-<trace id>-<span id>-<flags>) the conductor's span of "
+                   "the job continues, e.g. a CI pipeline's; default: $TRACEPARENT, else the "
+                   "current span when tracing is on.")
 def post_command(board_uri: str, board_options: tuple[str, ...], backend_uri: str, spec: str,
                  store: tuple[str, ...], factory_args: tuple[str, ...],
-                 factory_kwargs: tuple[str, ...], name: str | None, priority: str) -> None:
+                 factory_kwargs: tuple[str, ...], name: str | None, priority: str,
+                 traceparent: str | None) -> None:
     """Post the flow the factory MODULE:FACTORY builds as a job; print its uuid.
 
     Conductors import the factory by name, so its module must be importable where they run.
     """
+    from flowengine import tracing
     from flowengine.jobs.posting import post_flow
 
+    traceparent = _traceparent(traceparent)
     import_target(spec)  # fails here, naming the spec, rather than in a conductor
     persistence = records.open_backend(backend_uri, create=True)
     try:
@@ -120,7 +143,9 @@ def post_command(board_uri: str, board_options: tuple[str, ...], backend_uri: st
                                 factory_args=parse_args(factory_args),
                                 factory_kwargs=parse_pairs(factory_kwargs, "factory keyword"),
                                 store=parse_pairs(store, "store value"), name=name,
-                                priority=priority)
+                                priority=priority,
+                                details={tracing.TRACE_KEY: {tracing.TRACEPARENT: traceparent}}
+                                if traceparent else None)
             except (ValueError, ImportError) as err:
                 raise click.ClickException(f"cannot post {spec}: {err}") from err
     finally:

@@ -97,7 +97,11 @@ def create_app(data: DashboardData, *, read_only: bool = False, token: str | Non
 
     async def jobs(request: Request) -> Response:
         found, error = await listing(data.jobs)
-        return render(request, "jobs.html", {"jobs": found, "error": error})
+        trashed, trash_error = await listing(data.trash)
+        alive, conductors_error = await listing(data.conductors)
+        return render(request, "jobs.html", {
+            "jobs": found, "trashed": trashed, "conductors": alive,
+            "error": error or trash_error or conductors_error})
 
     def action(do: Callable[[str], str], back: Callable[[Request], str]
                ) -> Callable[[Request], Awaitable[Response]]:
@@ -160,7 +164,9 @@ def create_app(data: DashboardData, *, read_only: bool = False, token: str | Non
         Mount("/static", StaticFiles(directory=str(HERE / "static")), name="static"),
     ]
     if data.board is not None:
-        routes.append(Route("/jobs", jobs))
+        routes += [Route("/jobs", jobs),
+                   Route("/jobs/trash/{job}/repost", action(data.repost, lambda r: "/jobs"),
+                         methods=["POST"])]
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:

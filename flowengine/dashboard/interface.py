@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime
 import logging
 import threading
 import time
@@ -32,6 +33,8 @@ LOG = logging.getLogger(__name__)
 ENGINE_META = "engine"
 #: Flow states a flow can be resumed from.
 RESUMABLE = frozenset({states.SUSPENDED, states.FAILURE})
+#: What the jobs page shows of a conductor's registration.
+CONDUCTOR_FIELDS = ("hostname", "pid", "engine")
 #: Broker settings that are the dashboard's own, never taken from stored engine options.
 _BROKER_KEYS = ("exchange", "url", "transport", "transport_options")
 
@@ -261,19 +264,60 @@ class DashboardData:
             raise ActionRefused(f"No dead letter with id {letter_id!r}")
         return f"discarded dead letter {letter_id}"
 
+    def _board(self) -> Any:
+        if self.board is None:
+            raise ActionRefused("no jobboard: start the dashboard with --board")
+        return self.board
+
     def jobs(self) -> list[dict[str, Any]] | None:
-        """Jobs on the board (None without one), with state, owner and attempts."""
+        """Jobs on the board (None without one), most urgent first, with state, owner and
+        attempts."""
         if self.board is None:
             return None
         found = []
         for job in self.board.iterjobs(only_unclaimed=False, ensure_fresh=True):
-            details = job.details if isinstance(getattr(job, "details", None), dict) else {}
+            try:
+                owner = self.board.find_owner(job)
+            except exc.NotFound:  # consumed or trashed since it was listed
+                continue
             found.append(mask({
-                "uuid": job.uuid, "name": job.name, "state": job.state,
-                "owner": self.board.find_owner(job),
-                "attempts": getattr(job, "attempts", details.get("attempts")),
-                "created_on": str(getattr(job, "created_on", "") or "")}))
+                "uuid": job.uuid, "name": job.name, "state": job.state, "owner": owner,
+                "attempts": getattr(job, "attempts", None),
+                "priority": getattr(getattr(job, "priority", None), "name", None),
+                "created_on": _utc(getattr(job, "created_on", None))}))
         return found
+
+    def trash(self) -> list[dict[str, Any]]:
+        """The board's trashed jobs, oldest first, with why and after how many attempts."""
+        return [mask({"uuid": t.uuid, "name": t.name, "reason": t.reason,
+                      "attempts": t.attempts, "trashed_on": _utc(t.trashed_on)})
+                for t in self._board().iter_trash()]
+
+    def conductors(self) -> list[dict[str, Any]]:
+        """The conductors alive on the board (their registrations), by name."""
+        return [mask({"name": e.name, **{k: e.metadata.get(k) for k in CONDUCTOR_FIELDS}})
+                for e in self._board().iter_entities("conductor")]
+
+    def repost(self, job_uuid: str) -> str:
+        """Put a trashed job back on the board, unclaimed and with its attempts reset.
+
+        Raises:
+            ActionRefused: no board, or no trashed job has that uuid.
+        """
+        try:
+            job = self._board().repost(job_uuid)
+        except exc.NotFound as err:
+            raise ActionRefused(str(err)) from err
+        return f"re-posted job {job.name!r} ({job.uuid})"
+
+
+def _utc(when: Any) -> str | None:
+    """A board's (timezone-aware) time as the pages show times: UTC, to the second."""
+    if not isinstance(when, datetime.datetime):
+        return None
+    if when.tzinfo is not None:
+        when = when.astimezone(datetime.UTC)
+    return when.strftime("%Y-%m-%d %H:%M:%S")
 
 
 def _secret_values(compiled: cp.Compiled | str, atoms: list[dict[str, Any]],

@@ -12,7 +12,7 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from flowengine import engines
+from flowengine import engines, tracing
 from flowengine.jobs import base
 from flowengine.persistence import base as persistence_base
 from flowengine.persistence import models
@@ -37,7 +37,9 @@ def post_flow(board: base.JobBoard, persistence: persistence_base.Backend,
         store: The engine's store (JSON-ready), posted as ``details["store"]``.
         name: The job's (and logbook's) name; the factory's name if omitted.
         priority: The job's priority.
-        details: More details for the job.
+        details: More details for the job. With tracing on, the current trace context is
+            added under :data:`flowengine.tracing.TRACE_KEY` (unless ``details`` has that key),
+            so the conductor's span of the job joins the poster's trace.
 
     Raises:
         ValueError: If the factory cannot be imported back by its name, or the details are not
@@ -52,4 +54,7 @@ def post_flow(board: base.JobBoard, persistence: persistence_base.Backend,
     with contextlib.closing(persistence.get_connection()) as conn:
         conn.save_logbook(book)
     all_details = {**(details or {}), "store": dict(store or {}), "flow_uuid": flow_detail.uuid}
+    trace = tracing.job_trace()
+    if trace:
+        all_details.setdefault(tracing.TRACE_KEY, trace)
     return board.post(shown, book, details=all_details, priority=priority)

@@ -121,33 +121,6 @@ def test_a_broker_that_is_away_is_named_without_its_password(store: base.Backend
     assert "s3cretpw" not in page.text
 
 
-class _Job:
-    """A job as TaskFlow's JobBoard API hands it out (the jobboard itself lands elsewhere)."""
-
-    def __init__(self, name: str, state: str) -> None:
-        self.uuid, self.name, self.state = f"uuid-{name}", name, state
-        self.details = {"attempts": 2}
-
-
-class _Board:
-    def iterjobs(self, only_unclaimed: bool = False, ensure_fresh: bool = False) -> list[_Job]:
-        assert not only_unclaimed and ensure_fresh
-        return [_Job("nightly", "CLAIMED"), _Job("backup", "UNCLAIMED")]
-
-    def find_owner(self, job: _Job) -> str | None:
-        return "conductor-1" if job.state == "CLAIMED" else None
-
-
-def test_jobs_page_with_a_board(store: base.Backend) -> None:
-    with TestClient(create_app(DashboardData(store, EventHub(None), board=_Board()))) as app:
-        page = app.get("/jobs").text
-        assert 'href="/jobs"' in app.get("/flows").text
-    assert re.search(r"nightly.*CLAIMED.*conductor-1.*2", page, re.S)
-    assert "backup" in page
-    with TestClient(create_app(DashboardData(store, EventHub(None)))) as app:
-        assert app.get("/jobs").status_code == 404
-
-
 def test_stored_text_is_escaped(store: base.Backend) -> None:
     import contextlib
 

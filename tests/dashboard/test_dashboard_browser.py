@@ -26,11 +26,13 @@ from dashboard_site import (
     wait_for,
 )
 from dashboard_store import PASSWORD, open_store, store_run
+from jobs.boards import make_redis_board, wipe_redis
 
 from flowengine import engines, states
 from flowengine.dashboard import DashboardData, EventHub, create_app
 from flowengine.listeners.timing import EventTimeListener
 from flowengine.persistence import base, models
+from flowengine.types.entity import Entity
 from flowengine.worker_based import dead_letters, protocol, proxy
 from flowengine.worker_based.events import EventReceiver
 
@@ -211,3 +213,39 @@ def test_read_only_and_token_protected_dashboards_refuse_actions(world: World) -
         driver.get(f"{site.url}/flows?token={TOKEN}")
         assert css(driver, "table#flows") and TOKEN not in driver.current_url
     assert [d["id"] for d in data.dead_letters()] == [letter], "nothing was changed"
+
+
+def test_a_trashed_job_is_reposted_through_the_jobs_page(world: World, redis_url: str) -> None:
+    namespace = f"fe-dash-{uuid.uuid4().hex[:10]}"
+    board = make_redis_board(redis_url, namespace)
+    board.connect()
+    try:
+        running = board.post("nightly-backup", details={})
+        board.claim(running, "conductor-a")
+        board.post("send-invoices", details={})
+        trashed = board.post("resize-volume", details={})
+        for attempt in range(3):  # a job whose conductor died each time: trashed by the board
+            board.claim(trashed, f"conductor-{'abc'[attempt]}")
+            board.abandon(trashed, f"conductor-{'abc'[attempt]}")
+        for name, host, pid in (("conductor-a", "host-1", 4101), ("conductor-b", "host-2", 4102)):
+            board.register_entity(Entity("conductor", f"{name}@{host}:{pid}",
+                                         {"hostname": host, "pid": pid, "engine": "parallel"}))
+        assert [t.uuid for t in board.iter_trash()] == [trashed.uuid]
+        driver = world.driver
+        hub = EventHub(lambda: EventReceiver(**world.broker))
+        with Site(create_app(DashboardData(world.store, hub, board=board))) as site:
+            wait_for(hub.listening.is_set, "the dashboard to follow the event stream")
+            driver.get(f"{site.url}/jobs")
+            assert "abandoned or orphaned 3 times" in driver.page_source
+            assert len(css(driver, "#conductors tr[data-conductor]")) == 2
+            screenshot(driver, "jobs")
+            css(driver, f'tr[data-trashed="{trashed.uuid}"] button.repost')[0].click()
+            notice = wait_for(lambda: css(driver, "#notice"), "the re-post notice")
+            assert "re-posted job 'resize-volume'" in notice[0].text
+            assert not css(driver, "tr[data-trashed]")
+            row = texts(driver, f'tr[data-job="{trashed.uuid}"]')
+            assert len(row) == 1 and states.UNCLAIMED in row[0], row
+        assert board.iter_trash() == []
+    finally:
+        board.close()
+        wipe_redis(redis_url, namespace)

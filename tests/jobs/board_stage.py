@@ -1,8 +1,8 @@
 """A stage for conductor-process tests on any board: a board URI of the test's own, a SQLite
 persistence file, a ledger and a gate (see :mod:`jobs_flows`), and conductor processes.
 
-The ZooKeeper and etcd fault tests use it; what they check is the Redis fault tests' story
-(``test_conductor_faults.py``) on the other coordination services.
+The Redis, ZooKeeper and etcd fault tests use it, and import the stories every backend must
+tell from here.
 """
 
 from __future__ import annotations

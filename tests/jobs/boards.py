@@ -45,6 +45,17 @@ def wipe_redis(server: str, namespace: str) -> None:
         client.close()
 
 
+def redis_keys(server: str, prefix: str) -> list[bytes]:
+    """The keys starting with ``prefix``."""
+    import redis
+
+    client = redis.Redis.from_url(server)
+    try:
+        return list(client.scan_iter(match=f"{prefix}*", count=500))
+    finally:
+        client.close()
+
+
 def make_zookeeper_board(server: str, namespace: str, *, name: str = "board",
                          persistence: Any = None, **options: Any) -> JobBoard:
     """A ZooKeeper board on ``server`` (``host:port`` list) under path ``/<namespace>/jobs``
@@ -70,6 +81,23 @@ def wipe_zookeeper(server: str, namespace: str) -> None:
         client.close()
 
 
+def zookeeper_exists(server: str, path: str) -> bool:
+    """Whether the node ``path`` exists."""
+    from kazoo.client import KazooClient
+
+    client = KazooClient(hosts=server)
+    client.start(timeout=15)
+    try:
+        return client.exists(path) is not None
+    finally:
+        client.stop()
+        client.close()
+
+
+#: Where an etcd board's jobs, trashed jobs and entities live (the board path follows).
+ETCD_ROOTS = ("/taskflow/jobs/", "/taskflow/.trash/", "/taskflow/.entities/")
+
+
 def make_etcd_board(server: tuple[str, int], namespace: str, *, name: str = "board",
                     persistence: Any = None, **options: Any) -> JobBoard:
     """An etcd board on ``server`` (host, port) with path ``namespace``: its keys are under
@@ -87,5 +115,16 @@ def wipe_etcd(server: tuple[str, int], namespace: str) -> None:
     import etcd3gw
 
     client = etcd3gw.Etcd3Client(host=server[0], port=server[1], timeout=10)
-    for root in ("/taskflow/jobs/", "/taskflow/.trash/", "/taskflow/.entities/"):
+    for root in ETCD_ROOTS:
         client.delete_prefix(f"{root}{namespace}/")
+
+
+def etcd_keys(server: tuple[str, int], path: str) -> list[str]:
+    """The keys of boards whose path starts with ``path``, in all three roots."""
+    import etcd3gw
+
+    client = etcd3gw.Etcd3Client(host=server[0], port=server[1], timeout=10)
+    found: list[str] = []
+    for root in ETCD_ROOTS:
+        found += [str(meta["key"]) for _value, meta in client.get_prefix(f"{root}{path}")]
+    return found

@@ -6,43 +6,18 @@ conductors, see the same jobs); everything they made is closed and wiped when th
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import boards
 import pytest
-from servers import LocalServers
 
 from flowengine.jobs.base import JobBoard
-
-REDIS_URL = os.environ.get("FLOWENGINE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 
 BACKENDS = ("redis", "zookeeper", "etcd")
 #: The fixture that gives each backend's server.
 SERVER_FIXTURES = {"redis": "redis_url", "zookeeper": "zookeeper_hosts", "etcd": "etcd_endpoint"}
-
-
-def _redis_problem() -> str | None:
-    try:
-        import redis
-
-        client = redis.Redis.from_url(REDIS_URL, socket_timeout=3)
-        try:
-            client.ping()
-        finally:
-            client.close()
-    except Exception as err:  # any client or network error means "not available"
-        return f"{type(err).__name__}: {err}"
-    return None
-
-
-@pytest.fixture(scope="session")
-def redis_url(local_servers: LocalServers) -> str:
-    """The shared test Redis's URL, after checking it answers PING."""
-    local_servers.require(f"Redis test server at {REDIS_URL}", _redis_problem)
-    return REDIS_URL
 
 
 @pytest.fixture(params=BACKENDS)

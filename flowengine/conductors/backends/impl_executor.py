@@ -7,7 +7,8 @@ What it does with a job, in order:
    :class:`~flowengine.conductors.claims.ClaimKeeper` for as long as the job runs, and the
    engine writes its progress through a :class:`~flowengine.conductors.claims.ClaimFence`, so
    a conductor that lost the claim starts no further atom of the job.
-2. Loads the job's engine and runs it, announcing ``compilation``, ``preparation``,
+2. Loads the job's engine and runs it inside the job's trace span (tracing on:
+   :func:`flowengine.tracing.claimed_job`), announcing ``compilation``, ``preparation``,
    ``validation`` and ``running`` (each ``_start`` and ``_end``) on :attr:`notifier`.
 3. Finishes it as TaskFlow does: *consumes* it when the flow ended, successfully or with an
    ordinary failure (``job_consumed``); *abandons* it on a storage or execution failure or when
@@ -30,7 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 from flowengine import exceptions as exc
-from flowengine import states
+from flowengine import states, tracing
 from flowengine.conductors import base
 from flowengine.conductors.claims import ClaimFence, ClaimKeeper
 from flowengine.conductors.fencing import FencedBackend
@@ -268,6 +269,9 @@ class ExecutorConductor(base.Conductor):
                     suspended = True
 
         with contextlib.ExitStack() as stack:
+            # The job's span (tracing on) is current while the engine runs, so the flow's span
+            # is its child; a resumed job's span links to the run that started its flow.
+            stack.enter_context(tracing.claimed_job(job, self._name, engine.storage))
             for listener in self._listeners_from_job(job, engine):
                 stack.enter_context(listener)
             try:

@@ -1,0 +1,107 @@
+"""The jobs page on a real Redis jobboard: jobs, the trash with a re-post action, conductors."""
+
+from __future__ import annotations
+
+import re
+import uuid
+import warnings
+from collections.abc import Iterator
+
+import pytest
+from jobs.boards import make_redis_board, wipe_redis  # tests/ is on sys.path
+
+from flowengine import states
+from flowengine.dashboard import DashboardData, EventHub, create_app
+from flowengine.jobs.base import Job, JobBoard
+from flowengine.persistence import base
+from flowengine.types.entity import Entity
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")  # Starlette's note about httpx's successor
+    from starlette.testclient import TestClient
+
+#: A secret in a trash reason (an operator pasted a URL): the page must mask it.
+SECRET = "hunter2-" + "x" * 8
+
+
+@pytest.fixture
+def board(redis_url: str) -> Iterator[JobBoard]:
+    namespace = f"fe-dash-{uuid.uuid4().hex[:10]}"
+    made = make_redis_board(redis_url, namespace)
+    made.connect()
+    yield made
+    made.close()
+    wipe_redis(redis_url, namespace)
+
+
+def trashed_job(board: JobBoard, name: str = "nightly") -> Job:
+    job = board.post(name, details={})
+    board.claim(job, "c-1")
+    board.trash(job, "c-1", reason=f"no engine could be made from redis://:{SECRET}@db:6379/0")
+    return job
+
+
+def page_client(store: base.Backend, board: JobBoard, **options: object) -> TestClient:
+    return TestClient(create_app(DashboardData(store, EventHub(None), board=board),
+                                 **options),  # type: ignore[arg-type]
+                      follow_redirects=False)
+
+
+def test_jobs_page_shows_jobs_trash_and_conductors(store: base.Backend,
+                                                    board: JobBoard) -> None:
+    claimed = board.post("backup", details={})
+    board.claim(claimed, "c-1")
+    waiting = board.post("report", details={})
+    trashed = trashed_job(board)
+    board.register_entity(Entity("conductor", "c-1@host-a:4242",
+                                 {"hostname": "host-a", "pid": 4242, "engine": "parallel"}))
+    with page_client(store, board) as app:
+        assert 'href="/jobs"' in app.get("/flows").text
+        page = app.get("/jobs").text
+    assert re.search(rf'data-job="{claimed.uuid}".*?CLAIMED.*?c-1</td><td>1</td>', page, re.S)
+    assert re.search(rf'data-job="{waiting.uuid}".*?UNCLAIMED.*?<td>-</td><td>0</td>', page,
+                     re.S)
+    assert re.search(rf'data-trashed="{trashed.uuid}".*?nightly.*?no engine could be made',
+                     page, re.S)
+    assert SECRET not in page
+    assert f'action="/jobs/trash/{trashed.uuid}/repost"' in page
+    assert re.search(r'data-conductor="c-1@host-a:4242".*?host-a.*?4242.*?parallel', page, re.S)
+
+
+def test_a_trashed_job_is_reposted_with_the_csrf_token(store: base.Backend,
+                                                        board: JobBoard) -> None:
+    job = trashed_job(board)
+    with page_client(store, board) as app:
+        app.get("/jobs")
+        token = str(app.cookies["flowengine_csrf"])
+        path = f"/jobs/trash/{job.uuid}/repost"
+        assert app.post(path, data={}).status_code == 403
+        assert app.post(path, data={"csrf_token": token},
+                        headers={"origin": "http://evil.example"}).status_code == 403
+        assert [t.uuid for t in board.iter_trash()] == [job.uuid]
+        done = app.post(path, data={"csrf_token": token})
+        assert done.status_code == 303 and "re-posted+job" in done.headers["location"]
+        again = app.post(path, data={"csrf_token": token})  # gone from the trash now
+        assert again.status_code == 303 and "refused" in again.headers["location"]
+        page = app.get("/jobs").text
+    assert board.iter_trash() == [] and "the trash is empty" in page
+    [back] = list(board.iterjobs(ensure_fresh=True))
+    assert (back.uuid, back.state, back.attempts) == (job.uuid, states.UNCLAIMED, 0)
+
+
+def test_read_only_hides_and_refuses_repost(store: base.Backend, board: JobBoard) -> None:
+    job = trashed_job(board)
+    with page_client(store, board, read_only=True) as app:
+        page = app.get("/jobs").text
+        token = str(app.cookies["flowengine_csrf"])
+        refused = app.post(f"/jobs/trash/{job.uuid}/repost", data={"csrf_token": token})
+    assert job.uuid in page and "/repost" not in page and "<form" not in page
+    assert refused.status_code == 403 and "read-only" in refused.text
+    assert [t.uuid for t in board.iter_trash()] == [job.uuid]
+
+
+def test_no_board_no_jobs_page(store: base.Backend) -> None:
+    with TestClient(create_app(DashboardData(store, EventHub(None)))) as app:
+        assert app.get("/jobs").status_code == 404
+        assert app.post("/jobs/trash/x/repost").status_code in (404, 405)
+        assert 'href="/jobs"' not in app.get("/flows").text
