@@ -15,7 +15,7 @@ This module imports nothing from flowengine, so every layer can mask with it.
 
 from __future__ import annotations
 
-import json
+import re
 import threading
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -91,30 +91,41 @@ def _leaves(value: Any, depth: int = 0) -> Iterator[Any]:
         yield str(value)
 
 
-def _escaped(text: str) -> set[str]:
-    """How ``text`` reads inside a ``repr`` (either quoting) and inside a JSON string."""
-    return {
-        text,
-        repr(text)[1:-1],
-        # Python escapes single quotes only when the string holds both kinds of quote.
-        repr(text + "'\"")[1:-4],
-        json.dumps(text)[1:-1],
-        json.dumps(text, ensure_ascii=False)[1:-1],
-    }
+#: How a character reads after a backslash, for those written as a letter (``\\n``).
+_LETTER_ESCAPES = {"\n": "n", "\r": "r", "\t": "t", "\b": "b", "\f": "f", "\0": "0"}
 
 
-def encodings(value: Any) -> set[str]:
-    """Every text form of a secret value to mask: escaped once and twice (a JSON-stored repr)."""
-    forms: set[str] = set()
-    for leaf in _leaves(value):
-        if isinstance(leaf, bytes):
-            texts = {leaf.decode("utf-8", "replace"), repr(leaf)[2:-1]}
-        else:
-            texts = {leaf if isinstance(leaf, str) else repr(leaf), str(leaf)}
-        for text in texts:
-            for once in _escaped(text):
-                forms |= _escaped(once)
-    return {form for form in forms if form}
+def _char_pattern(char: str) -> str:
+    """A regular expression for ``char`` as any ``repr``/JSON escaping, nested, writes it."""
+    if char.isascii() and char.isalnum():
+        return char  # never escaped
+    code = ord(char)
+    hexes = [f"u{code:04x}", f"U{code:08x}"] + ([f"x{code:02x}"] if code < 0x100 else [])
+    if code > 0xFFFF:  # JSON writes it as a surrogate pair
+        high, low = 0xD800 + ((code - 0x10000) >> 10), 0xDC00 + ((code - 0x10000) & 0x3FF)
+        hexes.append(f"u{high:04x}\\\\*u{low:04x}")
+    forms = {re.escape(char), re.escape(_LETTER_ESCAPES.get(char, ""))}
+    forms.update(hexes)
+    forms.update(h[0] + h[1:].upper() for h in hexes)
+    # Each level of escaping doubles the backslashes before a character: allow any number.
+    return "\\\\*(?:" + "|".join(sorted(f for f in forms if f)) + ")"
+
+
+def secret_patterns(value: Any) -> set[str]:
+    """Regular expressions matching every text form of a secret value (one per leaf form).
+
+    Matches the plain text and any nesting of ``repr`` and JSON escaping of it (a ``!r`` in
+    an exception message stored as JSON and shown as a ``repr``, say): escaped characters
+    may carry any number of backslashes, and non-ASCII ones may be ``\\uXXXX`` escapes.
+    """
+    return {"".join(_char_pattern(c) for c in text)
+            for leaf in _leaves(value) for text in _texts(leaf)}
+
+
+def _texts(leaf: Any) -> set[str]:
+    if isinstance(leaf, bytes):
+        return {t for t in (leaf.decode("utf-8", "replace"), repr(leaf)[2:-1]) if t}
+    return {t for t in (leaf if isinstance(leaf, str) else repr(leaf), str(leaf)) if t}
 
 
 class Masker:
@@ -127,7 +138,8 @@ class Masker:
     def __init__(self, values: Iterable[Any] = ()) -> None:
         self._lock = threading.Lock()
         self._scalars: list[Any] = []
-        self._forms: tuple[str, ...] = ()
+        self._patterns: set[str] = set()
+        self._regex: re.Pattern[str] | None = None
         for value in values:
             self.add(value)
 
@@ -138,24 +150,22 @@ class Masker:
             return False
         with self._lock:
             self._scalars.extend(leaves)
-            forms = set(self._forms) | encodings(leaves)
+            self._patterns |= secret_patterns(leaves)
             # Longest first, so a secret containing another is masked whole.
-            self._forms = tuple(sorted(forms, key=len, reverse=True))
+            ordered = sorted(self._patterns, key=len, reverse=True)
+            self._regex = re.compile("|".join(ordered))
         return True
 
     def __bool__(self) -> bool:
-        return bool(self._forms)
+        return self._regex is not None
 
     def found_in(self, text: str) -> bool:
         """Whether any form of a secret appears in ``text``."""
-        return any(form in text for form in self._forms)
+        return self._regex is not None and self._regex.search(text) is not None
 
     def text(self, text: str) -> str:
         """``text`` with every form of every secret replaced by ``***``."""
-        for form in self._forms:
-            if form in text:
-                text = text.replace(form, MASK)
-        return text
+        return text if self._regex is None else self._regex.sub(MASK, text)
 
     def value(self, data: Any, depth: int = 0) -> Any:
         """A copy of ``data`` with secrets masked in every string, key and item.
@@ -163,7 +173,7 @@ class Masker:
         Numbers equal to a secret become ``***``; an object of another type whose ``repr``
         shows a secret becomes its masked ``repr``; anything else is returned as it is.
         """
-        if not self._forms or data is None or isinstance(data, bool):
+        if self._regex is None or data is None or isinstance(data, bool):
             return data
         if isinstance(data, Secret):
             return MASK
