@@ -168,7 +168,7 @@ class Masker:
         return text if self._regex is None else self._regex.sub(MASK, text)
 
     def value(self, data: Any, depth: int = 0) -> Any:
-        """A copy of ``data`` with secrets masked in every string, key and item.
+        """A copy of ``data`` with secrets masked in every string and item (keys are kept).
 
         Numbers equal to a secret become ``***``; an object of another type whose ``repr``
         shows a secret becomes its masked ``repr``; anything else is returned as it is.
@@ -182,7 +182,7 @@ class Masker:
         if isinstance(data, (int, float, bytes)):
             return MASK if data in self._scalars else data
         if depth < 32 and isinstance(data, dict):
-            return {self.value(k, depth + 1): self.value(v, depth + 1) for k, v in data.items()}
+            return {k: self.value(v, depth + 1) for k, v in data.items()}
         if depth < 32 and isinstance(data, (list, tuple, set, frozenset)):
             items = [self.value(item, depth + 1) for item in data]
             if isinstance(data, list):

@@ -36,6 +36,8 @@ META_PROGRESS = "progress"
 META_PROGRESS_DETAILS = "progress_details"
 #: Flow meta key naming the stored values that are secret (their values are never stored).
 META_SECRETS = "secret_inputs"
+# The fields of an atom detail's dict that hold values (the others are its identity and state).
+_VALUE_FIELDS = ("results", "revert_results", "meta", "failure", "revert_failure")
 
 
 class Storage:
@@ -233,13 +235,16 @@ class Storage:
         """What is written of ``ad``: a masked copy when this flow has secrets."""
         if not self._masker:
             return ad
-        return type(ad).from_dict(self._masker.value(ad.to_dict()))
+        data = ad.to_dict()
+        data.update({key: self._masker.value(data[key]) for key in _VALUE_FIELDS})
+        return type(ad).from_dict(data)
 
     def _stored_flow(self, with_atoms: bool = True) -> models.FlowDetail:
         """What is written of the flow detail: a masked copy when this flow has secrets."""
         if not self._masker:
             return self._flow_detail
-        fd = models.FlowDetail.from_dict(self._masker.value(self._flow_detail.to_dict()))
+        fd = self._flow_detail.copy(retain_contents=False)
+        fd.meta = self._masker.value(fd.meta)
         if with_atoms:
             for ad in self._flow_detail:
                 fd.add(self._stored_atom(ad))

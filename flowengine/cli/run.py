@@ -210,7 +210,7 @@ def _validate(engine: Any) -> None:
         engine.compile()
         engine.validate()
     except exc.MissingDependencies as err:
-        lines = fmt.missing_inputs(engine.storage.flow_name, err)
+        lines = fmt.missing_inputs(engine.storage.flow_name, err, engine.storage.flow_uuid)
         raise loading.LoadError("\n".join(lines).removeprefix("error: ")) from err
     except (exc.TaskFlowException, TypeError, ValueError, NotImplementedError) as err:
         message = err.pformat() if isinstance(err, exc.TaskFlowException) else str(err)
