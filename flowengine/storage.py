@@ -19,9 +19,10 @@ from typing import Any
 
 from flowengine import exceptions, states
 from flowengine.persistence import models
+from flowengine.persistence.secret_keeping import META_SECRETS, SecretKeeper
 from flowengine.providers import TRANSIENT, Provider, ProviderIndex, ScopeFetcher, item_from
 from flowengine.retry import History
-from flowengine.secrets import Masker, Secret, reveal
+from flowengine.secrets import Masker
 from flowengine.types.failure import Failure
 
 LOG = logging.getLogger(__name__)
@@ -34,10 +35,6 @@ META_INJECTED = "injected"
 #: Meta key holding a task's progress.
 META_PROGRESS = "progress"
 META_PROGRESS_DETAILS = "progress_details"
-#: Flow meta key naming the stored values that are secret (their values are never stored).
-META_SECRETS = "secret_inputs"
-# The fields of an atom detail's dict that hold values (the others are its identity and state).
-_VALUE_FIELDS = ("results", "revert_results", "meta", "failure", "revert_failure")
 
 
 class Storage:
@@ -72,10 +69,7 @@ class Storage:
         self._failures: dict[str, dict[str, Failure]] = {}
         self._unsaved: exceptions.StorageFailure | None = None
         # Secrets: values masked in whatever is written; names whose values are never stored.
-        self._masker = Masker()
-        self._secret_names: set[str] = set(flow_detail.meta.get(META_SECRETS, ()))
-        self._secret_args: dict[str, tuple[str, ...]] = {}
-        self._secret_sources: set[str] = set()
+        self._secrets = SecretKeeper(flow_detail.meta.get(META_SECRETS, ()))
         for ad in self._by_name.values():
             self._remember_failures(ad)
         injector = self._by_name.get(self.injector_name)
@@ -192,7 +186,7 @@ class Storage:
     def _save_atom(self, ad: models.AtomDetail) -> None:
         if self._connection is not None:
             self._write(f"atom {ad.name!r} ({ad.uuid})", self._connection.update_atom_details,
-                        self._stored_atom(ad))
+                        self._secrets.stored_atom(ad))
 
     def _save_flow(self, with_atoms: bool = True) -> None:
         if self._connection is not None:
@@ -208,52 +202,30 @@ class Storage:
     @property
     def masker(self) -> Masker:
         """Masks this flow's secret values (see :mod:`flowengine.secrets`)."""
-        return self._masker
+        return self._secrets.masker
 
     @property
     def secret_names(self) -> frozenset[str]:
         """Names of the stored values that are secret (kept in memory only)."""
-        return frozenset(self._secret_names)
+        return frozenset(self._secrets.names)
 
     def declare_secret_sources(self, names: Iterable[str]) -> None:
         """Treat values stored under ``names`` as secret (atoms read them as ``secret_args``)."""
-        self._secret_sources.update(names)
+        self._secrets.sources.update(names)
 
     def missing_secrets(self) -> list[str]:
         """Secret names this flow was given once, but not since it was loaded (a resume)."""
-        return sorted(self._secret_names - set(self._transients))
+        return sorted(self._secrets.names - set(self._transients))
 
     def masked(self, value: Any) -> Any:
         """``value`` with this flow's secrets masked (a Failure showing one is redacted)."""
-        if not self._masker:
-            return value
-        if isinstance(value, Failure):
-            return value.redacted(self._masker) if value.shows_any(self._masker) else value
-        return self._masker.value(value)
-
-    def _stored_atom(self, ad: models.AtomDetail) -> models.AtomDetail:
-        """What is written of ``ad``: a masked copy when this flow has secrets."""
-        if not self._masker:
-            return ad
-        data = ad.to_dict()
-        data.update({key: self._masker.value(data[key]) for key in _VALUE_FIELDS})
-        return type(ad).from_dict(data)
+        return self._secrets.masked(value)
 
     def _stored_flow(self, with_atoms: bool = True) -> models.FlowDetail:
-        """What is written of the flow detail: a masked copy when this flow has secrets."""
-        if not self._masker:
-            return self._flow_detail
-        fd = self._flow_detail.copy(retain_contents=False)
-        fd.meta = self._masker.value(fd.meta)
-        if with_atoms:
-            for ad in self._flow_detail:
-                fd.add(self._stored_atom(ad))
-        return fd
+        return self._secrets.stored_flow(self._flow_detail, with_atoms)
 
     def _keep_secret(self, pairs: Mapping[str, Any]) -> None:
         """Hold ``pairs`` (revealed) in memory only, and name them secret in the flow's meta."""
-        for value in pairs.values():
-            self._masker.add(value)
         self._transients.update(pairs)
         self._providers.add(TRANSIENT, {name: name for name in pairs})
         injector = self._by_name.get(self.injector_name)
@@ -264,24 +236,10 @@ class Storage:
             injector.put(states.SUCCESS, kept)
             self._map_results(self.injector_name, {name: name for name in kept})
             self._save_atom(injector)
-        if not set(pairs) <= self._secret_names:
-            self._secret_names |= set(pairs)
-            self._flow_detail.meta[META_SECRETS] = sorted(self._secret_names)
+        if not set(pairs) <= self._secrets.names:
+            self._secrets.names |= set(pairs)
+            self._flow_detail.meta[META_SECRETS] = sorted(self._secrets.names)
             self._save_flow(with_atoms=False)
-
-    def _note_secret_args(self, atom_name: str, arguments: Mapping[str, Any]) -> None:
-        for name in self._secret_args.get(atom_name, ()):
-            if name in arguments:
-                self._masker.add(arguments[name])
-
-    def _note_secret_results(self, atom_name: str, result: Any) -> None:
-        """Mask what an atom provides under a secret name, before its result is written."""
-        for name, index in self._result_mappings.get(atom_name, {}).items():
-            if name in self._secret_names or name in self._secret_sources:
-                try:
-                    self._masker.add(item_from(result, index))
-                except (IndexError, KeyError, TypeError):
-                    pass
 
     def _detail(self, atom_name: str) -> models.AtomDetail:
         try:
@@ -342,9 +300,7 @@ class Storage:
                 f"that name"
             )
         self._map_results(atom.name, atom.save_as)
-        secret_args = tuple(getattr(atom, "secret_args", ()))
-        if secret_args:
-            self._secret_args[atom.name] = secret_args
+        self._secrets.note_atom(atom)
         return ad.uuid
 
     def get_atom_uuid(self, atom_name: str) -> str:
@@ -430,8 +386,9 @@ class Storage:
         with self._lock:
             if isinstance(result, Failure):
                 result = self.masked(result)
-            elif self._secret_names or self._secret_sources:
-                self._note_secret_results(atom_name, result)
+            else:
+                self._secrets.note_result(self._result_mappings.get(atom_name, {}), result,
+                                          item_from)
             ad = self._detail(atom_name)
             ad.put(state, result)
             if progress is not None:
@@ -533,16 +490,9 @@ class Storage:
         if atom_name not in self._by_name:
             raise exceptions.NotFound(f"Unknown atom name {atom_name!r} in flow {self.flow_name!r}")
         with self._lock:
-            secret = set(self._secret_args.get(atom_name, ())) | {
-                k for k, v in pairs.items() if isinstance(v, Secret)}
-            pairs = {k: reveal(v) for k, v in pairs.items()}
-            if not transient and secret & set(pairs):
-                # Secret values stay in memory; the rest is stored as asked.
-                for name in secret & set(pairs):
-                    self._masker.add(pairs[name])
-                self._injected_args.setdefault(atom_name, {}).update(
-                    {k: v for k, v in pairs.items() if k in secret})
-                pairs = {k: v for k, v in pairs.items() if k not in secret}
+            # Secret values stay in memory; the rest is stored as asked.
+            secret, pairs = self._secrets.split_for_atom(atom_name, pairs)
+            self._injected_args.setdefault(atom_name, {}).update(secret)
             if transient:
                 self._injected_args.setdefault(atom_name, {}).update(pairs)
             else:
@@ -559,11 +509,9 @@ class Storage:
         known to be secret, are kept in memory only and masked wherever they would be shown.
         """
         with self._lock:
-            secret = {k: reveal(v) for k, v in pairs.items() if isinstance(v, Secret)
-                      or k in self._secret_names or k in self._secret_sources}
+            secret, pairs = self._secrets.split(pairs)
             if secret:
                 self._keep_secret(secret)
-                pairs = {k: v for k, v in pairs.items() if k not in secret}
                 if not pairs:
                     return
             if transient:
@@ -635,8 +583,8 @@ class Storage:
                 elif arg not in optional and name not in optional:
                     raise exceptions.NotFound(
                         f"Atom {atom_name!r} argument {arg!r} <= {name!r}: {why}")
-            if atom_name in self._secret_args:
-                self._note_secret_args(atom_name, result)
+            if atom_name is not None:
+                self._secrets.note_arguments(atom_name, result)
         return result
 
     def fetch_unsatisfied_args(

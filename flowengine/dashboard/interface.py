@@ -24,7 +24,7 @@ from flowengine.dashboard import layout, timeline
 from flowengine.dashboard.live import EventHub
 from flowengine.dashboard.masking import mask, mask_text
 from flowengine.persistence import base, models, queries
-from flowengine.storage import META_SECRETS
+from flowengine.persistence.secret_keeping import META_SECRETS
 
 LOG = logging.getLogger(__name__)
 
