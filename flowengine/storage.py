@@ -3,10 +3,11 @@
 Every change goes to the flow detail's models and, when a backend is given, is written through
 to it at once, so an interrupted flow can be resumed by a new engine. What ``engine.storage`` is.
 
-This module is about 600 lines because it carries TaskFlow's whole ``Storage`` API (about forty
+This module is about 650 lines because it carries TaskFlow's whole ``Storage`` API (about forty
 short public methods programs already call) and the policy for writes that fail mid-run
 (:meth:`Storage.keep_unsaved`), which needs every write; how argument names are resolved to
-providers lives apart, in :mod:`flowengine.providers`.
+providers lives apart, in :mod:`flowengine.providers`, and which values are secret and what is
+written of each record, in :mod:`flowengine.persistence.secret_keeping`.
 """
 
 from __future__ import annotations
