@@ -205,3 +205,15 @@ class Login(task.Task):
 
 def make_secretive() -> linear_flow.Flow:
     return linear_flow.Flow("secretive").add(Login("login"))
+
+
+class Greet(task.Task):
+    """Says its phrase back (so the phrase is in its result)."""
+
+    def execute(self, phrase: str) -> str:
+        JOURNAL.append(f"execute {self.name}")
+        return f"said {phrase!r}"
+
+
+def make_greeting() -> linear_flow.Flow:
+    return linear_flow.Flow("greeting").add(Greet("greet", provides="said"))

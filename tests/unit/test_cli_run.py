@@ -499,3 +499,14 @@ def test_a_resumed_flow_is_asked_for_its_secret_inputs(tmp_path: pathlib.Path) -
     assert cli_flows.JOURNAL == ["execute login with 10 characters"], given.output
     shown = invoke("show", flow_id, "--backend", uri, "--tracebacks", "--full")
     assert "ss-w0rd" not in shown.output and "***" in shown.output
+
+
+def test_a_value_given_with_secret_is_never_stored_nor_shown(tmp_path: pathlib.Path) -> None:
+    uri = f"sqlite:///{tmp_path}/flows.db"
+    ran = invoke("run", "cli_flows:make_greeting", "--backend", uri, "--json",
+                 "--secret", "phrase=open-sesame-42")
+    assert ran.exit_code == exits.OK, ran.output
+    assert cli_flows.JOURNAL == ["execute greet"] and "sesame" not in ran.output
+    shown = invoke("show", json.loads(ran.stdout)["uuid"], "--backend", uri, "--full")
+    assert "said '***'" in shown.output and "sesame" not in shown.output
+    assert b"sesame" not in (tmp_path / "flows.db").read_bytes()
