@@ -67,6 +67,8 @@ class SecretKeeper:
     def note_result(self, mapping: Mapping[str, Any], result: Any,
                     item_from: Callable[[Any, Any], Any]) -> None:
         """Mask what an atom provides under a secret name, before its result is written."""
+        if not (self.names or self.sources):
+            return
         for name, index in mapping.items():
             if name in self.names or name in self.sources:
                 try:
