@@ -49,6 +49,7 @@ __all__ = [
     "DependencyFailure",
     "AmbiguousDependency",
     "MissingDependencies",
+    "MissingSecrets",
     # Other.
     "CompilationFailure",
     "IncompatibleVersion",
@@ -291,6 +292,26 @@ class MissingDependencies(DependencyFailure):
         self.missing_requirements = requirements
         self.who = who
         self.method = method
+
+
+class MissingSecrets(MissingDependencies):
+    """A resumed flow was not given its secret inputs again (flowengine addition).
+
+    Secret values are never stored, so a flow loaded from its stored record needs them anew.
+
+    Args:
+        who: The flow.
+        names: The secret inputs to give again; kept as ``missing_requirements``.
+    """
+
+    def __init__(self, who: Any, names: list[str]) -> None:
+        super().__init__(who, names)
+        listed = ", ".join(repr(n) for n in names)
+        example = " ".join(f"--store {n}=VALUE" for n in names)
+        self.args = (
+            f"'{who}' needs its secret input(s) {listed} again: secret values are never "
+            f"stored, so give them when resuming, as engines.load(..., store={{name: "
+            f"Secret(value)}}) or `flowengine run --resume FLOW_ID {example}`",)
 
 
 class CompilationFailure(TaskFlowException):

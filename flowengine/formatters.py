@@ -161,7 +161,7 @@ class FailureFormatter:
                 lines = [f"{count} predecessors (most recent first):"]
                 lines.extend(_render(roots, lambda n: self._label(storage, n)))
                 sections.append(os.linesep.join(lines))
-        return fail.exc_info, os.linesep.join(sections)
+        return fail.exc_info, storage.masker.text(os.linesep.join(sections))
 
     def _label(self, storage: Storage, node: _Predecessor) -> str:
         """The text of one tree node."""
@@ -192,8 +192,8 @@ class FailureFormatter:
                 )
             )
             provides = _lookup(storage.get_execute_result, name)
-            attrs["requires"] = _mask_keys(requires, self._mask_inputs_keys)
-            attrs["provides"] = _mask_keys(provides, self._mask_outputs_keys)
+            attrs["requires"] = storage.masked(_mask_keys(requires, self._mask_inputs_keys))
+            attrs["provides"] = storage.masked(_mask_keys(provides, self._mask_outputs_keys))
         return {key: value for key, value in attrs.items() if value is not _NOT_FOUND}
 
 

@@ -3,10 +3,11 @@
 Every change goes to the flow detail's models and, when a backend is given, is written through
 to it at once, so an interrupted flow can be resumed by a new engine. What ``engine.storage`` is.
 
-This module is about 600 lines because it carries TaskFlow's whole ``Storage`` API (about forty
+This module is about 650 lines because it carries TaskFlow's whole ``Storage`` API (about forty
 short public methods programs already call) and the policy for writes that fail mid-run
 (:meth:`Storage.keep_unsaved`), which needs every write; how argument names are resolved to
-providers lives apart, in :mod:`flowengine.providers`.
+providers lives apart, in :mod:`flowengine.providers`, and which values are secret and what is
+written of each record, in :mod:`flowengine.persistence.secret_keeping`.
 """
 
 from __future__ import annotations
@@ -19,8 +20,10 @@ from typing import Any
 
 from flowengine import exceptions, states
 from flowengine.persistence import models
+from flowengine.persistence.secret_keeping import META_SECRETS, SecretKeeper
 from flowengine.providers import TRANSIENT, Provider, ProviderIndex, ScopeFetcher, item_from
 from flowengine.retry import History
+from flowengine.secrets import Masker
 from flowengine.types.failure import Failure
 
 LOG = logging.getLogger(__name__)
@@ -66,6 +69,8 @@ class Storage:
         # Failures keep their exc_info here; the stored copy loses it on serialization.
         self._failures: dict[str, dict[str, Failure]] = {}
         self._unsaved: exceptions.StorageFailure | None = None
+        # Secrets: values masked in whatever is written; names whose values are never stored.
+        self._secrets = SecretKeeper(flow_detail.meta.get(META_SECRETS, ()))
         for ad in self._by_name.values():
             self._remember_failures(ad)
         injector = self._by_name.get(self.injector_name)
@@ -99,7 +104,7 @@ class Storage:
 
         backend = impl_memory.MemoryBackend({"deep_copy": False})
         connection = backend.get_connection()
-        connection.update_flow_details(self._flow_detail, ignore_missing=True)
+        connection.update_flow_details(self._stored_flow(), ignore_missing=True)
         self._backend, self._connection = backend, connection
 
     @property
@@ -170,7 +175,7 @@ class Storage:
             return
         with self._lock:
             try:
-                self._connection.update_flow_details(self._flow_detail)
+                self._connection.update_flow_details(self._stored_flow())
             except Exception as err:
                 raise exceptions.StorageFailure(
                     f"Flow {self.flow_name!r} ({self.flow_uuid}) ended "
@@ -181,16 +186,61 @@ class Storage:
 
     def _save_atom(self, ad: models.AtomDetail) -> None:
         if self._connection is not None:
-            self._write(f"atom {ad.name!r} ({ad.uuid})", self._connection.update_atom_details, ad)
+            self._write(f"atom {ad.name!r} ({ad.uuid})", self._connection.update_atom_details,
+                        self._secrets.stored_atom(ad))
 
     def _save_flow(self, with_atoms: bool = True) -> None:
         if self._connection is not None:
             fields_only = getattr(self._connection, "update_flow_fields", None)
             if with_atoms or fields_only is None:
                 self._write("the flow detail", self._connection.update_flow_details,
-                            self._flow_detail)
+                            self._stored_flow())
             else:
-                self._write("the flow's state", fields_only, self._flow_detail)
+                self._write("the flow's state", fields_only, self._stored_flow(with_atoms=False))
+
+    # -- secrets --------------------------------------------------------------------------------
+
+    @property
+    def masker(self) -> Masker:
+        """Masks this flow's secret values (see :mod:`flowengine.secrets`)."""
+        return self._secrets.masker
+
+    @property
+    def secret_names(self) -> frozenset[str]:
+        """Names of the stored values that are secret (kept in memory only)."""
+        return frozenset(self._secrets.names)
+
+    def declare_secret_sources(self, names: Iterable[str]) -> None:
+        """Treat values stored under ``names`` as secret (atoms read them as ``secret_args``)."""
+        self._secrets.sources.update(names)
+
+    def missing_secrets(self) -> list[str]:
+        """Secret names this flow was given once, but not since it was loaded (a resume)."""
+        return sorted(self._secrets.names - set(self._transients))
+
+    def masked(self, value: Any) -> Any:
+        """``value`` with this flow's secrets masked (a Failure showing one is redacted)."""
+        return self._secrets.masked(value)
+
+    def _stored_flow(self, with_atoms: bool = True) -> models.FlowDetail:
+        return self._secrets.stored_flow(self._flow_detail, with_atoms)
+
+    def _keep_secret(self, pairs: Mapping[str, Any]) -> None:
+        """Hold ``pairs`` (revealed) in memory only, and name them secret in the flow's meta."""
+        self._transients.update(pairs)
+        self._providers.add(TRANSIENT, {name: name for name in pairs})
+        injector = self._by_name.get(self.injector_name)
+        # A value stored before it was known to be secret is taken out of the record.
+        if injector is not None and isinstance(injector.results, dict) and (
+                set(pairs) & set(injector.results)):
+            kept = {k: v for k, v in injector.results.items() if k not in pairs}
+            injector.put(states.SUCCESS, kept)
+            self._map_results(self.injector_name, {name: name for name in kept})
+            self._save_atom(injector)
+        if not set(pairs) <= self._secrets.names:
+            self._secrets.names |= set(pairs)
+            self._flow_detail.meta[META_SECRETS] = sorted(self._secrets.names)
+            self._save_flow(with_atoms=False)
 
     def _detail(self, atom_name: str) -> models.AtomDetail:
         try:
@@ -251,6 +301,7 @@ class Storage:
                 f"that name"
             )
         self._map_results(atom.name, atom.save_as)
+        self._secrets.note_atom(atom)
         return ad.uuid
 
     def get_atom_uuid(self, atom_name: str) -> str:
@@ -334,6 +385,11 @@ class Storage:
     ) -> None:
         """Store an atom's result (or failure) with its new state (and progress) in one write."""
         with self._lock:
+            if isinstance(result, Failure):
+                result = self.masked(result)
+            else:
+                self._secrets.note_result(self._result_mappings.get(atom_name, {}), result,
+                                          item_from)
             ad = self._detail(atom_name)
             ad.put(state, result)
             if progress is not None:
@@ -435,6 +491,9 @@ class Storage:
         if atom_name not in self._by_name:
             raise exceptions.NotFound(f"Unknown atom name {atom_name!r} in flow {self.flow_name!r}")
         with self._lock:
+            # Secret values stay in memory; the rest is stored as asked.
+            secret, pairs = self._secrets.split_for_atom(atom_name, pairs)
+            self._injected_args.setdefault(atom_name, {}).update(secret)
             if transient:
                 self._injected_args.setdefault(atom_name, {}).update(pairs)
             else:
@@ -445,8 +504,17 @@ class Storage:
                 self._save_atom(ad)
 
     def inject(self, pairs: Mapping[str, Any], transient: bool = False) -> None:
-        """Make values available to every atom by name (stored unless ``transient``)."""
+        """Make values available to every atom by name (stored unless ``transient``).
+
+        Values wrapped in :class:`~flowengine.secrets.Secret`, and values of names already
+        known to be secret, are kept in memory only and masked wherever they would be shown.
+        """
         with self._lock:
+            secret, pairs = self._secrets.split(pairs)
+            if secret:
+                self._keep_secret(secret)
+                if not pairs:
+                    return
             if transient:
                 self._transients.update(pairs)
                 self._providers.add(TRANSIENT, {name: name for name in pairs})
@@ -516,6 +584,8 @@ class Storage:
                 elif arg not in optional and name not in optional:
                     raise exceptions.NotFound(
                         f"Atom {atom_name!r} argument {arg!r} <= {name!r}: {why}")
+            if atom_name is not None:
+                self._secrets.note_arguments(atom_name, result)
         return result
 
     def fetch_unsatisfied_args(

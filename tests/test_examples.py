@@ -90,6 +90,18 @@ EXPECTED_LINES: dict[str, list[str]] = {
         "reserve: released 10.0.0.7",
         "run raised TaskTimeLimitExceeded: Task 'wait_for_boot' exceeded its time limit of 0.5s",
     ],
+    "secret_inputs.py": [
+        "first run failed: WrappedFailure: [Failure: ConnectionError: API down for {'dsn': "
+        "'postgresql://deploy:***@db/app', 'token': '***'} "
+        '({"dsn": "postgresql://deploy:***@db/app", "token": "***"})]',
+        "stored secret inputs: ['api_token', 'db_password']",
+        "stored failure: API down for {'dsn': 'postgresql://deploy:***@db/app', 'token': '***'} "
+        '({"dsn": "postgresql://deploy:***@db/app", "token": "***"})',
+        "password in the database file: False",
+        "token in the database file: False",
+        "resume without them: MissingSecrets for ['api_token', 'db_password']",
+        "resumed with them: SUCCESS, deployed with 10-character token",
+    ],
     "main_job.py": [
         "health_check   ✔ done -> ok",
         "flow state: SUCCESS",

@@ -73,8 +73,15 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     return lines
 
 
-def missing_inputs(flow_name: str, err: exc.MissingDependencies) -> list[str]:
+def missing_inputs(flow_name: str, err: exc.MissingDependencies,
+                   flow_id: str = "FLOW_ID") -> list[str]:
     """The inputs a flow needs, then which atom needs which: not the nested cause chain."""
+    if isinstance(err, exc.MissingSecrets):
+        wanted = list(err.missing_requirements)
+        example = " ".join(f"--store {name}=VALUE" for name in wanted)
+        return [f"error: flow {flow_name!r}: MissingSecrets: its secret input(s) "
+                f"{', '.join(wanted)} were never stored; give them again",
+                f"hint: flowengine run --resume {flow_id} {example}"]
     needs: dict[str, dict[str, list[str]]] = {}  # atom -> name -> methods
     cause: BaseException | None = err
     while isinstance(cause, exc.MissingDependencies):

@@ -121,6 +121,14 @@ def store_option(command: Callable[..., Any]) -> Callable[..., Any]:
              "Repeatable (space-separated in the env var).")(command)
 
 
+def secret_option(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Add --secret (store values kept secret: never stored, masked wherever shown)."""
+    return click.option(
+        "--secret", "secret", multiple=True, envvar="FLOWENGINE_SECRET",
+        help="A store value to keep secret (never stored; masked in output and logs): "
+             "key=value. Repeatable (space-separated in the env var).")(command)
+
+
 def parse_args(values: Sequence[str]) -> list[Any]:
     """Factory positional arguments: JSON when they parse as JSON, else text."""
     found: list[Any] = []

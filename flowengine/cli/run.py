@@ -27,6 +27,7 @@ from flowengine.cli.watch import RunWatcher, open_view
 from flowengine.listeners import timing
 from flowengine.persistence import base, models
 from flowengine.persistence.backends._uri import mask_urls
+from flowengine.secrets import Secret
 from flowengine.utils import persistence_utils as p_utils
 
 #: The logbook ``run --backend`` saves new flows in unless ``--book`` names another.
@@ -79,6 +80,7 @@ class Request:
 @click.option("--resume", "resume_id", metavar="FLOW_ID", envvar="FLOWENGINE_RESUME",
               help="Resume this stored flow (uuid or its start) instead of starting a new one.")
 @loading.store_option
+@loading.secret_option
 @loading.factory_options
 @telemetry.telemetry_options
 @click.option("--plain", is_flag=True, envvar="FLOWENGINE_PLAIN",
@@ -88,7 +90,7 @@ class Request:
 @click.pass_context
 def run_command(ctx: click.Context, spec: str | None, engine_name: str, topics: tuple[str, ...],
                 backend_uri: str | None, book: str, resume_id: str | None,
-                store: tuple[str, ...], factory_args: tuple[str, ...],
+                store: tuple[str, ...], secret: tuple[str, ...], factory_args: tuple[str, ...],
                 factory_kwargs: tuple[str, ...], events: bool | None, metrics_port: int | None,
                 plain: bool, as_json: bool, **broker: Any) -> None:
     """Run the flow MODULE:FACTORY names (a flow factory, or a flow object).
@@ -106,7 +108,9 @@ def run_command(ctx: click.Context, spec: str | None, engine_name: str, topics: 
         metrics_port = telemetry.serve_metrics(metrics_port)
     request = Request(
         spec=spec, resume_id=resume_id, engine=engine_name, options={},
-        store=parse_pairs(store, "store value"), args=loading.parse_args(factory_args),
+        store={**parse_pairs(store, "store value"),
+               **{k: Secret(v) for k, v in parse_pairs(secret, "secret value").items()}},
+        args=loading.parse_args(factory_args),
         kwargs=parse_pairs(factory_kwargs, "factory keyword argument"),
         backend=None if backend_uri is None else records.open_backend(backend_uri, create=True),
         backend_uri=backend_uri, book=book, broker=broker_kwargs(**broker), events=events,
@@ -210,7 +214,7 @@ def _validate(engine: Any) -> None:
         engine.compile()
         engine.validate()
     except exc.MissingDependencies as err:
-        lines = fmt.missing_inputs(engine.storage.flow_name, err)
+        lines = fmt.missing_inputs(engine.storage.flow_name, err, engine.storage.flow_uuid)
         raise loading.LoadError("\n".join(lines).removeprefix("error: ")) from err
     except (exc.TaskFlowException, TypeError, ValueError, NotImplementedError) as err:
         message = err.pformat() if isinstance(err, exc.TaskFlowException) else str(err)
@@ -299,7 +303,8 @@ def _echo_json(engine: Any, request: Request, outcome: Outcome) -> None:
                                                     f"{outcome.error}",
         "atoms": [records.atom_record(ad) for ad in records.atoms_of(storage.flow_detail)],
     }
-    click.echo(fmt.to_json(found, sort_keys=True))
+    # The records in memory hold the flow's secrets in clear; what is printed must not.
+    click.echo(fmt.to_json(storage.masked(found), sort_keys=True))
 
 
 def _echo_summary(engine: Any, request: Request, outcome: Outcome, watcher: RunWatcher,

@@ -25,6 +25,7 @@ from flowengine.dashboard import layout, timeline
 from flowengine.dashboard.live import EventHub
 from flowengine.dashboard.masking import mask, mask_text
 from flowengine.persistence import base, models, queries
+from flowengine.persistence.secret_keeping import META_SECRETS
 
 LOG = logging.getLogger(__name__)
 
@@ -123,8 +124,7 @@ class DashboardData:
                   else cp.inputs_of(compiled, atom["name"], results, injected))
         if not isinstance(compiled, str):
             for name in compiled.secret_args.get(atom["name"], ()):
-                if name in inputs:
-                    inputs[name] = "***"
+                inputs[name] = "***"  # shown as given even when (as now) it was not stored
         shown["inputs"] = mask(inputs, secrets)
         shown["result"] = mask(atom["result"], secrets)
         shown["revert_result"] = mask(atom["revert_result"], secrets)
@@ -149,6 +149,13 @@ class DashboardData:
         if fd.state not in RESUMABLE:
             raise ActionRefused(f"flow {fd.name!r} is {fd.state}; only "
                                 f"{' or '.join(sorted(RESUMABLE))} flows can be resumed")
+        secrets = fd.meta.get(META_SECRETS)
+        if secrets:
+            # Secret values are never stored, and a page cannot be trusted to take them.
+            raise ActionRefused(
+                f"flow {fd.name!r} needs its secret input(s) {', '.join(map(repr, secrets))} "
+                f"again; resume it with: flowengine run --resume {fd.uuid} "
+                + " ".join(f"--store {n}=VALUE" for n in secrets))
         name, options = self._engine_options(fd)
         try:
             flow = engines.flow_from_detail(fd)

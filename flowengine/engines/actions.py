@@ -83,7 +83,7 @@ class TaskAction:
             "old_state": old_state,
         }
         if result is not NO_RESULT:
-            details["result"] = result
+            details["result"] = self._storage.masked(result)
         self._notifier.notify(state, details)
 
     @property
@@ -235,7 +235,7 @@ class RetryAction:
             "old_state": old_state,
         }
         if result is not NO_RESULT:
-            details["result"] = result
+            details["result"] = self._storage.masked(result)
         self._notifier.notify(state, details)
 
     def reset_state(self, retry: Retry, state: str) -> None:

@@ -19,6 +19,7 @@ from flowengine.engines.machine import META_STATES, RunLoop
 from flowengine.engines.options import EngineOptions, as_optional_int
 from flowengine.engines.runtime import Runtime
 from flowengine.listeners.atoms import AtomLogListener
+from flowengine.secrets import secret_sources
 from flowengine.storage import Storage
 from flowengine.types.failure import Failure
 from flowengine.types.notifier import Notifier
@@ -84,6 +85,7 @@ class ActionEngine:
         """The run's :class:`~flowengine.storage.Storage`."""
         if self._storage is None:
             self._storage = Storage(self._flow_detail, backend=self._backend)
+            self._storage.declare_secret_sources(secret_sources(self._flow))
         return self._storage
 
     @property
@@ -172,6 +174,9 @@ class ActionEngine:
                 something) and the missing names.
         """
         self.prepare()
+        secrets_missing = self.storage.missing_secrets()
+        if secrets_missing and self.storage.get_flow_state() != states.SUCCESS:
+            raise exc.MissingSecrets(self._flow, secrets_missing)
         missing: set[str] = set()
         last_cause: exc.MissingDependencies | None = None
         culprits = 0

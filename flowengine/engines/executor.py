@@ -36,10 +36,10 @@ REVERTED = "reverted"
 ProgressCallback = Callable[..., None]
 
 
-def _secret_values(task: Any, arguments: Mapping[str, Any]) -> list[str]:
-    """The string forms of the arguments ``task`` marks secret (``secret_args``)."""
+def _secret_values(task: Any, arguments: Mapping[str, Any]) -> list[Any]:
+    """The values of the arguments ``task`` marks secret (``secret_args``)."""
     names = getattr(task, "secret_args", ())
-    return [str(arguments[name]) for name in names if arguments.get(name) not in (None, "")]
+    return [arguments[name] for name in names if arguments.get(name) not in (None, "")]
 
 
 def _redact(task: Any, arguments: Mapping[str, Any], outcome: Any) -> Any:

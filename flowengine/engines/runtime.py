@@ -371,5 +371,6 @@ class Runtime:
         strategy = resolution.determine(self, atom, failure, self.options.defer_reverts)
         tracing.failure_resolved(self.storage.get_atom_uuid(atom.name), strategy.strategy,
                                  strategy.retry)
-        LOG.debug("Resolving failure of %r with %s: %s", atom.name, strategy, failure)
+        LOG.debug("Resolving failure of %r with %s: %s", atom.name, strategy,
+                  self.storage.masked(failure))
         strategy.apply(self)

@@ -6,10 +6,10 @@ import re
 from typing import Any
 
 from flowengine.persistence.backends._uri import mask_urls
+from flowengine.secrets import MASK, Masker
 
 __all__ = ["MASK", "is_secret_key", "masked", "scrub"]
 
-MASK = "***"
 
 # Key names whose values are secrets wherever they appear in details (store entries included).
 _SECRET_KEY = re.compile(r"passw(or)?d|passphrase|secret|token|api[_-]?key|credential"
@@ -52,6 +52,4 @@ def _secret_values(data: Any) -> set[str]:
 def scrub(text: str, details: Any) -> str:
     """``text`` with every secret value of ``details`` (see :func:`masked`) and every URL
     password replaced by ``***`` (for messages that may quote a secret, such as errors)."""
-    for secret in sorted(_secret_values(details), key=len, reverse=True):
-        text = text.replace(secret, MASK)
-    return mask_urls(text)
+    return mask_urls(Masker(_secret_values(details)).text(text))

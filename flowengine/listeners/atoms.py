@@ -43,24 +43,12 @@ class Placement(Protocol):
         ...
 
 
-def _secret_values(engine: ActionEngine, atom_name: str) -> list[str]:
-    atom = next((a for a in engine.compilation.iter_atoms() if a.name == atom_name), None)
-    names = getattr(atom, "secret_args", ())
-    if atom is None or not names:
-        return []
-    try:
-        args = engine.storage.fetch_mapped_args(atom.rebind, atom_name=atom_name,
-                                                optional_args=atom.optional)
-    except Exception:  # what cannot be fetched cannot be masked, nor was it passed
-        return []
-    return [str(args[n]) for n in names if args.get(n) not in (None, "")]
-
-
 def redacted_failure(engine: ActionEngine, atom_name: str, failure: Failure) -> Failure:
-    """``failure`` with the atom's secret argument values masked (failures from TaskFlow
-    workers, or built by the engine, were never redacted by the executor)."""
-    secrets = _secret_values(engine, atom_name)
-    return failure.redacted(secrets) if secrets else failure
+    """``failure`` with the flow's secrets (``Secret`` store values, the atoms' secret
+    arguments) masked: failures from TaskFlow workers, or built by the engine, were never
+    redacted by the executor."""
+    masked: Failure = engine.storage.masked(failure)
+    return masked
 
 
 def _value(text: object) -> str:
@@ -120,6 +108,6 @@ class AtomLogListener(base.Listener):
             failure = redacted_failure(self._engine, name, result)
             kind = failure.exc_type_names[0] if failure.exc_type_names else "?"
             parts.append(f"error={_value(kind + ': ' + mask_urls(failure.exception_str))}")
-        self._log.log(self._level, " ".join(parts), extra={
+        self._log.log(self._level, storage.masker.text(" ".join(parts)), extra={
             "flow_uuid": storage.flow_uuid, "atom": name, "atom_uuid": atom_uuid,
             "atom_state": state, "attempt": attempt, "worker": worker, "duration": duration})

@@ -23,6 +23,7 @@ import jsonschema
 from jsonschema import exceptions as schema_exc
 
 from flowengine import exceptions as exc
+from flowengine.secrets import Masker
 
 __all__ = ["Failure"]
 
@@ -34,7 +35,6 @@ _MAX_CAUSES = 8
 
 _BUILTIN_MODULES = frozenset({"builtins", "exceptions"})
 
-_MASK = "***"
 
 _SCHEMA: dict[str, Any] = {
     "$ref": "#/definitions/cause",
@@ -105,21 +105,6 @@ def _json_safe(value: Any, depth: int = 0) -> Any:
         return repr(value)
     except Exception:
         return f"<unrepresentable {type(value).__name__} object>"
-
-
-def _mask(value: Any, secrets: tuple[str, ...]) -> Any:
-    if isinstance(value, str):
-        for secret in secrets:
-            value = value.replace(secret, _MASK)
-        return value
-    if isinstance(value, (list, tuple)):
-        return type(value)(_mask(item, secrets) for item in value)
-    if isinstance(value, dict):
-        return {k: _mask(v, secrets) for k, v in value.items()}
-    if value is None or isinstance(value, (bool, int, float)):
-        return value
-    # Any other object could render a secret through its repr later; keep only the masked repr.
-    return _mask(_json_safe(value), secrets)
 
 
 def _same_exc_info(a: ExcInfo | None, b: ExcInfo | None) -> bool:
@@ -478,21 +463,29 @@ class Failure:
             causes=self._causes,
         )
 
-    def redacted(self, secrets: Iterable[str]) -> Failure:
-        """Return a copy with each of ``secrets`` replaced by ``***``.
+    def redacted(self, secrets: Iterable[Any] | Masker) -> Failure:
+        """Return a copy with every form of each of ``secrets`` replaced by ``***``.
 
-        Masks the message, traceback, arguments and causes. The copy holds no exception object
-        (which could still reveal a secret), so re-raising it raises :class:`WrappedFailure`.
+        Masks the message, traceback, arguments and causes (see :mod:`flowengine.secrets` for
+        the forms). The copy holds no exception object (which could still reveal a secret), so
+        re-raising it raises :class:`WrappedFailure`.
 
         Args:
-            secrets: Substrings to mask; empty strings are ignored.
+            secrets: Secret values (empty ones are ignored), or a
+                :class:`~flowengine.secrets.Masker`.
         """
-        # Longest first, so a secret containing another is masked whole.
-        ordered = tuple(sorted({s for s in secrets if s}, key=len, reverse=True))
+        masker = secrets if isinstance(secrets, Masker) else Masker(secrets)
         return Failure(
-            exception_str=_mask(self._exception_str, ordered),
-            traceback_str=_mask(self._traceback_str, ordered),
-            exc_args=tuple(_mask(list(self._exc_args), ordered)),
+            exception_str=masker.text(self._exception_str),
+            traceback_str=(None if self._traceback_str is None
+                           else masker.text(self._traceback_str)),
+            exc_args=tuple(masker.value(_json_safe(list(self._exc_args)))),
             exc_type_names=self._exc_type_names,
-            causes=tuple(c.redacted(ordered) for c in self.causes),
+            causes=tuple(c.redacted(masker) for c in self.causes),
         )
+
+    def shows_any(self, masker: Masker) -> bool:
+        """Whether this failure (or a cause) shows a secret ``masker`` masks."""
+        texts = (self._exception_str, self._traceback_str or "", repr(self._exc_args))
+        return any(masker.found_in(t) for t in texts) or any(
+            c.shows_any(masker) for c in self.causes)

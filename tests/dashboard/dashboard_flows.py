@@ -63,6 +63,11 @@ def provisioning() -> linear_flow.Flow:
         Provision("report"))
 
 
+def plain() -> linear_flow.Flow:
+    """disk -> report, from a stored session: no secrets, so resumable from a page."""
+    return linear_flow.Flow("plain").add(Provision("disk"), Provision("report"))
+
+
 def exploding() -> linear_flow.Flow:
     """connect -> explode: fails and reverts."""
     return linear_flow.Flow("exploding").add(Connect("connect"), Explode("explode"))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import re
+import urllib.parse
 import warnings
 from collections.abc import Iterator
 
@@ -149,7 +150,7 @@ def test_resume_through_the_page(store: base.Backend) -> None:
 
     from flowengine import engines, states
 
-    engine = engines.load_from_factory(df.provisioning, store={"user": "ada", "password": "x"},
+    engine = engines.load_from_factory(df.plain, store={"session": {"user": "ada"}},
                                        backend=store)
     engine.compile()
     engine.prepare()
@@ -164,3 +165,22 @@ def test_resume_through_the_page(store: base.Backend) -> None:
         assert data.wait_idle(30.0)
         page = app.get(f"/flows/{flow}").text
     assert 'id="flow-state" data-state="SUCCESS"' in page and "/resume" not in page
+
+
+def test_a_flow_with_secret_inputs_is_not_resumed_from_a_page(store: base.Backend) -> None:
+    # Its secrets were never stored, and a page cannot be trusted to take them.
+    import dashboard_flows as df
+
+    from flowengine import engines, states
+
+    engine = engines.load_from_factory(df.provisioning, store={"user": "ada", "password": "x"},
+                                       backend=store)
+    engine.compile()
+    engine.prepare()
+    engine.storage.set_flow_state(states.SUSPENDED)
+    flow = str(engine.storage.flow_uuid)
+    with TestClient(create_app(DashboardData(store, EventHub(None))),
+                    follow_redirects=False) as app:
+        done = app.post(f"/flows/{flow}/resume", data={"csrf_token": csrf_of(app)})
+    notice = urllib.parse.unquote_plus(done.headers["location"])
+    assert "refused" in notice and "'password'" in notice and "--store password=VALUE" in notice

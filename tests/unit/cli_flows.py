@@ -191,3 +191,29 @@ def make_scraping(port: int) -> linear_flow.Flow:
     """A task, then one that scrapes the metrics endpoint on ``port`` mid-run."""
     return linear_flow.Flow("scraping").add(Echo("before-scrape"),
                                             Scrape("scrape", inject={"port": port}))
+
+
+class Login(task.Task):
+    """Takes a secret password, then fails (so the flow can be resumed)."""
+
+    secret_args = ("password",)
+
+    def execute(self, password: str) -> None:
+        JOURNAL.append(f"execute {self.name} with {len(password)} characters")
+        raise RuntimeError(f"login refused for {password!r}")
+
+
+def make_secretive() -> linear_flow.Flow:
+    return linear_flow.Flow("secretive").add(Login("login"))
+
+
+class Greet(task.Task):
+    """Says its phrase back (so the phrase is in its result)."""
+
+    def execute(self, phrase: str) -> str:
+        JOURNAL.append(f"execute {self.name}")
+        return f"said {phrase!r}"
+
+
+def make_greeting() -> linear_flow.Flow:
+    return linear_flow.Flow("greeting").add(Greet("greet", provides="said"))

@@ -481,3 +481,32 @@ def test_an_async_task_runs_locally_and_is_refused_by_name_on_workers() -> None:
     assert refused.exit_code == exits.ERROR, refused.output
     assert "Task 'waits' has async def execute, which the WorkerBasedActionEngine cannot await" \
         in refused.stderr
+
+
+def test_a_resumed_flow_is_asked_for_its_secret_inputs(tmp_path: pathlib.Path) -> None:
+    uri = f"sqlite:///{tmp_path}/flows.db"
+    secret = "pa'ss-w0rd"
+    first = invoke("run", "cli_flows:make_secretive", "--backend", uri, "--json",
+                   "--store", f"password={secret}")
+    assert first.exit_code == exits.REVERTED, first.output
+    assert "pa" + "'ss-w0rd" not in first.output and "ss-w0rd" not in first.output
+    flow_id = json.loads(first.stdout)["uuid"]
+    cli_flows.JOURNAL.clear()
+    asked = invoke("run", "--resume", flow_id, "--backend", uri)
+    assert asked.exit_code != exits.OK and cli_flows.JOURNAL == []
+    assert "MissingSecrets" in asked.output and "--store password=VALUE" in asked.output
+    given = invoke("run", "--resume", flow_id, "--backend", uri, "--store", f"password={secret}")
+    assert cli_flows.JOURNAL == ["execute login with 10 characters"], given.output
+    shown = invoke("show", flow_id, "--backend", uri, "--tracebacks", "--full")
+    assert "ss-w0rd" not in shown.output and "***" in shown.output
+
+
+def test_a_value_given_with_secret_is_never_stored_nor_shown(tmp_path: pathlib.Path) -> None:
+    uri = f"sqlite:///{tmp_path}/flows.db"
+    ran = invoke("run", "cli_flows:make_greeting", "--backend", uri, "--json",
+                 "--secret", "phrase=open-sesame-42")
+    assert ran.exit_code == exits.OK, ran.output
+    assert cli_flows.JOURNAL == ["execute greet"] and "sesame" not in ran.output
+    shown = invoke("show", json.loads(ran.stdout)["uuid"], "--backend", uri, "--full")
+    assert "said '***'" in shown.output and "sesame" not in shown.output
+    assert b"sesame" not in (tmp_path / "flows.db").read_bytes()

@@ -55,6 +55,7 @@ PUBLIC_MODULES = [
     "flowengine.worker_based.event_listener",
     "flowengine.worker_based.metrics",
     "flowengine.listeners.atoms",
+    "flowengine.secrets",
     "flowengine.dashboard",
     "flowengine.tracing",
     # jobboards and conductors (TaskFlow's modules) and their additions

@@ -25,6 +25,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy import pool as sa_pool
 
 from flowengine.persistence.backends._uri import mask_urls, seconds_option
+from flowengine.secrets import Masker
 
 LOG = logging.getLogger(__name__)
 
@@ -160,13 +161,11 @@ def describe(url: sa.URL) -> str:
 
 def masker(url: sa.URL) -> Callable[[str], str]:
     """Return a function that removes ``url``'s password (plain and URL-quoted) from text."""
-    secrets = [s for s in {url.password, urllib.parse.quote(url.password or "", safe="")} if s]
+    password = url.password or ""
+    secrets = Masker([password, urllib.parse.quote(password, safe="")] if password else [])
 
     def mask(text: str) -> str:
-        text = mask_urls(text)
-        for secret in secrets:
-            text = text.replace(str(secret), "***")
-        return text
+        return secrets.text(mask_urls(text))
 
     return mask
 
