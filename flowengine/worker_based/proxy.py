@@ -28,7 +28,12 @@ from flowengine.worker_based import backoff as bo
 from flowengine.worker_based import dispatcher as dp
 from flowengine.worker_based import producers as pd
 from flowengine.worker_based import protocol as pr
-from flowengine.worker_based import transport_fs, transport_memory, transport_redis
+from flowengine.worker_based import (
+    transport_beanstalk,  # noqa: F401  (registers beanstalk://)
+    transport_fs,
+    transport_memory,
+    transport_redis,
+)
 
 LOG = logging.getLogger(__name__)
 
@@ -237,7 +242,8 @@ class Proxy:
         )
         # Message priority is an AMQP queue feature; TaskFlow's declarations have none, and a
         # broker refuses a queue redeclared with different arguments.
-        self._priorities = not taskflow_compat and not self._virtual
+        # beanstalkd orders every tube by job priority (see transport_beanstalk).
+        self._priorities = not taskflow_compat and (not self._virtual or driver == "beanstalk")
         if driver == "amqp":
             # Publisher confirms: publish() returns only once the broker has the message, so a
             # worker acknowledges a request only after its outcome is safely stored.
@@ -496,6 +502,13 @@ class Proxy:
     def reject(self, message: Any) -> None:
         """Drop a delivered message (from any thread)."""
         self._settle(message, "reject")
+
+    def touch(self, message: Any) -> None:
+        """Extend a delivered message's time-to-run where the transport has one (beanstalkd's
+        ``touch``); elsewhere nothing. From any thread."""
+        touch = getattr(message.channel, "touch", None)
+        if touch is not None and not message.acknowledged:
+            touch(message.delivery_tag)
 
     def _settle(self, message: Any, action: str) -> None:
         if self._auto_ack:  # the broker forgot it on delivery: nothing to settle

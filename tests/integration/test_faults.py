@@ -142,7 +142,7 @@ def test_a_frozen_worker_loses_its_task_and_its_late_result_is_ignored(
     assert frozen.alive
 
 
-@pytest.mark.parametrize("broker_name", ["redis", "rabbitmq"])
+@pytest.mark.parametrize("broker_name", ["redis", "rabbitmq", "beanstalk"])
 def test_a_frozen_worker_with_a_free_slot_does_not_swallow_the_new_attempt(
     broker_name: str, exchange: str, fleet_factory: Any, stage: Stage, runs: EngineRuns,
     engine_logs: pytest.LogCaptureFixture,
@@ -233,7 +233,7 @@ def test_a_lost_request_is_parked_listed_and_requeued(
         stage.gates.open("held")
 
 
-@pytest.mark.parametrize("broker_name", ["redis", "rabbitmq"])
+@pytest.mark.parametrize("broker_name", ["redis", "rabbitmq", "beanstalk"])
 def test_a_task_that_kills_its_workers_fails_after_max_attempts_and_is_parked(
     broker_name: str, exchange: str, fleet_factory: Any, stage: Stage, runs: EngineRuns,
 ) -> None:  # fmt: skip

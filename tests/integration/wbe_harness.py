@@ -3,7 +3,8 @@
 The fixtures built on these live in ``conftest.py``; tests import the classes from here.
 
 Brokers are the servers ``.ci/services.sh start`` runs on 127.0.0.1 (Redis 6379, RabbitMQ 5672 as
-guest/guest); ``FLOWENGINE_TEST_REDIS_URL`` and ``FLOWENGINE_TEST_AMQP_URL`` point elsewhere.
+guest/guest, beanstalkd 11300); ``FLOWENGINE_TEST_REDIS_URL``, ``FLOWENGINE_TEST_AMQP_URL`` and
+``FLOWENGINE_TEST_BEANSTALK_URL`` point elsewhere.
 A broker that does not answer is started (``.ci/services.sh start``, once a session, by the
 conftest's server starter) and checked again; still missing, it fails the test when ``CI=true``
 and skips it otherwise.
@@ -71,6 +72,8 @@ BROKERS = {
                                             "redis://127.0.0.1:6379/0")),
     "rabbitmq": Broker("rabbitmq", os.environ.get("FLOWENGINE_TEST_AMQP_URL",
                                                   "amqp://guest:guest@127.0.0.1:5672//")),
+    "beanstalk": Broker("beanstalk", os.environ.get("FLOWENGINE_TEST_BEANSTALK_URL",
+                                                    "beanstalk://127.0.0.1:11300")),
 }
 _checked: dict[str, str | None] = {}
 

@@ -1,0 +1,501 @@
+"""flowengine's beanstalkd transport for kombu: a queue is a tube, a delivery a reserved job.
+
+URL ``beanstalk://host:port`` (port 11300 by default); this module registers the scheme with
+kombu when imported (:mod:`~flowengine.worker_based.proxy` imports it). Needs the ``greenstalk``
+client: ``pip install 'flowengine[beanstalk]'``. Transport options: ``default_ttr`` (seconds a
+job without a lease header may stay reserved unsettled, default :data:`DEFAULT_TTR`),
+``polling_interval`` (seconds between polls of an empty tube, default
+:data:`DEFAULT_POLLING_INTERVAL`), ``binding_cache_ttl`` (see below).
+
+How kombu's model maps onto beanstalkd:
+
+* Publishing puts a job on the queue's tube. The kombu envelope (body, headers, properties) is
+  the job's JSON body. AMQP priority ``p`` (0..255, higher first) becomes beanstalkd priority
+  ``DEFAULT_PRIORITY - p`` (lower first), so a message without one gets :data:`DEFAULT_PRIORITY`
+  and urgency orders delivery within each tube. Header :data:`HEADER_DELAY` (seconds) becomes
+  the job's delay; header :data:`HEADER_LEASE` (seconds) its time-to-run (TTR), else
+  ``default_ttr``.
+* Consuming reserves a job (never waiting inside beanstalkd, so the consumer keeps kombu's
+  drain timeout; an empty poll sleeps ``polling_interval``). The job stays reserved until the
+  message is settled: ack deletes it, requeue releases it, reject deletes it. A consumer killed
+  or cut off gives its jobs back when its connection closes; a frozen one when each job's TTR
+  runs out, unless :meth:`Channel.touch` extends it (flowengine's worker heartbeats do). A job
+  reserved before (``reserves`` > 1 in ``stats-job``) arrives marked redelivered, as AMQP marks
+  it. A job whose body is not a kombu envelope is buried, logged, and the consumer carries on.
+* Dead letters: a message published with flowengine's dead-letter header
+  (``x-flowengine-dead-reason``) is buried on arrival, so ``stats-tube`` counts it as buried.
+  Reading it (``basic_get``: an operator listing or requeueing dead letters) kicks it
+  (``kick-job``) and reserves it; given back, it is buried again.
+* Exchanges and bindings stay kombu's virtual ones, shared between processes through the
+  server: each binding is a tube named ``kombu.binding.<exchange digest>.<binding digest>``
+  holding one job delayed for as long as beanstalkd allows, whose body names the exchange,
+  routing key, pattern and queue. ``list-tubes`` lists them; a process keeps what it read for
+  ``binding_cache_ttl`` seconds for routing keys bound to exactly one queue (re-read on a miss
+  and after it binds), and reads afresh for keys bound to several queues and for fanout.
+
+Limits: messages (with kombu's envelope and base64 body, a third larger than the body) must fit
+beanstalkd's ``max-job-size`` (``-z``, 65,535 bytes by default); a larger one fails to publish
+with an error saying so. Tube names are at most 200 bytes of ``A-Za-z0-9-+/;.$_()``: other
+characters are escaped as ``$xx`` and long names are cut and suffixed with a digest. Message
+expiration is checked when a job is reserved (to the second), not by the server. Bindings of a
+process killed with SIGKILL stay on the server (as on Redis); messages routed by them wait in a
+tube nobody reads until the queue is deleted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import socket
+import threading
+import time
+from collections.abc import Iterable
+from queue import Empty
+from typing import Any, NamedTuple
+
+import kombu.transport
+from kombu.transport import virtual
+
+from flowengine.worker_based import extensions as ext
+
+try:
+    import greenstalk
+except ImportError:  # pragma: no cover - the extra is missing; Transport() says which
+    greenstalk = None  # type: ignore[assignment]
+
+LOG = logging.getLogger(__name__)
+
+TRANSPORT_NAME = "beanstalk"
+DEFAULT_PORT = 11300
+#: beanstalkd priority of a message without one (lower is more urgent).
+DEFAULT_PRIORITY = 1024
+#: Highest AMQP priority honoured; ``DEFAULT_PRIORITY - MAX_PRIORITY`` is the most urgent.
+MAX_PRIORITY = 255
+#: Seconds a job published without :data:`HEADER_LEASE` may stay reserved without a touch.
+DEFAULT_TTR = 3600
+#: Seconds between polls of empty tubes.
+DEFAULT_POLLING_INTERVAL = 0.005
+#: Seconds a channel routes by its copy of an exchange's bindings.
+BINDING_CACHE_TTL = 1.0
+#: Seconds a command may take before the connection counts as lost.
+SOCKET_TIMEOUT = 10.0
+#: beanstalkd's longest delay: binding records wait this long, i.e. for ever.
+FOREVER = 2**32 - 1
+BINDING_PREFIX = "kombu.binding."
+#: Request header: seconds the job may stay reserved without a touch (its TTR).
+HEADER_LEASE = ext.HEADER_LEASE
+#: Message header: seconds before the job becomes ready (beanstalkd's delay).
+HEADER_DELAY = ext.HEADER_DELAY
+MAX_TUBE_NAME = 200
+#: What a lost connection raises (greenstalk asserts on a reply cut short).
+_LOST = (OSError, AssertionError)
+_TUBE_CHARS = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-+/;._()")
+
+kombu.transport.TRANSPORT_ALIASES.setdefault(TRANSPORT_NAME, f"{__name__}:Transport")
+
+
+def tube_name(queue: str) -> str:
+    """The beanstalkd tube of kombu queue ``queue`` (escaped, cut to 200 bytes)."""
+    escaped = "".join(chr(b) if b in _TUBE_CHARS else f"${b:02x}" for b in queue.encode())
+    if escaped.startswith("-"):
+        escaped = "$2d" + escaped[1:]
+    if len(escaped) > MAX_TUBE_NAME:
+        digest = hashlib.sha1(queue.encode()).hexdigest()[:16]
+        escaped = f"{escaped[:MAX_TUBE_NAME - 17]}${digest}"
+    return escaped
+
+
+def beanstalk_priority(priority: Any) -> int:
+    """beanstalkd priority for AMQP ``priority`` (higher first -> lower first)."""
+    try:
+        level = max(0, min(int(priority), MAX_PRIORITY))
+    except (TypeError, ValueError):
+        level = 0
+    return DEFAULT_PRIORITY - level
+
+
+def _seconds(value: Any, default: int = 0) -> int:
+    """Whole seconds (rounded up) for a header value; ``default`` if it is not a number."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        return default
+    return min(math.ceil(value), FOREVER)
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha1(text.encode()).hexdigest()[:16]
+
+
+def binding_tube(exchange: str, routing_key: str, pattern: str, queue: str) -> str:
+    """The tube that records one binding (a digest of each part: short and always valid)."""
+    parts = "\0".join((routing_key, pattern, queue))
+    return f"{BINDING_PREFIX}{_digest(exchange)}.{_digest(parts)}"
+
+
+class _Held(NamedTuple):
+    """A reserved job delivered and not settled yet."""
+
+    job_id: int
+    priority: int
+    buried: bool  # taken out of the buried list: given back, it is buried again
+
+
+class QoS(virtual.QoS):
+    """Settles reserved jobs: ack deletes, requeue releases (or buries again), close releases."""
+
+    def ack(self, delivery_tag: str) -> None:
+        self.channel.settle(delivery_tag, requeue=False)
+        super().ack(delivery_tag)
+
+    def reject(self, delivery_tag: str, requeue: bool = False) -> None:
+        self.channel.settle(delivery_tag, requeue=requeue)
+        self._quick_ack(delivery_tag)
+
+    def restore_unacked(self) -> list[Any]:
+        self._flush()
+        try:
+            for delivery_tag in list(self._delivered):
+                self.channel.settle(delivery_tag, requeue=True)
+        except _LOST as err:
+            # beanstalkd gives a closed connection's reserved jobs back by itself.
+            LOG.debug("beanstalk: could not release held jobs: %s", err)
+        self._delivered.clear()
+        return []
+
+
+class Channel(virtual.Channel):
+    """A virtual channel over one beanstalkd connection (every command under one lock)."""
+
+    QoS = QoS
+    supports_fanout = True
+    from_transport_options = virtual.Channel.from_transport_options + (  # type: ignore[assignment]
+        "default_ttr", "binding_cache_ttl")
+    default_ttr: float = DEFAULT_TTR
+    binding_cache_ttl: float = BINDING_CACHE_TTL
+    #: Monotonic clock of the binding cache (tests replace it on an instance).
+    clock = staticmethod(time.monotonic)
+
+    def __init__(self, connection: Any, **kwargs: Any) -> None:
+        super().__init__(connection, **kwargs)
+        client = connection.client
+        self._address = (client.hostname or "127.0.0.1", int(client.port or DEFAULT_PORT))
+        self._lock = threading.RLock()
+        self._using = "default"
+        self._watching: frozenset[str] = frozenset({"default"})
+        self._held: dict[str, _Held] = {}
+        self._bindings: dict[str, tuple[str, str, str, str]] = {}  # binding tube -> binding
+        self._routes: dict[str, tuple[float, list[tuple[str, str, str]]]] = {}
+        self._client = self._connect(client.connect_timeout or SOCKET_TIMEOUT)
+
+    def _connect(self, timeout: float) -> Any:
+        sock = socket.create_connection(self._address, timeout=timeout)
+        sock.settimeout(SOCKET_TIMEOUT)
+        return greenstalk.Client(sock, encoding=None)
+
+    # -- the connection's tube state --------------------------------------------------------
+
+    def _use(self, tube: str) -> None:
+        if tube != self._using:
+            self._client.use(tube)
+            self._using = tube
+
+    def _watch(self, tubes: Iterable[str]) -> None:
+        wanted = frozenset(tubes)
+        if wanted == self._watching or not wanted:
+            return
+        for tube in wanted - self._watching:
+            self._client.watch(tube)
+        for tube in self._watching - wanted:
+            self._client.ignore(tube)
+        self._watching = wanted
+
+    # -- publishing -------------------------------------------------------------------------
+
+    def _put(self, queue: str, message: Any, **kwargs: Any) -> None:
+        headers = message.get("headers") or {}
+        priority = beanstalk_priority(message["properties"].get("priority"))
+        delay = _seconds(headers.get(HEADER_DELAY))
+        ttr = _seconds(headers.get(HEADER_LEASE), _seconds(self.default_ttr, DEFAULT_TTR))
+        body = json.dumps(message).encode()
+        tube = tube_name(queue)
+        with self._lock:
+            self._use(tube)
+            try:
+                job_id = self._client.put(body, priority=priority, delay=delay, ttr=ttr)
+            except greenstalk.JobTooBigError as err:
+                raise greenstalk.JobTooBigError(
+                    f"beanstalkd refused a {len(body)} byte job for queue {queue!r} (tube "
+                    f"{tube!r}): over its max-job-size (beanstalkd -z)") from err
+            if ext.HEADER_DEAD_REASON in headers:
+                self._client.reserve_job(job_id)
+                self._client.bury(job_id, priority)
+
+    def _put_fanout(self, exchange: str, message: Any, routing_key: str, **kwargs: Any) -> None:
+        for queue in {queue for _, _, queue in self._read_table(exchange)}:
+            self._put(queue, message, **kwargs)
+
+    # -- consuming --------------------------------------------------------------------------
+
+    def _get_many(self, queues: list[str], timeout: float | None = None) -> None:
+        tubes = {tube_name(queue): queue for queue in queues}
+        with self._lock:
+            self._watch(tubes)
+            job = self._reserve()
+            payload = self._accept(job)
+        if payload is None:
+            raise Empty()
+        queue = tubes.get(payload.pop("x-beanstalk-tube", ""), "")
+        self.connection._deliver(payload, queue or queues[0])
+
+    def _get(self, queue: str, timeout: float | None = None) -> Any:
+        tube = tube_name(queue)
+        with self._lock:
+            self._watch([tube])
+            try:
+                job = self._reserve()
+                buried = False
+            except Empty:
+                job, buried = self._unbury(tube), True
+            payload = self._accept(job, buried)
+        if payload is None:
+            raise Empty()
+        payload.pop("x-beanstalk-tube", None)
+        return payload
+
+    def _reserve(self) -> Any:
+        try:
+            return self._client.reserve(timeout=0)
+        except (greenstalk.TimedOutError, greenstalk.DeadlineSoonError):
+            raise Empty() from None
+
+    def _unbury(self, tube: str) -> Any:
+        """Kick the tube's oldest buried job and reserve it (raise Empty if there is none)."""
+        self._use(tube)
+        try:
+            found = self._client.peek_buried()
+            self._client.kick_job(found.id)
+            return self._client.reserve_job(found.id)
+        except greenstalk.NotFoundError:  # none, or another reader took it meanwhile
+            raise Empty() from None
+
+    def _accept(self, job: Any, buried: bool = False) -> dict[str, Any] | None:
+        """The envelope of a reserved job, recorded as held; None if it was dropped."""
+        stats = self._client.stats_job(job.id)
+        try:
+            payload = json.loads(job.body)
+            self.Message(payload, channel=self)  # proves the envelope and body decode
+        except Exception as err:
+            self._client.bury(job.id, stats["pri"])
+            LOG.warning("beanstalk: buried undecodable job %s of tube %r: reason=decode-error "
+                        "%s: %s", job.id, stats["tube"], type(err).__name__, str(err)[:200])
+            return None
+        properties = payload["properties"]
+        expiration = properties.get("expiration")
+        if expiration is not None and not buried:
+            try:
+                expired = stats["age"] - stats["delay"] > float(expiration) / 1000.0
+            except (TypeError, ValueError):
+                expired = False
+            if expired:
+                self._client.delete(job.id)
+                return None
+        tag = f"{job.id}.{stats['reserves']}"
+        properties["delivery_tag"] = tag
+        if stats["reserves"] > 1 and not buried:
+            properties.setdefault("delivery_info", {})["redelivered"] = True
+        payload["x-beanstalk-tube"] = stats["tube"]
+        self._held[tag] = _Held(job.id, stats["pri"], buried)
+        return payload
+
+    def settle(self, delivery_tag: str, requeue: bool) -> None:
+        """Delete (or give back) the reserved job behind ``delivery_tag``."""
+        held = self._held.pop(delivery_tag, None)
+        if held is None or self._client is None:
+            return
+        try:
+            with self._lock:
+                if not requeue:
+                    self._client.delete(held.job_id)
+                elif held.buried:
+                    self._client.bury(held.job_id, held.priority)
+                else:
+                    self._client.release(greenstalk.Job(held.job_id, b""), held.priority)
+        except greenstalk.NotFoundError:
+            # Its TTR ran out (or the connection was replaced): beanstalkd has it back.
+            LOG.debug("beanstalk: job %s was no longer reserved here", held.job_id)
+
+    def touch(self, delivery_tag: str) -> bool:
+        """Restart the TTR of the reserved job behind ``delivery_tag``; False if it is not held
+        here any more (settled, or its TTR ran out and beanstalkd took it back)."""
+        held = self._held.get(delivery_tag)
+        if held is None:
+            return False
+        try:
+            with self._lock:
+                self._client.touch(greenstalk.Job(held.job_id, b""))
+        except greenstalk.NotFoundError:
+            return False
+        return True
+
+    # -- queues -----------------------------------------------------------------------------
+
+    def _size(self, queue: str) -> int:
+        with self._lock:
+            try:
+                return int(self._client.stats_tube(tube_name(queue))["current-jobs-ready"])
+            except greenstalk.NotFoundError:  # a tube exists only while in use
+                return 0
+
+    def _purge(self, queue: str) -> int:
+        return self._drop(tube_name(queue), ("peek_ready",))
+
+    def _drop(self, tube: str, peeks: Iterable[str]) -> int:
+        count = 0
+        with self._lock:
+            self._use(tube)
+            for peek in peeks:
+                while True:
+                    try:
+                        self._client.delete(getattr(self._client, peek)().id)
+                    except greenstalk.NotFoundError:
+                        break
+                    count += 1
+        return count
+
+    def queue_delete(self, queue: str, if_unused: bool = False, if_empty: bool = False,
+                     **kwargs: Any) -> None:
+        if if_empty and self._size(queue):
+            return
+        super().queue_delete(queue, if_unused=if_unused, if_empty=if_empty, **kwargs)
+        # Bindings other processes made for it too, and every job not reserved.
+        for tube, binding in self._all_bindings().items():
+            if binding[3] == queue:
+                self._unbind(tube)
+        self._drop(tube_name(queue), ("peek_ready", "peek_delayed", "peek_buried"))
+
+    def _delete(self, queue: str, *args: Any, **kwargs: Any) -> None:
+        exchange, routing_key, pattern = (list(args) + [None, None, None])[:3]
+        if exchange:
+            self._unbind(binding_tube(exchange, routing_key or "", pattern or "", queue))
+
+    # -- bindings, on the server --------------------------------------------------------------
+
+    def _queue_bind(self, exchange: str, routing_key: str, pattern: str, queue: str) -> None:
+        binding = (exchange, routing_key or "", pattern or "", queue)
+        tube = binding_tube(*binding)
+        self._routes.pop(exchange, None)
+        with self._lock:
+            if self._stats(tube) is not None:
+                return
+            self._use(tube)
+            record = dict(zip(("exchange", "routing_key", "pattern", "queue"), binding))
+            self._client.put(json.dumps(record).encode(), delay=FOREVER, ttr=1)
+        self._bindings[tube] = binding
+
+    def queue_unbind(self, queue: str, exchange: str | None = None, routing_key: str = "",
+                     arguments: Any = None, **kwargs: Any) -> None:
+        super().queue_unbind(queue, exchange, routing_key, arguments, **kwargs)
+        if exchange:
+            meta = self.typeof(exchange).prepare_bind(queue, exchange, routing_key, arguments)
+            self._unbind(binding_tube(exchange, *[m or "" for m in meta]))
+
+    def exchange_delete(self, exchange: str, if_unused: bool = False, nowait: bool = False
+                        ) -> None:
+        super().exchange_delete(exchange, if_unused, nowait)
+        for tube, binding in self._all_bindings().items():
+            if binding[0] == exchange:
+                self._unbind(tube)
+
+    def _unbind(self, tube: str) -> None:
+        binding = self._bindings.get(tube)
+        if binding is not None:
+            self._routes.pop(binding[0], None)
+        self._drop(tube, ("peek_delayed", "peek_ready", "peek_buried"))
+
+    def _stats(self, tube: str) -> Any:
+        try:
+            return self._client.stats_tube(tube)
+        except greenstalk.NotFoundError:
+            return None
+
+    def _all_bindings(self, exchange: str | None = None) -> dict[str, tuple[str, str, str, str]]:
+        """Every binding on the server (of ``exchange`` only, if given): tube -> binding."""
+        prefix = BINDING_PREFIX + (f"{_digest(exchange)}." if exchange is not None else "")
+        found: dict[str, tuple[str, str, str, str]] = {}
+        with self._lock:
+            for tube in self._client.tubes():
+                if not tube.startswith(prefix):
+                    continue
+                binding = self._bindings.get(tube)
+                if binding is None:
+                    binding = self._bindings[tube] = self._read_binding(tube)
+                if binding[3]:
+                    found[tube] = binding
+        return found
+
+    def _read_binding(self, tube: str) -> tuple[str, str, str, str]:
+        self._use(tube)
+        for peek in (self._client.peek_delayed, self._client.peek_ready,
+                     self._client.peek_buried):
+            try:
+                record = json.loads(peek().body)
+                return (str(record["exchange"]), str(record["routing_key"]),
+                        str(record["pattern"]), str(record["queue"]))
+            except greenstalk.NotFoundError:
+                continue
+            except (ValueError, KeyError, TypeError):
+                break
+        return ("", "", "", "")  # removed meanwhile, or not ours: never routes
+
+    def _read_table(self, exchange: str) -> list[tuple[str, str, str]]:
+        table = [(key, pattern, queue)
+                 for _, key, pattern, queue in self._all_bindings(exchange).values()]
+        self._routes[exchange] = (self.clock() + float(self.binding_cache_ttl), table)
+        return table
+
+    def get_table(self, exchange: str) -> list[tuple[str, str, str]]:
+        return self._read_table(exchange)
+
+    def _lookup(self, exchange: str, routing_key: str, default: str | None = None) -> Any:
+        if exchange and self.typeof(exchange).type == "direct":
+            cached = self._routes.get(exchange)
+            if cached is not None and self.clock() < cached[0]:
+                queues = {queue for key, _, queue in cached[1] if key == routing_key}
+                if len(queues) == 1:
+                    return list(queues)
+        return super()._lookup(exchange, routing_key, default)
+
+    def close(self) -> None:
+        super().close()  # gives back what is still held (QoS.restore_unacked)
+        client, self._client = self._client, None
+        if client is not None:
+            try:
+                client.close()
+            except OSError:
+                pass
+
+
+class Transport(virtual.Transport):
+    """The ``beanstalk`` kombu transport."""
+
+    Channel = Channel
+    polling_interval = DEFAULT_POLLING_INTERVAL
+    default_port = DEFAULT_PORT  # type: ignore[assignment]
+    driver_type = TRANSPORT_NAME
+    driver_name = "greenstalk"
+    connection_errors = virtual.Transport.connection_errors + _LOST  # type: ignore[assignment]
+    channel_errors = virtual.Transport.channel_errors + (  # type: ignore[assignment]
+        (greenstalk.UnknownResponseError, greenstalk.InternalError,
+         greenstalk.OutOfMemoryError, greenstalk.DrainingError) if greenstalk else ())
+    implements = virtual.Transport.implements.extend(
+        asynchronous=False, exchange_type=frozenset(["direct", "topic", "fanout"]))
+
+    def __init__(self, client: Any, **kwargs: Any) -> None:
+        if greenstalk is None:
+            raise ImportError("The beanstalk transport needs the greenstalk package: "
+                              "pip install 'flowengine[beanstalk]'")
+        super().__init__(client, **kwargs)
+
+    def driver_version(self) -> str:
+        return str(greenstalk.__version__)
