@@ -145,12 +145,16 @@ class QoS(virtual.QoS):
     """Settles reserved jobs: ack deletes, requeue releases (or buries again), close releases."""
 
     def ack(self, delivery_tag: str) -> None:
-        self.channel.settle(delivery_tag, requeue=False)
-        super().ack(delivery_tag)
+        try:
+            self.channel.settle(delivery_tag, requeue=False)
+        finally:  # settled or not, the slot is free: a lost job is beanstalkd's again
+            super().ack(delivery_tag)
 
     def reject(self, delivery_tag: str, requeue: bool = False) -> None:
-        self.channel.settle(delivery_tag, requeue=requeue)
-        self._quick_ack(delivery_tag)
+        try:
+            self.channel.settle(delivery_tag, requeue=requeue)
+        finally:
+            self._quick_ack(delivery_tag)
 
     def restore_unacked(self) -> list[Any]:
         self._flush()
@@ -186,6 +190,9 @@ class Channel(virtual.Channel):
         self._held: dict[str, _Held] = {}
         self._bindings: dict[str, tuple[str, str, str, str]] = {}  # binding tube -> binding
         self._routes: dict[str, tuple[float, list[tuple[str, str, str]]]] = {}
+        # Set when a settlement finds the connection gone: a consumer whose prefetch is full
+        # sends nothing else, and would never notice (see drain_events).
+        self._lost: str | None = None
         self._client = self._connect(client.connect_timeout or SOCKET_TIMEOUT)
 
     def _connect(self, timeout: float) -> Any:
@@ -308,35 +315,46 @@ class Channel(virtual.Channel):
         self._held[tag] = _Held(job.id, stats["pri"], buried)
         return payload
 
+    def drain_events(self, timeout: float | None = None, callback: Any = None) -> Any:
+        if self._lost is not None:
+            raise ConnectionError(f"beanstalk connection to {self._address} lost: {self._lost}")
+        return super().drain_events(timeout=timeout, callback=callback)
+
+    def _on_held(self, what: str, job_id: int, command: Any, *args: Any) -> bool:
+        """Run ``command`` on a job this connection reserved; False if it is not reserved here
+        any more (its TTR ran out: beanstalkd has it back)."""
+        try:
+            with self._lock:
+                command(*args)
+        except greenstalk.NotFoundError:
+            LOG.debug("beanstalk: could not %s job %s: no longer reserved here", what, job_id)
+            return False
+        except _LOST as err:
+            self._lost = f"{type(err).__name__}: {err}"
+            raise
+        return True
+
     def settle(self, delivery_tag: str, requeue: bool) -> None:
         """Delete (or give back) the reserved job behind ``delivery_tag``."""
         held = self._held.pop(delivery_tag, None)
         if held is None or self._client is None:
             return
-        try:
-            with self._lock:
-                if not requeue:
-                    self._client.delete(held.job_id)
-                elif held.buried:
-                    self._client.bury(held.job_id, held.priority)
-                else:
-                    self._client.release(greenstalk.Job(held.job_id, b""), held.priority)
-        except greenstalk.NotFoundError:
-            # Its TTR ran out (or the connection was replaced): beanstalkd has it back.
-            LOG.debug("beanstalk: job %s was no longer reserved here", held.job_id)
+        client, job = self._client, greenstalk.Job(held.job_id, b"")
+        if not requeue:
+            self._on_held("delete", held.job_id, client.delete, held.job_id)
+        elif held.buried:
+            self._on_held("bury", held.job_id, client.bury, job, held.priority)
+        else:
+            self._on_held("release", held.job_id, client.release, job, held.priority)
 
     def touch(self, delivery_tag: str) -> bool:
         """Restart the TTR of the reserved job behind ``delivery_tag``; False if it is not held
         here any more (settled, or its TTR ran out and beanstalkd took it back)."""
         held = self._held.get(delivery_tag)
-        if held is None:
+        if held is None or self._client is None:
             return False
-        try:
-            with self._lock:
-                self._client.touch(greenstalk.Job(held.job_id, b""))
-        except greenstalk.NotFoundError:
-            return False
-        return True
+        return self._on_held("touch", held.job_id, self._client.touch,
+                             greenstalk.Job(held.job_id, b""))
 
     # -- queues -----------------------------------------------------------------------------
 

@@ -413,8 +413,12 @@ class WorkerFleet:
     def start_taskflow(self, topic: str, tasks: Sequence[str],
                        timeout: float = WORKER_START_TIMEOUT) -> WorkerProcess:
         """Start a TaskFlow worker (``python -m taskflow.engines.worker_based.worker``)."""
-        argv = [sys.executable, "-m", "taskflow.engines.worker_based.worker",
-                "--exchange", self.exchange, "--connection-url", self.broker.url,
+        argv = [sys.executable, "-m", "taskflow.engines.worker_based.worker"]
+        if self.broker.name == "beanstalk":  # not in kombu: flowengine registers it
+            argv[1:] = ["-c", "import runpy, flowengine.worker_based.transport_beanstalk; "
+                        "runpy.run_module('taskflow.engines.worker_based.worker', "
+                        "run_name='__main__', alter_sys=True)"]
+        argv += ["--exchange", self.exchange, "--connection-url", self.broker.url,
                 "--topic", topic, "--verbose"]
         argv += [arg for task in tasks for arg in ("--task", task)]
         worker = self._spawn(f"taskflow-{topic}-{len(self.workers) + 1}", argv, topic)
