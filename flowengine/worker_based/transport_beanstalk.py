@@ -75,6 +75,9 @@ DEFAULT_PRIORITY = 1024
 MAX_PRIORITY = 255
 #: Seconds a job published without :data:`HEADER_LEASE` may stay reserved without a touch.
 DEFAULT_TTR = 3600
+#: Shortest time-to-run: beanstalkd 1.12 never times out a job with a TTR of 1 s once its
+#: holder has sent another command (here: the ``stats-job`` after every reserve).
+MIN_TTR = 2
 #: Seconds between polls of empty tubes.
 DEFAULT_POLLING_INTERVAL = 0.005
 #: Seconds a channel routes by its copy of an exchange's bindings.
@@ -188,6 +191,9 @@ class Channel(virtual.Channel):
         self._using = "default"
         self._watching: frozenset[str] = frozenset({"default"})
         self._held: dict[str, _Held] = {}
+        # job id -> the tag of its latest delivery here: a job whose TTR ran out can come back
+        # to the same connection, and only its latest delivery may settle it.
+        self._latest: dict[int, str] = {}
         self._bindings: dict[str, tuple[str, str, str, str]] = {}  # binding tube -> binding
         self._routes: dict[str, tuple[float, list[tuple[str, str, str]]]] = {}
         # Set when a settlement finds the connection gone: a consumer whose prefetch is full
@@ -223,7 +229,8 @@ class Channel(virtual.Channel):
         headers = message.get("headers") or {}
         priority = beanstalk_priority(message["properties"].get("priority"))
         delay = _seconds(headers.get(HEADER_DELAY))
-        ttr = _seconds(headers.get(HEADER_LEASE), _seconds(self.default_ttr, DEFAULT_TTR))
+        ttr = max(_seconds(headers.get(HEADER_LEASE), _seconds(self.default_ttr, DEFAULT_TTR)),
+                  MIN_TTR)
         body = json.dumps(message).encode()
         tube = tube_name(queue)
         with self._lock:
@@ -235,8 +242,7 @@ class Channel(virtual.Channel):
                     f"beanstalkd refused a {len(body)} byte job for queue {queue!r} (tube "
                     f"{tube!r}): over its max-job-size (beanstalkd -z)") from err
             if ext.HEADER_DEAD_REASON in headers:
-                self._client.reserve_job(job_id)
-                self._client.bury(job_id, priority)
+                self._client.bury(self._client.reserve_job(job_id), priority)
 
     def _put_fanout(self, exchange: str, message: Any, routing_key: str, **kwargs: Any) -> None:
         for queue in {queue for _, _, queue in self._read_table(exchange)}:
@@ -293,7 +299,7 @@ class Channel(virtual.Channel):
             payload = json.loads(job.body)
             self.Message(payload, channel=self)  # proves the envelope and body decode
         except Exception as err:
-            self._client.bury(job.id, stats["pri"])
+            self._client.bury(job, stats["pri"])
             LOG.warning("beanstalk: buried undecodable job %s of tube %r: reason=decode-error "
                         "%s: %s", job.id, stats["tube"], type(err).__name__, str(err)[:200])
             return None
@@ -313,6 +319,7 @@ class Channel(virtual.Channel):
             properties.setdefault("delivery_info", {})["redelivered"] = True
         payload["x-beanstalk-tube"] = stats["tube"]
         self._held[tag] = _Held(job.id, stats["pri"], buried)
+        self._latest[job.id] = tag
         return payload
 
     def drain_events(self, timeout: float | None = None, callback: Any = None) -> Any:
@@ -339,6 +346,9 @@ class Channel(virtual.Channel):
         held = self._held.pop(delivery_tag, None)
         if held is None or self._client is None:
             return
+        if self._latest.get(held.job_id) != delivery_tag:
+            return  # delivered here again since: the job is no longer this delivery's
+        del self._latest[held.job_id]
         client, job = self._client, greenstalk.Job(held.job_id, b"")
         if not requeue:
             self._on_held("delete", held.job_id, client.delete, held.job_id)
@@ -351,7 +361,7 @@ class Channel(virtual.Channel):
         """Restart the TTR of the reserved job behind ``delivery_tag``; False if it is not held
         here any more (settled, or its TTR ran out and beanstalkd took it back)."""
         held = self._held.get(delivery_tag)
-        if held is None or self._client is None:
+        if held is None or self._client is None or self._latest.get(held.job_id) != delivery_tag:
             return False
         return self._on_held("touch", held.job_id, self._client.touch,
                              greenstalk.Job(held.job_id, b""))
@@ -379,6 +389,7 @@ class Channel(virtual.Channel):
                     except greenstalk.NotFoundError:
                         break
                     count += 1
+            self._use("default")  # a tube lives while used: let an emptied one go
         return count
 
     def queue_delete(self, queue: str, if_unused: bool = False, if_empty: bool = False,
@@ -404,11 +415,13 @@ class Channel(virtual.Channel):
         tube = binding_tube(*binding)
         self._routes.pop(exchange, None)
         with self._lock:
-            if self._stats(tube) is not None:
-                return
+            stats = self._stats(tube)
+            if stats is not None and stats["current-jobs-delayed"]:
+                return  # recorded already (by this process or another)
             self._use(tube)
             record = dict(zip(("exchange", "routing_key", "pattern", "queue"), binding))
             self._client.put(json.dumps(record).encode(), delay=FOREVER, ttr=1)
+            self._use("default")  # a tube lives while used: the binding's must not
         self._bindings[tube] = binding
 
     def queue_unbind(self, queue: str, exchange: str | None = None, routing_key: str = "",
@@ -445,11 +458,10 @@ class Channel(virtual.Channel):
             for tube in self._client.tubes():
                 if not tube.startswith(prefix):
                     continue
-                binding = self._bindings.get(tube)
-                if binding is None:
-                    binding = self._bindings[tube] = self._read_binding(tube)
-                if binding[3]:
-                    found[tube] = binding
+                binding = self._bindings.get(tube) or self._read_binding(tube)
+                if binding[3]:  # the tube's name is a digest of it: it never changes
+                    found[tube] = self._bindings[tube] = binding
+            self._use("default")  # a tube lives while used: the bindings' must not
         return found
 
     def _read_binding(self, tube: str) -> tuple[str, str, str, str]:
