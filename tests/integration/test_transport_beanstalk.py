@@ -10,9 +10,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import re
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import greenstalk
@@ -260,3 +265,20 @@ def test_a_job_that_is_not_a_kombu_envelope_is_buried_and_consuming_goes_on(
     assert got == ["good"]
     assert bench.tube("bad")["current-jobs-buried"] == 1
     assert [r for r in caplog.records if "reason=decode-error" in r.getMessage()]
+
+
+# ---- the example ------------------------------------------------------------------------------
+
+
+def test_the_beanstalk_example_runs_a_flow_through_a_tube(beanstalk_url: str) -> None:
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, PYTHONPATH=str(root), PYTHONIOENCODING="utf-8")
+    proc = subprocess.run([sys.executable, str(root / "examples" / "wbe_beanstalk.py"),
+                           beanstalk_url], cwd=root, env=env, capture_output=True, text=True,
+                          timeout=60)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.splitlines()
+    assert "result tracking: trk-rsv-widget-2" in lines and "flow state: SUCCESS" in lines
+    assert [line for line in lines if re.fullmatch(
+        r"tube wbe-beanstalk-\w+_orders: \d+ jobs in all, 0 ready, 0 reserved, 0 buried", line)]
+    assert lines[-1] == "worker stopped: True"
