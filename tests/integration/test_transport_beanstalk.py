@@ -14,6 +14,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -25,8 +26,10 @@ import kombu
 import pytest
 from fault_support import wait_until
 
+from flowengine import engines, task
 from flowengine.worker_based import extensions as ext
 from flowengine.worker_based import transport_beanstalk as tb
+from flowengine.worker_based.worker import Worker
 
 pytestmark = pytest.mark.integration
 
@@ -265,6 +268,45 @@ def test_a_job_that_is_not_a_kombu_envelope_is_buried_and_consuming_goes_on(
     assert got == ["good"]
     assert bench.tube("bad")["current-jobs-buried"] == 1
     assert [r for r in caplog.records if "reason=decode-error" in r.getMessage()]
+
+
+# ---- the worker's heartbeats touch its request ------------------------------------------------
+
+
+class Naps(task.Task):
+    """Sleeps ``seconds`` (the in-process worker below runs this very class)."""
+
+    def execute(self, seconds: float) -> float:
+        time.sleep(seconds)
+        return seconds
+
+
+def test_worker_heartbeats_touch_the_request_so_it_outlives_its_ttr(
+    beanstalk_url: str, caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    caplog.set_level(logging.INFO, logger="flowengine.worker_based")
+    exchange, topic = f"bt-touch-{uuid.uuid4().hex[:8]}", "naps"
+    worker = Worker(exchange=exchange, topic=topic, url=beanstalk_url, threads_count=2,
+                    tasks=[Naps])
+    thread = threading.Thread(target=worker.run, kwargs={"display_banner": False}, daemon=True)
+    thread.start()
+    try:
+        assert worker.wait(WAIT)
+        # A lease of 1.5 s is a TTR of 2 s; the task takes 5 s. Untouched, the job would come
+        # back to this (polling) worker, which would hand it back to the engine as redelivered.
+        engine = engines.load(Naps("nap", provides="slept", inject={"seconds": 5.0}),
+                              engine="worker-based",
+                              exchange=exchange, topics=[topic], url=beanstalk_url,
+                              lease_timeout=1.5, heartbeat_interval=0.3)
+        engine.run()
+        assert engine.storage.fetch("slept") == 5.0
+    finally:
+        worker.stop(grace=5)
+        thread.join(WAIT)
+        with kombu.Connection(beanstalk_url) as conn, conn.channel() as channel:
+            channel.exchange_delete(exchange)
+    handed_back = [r.getMessage() for r in caplog.records if "redelivered" in r.getMessage()]
+    assert handed_back == []
 
 
 # ---- the example ------------------------------------------------------------------------------
