@@ -48,6 +48,7 @@ import hashlib
 import json
 import logging
 import math
+import re
 import socket
 import threading
 import time
@@ -108,6 +109,17 @@ def tube_name(queue: str) -> str:
         digest = hashlib.sha1(queue.encode()).hexdigest()[:16]
         escaped = f"{escaped[:MAX_TUBE_NAME - 17]}${digest}"
     return escaped
+
+
+def queue_name(tube: str) -> str | None:
+    """The kombu queue of ``tube`` (None for a name :func:`tube_name` cut short)."""
+    if len(tube) == MAX_TUBE_NAME and re.search(r"\$[0-9a-f]{16}$", tube):
+        return None
+    try:
+        return re.sub(rb"\$([0-9a-f]{2})", lambda m: bytes([int(m.group(1), 16)]),
+                      tube.encode()).decode()
+    except UnicodeDecodeError:
+        return None
 
 
 def beanstalk_priority(priority: Any) -> int:
@@ -407,6 +419,23 @@ class Channel(virtual.Channel):
         exchange, routing_key, pattern = (list(args) + [None, None, None])[:3]
         if exchange:
             self._unbind(binding_tube(exchange, routing_key or "", pattern or "", queue))
+
+    def queues(self, prefix: str = "") -> list[str]:
+        """The queues whose tubes exist now (a tube exists while it holds jobs or is in use)
+        and whose names start with ``prefix``."""
+        with self._lock:
+            tubes = self._client.tubes()
+        names = (queue_name(tube) for tube in tubes if not tube.startswith(BINDING_PREFIX))
+        return sorted(name for name in names if name is not None and name.startswith(prefix))
+
+    def queue_stats(self, queue: str) -> dict[str, int]:
+        """``stats-tube`` of ``queue``'s tube: jobs ready, reserved, delayed and buried, and the
+        connections watching it (its consumers); all 0 when the tube does not exist."""
+        with self._lock:
+            stats = self._stats(tube_name(queue)) or {}
+        return {key: int(stats.get(f"current-{field}", 0)) for key, field in (
+            ("ready", "jobs-ready"), ("reserved", "jobs-reserved"), ("delayed", "jobs-delayed"),
+            ("buried", "jobs-buried"), ("watching", "watching"))}
 
     # -- bindings, on the server --------------------------------------------------------------
 

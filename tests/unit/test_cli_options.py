@@ -62,7 +62,7 @@ def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_every_command_is_covered() -> None:
     names = {" ".join(path) for path, _ in commands()}
     assert names == {"check", "dead-letters list", "dead-letters requeue", "events", "flows",
-                     "graph", "run", "show", "worker", "workers"}
+                     "graph", "run", "show", "topics", "worker", "workers"}
     assert len(CASES) > 40
 
 
