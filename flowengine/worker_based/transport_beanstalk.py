@@ -26,12 +26,11 @@ How kombu's model maps onto beanstalkd:
   (``x-flowengine-dead-reason``) is buried on arrival, so ``stats-tube`` counts it as buried.
   Reading it (``basic_get``: an operator listing or requeueing dead letters) kicks it
   (``kick-job``) and reserves it; given back, it is buried again.
-* Exchanges and bindings stay kombu's virtual ones, shared between processes through the
-  server: each binding is a tube named ``kombu.binding.<exchange digest>.<binding digest>``
-  holding one job delayed for as long as beanstalkd allows, whose body names the exchange,
-  routing key, pattern and queue. ``list-tubes`` lists them; a process keeps what it read for
-  ``binding_cache_ttl`` seconds for routing keys bound to exactly one queue (re-read on a miss
-  and after it binds), and reads afresh for keys bound to several queues and for fanout.
+* Exchanges and bindings stay kombu's virtual ones, kept on the server so every process routes
+  alike (:mod:`~flowengine.worker_based.transport_beanstalk_bindings`); a process keeps what
+  it read for ``binding_cache_ttl`` seconds for routing keys bound to exactly one queue
+  (re-read on a miss and after it binds), and reads afresh for keys bound to several queues
+  and for fanout.
 
 Limits: messages (with kombu's envelope and base64 body, a third larger than the body) must fit
 beanstalkd's ``max-job-size`` (``-z``, 65,535 bytes by default); a larger one fails to publish
@@ -39,19 +38,21 @@ with an error saying so. Tube names are at most 200 bytes of ``A-Za-z0-9-+/;.$_(
 characters are escaped as ``$xx`` and long names are cut and suffixed with a digest. Message
 expiration is checked when a job is reserved (to the second), not by the server. Bindings of a
 process killed with SIGKILL stay on the server (as on Redis); messages routed by them wait in a
-tube nobody reads until the queue is deleted.
+tube nobody reads until the queue is deleted. Consumers poll (a blocking ``reserve`` would
+hold the very connection their jobs must be settled on). TTRs are whole seconds, at least
+:data:`MIN_TTR`. beanstalkd 1.12 does not always time out a job whose holder sends nothing at
+all (a frozen process): its scheduler can miss that connection's deadline until the holder's
+next command or disconnection, so flowengine's engines keep their own lease and never depend
+on the TTR alone.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import math
-import re
 import socket
 import threading
-import time
 from collections.abc import Iterable
 from queue import Empty
 from typing import Any, NamedTuple
@@ -60,6 +61,11 @@ import kombu.transport
 from kombu.transport import virtual
 
 from flowengine.worker_based import extensions as ext
+from flowengine.worker_based import transport_beanstalk_bindings as bindings
+from flowengine.worker_based.transport_beanstalk_bindings import (
+    FOREVER,
+    tube_name,
+)
 
 try:
     import greenstalk
@@ -76,50 +82,21 @@ DEFAULT_PRIORITY = 1024
 MAX_PRIORITY = 255
 #: Seconds a job published without :data:`HEADER_LEASE` may stay reserved without a touch.
 DEFAULT_TTR = 3600
-#: Shortest time-to-run: beanstalkd 1.12 never times out a job with a TTR of 1 s once its
-#: holder has sent another command (here: the ``stats-job`` after every reserve).
+#: Shortest time-to-run: beanstalkd 1.12 hardly ever times out a job with a TTR of 1 s once
+#: its holder has sent another command (here: the ``stats-job`` after every reserve).
 MIN_TTR = 2
 #: Seconds between polls of empty tubes.
 DEFAULT_POLLING_INTERVAL = 0.005
-#: Seconds a channel routes by its copy of an exchange's bindings.
-BINDING_CACHE_TTL = 1.0
 #: Seconds a command may take before the connection counts as lost.
 SOCKET_TIMEOUT = 10.0
-#: beanstalkd's longest delay: binding records wait this long, i.e. for ever.
-FOREVER = 2**32 - 1
-BINDING_PREFIX = "kombu.binding."
 #: Request header: seconds the job may stay reserved without a touch (its TTR).
 HEADER_LEASE = ext.HEADER_LEASE
 #: Message header: seconds before the job becomes ready (beanstalkd's delay).
 HEADER_DELAY = ext.HEADER_DELAY
-MAX_TUBE_NAME = 200
 #: What a lost connection raises (greenstalk asserts on a reply cut short).
 _LOST = (OSError, AssertionError)
-_TUBE_CHARS = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-+/;._()")
 
 kombu.transport.TRANSPORT_ALIASES.setdefault(TRANSPORT_NAME, f"{__name__}:Transport")
-
-
-def tube_name(queue: str) -> str:
-    """The beanstalkd tube of kombu queue ``queue`` (escaped, cut to 200 bytes)."""
-    escaped = "".join(chr(b) if b in _TUBE_CHARS else f"${b:02x}" for b in queue.encode())
-    if escaped.startswith("-"):
-        escaped = "$2d" + escaped[1:]
-    if len(escaped) > MAX_TUBE_NAME:
-        digest = hashlib.sha1(queue.encode()).hexdigest()[:16]
-        escaped = f"{escaped[:MAX_TUBE_NAME - 17]}${digest}"
-    return escaped
-
-
-def queue_name(tube: str) -> str | None:
-    """The kombu queue of ``tube`` (None for a name :func:`tube_name` cut short)."""
-    if len(tube) == MAX_TUBE_NAME and re.search(r"\$[0-9a-f]{16}$", tube):
-        return None
-    try:
-        return re.sub(rb"\$([0-9a-f]{2})", lambda m: bytes([int(m.group(1), 16)]),
-                      tube.encode()).decode()
-    except UnicodeDecodeError:
-        return None
 
 
 def beanstalk_priority(priority: Any) -> int:
@@ -136,16 +113,6 @@ def _seconds(value: Any, default: int = 0) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
         return default
     return min(math.ceil(value), FOREVER)
-
-
-def _digest(text: str) -> str:
-    return hashlib.sha1(text.encode()).hexdigest()[:16]
-
-
-def binding_tube(exchange: str, routing_key: str, pattern: str, queue: str) -> str:
-    """The tube that records one binding (a digest of each part: short and always valid)."""
-    parts = "\0".join((routing_key, pattern, queue))
-    return f"{BINDING_PREFIX}{_digest(exchange)}.{_digest(parts)}"
 
 
 class _Held(NamedTuple):
@@ -183,7 +150,7 @@ class QoS(virtual.QoS):
         return []
 
 
-class Channel(virtual.Channel):
+class Channel(bindings.ServerBindings):
     """A virtual channel over one beanstalkd connection (every command under one lock)."""
 
     QoS = QoS
@@ -191,9 +158,6 @@ class Channel(virtual.Channel):
     from_transport_options = virtual.Channel.from_transport_options + (  # type: ignore[assignment]
         "default_ttr", "binding_cache_ttl")
     default_ttr: float = DEFAULT_TTR
-    binding_cache_ttl: float = BINDING_CACHE_TTL
-    #: Monotonic clock of the binding cache (tests replace it on an instance).
-    clock = staticmethod(time.monotonic)
 
     def __init__(self, connection: Any, **kwargs: Any) -> None:
         super().__init__(connection, **kwargs)
@@ -418,15 +382,7 @@ class Channel(virtual.Channel):
     def _delete(self, queue: str, *args: Any, **kwargs: Any) -> None:
         exchange, routing_key, pattern = (list(args) + [None, None, None])[:3]
         if exchange:
-            self._unbind(binding_tube(exchange, routing_key or "", pattern or "", queue))
-
-    def queues(self, prefix: str = "") -> list[str]:
-        """The queues whose tubes exist now (a tube exists while it holds jobs or is in use)
-        and whose names start with ``prefix``."""
-        with self._lock:
-            tubes = self._client.tubes()
-        names = (queue_name(tube) for tube in tubes if not tube.startswith(BINDING_PREFIX))
-        return sorted(name for name in names if name is not None and name.startswith(prefix))
+            self._unbind(bindings.binding_tube(exchange, routing_key or "", pattern or "", queue))
 
     def queue_stats(self, queue: str) -> dict[str, int]:
         """``stats-tube`` of ``queue``'s tube: jobs ready, reserved, delayed and buried, and the
@@ -436,94 +392,6 @@ class Channel(virtual.Channel):
         return {key: int(stats.get(f"current-{field}", 0)) for key, field in (
             ("ready", "jobs-ready"), ("reserved", "jobs-reserved"), ("delayed", "jobs-delayed"),
             ("buried", "jobs-buried"), ("watching", "watching"))}
-
-    # -- bindings, on the server --------------------------------------------------------------
-
-    def _queue_bind(self, exchange: str, routing_key: str, pattern: str, queue: str) -> None:
-        binding = (exchange, routing_key or "", pattern or "", queue)
-        tube = binding_tube(*binding)
-        self._routes.pop(exchange, None)
-        with self._lock:
-            stats = self._stats(tube)
-            if stats is not None and stats["current-jobs-delayed"]:
-                return  # recorded already (by this process or another)
-            self._use(tube)
-            record = dict(zip(("exchange", "routing_key", "pattern", "queue"), binding))
-            self._client.put(json.dumps(record).encode(), delay=FOREVER, ttr=1)
-            self._use("default")  # a tube lives while used: the binding's must not
-        self._bindings[tube] = binding
-
-    def queue_unbind(self, queue: str, exchange: str | None = None, routing_key: str = "",
-                     arguments: Any = None, **kwargs: Any) -> None:
-        super().queue_unbind(queue, exchange, routing_key, arguments, **kwargs)
-        if exchange:
-            meta = self.typeof(exchange).prepare_bind(queue, exchange, routing_key, arguments)
-            self._unbind(binding_tube(exchange, *[m or "" for m in meta]))
-
-    def exchange_delete(self, exchange: str, if_unused: bool = False, nowait: bool = False
-                        ) -> None:
-        super().exchange_delete(exchange, if_unused, nowait)
-        for tube, binding in self._all_bindings().items():
-            if binding[0] == exchange:
-                self._unbind(tube)
-
-    def _unbind(self, tube: str) -> None:
-        binding = self._bindings.get(tube)
-        if binding is not None:
-            self._routes.pop(binding[0], None)
-        self._drop(tube, ("peek_delayed", "peek_ready", "peek_buried"))
-
-    def _stats(self, tube: str) -> Any:
-        try:
-            return self._client.stats_tube(tube)
-        except greenstalk.NotFoundError:
-            return None
-
-    def _all_bindings(self, exchange: str | None = None) -> dict[str, tuple[str, str, str, str]]:
-        """Every binding on the server (of ``exchange`` only, if given): tube -> binding."""
-        prefix = BINDING_PREFIX + (f"{_digest(exchange)}." if exchange is not None else "")
-        found: dict[str, tuple[str, str, str, str]] = {}
-        with self._lock:
-            for tube in self._client.tubes():
-                if not tube.startswith(prefix):
-                    continue
-                binding = self._bindings.get(tube) or self._read_binding(tube)
-                if binding[3]:  # the tube's name is a digest of it: it never changes
-                    found[tube] = self._bindings[tube] = binding
-            self._use("default")  # a tube lives while used: the bindings' must not
-        return found
-
-    def _read_binding(self, tube: str) -> tuple[str, str, str, str]:
-        self._use(tube)
-        for peek in (self._client.peek_delayed, self._client.peek_ready,
-                     self._client.peek_buried):
-            try:
-                record = json.loads(peek().body)
-                return (str(record["exchange"]), str(record["routing_key"]),
-                        str(record["pattern"]), str(record["queue"]))
-            except greenstalk.NotFoundError:
-                continue
-            except (ValueError, KeyError, TypeError):
-                break
-        return ("", "", "", "")  # removed meanwhile, or not ours: never routes
-
-    def _read_table(self, exchange: str) -> list[tuple[str, str, str]]:
-        table = [(key, pattern, queue)
-                 for _, key, pattern, queue in self._all_bindings(exchange).values()]
-        self._routes[exchange] = (self.clock() + float(self.binding_cache_ttl), table)
-        return table
-
-    def get_table(self, exchange: str) -> list[tuple[str, str, str]]:
-        return self._read_table(exchange)
-
-    def _lookup(self, exchange: str, routing_key: str, default: str | None = None) -> Any:
-        if exchange and self.typeof(exchange).type == "direct":
-            cached = self._routes.get(exchange)
-            if cached is not None and self.clock() < cached[0]:
-                queues = {queue for key, _, queue in cached[1] if key == routing_key}
-                if len(queues) == 1:
-                    return list(queues)
-        return super()._lookup(exchange, routing_key, default)
 
     def close(self) -> None:
         super().close()  # gives back what is still held (QoS.restore_unacked)

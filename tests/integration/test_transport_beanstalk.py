@@ -104,7 +104,7 @@ def test_tube_names_are_valid_distinct_and_bounded() -> None:
     tubes = [tb.tube_name(n) for n in names]
     assert tubes[0] == "ex_flowengine.worker.host$3a1234$3aabcd"
     assert tubes[1].startswith("$2d") and tubes[2] == "a$24b" and tubes[3] == "$c3$a9"
-    assert all(len(t) <= tb.MAX_TUBE_NAME for t in tubes) and len(set(tubes)) == len(tubes)
+    assert all(len(t) <= tb.bindings.MAX_TUBE_NAME for t in tubes) and len(set(tubes)) == len(tubes)
 
 
 def test_amqp_priority_maps_to_beanstalkd_priority_lower_first() -> None:
@@ -148,7 +148,7 @@ def test_fanout_reaches_every_bound_queue(bench: Bench) -> None:
 
 def test_deleting_the_exchange_removes_its_bindings_from_the_server(bench: Bench) -> None:
     bench.queue("gone")
-    prefix = f"{tb.BINDING_PREFIX}{tb._digest(bench.exchange.name)}."
+    prefix = tb.bindings.exchange_prefix(bench.exchange.name)
     assert [t for t in bench.server.tubes() if t.startswith(prefix)]
     with kombu.Connection(bench.url) as conn, conn.channel() as channel:
         bench.exchange(channel).declare()
