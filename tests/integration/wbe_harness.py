@@ -116,7 +116,7 @@ def delete_exchange(url: str, exchange: str, queues: Sequence[str] = ()) -> None
     """Remove what a test left on a broker: the named queues and the exchange (best effort).
 
     On Redis, where queues never expire, every key of the exchange goes (engines' reply queues
-    included).
+    included); on beanstalkd every tube named after it.
     """
     with kombu.Connection(url, connect_timeout=BROKER_CONNECT_TIMEOUT) as conn:
         for name in queues:
@@ -132,6 +132,8 @@ def delete_exchange(url: str, exchange: str, queues: Sequence[str] = ()) -> None
                 if client is not None:
                     for key in client.scan_iter(match=f"*{exchange}*"):
                         client.delete(key)
+                for name in getattr(channel, "queues", lambda _prefix: [])(exchange):
+                    channel.queue_delete(name)  # beanstalkd lists its tubes: every one goes
         except Exception:
             pass
 
