@@ -3,7 +3,8 @@
 The engine and a worker (in a thread of this process) talk through a beanstalkd server: the
 worker's queue is a tube, each request a job reserved with a time-to-run equal to the engine's
 lease, which the worker's heartbeats ``touch`` while a task runs. Afterwards the script reads
-the tube's counters (``stats-tube``) the way any beanstalkd tool would.
+the tube's counters (``stats-tube``) the way any beanstalkd tool would, then the exchange's
+topics as ``flowengine topics --url URL --exchange EXCHANGE`` shows them.
 
 Needs a beanstalkd (``beanstalkd -l 127.0.0.1 -p 11300``) and ``pip install
 'flowengine[beanstalk]'``.
@@ -24,6 +25,7 @@ import wbe_tasks
 from flowengine import engines
 from flowengine.flows import linear_flow
 from flowengine.worker_based import transport_beanstalk
+from flowengine.worker_based.topics import topic_stats
 from flowengine.worker_based.worker import Worker
 
 TOPIC = "orders"
@@ -62,6 +64,9 @@ def main(url: str) -> None:
         print(f"result tracking: {engine.storage.fetch('tracking')}")
         print(f"flow state: {engine.storage.get_flow_state()}")
         show_tube(url, f"{exchange}_{TOPIC}")
+        for row in topic_stats(exchange, url=url):  # what `flowengine topics` prints
+            print(f"topic {row.topic}: ready={row.ready} running={row.running} "
+                  f"delayed={row.delayed} dead={row.dead} workers={row.workers}")
     finally:
         worker.stop(grace=5)
         thread.join(timeout=10)

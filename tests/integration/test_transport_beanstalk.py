@@ -323,4 +323,5 @@ def test_the_beanstalk_example_runs_a_flow_through_a_tube(beanstalk_url: str) ->
     assert "result tracking: trk-rsv-widget-2" in lines and "flow state: SUCCESS" in lines
     assert [line for line in lines if re.fullmatch(
         r"tube wbe-beanstalk-\w+_orders: \d+ jobs in all, 0 ready, 0 reserved, 0 buried", line)]
+    assert "topic orders: ready=0 running=0 delayed=0 dead=0 workers=1" in lines
     assert lines[-1] == "worker stopped: True"
