@@ -357,8 +357,8 @@ class Proxy:
                 consumer; False for keys no queue is named after (announcements).
             retry: Retry with backoff on connection errors (False: one attempt).
             expiration: Seconds after which the broker may drop the message unconsumed.
-            priority: Message priority, clamped to 0..MAX_PRIORITY (AMQP default topology
-                only; elsewhere dispatch order alone reflects priority).
+            priority: Message priority, clamped to 0..MAX_PRIORITY (AMQP default topology and
+                beanstalkd only; elsewhere dispatch order alone reflects priority).
             confirm: Wait for the broker's confirmation where the transport has publisher
                 confirms (AMQP). Outcomes, requests and dead letters need it; progress,
                 heartbeats and discovery do not, and skip the round trip.
