@@ -12,7 +12,7 @@ import subprocess
 from collections.abc import Iterable, Mapping
 
 #: The process name of each broker's server.
-BROKER_PROCESS = {"redis": "redis-server", "rabbitmq": "beam.smp"}
+BROKER_PROCESS = {"redis": "redis-server", "rabbitmq": "beam.smp", "beanstalk": "beanstalkd"}
 
 
 def process_seconds(pid: int) -> float | None:

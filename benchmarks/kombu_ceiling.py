@@ -16,12 +16,13 @@ the same broker and machine. A worker-based task costs one request and two repli
 SUCCESS or FAILURE), so an engine's tasks/s is best compared with about 2/3 of the pipelined rate.
 
 Brokers: ``redis`` (redis://127.0.0.1:6379/0), ``rabbitmq`` (amqp://guest:guest@127.0.0.1:5672//),
-``fs`` (the flowengine-fs transport in a temporary folder); override the URLs with
-``FLOWENGINE_BENCH_REDIS_URL`` / ``FLOWENGINE_BENCH_AMQP_URL``.
+``beanstalk`` (beanstalk://127.0.0.1:11300, flowengine's beanstalkd transport), ``fs`` (the
+flowengine-fs transport in a temporary folder); override the URLs with
+``FLOWENGINE_BENCH_REDIS_URL`` / ``FLOWENGINE_BENCH_AMQP_URL`` / ``FLOWENGINE_BENCH_BEANSTALK_URL``.
 
 Prints one JSON document. Example::
 
-    python benchmarks/kombu_ceiling.py --brokers redis rabbitmq fs --sequential 500 --pipelined 5000
+    python benchmarks/kombu_ceiling.py --brokers redis beanstalk --sequential 500 --pipelined 5000
 """
 
 from __future__ import annotations
@@ -46,12 +47,13 @@ from typing import Any
 
 import kombu
 
+import flowengine.worker_based.transport_beanstalk  # noqa: F401  (registers "beanstalk")
 import flowengine.worker_based.transport_fs as transport_fs  # registers "flowengine-fs"
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cpu_usage as cpu  # noqa: E402
 
-BROKERS = ("redis", "rabbitmq", "fs")
+BROKERS = ("redis", "rabbitmq", "beanstalk", "fs")
 #: The shape of a small worker-based REQUEST and RESPONSE, so serialization costs alike.
 REQUEST_BODY = {
     "task_cls": "benchmarks.tasks.Noop",
@@ -92,6 +94,10 @@ def make_broker(name: str, data_folder: str | None = None) -> Broker:
     if name == "rabbitmq":
         url = os.environ.get("FLOWENGINE_BENCH_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
         return Broker(name, url)
+    if name == "beanstalk":
+        return Broker(
+            name, os.environ.get("FLOWENGINE_BENCH_BEANSTALK_URL", "beanstalk://127.0.0.1:11300")
+        )
     if name == "fs":
         if not data_folder:
             raise ValueError("the fs broker needs a data folder")

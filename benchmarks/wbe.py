@@ -2,9 +2,10 @@
 
 Workloads: an unordered flow of ``--unordered`` no-op tasks (throughput) and a linear flow of
 ``--linear`` (per-task latency: one request and its replies at a time). Each runs on every chosen
-broker (redis, rabbitmq, fs = flowengine-fs) with each ``--workers`` count of worker processes
-(``flowengine worker``, one topic). The raw kombu request/response rate is measured first on the
-same broker (``kombu_ceiling.py``), so every result carries its ratio to that ceiling. On
+broker (redis, rabbitmq, beanstalk, fs = flowengine-fs) with each ``--workers`` count of worker
+processes (``flowengine worker``, one topic). The raw kombu request/response rate is measured
+first on the same broker (``kombu_ceiling.py``), so every result carries its ratio to that
+ceiling. On
 RabbitMQ the ceiling is measured a second time with publisher confirms (``ceiling.rabbitmq.
 confirmed``): flowengine confirms every outcome, the raw ceiling confirms nothing, so the ratios
 to that one (``*_vs_confirmed_*``) are given for information; the targets use the raw ceiling.
@@ -87,6 +88,8 @@ sys.path.insert(0, cfg["tasks_dir"])
 sys.path.insert(0, cfg["bench_dir"])
 import cpu_usage
 if cfg["lib"] == "taskflow":
+    if str(cfg["engine_options"].get("url") or "").startswith("beanstalk:"):  # as kombu has none
+        import flowengine.worker_based.transport_beanstalk
     from taskflow import engines
     from taskflow.patterns import linear_flow, unordered_flow
 else:
@@ -137,6 +140,8 @@ _TASKFLOW_WORKER = r"""
 import json, signal, sys, threading
 cfg = json.loads(sys.argv[1])
 sys.path.insert(0, cfg["tasks_dir"])
+if str(cfg.get("url") or "").startswith("beanstalk:"):  # kombu has none: flowengine's
+    import flowengine.worker_based.transport_beanstalk
 from taskflow.engines.worker_based import worker
 w = worker.Worker(cfg["exchange"], cfg["topic"], [cfg["tasks"]], url=cfg.get("url"),
                   transport=cfg.get("transport"), transport_options=cfg.get("transport_options"))

@@ -17,7 +17,12 @@ from kombu.exceptions import OperationalError
 
 from flowengine.persistence.backends._uri import mask_urls
 from flowengine.worker_based import dispatcher as dp
-from flowengine.worker_based import transport_fs, transport_memory, transport_redis
+from flowengine.worker_based import (
+    transport_beanstalk,  # noqa: F401  (registers beanstalk://)
+    transport_fs,
+    transport_memory,
+    transport_redis,
+)
 
 LOG = logging.getLogger("flowengine.worker_based.proxy")
 

@@ -318,6 +318,7 @@ class WorkerTaskExecutor(AttemptTracking, local.TaskExecutor):
             headers[pr.HEADER_TIME_LIMIT] = limit
         if self._lease_timeout is not None:
             headers[ext.HEADER_HEARTBEAT] = self._heartbeat_interval
+            headers[ext.HEADER_LEASE] = self._lease_timeout
         return headers
 
     def _worker_appeared(self) -> None:

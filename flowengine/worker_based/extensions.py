@@ -10,6 +10,11 @@ from __future__ import annotations
 #: Request header: seconds between heartbeats the engine asks the worker to send while the
 #: request runs (absent: send none).
 HEADER_HEARTBEAT = "x-flowengine-heartbeat"
+#: Request header: seconds the request's lease lasts without a heartbeat (the engine's
+#: ``lease_timeout``). On beanstalkd it is the job's time-to-run, which heartbeats ``touch``.
+HEADER_LEASE = "x-flowengine-lease"
+#: Message header: seconds to wait before the message may be delivered (beanstalkd's delay).
+HEADER_DELAY = "x-flowengine-delay"
 #: A heartbeat is a RESPONSE in state EVENT with this event type and empty details, so its
 #: body is valid under TaskFlow's RESPONSE schema.
 EVENT_HEARTBEAT = "flowengine.heartbeat"

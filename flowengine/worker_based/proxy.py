@@ -174,7 +174,8 @@ class Proxy:
         )
         # Message priority is an AMQP queue feature; TaskFlow's declarations have none, and a
         # broker refuses a queue redeclared with different arguments.
-        self._priorities = not taskflow_compat and not self._virtual
+        # beanstalkd orders every tube by job priority (see transport_beanstalk).
+        self._priorities = not taskflow_compat and (not self._virtual or driver == "beanstalk")
         tune(driver, self._transport_options)
         # Publishing pools: [confirmed, unconfirmed]; they differ only where the transport
         # has publisher confirms (AMQP), otherwise both are the same pool.
@@ -276,8 +277,8 @@ class Proxy:
                 consumer; False for keys no queue is named after (announcements).
             retry: Retry with backoff on connection errors (False: one attempt).
             expiration: Seconds after which the broker may drop the message unconsumed.
-            priority: Message priority, clamped to 0..MAX_PRIORITY (AMQP default topology
-                only; elsewhere dispatch order alone reflects priority).
+            priority: Message priority, clamped to 0..MAX_PRIORITY (AMQP default topology and
+                beanstalkd only; elsewhere dispatch order alone reflects priority).
             confirm: Wait for the broker's confirmation where the transport has publisher
                 confirms (AMQP). Outcomes, requests and dead letters need it; progress,
                 heartbeats and discovery do not, and skip the round trip.
@@ -440,6 +441,13 @@ class Proxy:
     def reject(self, message: Any) -> None:
         """Drop a delivered message (from any thread)."""
         self._settle(message, "reject")
+
+    def touch(self, message: Any) -> None:
+        """Extend a delivered message's time-to-run where the transport has one (beanstalkd's
+        ``touch``); elsewhere nothing. From any thread."""
+        touch = getattr(message.channel, "touch", None)
+        if touch is not None and not message.acknowledged:
+            touch(message.delivery_tag)
 
     def _settle(self, message: Any, action: str) -> None:
         if self._auto_ack:  # the broker forgot it on delivery: nothing to settle

@@ -15,7 +15,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Any
 
@@ -355,8 +355,8 @@ class Server:
             # The engine's lease on this attempt lasts only as long as heartbeats keep coming.
             # A late heartbeat is harmless; progress (forward) must precede the outcome.
             beat = functools.partial(self._forward_event, props, headers, ext.EVENT_HEARTBEAT, {},
-                                     confirm=not _from_flowengine(headers))
-            self._heartbeats.add(beating, interval, functools.partial(beat, retry=False))
+                                     confirm=not _from_flowengine(headers), retry=False)
+            self._heartbeats.add(beating, interval, functools.partial(self._beat, beat, message))
         try:
             if work.action == pr.EXECUTE:
                 result = endpoint.execute(task, work.arguments, forward)
@@ -372,6 +372,13 @@ class Server:
             return reply(pr.FAILURE, name, result=pr.failure_to_dict(result))
         self._events.emit("task-succeeded", **fields, runtime=runtime)
         return reply(pr.SUCCESS, name, result=result)
+
+    def _beat(self, heartbeat: Callable[[], None], message: Any) -> None:
+        # The broker's own lease first (beanstalkd's TTR, renewed by touch), then the engine's.
+        try:
+            self._proxy.touch(message)
+        finally:
+            heartbeat()
 
     def _reply(
         self, reply_to: str, correlation_id: str, request_headers: Mapping[str, Any],

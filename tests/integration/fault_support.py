@@ -361,7 +361,46 @@ class _RabbitMQ(_Server):
         _run(["rabbitmqctl", "start_app"], self.env)
 
 
+class PrivateBeanstalkd(_Server):
+    """A beanstalkd of one test's own, on a free port, with its binlog in ``folder`` (so a
+    restart keeps its jobs); the shared test server is never stopped. A context manager."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        folder.mkdir(parents=True, exist_ok=True)
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        self.broker = Broker("beanstalk", f"beanstalk://127.0.0.1:{self.port}")
+        self._process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self._process = subprocess.Popen(
+            ["beanstalkd", "-l", "127.0.0.1", "-p", str(self.port), "-b", str(self.folder)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def stop(self) -> None:
+        if self._process is not None and self._process.poll() is None:
+            self._process.terminate()
+            self._process.wait(SERVER_TIMEOUT)
+
+    def __enter__(self) -> PrivateBeanstalkd:
+        _PRIVATE[self.broker.url] = self
+        self.start()
+        wait_until(self.ready, SERVER_TIMEOUT, "private beanstalkd starting", interval=0.05)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        _PRIVATE.pop(self.broker.url, None)
+        self.stop()
+
+
+_PRIVATE: dict[str, _Server] = {}
+
+
 def _server_for(broker: Broker) -> _Server:
+    if broker.url in _PRIVATE:
+        return _PRIVATE[broker.url]
     parsed = urllib.parse.urlsplit(broker.url)
     server = {"redis": _Redis, "rabbitmq": _RabbitMQ}[broker.name]()
     if parsed.hostname not in ("127.0.0.1", "localhost") or (parsed.port or server.port) != \

@@ -101,7 +101,12 @@ def rabbitmq_setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
     yield from _fleet_setup("rabbitmq", tmp_path_factory)
 
 
-@pytest.fixture(params=["memory", "redis", "rabbitmq"])
+@pytest.fixture(scope="module")
+def beanstalk_setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
+    yield from _fleet_setup("beanstalk", tmp_path_factory)
+
+
+@pytest.fixture(params=["memory", "redis", "rabbitmq", "beanstalk"])
 def setup(request: pytest.FixtureRequest) -> Setup:
     return request.getfixturevalue(f"{request.param}_setup")
 

@@ -1,9 +1,10 @@
 """The broker goes away and comes back; priorities; a backlog of 10,000 requests.
 
-Real ``flowengine worker`` processes on Redis and on RabbitMQ. What ran is counted from the
-tasks' own ledger (:mod:`fault_tasks`). The outage test stops and restarts the very server the
-other tests use (only that one), through :func:`fault_support.broker_outage`, which always
-leaves it running.
+Real ``flowengine worker`` processes on Redis, RabbitMQ and beanstalkd. What ran is counted from
+the tasks' own ledger (:mod:`fault_tasks`). The outage test stops and restarts the very server
+the other tests use (only that one), through :func:`fault_support.broker_outage`, which always
+leaves it running; on beanstalkd it starts a private server instead (with a binlog, so its jobs
+survive the restart).
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import re
 import time
 import uuid
 from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import fault_tasks as ft
@@ -19,6 +22,7 @@ import pytest
 from fault_support import (
     WAIT,
     EngineRuns,
+    PrivateBeanstalkd,
     RssSampler,
     Stage,
     broker_outage,
@@ -26,7 +30,14 @@ from fault_support import (
     rss_kib,
     wait_until,
 )
-from wbe_harness import Broker, ProtocolClient, WorkerFleet, queued_messages, request_body
+from wbe_harness import (
+    Broker,
+    ProtocolClient,
+    WorkerFleet,
+    queued_messages,
+    request_body,
+    require_broker,
+)
 
 from flowengine import engines, states
 from flowengine.flows import linear_flow as lf
@@ -68,9 +79,20 @@ def _both_workers_consume(stage: Stage, runs: EngineRuns, fleet: WorkerFleet,
     assert run.join(WAIT) is None
 
 
+@pytest.fixture
+def restartable(broker: Broker, tmp_path: Path) -> Iterator[Broker]:
+    """``broker``, or for beanstalkd a private server of this test's own (never the shared one)."""
+    if broker.name != "beanstalk":
+        yield broker
+        return
+    with PrivateBeanstalkd(tmp_path / "beanstalkd") as private:
+        yield private.broker
+
+
 def test_a_broker_restart_mid_flow_loses_nothing(
-    broker: Broker, exchange: str, fleet_factory: Any, stage: Stage, runs: EngineRuns,
+    restartable: Broker, exchange: str, fleet_factory: Any, stage: Stage, runs: EngineRuns,
 ) -> None:  # fmt: skip
+    broker = restartable
     fleet = fleet_factory(broker, exchange, env=stage.env)
     workers = fleet.start(TOPIC, TASKS, count=2, threads=1)
     flow = lf.Flow("outage").add(
@@ -120,15 +142,16 @@ def test_a_broker_restart_mid_flow_loses_nothing(
         assert 0 < retries[worker.pid] <= MAX_RECONNECT_LINES, worker.failure("reconnect lines")
 
 
-# ---- 8. priority (RabbitMQ) ----------------------------------------------------------------------
+# ---- 8. priority (RabbitMQ, beanstalkd) ------------------------------------------------------
 
 PRIORITIES = [0, 2, 4, 6, 8]
 
 
+@pytest.mark.parametrize("broker_name", ["rabbitmq", "beanstalk"])
 def test_queued_requests_are_served_highest_priority_first(
-    rabbitmq_broker: Broker, exchange: str, fleet_factory: Any, stage: Stage, runs: EngineRuns,
+    broker_name: str, exchange: str, fleet_factory: Any, stage: Stage, runs: EngineRuns,
 ) -> None:  # fmt: skip
-    broker = rabbitmq_broker
+    broker = require_broker(broker_name)
     fleet = fleet_factory(broker, exchange, env=stage.env)
     fleet.start(TOPIC, TASKS, threads=1)
     client = ProtocolClient(broker.url, exchange)

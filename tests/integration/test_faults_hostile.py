@@ -203,8 +203,22 @@ def _inject(target: Target, case: Hostile, canary: Path) -> tuple[str | None, st
     return sent, target.log_since(offset)
 
 
+def _refused_by_broker(target: Target, err: Exception) -> bool:
+    """beanstalkd refuses a job over its ``max-job-size`` (64 KiB unless started with ``-z``)
+    as it is published: such a message never reaches the worker, which must still serve."""
+    if target.fleet.broker.name != "beanstalk" or "max-job-size" not in str(err):
+        return False
+    target.still_serves()
+    return True
+
+
 def _check_refused(target: Target, name: str, case: Hostile, canary: Path) -> str:
-    sent, logged = _inject(target, case, canary)
+    try:
+        sent, logged = _inject(target, case, canary)
+    except Exception as err:
+        if _refused_by_broker(target, err) and not canary.exists():
+            return ""
+        raise
     assert not canary.exists() and target.stage.canaries() == [], f"{name}: acted on"
     queued = queued_messages(target.fleet.broker.url, target.queue)
     assert queued in (0, None), f"{name}: {queued} still queued"
@@ -236,7 +250,12 @@ def test_a_huge_unknown_task_class_name_costs_a_bounded_log_line(
     fresh: Target, tmp_path: Path,
 ) -> None:  # fmt: skip
     name = "os.system" + "x" * (1 << 20)
-    _sent, logged = _inject(fresh, Hostile(_shell(name), r"\S+"), tmp_path / "canary")
+    try:
+        _sent, logged = _inject(fresh, Hostile(_shell(name), r"\S+"), tmp_path / "canary")
+    except Exception as err:
+        if _refused_by_broker(fresh, err):
+            return
+        raise
     assert queued_messages(fresh.fleet.broker.url, fresh.queue) in (0, None)
     assert len(logged) < LOG_LINE_BOUND, f"{len(logged)} bytes of log for one refusal"
 

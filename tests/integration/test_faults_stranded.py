@@ -36,6 +36,8 @@ import sys
 
 import kombu
 
+import flowengine.worker_based.transport_beanstalk  # registers beanstalk:// with kombu
+
 url, queue_name = sys.argv[1], sys.argv[2]
 with kombu.Connection(url) as conn:
     queue = kombu.Queue(queue_name, no_declare=True)

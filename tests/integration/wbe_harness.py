@@ -3,7 +3,8 @@
 The fixtures built on these live in ``conftest.py``; tests import the classes from here.
 
 Brokers are the servers ``.ci/services.sh start`` runs on 127.0.0.1 (Redis 6379, RabbitMQ 5672 as
-guest/guest); ``FLOWENGINE_TEST_REDIS_URL`` and ``FLOWENGINE_TEST_AMQP_URL`` point elsewhere.
+guest/guest, beanstalkd 11300); ``FLOWENGINE_TEST_REDIS_URL``, ``FLOWENGINE_TEST_AMQP_URL`` and
+``FLOWENGINE_TEST_BEANSTALK_URL`` point elsewhere.
 A broker that does not answer is started (``.ci/services.sh start``, once a session, by the
 conftest's server starter) and checked again; still missing, it fails the test when ``CI=true``
 and skips it otherwise.
@@ -71,6 +72,8 @@ BROKERS = {
                                             "redis://127.0.0.1:6379/0")),
     "rabbitmq": Broker("rabbitmq", os.environ.get("FLOWENGINE_TEST_AMQP_URL",
                                                   "amqp://guest:guest@127.0.0.1:5672//")),
+    "beanstalk": Broker("beanstalk", os.environ.get("FLOWENGINE_TEST_BEANSTALK_URL",
+                                                    "beanstalk://127.0.0.1:11300")),
 }
 _checked: dict[str, str | None] = {}
 
@@ -113,7 +116,7 @@ def delete_exchange(url: str, exchange: str, queues: Sequence[str] = ()) -> None
     """Remove what a test left on a broker: the named queues and the exchange (best effort).
 
     On Redis, where queues never expire, every key of the exchange goes (engines' reply queues
-    included).
+    included); on beanstalkd every tube named after it.
     """
     with kombu.Connection(url, connect_timeout=BROKER_CONNECT_TIMEOUT) as conn:
         for name in queues:
@@ -129,6 +132,8 @@ def delete_exchange(url: str, exchange: str, queues: Sequence[str] = ()) -> None
                 if client is not None:
                     for key in client.scan_iter(match=f"*{exchange}*"):
                         client.delete(key)
+                for name in getattr(channel, "queues", lambda _prefix: [])(exchange):
+                    channel.queue_delete(name)  # beanstalkd lists its tubes: every one goes
         except Exception:
             pass
 
@@ -410,8 +415,12 @@ class WorkerFleet:
     def start_taskflow(self, topic: str, tasks: Sequence[str],
                        timeout: float = WORKER_START_TIMEOUT) -> WorkerProcess:
         """Start a TaskFlow worker (``python -m taskflow.engines.worker_based.worker``)."""
-        argv = [sys.executable, "-m", "taskflow.engines.worker_based.worker",
-                "--exchange", self.exchange, "--connection-url", self.broker.url,
+        argv = [sys.executable, "-m", "taskflow.engines.worker_based.worker"]
+        if self.broker.name == "beanstalk":  # not in kombu: flowengine registers it
+            argv[1:] = ["-c", "import runpy, flowengine.worker_based.transport_beanstalk; "
+                        "runpy.run_module('taskflow.engines.worker_based.worker', "
+                        "run_name='__main__', alter_sys=True)"]
+        argv += ["--exchange", self.exchange, "--connection-url", self.broker.url,
                 "--topic", topic, "--verbose"]
         argv += [arg for task in tasks for arg in ("--task", task)]
         worker = self._spawn(f"taskflow-{topic}-{len(self.workers) + 1}", argv, topic)
