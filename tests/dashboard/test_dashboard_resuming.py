@@ -1,18 +1,25 @@
-"""Resuming from the dashboard on the options ``flowengine run`` stored, never a masked secret."""
+"""Resuming from the dashboard on the options a flow ran on, never a masked secret; suspending."""
 
 from __future__ import annotations
 
+import contextlib
+import uuid
+import warnings
 from typing import Any
 
 import dashboard_flows as df
 import pytest
 from dashboard_store import store_suspended
 
-from flowengine import states
+from flowengine import engines, states
 from flowengine.cli import stored_run
-from flowengine.dashboard import ActionRefused, DashboardData, EventHub
+from flowengine.dashboard import ActionRefused, DashboardData, EventHub, create_app
 from flowengine.dashboard.resuming import OptionsMissing, engine_options
 from flowengine.persistence import base, models
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")  # Starlette's note about httpx's successor
+    from starlette.testclient import TestClient
 
 SECRET = "pa55-" + "w0rd" * 3
 BROKER_URL = f"amqp://guest:{SECRET}@rabbit.example:5672//"
@@ -96,3 +103,34 @@ def test_the_dashboard_resumes_a_run_record_and_refuses_a_missing_password(
     assert "on the parallel engine" in data.resume(flow)
     assert data.wait_idle(30.0)
     assert data.flow(flow).summary["state"] == states.SUCCESS  # type: ignore[union-attr]
+
+
+def test_engines_load_records_a_worker_based_flow_for_the_dashboard(store: base.Backend) -> None:
+    exchange = f"dash-{uuid.uuid4().hex[:8]}"
+    engine = engines.load_from_factory(
+        df.plain, store={"session": {"user": "ada"}}, book=models.LogBook("loaded"),
+        backend=store, engine="worker-based", exchange=exchange, transport="memory",
+        topics=["red"], transport_options={"api_token": SECRET, "polling_interval": 0.1})
+    engine.storage.set_flow_state(states.SUSPENDED)  # saves the flow detail, as a run does
+    with contextlib.closing(store.get_connection()) as conn:
+        fd = conn.get_flow_details(str(engine.storage.flow_uuid))
+    assert SECRET not in repr(fd.meta)
+    own = {"exchange": "elsewhere", "url": None, "transport": "memory",
+           "transport_options": {"api_token": SECRET}}
+    name, options = engine_options(fd, own)
+    assert (name, options["exchange"], options["topics"], options["transport_options"]) == (
+        "worker-based", exchange, ["red"], {"api_token": SECRET, "polling_interval": 0.1})
+    with pytest.raises(OptionsMissing, match="api_token"):
+        engine_options(fd, {**own, "transport_options": {}})
+
+
+def test_a_flow_running_elsewhere_is_suspended_there(store: base.Backend) -> None:
+    storage = store_suspended(store, df.plain, {"session": {"user": "ada"}})
+    storage.set_flow_state(states.RUNNING)
+    flow = str(storage.flow_uuid)
+    data = DashboardData(store, EventHub(None))
+    with TestClient(create_app(data)) as app:  # type: ignore[arg-type]
+        page = app.get(f"/flows/{flow}").text
+    assert 'id="suspend-elsewhere"' in page and 'id="suspend"' not in page
+    with pytest.raises(ActionRefused, match="not running in this dashboard"):
+        data.suspend(flow)
