@@ -34,6 +34,8 @@ LOG = logging.getLogger(__name__)
 ENGINE_META = resuming.ENGINE_META
 #: Flow states a flow can be resumed from.
 RESUMABLE = frozenset({states.SUSPENDED, states.FAILURE})
+#: Seconds the per-topic queue depths are kept before the broker is asked again.
+TOPICS_TTL = 5.0
 #: What the jobs page shows of a conductor's registration.
 CONDUCTOR_FIELDS = ("hostname", "pid", "engine")
 
@@ -75,6 +77,7 @@ class DashboardData:
         self.broker = dict(broker) if broker is not None else None
         self._compiler = cp.Compiler()
         self._running: dict[str, Any] = {}
+        self._topics: tuple[float, list[dict[str, Any]]] | None = None
         self._lock = threading.Lock()
 
     # -- flows --------------------------------------------------------------------------
@@ -216,13 +219,25 @@ class DashboardData:
         """Each worker topic's queue depth, as far as the broker tells it (None: it cannot).
 
         Every topic of the exchange where the broker lists its queues, else the topics the
-        workers heard from serve.
+        workers heard from serve. Read at most every ``TOPICS_TTL`` seconds: the workers page
+        reloads its live part on every worker heartbeat.
 
         Raises:
             ActionRefused: no broker options.
         """
         if self.broker is None:
             raise ActionRefused("no broker: start the dashboard with broker options")
+        now = self._clock()
+        with self._lock:
+            if self._topics is not None and now - self._topics[0] < TOPICS_TTL:
+                return self._topics[1]
+        found = self._read_topics()
+        with self._lock:
+            self._topics = (now, found)
+        return found
+
+    def _read_topics(self) -> list[dict[str, Any]]:
+        assert self.broker is not None
         from flowengine.worker_based import topics as tp
 
         try:

@@ -9,6 +9,7 @@ import dashboard_flows as df
 import pytest
 
 from flowengine.dashboard import ActionRefused, DashboardData, EventHub, create_app
+from flowengine.dashboard.interface import TOPICS_TTL
 from flowengine.persistence import base
 from flowengine.worker_based import protocol, proxy
 
@@ -26,7 +27,8 @@ def heard(hub: EventHub, worker: str, topic: str) -> None:
 def test_topics_heard_from_workers_show_what_waits(store: base.Backend) -> None:
     broker = {"exchange": f"dash-{uuid.uuid4().hex[:8]}", "transport": "memory"}
     hub = EventHub(None)
-    data = DashboardData(store, hub, broker)
+    now = [100.0]
+    data = DashboardData(store, hub, broker, clock=lambda: now[0])
     # The memory transport cannot list its queues: the topics come from the workers heard.
     assert data.topics() == []
     heard(hub, "w1", "red")
@@ -39,6 +41,8 @@ def test_topics_heard_from_workers_show_what_waits(store: base.Backend) -> None:
             sender.publish(request, "red", reply_to="nobody")
     finally:
         sender.close()
+    assert data.topics() == []  # read again only after TOPICS_TTL
+    now[0] += TOPICS_TTL
     rows = {row["topic"]: row for row in data.topics()}
     assert (rows["red"]["ready"], rows["blue"]["ready"], rows["red"]["dead"]) == (2, 0, 0)
     with TestClient(create_app(data)) as app:  # type: ignore[arg-type]
