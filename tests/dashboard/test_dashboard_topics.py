@@ -6,6 +6,7 @@ import uuid
 import warnings
 
 import dashboard_flows as df
+import kombu
 import pytest
 
 from flowengine.dashboard import ActionRefused, DashboardData, EventHub, create_app
@@ -66,3 +67,27 @@ def test_a_broker_that_is_away_is_named_on_the_workers_page(store: base.Backend)
                     ) as app:
         page = app.get("/workers").text
     assert "cannot read the topics" in page and password not in page
+
+
+@pytest.mark.integration
+def test_beanstalkd_tells_every_topic_of_the_exchange(store: base.Backend,
+                                                      beanstalk_url: str) -> None:
+    exchange = kombu.Exchange(f"dash-topics-{uuid.uuid4().hex[:10]}", type="direct")
+    queue = kombu.Queue(f"{exchange.name}_red", exchange, routing_key="red")
+    broker = {"exchange": exchange.name, "url": beanstalk_url, "transport": None,
+              "transport_options": {}}
+    try:
+        with kombu.Connection(beanstalk_url) as conn:
+            producer = kombu.Producer(conn.channel(), exchange)
+            for body in (1, 2):
+                producer.publish(body, routing_key="red", declare=[queue])
+        # No worker heard from: beanstalkd lists the exchange's tubes itself.
+        with TestClient(create_app(DashboardData(store, EventHub(None), broker))  # type: ignore[arg-type]
+                        ) as app:
+            page = app.get("/workers").text
+        row = page[page.index('<tr data-topic="red">'):].split("</tr>", 1)[0]
+        assert ('<td class="ready">2</td>' in row and '<td class="running">0</td>' in row
+                and '<td class="workers">0</td>' in row)
+    finally:
+        with kombu.Connection(beanstalk_url) as conn, conn.channel() as channel:
+            channel.queue_delete(queue.name)
