@@ -14,15 +14,16 @@ import click
 from click.core import ParameterSource
 
 from flowengine.cli import telemetry
+from flowengine.engines import run_record
 from flowengine.persistence import models
 from flowengine.persistence.backends._uri import mask_urls
 
 #: The flow detail metadata key holding the record.
-META_KEY = "cli_run"
+META_KEY = run_record.META_KEY
 #: What stands for a secret in the record.
-MASK = "***"
-#: Transport option names containing one of these are secrets.
-_SECRET_WORDS = ("password", "passwd", "secret", "token", "key", "credential", "auth")
+MASK = run_record.MASK
+#: The record of how a flow runs, with every secret masked.
+record = run_record.record
 _BROKER_KEYS = ("url", "exchange", "transport", "transport_options", "taskflow_compat")
 # The click parameter names of what a resume may take from the record.
 _PARAMETERS = ("engine_name", "topics", *_BROKER_KEYS)
@@ -37,27 +38,6 @@ def explicit_options(ctx: click.Context) -> frozenset[str]:
                       ParameterSource.PROMPT):
             given.add(name)
     return frozenset(given)
-
-
-def _is_secret(name: str) -> bool:
-    return any(word in name.lower() for word in _SECRET_WORDS)
-
-
-def record(engine: str, broker: dict[str, Any], topics: list[str]) -> dict[str, Any]:
-    """The record of how a flow runs, with every secret masked."""
-    found: dict[str, Any] = {"engine": mask_urls(engine)}
-    if telemetry.is_worker_based(engine):
-        url = broker.get("url")
-        found["broker"] = {
-            "url": mask_urls(url) if url else None,
-            "exchange": broker.get("exchange"),
-            "transport": broker.get("transport"),
-            "transport_options": {k: MASK if _is_secret(k) else v
-                                  for k, v in (broker.get("transport_options") or {}).items()},
-            "taskflow_compat": bool(broker.get("taskflow_compat")),
-        }
-        found["topics"] = list(topics)
-    return found
 
 
 def stored(flow_detail: models.FlowDetail) -> dict[str, Any] | None:

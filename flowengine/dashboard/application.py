@@ -81,15 +81,17 @@ def create_app(data: DashboardData, *, read_only: bool = False, token: str | Non
             return PlainTextResponse(f"no flow {request.path_params['uuid']!r}", status_code=404)
         return render(request, "flow.html", {"flow": found})
 
-    async def workers(request: Request) -> Response:
-        return render(request, "workers.html", {"workers": data.workers()})
-
     async def listing(read: Callable[[], Any]) -> tuple[Any, str | None]:
         """What ``read`` returns, or nothing and why (a broker or board that is away)."""
         try:
             return await run_in_threadpool(read), None
         except Exception as err:
             return [], views.reason(err)
+
+    async def workers(request: Request) -> Response:
+        topics, error = ((None, None) if data.broker is None else await listing(data.topics))
+        return render(request, "workers.html", {"workers": data.workers(), "topics": topics,
+                                                "topics_error": error})
 
     async def dead_letters(request: Request) -> Response:
         letters, error = await listing(data.dead_letters)

@@ -21,7 +21,7 @@ from flowengine import engines, states
 from flowengine import exceptions as exc
 from flowengine.cli import records
 from flowengine.dashboard import compiled as cp
-from flowengine.dashboard import layout, timeline
+from flowengine.dashboard import layout, resuming, timeline
 from flowengine.dashboard.live import EventHub
 from flowengine.dashboard.masking import mask, mask_text
 from flowengine.persistence import base, models, queries
@@ -29,15 +29,15 @@ from flowengine.persistence.secret_keeping import META_SECRETS
 
 LOG = logging.getLogger(__name__)
 
-#: Flow detail metadata naming the engine to resume a flow on: ``{"engine": name, "options":
-#: {...}}`` (broker settings are never stored: the dashboard's own are used).
-ENGINE_META = "engine"
+#: Flow detail metadata naming the engine to resume a flow saved without ``flowengine run``'s
+#: record on (see :mod:`flowengine.dashboard.resuming`).
+ENGINE_META = resuming.ENGINE_META
 #: Flow states a flow can be resumed from.
 RESUMABLE = frozenset({states.SUSPENDED, states.FAILURE})
+#: Seconds the per-topic queue depths are kept before the broker is asked again.
+TOPICS_TTL = 5.0
 #: What the jobs page shows of a conductor's registration.
 CONDUCTOR_FIELDS = ("hostname", "pid", "engine")
-#: Broker settings that are the dashboard's own, never taken from stored engine options.
-_BROKER_KEYS = ("exchange", "url", "transport", "transport_options")
 
 
 class ActionRefused(Exception):
@@ -77,6 +77,7 @@ class DashboardData:
         self.broker = dict(broker) if broker is not None else None
         self._compiler = cp.Compiler()
         self._running: dict[str, Any] = {}
+        self._topics: tuple[float, list[dict[str, Any]]] | None = None
         self._lock = threading.Lock()
 
     # -- flows --------------------------------------------------------------------------
@@ -156,7 +157,10 @@ class DashboardData:
                 f"flow {fd.name!r} needs its secret input(s) {', '.join(map(repr, secrets))} "
                 f"again; resume it with: flowengine run --resume {fd.uuid} "
                 + " ".join(f"--store {n}=VALUE" for n in secrets))
-        name, options = self._engine_options(fd)
+        try:
+            name, options = resuming.engine_options(fd, self.broker)
+        except resuming.OptionsMissing as err:
+            raise ActionRefused(str(err)) from err
         try:
             flow = engines.flow_from_detail(fd)
             engine = engines.load(flow, flow_detail=fd, backend=self.backend, engine=name,
@@ -171,17 +175,6 @@ class DashboardData:
         threading.Thread(target=self._run, args=(flow_uuid, engine), daemon=True,
                          name=f"flowengine-dashboard-resume-{flow_uuid[:8]}").start()
         return f"resuming flow {fd.name!r} on the {name} engine"
-
-    def _engine_options(self, fd: models.FlowDetail) -> tuple[str, dict[str, Any]]:
-        stored = fd.meta.get(ENGINE_META)
-        if not isinstance(stored, dict):
-            return "serial", {}
-        name = str(stored.get("engine") or "serial")
-        options = {k: v for k, v in dict(stored.get("options") or {}).items()
-                   if k not in _BROKER_KEYS}
-        if name in ("worker-based", "workers") and self.broker is not None:
-            options.update(self.broker)
-        return name, options
 
     def _run(self, flow_uuid: str, engine: Any) -> None:
         try:
@@ -221,6 +214,38 @@ class DashboardData:
     def workers(self) -> list[dict[str, Any]]:
         """Workers heard from (live, then gone), with masked host details."""
         return [mask(row) for row in self.hub.workers()]
+
+    def topics(self) -> list[dict[str, Any]]:
+        """Each worker topic's queue depth, as far as the broker tells it (None: it cannot).
+
+        Every topic of the exchange where the broker lists its queues, else the topics the
+        workers heard from serve. Read at most every ``TOPICS_TTL`` seconds: the workers page
+        reloads its live part on every worker heartbeat.
+
+        Raises:
+            ActionRefused: no broker options.
+        """
+        if self.broker is None:
+            raise ActionRefused("no broker: start the dashboard with broker options")
+        now = self._clock()
+        with self._lock:
+            if self._topics is not None and now - self._topics[0] < TOPICS_TTL:
+                return self._topics[1]
+        found = self._read_topics()
+        with self._lock:
+            self._topics = (now, found)
+        return found
+
+    def _read_topics(self) -> list[dict[str, Any]]:
+        assert self.broker is not None
+        from flowengine.worker_based import topics as tp
+
+        try:
+            found = tp.topic_stats(**self.broker)
+        except tp.TopicsNotListed:
+            heard = {topic for row in self.hub.workers() for topic in row.get("topics") or ()}
+            found = tp.topic_stats(**self.broker, topics=sorted(heard)) if heard else []
+        return [mask(stats.to_dict()) for stats in found]
 
     def _letters(self) -> Any:
         if self.broker is None:

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from flowengine import exceptions as exc
+from flowengine.engines import run_record
 
 LOG = logging.getLogger(__name__)
 
@@ -116,6 +117,13 @@ def _load(
     if flow_detail is None:
         flow_detail = p_utils.create_flow_detail(flow, book=book, backend=backend)
     engine_obj = cls(flow, flow_detail, backend, options)
+    if run_record.is_worker_based(kind) and run_record.META_KEY not in flow_detail.meta:
+        # How it runs (secrets masked), for a resume elsewhere (the dashboard); stored with the
+        # flow detail's next save, as the run starts.
+        flow_detail.meta[run_record.META_KEY] = run_record.record(
+            engine if isinstance(engine, str) and engine.split("://", 1)[0] == kind else kind,
+            options,
+            list(options.get("topics") or []))
     closer = None
     if owned:
         # Nobody else holds a backend built from a URI: close it when the engine goes away.

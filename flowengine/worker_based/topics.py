@@ -67,6 +67,8 @@ def topic_stats(exchange: str, topics: Iterable[str] = (), url: str | None = Non
         channel = conn.channel()
         named = list(topics)
         listing = getattr(channel, "queues", None)
+        if not callable(listing):  # kombu's memory channel has a ``queues`` dict, no listing
+            listing = None
         if not named:
             if listing is None:
                 raise TopicsNotListed(

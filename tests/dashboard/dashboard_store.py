@@ -32,3 +32,15 @@ def store_run(backend: base.Backend, factory: Any, book: models.LogBook | None =
     with EventTimeListener(engine), contextlib.suppress(exc.WrappedFailure, RuntimeError):
         engine.run()
     return str(engine.storage.flow_uuid)
+
+
+def store_suspended(backend: base.Backend, factory: Any, store: dict[str, Any]) -> Any:
+    """Save ``factory``'s flow as SUSPENDED before any atom ran; return its storage."""
+    from flowengine import states
+
+    engine = engines.load_from_factory(factory, store=store, book=models.LogBook("resumable"),
+                                       backend=backend)
+    engine.compile()
+    engine.prepare()
+    engine.storage.set_flow_state(states.SUSPENDED)
+    return engine.storage

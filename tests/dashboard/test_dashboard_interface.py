@@ -6,12 +6,12 @@ import uuid
 
 import dashboard_flows as df
 import pytest
-from dashboard_store import PASSWORD
+from dashboard_store import PASSWORD, store_suspended
 
-from flowengine import engines, states
+from flowengine import states
 from flowengine.dashboard import ActionRefused, DashboardData, EventHub
 from flowengine.dashboard.interface import ENGINE_META
-from flowengine.persistence import base, models
+from flowengine.persistence import base
 from flowengine.worker_based import dead_letters, protocol, proxy
 
 
@@ -68,16 +68,11 @@ def test_events_heard_make_one_bar_per_attempt(store: base.Backend,
 
 
 def test_resume_runs_a_suspended_flow_on_its_stored_engine(store: base.Backend) -> None:
-    book = models.LogBook("resumable")
     # A flow with secret inputs is refused (its secrets are not stored): see test_dashboard_app.
-    engine = engines.load_from_factory(df.plain, store={"session": {"user": "ada"}},
-                                       book=book, backend=store)
-    engine.compile()
-    engine.prepare()
-    engine.storage.set_flow_state(states.SUSPENDED)
-    flow = str(engine.storage.flow_uuid)
-    engine.storage.update_flow_metadata({ENGINE_META: {"engine": "parallel",
-                                                       "options": {"max_workers": 2}}})
+    storage = store_suspended(store, df.plain, {"session": {"user": "ada"}})
+    flow = str(storage.flow_uuid)
+    storage.update_flow_metadata({ENGINE_META: {"engine": "parallel",
+                                                "options": {"max_workers": 2}}})
     data = DashboardData(store, EventHub(None))
     assert data.flow(flow).resumable  # type: ignore[union-attr]
     assert "parallel" in data.resume(flow)
