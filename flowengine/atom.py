@@ -199,7 +199,9 @@ class Atom(metaclass=abc.ABCMeta):
             auto_extract,
             ignored + list(_DEFAULT_REVERT_ARGS),
         )
-        self.requires: frozenset[str] = exec_requires | revert_requires_
+        # Injected names are this atom's own values: nothing else has to provide them (TaskFlow).
+        injected = frozenset(self.inject or ())
+        self.requires: frozenset[str] = (exec_requires | revert_requires_) - injected
 
     def _execute_signature(self) -> Callable[..., Any]:
         """The callable whose signature ``execute``'s arguments are inferred from."""

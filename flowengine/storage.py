@@ -44,7 +44,7 @@ class Storage:
     """
 
     #: The name of the pseudo-atom holding values given to :meth:`inject`.
-    injector_name = "_TASKFLOW_INJECTOR"
+    injector_name = "_TaskFlow_INJECTOR"  # TaskFlow's spelling: its records name it so
 
     def __init__(
         self,
@@ -220,7 +220,6 @@ class Storage:
             ad.state = state
             if progress is not None:
                 ad.meta[META_PROGRESS] = progress
-                ad.meta[META_PROGRESS_DETAILS] = None
             self._save_atom(ad)
 
     def get_atom_state(self, atom_name: str) -> str:
@@ -257,10 +256,11 @@ class Storage:
     ) -> None:
         """Store a task's progress (0.0-1.0) and optional details."""
         update: dict[str, Any] = {META_PROGRESS: progress}
+        # As in TaskFlow: no details keeps the stored ones (the engine moves progress alone),
+        # empty details erase them.
         if details is not None:
-            update[META_PROGRESS_DETAILS] = {"at_progress": progress, "details": dict(details)}
-        else:
-            update[META_PROGRESS_DETAILS] = None
+            update[META_PROGRESS_DETAILS] = (
+                {"at_progress": progress, "details": dict(details)} if details else None)
         self.update_atom_metadata(task_name, update)
 
     def get_task_progress(self, task_name: str) -> float:
@@ -294,7 +294,6 @@ class Storage:
             ad.put(state, result)
             if progress is not None:
                 ad.meta[META_PROGRESS] = progress
-                ad.meta[META_PROGRESS_DETAILS] = None
             if state in (states.FAILURE, states.REVERT_FAILURE) and ad.intention in (
                 states.EXECUTE, states.REVERT,
             ):

@@ -69,6 +69,8 @@ class TaskAction:
         """Forget the task's results and move it to ``state`` (PENDING or IGNORE)."""
         old_state = self._storage.get_atom_state(task.name)
         self._storage.reset(task.name, state)
+        if old_state != state:
+            self._storage.set_task_progress(task.name, 0.0)  # as TaskFlow's engine does
         self._announce(task, state, old_state, NO_RESULT)
 
     def change_state(
@@ -97,7 +99,7 @@ class TaskAction:
         if progress is None:
             return
         try:
-            self._storage.set_task_progress(task.name, progress, details=details or None)
+            self._storage.set_task_progress(task.name, progress, details=details)
         except Exception:
             LOG.exception("Failed to store progress %s of task %r", progress, task.name)
 
