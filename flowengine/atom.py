@@ -82,7 +82,8 @@ def _rebind_mapping(required: list[str], rebind: RebindSpec) -> dict[str, str]:
         mapping = dict(zip(required, rebind))
         mapping.update((name, name) for name in rebind[len(required):])
         return mapping
-    raise TypeError(f"rebind must be a dict, list or tuple, not {type(rebind).__name__}")
+    raise TypeError(f"Invalid rebind value '{rebind}' ({type(rebind)}): it must be a dict, list "
+                    f"or tuple")
 
 
 def build_arg_mapping(
@@ -235,4 +236,4 @@ class Atom(metaclass=abc.ABCMeta):
         return f'"{self.name}==' + ".".join(str(part) for part in self.version) + '"'
 
     def __repr__(self) -> str:
-        return f"<{type(self).__name__} {self}>"
+        return f"<{type(self).__module__}.{type(self).__qualname__} {self}>"

@@ -120,6 +120,11 @@ class Storage:
         """The flow detail itself."""
         return self._flow_detail
 
+    @property
+    def _flowdetail(self) -> models.FlowDetail:
+        """The flow detail, by the name TaskFlow's suspend/resume samples reach it."""
+        return self._flow_detail
+
     def set_scope_fetcher(self, scope_fetcher: ScopeFetcher | None) -> None:
         """Install the function deciding which providers an atom can see."""
         self._providers.scope_fetcher = scope_fetcher
@@ -202,9 +207,9 @@ class Storage:
             created.append(ad)
         elif not isinstance(ad, kind):
             raise exceptions.Duplicate(
-                f"Atom {atom.name!r} of flow {self.flow_name!r} is stored as a "
-                f"{type(ad).__name__}, but the flow now has a {type(atom).__name__} by "
-                f"that name"
+                f"Atom detail {atom.name!r} already exists in flow detail "
+                f"{self.flow_name!r}: it is stored as a {type(ad).__name__}, but the flow now "
+                f"has a {type(atom).__name__} by that name"
             )
         self._map_results(atom.name, atom.save_as)
         return ad.uuid
@@ -469,8 +474,15 @@ class Storage:
                 if found:
                     result[arg] = value
                 elif arg not in optional and name not in optional:
+                    # TaskFlow's wording first (programs match on it), then which atom.
+                    if name not in self._providers.names():
+                        prefix = (f"Name {name!r} is not mapped as a produced output by any "
+                                  f"providers")
+                    else:
+                        prefix = (f"Mapped argument {arg!r} <= {name!r} was not produced by "
+                                  f"any accessible provider")
                     raise exceptions.NotFound(
-                        f"Atom {atom_name!r} argument {arg!r} <= {name!r}: {why}")
+                        f"{prefix} (atom {atom_name!r} argument {arg!r}: {why})")
         return result
 
     def fetch_unsatisfied_args(
@@ -489,7 +501,8 @@ class Storage:
         with self._lock:
             values = self._providers.values(name)
         if not values:
-            raise exceptions.NotFound(f"Name {name!r} is not provided by anything in flow "
+            raise exceptions.NotFound(f"Name {name!r} is not mapped as a produced output by any "
+                                      f"providers in flow "
                                       f"{self.flow_name!r}")
         return many_handler(values) if many_handler else values[0]
 

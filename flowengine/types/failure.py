@@ -175,10 +175,11 @@ class Failure:
         elif len(exc_info) != 3:
             raise ValueError(f"Failure exc_info must have three elements, got {len(exc_info)}")
         exc_type, value, tb = exc_info
-        if not (isinstance(exc_type, type) and issubclass(exc_type, BaseException)):
-            raise TypeError(
-                f"Failure needs an exception to capture, got exception type {exc_type!r}"
-            )
+        if not (isinstance(exc_type, type) and issubclass(exc_type, Exception)):
+            # As in TaskFlow: SystemExit, KeyboardInterrupt and the like are not failures of a
+            # task; they stop the program.
+            raise TypeError(f"Invalid exception type '{exc_type}' ({type(exc_type)}): a Failure "
+                            f"captures Exception subclasses only")
         self._exc_info: ExcInfo | None = (exc_type, value, tb)
         self._exc_args: tuple[Any, ...] = tuple(getattr(value, "args", ()))
         self._exc_type_names = _type_names(exc_type)
@@ -459,7 +460,7 @@ class Failure:
             "traceback_str": self._traceback_str,
             "exc_type_names": list(self._exc_type_names),
             "version": self.DICT_VERSION,
-            "exc_args": _json_safe(self._exc_args) if include_args else [],
+            "exc_args": tuple(_json_safe(self._exc_args)) if include_args else (),
             "causes": [c.to_dict(include_args=include_args) for c in self.causes],
         }
 
