@@ -6,19 +6,22 @@ atoms run concurrently, so there each atom's own notifications are compared in o
 whole stream as a multiset. Examples are derandomized, so every run checks the same programs.
 
 Some differences are compared in a weaker form, each pinned by a test below (a strict xfail
-for those not fixed yet). With several atoms ready at once, TaskFlow's serial engine announces
-RUNNING for each of them before any completes, where flowengine stores each result before the
-next atom starts (deliberate, see doc/migration.rst), and siblings revert in another order, so
-unless every flow is linear, notifications are compared per atom and the calls as a multiset; TaskFlow's ``fetch_all`` returns a failed task's Failure under the names it
-provides, so those names are left out of ``fetch_all``; and when a whole flow reverts,
-TaskFlow reverts tasks that never ran (calling ``revert`` with no result), so programs where it
-does are not compared; nor are parallel or non-linear programs where several tasks fail
-(TaskFlow's engines schedule every ready atom before completing any, so failures group into
-other rounds), nor non-linear programs suspended in a round where another task fails
-(TaskFlow goes on retrying; flowengine stops), and graph
-flows' ``str`` lists are compared sorted (TaskFlow iterates a graph flow in another order).
-A retry's stored history is compared by its length: when an inner retry reverts, TaskFlow
-records the failure as the outer retry's result where flowengine records its own result.
+for those not fixed yet):
+
+* With several atoms ready at once, TaskFlow's serial engine announces RUNNING for each before
+  any completes, where flowengine stores each result before the next atom starts (deliberate,
+  see doc/migration.rst), and siblings revert in another order: unless every flow is linear,
+  notifications are compared per atom and the calls as a multiset, ``str`` lists sorted (graph
+  flows iterate in another order).
+* Parallel or non-linear programs where several tasks fail are not compared (their failures
+  group into other rounds), nor non-linear programs suspended in a round where another task
+  fails (TaskFlow goes on retrying; flowengine stops).
+* TaskFlow's ``fetch_all`` returns a failed task's Failure under the names it provides: those
+  names are left out of ``fetch_all``.
+* When a whole flow reverts, TaskFlow reverts tasks that never ran (``revert`` with no
+  result): programs where it does are not compared.
+* A retry's stored history is compared by its length: when an inner retry reverts, TaskFlow
+  records the failure as the outer retry's result where flowengine records its own result.
 """
 
 from __future__ import annotations
