@@ -14,9 +14,9 @@ from typing import Any
 
 from flowengine.persistence import _codec, base, models
 from flowengine.persistence._store import RecordStore, Session, Skip, StoreConnection, decode_all
-from flowengine.persistence.backends._memory_tree import MemoryTree
+from flowengine.persistence.backends._memory_tree import FakeFilesystem, MemoryTree
 
-__all__ = ["MemoryBackend"]
+__all__ = ["FakeFilesystem", "MemoryBackend"]
 
 
 _MISSING = object()
