@@ -116,7 +116,8 @@ class Flow(metaclass=abc.ABCMeta):
         for item in self:
             needed.update(item.requires - provided)
             provided.update(item.provides)
-        return frozenset(needed - (self._retry.provides if self._retry is not None else set()))
+        # A retry's own requirements stay, even those it provides itself (as in TaskFlow).
+        return frozenset(needed)
 
     def __str__(self) -> str:
         # TaskFlow's format: the class's dotted name (short for the built-in patterns), quoted.

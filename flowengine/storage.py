@@ -404,8 +404,13 @@ class Storage:
                 ad.meta[META_INJECTED] = injected
                 self._save_atom(ad)
 
-    def inject(self, pairs: Mapping[str, Any], transient: bool = False) -> None:
-        """Make values available to every atom by name (stored unless ``transient``)."""
+    def inject(self, pairs: Mapping[str, Any] | Iterable[tuple[str, Any]],
+               transient: bool = False) -> None:
+        """Make values available to every atom by name (stored unless ``transient``).
+
+        ``pairs`` is a mapping or, as TaskFlow also takes, an iterable of ``(name, value)``.
+        """
+        pairs = dict(pairs)
         with self._lock:
             if transient:
                 self._transients.update(pairs)
@@ -500,6 +505,10 @@ class Storage:
         """The value stored under ``name`` (the first of several, unless ``many_handler``)."""
         with self._lock:
             values = self._providers.values(name)
+        if not values and name in self._providers.names():
+            raise exceptions.NotFound(f"Unable to find result {name!r}: no provider of it in flow "
+                                      f"{self.flow_name!r} has it (not run, failed, or its "
+                                      f"result lacks it)")
         if not values:
             raise exceptions.NotFound(f"Name {name!r} is not mapped as a produced output by any "
                                       f"providers in flow "

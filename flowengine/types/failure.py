@@ -190,7 +190,8 @@ class Failure:
     def _init_from_fields(self, exc_info: Any, fields: dict[str, Any]) -> None:
         unknown = set(fields) - self._FIELDS
         if unknown:
-            raise TypeError(f"Failure got unexpected field(s): {', '.join(sorted(unknown))}")
+            raise TypeError(f"Failure.__init__ got unexpected keyword argument(s): "
+                            f"{', '.join(sorted(unknown))}")
         if "exception_str" not in fields:
             raise TypeError("Failure built from fields needs 'exception_str'")
         self._exc_info = tuple(exc_info) if exc_info is not None else None  # type: ignore[assignment]

@@ -61,6 +61,14 @@ def _from_import(match: re.Match[str]) -> str:
     head, module, middle, names = match.groups()[:4]
     target = renamed_module(module)
     imported = [part.split()[0] for part in names.strip().strip("()").split(",") if part.strip()]
+    if len(imported) == 1:
+        # ``from taskflow.engines.action_engine import engine as eng``: the module itself moves.
+        whole = f"{module}.{imported[0]}"
+        moved = renamed_module(whole)
+        if moved != whole and moved != renamed_module(module) + f".{imported[0]}":
+            alias = names.split()[-1] if " as " in f" {names} " else imported[0]
+            parent, _, leaf = moved.rpartition(".")
+            return f"{head}{parent}{middle}{leaf} as {alias}"
     if target == module or not all(_has(target, name) for name in imported):
         return match.group(0)
     return f"{head}{target}{middle}{names}"
