@@ -73,7 +73,7 @@ def show(uri: str, book_uuid: str) -> None:
             by_name = {ad.name: ad for ad in fd}
             # The task details in flow order; values given with store= live in a detail of their
             # own (TaskFlow's injector), whose results are those values.
-            for name in ("reserve", "charge", "ship", "_TASKFLOW_INJECTOR"):
+            for name in ("reserve", "charge", "ship", "_TaskFlow_INJECTOR"):
                 ad = by_name[name]
                 print(f"    {name:<18} {ad.state:<8} intention={ad.intention:<8} "
                       f"results={ad.results!r}")

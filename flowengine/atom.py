@@ -82,7 +82,8 @@ def _rebind_mapping(required: list[str], rebind: RebindSpec) -> dict[str, str]:
         mapping = dict(zip(required, rebind))
         mapping.update((name, name) for name in rebind[len(required):])
         return mapping
-    raise TypeError(f"rebind must be a dict, list or tuple, not {type(rebind).__name__}")
+    raise TypeError(f"Invalid rebind value '{rebind}' ({type(rebind)}): it must be a dict, list "
+                    f"or tuple")
 
 
 def build_arg_mapping(
@@ -199,7 +200,9 @@ class Atom(metaclass=abc.ABCMeta):
             auto_extract,
             ignored + list(_DEFAULT_REVERT_ARGS),
         )
-        self.requires: frozenset[str] = exec_requires | revert_requires_
+        # Injected names are this atom's own values: nothing else has to provide them (TaskFlow).
+        injected = frozenset(self.inject or ())
+        self.requires: frozenset[str] = (exec_requires | revert_requires_) - injected
 
     def _execute_signature(self) -> Callable[..., Any]:
         """The callable whose signature ``execute``'s arguments are inferred from."""
@@ -233,4 +236,4 @@ class Atom(metaclass=abc.ABCMeta):
         return f'"{self.name}==' + ".".join(str(part) for part in self.version) + '"'
 
     def __repr__(self) -> str:
-        return f"<{type(self).__name__} {self}>"
+        return f"<{type(self).__module__}.{type(self).__qualname__} {self}>"

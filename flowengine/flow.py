@@ -116,10 +116,14 @@ class Flow(metaclass=abc.ABCMeta):
         for item in self:
             needed.update(item.requires - provided)
             provided.update(item.provides)
-        return frozenset(needed - (self._retry.provides if self._retry is not None else set()))
+        # A retry's own requirements stay, even those it provides itself (as in TaskFlow).
+        return frozenset(needed)
 
     def __str__(self) -> str:
-        return f"{type(self).__module__.rsplit('.', 1)[-1]}.{type(self).__name__}: {self.name}"
+        # TaskFlow's format: the class's dotted name (short for the built-in patterns), quoted.
+        cls_name = f"{type(self).__module__}.{type(self).__qualname__}"
+        cls_name = cls_name.removeprefix("flowengine.flows.")
+        return f'"{cls_name}: {self.name}(len={len(self)})"'
 
     def __repr__(self) -> str:
         return f"<{self} with {len(self)} items>"

@@ -113,7 +113,8 @@ class ProviderIndex:
     def can_provide(self, atom_name: str, name: str) -> bool:
         """Whether anything ``atom_name`` can see could ever provide ``name``."""
         defaults, atoms, names = self._split(name)
-        if defaults:
+        # Injected values count only while they are there (a saved injector may have lost one).
+        if any(self._read(provider)[0] for provider in defaults):
             return True
         if not atoms or atom_name is None or self.scope_fetcher is None:
             return bool(atoms)

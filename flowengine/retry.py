@@ -219,9 +219,12 @@ class ForEachBase(Retry):
         self._revert_action = REVERT_ALL if revert_all else REVERT
 
     def _next_value(self, values: Iterable[Any], history: History) -> Any:
+        # Each attempt uses up one occurrence: a value listed twice is tried twice (TaskFlow).
         tried = list(history.provided_iter())
         for value in values:
-            if value not in tried:
+            if value in tried:
+                tried.remove(value)
+            else:
                 return value
         raise NotFound(f"No elements left in the collection of retry controller {self.name!r}")
 

@@ -48,7 +48,7 @@ class Storage:
     """
 
     #: The name of the pseudo-atom holding values given to :meth:`inject`.
-    injector_name = "_TASKFLOW_INJECTOR"
+    injector_name = "_TaskFlow_INJECTOR"  # TaskFlow's spelling: its records name it so
 
     def __init__(
         self,
@@ -125,6 +125,11 @@ class Storage:
     @property
     def flow_detail(self) -> models.FlowDetail:
         """The flow detail itself."""
+        return self._flow_detail
+
+    @property
+    def _flowdetail(self) -> models.FlowDetail:
+        """The flow detail, by the name TaskFlow's suspend/resume samples reach it."""
         return self._flow_detail
 
     def set_scope_fetcher(self, scope_fetcher: ScopeFetcher | None) -> None:
@@ -296,9 +301,9 @@ class Storage:
             created.append(ad)
         elif not isinstance(ad, kind):
             raise exceptions.Duplicate(
-                f"Atom {atom.name!r} of flow {self.flow_name!r} is stored as a "
-                f"{type(ad).__name__}, but the flow now has a {type(atom).__name__} by "
-                f"that name"
+                f"Atom detail {atom.name!r} already exists in flow detail "
+                f"{self.flow_name!r}: it is stored as a {type(ad).__name__}, but the flow now "
+                f"has a {type(atom).__name__} by that name"
             )
         self._map_results(atom.name, atom.save_as)
         self._secrets.note_atom(atom)
@@ -315,7 +320,6 @@ class Storage:
             ad.state = state
             if progress is not None:
                 ad.meta[META_PROGRESS] = progress
-                ad.meta[META_PROGRESS_DETAILS] = None
             self._save_atom(ad)
 
     def get_atom_state(self, atom_name: str) -> str:
@@ -352,10 +356,11 @@ class Storage:
     ) -> None:
         """Store a task's progress (0.0-1.0) and optional details."""
         update: dict[str, Any] = {META_PROGRESS: progress}
+        # As in TaskFlow: no details keeps the stored ones (the engine moves progress alone),
+        # empty details erase them.
         if details is not None:
-            update[META_PROGRESS_DETAILS] = {"at_progress": progress, "details": dict(details)}
-        else:
-            update[META_PROGRESS_DETAILS] = None
+            update[META_PROGRESS_DETAILS] = (
+                {"at_progress": progress, "details": dict(details)} if details else None)
         self.update_atom_metadata(task_name, update)
 
     def get_task_progress(self, task_name: str) -> float:
@@ -394,7 +399,6 @@ class Storage:
             ad.put(state, result)
             if progress is not None:
                 ad.meta[META_PROGRESS] = progress
-                ad.meta[META_PROGRESS_DETAILS] = None
             if state in (states.FAILURE, states.REVERT_FAILURE) and ad.intention in (
                 states.EXECUTE, states.REVERT,
             ):
@@ -503,12 +507,15 @@ class Storage:
                 ad.meta[META_INJECTED] = injected
                 self._save_atom(ad)
 
-    def inject(self, pairs: Mapping[str, Any], transient: bool = False) -> None:
+    def inject(self, pairs: Mapping[str, Any] | Iterable[tuple[str, Any]],
+               transient: bool = False) -> None:
         """Make values available to every atom by name (stored unless ``transient``).
 
+        ``pairs`` is a mapping or, as TaskFlow also takes, an iterable of ``(name, value)``.
         Values wrapped in :class:`~flowengine.secrets.Secret`, and values of names already
         known to be secret, are kept in memory only and masked wherever they would be shown.
         """
+        pairs = dict(pairs)
         with self._lock:
             secret, pairs = self._secrets.split(pairs)
             if secret:
@@ -582,8 +589,15 @@ class Storage:
                 if found:
                     result[arg] = value
                 elif arg not in optional and name not in optional:
+                    # TaskFlow's wording first (programs match on it), then which atom.
+                    if name not in self._providers.names():
+                        prefix = (f"Name {name!r} is not mapped as a produced output by any "
+                                  f"providers")
+                    else:
+                        prefix = (f"Mapped argument {arg!r} <= {name!r} was not produced by "
+                                  f"any accessible provider")
                     raise exceptions.NotFound(
-                        f"Atom {atom_name!r} argument {arg!r} <= {name!r}: {why}")
+                        f"{prefix} (atom {atom_name!r} argument {arg!r}: {why})")
             if atom_name is not None:
                 self._secrets.note_arguments(atom_name, result)
         return result
@@ -603,8 +617,13 @@ class Storage:
         """The value stored under ``name`` (the first of several, unless ``many_handler``)."""
         with self._lock:
             values = self._providers.values(name)
+        if not values and name in self._providers.names():
+            raise exceptions.NotFound(f"Unable to find result {name!r}: no provider of it in flow "
+                                      f"{self.flow_name!r} has it (not run, failed, or its "
+                                      f"result lacks it)")
         if not values:
-            raise exceptions.NotFound(f"Name {name!r} is not provided by anything in flow "
+            raise exceptions.NotFound(f"Name {name!r} is not mapped as a produced output by any "
+                                      f"providers in flow "
                                       f"{self.flow_name!r}")
         return many_handler(values) if many_handler else values[0]
 

@@ -65,7 +65,7 @@ def test_persistence_sqlite_shows_every_stored_change_and_record() -> None:
         r"reserve +SUCCESS +intention=EXECUTE +results='reservation-book'",
         r"charge +SUCCESS +intention=EXECUTE +results=\{'charged': 30, 'currency': 'EUR'\}",
         r"ship +SUCCESS +intention=EXECUTE +results='parcel for reservation-book'",
-        r"_TASKFLOW_INJECTOR +SUCCESS +intention=EXECUTE +results=\{'item': 'book', 'amount': 30\}",
+        r"_TaskFlow_INJECTOR +SUCCESS +intention=EXECUTE +results=\{'item': 'book', 'amount': 30\}",
         r"== the atomdetails table",
         r'reserve +SUCCESS +"reservation-book"',
     ])

@@ -96,6 +96,8 @@ class TaskAction:
         old_state = self._storage.get_atom_state(task.name)
         self._kept.pop(task.name, None)
         self._storage.reset(task.name, state)
+        if old_state != state:
+            self._storage.set_task_progress(task.name, 0.0)  # as TaskFlow's engine does
         self._announce(task, state, old_state, NO_RESULT)
 
     def change_state(
@@ -124,7 +126,7 @@ class TaskAction:
         if progress is None:
             return
         try:
-            self._storage.set_task_progress(task.name, progress, details=details or None)
+            self._storage.set_task_progress(task.name, progress, details=details)
         except Exception:
             LOG.exception("Failed to store progress %s of task %r", progress, task.name)
 

@@ -179,13 +179,15 @@ class PatternCompiler:
 
     def _compile(self, item: Any, parents: tuple[Any, ...], retry: Retry | None) -> tuple[Any, Any]:
         """Add ``item`` to the graph; return its (entry node, exit node)."""
-        if isinstance(item, Atom):
+        if isinstance(item, Atom) and not isinstance(item, Retry):
             self._add_atom(item, parents, retry)
             return item, item
         if not isinstance(item, flow_mod.Flow):
+            # TaskFlow's wording first; a retry controller is only ever a flow's ``retry``.
             where = f" in flow {parents[-1].name!r}" if parents else ""
             raise TypeError(
-                f"Can only compile atoms and flows, not {type(item).__name__}{where}: {item!r}"
+                f"Unknown object '{item}' ({type(item)}) requested to compile{where}: only tasks "
+                f"and flows can be compiled (a retry controller must be a flow's retry)"
             )
         if id(item) in self._open_flows:
             # Flows nested in each other would otherwise recurse until Python gives up.

@@ -49,6 +49,7 @@ class ActionEngine:
         self._flow_detail = flow_detail
         self._backend = backend
         self._options = EngineOptions.from_mapping(options)
+        self._given_options = dict(options or {})
         self._notifier = Notifier()
         self._atom_notifier = Notifier()
         self._storage: Storage | None = None
@@ -77,8 +78,8 @@ class ActionEngine:
 
     @property
     def options(self) -> dict[str, Any]:
-        """The engine's options."""
-        return self._options.as_dict()
+        """The engine's options, as given (TaskFlow's engines return them unresolved)."""
+        return self._given_options
 
     @property
     def storage(self) -> Storage:
@@ -315,6 +316,11 @@ class SerialActionEngine(ActionEngine):
     """
 
 
+#: Executor names the parallel engine accepts; TaskFlow's green-thread names run on threads.
+_THREAD_EXECUTORS = frozenset(("thread", "threads", "threaded",
+                               "greenthread", "greenthreads", "greenthreaded"))
+
+
 class ParallelActionEngine(ActionEngine):
     """Runs independent atoms at the same time on a thread pool.
 
@@ -331,17 +337,19 @@ class ParallelActionEngine(ActionEngine):
                  options: Mapping[str, Any] | None) -> None:
         super().__init__(flow, flow_detail, backend, options)
         given = self._options.executor
-        if isinstance(given, cf.ProcessPoolExecutor) or (
-                isinstance(given, str) and given.lower() not in ("thread", "threads", "threaded")):
+        if isinstance(given, cf.ProcessPoolExecutor):
             # Process pools would pickle tasks and arguments; flowengine never pickles.
             raise ValueError(
                 f"Parallel engine option 'executor' must be a thread-based Executor or "
                 f"'threads', not {given!r} (process pools would need pickle)")
+        if isinstance(given, str) and given.lower() not in _THREAD_EXECUTORS:
+            raise ValueError(
+                f"Unknown executor string {given!r} expected one of "
+                f"{sorted(_THREAD_EXECUTORS)} (or mixed case equivalent)")
 
     def _task_executor(self) -> ex.TaskExecutor:
         given = self._options.executor
-        if given is None or (isinstance(given, str) and given.lower() in
-                             ("thread", "threads", "threaded")):
+        if given is None or isinstance(given, str):
             return ex.ParallelThreadTaskExecutor(max_workers=self._options.max_workers,
                                                  **self._local_options())
         if isinstance(given, ex.TaskExecutor):

@@ -310,20 +310,19 @@ def flow_from_detail(flow_detail: Any) -> Any:
         ValueError: the flow detail has no factory details.
         ImportError: the stored factory cannot be imported (the message names it).
     """
-    where = (f"flow detail {getattr(flow_detail, 'name', '?')!r} "
-             f"({getattr(flow_detail, 'uuid', '?')})")
+    where = f"{getattr(flow_detail, 'name', '?')} {getattr(flow_detail, 'uuid', '?')}"
     try:
         factory = flow_detail.meta[_FACTORY_META]
     except (KeyError, AttributeError, TypeError):
         raise ValueError(
-            f"Cannot rebuild the flow of {where}: it has no factory details") from None
+            f"Cannot reconstruct flow {where}: no factory information saved.") from None
     try:
         function = _fetch_factory(factory["name"])
     except KeyError:
-        raise ImportError(f"Cannot rebuild the flow of {where}: its factory details name no "
-                          f"factory") from None
+        raise ImportError(f"Could not import factory for flow {where}: its factory details "
+                          f"name no factory") from None
     except ImportError as err:
-        raise ImportError(f"Cannot rebuild the flow of {where}: {err}") from err
+        raise ImportError(f"Could not import factory for flow {where}: {err}") from err
     return function(*factory.get("args", ()), **factory.get("kwargs", {}))
 
 

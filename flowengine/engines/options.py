@@ -11,7 +11,14 @@ _FALSE = {"0", "false", "no", "off", "n", ""}
 
 
 def as_bool(name: str, value: Any) -> bool:
-    """Accept booleans and their usual string spellings (engine URIs carry strings)."""
+    """Accept booleans and their usual string spellings (engine URIs carry strings).
+
+    ``None`` is false, as TaskFlow reads it (``options.get(name, default)`` tested for truth):
+    for ``defer_reverts`` and ``never_resolve`` that is their default, for ``inject_transient``
+    it is not.
+    """
+    if value is None:
+        return False
     if isinstance(value, bool):
         return value
     if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:

@@ -117,12 +117,13 @@ class Flow(flow.Flow):
         """
         for node, role in ((u, "from"), (v, "to")):
             if node not in self._graph:
-                raise ValueError(f"Flow {self.name!r}: node {node!r} not found to link {role}")
+                raise ValueError(f"Node {node!r} not found to link {role} (flow {self.name!r})")
         if decider is not None and not callable(decider):
             raise ValueError(f"Flow {self.name!r}: decider for link {u} -> {v} must be callable")
         if decider_depth is not None and decider is None:
             raise ValueError(f"Flow {self.name!r}: decider depth requires a decider")
-        depth = de.Depth.translate(decider_depth or de.Depth.ALL) if decider else None
+        depth = (de.Depth.translate(de.Depth.ALL if decider_depth is None else decider_depth)
+                 if decider else None)
         if not self._graph.has_edge(u, v):
             self._graph.add_edge(u, v)
             cycle = _find_cycle(self._graph, [u])
@@ -144,8 +145,9 @@ class Flow(flow.Flow):
         if len(names) > 8:
             names = names[:4] + [f"... {len(names) - 7} more ..."] + names[-3:]
         raise exc.DependencyFailure(
-            f"Flow {self.name!r}: linking {u.name!r} -> {v.name!r} creates a cycle "
-            f"({' -> '.join(names)}), so no ordering of its items satisfies every link"
+            f"No path through the node(s) in the graph produces an ordering that will allow "
+            f"for logical edge traversal: in flow {self.name!r}, linking {u.name!r} -> "
+            f"{v.name!r} creates a cycle ({' -> '.join(names)})"
         )
 
     def _changed(self) -> None:
@@ -187,7 +189,8 @@ class Flow(flow.Flow):
                 unsettled[item] = inside
         if unsettled:
             needed.update(_unprovided_by_ancestors(graph, unsettled))
-        return frozenset(needed - retry_provides)
+        # Items' needs already exclude what the retry provides; the retry's own stay (TaskFlow).
+        return frozenset(needed)
 
 
 def _unprovided_by_ancestors(
@@ -256,7 +259,8 @@ class TargetedFlow(Flow):
     def set_target(self, target_node: flow.Item) -> None:
         """Only ``target_node`` and its predecessors will run."""
         if target_node not in self._graph:
-            raise ValueError(f"Flow {self.name!r}: target node {target_node!r} not found")
+            raise ValueError(f"Node {target_node!r} not found (the target of flow "
+                             f"{self.name!r} must be one of its nodes)")
         self._target = target_node
         self._subgraph = None
 

@@ -37,10 +37,10 @@ class Flow(flow.Flow):
     @property
     def requires(self) -> frozenset[str]:
         """Everything any child needs, except what the flow's retry provides."""
+        retry_provides = self.retry.provides if self.retry is not None else frozenset()
         needed: set[str] = set()
         for item in self:
-            needed.update(item.requires)
+            needed.update(item.requires - retry_provides)
         if self.retry is not None:
-            needed.update(self.retry.requires)
-            needed.difference_update(self.retry.provides)
+            needed.update(self.retry.requires)  # even those it provides itself (TaskFlow)
         return frozenset(needed)

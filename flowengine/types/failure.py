@@ -160,10 +160,11 @@ class Failure:
         elif len(exc_info) != 3:
             raise ValueError(f"Failure exc_info must have three elements, got {len(exc_info)}")
         exc_type, value, tb = exc_info
-        if not (isinstance(exc_type, type) and issubclass(exc_type, BaseException)):
-            raise TypeError(
-                f"Failure needs an exception to capture, got exception type {exc_type!r}"
-            )
+        if not (isinstance(exc_type, type) and issubclass(exc_type, Exception)):
+            # As in TaskFlow: SystemExit, KeyboardInterrupt and the like are not failures of a
+            # task; they stop the program.
+            raise TypeError(f"Invalid exception type '{exc_type}' ({type(exc_type)}): a Failure "
+                            f"captures Exception subclasses only")
         self._exc_info: ExcInfo | None = (exc_type, value, tb)
         self._exc_args: tuple[Any, ...] = tuple(getattr(value, "args", ()))
         self._exc_type_names = _type_names(exc_type)
@@ -174,7 +175,8 @@ class Failure:
     def _init_from_fields(self, exc_info: Any, fields: dict[str, Any]) -> None:
         unknown = set(fields) - self._FIELDS
         if unknown:
-            raise TypeError(f"Failure got unexpected field(s): {', '.join(sorted(unknown))}")
+            raise TypeError(f"Failure.__init__ got unexpected keyword argument(s): "
+                            f"{', '.join(sorted(unknown))}")
         if "exception_str" not in fields:
             raise TypeError("Failure built from fields needs 'exception_str'")
         self._exc_info = tuple(exc_info) if exc_info is not None else None  # type: ignore[assignment]
@@ -444,7 +446,7 @@ class Failure:
             "traceback_str": self._traceback_str,
             "exc_type_names": list(self._exc_type_names),
             "version": self.DICT_VERSION,
-            "exc_args": _json_safe(self._exc_args) if include_args else [],
+            "exc_args": tuple(_json_safe(self._exc_args)) if include_args else (),
             "causes": [c.to_dict(include_args=include_args) for c in self.causes],
         }
 

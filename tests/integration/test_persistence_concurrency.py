@@ -120,7 +120,7 @@ def test_two_processes_run_flows_through_engines_on_one_store(uri: str) -> None:
         runner, _, index = name.partition("-")
         assert fd.state == states.SUCCESS, f"{name}: {fd.state}"
         atoms = {ad.name: ad for ad in fd}
-        assert sorted(atoms) == sorted([*tasks, "_TASKFLOW_INJECTOR"]), name
+        assert sorted(atoms) == sorted([*tasks, "_TaskFlow_INJECTOR"]), name
         for n, task_name in enumerate(tasks):
             ad = atoms[task_name]
             assert (ad.state, ad.intention) == (states.SUCCESS, states.EXECUTE), name

@@ -173,7 +173,7 @@ def test_failure_to_dict_drops_arguments_json_cannot_carry() -> None:
 
     assert pr.failure_to_dict(Unencodable()) == {"exception_str": "x", "exc_args": []}  # type: ignore[arg-type]
     failure = _failure(ValueError("fine", 3))
-    assert pr.failure_to_dict(failure)["exc_args"] == ["fine", 3]
+    assert list(pr.failure_to_dict(failure)["exc_args"]) == ["fine", 3]
 
 
 def test_lifecycle_allows_only_the_documented_moves() -> None:

@@ -39,7 +39,8 @@ def split_conf(conf: str | dict[str, Any]) -> tuple[str, dict[str, Any]]:
         raise ValueError("Persistence configuration needs a 'connection' (a URI or scheme name)")
     conf = dict(conf)
     if "://" not in connection:
-        return connection.lower(), conf
+        # A bare name, or TaskFlow's ``memory:`` / ``dir:`` spelling of one.
+        return connection.split(":", 1)[0].lower(), conf
     parts = urllib.parse.urlsplit(connection)
     scheme = parts.scheme.lower().split("+", 1)[0]
     for key, value in urllib.parse.parse_qsl(parts.query):

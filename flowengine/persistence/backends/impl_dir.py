@@ -18,11 +18,13 @@ process that dies, so a crash never leaves the directory locked; a live process 
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import fcntl
 import logging
 import os
 import shutil
+import threading
 import time
 import uuid as uuidlib
 from collections.abc import Callable, Iterator
@@ -72,8 +74,7 @@ class _DirSession(Session):
     ) -> _M | None:
         path = os.path.join(self._dir(table, uuid), _RECORD)
         try:
-            with open(path, "rb") as stream:
-                raw = stream.read()
+            raw = self._store.file_cache.read(path)
         except (FileNotFoundError, NotADirectoryError):
             return None
         with _codec.decoding(self._where, kind, uuid):
@@ -104,6 +105,7 @@ class _DirSession(Session):
                 if self._store.fsync:
                     os.fsync(stream.fileno())
             os.replace(temp, os.path.join(folder, _RECORD))
+            self._store.file_cache.forget(os.path.join(folder, _RECORD))
         except BaseException:
             with contextlib.suppress(OSError):
                 os.unlink(temp)
@@ -192,8 +194,51 @@ class _DirSession(Session):
                 shutil.rmtree(doomed)
 
 
+class FileCache(collections.OrderedDict[str, tuple[int, int, int, bytes]]):
+    """Files' contents by path, each checked against the file's inode, mtime and size when read.
+
+    TaskFlow's ``DirBackend.file_cache``: unbounded, or the ``max_cache_size`` most recently
+    read files. A file another process changed is read again, so the cache is never stale.
+    """
+
+    def __init__(self, maxsize: int | None) -> None:
+        super().__init__()
+        self.maxsize = maxsize
+        self._lock = threading.Lock()  # engines' threads read at once
+
+    @property
+    def currsize(self) -> int:
+        """How many files are cached."""
+        return len(self)
+
+    def read(self, path: str) -> bytes:
+        """The file's contents, from the cache when the file has not changed."""
+        with open(path, "rb") as stream:
+            stat = os.fstat(stream.fileno())
+            with self._lock:
+                cached = self.get(path)
+                key = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
+                if cached is not None and cached[:3] == key:
+                    self.move_to_end(path)
+                    return cached[3]
+            raw = stream.read()
+        with self._lock:
+            self[path] = (stat.st_ino, stat.st_mtime_ns, stat.st_size, raw)
+            self.move_to_end(path)
+            while self.maxsize is not None and len(self) > self.maxsize:
+                self.popitem(last=False)
+        return raw
+
+    def forget(self, path: str) -> None:
+        """Drop ``path`` (it was just rewritten)."""
+        with self._lock:
+            self.pop(path, None)
+
+
 class _DirStore(RecordStore):
-    def __init__(self, path: str, encoding: str, fsync: bool, lock_timeout: float) -> None:
+    def __init__(self, path: str, encoding: str, fsync: bool, lock_timeout: float,
+                 file_cache: FileCache) -> None:
+        self.file_cache = file_cache
         self.path = path
         self.encoding = encoding
         self.fsync = fsync
@@ -284,8 +329,9 @@ class DirBackend(base.Backend):
     * ``lock_timeout`` (seconds, default 30): how long an operation waits for the directory's
       lock while another process holds it; then it fails with a
       :class:`~flowengine.exceptions.BackendError` naming the directory and the record.
-    * ``max_cache_size``: accepted for TaskFlow compatibility and ignored; files are always
-      read afresh, because another process may have changed them.
+    * ``max_cache_size``: keep at most this many files' contents in ``file_cache`` (default:
+      no bound, as in TaskFlow); a cached file is checked against its modification time and
+      size on every read, so a change by another process is always seen.
 
     Args:
         conf: The configuration.
@@ -305,13 +351,16 @@ class DirBackend(base.Backend):
             raise ValueError("DirBackend needs a 'path' (or a 'file:///path' URI); none given")
         cache_size = self._conf.get("max_cache_size")
         if cache_size is not None and int(cache_size) < 1:
-            raise ValueError(f"max_cache_size must be at least one, not {cache_size!r}")
+            raise ValueError(f"Maximum cache size must be greater than or equal to one, not "
+                             f"{cache_size!r} (DirBackend option max_cache_size)")
+        #: Recently read files (TaskFlow's attribute).
+        self.file_cache = FileCache(None if cache_size is None else int(cache_size))
         self._path = os.path.abspath(os.path.expanduser(str(path)))
         self.encoding = str(self._conf.get("encoding", self.DEFAULT_FILE_ENCODING))
         fsync = _truthy(self._conf.get("fsync", True))
         lock_timeout = seconds_option(self._conf, "lock_timeout", _DEFAULT_LOCK_TIMEOUT,
                                       "DirBackend")
-        self._store = _DirStore(self._path, self.encoding, fsync, lock_timeout)
+        self._store = _DirStore(self._path, self.encoding, fsync, lock_timeout, self.file_cache)
 
     @property
     def path(self) -> str:

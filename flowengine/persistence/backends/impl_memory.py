@@ -14,8 +14,9 @@ from typing import Any
 
 from flowengine.persistence import _codec, base, models
 from flowengine.persistence._store import RecordStore, Session, Skip, StoreConnection, decode_all
+from flowengine.persistence.backends._memory_tree import FakeFilesystem, MemoryTree
 
-__all__ = ["MemoryBackend"]
+__all__ = ["FakeFilesystem", "MemoryBackend"]
 
 
 _MISSING = object()
@@ -121,15 +122,15 @@ class _MemorySession(Session):
 class _MemoryStore(RecordStore):
     def __init__(self, deep_copy: bool) -> None:
         self.description = f"memory backend {id(self):#x}"
-        self._tables = _Tables()
+        self.tables = _Tables()
         self._copy: Callable[[Any], Any] = copy.deepcopy if deep_copy else copy.copy
         # One lock for readers and writers: every operation is a few dict lookups.
-        self._lock = threading.RLock()
+        self.lock = threading.RLock()
 
     @contextlib.contextmanager
     def session(self, write: bool) -> Iterator[Session]:
-        with self._lock:
-            session = _MemorySession(self._tables, self._copy, self.description)
+        with self.lock:
+            session = _MemorySession(self.tables, self._copy, self.description)
             try:
                 yield session
             except BaseException:
@@ -155,6 +156,9 @@ class MemoryBackend(base.Backend):
         if isinstance(deep_copy, str):
             deep_copy = deep_copy.strip().lower() in ("1", "true", "yes", "on")
         self._store = _MemoryStore(bool(deep_copy))
+        store = self._store
+        #: The records as TaskFlow's in-memory filesystem (read only).
+        self.memory = MemoryTree(lambda: store.tables, lambda: store.lock)
 
     def get_connection(self) -> base.Connection:
         """Return a connection to this backend's memory."""

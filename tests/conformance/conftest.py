@@ -1,0 +1,13 @@
+"""Report how many programs the conformance harness compared with TaskFlow."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import compared
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if compared.PROGRAMS:
+        terminalreporter.write_line(
+            f"conformance: {len(compared.PROGRAMS)} generated programs compared with TaskFlow")
