@@ -22,6 +22,12 @@ NEEDS_SERVERS: frozenset[str] = frozenset()
 #: Lines each script must print, in this order (other lines may come between them). A script
 #: without an entry must still exit with status 0 and print something.
 EXPECTED_LINES: dict[str, list[str]] = {
+    "wbe_pause.py": [
+        "topic orders paused: True",
+        "after 1s paused, the flow is still running: True",
+        "reserve_stock: reserving 2 x widget",
+        "after resume: flow SUCCESS, reservation rsv-widget-2",
+    ],
     "hello_linear.py": [
         "greet: building a greeting for world",
         "shout: turning 'Hello, world' up",

@@ -10,6 +10,7 @@ re-exported here).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import queue
@@ -122,6 +123,8 @@ class Proxy:
             ``_consume``): for a consumer whose messages are worth nothing once its process is
             gone, such as an engine's replies.
         publishers: Most publishing connections open at once (per confirm mode).
+        paused: Asked on the consumer thread between drains: while it returns True the own
+            queue is not consumed (messages already delivered are still handled and settled).
     """
 
     def __init__(
@@ -144,11 +147,13 @@ class Proxy:
         transient_queue: bool = False,
         auto_ack: bool = False,
         publishers: int = PUBLISH_POOL_SIZE,
+        paused: Callable[[], bool] | None = None,
     ) -> None:
         if queue_expires is not None and taskflow_compat:
             raise ValueError(f"Queue of topic '{topic}': queue_expires needs taskflow_compat off")
         self._topic, self._exchange_name, self._compat = topic, exchange, taskflow_compat
         self._on_wait, self._on_connected = on_wait, on_connected
+        self._paused = paused
         self._prefetch_count, self._drain_timeout = prefetch_count, drain_timeout
         self._extra_routing_keys = tuple(extra_routing_keys)
         self._queue_expires = queue_expires
@@ -535,7 +540,10 @@ class Proxy:
                 on_decode_error=self._dispatcher.on_decode_error,
                 no_ack=self._auto_ack,
             )
-            with consumer:
+            # Not ``with consumer``: a paused consumer must not take anything, not even
+            # between consuming and cancelling.
+            consuming = self._follow_pause(consumer, consuming=False)
+            try:
                 backoff.attempt = 0
                 lost_at, self._lost_at = self._lost_at, None
                 self.last_outage = 0.0 if lost_at is None else time.monotonic() - lost_at
@@ -560,8 +568,29 @@ class Proxy:
                         conn.heartbeat_check()
                     self._flush_settlements()
                     _call_hook(self._on_wait)
-                consumer.cancel()
-                self._settle_held()
+                    consuming = self._follow_pause(consumer, consuming)
+            except errors:
+                raise  # the connection is gone, and its consumer with it
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    consumer.cancel()
+                raise
+            consumer.cancel()
+            self._settle_held()
+
+    def _follow_pause(self, consumer: kombu.Consumer, consuming: bool) -> bool:
+        """Consume the own queue or not, as ``paused`` says; whether it is consumed now."""
+        wanted = True
+        if self._paused is not None:
+            try:
+                wanted = not self._paused()
+            except Exception:  # the owner's bug must not stop the consumer
+                LOG.exception("Proxy pause check %r raised; consuming", self._paused)
+        if wanted and not consuming:
+            consumer.consume()
+        elif consuming and not wanted:
+            consumer.cancel()
+        return wanted
 
     def _own_queue(self) -> kombu.Queue:
         return self._queue(self._topic, self._extra_routing_keys, self._queue_expires,

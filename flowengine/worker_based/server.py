@@ -27,6 +27,7 @@ from flowengine.worker_based import cancellation as cn
 from flowengine.worker_based import dispatcher as dp
 from flowengine.worker_based import endpoint as ep
 from flowengine.worker_based import extensions as ext
+from flowengine.worker_based import pause as ps
 from flowengine.worker_based import protocol as pr
 from flowengine.worker_based import proxy as px
 from flowengine.worker_based.heartbeats import Heartbeats
@@ -134,6 +135,7 @@ class Server:
         self._control = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flowengine-control")
         self._heartbeats = Heartbeats()
         self._revoked = cn.Revoked()
+        self._pause = ps.PauseState(self._on_pause_change)
         handlers = {
             pr.NOTIFY: dp.Handler(
                 self._on_notify, functools.partial(pr.Notify.validate, response=False)
@@ -145,7 +147,7 @@ class Server:
             transport_options=transport_options, retry_options=retry_options,
             taskflow_compat=taskflow_compat, prefetch_count=capacity,
             on_connected=lambda: self._submit_control(self.announce),
-            on_refused=self._on_refused,
+            on_refused=self._on_refused, paused=lambda: self._pause.paused,
         )  # fmt: skip
         # A private queue for broadcasts (discovery, cancellations): workers sharing a topic
         # share its queue, so only this one reaches each of them. TaskFlow fleets keep
@@ -155,6 +157,7 @@ class Server:
             control_handlers = {
                 pr.NOTIFY: handlers[pr.NOTIFY],
                 cn.CANCEL: dp.Handler(self._on_cancel, cn.Cancel.validate),
+                ps.PAUSE: dp.Handler(self._on_pause, ps.Pause.validate),
             }
             self._control_proxy = px.Proxy(
                 ext.control_routing_key(self.worker_id), exchange,
@@ -180,6 +183,24 @@ class Server:
         if self._capacity is None:
             return None
         return max(self._capacity - self._busy, 0)
+
+    @property
+    def paused(self) -> bool:
+        """Whether the topic is paused here (no new request is taken)."""
+        return self._pause.paused
+
+    @property
+    def pause_remaining(self) -> float | None:
+        """Seconds until the pause runs out (None: not paused, or until resumed)."""
+        return self._pause.remaining
+
+    def pause(self, seconds: float | None = None) -> None:
+        """Stop taking requests (for ``seconds``; None: until :meth:`resume`)."""
+        self._pause.set(True, seconds)
+
+    def resume(self) -> None:
+        """Take requests again after :meth:`pause`."""
+        self._pause.set(False)
 
     @property
     def in_flight(self) -> int:
@@ -244,6 +265,22 @@ class Server:
         self._revoked.add(data["request_ids"])
         LOG.info("Worker %s will not run %d revoked request(s) %s", self.worker_id,
                  len(data["request_ids"]), dp.describe(message))
+
+    def _on_pause(self, data: Any, message: Any) -> None:
+        if data["topic"] != self._topic:
+            return
+        LOG.info("Worker %s %s topic %r %s", self.worker_id,
+                 "pauses" if data["paused"] else "resumes", self._topic, dp.describe(message))
+        self._pause.set(data["paused"], data.get("seconds"))
+
+    def _on_pause_change(self, paused: bool, seconds: float | None) -> None:
+        # Told on the control thread (pause, resume) or the consumer thread (a pause ran out).
+        if paused:
+            self._events.emit("topic-paused", worker=self.worker_id, topic=self._topic,
+                              seconds=seconds, in_flight=self.in_flight)
+        else:
+            LOG.info("Worker %s takes requests from topic %r again", self.worker_id, self._topic)
+            self._events.emit("topic-resumed", worker=self.worker_id, topic=self._topic)
 
     def _on_refused(self, message: Any, reason: str, detail: str) -> None:
         """Tell the sender of a refused REQUEST why, when it says where to reply."""

@@ -187,7 +187,22 @@ class Worker:
         server = self._server
         return {"worker": self.worker_id, "topic": self._topic, "tasks": server.task_names,
                 "capacity": self._threads_count, "free": server.free_slots,
-                "in_flight": server.in_flight, "freq": self._heartbeat_interval}
+                "in_flight": server.in_flight, "freq": self._heartbeat_interval,
+                "paused": server.paused, "paused_for": server.pause_remaining}
+
+    @property
+    def paused(self) -> bool:
+        """Whether the worker's topic is paused here (see :meth:`pause`)."""
+        return self._server.paused
+
+    def pause(self, seconds: float | None = None) -> None:
+        """Take no new request (for ``seconds``; None: until :meth:`resume`); the ones
+        running finish. ``flowengine topics pause`` does this for every worker of a topic."""
+        self._server.pause(seconds)
+
+    def resume(self) -> None:
+        """Take requests again after :meth:`pause`."""
+        self._server.resume()
 
     @property
     def worker_id(self) -> str:
