@@ -31,8 +31,8 @@ class WorkerTable:
     def _row(self, worker: str) -> dict[str, Any]:
         return self._rows.setdefault(worker, {
             "worker": worker, "topics": [], "tasks": [], "capacity": None, "free": None,
-            "in_flight": None, "paused": None, "last_heartbeat": None, "hostname": None,
-            "pid": None, "source": []})
+            "in_flight": None, "threads": None, "prefetch": None, "paused": None,
+            "last_heartbeat": None, "hostname": None, "pid": None, "source": []})
 
     def _merge(self, row: dict[str, Any], topic: Any, tasks: Any, source: str) -> None:
         if isinstance(topic, str) and topic not in row["topics"]:
@@ -57,7 +57,8 @@ class WorkerTable:
             self._merge(row, event.get("topic"), event.get("tasks"), "events")
             if event.get("type") in ("topic-paused", "topic-resumed"):
                 row["paused"] = event["type"] == "topic-paused"
-            for key in ("capacity", "free", "in_flight", "paused", "hostname", "pid"):
+            for key in ("capacity", "free", "in_flight", "threads", "prefetch", "paused",
+                        "hostname", "pid"):
                 if event.get(key) is not None:
                     row[key] = event[key]
             if event.get("type") == "worker-heartbeat":
@@ -119,13 +120,21 @@ def _age(stamp: Any, now: float) -> str:
     return f"{max(now - stamp, 0.0):.1f}s ago" if isinstance(stamp, (int, float)) else "-"
 
 
+def _capacity(row: dict[str, Any]) -> str:
+    """``CAPACITY``: the most task threads, as ``now/most`` while an autoscaled pool is smaller."""
+    most, now = row["capacity"], row["threads"]
+    if most is None:
+        return "-"
+    return f"{now}/{most}" if isinstance(now, int) and now != most else str(most)
+
+
 def _print_table(rows: list[dict[str, Any]]) -> None:
     now = time.time()
     header = ("WORKER", "TOPICS", "TASKS", "CAPACITY", "FREE", "IN-FLIGHT", "PAUSED",
               "LAST HEARTBEAT")
     lines = [header] + [
         (r["worker"], ",".join(r["topics"]) or "-", str(len(r["tasks"])),
-         *("-" if r[k] is None else str(r[k]) for k in ("capacity", "free", "in_flight")),
+         _capacity(r), *("-" if r[k] is None else str(r[k]) for k in ("free", "in_flight")),
          "-" if r["paused"] is None else ("yes" if r["paused"] else "no"),
          _age(r["last_heartbeat"], now)) for r in rows]
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]

@@ -105,6 +105,8 @@ class Server:
         capacity: Task slots (the executor's threads): the prefetch limit, and the free-slot
             count advertised in replies. ``None``: no prefetch limit, nothing advertised.
         worker_id: This worker's identity in headers (generated when not given).
+        prefetch: The prefetch limit now, for a pool that grows and shrinks (asked between
+            drains; ``capacity`` stays the most slots, advertised to engines).
     """
 
     def __init__(
@@ -121,6 +123,7 @@ class Server:
         capacity: int | None = None,
         worker_id: str | None = None,
         events: ext.EventSink = ext.NO_EVENTS,
+        prefetch: Callable[[], int | None] | None = None,
     ) -> None:
         self._topic = topic
         self._executor = executor
@@ -147,7 +150,7 @@ class Server:
             transport_options=transport_options, retry_options=retry_options,
             taskflow_compat=taskflow_compat, prefetch_count=capacity,
             on_connected=lambda: self._submit_control(self.announce),
-            on_refused=self._on_refused, paused=lambda: self._pause.paused,
+            on_refused=self._on_refused, paused=lambda: self._pause.paused, prefetch=prefetch,
         )  # fmt: skip
         # A private queue for broadcasts (discovery, cancellations): workers sharing a topic
         # share its queue, so only this one reaches each of them. TaskFlow fleets keep
@@ -183,6 +186,11 @@ class Server:
         if self._capacity is None:
             return None
         return max(self._capacity - self._busy, 0)
+
+    @property
+    def prefetch_limit(self) -> int | None:
+        """The broker prefetch the topic consumer has (or is about to have) now."""
+        return self._proxy.prefetch_limit
 
     @property
     def paused(self) -> bool:

@@ -46,6 +46,8 @@ def sample(option: click.Option) -> tuple[str, object]:
         return choice, choice
     if isinstance(kind, (click.IntRange, click.FloatRange)) or kind in (click.INT, click.FLOAT):
         return "3", 3
+    if option.name == "autoscale":  # MAX,MIN
+        return "4,1", (4, 1)
     return "env-value", "env-value"
 
 
