@@ -10,6 +10,7 @@ the workers that heard it: a worker started later, or one that restarts, is not 
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -19,9 +20,12 @@ import jsonschema
 from jsonschema import exceptions as schema_exc
 
 from flowengine import exceptions as exc
+from flowengine.worker_based import dispatcher as dp
 from flowengine.worker_based import extensions as ext
 from flowengine.worker_based import protocol as pr
 from flowengine.worker_based import proxy as px
+
+LOG = logging.getLogger(__name__)
 
 #: The ``type`` property of a PAUSE message (flowengine control queues only).
 PAUSE = "PAUSE"
@@ -109,6 +113,43 @@ class PauseState:
             if not self._paused or self._until is None:
                 return None
             return max(self._until - self._clock(), 0.0)
+
+
+class TopicPause(PauseState):
+    """A worker's pause of its topic: obeys the PAUSE messages for it, announces changes.
+
+    Args:
+        topic: The worker's topic.
+        worker_id: The worker, in events and logs.
+        events: Where ``topic-paused`` and ``topic-resumed`` go.
+        in_flight: Requests the worker holds (told in ``topic-paused``).
+        clock: As for :class:`PauseState`.
+    """
+
+    def __init__(self, topic: str, worker_id: str, events: ext.EventSink,
+                 in_flight: Callable[[], int], clock: Callable[[], float] = time.monotonic,
+                 ) -> None:
+        super().__init__(self._announce, clock)
+        self._topic, self._worker_id = topic, worker_id
+        self._events, self._in_flight = events, in_flight
+
+    def on_message(self, data: Any, message: Any) -> None:
+        """Handle a (validated) PAUSE: only the ones for this topic count."""
+        if data["topic"] != self._topic:
+            return
+        LOG.info("Worker %s %s topic %r %s", self._worker_id,
+                 "pauses" if data["paused"] else "resumes", self._topic, dp.describe(message))
+        self.set(data["paused"], data.get("seconds"))
+
+    def _announce(self, paused: bool, seconds: float | None) -> None:
+        # Told on the control thread (pause, resume) or the consumer thread (a pause ran out).
+        if paused:
+            self._events.emit("topic-paused", worker=self._worker_id, topic=self._topic,
+                              seconds=seconds, in_flight=self._in_flight())
+        else:
+            LOG.info("Worker %s takes requests from topic %r again", self._worker_id,
+                     self._topic)
+            self._events.emit("topic-resumed", worker=self._worker_id, topic=self._topic)
 
 
 def send_pause(topic: str, exchange: str, paused: bool = True, seconds: float | None = None,

@@ -105,8 +105,7 @@ class Server:
         capacity: Task slots (the executor's threads): the prefetch limit, and the free-slot
             count advertised in replies. ``None``: no prefetch limit, nothing advertised.
         worker_id: This worker's identity in headers (generated when not given).
-        prefetch: The prefetch limit now, for a pool that grows and shrinks (asked between
-            drains; ``capacity`` stays the most slots, advertised to engines).
+        prefetch: The prefetch limit now, for a pool that grows (asked between drains).
     """
 
     def __init__(
@@ -138,7 +137,7 @@ class Server:
         self._control = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flowengine-control")
         self._heartbeats = Heartbeats()
         self._revoked = cn.Revoked()
-        self._pause = ps.PauseState(self._on_pause_change)
+        self.topic_pause = ps.TopicPause(topic, self.worker_id, events, lambda: self._busy)
         handlers = {
             pr.NOTIFY: dp.Handler(
                 self._on_notify, functools.partial(pr.Notify.validate, response=False)
@@ -150,7 +149,7 @@ class Server:
             transport_options=transport_options, retry_options=retry_options,
             taskflow_compat=taskflow_compat, prefetch_count=capacity,
             on_connected=lambda: self._submit_control(self.announce),
-            on_refused=self._on_refused, paused=lambda: self._pause.paused, prefetch=prefetch,
+            on_refused=self._on_refused, paused=lambda: self.topic_pause.paused, prefetch=prefetch,
         )  # fmt: skip
         # A private queue for broadcasts (discovery, cancellations): workers sharing a topic
         # share its queue, so only this one reaches each of them. TaskFlow fleets keep
@@ -160,7 +159,7 @@ class Server:
             control_handlers = {
                 pr.NOTIFY: handlers[pr.NOTIFY],
                 cn.CANCEL: dp.Handler(self._on_cancel, cn.Cancel.validate),
-                ps.PAUSE: dp.Handler(self._on_pause, ps.Pause.validate),
+                ps.PAUSE: dp.Handler(self.topic_pause.on_message, ps.Pause.validate),
             }
             self._control_proxy = px.Proxy(
                 ext.control_routing_key(self.worker_id), exchange,
@@ -186,29 +185,6 @@ class Server:
         if self._capacity is None:
             return None
         return max(self._capacity - self._busy, 0)
-
-    @property
-    def prefetch_limit(self) -> int | None:
-        """The broker prefetch the topic consumer has (or is about to have) now."""
-        return self._proxy.prefetch_limit
-
-    @property
-    def paused(self) -> bool:
-        """Whether the topic is paused here (no new request is taken)."""
-        return self._pause.paused
-
-    @property
-    def pause_remaining(self) -> float | None:
-        """Seconds until the pause runs out (None: not paused, or until resumed)."""
-        return self._pause.remaining
-
-    def pause(self, seconds: float | None = None) -> None:
-        """Stop taking requests (for ``seconds``; None: until :meth:`resume`)."""
-        self._pause.set(True, seconds)
-
-    def resume(self) -> None:
-        """Take requests again after :meth:`pause`."""
-        self._pause.set(False)
 
     @property
     def in_flight(self) -> int:
@@ -273,22 +249,6 @@ class Server:
         self._revoked.add(data["request_ids"])
         LOG.info("Worker %s will not run %d revoked request(s) %s", self.worker_id,
                  len(data["request_ids"]), dp.describe(message))
-
-    def _on_pause(self, data: Any, message: Any) -> None:
-        if data["topic"] != self._topic:
-            return
-        LOG.info("Worker %s %s topic %r %s", self.worker_id,
-                 "pauses" if data["paused"] else "resumes", self._topic, dp.describe(message))
-        self._pause.set(data["paused"], data.get("seconds"))
-
-    def _on_pause_change(self, paused: bool, seconds: float | None) -> None:
-        # Told on the control thread (pause, resume) or the consumer thread (a pause ran out).
-        if paused:
-            self._events.emit("topic-paused", worker=self.worker_id, topic=self._topic,
-                              seconds=seconds, in_flight=self.in_flight)
-        else:
-            LOG.info("Worker %s takes requests from topic %r again", self.worker_id, self._topic)
-            self._events.emit("topic-resumed", worker=self.worker_id, topic=self._topic)
 
     def _on_refused(self, message: Any, reason: str, detail: str) -> None:
         """Tell the sender of a refused REQUEST why, when it says where to reply."""

@@ -203,8 +203,9 @@ class Worker:
         return {"worker": self.worker_id, "topic": self._topic, "tasks": server.task_names,
                 "capacity": self._threads_count, "free": server.free_slots,
                 "in_flight": server.in_flight, "freq": self._heartbeat_interval,
-                "paused": server.paused, "paused_for": server.pause_remaining,
-                "threads": self.threads, "prefetch": server.prefetch_limit}
+                "paused": server.topic_pause.paused,
+                "paused_for": server.topic_pause.remaining,
+                "threads": self.threads, "prefetch": self._pool_prefetch()}
 
     @property
     def _threads_label(self) -> str:
@@ -224,16 +225,16 @@ class Worker:
     @property
     def paused(self) -> bool:
         """Whether the worker's topic is paused here (see :meth:`pause`)."""
-        return self._server.paused
+        return self._server.topic_pause.paused
 
     def pause(self, seconds: float | None = None) -> None:
         """Take no new request (for ``seconds``; None: until :meth:`resume`); the ones
         running finish. ``flowengine topics pause`` does this for every worker of a topic."""
-        self._server.pause(seconds)
+        self._server.topic_pause.set(True, seconds)
 
     def resume(self) -> None:
         """Take requests again after :meth:`pause`."""
-        self._server.resume()
+        self._server.topic_pause.set(False)
 
     @property
     def worker_id(self) -> str:
