@@ -22,6 +22,13 @@ NEEDS_SERVERS: frozenset[str] = frozenset()
 #: Lines each script must print, in this order (other lines may come between them). A script
 #: without an entry must still exit with status 0 and print something.
 EXPECTED_LINES: dict[str, list[str]] = {
+    "wbe_autoscale.py": ["task threads at start: 1", "flow SUCCESS"],
+    "wbe_pause.py": [
+        "topic orders paused: True",
+        "after 1s paused, the flow is still running: True",
+        "reserve_stock: reserving 2 x widget",
+        "after resume: flow SUCCESS, reservation rsv-widget-2",
+    ],
     "hello_linear.py": [
         "greet: building a greeting for world",
         "shout: turning 'Hello, world' up",
@@ -140,6 +147,10 @@ def _check_main_job_reverts(output: str) -> None:
                                             order.index("fetch_image"))
 
 
+def _check_pool_grew(output: str) -> None:
+    assert "(the pool grew: True)" in output, output
+
+
 def _check_parallelism(output: str) -> None:
     most = int(_values_after(output, "most tasks running at once:")[0])
     assert most >= 2, "the parallel engine ran the map tasks one at a time"
@@ -149,6 +160,7 @@ EXTRA_CHECKS: dict[str, Callable[[str], None]] = {
     "graph_inferred.py": _check_graph_order,
     "main_job.py": _check_main_job_reverts,
     "parallel_map_reduce.py": _check_parallelism,
+    "wbe_autoscale.py": _check_pool_grew,
 }
 
 

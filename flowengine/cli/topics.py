@@ -1,8 +1,11 @@
-"""``flowengine topics``: what waits on each worker topic (beanstalkd's ``stats-tube``)."""
+"""``flowengine topics``: what waits on each worker topic (beanstalkd's ``stats-tube``), and
+``flowengine topics pause|resume TOPIC`` (beanstalkd's ``pause-tube``, on every transport)."""
 
 from __future__ import annotations
 
 import json
+import threading
+from collections import Counter
 from typing import Any
 
 import click
@@ -12,18 +15,69 @@ from flowengine.cli.broker import broker_kwargs, broker_options
 from flowengine.cli.options import json_option, show_envvars
 
 COLUMNS = ("topic", "ready", "running", "delayed", "dead", "workers")
+#: The listing's extra column with ``--listen``: workers heard from that have the topic paused.
+PAUSED = "paused"
+
+
+class TopicsGroup(click.Group):
+    """``topics [TOPICS]...`` lists; ``topics pause|resume TOPIC`` controls.
+
+    Arguments that do not start with a subcommand's name are the listing's, so topic names
+    stay plain arguments (a topic named ``pause`` is listed as ``topics list pause``).
+    """
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        """Route anything but a subcommand (or ``--help``) to ``list``."""
+        if not args or (args[0] not in self.commands and args[0] != "--help"):
+            args = ["list", *args]
+        return super().parse_args(ctx, args)
+
+
+@click.group("topics", cls=TopicsGroup)
+def topics_command() -> None:
+    """Worker topics: list what waits on them, pause and resume their workers.
+
+    \b
+    flowengine topics [TOPICS]...          list (see ``flowengine topics list --help``)
+    flowengine topics pause TOPIC [--for SECONDS]
+    flowengine topics resume TOPIC
+    """
 
 
 def _cell(value: Any) -> str:
     return "-" if value is None else str(value)
 
 
-@show_envvars
-@click.command("topics")
+def _paused_counts(seconds: float, **broker: Any) -> Counter[str]:
+    """Workers heard from in ``seconds`` (heartbeats every 2 s) with their topic paused."""
+    from flowengine.worker_based.events import EventReceiver
+
+    latest: dict[str, dict[str, Any]] = {}
+    events = {k: v for k, v in broker.items() if k != "taskflow_compat"}
+    receiver = EventReceiver(types=("worker-", "topic-"), **events)
+    for event in receiver.iter(timeout=seconds):
+        worker = event.get("worker")
+        if not isinstance(worker, str):
+            continue
+        kind = event.get("type")
+        if kind == "worker-offline":
+            latest.pop(worker, None)
+        elif kind in ("worker-heartbeat", "topic-paused", "topic-resumed"):
+            paused = event.get("paused") if kind == "worker-heartbeat" else kind == "topic-paused"
+            latest[worker] = {"topic": event.get("topic"), "paused": bool(paused)}
+    return Counter(row["topic"] for row in latest.values() if row["paused"])
+
+
+@topics_command.command("list")
 @broker_options
 @click.argument("topics", nargs=-1)
+@click.option("--listen", envvar="FLOWENGINE_LISTEN", type=click.FloatRange(min=0.0),
+              default=0.0, show_default=True,
+              help="Also listen this many seconds to the workers' heartbeats (every 2 s) and "
+                   "count, per topic, the workers that have it paused (a PAUSED column).")
 @json_option("One JSON object per topic and line.")
-def topics_command(topics: tuple[str, ...], as_json: bool, **options: Any) -> None:
+def list_command(topics: tuple[str, ...], as_json: bool, listen: float,
+                 **options: Any) -> None:
     """Requests ready, running and delayed, dead letters and workers of each worker topic.
 
     Without TOPICS, every topic of the exchange, on brokers that can list their queues
@@ -33,8 +87,19 @@ def topics_command(topics: tuple[str, ...], as_json: bool, **options: Any) -> No
     from flowengine.worker_based.topics import TopicsNotListed, topic_stats
 
     broker = broker_kwargs(**options)
+    columns = COLUMNS + ((PAUSED,) if listen else ())
     try:
+        # Heard while the broker is asked, from a thread: listening takes the whole --listen.
+        heard: Counter[str] = Counter()
+        listener = threading.Thread(
+            target=lambda: heard.update(_paused_counts(listen, **broker)), daemon=True)
+        if listen:
+            listener.start()
         rows = [row.to_dict() for row in topic_stats(topics=topics, **broker)]
+        if listen:
+            listener.join()
+            for row in rows:
+                row[PAUSED] = heard[row["topic"]]
     except TopicsNotListed as err:
         click.echo(f"error: {err}", err=True)
         raise SystemExit(exits.USAGE) from err
@@ -48,8 +113,53 @@ def topics_command(topics: tuple[str, ...], as_json: bool, **options: Any) -> No
     if not rows:
         click.echo(f"no topics on exchange {broker['exchange']!r}")
         return
-    table = [[column.upper() for column in COLUMNS]]
-    table += [[_cell(row[column]) for column in COLUMNS] for row in rows]
-    widths = [max(len(line[i]) for line in table) for i in range(len(COLUMNS))]
+    table = [[column.upper() for column in columns]]
+    table += [[_cell(row[column]) for column in columns] for row in rows]
+    widths = [max(len(line[i]) for line in table) for i in range(len(columns))]
     for line in table:
         click.echo("  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip())
+
+
+def _send_pause(topic: str, paused: bool, seconds: float | None, **options: Any) -> None:
+    from flowengine.worker_based.pause import send_pause
+
+    broker = broker_kwargs(**options)
+    if broker.pop("taskflow_compat"):
+        click.echo("error: TaskFlow workers have no control queue to pause them through",
+                   err=True)
+        raise SystemExit(exits.USAGE)
+    try:
+        send_pause(topic, paused=paused, seconds=seconds, **broker)
+    except Exception as err:
+        where = broker["url"] or broker["transport"] or "the embedded flowengine-fs transport"
+        exits.unreachable("send the pause to", f"{where} exchange {broker['exchange']!r}", err)
+    state = "paused" if paused else "resumed"
+    length = f" for {seconds:g}s" if seconds is not None else ""
+    click.echo(f"topic {topic!r} {state}{length} on the workers listening now")
+
+
+@topics_command.command("pause")
+@broker_options
+@click.argument("topic")
+@click.option("--for", "seconds", envvar="FLOWENGINE_FOR",
+              type=click.FloatRange(min=0.0, min_open=True, max=86_400.0), default=None,
+              help="Resume by itself after this many seconds (default: never).")
+def pause_command(topic: str, seconds: float | None, **options: Any) -> None:
+    """Workers on TOPIC take no new request; the ones running finish.
+
+    Requests wait in the queue until ``flowengine topics resume TOPIC`` (or --for runs out).
+    Workers started later are not paused. Exit code 1: the broker cannot be reached.
+    """
+    _send_pause(topic, True, seconds, **options)
+
+
+@topics_command.command("resume")
+@broker_options
+@click.argument("topic")
+def resume_command(topic: str, **options: Any) -> None:
+    """Workers on TOPIC take requests again (the backlog first)."""
+    _send_pause(topic, False, None, **options)
+
+
+for _command in (list_command, pause_command, resume_command):
+    show_envvars(_command)

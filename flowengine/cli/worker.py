@@ -38,6 +38,23 @@ def check_task_specs(specs: tuple[str, ...]) -> list[str]:
     return list(specs)
 
 
+def parse_autoscale(value: str | None) -> tuple[int, int] | None:
+    """``"MAX,MIN"`` (or ``"MAX"``: MIN 0) as ``(MAX, MIN)``; a clear error otherwise."""
+    if value is None:
+        return None
+    try:
+        parts = [int(part) for part in value.split(",")]
+        if len(parts) == 1:
+            parts.append(0)
+        most, least = parts
+        if most < 1 or not 0 <= least <= most:
+            raise ValueError
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not MAX,MIN with 0 <= MIN <= MAX and MAX >= 1",
+                                 param_hint="'--autoscale'") from None
+    return most, least
+
+
 @show_envvars
 @click.command("worker")
 @broker_options
@@ -49,6 +66,10 @@ def check_task_specs(specs: tuple[str, ...]) -> list[str]:
                    "environment variable holds several, separated by commas or whitespace.")
 @click.option("--threads", envvar="FLOWENGINE_THREADS", type=click.IntRange(min=1), default=None,
               help="Task threads (also the most requests held at once).")
+@click.option("--autoscale", envvar="FLOWENGINE_AUTOSCALE", default=None, metavar="MAX,MIN",
+              callback=lambda _ctx, _param, value: parse_autoscale(value),
+              help="Task threads grow with the backlog up to MAX and shrink to MIN when idle "
+                   "(instead of --threads); the broker prefetch follows.")
 @click.option("--grace", envvar="FLOWENGINE_GRACE", type=float, default=DEFAULT_GRACE,
               show_default=True, help="Seconds in-flight work gets to finish on SIGTERM.")
 @click.option("--events/--no-events", envvar="FLOWENGINE_EVENTS", default=True, show_default=True,
@@ -57,8 +78,9 @@ def check_task_specs(specs: tuple[str, ...]) -> list[str]:
               default=None, help="Serve Prometheus metrics on 127.0.0.1:PORT/metrics.")
 @click.option("--log-level", envvar="FLOWENGINE_LOG_LEVEL", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
-def worker_command(topic: str, tasks: tuple[str, ...], threads: int | None, grace: float,
-                   events: bool, metrics_port: int | None, log_level: str, **broker: Any) -> None:
+def worker_command(topic: str, tasks: tuple[str, ...], threads: int | None,
+                   autoscale: tuple[int, int] | None, grace: float, events: bool,
+                   metrics_port: int | None, log_level: str, **broker: Any) -> None:
     """Serve remote task requests until SIGTERM or SIGINT."""
     from flowengine.worker_based.worker import BrokerRefused, Worker
 
@@ -76,9 +98,12 @@ def worker_command(topic: str, tasks: tuple[str, ...], threads: int | None, grac
             raise click.ClickException(
                 f"cannot serve metrics on port {metrics_port}: {err}") from err
     connection = broker_kwargs(**broker)  # usage errors first
+    if autoscale is not None and threads is not None:
+        raise click.UsageError("--autoscale and --threads exclude each other")
     try:
         worker = Worker(topic=topic, tasks=check_task_specs(tasks), threads_count=threads,
-                        events=events, metrics=metrics_port is not None, **connection)
+                        autoscale=autoscale, events=events, metrics=metrics_port is not None,
+                        **connection)
     except (ValueError, TypeError) as err:
         raise click.ClickException(f"cannot start the worker: {err}") from err
     stopping = threading.Event()

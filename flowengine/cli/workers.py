@@ -31,8 +31,8 @@ class WorkerTable:
     def _row(self, worker: str) -> dict[str, Any]:
         return self._rows.setdefault(worker, {
             "worker": worker, "topics": [], "tasks": [], "capacity": None, "free": None,
-            "in_flight": None, "last_heartbeat": None, "hostname": None, "pid": None,
-            "source": []})
+            "in_flight": None, "threads": None, "prefetch": None, "paused": None,
+            "last_heartbeat": None, "hostname": None, "pid": None, "source": []})
 
     def _merge(self, row: dict[str, Any], topic: Any, tasks: Any, source: str) -> None:
         if isinstance(topic, str) and topic not in row["topics"]:
@@ -43,7 +43,8 @@ class WorkerTable:
             row["source"].append(source)
 
     def on_event(self, event: dict[str, Any]) -> None:
-        """Take in a worker-online, worker-heartbeat or worker-offline event."""
+        """Take in a worker-online, worker-heartbeat, worker-offline or topic-paused/resumed
+        event."""
         worker = event.get("worker")
         if not isinstance(worker, str):
             return
@@ -54,7 +55,10 @@ class WorkerTable:
             self._gone.discard(worker)
             row = self._row(worker)
             self._merge(row, event.get("topic"), event.get("tasks"), "events")
-            for key in ("capacity", "free", "in_flight", "hostname", "pid"):
+            if event.get("type") in ("topic-paused", "topic-resumed"):
+                row["paused"] = event["type"] == "topic-paused"
+            for key in ("capacity", "free", "in_flight", "threads", "prefetch", "paused",
+                        "hostname", "pid"):
                 if event.get(key) is not None:
                     row[key] = event[key]
             if event.get("type") == "worker-heartbeat":
@@ -116,12 +120,22 @@ def _age(stamp: Any, now: float) -> str:
     return f"{max(now - stamp, 0.0):.1f}s ago" if isinstance(stamp, (int, float)) else "-"
 
 
+def _capacity(row: dict[str, Any]) -> str:
+    """``CAPACITY``: the most task threads, as ``now/most`` while an autoscaled pool is smaller."""
+    most, now = row["capacity"], row["threads"]
+    if most is None:
+        return "-"
+    return f"{now}/{most}" if isinstance(now, int) and now != most else str(most)
+
+
 def _print_table(rows: list[dict[str, Any]]) -> None:
     now = time.time()
-    header = ("WORKER", "TOPICS", "TASKS", "CAPACITY", "FREE", "IN-FLIGHT", "LAST HEARTBEAT")
+    header = ("WORKER", "TOPICS", "TASKS", "CAPACITY", "FREE", "IN-FLIGHT", "PAUSED",
+              "LAST HEARTBEAT")
     lines = [header] + [
         (r["worker"], ",".join(r["topics"]) or "-", str(len(r["tasks"])),
-         *("-" if r[k] is None else str(r[k]) for k in ("capacity", "free", "in_flight")),
+         _capacity(r), *("-" if r[k] is None else str(r[k]) for k in ("free", "in_flight")),
+         "-" if r["paused"] is None else ("yes" if r["paused"] else "no"),
          _age(r["last_heartbeat"], now)) for r in rows]
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     for line in lines:
@@ -156,7 +170,7 @@ def workers_command(wait: float, topics: tuple[str, ...], as_json: bool, **broke
     stop = threading.Event()
     asking = _ask_topics(table, split_env_list(topics), stop, **kwargs) if topics else None
     events = {k: v for k, v in kwargs.items() if k != "taskflow_compat"}
-    receiver = EventReceiver(types=("worker-",), **events)
+    receiver = EventReceiver(types=("worker-", "topic-"), **events)
     try:
         for event in receiver.iter(timeout=wait):
             table.on_event(event)

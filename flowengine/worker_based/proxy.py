@@ -10,6 +10,7 @@ re-exported here).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import queue
@@ -122,6 +123,12 @@ class Proxy:
             ``_consume``): for a consumer whose messages are worth nothing once its process is
             gone, such as an engine's replies.
         publishers: Most publishing connections open at once (per confirm mode).
+        paused: Asked on the consumer thread between drains: while it returns True the own
+            queue is not consumed (messages already delivered are still handled and settled).
+        prefetch: Asked on the consumer thread between drains for the prefetch limit (a pool
+            that grows and shrinks); it replaces ``prefetch_count``. After a reconnect the
+            limit is lowered by the messages of earlier connections still being processed,
+            and comes back as they settle (Celery's consumer does the same).
     """
 
     def __init__(
@@ -144,11 +151,18 @@ class Proxy:
         transient_queue: bool = False,
         auto_ack: bool = False,
         publishers: int = PUBLISH_POOL_SIZE,
+        paused: Callable[[], bool] | None = None,
+        prefetch: Callable[[], int | None] | None = None,
     ) -> None:
         if queue_expires is not None and taskflow_compat:
             raise ValueError(f"Queue of topic '{topic}': queue_expires needs taskflow_compat off")
         self._topic, self._exchange_name, self._compat = topic, exchange, taskflow_compat
         self._on_wait, self._on_connected = on_wait, on_connected
+        self._paused = paused
+        self._prefetch = prefetch
+        #: Messages of earlier connections still being processed (by ``id``; kept referenced,
+        #: so their ids are not reused).
+        self._held_over: dict[int, Any] = {}
         self._prefetch_count, self._drain_timeout = prefetch_count, drain_timeout
         self._extra_routing_keys = tuple(extra_routing_keys)
         self._queue_expires = queue_expires
@@ -461,6 +475,7 @@ class Proxy:
     def _settle_now(self, message: Any, action: str) -> None:
         with self._settle_lock:
             self._held.pop(id(message), None)
+            self._held_over.pop(id(message), None)
             if not message.acknowledged:
                 dp.settle(message, action)
 
@@ -522,8 +537,9 @@ class Proxy:
             )  # fmt: skip
             # Deliveries of a lost connection are the broker's again: task threads still
             # settle them on their old channel when done (or the broker hands them out again,
-            # and a flowengine worker hands a redelivered request back to its engine).
-            self._held.clear()
+            # and a flowengine worker hands a redelivered request back to its engine). Until
+            # they are done they hold task slots, so the prefetch leaves room for them.
+            self._carry_over()
             # A new connection may face a broker that lost every declaration (restarted
             # empty): nothing declared before is trusted; the consumer declares its own.
             self._declared.clear()
@@ -531,11 +547,15 @@ class Proxy:
                 queues=[self._own_queue()],
                 on_message=self._on_message,
                 accept=[dp.JSON_CONTENT_TYPE],
-                prefetch_count=self._prefetch_count,
+                prefetch_count=self._prefetch_limit(),
                 on_decode_error=self._dispatcher.on_decode_error,
                 no_ack=self._auto_ack,
             )
-            with consumer:
+            # Not ``with consumer``: a paused consumer must not take anything, not even
+            # between consuming and cancelling.
+            consuming = self._follow_pause(consumer, consuming=False)
+            limit = consumer.prefetch_count
+            try:
                 backoff.attempt = 0
                 lost_at, self._lost_at = self._lost_at, None
                 self.last_outage = 0.0 if lost_at is None else time.monotonic() - lost_at
@@ -560,8 +580,54 @@ class Proxy:
                         conn.heartbeat_check()
                     self._flush_settlements()
                     _call_hook(self._on_wait)
-                consumer.cancel()
-                self._settle_held()
+                    consuming = self._follow_pause(consumer, consuming)
+                    if self._prefetch_limit() != limit:
+                        limit = self._prefetch_limit()
+                        consumer.qos(prefetch_count=limit or 0)
+            except errors:
+                raise  # the connection is gone, and its consumer with it
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    consumer.cancel()
+                raise
+            consumer.cancel()
+            self._settle_held()
+
+    def _carry_over(self) -> None:
+        """Count what the lost connection delivered and is still processed as held over."""
+        with self._settle_lock:
+            self._held_over.update(self._held)
+            self._held.clear()
+
+    @property
+    def prefetch_limit(self) -> int | None:
+        """The prefetch limit the consumer should have now (None: no limit)."""
+        return self._prefetch_limit()
+
+    def _prefetch_limit(self) -> int | None:
+        normal = self._prefetch_count
+        if self._prefetch is not None:
+            try:
+                normal = self._prefetch()
+            except Exception:  # the owner's bug must not stop the consumer
+                LOG.exception("Proxy prefetch %r raised", self._prefetch)
+        if normal is None:
+            return None
+        return max(normal - len(self._held_over), 1)
+
+    def _follow_pause(self, consumer: kombu.Consumer, consuming: bool) -> bool:
+        """Consume the own queue or not, as ``paused`` says; whether it is consumed now."""
+        wanted = True
+        if self._paused is not None:
+            try:
+                wanted = not self._paused()
+            except Exception:  # the owner's bug must not stop the consumer
+                LOG.exception("Proxy pause check %r raised; consuming", self._paused)
+        if wanted and not consuming:
+            consumer.consume()
+        elif consuming and not wanted:
+            consumer.cancel()
+        return wanted
 
     def _own_queue(self) -> kombu.Queue:
         return self._queue(self._topic, self._extra_routing_keys, self._queue_expires,

@@ -27,6 +27,7 @@ from flowengine.worker_based import cancellation as cn
 from flowengine.worker_based import dispatcher as dp
 from flowengine.worker_based import endpoint as ep
 from flowengine.worker_based import extensions as ext
+from flowengine.worker_based import pause as ps
 from flowengine.worker_based import protocol as pr
 from flowengine.worker_based import proxy as px
 from flowengine.worker_based.heartbeats import Heartbeats
@@ -104,6 +105,7 @@ class Server:
         capacity: Task slots (the executor's threads): the prefetch limit, and the free-slot
             count advertised in replies. ``None``: no prefetch limit, nothing advertised.
         worker_id: This worker's identity in headers (generated when not given).
+        prefetch: The prefetch limit now, for a pool that grows (asked between drains).
     """
 
     def __init__(
@@ -120,6 +122,7 @@ class Server:
         capacity: int | None = None,
         worker_id: str | None = None,
         events: ext.EventSink = ext.NO_EVENTS,
+        prefetch: Callable[[], int | None] | None = None,
     ) -> None:
         self._topic = topic
         self._executor = executor
@@ -134,6 +137,7 @@ class Server:
         self._control = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flowengine-control")
         self._heartbeats = Heartbeats()
         self._revoked = cn.Revoked()
+        self.topic_pause = ps.TopicPause(topic, self.worker_id, events, lambda: self._busy)
         handlers = {
             pr.NOTIFY: dp.Handler(
                 self._on_notify, functools.partial(pr.Notify.validate, response=False)
@@ -145,7 +149,7 @@ class Server:
             transport_options=transport_options, retry_options=retry_options,
             taskflow_compat=taskflow_compat, prefetch_count=capacity,
             on_connected=lambda: self._submit_control(self.announce),
-            on_refused=self._on_refused,
+            on_refused=self._on_refused, paused=lambda: self.topic_pause.paused, prefetch=prefetch,
         )  # fmt: skip
         # A private queue for broadcasts (discovery, cancellations): workers sharing a topic
         # share its queue, so only this one reaches each of them. TaskFlow fleets keep
@@ -155,6 +159,7 @@ class Server:
             control_handlers = {
                 pr.NOTIFY: handlers[pr.NOTIFY],
                 cn.CANCEL: dp.Handler(self._on_cancel, cn.Cancel.validate),
+                ps.PAUSE: dp.Handler(self.topic_pause.on_message, ps.Pause.validate),
             }
             self._control_proxy = px.Proxy(
                 ext.control_routing_key(self.worker_id), exchange,

@@ -30,6 +30,7 @@ from flowengine.worker_based import events as ev
 from flowengine.worker_based import extensions as ext
 from flowengine.worker_based import protocol as pr
 from flowengine.worker_based import server as sv
+from flowengine.worker_based.autoscale import AutoscalePool, Autoscaler
 
 LOG = logging.getLogger(__name__)
 
@@ -123,9 +124,13 @@ class Worker:
             or to the given :class:`~flowengine.worker_based.extensions.EventSink`.
         metrics: Update the Prometheus metrics (the ``metrics`` extra).
         heartbeat_interval: Seconds between worker-heartbeat events.
+        autoscale: ``(MAX, MIN)``: task threads grow with the backlog up to MAX and shrink to
+            MIN when idle, and the broker prefetch follows (see
+            :mod:`~flowengine.worker_based.autoscale`); not with ``executor`` or
+            ``threads_count``. Engines are told MAX as the capacity.
 
     Raises:
-        ValueError: ``tasks`` resolve to no task class at all.
+        ValueError: ``tasks`` resolve to no task class at all; a bad ``autoscale``.
         ImportError, TypeError: See :func:`find_task_classes`.
     """
 
@@ -144,6 +149,7 @@ class Worker:
         events: bool | ext.EventSink = True,
         metrics: bool = False,
         heartbeat_interval: float = DEFAULT_EVENT_HEARTBEAT,
+        autoscale: tuple[int, int] | None = None,
     ) -> None:
         self._exchange, self._topic = exchange, topic
         specs = _spec_list(tasks)
@@ -155,6 +161,14 @@ class Worker:
         self._broker = {"url": url, "transport": transport,
                         "transport_options": transport_options, "taskflow_compat": taskflow_compat}
         self._owns_executor = executor is None
+        self._pool: AutoscalePool | None = None
+        if autoscale is not None:
+            if executor is not None or threads_count is not None:
+                raise ValueError(f"Worker on topic '{topic}': autoscale sizes its own pool; "
+                                 f"give neither executor nor threads_count with it")
+            self._pool = executor = AutoscalePool(Autoscaler(*autoscale),
+                                                  thread_name_prefix=TASK_THREAD_PREFIX)
+            threads_count = autoscale[0]
         if executor is None:
             threads_count = threads_count or (os.cpu_count() or 1) * 5
             # The standard pool: its threads exit at once on shutdown, where futurist's idle
@@ -179,6 +193,7 @@ class Worker:
             topic, exchange, executor, self._endpoints, url=url, transport=transport,
             transport_options=transport_options, retry_options=retry_options,
             taskflow_compat=taskflow_compat, capacity=threads_count, events=events,
+            prefetch=None if self._pool is None else self._pool_prefetch,
         )  # fmt: skip
         self._ticker = None if events is ext.NO_EVENTS else ev.Ticker(
             events, "worker-heartbeat", heartbeat_interval, self._heartbeat)
@@ -187,7 +202,39 @@ class Worker:
         server = self._server
         return {"worker": self.worker_id, "topic": self._topic, "tasks": server.task_names,
                 "capacity": self._threads_count, "free": server.free_slots,
-                "in_flight": server.in_flight, "freq": self._heartbeat_interval}
+                "in_flight": server.in_flight, "freq": self._heartbeat_interval,
+                "paused": server.topic_pause.paused,
+                "paused_for": server.topic_pause.remaining,
+                "threads": self.threads, "prefetch": self._pool_prefetch()}
+
+    @property
+    def _threads_label(self) -> str:
+        if self._pool is not None:
+            scaler = self._pool.scaler
+            return f"autoscale {scaler.max_threads},{scaler.min_threads}"
+        return str(self._threads_count or "?")
+
+    def _pool_prefetch(self) -> int | None:
+        return None if self._pool is None else self._pool.prefetch
+
+    @property
+    def threads(self) -> int | None:
+        """Task threads now (they vary with ``autoscale``; None: an executor of unknown size)."""
+        return self._threads_count if self._pool is None else self._pool.size
+
+    @property
+    def paused(self) -> bool:
+        """Whether the worker's topic is paused here (see :meth:`pause`)."""
+        return self._server.topic_pause.paused
+
+    def pause(self, seconds: float | None = None) -> None:
+        """Take no new request (for ``seconds``; None: until :meth:`resume`); the ones
+        running finish. ``flowengine topics pause`` does this for every worker of a topic."""
+        self._server.topic_pause.set(True, seconds)
+
+    def resume(self) -> None:
+        """Take requests again after :meth:`pause`."""
+        self._server.topic_pause.set(False)
 
     @property
     def worker_id(self) -> str:
@@ -210,7 +257,7 @@ class Worker:
             f"flowengine worker {self.worker_id}",
             f"  exchange: {self._exchange}  topic: {self._topic}",
             f"  transport: {details.transport} ({driver})  uri: {details.uri}",
-            f"  executor: {type(self._executor).__name__}  threads: {self._threads_count or '?'}",
+            f"  executor: {type(self._executor).__name__}  threads: {self._threads_label}",
             f"  host: {platform.node()}  pid: {os.getpid()}  python: {sys.version.split()[0]}",
             f"  tasks ({len(self._endpoints)}):",
             *(f"    - {endpoint}" for endpoint in self._endpoints),

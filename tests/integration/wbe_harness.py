@@ -389,10 +389,11 @@ class WorkerFleet:
         self.workers: list[WorkerProcess] = []
         self._topics: set[str] = set()
 
-    def start(self, topic: str, tasks: Sequence[str], count: int = 1, threads: int = 4,
+    def start(self, topic: str, tasks: Sequence[str], count: int = 1, threads: int | None = 4,
               extra_args: Sequence[str] = (), timeout: float = WORKER_START_TIMEOUT,
               ) -> list[WorkerProcess]:
-        """Start ``count`` flowengine workers and wait until each one announced itself."""
+        """Start ``count`` flowengine workers and wait until each one announced itself
+        (``threads=None``: no ``--threads``, e.g. for ``--autoscale``)."""
         watcher = ProtocolClient(self.broker.url, self.exchange, self.taskflow_compat,
                                  bind=[pr.DISCOVERY_ROUTING_KEY])
         try:
@@ -400,7 +401,8 @@ class WorkerFleet:
             for _ in range(count):
                 argv = [sys.executable, "-m", "flowengine.cli.main", "worker",
                         "--url", self.url, "--exchange", self.exchange, "--topic", topic,
-                        "--threads", str(threads), "--grace", "5", *self.worker_args,
+                        *(["--threads", str(threads)] if threads else []),
+                        "--grace", "5", *self.worker_args,
                         *extra_args]
                 argv += [arg for task in tasks for arg in ("--task", task)]
                 if self.taskflow_compat:

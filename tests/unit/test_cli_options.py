@@ -46,6 +46,8 @@ def sample(option: click.Option) -> tuple[str, object]:
         return choice, choice
     if isinstance(kind, (click.IntRange, click.FloatRange)) or kind in (click.INT, click.FLOAT):
         return "3", 3
+    if option.name == "autoscale":  # MAX,MIN
+        return "4,1", (4, 1)
     return "env-value", "env-value"
 
 
@@ -63,8 +65,8 @@ def test_every_command_is_covered() -> None:
     names = {" ".join(path) for path, _ in commands()}
     assert names == {"check", "conductor", "conductors", "dashboard", "dead-letters list",
                      "dead-letters requeue", "events", "flows", "graph", "jobs list", "jobs post",
-                     "jobs repost", "jobs show", "jobs trash", "run", "show", "topics",
-                     "worker", "workers"}
+                     "jobs repost", "jobs show", "jobs trash", "run", "show", "topics list",
+                     "topics pause", "topics resume", "worker", "workers"}
     assert len(CASES) > 40
 
 
