@@ -30,6 +30,7 @@ from flowengine.worker_based import events as ev
 from flowengine.worker_based import extensions as ext
 from flowengine.worker_based import protocol as pr
 from flowengine.worker_based import server as sv
+from flowengine.worker_based import signing as sg
 
 LOG = logging.getLogger(__name__)
 
@@ -123,9 +124,11 @@ class Worker:
             or to the given :class:`~flowengine.worker_based.extensions.EventSink`.
         metrics: Update the Prometheus metrics (the ``metrics`` extra).
         heartbeat_interval: Seconds between worker-heartbeat events.
+        signing_key, signing_key_file: The key engines and workers share to sign messages
+            (default: ``FLOWENGINE_SIGNING_KEY``), see :doc:`reliability`.
 
     Raises:
-        ValueError: ``tasks`` resolve to no task class at all.
+        ValueError: ``tasks`` resolve to no task class at all, or a bad signing key.
         ImportError, TypeError: See :func:`find_task_classes`.
     """
 
@@ -144,7 +147,10 @@ class Worker:
         events: bool | ext.EventSink = True,
         metrics: bool = False,
         heartbeat_interval: float = DEFAULT_EVENT_HEARTBEAT,
+        signing_key: str | None = None,
+        signing_key_file: str | None = None,
     ) -> None:
+        signing = sg.Signing.from_options(signing_key, signing_key_file)
         self._exchange, self._topic = exchange, topic
         specs = _spec_list(tasks)
         classes = find_task_classes(specs)
@@ -179,6 +185,7 @@ class Worker:
             topic, exchange, executor, self._endpoints, url=url, transport=transport,
             transport_options=transport_options, retry_options=retry_options,
             taskflow_compat=taskflow_compat, capacity=threads_count, events=events,
+            signing=signing,
         )  # fmt: skip
         self._ticker = None if events is ext.NO_EVENTS else ev.Ticker(
             events, "worker-heartbeat", heartbeat_interval, self._heartbeat)
