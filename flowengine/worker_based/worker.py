@@ -125,7 +125,7 @@ class Worker:
         metrics: Update the Prometheus metrics (the ``metrics`` extra).
         heartbeat_interval: Seconds between worker-heartbeat events.
         signing_key, signing_key_file: The key engines and workers share to sign messages
-            (default: ``FLOWENGINE_SIGNING_KEY``), see :doc:`reliability`.
+            (default: ``FLOWENGINE_SIGNING_KEY``), see :mod:`~flowengine.worker_based.signing`.
 
     Raises:
         ValueError: ``tasks`` resolve to no task class at all, or a bad signing key.
