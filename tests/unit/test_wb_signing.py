@@ -23,6 +23,7 @@ from wb_requester import TOPIC, WAIT, run_in_thread
 
 from flowengine import task
 from flowengine.engines.executor import EXECUTED
+from flowengine.worker_based import client as bc
 from flowengine.worker_based import dispatcher as dp
 from flowengine.worker_based import extensions as ext
 from flowengine.worker_based import protocol as pr
@@ -232,6 +233,8 @@ def wire(exchange: str) -> Iterator[Any]:
     yield make
     for thing in reversed(made):
         thing.stop() if isinstance(thing, WorkerTaskExecutor) else thing.close()
+    # Process-wide clients linger after their last engine; later tests want a quiet broker.
+    bc.close_all()
 
 
 def announce(via: px.Proxy, worker: str, capacity: int) -> None:
