@@ -24,12 +24,14 @@ from wb_requester import TOPIC, WAIT, run_in_thread
 from flowengine import task
 from flowengine.engines.executor import EXECUTED
 from flowengine.worker_based import client as bc
+from flowengine.worker_based import dead_letters
 from flowengine.worker_based import dispatcher as dp
 from flowengine.worker_based import extensions as ext
 from flowengine.worker_based import protocol as pr
 from flowengine.worker_based import proxy as px
 from flowengine.worker_based import signing as sg
 from flowengine.worker_based import worker as wk
+from flowengine.worker_based.dead_letters import DeadLetters
 from flowengine.worker_based.executor import WorkerTaskExecutor
 from flowengine.worker_based.options import WorkerEngineOptions
 
@@ -391,3 +393,18 @@ def test_a_keyed_worker_runs_only_signed_requests(
             sender.close()
         inbox.stop()
         thread.join(WAIT)
+
+
+def test_a_requeued_dead_letter_is_signed_afresh(exchange: str, keyed_worker: wk.Worker) -> None:
+    parker = px.Proxy("parker", exchange, transport="memory", signing=signing())
+    letters = DeadLetters(exchange, transport="memory", signing=signing())
+    try:
+        request = pr.Request(Counted(name="parked"), uuid.uuid4().hex, pr.EXECUTE, {})
+        dead_letters.park(parker, request, {pr.HEADER_PROTOCOL: pr.PROTOCOL_VERSION,
+                                            pr.HEADER_REQUEST_ID: request.request_id},
+                          "lost", TOPIC, ["w0"], "nobody")
+        letters.requeue(request.request_id)
+        assert eventually(lambda: RUNS == ["parked"]), "the worker ran the requeued request"
+    finally:
+        letters.close()
+        parker.close()
