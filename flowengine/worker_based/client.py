@@ -383,7 +383,8 @@ class Client:
             self._next_round = now + NOTIFY_PERIOD
             topics = list(self._topics)
             self._asked.update(topics)
-        protocol = {pr.HEADER_PROTOCOL: pr.PROTOCOL_VERSION}
+        # The origin names this process in the log line of a worker that refuses the request.
+        protocol = {pr.HEADER_PROTOCOL: pr.PROTOCOL_VERSION, pr.HEADER_ORIGIN: pr.origin()}
         try:
             # Every flowengine worker answers this one (TaskFlow workers ignore it).
             self.proxy.publish(pr.Notify(), ext.DISCOVER_ROUTING_KEY, reply_to=self.uuid,

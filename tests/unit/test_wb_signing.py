@@ -23,6 +23,7 @@ from wb_requester import TOPIC, WAIT, run_in_thread
 
 from flowengine import task
 from flowengine.engines.executor import EXECUTED
+from flowengine.worker_based import cancellation as cn
 from flowengine.worker_based import client as bc
 from flowengine.worker_based import dead_letters
 from flowengine.worker_based import dispatcher as dp
@@ -325,7 +326,7 @@ def test_a_fleet_with_and_without_keys_fails_loudly(
     with caplog.at_level(logging.WARNING):
         # The keyless worker refuses the keyed engine's (signed) discovery...
         executor.execute_task(Slow(name="never-sent"), "atom-1", {})
-        assert refusal_logged(caplog, "Refused NOTIFY message from unknown sender: "
+        assert refusal_logged(caplog, f"Refused NOTIFY message from {pr.origin()}: "
                                       "reason=unexpected-signature its sender signs messages "
                                       "but this peer has no signing key")
         # ...and the keyed engine refuses the keyless worker's announcements.
@@ -408,3 +409,24 @@ def test_a_requeued_dead_letter_is_signed_afresh(exchange: str, keyed_worker: wk
     finally:
         letters.close()
         parker.close()
+
+
+def test_a_keyed_worker_ignores_forged_cancellations(
+    exchange: str, keyed_worker: wk.Worker, caplog: pytest.LogCaptureFixture
+) -> None:
+    request = pr.Request(Counted(name="wanted"), uuid.uuid4().hex, pr.EXECUTE, {})
+    protocol = {pr.HEADER_PROTOCOL: pr.PROTOCOL_VERSION}
+    forger = px.Proxy("forger", exchange, transport="memory")
+    sender = px.Proxy("sender", exchange, transport="memory", signing=signing())
+    try:
+        with caplog.at_level(logging.WARNING):
+            forger.publish(cn.Cancel([request.request_id]), ext.DISCOVER_ROUTING_KEY,
+                           declare_queue=False, headers=protocol)
+            assert refusal_logged(caplog, f"Refused {cn.CANCEL} message from unknown sender: "
+                                          "reason=unsigned")
+        sender.publish(request, TOPIC, reply_to="nobody", correlation_id=request.request_id,
+                       headers={**protocol, pr.HEADER_REQUEST_ID: request.request_id})
+        assert eventually(lambda: RUNS == ["wanted"]), "a forged CANCEL revokes nothing"
+    finally:
+        forger.close()
+        sender.close()
