@@ -180,6 +180,15 @@ def test_wbe_linear() -> None:
     )
 
 
+def test_wbe_signed() -> None:
+    output = _run("wbe_signed.py")
+    assert_in_order(output, [r"reserve_stock: reserving 2 x widget",
+                             r"with the key: SUCCESS, reservation rsv-widget-2",
+                             r"without the key: RequestTimeout"])
+    assert re.search(r"Refused NOTIFY message from .*: reason=unsigned", output)
+    assert re.search(r"Refused NOTIFY message from .*: reason=unexpected-signature", output)
+
+
 def test_wbe_fanout() -> None:
     output = _run("wbe_fanout.py")
     assert_in_order(

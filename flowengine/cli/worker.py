@@ -78,9 +78,13 @@ def parse_autoscale(value: str | None) -> tuple[int, int] | None:
               default=None, help="Serve Prometheus metrics on 127.0.0.1:PORT/metrics.")
 @click.option("--log-level", envvar="FLOWENGINE_LOG_LEVEL", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
+@click.option("--signing-key-file", envvar="FLOWENGINE_SIGNING_KEY_FILE", default=None,
+              help="File holding the key engines and workers sign messages with (else "
+                   "FLOWENGINE_SIGNING_KEY; never on the command line, where `ps` shows it).")
 def worker_command(topic: str, tasks: tuple[str, ...], threads: int | None,
                    autoscale: tuple[int, int] | None, grace: float, events: bool,
-                   metrics_port: int | None, log_level: str, **broker: Any) -> None:
+                   metrics_port: int | None, log_level: str, signing_key_file: str | None,
+                   **broker: Any) -> None:
     """Serve remote task requests until SIGTERM or SIGINT."""
     from flowengine.worker_based.worker import BrokerRefused, Worker
 
@@ -103,7 +107,7 @@ def worker_command(topic: str, tasks: tuple[str, ...], threads: int | None,
     try:
         worker = Worker(topic=topic, tasks=check_task_specs(tasks), threads_count=threads,
                         autoscale=autoscale, events=events, metrics=metrics_port is not None,
-                        **connection)
+                        signing_key_file=signing_key_file, **connection)
     except (ValueError, TypeError) as err:
         raise click.ClickException(f"cannot start the worker: {err}") from err
     stopping = threading.Event()

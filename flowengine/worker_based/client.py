@@ -35,6 +35,7 @@ from flowengine.worker_based import dispatcher as dp
 from flowengine.worker_based import extensions as ext
 from flowengine.worker_based import protocol as pr
 from flowengine.worker_based import proxy as px
+from flowengine.worker_based import signing as sg
 from flowengine.worker_based.types import TopicWorker, header
 
 LOG = logging.getLogger(__name__)
@@ -95,15 +96,19 @@ class Broker:
         transport_options: Kombu transport options.
         retry_options: See :class:`~flowengine.worker_based.backoff.RetryOptions`.
         taskflow_compat: TaskFlow's exact queue declarations.
+        signing: Signs requests and checks replies (default: the key in the environment).
+
+    Raises:
+        ValueError: A signing key with ``taskflow_compat`` (TaskFlow peers cannot sign).
     """
 
     __slots__ = ("exchange", "url", "transport", "transport_options", "retry",
-                 "taskflow_compat", "_key")
+                 "taskflow_compat", "signing", "_key")
 
     def __init__(self, exchange: str, url: str | None = None, transport: Any = None,
                  transport_options: Mapping[str, Any] | None = None,
                  retry_options: Mapping[str, Any] | bo.RetryOptions | None = None,
-                 taskflow_compat: bool = False) -> None:
+                 taskflow_compat: bool = False, signing: sg.Signing | None = None) -> None:
         if not isinstance(exchange, str) or not exchange:
             raise ValueError(f"A broker needs an exchange name, not {exchange!r}")
         if url is not None and not isinstance(url, str):
@@ -112,9 +117,13 @@ class Broker:
         self.transport_options = dict(transport_options or {})
         self.retry = bo.RetryOptions.from_options(retry_options)
         self.taskflow_compat = bool(taskflow_compat)
+        self.signing = sg.Signing.from_options() if signing is None else signing
+        if self.signing.enabled and self.taskflow_compat:
+            raise ValueError("A signing key cannot be used with taskflow_compat (TaskFlow peers "
+                             "neither sign nor check signatures)")
         options = json.dumps(self.transport_options, sort_keys=True, default=repr)
         self._key = (exchange, url, transport if _hashable(transport) else repr(transport),
-                     options, self.retry, self.taskflow_compat)
+                     options, self.retry, self.taskflow_compat, self.signing)
 
     def __hash__(self) -> int:
         return hash(self._key)
@@ -174,7 +183,7 @@ class Client:
             extra_routing_keys=[pr.DISCOVERY_ROUTING_KEY], on_connected=self._on_connected,
             queue_expires=None if broker.taskflow_compat else REPLY_QUEUE_EXPIRES,
             # Replies are acknowledged on receipt and useless to any other process.
-            auto_ack=True, publishers=PUBLISHERS,
+            auto_ack=True, publishers=PUBLISHERS, signing=broker.signing,
         )
 
     @property
@@ -374,7 +383,8 @@ class Client:
             self._next_round = now + NOTIFY_PERIOD
             topics = list(self._topics)
             self._asked.update(topics)
-        protocol = {pr.HEADER_PROTOCOL: pr.PROTOCOL_VERSION}
+        # The origin names this process in the log line of a worker that refuses the request.
+        protocol = {pr.HEADER_PROTOCOL: pr.PROTOCOL_VERSION, pr.HEADER_ORIGIN: pr.origin()}
         try:
             # Every flowengine worker answers this one (TaskFlow workers ignore it).
             self.proxy.publish(pr.Notify(), ext.DISCOVER_ROUTING_KEY, reply_to=self.uuid,

@@ -17,6 +17,7 @@ from flowengine import exceptions as exc
 from flowengine.worker_based import extensions as ext
 from flowengine.worker_based import protocol as pr
 from flowengine.worker_based import proxy as px
+from flowengine.worker_based import signing as sg
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,14 +95,17 @@ class DeadLetters:
         exchange: the exchange engines and workers use.
         url, transport, transport_options, taskflow_compat: broker settings, as for workers.
         deadline: seconds a requeued request may wait for a worker before it is void.
+        signing: signs requeued requests (default: the key in ``FLOWENGINE_SIGNING_KEY``).
     """
 
     def __init__(self, exchange: str, url: str | None = None, transport: Any = None,
                  transport_options: Mapping[str, Any] | None = None,
-                 taskflow_compat: bool = False, deadline: float = pr.REQUEST_TIMEOUT) -> None:
+                 taskflow_compat: bool = False, deadline: float = pr.REQUEST_TIMEOUT,
+                 signing: sg.Signing | None = None) -> None:
         self._proxy = px.Proxy(ext.DEAD_LETTER_ROUTING_KEY, exchange, url=url,
                                transport=transport, transport_options=transport_options,
-                               taskflow_compat=taskflow_compat)
+                               taskflow_compat=taskflow_compat,
+                               signing=sg.Signing.from_options() if signing is None else signing)
         self._deadline = deadline
 
     def list(self) -> list[DeadLetter]:
@@ -117,8 +121,9 @@ class DeadLetters:
         letter = _describe(stored)
         if not letter.topic:
             raise exc.NotFound(f"Dead letter {letter_id!r} does not say which topic it was for")
+        # Its old signature covers the old headers: the request is signed afresh (or not).
         headers = {k: v for k, v in stored.headers.items()
-                   if not k.startswith("x-flowengine-dead-")}
+                   if not k.startswith("x-flowengine-dead-") and k not in sg.SIGNATURE_HEADERS}
         headers[pr.HEADER_DEADLINE] = time.time() + self._deadline
         self._proxy.publish(_Replay(stored.json()), letter.topic,
                             reply_to=stored.properties.get("reply_to"),

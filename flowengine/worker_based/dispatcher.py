@@ -95,6 +95,9 @@ class TypeDispatcher:
             refused (e.g. to tell the sender why); errors in it are logged, never raised.
         settles: Whether messages are settled here (acked, rejected, requeued); False for a
             consumer the broker settles for on delivery (no acknowledgements).
+        check: Called with each message of a known type before it is decoded; a
+            ``(reason, detail)`` answer refuses it, unlogged here (message authentication
+            logs its own refusals, rate-limited).
     """
 
     def __init__(
@@ -105,7 +108,9 @@ class TypeDispatcher:
         max_depth: int = pr.MAX_NESTING_DEPTH,
         on_refused: Callable[[Any, str, str], None] | None = None,
         settles: bool = True,
+        check: Callable[[Any], tuple[str, str] | None] | None = None,
     ) -> None:
+        self._check = check
         self._on_refused = on_refused
         self._settles = settles
         self._type_handlers = dict(type_handlers or {})
@@ -142,6 +147,9 @@ class TypeDispatcher:
         handler = self._type_handlers.get(message_type)
         if handler is None:
             return self._refuse(message, REASON_UNKNOWN_TYPE, f"no handler for {message_type!r}")
+        refusal = self._check(message) if self._check is not None else None
+        if refusal is not None:
+            return self._refuse(message, *refusal, log=False)
         if message.content_type != JSON_CONTENT_TYPE:
             return self._refuse(message, REASON_CONTENT_TYPE, repr(message.content_type))
         size = len(message.body or b"")
@@ -179,9 +187,11 @@ class TypeDispatcher:
                 LOG.exception("Requeue filter %r raised on %s", requeue_filter, describe(message))
         return votes > 0
 
-    def _refuse(self, message: Any, reason: str, detail: str) -> None:
+    def _refuse(self, message: Any, reason: str, detail: str, log: bool = True) -> None:
         # One line per refused message; the detail is capped so a hostile body cannot flood logs.
-        LOG.warning("Rejected message %s: reason=%s %s", describe(message), reason, detail[:200])
+        if log:
+            LOG.warning(
+                "Rejected message %s: reason=%s %s", describe(message), reason, detail[:200])
         if self._on_refused is not None:
             try:
                 self._on_refused(message, reason, detail[:200])

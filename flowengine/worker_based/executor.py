@@ -35,6 +35,7 @@ from flowengine.worker_based import client as bc
 from flowengine.worker_based import extensions as ext
 from flowengine.worker_based import protocol as pr
 from flowengine.worker_based import proxy as px
+from flowengine.worker_based import signing as sg
 from flowengine.worker_based import tracking
 from flowengine.worker_based.submission import RemoteFuture, Submission
 from flowengine.worker_based.tracking import AttemptTracking
@@ -73,6 +74,8 @@ class WorkerTaskExecutor(AttemptTracking, local.TaskExecutor):
         time_limits: per task name, seconds a RUNNING attempt may take (overrides the task
             class's ``time_limit``); past it the attempt fails with TaskTimeLimitExceeded.
         events: where task-sent, task-moved, task-retried and task-lost events go.
+        signing_key, signing_key_file: the key engines and workers share to sign messages
+            (default: ``FLOWENGINE_SIGNING_KEY``), see :mod:`~flowengine.worker_based.signing`.
     """
 
     def __init__(
@@ -94,6 +97,8 @@ class WorkerTaskExecutor(AttemptTracking, local.TaskExecutor):
         max_attempts: int = ext.DEFAULT_MAX_ATTEMPTS,
         time_limits: Mapping[str, float] | None = None,
         events: ext.EventSink = ext.NO_EVENTS,
+        signing_key: str | None = None,
+        signing_key_file: str | None = None,
     ) -> None:
         if max_attempts < 1:
             raise ValueError(f"max_attempts must be at least 1, got {max_attempts}")
@@ -103,7 +108,8 @@ class WorkerTaskExecutor(AttemptTracking, local.TaskExecutor):
         self._uuid = uuid
         self._broker = bc.Broker(exchange, url=url, transport=transport,
                                  transport_options=transport_options,
-                                 retry_options=retry_options, taskflow_compat=taskflow_compat)
+                                 retry_options=retry_options, taskflow_compat=taskflow_compat,
+                                 signing=sg.Signing.from_options(signing_key, signing_key_file))
         self._topics = list(topics)
         self._transition_timeout = transition_timeout
         self._clock = clock

@@ -57,6 +57,13 @@ def _text(name: str, value: Any) -> str:
     return value
 
 
+def _secret_text(name: str, value: Any) -> str:
+    if not isinstance(value, str) or not value:  # the value is a secret: never echoed
+        raise ValueError(f"{_WHAT} {name!r} must be a non-empty string, not a "
+                         f"{type(value).__name__}")
+    return value
+
+
 def _topics(name: str, value: Any) -> tuple[str, ...]:
     if isinstance(value, str):
         return tuple(t for t in value.split(",") if t)
@@ -117,6 +124,9 @@ class WorkerEngineOptions:
     events: bool = True
     metrics: bool = False
     metrics_port: int | None = None
+    # Secrets: kept out of the repr (and so out of logs and errors).
+    signing_key: str | None = dataclasses.field(default=None, repr=False)
+    signing_key_file: str | None = None
 
     def __post_init__(self) -> None:
         if self.lease_timeout is not None and self.lease_timeout <= self.heartbeat_interval:
@@ -171,4 +181,6 @@ _CONVERT: dict[str, Callable[[str, Any], Any]] = {
     "events": as_bool,
     "metrics": as_bool,
     "metrics_port": _port,
+    "signing_key": _secret_text,
+    "signing_key_file": _text,
 }

@@ -28,6 +28,7 @@ from flowengine.worker_based import backoff as bo
 from flowengine.worker_based import dispatcher as dp
 from flowengine.worker_based import producers as pd
 from flowengine.worker_based import protocol as pr
+from flowengine.worker_based import signing as sg
 from flowengine.worker_based.connection import (  # noqa: F401 - re-exported names
     CONSUMER_HEARTBEAT,
     REDIS_RESTORE_LOCK_EXPIRE,
@@ -129,6 +130,8 @@ class Proxy:
             that grows and shrinks); it replaces ``prefetch_count``. After a reconnect the
             limit is lowered by the messages of earlier connections still being processed,
             and comes back as they settle (Celery's consumer does the same).
+        signing: Signs what this proxy publishes and checks what it consumes (see
+            :mod:`~flowengine.worker_based.signing`); None: neither.
     """
 
     def __init__(
@@ -153,7 +156,9 @@ class Proxy:
         publishers: int = PUBLISH_POOL_SIZE,
         paused: Callable[[], bool] | None = None,
         prefetch: Callable[[], int | None] | None = None,
+        signing: sg.Signing | None = None,
     ) -> None:
+        self._signing = signing
         if queue_expires is not None and taskflow_compat:
             raise ValueError(f"Queue of topic '{topic}': queue_expires needs taskflow_compat off")
         self._topic, self._exchange_name, self._compat = topic, exchange, taskflow_compat
@@ -185,6 +190,7 @@ class Proxy:
         self._dispatcher = dp.TypeDispatcher(
             type_handlers, requeue_filters=[lambda _data, _message: not self.is_running],
             on_refused=on_refused, settles=not self._auto_ack,
+            check=signing.check if signing is not None else None,
         )
         # Message priority is an AMQP queue feature; TaskFlow's declarations have none, and a
         # broker refuses a queue redeclared with different arguments.
@@ -323,6 +329,8 @@ class Proxy:
             properties["expiration"] = expiration
         if priority is not None and self._priorities:
             properties["priority"] = max(0, min(int(priority), MAX_PRIORITY))
+        if self._signing is not None:
+            headers = self._signing.sign(body, properties, headers)
         pending = list(keys)
         errors = self._conn.connection_errors + self._conn.channel_errors + (OperationalError,)
         backoff: bo.Backoff | None = None

@@ -30,6 +30,7 @@ from flowengine.worker_based import extensions as ext
 from flowengine.worker_based import pause as ps
 from flowengine.worker_based import protocol as pr
 from flowengine.worker_based import proxy as px
+from flowengine.worker_based import signing as sg
 from flowengine.worker_based.heartbeats import Heartbeats
 
 LOG = logging.getLogger(__name__)
@@ -106,6 +107,11 @@ class Server:
             count advertised in replies. ``None``: no prefetch limit, nothing advertised.
         worker_id: This worker's identity in headers (generated when not given).
         prefetch: The prefetch limit now, for a pool that grows (asked between drains).
+        signing: Signs replies and announcements and checks requests (see
+            :mod:`~flowengine.worker_based.signing`; default: the key in the environment).
+
+    Raises:
+        ValueError: A signing key with ``taskflow_compat`` (TaskFlow peers cannot sign).
     """
 
     def __init__(
@@ -123,7 +129,12 @@ class Server:
         worker_id: str | None = None,
         events: ext.EventSink = ext.NO_EVENTS,
         prefetch: Callable[[], int | None] | None = None,
+        signing: sg.Signing | None = None,
     ) -> None:
+        signing = sg.Signing.from_options() if signing is None else signing
+        if signing.enabled and taskflow_compat:
+            raise ValueError(f"Worker of topic '{topic}': a signing key cannot be used with "
+                             "taskflow_compat (TaskFlow peers neither sign nor check signatures)")
         self._topic = topic
         self._executor = executor
         self._endpoints = {endpoint.name: endpoint for endpoint in endpoints}
@@ -150,6 +161,7 @@ class Server:
             taskflow_compat=taskflow_compat, prefetch_count=capacity,
             on_connected=lambda: self._submit_control(self.announce),
             on_refused=self._on_refused, paused=lambda: self.topic_pause.paused, prefetch=prefetch,
+            signing=signing,
         )  # fmt: skip
         # A private queue for broadcasts (discovery, cancellations): workers sharing a topic
         # share its queue, so only this one reaches each of them. TaskFlow fleets keep
@@ -166,6 +178,7 @@ class Server:
                 control_handlers, url=url, transport=transport,
                 transport_options=transport_options, retry_options=retry_options,
                 extra_routing_keys=[ext.DISCOVER_ROUTING_KEY], transient_queue=True,
+                signing=signing,
             )  # fmt: skip
         self._control_thread: threading.Thread | None = None
 
@@ -258,6 +271,8 @@ class Server:
         # unknown or missing type) is answered, so its sender need not wait for a timeout.
         if props.get("type") == pr.NOTIFY or not reply_to or not correlation_id:
             return
+        if reason in sg.REASONS:
+            return  # an answer would lend the worker's signature to whoever forged it
         error = exc.InvalidFormat(
             f"Worker {self.worker_id} (topic '{self._topic}') refused the request: "
             f"reason={reason} {detail}")

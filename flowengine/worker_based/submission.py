@@ -63,6 +63,7 @@ class Submission:
     workers: list[str] = dataclasses.field(default_factory=list)
     topic: str = ""  # where the last attempt was published, for parking it as a dead letter
     attempt: Attempt | None = None  # the current attempt's lifecycle (leases, time limits)
+    running_by: tuple[str, str | None] | None = None  # (request id, worker) that said RUNNING
 
     @property
     def lease_until(self) -> float | None:

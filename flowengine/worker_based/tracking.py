@@ -23,6 +23,7 @@ from flowengine.worker_based import dead_letters
 from flowengine.worker_based import extensions as ext
 from flowengine.worker_based import protocol as pr
 from flowengine.worker_based import proxy as px
+from flowengine.worker_based import signing as sg
 from flowengine.worker_based.submission import Submission
 from flowengine.worker_based.types import TopicWorker, WorkerFinder, header
 
@@ -95,6 +96,10 @@ class AttemptTracking:
                     data.get("state"), correlation_id)
             return
         request = sub.request
+        impostor = sg.foreign_sender(sub.running_by, correlation_id, headers, data)
+        if impostor is not None:
+            sg.refuse_impostor(message, impostor)
+            return
         try:
             response = pr.Response.from_dict(data)
         except Exception as err:
@@ -119,6 +124,8 @@ class AttemptTracking:
             else:
                 sub.task.notifier.notify(response.data["event_type"], response.data["details"])
         elif state == pr.RUNNING:
+            if sub.running_by is None or sub.running_by[0] != correlation_id:
+                sub.running_by = (correlation_id, header(headers, pr.HEADER_WORKER))
             request.transition_and_log_error(pr.RUNNING, logger=LOG)
             attempt = sub.attempt
             if attempt is not None and attempt.state == at.PENDING:

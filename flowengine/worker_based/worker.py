@@ -30,6 +30,7 @@ from flowengine.worker_based import events as ev
 from flowengine.worker_based import extensions as ext
 from flowengine.worker_based import protocol as pr
 from flowengine.worker_based import server as sv
+from flowengine.worker_based import signing as sg
 from flowengine.worker_based.autoscale import AutoscalePool, Autoscaler
 
 LOG = logging.getLogger(__name__)
@@ -128,9 +129,12 @@ class Worker:
             MIN when idle, and the broker prefetch follows (see
             :mod:`~flowengine.worker_based.autoscale`); not with ``executor`` or
             ``threads_count``. Engines are told MAX as the capacity.
+        signing_key, signing_key_file: The key engines and workers share to sign messages
+            (default: ``FLOWENGINE_SIGNING_KEY``), see :mod:`~flowengine.worker_based.signing`.
 
     Raises:
-        ValueError: ``tasks`` resolve to no task class at all; a bad ``autoscale``.
+        ValueError: ``tasks`` resolve to no task class at all; a bad ``autoscale``; a bad
+            signing key.
         ImportError, TypeError: See :func:`find_task_classes`.
     """
 
@@ -150,7 +154,10 @@ class Worker:
         metrics: bool = False,
         heartbeat_interval: float = DEFAULT_EVENT_HEARTBEAT,
         autoscale: tuple[int, int] | None = None,
+        signing_key: str | None = None,
+        signing_key_file: str | None = None,
     ) -> None:
+        signing = sg.Signing.from_options(signing_key, signing_key_file)
         self._exchange, self._topic = exchange, topic
         specs = _spec_list(tasks)
         classes = find_task_classes(specs)
@@ -194,6 +201,7 @@ class Worker:
             transport_options=transport_options, retry_options=retry_options,
             taskflow_compat=taskflow_compat, capacity=threads_count, events=events,
             prefetch=None if self._pool is None else self._pool_prefetch,
+            signing=signing,
         )  # fmt: skip
         self._ticker = None if events is ext.NO_EVENTS else ev.Ticker(
             events, "worker-heartbeat", heartbeat_interval, self._heartbeat)
