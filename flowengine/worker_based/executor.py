@@ -73,6 +73,10 @@ class WorkerTaskExecutor(AttemptTracking, local.TaskExecutor):
         time_limits: per task name, seconds a RUNNING attempt may take (overrides the task
             class's ``time_limit``); past it the attempt fails with TaskTimeLimitExceeded.
         events: where task-sent, task-moved, task-retried and task-lost events go.
+        unserved_timeout: seconds a request may wait while workers are known but none of
+            them runs its task class, before it fails with NotFound naming the class, the
+            topics and what their workers do run (None: wait for transition_timeout). With no
+            worker known at all, transition_timeout applies.
     """
 
     def __init__(
@@ -94,6 +98,7 @@ class WorkerTaskExecutor(AttemptTracking, local.TaskExecutor):
         max_attempts: int = ext.DEFAULT_MAX_ATTEMPTS,
         time_limits: Mapping[str, float] | None = None,
         events: ext.EventSink = ext.NO_EVENTS,
+        unserved_timeout: float | None = ext.DEFAULT_UNSERVED_TIMEOUT,
     ) -> None:
         if max_attempts < 1:
             raise ValueError(f"max_attempts must be at least 1, got {max_attempts}")
@@ -113,6 +118,7 @@ class WorkerTaskExecutor(AttemptTracking, local.TaskExecutor):
         self._heartbeat_interval = heartbeat_interval
         self._max_attempts = max_attempts
         self._time_limits = dict(time_limits or {})
+        self._unserved_timeout = unserved_timeout
         self._events = events
         self._lock = threading.RLock()
         self._ongoing: dict[str, Submission] = {}
@@ -259,6 +265,8 @@ class WorkerTaskExecutor(AttemptTracking, local.TaskExecutor):
         worker = self.finder.get_worker_for_task(pr.task_class_name(sub.task), avoid=sub.workers)
         if worker is None:
             LOG.debug("No worker yet for %r; request %s waits", sub.task.name, request.request_id)
+            if self._unserved_timeout is not None:
+                self._note_due(request.created_on + self._unserved_timeout)
             return
         with self._lock:
             if (request.current_state != pr.WAITING or sub.request is not request

@@ -41,6 +41,8 @@ DEFAULT_LEASE_TIMEOUT = 10.0
 DEFAULT_HEARTBEAT_INTERVAL = 2.0
 #: ...at most this many attempts in all, then the atom fails with WorkerLost.
 DEFAULT_MAX_ATTEMPTS = 3
+#: Seconds a request may wait when workers are known but none of them runs its task class.
+DEFAULT_UNSERVED_TIMEOUT = 5.0
 
 
 class EventSink:

@@ -19,7 +19,7 @@ from flowengine import exceptions as exc
 from flowengine.worker_based import attempt as at
 from flowengine.worker_based import cancellation as cn
 from flowengine.worker_based import client as bc
-from flowengine.worker_based import dead_letters
+from flowengine.worker_based import dead_letters, unserved
 from flowengine.worker_based import extensions as ext
 from flowengine.worker_based import protocol as pr
 from flowengine.worker_based import proxy as px
@@ -45,6 +45,8 @@ class AttemptTracking:
     _lease_timeout: float | None
     _heartbeat_interval: float
     _max_attempts: int
+    _unserved_timeout: float | None
+    _topics: list[str]
     _events: ext.EventSink
     _next_due: float
     _next_expiry_check: float
@@ -278,7 +280,11 @@ class AttemptTracking:
                 self._fail(sub, exc.RequestTimeout(
                     f"Request {request.request_id} for task {sub.task.name!r} has expired "
                     f"after waiting for {request.timeout} seconds for it to transition out "
-                    f"of (WAITING, PENDING) states"))
+                    f"of (WAITING, PENDING) states{self._why_waiting(request)}"))
+            elif request.current_state == pr.WAITING and self._unserved(request, now):
+                self._fail(sub, exc.NotFound(unserved.describe(
+                    pr.task_class_name(sub.task), sub.task.name, self._topics,
+                    self.finder.workers(), now - request.created_on)))
             elif request.current_state == pr.RUNNING and sub.attempt is not None:
                 attempt = sub.attempt
                 verdict = attempt.judge()
@@ -293,11 +299,29 @@ class AttemptTracking:
     def _deadline(self, sub: Submission, request: pr.Request) -> float:
         """When ``sub``'s attempt next needs looking at (expiry, time limit or lease)."""
         if request.current_state in pr.WAITING_STATES:
-            return (math.inf if request.timeout is None
-                    else request.created_on + request.timeout)
+            expiry = (math.inf if request.timeout is None
+                      else request.created_on + request.timeout)
+            if request.current_state == pr.WAITING and self._unserved_timeout is not None:
+                fail_fast = request.created_on + self._unserved_timeout
+                if fail_fast > self._clock():  # once past, only the expiry is left to wait for
+                    return min(expiry, fail_fast)
+            return expiry
         if request.current_state == pr.RUNNING and sub.attempt is not None:
             return sub.attempt.due()
         return math.inf
+
+    def _unserved(self, request: pr.Request, now: float) -> bool:
+        """Whether a WAITING request has waited its ``unserved_timeout`` out while workers
+        are known (none of which runs its class, or it would have been sent)."""
+        return (self._unserved_timeout is not None
+                and now - request.created_on >= self._unserved_timeout
+                and self.finder.total_workers > 0)
+
+    def _why_waiting(self, request: pr.Request) -> str:
+        if request.current_state == pr.WAITING and self.finder.total_workers == 0:
+            return (f": no worker was known on topic(s) {', '.join(map(repr, self._topics))}"
+                    f" (none answered discovery or announced itself)")
+        return ""
 
     def _orphaned(self, workers: list[TopicWorker], why: str) -> None:
         ids = {w.identity for w in workers}
