@@ -396,7 +396,9 @@ class WorkerTaskExecutor(AttemptTracking, local.TaskExecutor):
 
     def _fail(self, sub: Submission, error: Exception) -> None:
         request = sub.request
-        if (sub.action == pr.EXECUTE and sub.attempts == 1 and request is not None
+        # Attempts turned away by workers that do not run the class never ran either.
+        if (sub.action == pr.EXECUTE and sub.attempts - sub.not_served == 1
+                and request is not None
                 and request.current_state in pr.WAITING_STATES):
             # Sent nowhere, or never picked up before its timeout: it did nothing.
             self._never_started.add(sub.uuid)

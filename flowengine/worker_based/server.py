@@ -340,6 +340,13 @@ class Server:
                 )
         except Exception as err:
             reason = "unknown-task" if isinstance(err, exc.NotFound) else "unusable-request"
+            if (reason == "unknown-task" and self._control_proxy is not None
+                    and _from_flowengine(headers)):
+                # A worker sharing this topic runs it (a rolling deploy): the engine resends it.
+                LOG.info("Handing back request %s for task %s: not served by this worker",
+                         dp.describe(message), name)
+                return reply(pr.EVENT, name, event_type=ext.EVENT_NOT_SERVED,
+                             details={"worker": self.worker_id})
             LOG.warning("Rejected message %s: reason=%s task %s: %s", dp.describe(message),
                         reason, name, _clip(str(err)))
             return reply(pr.FAILURE, name, result=pr.failure_to_dict(Failure()))

@@ -114,6 +114,8 @@ class AttemptTracking:
                 self._renew(sub, headers)
             elif event_type == ext.EVENT_REDELIVERED:
                 self._handed_back(sub, request, header(headers, pr.HEADER_WORKER))
+            elif event_type == ext.EVENT_NOT_SERVED:
+                self._not_served(sub, request, header(headers, pr.HEADER_WORKER))
             elif event_type == cn.EVENT_CANCELLED:
                 if request.current_state in pr.WAITING_STATES:
                     by = header(headers, pr.HEADER_WORKER) or "?"
@@ -194,6 +196,23 @@ class AttemptTracking:
         LOG.info("Attempt %d of task %r (request %s) never started: %s; sending it again",
                  sub.attempts, sub.task.name, request.request_id, why)
         sub.resent += 1
+        self._new_attempt(sub, defer=True)
+
+    def _not_served(self, sub: Submission, request: pr.Request, by: str | None) -> None:
+        """A worker sharing the topic turned the attempt away unrun: it does not run the class.
+        It is sent again without counting an attempt, to a worker that announced the class."""
+        if request.current_state != pr.PENDING:
+            return  # late or duplicated: the attempt moved on
+        task_cls = pr.task_class_name(sub.task)
+        if sub.not_served >= ext.MAX_NOT_SERVED:
+            self._fail(sub, exc.NotFound(unserved.describe(
+                task_cls, sub.task.name, self._topics, self.finder.workers(),
+                self._clock() - request.created_on)
+                + f"\n(handed back {sub.not_served + 1} times, the last by worker {by})"))
+            return
+        LOG.info("Worker %s does not run task class %r: sending task %r (request %s) again",
+                 by or "?", task_cls, sub.task.name, request.request_id)
+        sub.not_served += 1
         self._new_attempt(sub, defer=True)
 
     def _renew(self, sub: Submission, headers: Mapping[str, Any]) -> None:
@@ -343,7 +362,7 @@ class AttemptTracking:
                     sub.workers[-1] if sub.workers else "?", why)
         self._events.emit("task-lost", **self._event_fields(sub), reason=why,
                           worker=sub.workers[-1] if sub.workers else None)
-        if sub.attempts - sub.resent < self._max_attempts:
+        if sub.attempts - sub.resent - sub.not_served < self._max_attempts:
             self._new_attempt(sub, defer=True)
             self._events.emit("task-retried", **self._event_fields(sub), reason=why)
             return
