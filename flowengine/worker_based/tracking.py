@@ -313,7 +313,7 @@ class AttemptTracking:
                         sub.task.name, attempt.time_limit, elapsed=now - attempt.started))
                 elif verdict == at.LAPSE:
                     self._advance(sub, at.LAPSE)
-                    self._lapse(sub, sub.suspect or "its lease lapsed (no heartbeat)")
+                    self._silent(sub, sub.suspect or "its lease lapsed (no heartbeat)")
 
     def _deadline(self, sub: Submission, request: pr.Request) -> float:
         """When ``sub``'s attempt next needs looking at (expiry, time limit or lease)."""
@@ -341,6 +341,21 @@ class AttemptTracking:
             return (f": no worker was known on topic(s) {', '.join(map(repr, self._topics))}"
                     f" (none answered discovery or announced itself)")
         return ""
+
+    def _silent(self, sub: Submission, why: str) -> None:
+        """The current attempt's holder stopped sending heartbeats: it is dead, frozen or cut
+        off. It is forgotten at once, so nothing more (the next attempt, a revert) is sent to
+        it, and every attempt it held is lost now rather than one lease at a time; its next
+        announcement or discovery reply brings it back."""
+        gone = self.finder.remove(sub.workers[-1]) if sub.workers else None
+        if gone is None:
+            self._lapse(sub, why)
+            return
+        LOG.warning("Worker %s (topic %r) is taken for dead: %s", gone.identity, gone.topic, why)
+        # This attempt first: its next one is sent to a live worker, so the sweep below, by
+        # the dead worker's identity, cannot catch it twice.
+        self._lapse(sub, why)
+        self._orphaned([gone], "stopped sending heartbeats")
 
     def _orphaned(self, workers: list[TopicWorker], why: str) -> None:
         ids = {w.identity for w in workers}
