@@ -272,6 +272,9 @@ class Server:
         with self._busy_lock:
             self._busy += 1
         self._events.emit("task-received", **_event_fields(data, message), worker=self.worker_id)
+        # One line per task received and finished, as Celery workers log them.
+        LOG.info("Task %s[%s] received", _clip(data.get("task_name")),
+                 _clip(props["correlation_id"]))
         try:
             self._executor.submit(self._process_request, data, message)
         except RuntimeError:  # executor shut down: let another worker have it
@@ -373,6 +376,11 @@ class Server:
         finally:
             self._heartbeats.remove(beating)
         runtime = time.monotonic() - started
+        # Neither the result nor the exception's text: either may hold a secret.
+        LOG.info("Task %s[%s] %s in %.3fs", _clip(data.get("task_name")),
+                 _clip(props["correlation_id"]),
+                 f"failed ({_first(result)})" if isinstance(result, Failure) else "succeeded",
+                 runtime)
         if isinstance(result, Failure):
             self._events.emit("task-failed", **fields, runtime=runtime,
                               exception=result.exception_str, exc_type=_first(result))

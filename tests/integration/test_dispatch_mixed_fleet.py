@@ -8,6 +8,7 @@ and ``max_attempts=1`` shows that no hand-back counted as an attempt.
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -51,3 +52,10 @@ def test_a_mixed_fleet_runs_every_execute_and_revert_on_a_worker_that_serves_it(
     assert {atom: done["execute", atom] for atom in adds} == dict.fromkeys(adds, 1), done
     assert {atom: done["revert", atom] for atom in adds} == dict.fromkeys(adds, 1), done
     assert done["revert", "one"] == 1, done
+
+    # Workers log one line per task received and finished, with its duration (as Celery does).
+    logged = "".join(w.log(tail=500) for w in fleet.workers)
+    assert re.search(r"Task add-0\[[0-9a-f-]+\] received", logged), logged
+    assert re.search(r"Task add-0\[[0-9a-f-]+\] succeeded in \d+\.\d{3}s", logged), logged
+    assert re.search(r"Task boom\[[0-9a-f-]+\] failed \(behaviour\.tasks\.Boom\) in "
+                     r"\d+\.\d{3}s", logged), logged
