@@ -344,18 +344,14 @@ class AttemptTracking:
 
     def _silent(self, sub: Submission, why: str) -> None:
         """The current attempt's holder stopped sending heartbeats: it is dead, frozen or cut
-        off. It is forgotten at once, so nothing more (the next attempt, a revert) is sent to
-        it, and every attempt it held is lost now rather than one lease at a time; its next
-        announcement or discovery reply brings it back."""
-        gone = self.finder.remove(sub.workers[-1]) if sub.workers else None
-        if gone is None:
-            self._lapse(sub, why)
-            return
-        LOG.warning("Worker %s (topic %r) is taken for dead: %s", gone.identity, gone.topic, why)
-        # This attempt first: its next one is sent to a live worker, so the sweep below, by
-        # the dead worker's identity, cannot catch it twice.
+        off. Nothing more (the next attempt, a revert) is sent to it until anything is heard
+        from it again. The other attempts it holds keep their own leases: a worker only slow
+        to send one heartbeat must not lose all its work at once."""
+        holder = self.finder.silence(sub.workers[-1]) if sub.workers else None
+        if holder is not None:
+            LOG.warning("Worker %s (topic %r) is sent nothing until it is heard from again: %s",
+                        holder.identity, holder.topic, why)
         self._lapse(sub, why)
-        self._orphaned([gone], "stopped sending heartbeats")
 
     def _orphaned(self, workers: list[TopicWorker], why: str) -> None:
         ids = {w.identity for w in workers}
