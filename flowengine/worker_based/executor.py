@@ -76,6 +76,10 @@ class WorkerTaskExecutor(AttemptTracking, local.TaskExecutor):
         events: where task-sent, task-moved, task-retried and task-lost events go.
         signing_key, signing_key_file: the key engines and workers share to sign messages
             (default: ``FLOWENGINE_SIGNING_KEY``), see :mod:`~flowengine.worker_based.signing`.
+        unserved_timeout: seconds a request may wait while workers are known but none of
+            them runs its task class, before it fails with NotFound naming the class, the
+            topics and what their workers do run (None: wait for transition_timeout). With no
+            worker known at all, transition_timeout applies.
     """
 
     def __init__(
@@ -99,6 +103,7 @@ class WorkerTaskExecutor(AttemptTracking, local.TaskExecutor):
         events: ext.EventSink = ext.NO_EVENTS,
         signing_key: str | None = None,
         signing_key_file: str | None = None,
+        unserved_timeout: float | None = ext.DEFAULT_UNSERVED_TIMEOUT,
     ) -> None:
         if max_attempts < 1:
             raise ValueError(f"max_attempts must be at least 1, got {max_attempts}")
@@ -119,6 +124,7 @@ class WorkerTaskExecutor(AttemptTracking, local.TaskExecutor):
         self._heartbeat_interval = heartbeat_interval
         self._max_attempts = max_attempts
         self._time_limits = dict(time_limits or {})
+        self._unserved_timeout = unserved_timeout
         self._events = events
         self._lock = threading.RLock()
         self._ongoing: dict[str, Submission] = {}
@@ -265,6 +271,8 @@ class WorkerTaskExecutor(AttemptTracking, local.TaskExecutor):
         worker = self.finder.get_worker_for_task(pr.task_class_name(sub.task), avoid=sub.workers)
         if worker is None:
             LOG.debug("No worker yet for %r; request %s waits", sub.task.name, request.request_id)
+            if self._unserved_timeout is not None:
+                self._note_due(request.created_on + self._unserved_timeout)
             return
         with self._lock:
             if (request.current_state != pr.WAITING or sub.request is not request
@@ -394,7 +402,9 @@ class WorkerTaskExecutor(AttemptTracking, local.TaskExecutor):
 
     def _fail(self, sub: Submission, error: Exception) -> None:
         request = sub.request
-        if (sub.action == pr.EXECUTE and sub.attempts == 1 and request is not None
+        # Attempts turned away by workers that do not run the class never ran either.
+        if (sub.action == pr.EXECUTE and sub.attempts - sub.not_served == 1
+                and request is not None
                 and request.current_state in pr.WAITING_STATES):
             # Sent nowhere, or never picked up before its timeout: it did nothing.
             self._never_started.add(sub.uuid)

@@ -27,6 +27,16 @@ EVENT_HEARTBEAT = "flowengine.heartbeat"
 #: unseen by the engine's attempt count.
 EVENT_REDELIVERED = "flowengine.redelivered"
 
+#: A flowengine worker (not in ``taskflow_compat`` mode) that receives a flowengine request for
+#: a task class it does not run (workers sharing a topic share its queue, and during a rolling
+#: deploy they run different task lists) acknowledges it and answers with a RESPONSE in state
+#: EVENT of this type, details ``{"worker": <its id>}``. The engine sends it again, to a worker
+#: that runs the class, without counting an attempt.
+EVENT_NOT_SERVED = "flowengine.not-served"
+#: Hand-backs of one task run before the engine stops sending it again (a topic whose workers
+#: announced the class but turn it away, e.g. an out-of-date announcement).
+MAX_NOT_SERVED = 20
+
 #: Dead letters are published with this routing key to queue ``<exchange>_<key>``.
 DEAD_LETTER_ROUTING_KEY = "flowengine.dead-letters"
 #: Dead-letter headers: why it was parked, the topic it was meant for, when, and its id.
@@ -41,6 +51,8 @@ DEFAULT_LEASE_TIMEOUT = 10.0
 DEFAULT_HEARTBEAT_INTERVAL = 2.0
 #: ...at most this many attempts in all, then the atom fails with WorkerLost.
 DEFAULT_MAX_ATTEMPTS = 3
+#: Seconds a request may wait when workers are known but none of them runs its task class.
+DEFAULT_UNSERVED_TIMEOUT = 5.0
 
 
 class EventSink:

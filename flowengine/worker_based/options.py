@@ -121,6 +121,7 @@ class WorkerEngineOptions:
     heartbeat_interval: float = ext.DEFAULT_HEARTBEAT_INTERVAL
     max_attempts: int = ext.DEFAULT_MAX_ATTEMPTS
     time_limits: Mapping[str, float] | None = None
+    unserved_timeout: float | None = ext.DEFAULT_UNSERVED_TIMEOUT
     events: bool = True
     metrics: bool = False
     metrics_port: int | None = None
@@ -163,7 +164,8 @@ class WorkerEngineOptions:
 
 #: Options the engine itself uses (events and metrics), not its executor.
 _ENGINE_ONLY = frozenset({"events", "metrics", "metrics_port"})
-_NONE_MEANS_NONE = frozenset({"transition_timeout", "worker_expiry", "lease_timeout"})
+_NONE_MEANS_NONE = frozenset({"transition_timeout", "worker_expiry", "lease_timeout",
+                              "unserved_timeout"})
 _CONVERT: dict[str, Callable[[str, Any], Any]] = {
     "exchange": _text,
     "url": _text,
@@ -178,6 +180,7 @@ _CONVERT: dict[str, Callable[[str, Any], Any]] = {
     "heartbeat_interval": lambda n, v: _seconds(n, v, optional=False),
     "max_attempts": _positive_int,
     "time_limits": _time_limits,
+    "unserved_timeout": lambda n, v: _seconds(n, v, optional=True),
     "events": as_bool,
     "metrics": as_bool,
     "metrics_port": _port,

@@ -292,6 +292,9 @@ class Server:
         with self._busy_lock:
             self._busy += 1
         self._events.emit("task-received", **_event_fields(data, message), worker=self.worker_id)
+        # One line per task received and finished, as Celery workers log them.
+        LOG.info("Task %s[%s] received", _clip(data.get("task_name")),
+                 _clip(props["correlation_id"]))
         try:
             self._executor.submit(self._process_request, data, message)
         except RuntimeError:  # executor shut down: let another worker have it
@@ -360,6 +363,13 @@ class Server:
                 )
         except Exception as err:
             reason = "unknown-task" if isinstance(err, exc.NotFound) else "unusable-request"
+            if (reason == "unknown-task" and self._control_proxy is not None
+                    and _from_flowengine(headers)):
+                # A worker sharing this topic runs it (a rolling deploy): the engine resends it.
+                LOG.info("Handing back request %s for task %s: not served by this worker",
+                         dp.describe(message), name)
+                return reply(pr.EVENT, name, event_type=ext.EVENT_NOT_SERVED,
+                             details={"worker": self.worker_id})
             LOG.warning("Rejected message %s: reason=%s task %s: %s", dp.describe(message),
                         reason, name, _clip(str(err)))
             return reply(pr.FAILURE, name, result=pr.failure_to_dict(Failure()))
@@ -386,6 +396,11 @@ class Server:
         finally:
             self._heartbeats.remove(beating)
         runtime = time.monotonic() - started
+        # Neither the result nor the exception's text: either may hold a secret.
+        LOG.info("Task %s[%s] %s in %.3fs", _clip(data.get("task_name")),
+                 _clip(props["correlation_id"]),
+                 f"failed ({_first(result)})" if isinstance(result, Failure) else "succeeded",
+                 runtime)
         if isinstance(result, Failure):
             self._events.emit("task-failed", **fields, runtime=runtime,
                               exception=result.exception_str, exc_type=_first(result))

@@ -56,6 +56,7 @@ class Submission:
     future: RemoteFuture
     attempts: int = 0
     resent: int = 0  # attempts sent again because their first holder never started them
+    not_served: int = 0  # attempts handed back by a worker that does not run the class
     revoking: str | None = None  # the request id workers were asked not to start
     suspect: str | None = None  # why the running attempt may be lost, until a heartbeat says not
     request: pr.Request | None = None

@@ -19,7 +19,7 @@ from flowengine import exceptions as exc
 from flowengine.worker_based import attempt as at
 from flowengine.worker_based import cancellation as cn
 from flowengine.worker_based import client as bc
-from flowengine.worker_based import dead_letters
+from flowengine.worker_based import dead_letters, unserved
 from flowengine.worker_based import extensions as ext
 from flowengine.worker_based import protocol as pr
 from flowengine.worker_based import proxy as px
@@ -46,6 +46,8 @@ class AttemptTracking:
     _lease_timeout: float | None
     _heartbeat_interval: float
     _max_attempts: int
+    _unserved_timeout: float | None
+    _topics: list[str]
     _events: ext.EventSink
     _next_due: float
     _next_expiry_check: float
@@ -117,6 +119,8 @@ class AttemptTracking:
                 self._renew(sub, headers)
             elif event_type == ext.EVENT_REDELIVERED:
                 self._handed_back(sub, request, header(headers, pr.HEADER_WORKER))
+            elif event_type == ext.EVENT_NOT_SERVED:
+                self._not_served(sub, request, header(headers, pr.HEADER_WORKER))
             elif event_type == cn.EVENT_CANCELLED:
                 if request.current_state in pr.WAITING_STATES:
                     by = header(headers, pr.HEADER_WORKER) or "?"
@@ -199,6 +203,23 @@ class AttemptTracking:
         LOG.info("Attempt %d of task %r (request %s) never started: %s; sending it again",
                  sub.attempts, sub.task.name, request.request_id, why)
         sub.resent += 1
+        self._new_attempt(sub, defer=True)
+
+    def _not_served(self, sub: Submission, request: pr.Request, by: str | None) -> None:
+        """A worker sharing the topic turned the attempt away unrun: it does not run the class.
+        It is sent again without counting an attempt, to a worker that announced the class."""
+        if request.current_state != pr.PENDING:
+            return  # late or duplicated: the attempt moved on
+        task_cls = pr.task_class_name(sub.task)
+        if sub.not_served >= ext.MAX_NOT_SERVED:
+            self._fail(sub, exc.NotFound(unserved.describe(
+                task_cls, sub.task.name, self._topics, self.finder.workers(),
+                self._clock() - request.created_on)
+                + f"\n(handed back {sub.not_served + 1} times, the last by worker {by})"))
+            return
+        LOG.info("Worker %s does not run task class %r: sending task %r (request %s) again",
+                 by or "?", task_cls, sub.task.name, request.request_id)
+        sub.not_served += 1
         self._new_attempt(sub, defer=True)
 
     def _renew(self, sub: Submission, headers: Mapping[str, Any]) -> None:
@@ -285,7 +306,11 @@ class AttemptTracking:
                 self._fail(sub, exc.RequestTimeout(
                     f"Request {request.request_id} for task {sub.task.name!r} has expired "
                     f"after waiting for {request.timeout} seconds for it to transition out "
-                    f"of (WAITING, PENDING) states"))
+                    f"of (WAITING, PENDING) states{self._why_waiting(request)}"))
+            elif request.current_state == pr.WAITING and self._unserved(request, now):
+                self._fail(sub, exc.NotFound(unserved.describe(
+                    pr.task_class_name(sub.task), sub.task.name, self._topics,
+                    self.finder.workers(), now - request.created_on)))
             elif request.current_state == pr.RUNNING and sub.attempt is not None:
                 attempt = sub.attempt
                 verdict = attempt.judge()
@@ -295,16 +320,45 @@ class AttemptTracking:
                         sub.task.name, attempt.time_limit, elapsed=now - attempt.started))
                 elif verdict == at.LAPSE:
                     self._advance(sub, at.LAPSE)
-                    self._lapse(sub, sub.suspect or "its lease lapsed (no heartbeat)")
+                    self._silent(sub, sub.suspect or "its lease lapsed (no heartbeat)")
 
     def _deadline(self, sub: Submission, request: pr.Request) -> float:
         """When ``sub``'s attempt next needs looking at (expiry, time limit or lease)."""
         if request.current_state in pr.WAITING_STATES:
-            return (math.inf if request.timeout is None
-                    else request.created_on + request.timeout)
+            expiry = (math.inf if request.timeout is None
+                      else request.created_on + request.timeout)
+            if request.current_state == pr.WAITING and self._unserved_timeout is not None:
+                fail_fast = request.created_on + self._unserved_timeout
+                if fail_fast > self._clock():  # once past, only the expiry is left to wait for
+                    return min(expiry, fail_fast)
+            return expiry
         if request.current_state == pr.RUNNING and sub.attempt is not None:
             return sub.attempt.due()
         return math.inf
+
+    def _unserved(self, request: pr.Request, now: float) -> bool:
+        """Whether a WAITING request has waited its ``unserved_timeout`` out while workers
+        are known (none of which runs its class, or it would have been sent)."""
+        return (self._unserved_timeout is not None
+                and now - request.created_on >= self._unserved_timeout
+                and self.finder.total_workers > 0)
+
+    def _why_waiting(self, request: pr.Request) -> str:
+        if request.current_state == pr.WAITING and self.finder.total_workers == 0:
+            return (f": no worker was known on topic(s) {', '.join(map(repr, self._topics))}"
+                    f" (none answered discovery or announced itself)")
+        return ""
+
+    def _silent(self, sub: Submission, why: str) -> None:
+        """The current attempt's holder stopped sending heartbeats: it is dead, frozen or cut
+        off. Nothing more (the next attempt, a revert) is sent to it until anything is heard
+        from it again. The other attempts it holds keep their own leases: a worker only slow
+        to send one heartbeat must not lose all its work at once."""
+        holder = self.finder.silence(sub.workers[-1]) if sub.workers else None
+        if holder is not None:
+            LOG.warning("Worker %s (topic %r) is sent nothing until it is heard from again: %s",
+                        holder.identity, holder.topic, why)
+        self._lapse(sub, why)
 
     def _orphaned(self, workers: list[TopicWorker], why: str) -> None:
         ids = {w.identity for w in workers}
@@ -326,7 +380,7 @@ class AttemptTracking:
                     sub.workers[-1] if sub.workers else "?", why)
         self._events.emit("task-lost", **self._event_fields(sub), reason=why,
                           worker=sub.workers[-1] if sub.workers else None)
-        if sub.attempts - sub.resent < self._max_attempts:
+        if sub.attempts - sub.resent - sub.not_served < self._max_attempts:
             self._new_attempt(sub, defer=True)
             self._events.emit("task-retried", **self._event_fields(sub), reason=why)
             return

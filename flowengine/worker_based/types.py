@@ -30,6 +30,8 @@ class TopicWorker:
         capacity: free task slots it last advertised (None: unknown).
         last_seen: when it was last heard from (the finder's clock).
         flowengine: whether it speaks flowengine's header extensions.
+        silent: a lease it held lapsed (no heartbeat): it is sent nothing until it is heard
+            from again.
     """
 
     topic: str
@@ -39,6 +41,7 @@ class TopicWorker:
     last_seen: float = 0.0
     flowengine: bool = False
     in_flight: int = 0
+    silent: bool = False
 
     def performs(self, task_cls: str) -> bool:
         """Whether it runs the named task class."""
@@ -98,6 +101,8 @@ class WorkerFinder:
             worker.tasks = frozenset(tasks)
             worker.topic = topic
             worker.last_seen = self._clock()
+            new = new or worker.silent
+            worker.silent = False
             if capacity is not None:
                 worker.capacity = capacity
             if new:
@@ -127,10 +132,23 @@ class WorkerFinder:
             return
         with self._lock:
             worker = self._workers.get(identity)
+            back = worker is not None and worker.silent
             if worker is not None:
                 worker.last_seen = self._clock()
+                worker.silent = False
                 if capacity is not None:
                     worker.capacity = capacity
+        if back and self._on_change is not None:
+            self._on_change()  # requests may wait for it
+
+    def silence(self, identity: str) -> TopicWorker | None:
+        """Send nothing more to a worker whose lease lapsed (dead, frozen or cut off) until
+        anything is heard from it again; return it if it is known."""
+        with self._lock:
+            worker = self._workers.get(identity)
+            if worker is not None:
+                worker.silent = True
+        return worker
 
     def expire(self) -> list[TopicWorker]:
         """Forget workers not heard from within the expiry; return them."""
@@ -157,7 +175,8 @@ class WorkerFinder:
         random so equal workers share the work.
         """
         with self._lock:
-            capable = [w for w in self._workers.values() if w.performs(task_cls)]
+            capable = [w for w in self._workers.values()
+                       if w.performs(task_cls) and not w.silent]
         if not capable:
             return None
         avoided = set(avoid)

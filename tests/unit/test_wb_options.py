@@ -75,3 +75,12 @@ def test_a_lease_no_longer_than_the_heartbeat_interval_is_refused() -> None:
 def test_engines_load_refuses_a_misspelt_worker_based_option() -> None:
     with pytest.raises(ValueError, match="'topic'.*did you mean 'topics'"):
         engines.load(tasks.Step("s"), engine="worker-based", topic="x", transport="memory")
+
+
+def test_unserved_timeout_is_seconds_none_disables_it_and_reaches_the_executor() -> None:
+    assert WorkerEngineOptions().unserved_timeout == ext.DEFAULT_UNSERVED_TIMEOUT
+    options = WorkerEngineOptions.from_mapping({"unserved_timeout": "2.5"})
+    assert options.executor_options()["unserved_timeout"] == 2.5
+    assert WorkerEngineOptions.from_mapping({"unserved_timeout": None}).unserved_timeout is None
+    with pytest.raises(ValueError, match="'unserved_timeout' must be a positive number"):
+        WorkerEngineOptions.from_mapping({"unserved_timeout": 0})

@@ -1,0 +1,36 @@
+"""The error for a task class no known worker runs, saying what the workers there do run.
+
+A request for such a class would otherwise wait out the whole ``transition_timeout`` (a
+minute by default) and end with a timeout that does not say why: a worker started without
+the class's ``--task``, a class defined in ``__main__``, a rolling deploy that dropped it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from flowengine.worker_based.types import TopicWorker
+
+#: Task classes listed per topic before the rest are only counted (a worker may run hundreds).
+_SHOWN = 20
+
+
+def describe(task_cls: str, task_name: str, topics: Sequence[str],
+             workers: Iterable[TopicWorker], waited: float) -> str:
+    """Why task ``task_name`` (class ``task_cls``) cannot run, naming what each topic serves."""
+    served: dict[str, set[str]] = {}
+    counts: dict[str, int] = {}
+    for worker in workers:
+        served.setdefault(worker.topic, set()).update(worker.tasks)
+        counts[worker.topic] = counts.get(worker.topic, 0) + 1
+    where = ", ".join(repr(t) for t in (topics or sorted(served)))
+    lines = [f"Task {task_name!r}: no live worker on topic(s) {where} runs task class "
+             f"{task_cls!r} (waited {waited:.1f}s). Start a worker with --task {task_cls}, "
+             f"or define the class in an importable module (not __main__)."]
+    for topic in sorted(served):
+        tasks = sorted(served[topic])
+        shown = ", ".join(tasks[:_SHOWN]) + (f" and {len(tasks) - _SHOWN} more"
+                                            if len(tasks) > _SHOWN else "")
+        lines.append(f"The {counts[topic]} worker(s) on topic {topic!r} run: "
+                     f"{shown or 'nothing'}")
+    return "\n".join(lines)
