@@ -16,6 +16,9 @@ for those not fixed yet):
 * Parallel or non-linear programs where several tasks fail are not compared (their failures
   group into other rounds), nor non-linear programs suspended in a round where another task
   fails (TaskFlow goes on retrying; flowengine stops).
+* Parallel programs with a failing task are not compared: which ready atoms start before the
+  engine sees the failure depends on thread timing, on TaskFlow as on flowengine (a CI run
+  failed on a program where a later atom started in one library's run and not the other's).
 * TaskFlow's ``fetch_all`` returns a failed task's Failure under the names it provides: those
   names are left out of ``fetch_all``.
 * When a whole flow reverts, TaskFlow reverts tasks that never ran (``revert`` with no
@@ -111,6 +114,8 @@ def test_same_outcome_on_taskflow_and_flowengine(program: dict[str, Any]) -> Non
     if _failing_tasks(program["flow"]) > 1 and (
             program["engine"] == "parallel" or not _all_linear(program["flow"])):
         return  # a known difference: how failures of one round are batched
+    if _failing_tasks(program["flow"]) and program["engine"] == "parallel":
+        return  # not defined on either library: which ready atoms start before a failure is seen
     if program["suspend_at"] and _failing_tasks(program["flow"]) and \
             not _all_linear(program["flow"]):
         return  # a known difference: a suspension in the round where other atoms fail
