@@ -15,8 +15,8 @@ import click
 from flowengine.cli import records, telemetry
 from flowengine.cli.board_options import board_options as board_options_decorator
 from flowengine.cli.board_options import open_board
-from flowengine.cli.broker import broker_kwargs, broker_options
-from flowengine.cli.flow_options import backend_option
+from flowengine.cli.broker import broker_kwargs
+from flowengine.cli.flow_options import backend_option, engine_options
 from flowengine.cli.loading import ensure_cwd_on_path
 from flowengine.cli.options import show_envvars, split_env_list
 
@@ -27,13 +27,7 @@ from flowengine.cli.options import show_envvars, split_env_list
 @backend_option(required=True)
 @click.option("--name", envvar="FLOWENGINE_NAME", default=None,
               help="The conductor's name, its claims' owner (default: conductor-HOST-PID).")
-@click.option("--engine", "engine_name", envvar="FLOWENGINE_ENGINE", default="serial",
-              show_default=True,
-              help="serial, parallel, worker-based, or an engine URI such as "
-                   "parallel://?max_workers=4.")
-@broker_options
-@click.option("--topic", "topics", multiple=True, envvar="FLOWENGINE_TOPIC",
-              help="Worker topic to ask for workers (worker-based engine). Repeatable.")
+@engine_options
 @click.option("--max-jobs", envvar="FLOWENGINE_MAX_JOBS", type=click.IntRange(min=1),
               default=4, show_default=True, help="Jobs run at once.")
 @click.option("--keep-logbooks", envvar="FLOWENGINE_KEEP_LOGBOOKS", is_flag=True,

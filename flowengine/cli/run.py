@@ -19,8 +19,8 @@ from flowengine import engines, states
 from flowengine import exceptions as exc
 from flowengine.cli import exits, loading, records, stored_run, telemetry
 from flowengine.cli import formatting as fmt
-from flowengine.cli.broker import broker_kwargs, broker_options
-from flowengine.cli.flow_options import backend_option
+from flowengine.cli.broker import broker_kwargs
+from flowengine.cli.flow_options import backend_option, engine_options
 from flowengine.cli.options import json_option, parse_pairs, show_envvars, split_env_list
 from flowengine.cli.signals import suspend_on_signals
 from flowengine.cli.watch import RunWatcher, open_view
@@ -67,13 +67,7 @@ class Request:
 @show_envvars
 @click.command("run")
 @click.argument("spec", metavar=f"[{loading.SPEC_METAVAR}]", required=False)
-@click.option("--engine", "engine_name", envvar="FLOWENGINE_ENGINE", default="serial",
-              show_default=True,
-              help="serial, parallel, worker-based, or an engine URI such as "
-                   "parallel://?max_workers=4.")
-@broker_options
-@click.option("--topic", "topics", multiple=True, envvar="FLOWENGINE_TOPIC",
-              help="Worker topic to ask for workers (worker-based engine). Repeatable.")
+@engine_options
 @backend_option(required=False)
 @click.option("--book", envvar="FLOWENGINE_BOOK", default=DEFAULT_BOOK, show_default=True,
               help="Logbook new flows are saved in (with --backend).")
