@@ -35,6 +35,12 @@ CONCURRENT = {"build_a_car", "buildsystem", "create_parallel_volume", "hello_wor
 _LIB_PATHS = re.compile(r"taskflow\.engines\.action_engine\.engine|flowengine\.engines\.engine")
 
 
+#: Words of concurrent output. ``print`` writes a line and its newline separately, so another
+#: thread's line can land between them ("Making volume 3Finished making volume 1"): split digits
+#: from letters and a lower-case letter from a capital that follows it, as no word here has one.
+_WORD = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|\d+")
+
+
 #: Examples printing every ``run_iter`` state: how many WAITING/ANALYZING rounds a parallel run
 #: takes depends on when its tasks finish, so their words are compared as a set.
 STATE_STREAMS = {"parallel_table_multiply"}
@@ -43,9 +49,9 @@ STATE_STREAMS = {"parallel_table_multiply"}
 def _comparable(name: str, text: str) -> object:
     text = _LIB_PATHS.sub("<engines>", normalise(text))
     if name in STATE_STREAMS:
-        return sorted(set(re.findall(r"\w+", text)))
+        return sorted(set(_WORD.findall(text)))
     if name in CONCURRENT:
-        return sorted(collections.Counter(re.findall(r"\w+", text)).items())
+        return sorted(collections.Counter(_WORD.findall(text)).items())
     return text
 
 
