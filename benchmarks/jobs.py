@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import json
 import os
 import platform
@@ -85,20 +86,25 @@ def taskflow_one_step() -> Any:
 
 
 class Lib:
-    """Boards, persistence, posting and conductors of one library."""
+    """Boards, persistence, posting and conductors of one library.
+
+    The two libraries share their API under different package names, so one class serves both
+    through ``root``; only posting a flow differs (flowengine has a helper for it).
+    """
 
     name = "flowengine"
+    root = "flowengine"
 
     def __init__(self, conf: dict[str, Any]) -> None:
-        from flowengine.persistence.backends import impl_memory
-
         self.conf = conf
-        self.persistence = impl_memory.MemoryBackend({})
+        self.persistence = self._module("persistence.backends.impl_memory").MemoryBackend({})
+
+    def _module(self, path: str) -> Any:
+        return importlib.import_module(f"{self.root}.{path}")
 
     def board(self) -> Any:
-        from flowengine.jobs import backends
-
-        board = backends.fetch("bench", dict(self.conf), persistence=self.persistence)
+        board = self._module("jobs.backends").fetch("bench", dict(self.conf),
+                                                    persistence=self.persistence)
         board.connect()
         return board
 
@@ -108,25 +114,13 @@ class Lib:
         return post_flow(board, self.persistence, f"{__name__}.one_step", name="bench")
 
     def conductor(self, kind: str, name: str, board: Any, **options: Any) -> Any:
-        from flowengine.conductors import backends
+        return self._module("conductors.backends").fetch(kind, name, board,
+                                                          persistence=self.persistence, **options)
 
-        return backends.fetch(kind, name, board, persistence=self.persistence, **options)
 
 class TaskFlowLib(Lib):
     name = "taskflow"
-
-    def __init__(self, conf: dict[str, Any]) -> None:
-        from taskflow.persistence.backends import impl_memory
-
-        self.conf = conf
-        self.persistence = impl_memory.MemoryBackend({})
-
-    def board(self) -> Any:
-        from taskflow.jobs import backends
-
-        board = backends.fetch("bench", dict(self.conf), persistence=self.persistence)
-        board.connect()
-        return board
+    root = "taskflow"
 
     def post(self, board: Any) -> Any:
         from taskflow import engines
@@ -139,11 +133,6 @@ class TaskFlowLib(Lib):
         with contextlib.closing(self.persistence.get_connection()) as conn:
             conn.save_logbook(book)
         return board.post("bench", book=book, details={})
-
-    def conductor(self, kind: str, name: str, board: Any, **options: Any) -> Any:
-        from taskflow.conductors import backends
-
-        return backends.fetch(kind, name, board, persistence=self.persistence, **options)
 
 
 # ---- measurements ------------------------------------------------------------------------------

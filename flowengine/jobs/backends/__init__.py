@@ -13,15 +13,13 @@ entry points in ``namespace``.
 from __future__ import annotations
 
 import contextlib
-import importlib
 import logging
 import urllib.parse
 from collections.abc import Iterator
-from importlib import metadata
 from typing import Any
 
-from flowengine import exceptions as exc
 from flowengine.jobs import base
+from flowengine.utils import backend_conf
 
 __all__ = ["BACKEND_NAMESPACE", "backend", "fetch", "split_conf"]
 
@@ -68,34 +66,13 @@ def split_conf(conf: str | dict[str, Any]) -> tuple[str, dict[str, Any]]:
         TypeError: If ``conf`` is neither a string nor a dict.
         ValueError: If it names no backend.
     """
-    if isinstance(conf, str):
-        conf = {"board": conf}
-    elif not isinstance(conf, dict):
-        raise TypeError(f"Jobboard configuration must be a URI or a dict, not {type(conf)}")
-    board = conf.get("board")
-    if not isinstance(board, str) or not board:
-        raise ValueError("Jobboard configuration needs a 'board' (redis, zookeeper, etcd or a URI)")
-    conf = dict(conf)
-    if "://" not in board:
-        return board.lower(), conf
-    scheme, from_uri = _uri_conf(board)
-    for key, value in from_uri.items():
-        conf.setdefault(key, value)
-    return scheme, conf
+    return backend_conf.split_conf(conf, "board", "Jobboard", _uri_conf)
 
 
 def _load_class(name: str, namespace: str) -> type[base.JobBoard]:
-    target = _BUILTIN.get(name) if namespace == BACKEND_NAMESPACE else None
-    if target is None:
-        found = [ep for ep in metadata.entry_points(group=namespace) if ep.name == name]
-        if not found:
-            raise exc.NotFound(f"No jobboard backend named '{name}'; known: "
-                               f"{', '.join(sorted(_BUILTIN))}, or an entry point in group"
-                               f" '{namespace}'")
-        loaded: type[base.JobBoard] = found[0].load()
-        return loaded
-    module_name, _, class_name = target.partition(":")
-    cls: type[base.JobBoard] = getattr(importlib.import_module(module_name), class_name)
+    cls: type[base.JobBoard] = backend_conf.load_class(
+        name, namespace, _BUILTIN, BACKEND_NAMESPACE, "jobboard backend named"
+    )
     return cls
 
 

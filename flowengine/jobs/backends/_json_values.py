@@ -1,11 +1,14 @@
-"""JSON values as the ZooKeeper and etcd boards store them (UTF-8 bytes, objects only)."""
+"""JSON values as the boards store them (UTF-8 bytes, objects only), and new job postings."""
 
 from __future__ import annotations
 
 import json
+import uuid as uuidlib
 from typing import Any
 
-__all__ = ["decode", "encode"]
+from flowengine.jobs import base
+
+__all__ = ["decode", "encode", "new_posting"]
 
 
 def encode(data: Any) -> bytes:
@@ -22,3 +25,20 @@ def decode(raw: bytes | None) -> dict[str, Any]:
     except (UnicodeDecodeError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
+
+
+def new_posting(name: str, book: Any, details: dict[str, Any] | None,
+                priority: base.JobPriority | str) -> tuple[dict[str, Any], bytes]:
+    """A new job's posting (fresh uuid, created now) and its encoded value.
+
+    Raises:
+        ValueError: If the details are not JSON-ready (the message names the job).
+    """
+    now = base.utcnow()
+    posting = base.format_posting(str(uuidlib.uuid4()), name, created_on=now, last_modified=now,
+                                  details=details, book=book,
+                                  priority=base.JobPriority.convert(priority))
+    try:
+        return posting, encode(posting)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"Details of job '{name}' are not JSON-ready: {err}") from err

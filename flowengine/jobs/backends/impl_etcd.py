@@ -25,7 +25,6 @@ import dataclasses
 import datetime
 import logging
 import threading
-import uuid as uuidlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -36,6 +35,7 @@ from flowengine.jobs.backends import _etcd_keys as keys
 from flowengine.jobs.backends._etcd_keys import EtcdJob
 from flowengine.jobs.backends._etcd_store import EtcdStore, make_client
 from flowengine.jobs.backends._etcd_watch import Events, PrefixWatch
+from flowengine.jobs.backends._json_values import new_posting
 from flowengine.types.entity import Entity
 
 __all__ = ["EtcdJob", "EtcdJobBoard"]
@@ -261,14 +261,7 @@ class EtcdJobBoard(base.NotifyingJobBoard):
     def post(self, name: str, book: Any = None, details: dict[str, Any] | None = None,
              priority: base.JobPriority | str = base.JobPriority.NORMAL) -> base.Job:
         """Post a job (details must be JSON-ready); every watching board is woken."""
-        now = base.utcnow()
-        posting = base.format_posting(str(uuidlib.uuid4()), name, created_on=now,
-                                      last_modified=now, details=details, book=book,
-                                      priority=base.JobPriority.convert(priority))
-        try:
-            keys.encode(posting)
-        except (TypeError, ValueError) as err:
-            raise ValueError(f"Details of job '{name}' are not JSON-ready: {err}") from err
+        posting, _ = new_posting(name, book, details, priority)
         job = self._put_posting(posting, f"post job '{name}'", [], [])
         job._book = book
         with self._lock:

@@ -39,6 +39,7 @@ from flowengine.utils import redis_utils
 import redis  # isort: skip  (redis_utils above names the extra when it is missing)
 
 from flowengine.jobs.backends import _redis_scripts as scripts
+from flowengine.jobs.backends._json_values import new_posting
 from flowengine.jobs.backends._lease_times import LeaseTimes
 
 __all__ = ["RedisJob", "RedisJobBoard"]
@@ -362,16 +363,8 @@ class RedisJobBoard(base.NotifyingJobBoard):
     def post(self, name: str, book: Any = None, details: dict[str, Any] | None = None,
              priority: base.JobPriority | str = base.JobPriority.NORMAL) -> base.Job:
         """Post a job (details must be JSON-ready); every follower is woken."""
-        now = base.utcnow()
-        job_uuid = str(uuidlib.uuid4())
-        posting = base.format_posting(job_uuid, name, created_on=now, last_modified=now,
-                                      details=details, book=book,
-                                      priority=base.JobPriority.convert(priority))
-        try:
-            encoded = json.dumps(posting)
-        except (TypeError, ValueError) as err:
-            raise ValueError(f"Details of job '{name}' are not JSON-ready: {err}") from err
-        self._run("POST", job_uuid, "", encoded)
+        posting, encoded = new_posting(name, book, details, priority)
+        self._run("POST", posting["uuid"], "", encoded.decode("utf-8"))
         job = self._job(posting)
         if book is not None:
             job._book = book

@@ -27,7 +27,6 @@ import logging
 import posixpath
 import threading
 import time
-import uuid as uuidlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -40,6 +39,7 @@ from kazoo import exceptions as k_exc  # isort: skip  (kazoo_utils names the ext
 from kazoo.client import KazooClient, KazooState
 
 from flowengine.jobs.backends import _zookeeper_records as rec
+from flowengine.jobs.backends._json_values import new_posting
 from flowengine.jobs.backends._zookeeper_folders import EntityFolder, FolderMethods, TrashFolder
 from flowengine.jobs.backends._zookeeper_records import ZookeeperJob
 from flowengine.jobs.backends._zookeeper_watch import JobWatch
@@ -308,14 +308,7 @@ class ZookeeperJobBoard(FolderMethods, base.NotifyingJobBoard):
     def post(self, name: str, book: Any = None, details: dict[str, Any] | None = None,
              priority: base.JobPriority | str = base.JobPriority.NORMAL) -> base.Job:
         """Post a job (details must be JSON-ready); every board watching is woken."""
-        now = base.utcnow()
-        posting = base.format_posting(str(uuidlib.uuid4()), name, created_on=now,
-                                      last_modified=now, details=details, book=book,
-                                      priority=base.JobPriority.convert(priority))
-        try:
-            raw = rec.encode(posting)
-        except (TypeError, ValueError) as err:
-            raise ValueError(f"Details of job '{name}' are not JSON-ready: {err}") from err
+        posting, raw = new_posting(name, book, details, priority)
         with self._failures(f"post job '{name}'"):
             path = self._require().create(posixpath.join(self._path, self.JOB_PREFIX), raw,
                                           sequence=True)

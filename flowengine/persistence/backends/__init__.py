@@ -24,15 +24,13 @@ looked up as entry points in ``namespace``, so third-party backends can register
 from __future__ import annotations
 
 import contextlib
-import importlib
 import logging
 from collections.abc import Iterator
-from importlib import metadata
 from typing import Any
 
-from flowengine import exceptions as exc
 from flowengine.persistence import base
 from flowengine.persistence.backends._uri import mask_urls, split_conf
+from flowengine.utils import backend_conf
 
 __all__ = ["BACKEND_NAMESPACE", "fetch", "backend"]
 
@@ -53,19 +51,10 @@ _BUILTIN = {
 
 
 def _load_class(scheme: str, namespace: str, shown: str) -> type[base.Backend]:
-    target = _BUILTIN.get(scheme) if namespace == BACKEND_NAMESPACE else None
-    if target is None:
-        found = [ep for ep in metadata.entry_points(group=namespace) if ep.name == scheme]
-        if not found:
-            known = ", ".join(sorted(_BUILTIN))
-            raise exc.NotFound(
-                f"No persistence backend for scheme '{scheme}' (in {shown!r}); known schemes:"
-                f" {known}, or an entry point in group '{namespace}'"
-            )
-        loaded: type[base.Backend] = found[0].load()
-        return loaded
-    module_name, _, class_name = target.partition(":")
-    cls: type[base.Backend] = getattr(importlib.import_module(module_name), class_name)
+    cls: type[base.Backend] = backend_conf.load_class(
+        scheme, namespace, _BUILTIN, BACKEND_NAMESPACE, "persistence backend for scheme",
+        f" (in {shown!r})",
+    )
     return cls
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import urllib.parse
 from typing import Any
 
+from flowengine.utils import backend_conf
+
 # Schemes whose URI path is a filesystem path (file:///abs/path, dir:///abs/path).
 _PATH_SCHEMES = ("dir", "file")
 
@@ -19,38 +21,30 @@ def mask_urls(text: str) -> str:
     return "://".join(parts)
 
 
+def _read_uri(connection: str) -> tuple[str, dict[str, Any]]:
+    parts = urllib.parse.urlsplit(connection)
+    scheme = parts.scheme.lower().split("+", 1)[0]
+    options: dict[str, Any] = dict(urllib.parse.parse_qsl(parts.query))
+    if scheme in _PATH_SCHEMES:
+        # dir://relative/path keeps its first segment in the host part of the URI.
+        path = urllib.parse.unquote(parts.netloc + parts.path)
+        if path:
+            options["path"] = path
+    return scheme, options
+
+
 def split_conf(conf: str | dict[str, Any]) -> tuple[str, dict[str, Any]]:
     """Return the backend scheme and the configuration dict of a URI or configuration dict.
 
     The URI's query parameters (and, for ``dir``/``file``, its path as ``path``) are merged into
     a copy of the dict without overriding keys it sets. A ``+dialect`` suffix is dropped from the
-    returned scheme.
+    returned scheme; TaskFlow's ``memory:`` / ``dir:`` spelling of a bare name is accepted.
 
     Raises:
         TypeError: If ``conf`` is neither a string nor a dict.
         ValueError: If there is no ``connection``.
     """
-    if isinstance(conf, str):
-        conf = {"connection": conf}
-    elif not isinstance(conf, dict):
-        raise TypeError(f"Persistence configuration must be a URI or a dict, not {type(conf)}")
-    connection = conf.get("connection")
-    if not isinstance(connection, str) or not connection:
-        raise ValueError("Persistence configuration needs a 'connection' (a URI or scheme name)")
-    conf = dict(conf)
-    if "://" not in connection:
-        # A bare name, or TaskFlow's ``memory:`` / ``dir:`` spelling of one.
-        return connection.split(":", 1)[0].lower(), conf
-    parts = urllib.parse.urlsplit(connection)
-    scheme = parts.scheme.lower().split("+", 1)[0]
-    for key, value in urllib.parse.parse_qsl(parts.query):
-        conf.setdefault(key, value)
-    if scheme in _PATH_SCHEMES:
-        # dir://relative/path keeps its first segment in the host part of the URI.
-        path = urllib.parse.unquote(parts.netloc + parts.path)
-        if path:
-            conf.setdefault("path", path)
-    return scheme, conf
+    return backend_conf.split_conf(conf, "connection", "Persistence", _read_uri)
 
 
 def seconds_option(conf: dict[str, Any], key: str, default: float, owner: str) -> float:
