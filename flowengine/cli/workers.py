@@ -82,9 +82,9 @@ class WorkerTable:
 def _ask_topics(table: WorkerTable, topics: Iterable[str], stop: threading.Event,
                 **broker: Any) -> threading.Thread:
     """Send NOTIFY to ``topics`` and record replies until ``stop`` (from a thread)."""
-    from flowengine.worker_based import dispatcher as dp
     from flowengine.worker_based import protocol as pr
-    from flowengine.worker_based import proxy as px
+    from flowengine.worker_based.broker import dispatcher as dp
+    from flowengine.worker_based.broker import proxy as px
 
     me = f"flowengine-workers-{uuid.uuid4().hex[:12]}"
 

@@ -31,11 +31,11 @@ from typing import Any, Protocol
 
 from flowengine import exceptions as exc
 from flowengine.worker_based import backoff as bo
-from flowengine.worker_based import dispatcher as dp
 from flowengine.worker_based import extensions as ext
 from flowengine.worker_based import protocol as pr
-from flowengine.worker_based import proxy as px
 from flowengine.worker_based import signing as sg
+from flowengine.worker_based.broker import dispatcher as dp
+from flowengine.worker_based.broker import proxy as px
 from flowengine.worker_based.types import TopicWorker, header
 
 LOG = logging.getLogger(__name__)

@@ -20,10 +20,10 @@ import jsonschema
 from jsonschema import exceptions as schema_exc
 
 from flowengine import exceptions as exc
-from flowengine.worker_based import dispatcher as dp
 from flowengine.worker_based import extensions as ext
 from flowengine.worker_based import protocol as pr
-from flowengine.worker_based import proxy as px
+from flowengine.worker_based.broker import dispatcher as dp
+from flowengine.worker_based.broker import proxy as px
 
 LOG = logging.getLogger(__name__)
 

@@ -24,13 +24,13 @@ from flowengine import tracing
 from flowengine.types.failure import Failure
 from flowengine.worker_based import backoff as bo
 from flowengine.worker_based import cancellation as cn
-from flowengine.worker_based import dispatcher as dp
 from flowengine.worker_based import endpoint as ep
 from flowengine.worker_based import extensions as ext
 from flowengine.worker_based import pause as ps
 from flowengine.worker_based import protocol as pr
-from flowengine.worker_based import proxy as px
 from flowengine.worker_based import signing as sg
+from flowengine.worker_based.broker import dispatcher as dp
+from flowengine.worker_based.broker import proxy as px
 from flowengine.worker_based.heartbeats import Heartbeats
 
 LOG = logging.getLogger(__name__)
@@ -102,7 +102,7 @@ class Server:
         executor: Runs tasks (one request per submitted call).
         endpoints: The task classes this worker runs; nothing else is ever run.
         url, transport, transport_options, retry_options, taskflow_compat: See
-            :class:`~flowengine.worker_based.proxy.Proxy`.
+            :class:`~flowengine.worker_based.broker.proxy.Proxy`.
         capacity: Task slots (the executor's threads): the prefetch limit, and the free-slot
             count advertised in replies. ``None``: no prefetch limit, nothing advertised.
         worker_id: This worker's identity in headers (generated when not given).

@@ -17,7 +17,7 @@ from typing import Any
 
 from flowengine.worker_based import dead_letters as dl
 from flowengine.worker_based import extensions as ext
-from flowengine.worker_based.connection import connect
+from flowengine.worker_based.broker.connection import connect
 
 # Queues of an exchange that are not worker topics: engines' reply queues (their uuid), the
 # workers' control queues and the dead letters.

@@ -22,8 +22,8 @@ from flowengine.worker_based import client as bc
 from flowengine.worker_based import dead_letters, unserved
 from flowengine.worker_based import extensions as ext
 from flowengine.worker_based import protocol as pr
-from flowengine.worker_based import proxy as px
 from flowengine.worker_based import signing as sg
+from flowengine.worker_based.broker import proxy as px
 from flowengine.worker_based.submission import Submission
 from flowengine.worker_based.types import TopicWorker, WorkerFinder, header
 

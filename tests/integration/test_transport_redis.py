@@ -20,10 +20,10 @@ from kombu.transport import redis as kombu_redis
 from manual_clock import ManualClock  # tests/ is on sys.path (rootdir conftest)
 from wbe_harness import Broker, delete_exchange
 
-from flowengine.worker_based import dispatcher as dp
 from flowengine.worker_based import protocol as pr
-from flowengine.worker_based import proxy as px
-from flowengine.worker_based import transport_redis as tr
+from flowengine.worker_based.broker import dispatcher as dp
+from flowengine.worker_based.broker import proxy as px
+from flowengine.worker_based.broker import transport_redis as tr
 
 pytestmark = pytest.mark.integration
 

@@ -1,4 +1,4 @@
-"""Tests for flowengine.worker_based.dispatcher: routing, refusals and their reason codes.
+"""Tests for flowengine.worker_based.broker.dispatcher: routing, refusals and their reason codes.
 
 Messages are real ``kombu.Message`` objects (so decoding is kombu's); only the channel they would
 be settled on is a recorder.
@@ -15,7 +15,7 @@ import pytest
 from kombu.message import Message
 
 from flowengine import exceptions as exc
-from flowengine.worker_based import dispatcher as dp
+from flowengine.worker_based.broker import dispatcher as dp
 
 JSON = dp.JSON_CONTENT_TYPE
 

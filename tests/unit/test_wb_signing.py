@@ -26,12 +26,12 @@ from flowengine.engines.executor import EXECUTED
 from flowengine.worker_based import cancellation as cn
 from flowengine.worker_based import client as bc
 from flowengine.worker_based import dead_letters
-from flowengine.worker_based import dispatcher as dp
 from flowengine.worker_based import extensions as ext
 from flowengine.worker_based import protocol as pr
-from flowengine.worker_based import proxy as px
 from flowengine.worker_based import signing as sg
 from flowengine.worker_based import worker as wk
+from flowengine.worker_based.broker import dispatcher as dp
+from flowengine.worker_based.broker import proxy as px
 from flowengine.worker_based.dead_letters import DeadLetters
 from flowengine.worker_based.executor import WorkerTaskExecutor
 from flowengine.worker_based.options import WorkerEngineOptions

@@ -2,8 +2,8 @@
 
 :func:`connect` is the one place a transport is chosen (flowengine's own transports are
 registered with kombu by their modules); :func:`tune` the one place broker-specific options
-are set. With :mod:`~flowengine.worker_based.proxy` and
-:mod:`~flowengine.worker_based.broadcast`, the only modules that import kombu.
+are set. With :mod:`~flowengine.worker_based.broker.proxy` and
+:mod:`~flowengine.worker_based.broker.broadcast`, the only modules that import kombu.
 """
 
 from __future__ import annotations
@@ -16,15 +16,15 @@ import kombu
 from kombu.exceptions import OperationalError
 
 from flowengine.persistence.backends._uri import mask_urls
-from flowengine.worker_based import dispatcher as dp
-from flowengine.worker_based import (
+from flowengine.worker_based.broker import dispatcher as dp
+from flowengine.worker_based.broker import (
     transport_beanstalk,  # noqa: F401  (registers beanstalk://)
     transport_fs,
     transport_memory,
     transport_redis,
 )
 
-LOG = logging.getLogger("flowengine.worker_based.proxy")
+LOG = logging.getLogger("flowengine.worker_based.broker.proxy")
 
 #: Seconds a message a Redis consumer took stays unsettled before Redis hands it out again
 #: (kombu's ``visibility_timeout``, one hour by default; ``transport_options`` may set it).
@@ -43,8 +43,8 @@ def connect(url: str | None, transport: Any,
     """The (not yet connected) kombu connection for ``url``/``transport``, and its URI for logs.
 
     Neither given: the embedded filesystem transport. Kombu's Redis and memory transports are
-    swapped for flowengine's (see :mod:`~flowengine.worker_based.transport_redis` and
-    :mod:`~flowengine.worker_based.transport_memory`), whose connections name a class instead
+    swapped for flowengine's (see :mod:`~flowengine.worker_based.broker.transport_redis` and
+    :mod:`~flowengine.worker_based.broker.transport_memory`), whose connections name a class instead
     of a scheme in ``as_uri()``, so the URI comes from kombu's.
     """
     if url is None and transport is None:

@@ -4,7 +4,7 @@ A :class:`Proxy` owns one exchange and one queue. It publishes JSON messages (de
 queue, so messages wait for a consumer that has not started yet), consumes its own queue on the
 thread that calls :meth:`Proxy.start`, reconnects with capped, jittered exponential backoff, and
 lets any thread settle (ack, requeue, reject) the messages it delivered. Connections, the codec
-and per-broker tuning are :mod:`~flowengine.worker_based.connection`'s (its names are
+and per-broker tuning are :mod:`~flowengine.worker_based.broker.connection`'s (its names are
 re-exported here).
 """
 
@@ -25,11 +25,11 @@ from kombu.exceptions import OperationalError
 from kombu.transport import virtual
 
 from flowengine.worker_based import backoff as bo
-from flowengine.worker_based import dispatcher as dp
-from flowengine.worker_based import producers as pd
 from flowengine.worker_based import protocol as pr
 from flowengine.worker_based import signing as sg
-from flowengine.worker_based.connection import (  # noqa: F401 - re-exported names
+from flowengine.worker_based.broker import dispatcher as dp
+from flowengine.worker_based.broker import producers as pd
+from flowengine.worker_based.broker.connection import (  # noqa: F401 - re-exported names
     CONSUMER_HEARTBEAT,
     REDIS_RESTORE_LOCK_EXPIRE,
     REDIS_VISIBILITY_TIMEOUT,
@@ -102,7 +102,7 @@ class Proxy:
     Args:
         topic: Routing key of this proxy's own queue.
         exchange: Exchange name.
-        type_handlers: Message type -> :class:`~flowengine.worker_based.dispatcher.Handler`.
+        type_handlers: Message type -> :class:`~flowengine.worker_based.broker.dispatcher.Handler`.
         on_wait: Called on the consumer thread after every drain (at least every drain timeout).
         url: Broker URL; with neither ``url`` nor ``transport``, the embedded filesystem transport.
         transport: Kombu transport name or class (``memory``, ``redis``, ``flowengine-fs`` ...).
@@ -117,7 +117,7 @@ class Proxy:
         queue_expires: Seconds an unused own queue lives before the broker deletes it (AMQP
             ``x-expires``; e.g. for an engine's reply queue). Not with ``taskflow_compat``:
             TaskFlow peers declare that queue without arguments, which the broker would refuse.
-        on_refused: See :class:`~flowengine.worker_based.dispatcher.TypeDispatcher`.
+        on_refused: See :class:`~flowengine.worker_based.broker.dispatcher.TypeDispatcher`.
         transient_queue: Declare the own queue non-durable and auto-deleted (a private queue
             that must vanish with its consumer, such as a worker's control queue).
         auto_ack: Messages of the own queue need no acknowledgement, on Redis only (see
