@@ -31,6 +31,7 @@ from flowengine.worker_based import protocol as pr
 from flowengine.worker_based import signing as sg
 from flowengine.worker_based.broker import dispatcher as dp
 from flowengine.worker_based.broker import proxy as px
+from flowengine.worker_based.broker.delivery import Delivery
 from flowengine.worker_based.heartbeats import Heartbeats
 
 LOG = logging.getLogger(__name__)
@@ -46,7 +47,7 @@ def make_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
-def _event_fields(data: Mapping[str, Any], message: Any) -> dict[str, Any]:
+def _event_fields(data: Mapping[str, Any], message: Delivery) -> dict[str, Any]:
     """The identifying fields of a request's events (from its body and headers)."""
     headers = message.headers or {}
     return {
@@ -239,7 +240,7 @@ class Server:
         except Exception as err:
             LOG.warning("Worker %s could not announce itself %s: %s", self.worker_id, status, err)
 
-    def _on_notify(self, data: Any, message: Any) -> None:
+    def _on_notify(self, data: Any, message: Delivery) -> None:
         if not self._proxy.is_running:
             # Its request consumer is down (reconnecting): engines must not count on it.
             LOG.debug("Worker %s is not serving; discovery not answered", self.worker_id)
@@ -257,13 +258,13 @@ class Server:
         except Exception as err:
             LOG.error("Worker %s could not answer NOTIFY of %r: %s", self.worker_id, reply_to, err)
 
-    def _on_cancel(self, data: Any, message: Any) -> None:
+    def _on_cancel(self, data: Any, message: Delivery) -> None:
         # Only requests still queued here are affected: _serve checks before it says RUNNING.
         self._revoked.add(data["request_ids"])
         LOG.info("Worker %s will not run %d revoked request(s) %s", self.worker_id,
                  len(data["request_ids"]), dp.describe(message))
 
-    def _on_refused(self, message: Any, reason: str, detail: str) -> None:
+    def _on_refused(self, message: Delivery, reason: str, detail: str) -> None:
         """Tell the sender of a refused REQUEST why, when it says where to reply."""
         props = message.properties or {}
         reply_to, correlation_id = props.get("reply_to"), props.get("correlation_id")
@@ -280,14 +281,14 @@ class Server:
                     f"(refused, reason={reason})",
                     result=pr.failure_to_dict(Failure.from_exception(error)))
 
-    def _on_request(self, data: Any, message: Any) -> None:
+    def _on_request(self, data: Any, message: Delivery) -> None:
         props = message.properties
         if not props.get("reply_to") or not props.get("correlation_id"):
             LOG.warning(
                 "Rejected message %s: reason=missing-reply-to REQUEST lacks reply_to or "
                 "correlation_id", dp.describe(message)
             )
-            self._proxy.reject(message)
+            message.reject()
             return
         with self._busy_lock:
             self._busy += 1
@@ -299,13 +300,13 @@ class Server:
             self._executor.submit(self._process_request, data, message)
         except RuntimeError:  # executor shut down: let another worker have it
             self._done()
-            self._proxy.requeue(message)
+            message.requeue()
 
     def _done(self) -> None:
         with self._busy_lock:
             self._busy -= 1
 
-    def _process_request(self, data: Mapping[str, Any], message: Any) -> None:
+    def _process_request(self, data: Mapping[str, Any], message: Delivery) -> None:
         try:
             headers = message.headers or {}
             with tracing.serving(headers, task_name=data.get("task_name"), worker=self.worker_id,
@@ -318,11 +319,11 @@ class Server:
         finally:
             self._done()
         if published:
-            self._proxy.ack(message)
+            message.ack()
         else:
-            self._proxy.requeue(message)
+            message.requeue()
 
-    def _serve(self, data: Mapping[str, Any], message: Any) -> bool:
+    def _serve(self, data: Mapping[str, Any], message: Delivery) -> bool:
         """Run one request; True once its outcome is published."""
         props, headers = message.properties, message.headers or {}
         reply = functools.partial(self._reply, props["reply_to"], props["correlation_id"], headers)
@@ -338,7 +339,7 @@ class Server:
                      dp.describe(message), name)
             return reply(pr.EVENT, name, event_type=cn.EVENT_CANCELLED,
                          details={"worker": self.worker_id})
-        if dp.redelivered(message) and _from_flowengine(headers):
+        if message.redelivered and _from_flowengine(headers):
             # Its previous holder died or was cut off, perhaps killed by this very request. A
             # flowengine engine counts attempts and decides whether to try again; a TaskFlow
             # engine cannot, so its requests keep running on redelivery.
@@ -408,10 +409,10 @@ class Server:
         self._events.emit("task-succeeded", **fields, runtime=runtime)
         return reply(pr.SUCCESS, name, result=result)
 
-    def _beat(self, heartbeat: Callable[[], None], message: Any) -> None:
+    def _beat(self, heartbeat: Callable[[], None], message: Delivery) -> None:
         # The broker's own lease first (beanstalkd's TTR, renewed by touch), then the engine's.
         try:
-            self._proxy.touch(message)
+            message.touch()
         finally:
             heartbeat()
 

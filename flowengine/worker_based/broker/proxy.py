@@ -42,6 +42,7 @@ from flowengine.worker_based.broker.connection import (  # noqa: F401 - re-expor
     tune,
     without_heartbeat,
 )
+from flowengine.worker_based.broker.delivery import Delivery
 
 LOG = logging.getLogger(__name__)
 
@@ -150,7 +151,7 @@ class Proxy:
         on_connected: Callable[[], None] | None = None,
         drain_timeout: float = DRAIN_TIMEOUT,
         queue_expires: float | None = None,
-        on_refused: Callable[[Any, str, str], None] | None = None,
+        on_refused: Callable[[Delivery, str, str], None] | None = None,
         transient_queue: bool = False,
         auto_ack: bool = False,
         publishers: int = PUBLISH_POOL_SIZE,
@@ -190,7 +191,7 @@ class Proxy:
         self._dispatcher = dp.TypeDispatcher(
             type_handlers, requeue_filters=[lambda _data, _message: not self.is_running],
             on_refused=on_refused, settles=not self._auto_ack,
-            check=signing.check if signing is not None else None,
+            check=signing.check if signing is not None else None, settler=self._settle,
         )
         # Message priority is an AMQP queue feature; TaskFlow's declarations have none, and a
         # broker refuses a queue redeclared with different arguments.
@@ -452,24 +453,22 @@ class Proxy:
         for producers in pools:
             producers.close()
 
-    def ack(self, message: Any) -> None:
-        """Acknowledge a delivered message (from any thread)."""
-        self._settle(message, "ack")
+    def ack(self, delivery: Delivery) -> None:
+        """Acknowledge a delivered message (from any thread); as :meth:`Delivery.ack`."""
+        delivery.ack()
 
-    def requeue(self, message: Any) -> None:
+    def requeue(self, delivery: Delivery) -> None:
         """Give a delivered message back to its queue (from any thread)."""
-        self._settle(message, "requeue")
+        delivery.requeue()
 
-    def reject(self, message: Any) -> None:
+    def reject(self, delivery: Delivery) -> None:
         """Drop a delivered message (from any thread)."""
-        self._settle(message, "reject")
+        delivery.reject()
 
-    def touch(self, message: Any) -> None:
+    def touch(self, delivery: Delivery) -> None:
         """Extend a delivered message's time-to-run where the transport has one (beanstalkd's
         ``touch``); elsewhere nothing. From any thread."""
-        touch = getattr(message.channel, "touch", None)
-        if touch is not None and not message.acknowledged:
-            touch(message.delivery_tag)
+        delivery.touch()
 
     def _settle(self, message: Any, action: str) -> None:
         if self._auto_ack:  # the broker forgot it on delivery: nothing to settle
