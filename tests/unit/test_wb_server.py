@@ -225,7 +225,7 @@ def test_unserializable_result_becomes_a_failure(worker: wk.Worker, requester: R
     replies = requester.outcome(requester.send(ReturnsObject(name="obj")))
     assert [r["state"] for r in replies] == [pr.RUNNING, pr.FAILURE]
     failure = replies[-1]["data"]["result"]
-    assert failure["exc_type_names"][0] == "flowengine.worker_based.broker.proxy.MessageEncodeError"
+    assert failure["exc_type_names"][0] == "flowengine.worker_based.broker.codec.MessageEncodeError"
     assert "not JSON-serializable" in failure["exception_str"] and "obj" in failure["exception_str"]
 
 
