@@ -78,7 +78,7 @@ __all__ = [  # TaskFlow programs import these names from here
 
 LOG = logging.getLogger(__name__)
 
-# Message types (the kombu ``type`` property).
+# Message types (the message ``type`` property).
 NOTIFY = "NOTIFY"
 REQUEST = "REQUEST"
 RESPONSE = "RESPONSE"

@@ -1,9 +1,9 @@
-"""Connections to the broker: transport selection, per-broker tuning, the codec.
+"""Connections to the broker: transport selection and per-broker tuning.
 
 :func:`connect` is the one place a transport is chosen (flowengine's own transports are
-registered with kombu by their modules); :func:`tune` the one place broker-specific options
-are set. With :mod:`~flowengine.worker_based.broker.proxy` and
-:mod:`~flowengine.worker_based.broker.broadcast`, the only modules that import kombu.
+registered with kombu by their modules); :class:`BrokerTraits` and :func:`tune` the one place
+broker-specific behaviour and options are decided. It imports kombu, as only the modules of
+the broker package may.
 """
 
 from __future__ import annotations

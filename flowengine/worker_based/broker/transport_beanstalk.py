@@ -1,7 +1,7 @@
 """flowengine's beanstalkd transport for kombu: a queue is a tube, a delivery a reserved job.
 
 URL ``beanstalk://host:port`` (port 11300 by default); this module registers the scheme with
-kombu when imported (:mod:`~.proxy` imports it). Needs the ``greenstalk``
+kombu when imported (:mod:`~.connection` imports it). Needs the ``greenstalk``
 client: ``pip install 'flowengine[beanstalk]'``. Transport options: ``default_ttr`` (seconds a
 job without a lease header may stay reserved unsettled, default :data:`DEFAULT_TTR`),
 ``polling_interval`` (seconds between polls of an empty tube, default
