@@ -334,13 +334,13 @@ def test_a_proxy_acks_requeues_and_rejects_from_other_threads(url: str, exchange
             data, message = delivered.get(timeout=WAIT)
             settle[data["topic"]](message)
         data, message = delivered.get(timeout=WAIT)
-        assert data["topic"] == "requeued" and dp.redelivered(message)
+        assert data["topic"] == "requeued" and message.redelivered
         consumer.ack(message)
         assert consumer.unsettled == 0
         with kombu.Connection(url) as conn:
             channel = conn.default_channel
             assert channel.client.llen(f"{exchange}_work") == 0
-            assert not channel.client.hexists(channel.unacked_key, message.delivery_tag)
+            assert not channel.client.hexists(channel.unacked_key, message.tag)
     finally:
         consumer.stop()
         assert consumer.wait_stopped(WAIT)
@@ -379,7 +379,7 @@ def test_an_auto_ack_consumer_keeps_no_copy_of_its_deliveries(
         messages = [delivered.get(timeout=WAIT) for _ in range(3)]
         with kombu.Connection(url) as conn:
             channel = conn.default_channel
-            copies = [channel.client.hexists(channel.unacked_key, m.delivery_tag)
+            copies = [channel.client.hexists(channel.unacked_key, m.tag)
                       for m in messages]
         # Not yet acknowledged (manual_ack): kombu keeps a copy unless the consumer auto-acks.
         assert copies == [not auto_ack] * 3

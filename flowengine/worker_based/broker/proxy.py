@@ -1,7 +1,7 @@
 """The messaging edge: publishing, consuming and settling over kombu.
 
-A :class:`Proxy` owns one exchange and one queue. It publishes JSON messages as its base,
-:class:`~flowengine.worker_based.broker.publisher.Publisher`, does, consumes its own queue on the
+A :class:`Proxy` owns one exchange and one queue. It publishes JSON messages (the work of its
+base, :class:`~flowengine.worker_based.broker.publisher.Publisher`), consumes its own queue on the
 thread that calls :meth:`Proxy.start`, reconnects with capped, jittered exponential backoff, and
 lets any thread settle (ack, requeue, reject) the messages it delivered. Connections and
 per-broker tuning are :mod:`~flowengine.worker_based.broker.connection`'s, the codec

@@ -36,6 +36,7 @@ from flowengine.worker_based.broker.connection import (
     without_heartbeat,
 )
 
+# One logger for a proxy and its publishing half, so one log filter follows both.
 LOG = logging.getLogger("flowengine.worker_based.broker.proxy")
 
 PUBLISH_POOL_SIZE = 8
