@@ -34,7 +34,7 @@ from typing import Any
 from flowengine import engines, task
 from flowengine.flows import linear_flow, unordered_flow
 from flowengine.worker_based import events as ev
-from flowengine.worker_based.proxy import mask_url
+from flowengine.worker_based.broker.proxy import mask_url
 from flowengine.worker_based.worker import Worker
 
 MODES = ("off", "on", "on_read")

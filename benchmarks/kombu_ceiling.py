@@ -47,8 +47,8 @@ from typing import Any
 
 import kombu
 
-import flowengine.worker_based.transport_beanstalk  # noqa: F401  (registers "beanstalk")
-import flowengine.worker_based.transport_fs as transport_fs  # registers "flowengine-fs"
+import flowengine.worker_based.broker.transport_beanstalk  # noqa: F401  (registers "beanstalk")
+import flowengine.worker_based.broker.transport_fs as transport_fs  # registers "flowengine-fs"
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cpu_usage as cpu  # noqa: E402

@@ -89,7 +89,7 @@ sys.path.insert(0, cfg["bench_dir"])
 import cpu_usage
 if cfg["lib"] == "taskflow":
     if str(cfg["engine_options"].get("url") or "").startswith("beanstalk:"):  # as kombu has none
-        import flowengine.worker_based.transport_beanstalk
+        import flowengine.worker_based.broker.transport_beanstalk
     from taskflow import engines
     from taskflow.patterns import linear_flow, unordered_flow
 else:
@@ -141,7 +141,7 @@ import json, signal, sys, threading
 cfg = json.loads(sys.argv[1])
 sys.path.insert(0, cfg["tasks_dir"])
 if str(cfg.get("url") or "").startswith("beanstalk:"):  # kombu has none: flowengine's
-    import flowengine.worker_based.transport_beanstalk
+    import flowengine.worker_based.broker.transport_beanstalk
 from taskflow.engines.worker_based import worker
 w = worker.Worker(cfg["exchange"], cfg["topic"], [cfg["tasks"]], url=cfg.get("url"),
                   transport=cfg.get("transport"), transport_options=cfg.get("transport_options"))

@@ -24,7 +24,7 @@ import wbe_tasks
 
 from flowengine import engines
 from flowengine.flows import linear_flow
-from flowengine.worker_based import transport_beanstalk
+from flowengine.worker_based.broker import transport_beanstalk
 from flowengine.worker_based.topics import topic_stats
 from flowengine.worker_based.worker import Worker
 

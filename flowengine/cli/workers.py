@@ -82,13 +82,14 @@ class WorkerTable:
 def _ask_topics(table: WorkerTable, topics: Iterable[str], stop: threading.Event,
                 **broker: Any) -> threading.Thread:
     """Send NOTIFY to ``topics`` and record replies until ``stop`` (from a thread)."""
-    from flowengine.worker_based import dispatcher as dp
     from flowengine.worker_based import protocol as pr
-    from flowengine.worker_based import proxy as px
+    from flowengine.worker_based.broker import dispatcher as dp
+    from flowengine.worker_based.broker import proxy as px
+    from flowengine.worker_based.broker.delivery import Delivery
 
     me = f"flowengine-workers-{uuid.uuid4().hex[:12]}"
 
-    def on_notify(data: Any, message: Any) -> None:
+    def on_notify(data: Any, message: Delivery) -> None:
         headers = message.headers or {}
         table.on_notify(headers.get(pr.HEADER_WORKER), data["topic"], data["tasks"],
                         headers.get(pr.HEADER_CAPACITY))

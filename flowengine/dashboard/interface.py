@@ -279,7 +279,7 @@ class DashboardData:
             raise ActionRefused("no broker: start the dashboard with broker options")
         from flowengine.worker_based import extensions as ext
         from flowengine.worker_based import protocol as pr
-        from flowengine.worker_based import proxy as px
+        from flowengine.worker_based.broker import proxy as px
 
         def is_it(stored: Any) -> bool:
             found = stored.headers.get(pr.HEADER_REQUEST_ID) or stored.properties.get(

@@ -31,11 +31,12 @@ from typing import Any, Protocol
 
 from flowengine import exceptions as exc
 from flowengine.worker_based import backoff as bo
-from flowengine.worker_based import dispatcher as dp
 from flowengine.worker_based import extensions as ext
 from flowengine.worker_based import protocol as pr
-from flowengine.worker_based import proxy as px
 from flowengine.worker_based import signing as sg
+from flowengine.worker_based.broker import dispatcher as dp
+from flowengine.worker_based.broker import proxy as px
+from flowengine.worker_based.broker.delivery import Delivery
 from flowengine.worker_based.types import TopicWorker, header
 
 LOG = logging.getLogger(__name__)
@@ -70,10 +71,10 @@ class ClientClosed(Exception):
 class View(Protocol):
     """What the client needs of an engine's executor."""
 
-    def on_reply(self, data: Any, message: Any) -> None:
+    def on_reply(self, data: Any, message: Delivery) -> None:
         """A RESPONSE for one of its attempts."""
 
-    def on_notify(self, data: Any, message: Any) -> None:
+    def on_notify(self, data: Any, message: Delivery) -> None:
         """A worker announcement or NOTIFY reply."""
 
     def on_wait(self) -> None:
@@ -288,8 +289,8 @@ class Client:
             LOG.error("Broker client %s stopped consuming replies: %s", self.uuid, err)
             self._consumer_error = err
 
-    def _on_response(self, data: Any, message: Any) -> None:
-        view = self._routes.get(message.properties.get("correlation_id"))
+    def _on_response(self, data: Any, message: Delivery) -> None:
+        view = self._routes.get(message.correlation_id)
         if view is None:
             # A reply to an attempt that already finished or lapsed (late, duplicate, or from
             # a worker that woke up): applying it would complete an atom twice. A late outcome
@@ -301,7 +302,7 @@ class Client:
             return
         view.on_reply(data, message)
 
-    def _on_notify(self, data: Any, message: Any) -> None:
+    def _on_notify(self, data: Any, message: Delivery) -> None:
         headers = message.headers or {}
         identity = header(headers, pr.HEADER_WORKER) or data["topic"]
         with self._lock:

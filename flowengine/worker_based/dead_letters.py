@@ -16,8 +16,8 @@ from typing import Any, ClassVar
 from flowengine import exceptions as exc
 from flowengine.worker_based import extensions as ext
 from flowengine.worker_based import protocol as pr
-from flowengine.worker_based import proxy as px
 from flowengine.worker_based import signing as sg
+from flowengine.worker_based.broker import proxy as px
 
 
 @dataclasses.dataclass(frozen=True)

@@ -29,8 +29,8 @@ from typing import Any
 
 from flowengine.persistence.backends._uri import mask_urls
 from flowengine.types.failure import Failure
-from flowengine.worker_based import broadcast as bc
 from flowengine.worker_based import extensions as ext
+from flowengine.worker_based.broker import broadcast as bc
 
 LOG = logging.getLogger(__name__)
 

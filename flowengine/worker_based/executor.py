@@ -34,9 +34,9 @@ from flowengine.worker_based import cancellation as cn
 from flowengine.worker_based import client as bc
 from flowengine.worker_based import extensions as ext
 from flowengine.worker_based import protocol as pr
-from flowengine.worker_based import proxy as px
 from flowengine.worker_based import signing as sg
 from flowengine.worker_based import tracking
+from flowengine.worker_based.broker import proxy as px
 from flowengine.worker_based.submission import RemoteFuture, Submission
 from flowengine.worker_based.tracking import AttemptTracking
 from flowengine.worker_based.types import WorkerFinder
@@ -62,7 +62,7 @@ class WorkerTaskExecutor(AttemptTracking, local.TaskExecutor):
         transition_timeout: seconds a request may stay WAITING/PENDING before it fails with
             RequestTimeout (None: forever).
         url, transport, transport_options, retry_options, taskflow_compat: broker settings, see
-            :class:`~flowengine.worker_based.proxy.Proxy`.
+            :class:`~flowengine.worker_based.broker.proxy.Proxy`.
         worker_expiry: seconds after which a silent worker is forgotten.
         clock: monotonic clock (tests inject one to move time without sleeping).
         notify_period: ignored: the process's broker client asks every topic in use for

@@ -20,10 +20,11 @@ import jsonschema
 from jsonschema import exceptions as schema_exc
 
 from flowengine import exceptions as exc
-from flowengine.worker_based import dispatcher as dp
 from flowengine.worker_based import extensions as ext
 from flowengine.worker_based import protocol as pr
-from flowengine.worker_based import proxy as px
+from flowengine.worker_based.broker import dispatcher as dp
+from flowengine.worker_based.broker import proxy as px
+from flowengine.worker_based.broker.delivery import Delivery
 
 LOG = logging.getLogger(__name__)
 
@@ -133,7 +134,7 @@ class TopicPause(PauseState):
         self._topic, self._worker_id = topic, worker_id
         self._events, self._in_flight = events, in_flight
 
-    def on_message(self, data: Any, message: Any) -> None:
+    def on_message(self, data: Any, message: Delivery) -> None:
         """Handle a (validated) PAUSE: only the ones for this topic count."""
         if data["topic"] != self._topic:
             return

@@ -5,8 +5,10 @@ property ``type`` is NOTIFY, REQUEST or RESPONSE and bodies are JSON documents m
 below. flowengine's additions never go into a body a TaskFlow peer reads; they travel in message
 headers named by the ``HEADER_*`` constants, which TaskFlow peers ignore.
 
-The whole wire contract (types, schemas, headers, bounds, request lifecycle) is kept in this one
-module, longer than most, because TaskFlow programs import these names from ``protocol``.
+The whole wire contract (types, schemas, headers, bounds, request lifecycle) is importable from
+this module, because TaskFlow programs import these names from ``protocol``; the request
+lifecycle lives in :mod:`~flowengine.worker_based.request_machine` and the header extensions in
+:mod:`~flowengine.worker_based.headers`.
 """
 
 from __future__ import annotations
@@ -15,8 +17,6 @@ import abc
 import dataclasses
 import json
 import logging
-import os
-import socket
 import threading
 import time
 import uuid as uuid_mod
@@ -25,30 +25,63 @@ from typing import Any, ClassVar
 
 import futurist
 import jsonschema
-from automaton import machines
 from jsonschema import exceptions as schema_exc
 
 from flowengine import exceptions as exc
 from flowengine.engines.executor import EXECUTED, REVERTED
 from flowengine.types.failure import Failure
+from flowengine.worker_based.bounds import MAX_BODY_BYTES, MAX_NESTING_DEPTH, exceeds_depth
+from flowengine.worker_based.headers import (
+    HEADER_ATOM_UUID,
+    HEADER_ATTEMPT,
+    HEADER_CAPACITY,
+    HEADER_DEADLINE,
+    HEADER_FLOW_UUID,
+    HEADER_ORIGIN,
+    HEADER_PROTOCOL,
+    HEADER_REQUEST_ID,
+    HEADER_TASK_NAME,
+    HEADER_TIME_LIMIT,
+    HEADER_WORKER,
+    HEADER_WORKER_STATUS,
+    PROTOCOL_VERSION,
+    WORKER_OFFLINE,
+    WORKER_ONLINE,
+    origin,
+)
+from flowengine.worker_based.request_machine import (
+    _TRANSITIONS,
+    EVENT,
+    FAILURE,
+    MACHINE,
+    PENDING,
+    RUNNING,
+    STOP_TIMER_STATES,
+    SUCCESS,
+    WAITING,
+    WAITING_STATES,
+    build_a_machine,
+    make_an_event,
+)
+
+__all__ = [  # TaskFlow programs import these names from here
+    "ACTION_TO_EVENT", "ANNOUNCEMENT_TTL", "DISCOVERY_ROUTING_KEY", "EVENT", "EXECUTE",
+    "EXPIRES_AFTER", "FAILURE", "HEADER_ATOM_UUID", "HEADER_ATTEMPT", "HEADER_CAPACITY",
+    "HEADER_DEADLINE", "HEADER_FLOW_UUID", "HEADER_ORIGIN", "HEADER_PROTOCOL", "HEADER_REQUEST_ID",
+    "HEADER_TASK_NAME", "HEADER_TIME_LIMIT", "HEADER_WORKER", "HEADER_WORKER_STATUS", "MACHINE",
+    "MAX_BODY_BYTES", "MAX_NESTING_DEPTH", "Message", "NOTIFY", "NOTIFY_PERIOD", "NO_RESULT",
+    "Notify", "PENDING", "PROTOCOL_VERSION", "QUEUE_EXPIRE_TIMEOUT", "REQUEST", "REQUEST_TIMEOUT",
+    "RESPONSE", "REVERT", "RUNNING", "Request", "Response", "STOP_TIMER_STATES", "SUCCESS",
+    "WAITING", "WAITING_STATES", "WORKER_OFFLINE", "WORKER_ONLINE", "WorkUnit", "build_a_machine",
+    "exceeds_depth", "failure_to_dict", "make_an_event", "origin", "task_class_name",
+]
 
 LOG = logging.getLogger(__name__)
 
-# Message types (the kombu ``type`` property).
+# Message types (the message ``type`` property).
 NOTIFY = "NOTIFY"
 REQUEST = "REQUEST"
 RESPONSE = "RESPONSE"
-
-# Request states (protocol states, unrelated to atom states) and the progress pseudo-state.
-WAITING = "WAITING"
-PENDING = "PENDING"
-RUNNING = "RUNNING"
-SUCCESS = "SUCCESS"
-FAILURE = "FAILURE"
-EVENT = "EVENT"
-#: States in which ``transition_timeout`` runs; once RUNNING, the engine's lease takes over.
-WAITING_STATES = (WAITING, PENDING)
-STOP_TIMER_STATES = (RUNNING, SUCCESS, FAILURE)
 
 # Remote actions and the executor outcome each maps to.
 EXECUTE = "execute"
@@ -70,25 +103,6 @@ class _NoResult:
 #: Marks "no result given" where ``None`` is a valid result.
 NO_RESULT: Any = _NoResult()
 
-# Header extensions (flowengine peers only; every value is a str, int or float).
-PROTOCOL_VERSION = 1
-HEADER_PROTOCOL = "x-flowengine-protocol"  # int: the sender speaks flowengine protocol N
-HEADER_REQUEST_ID = "x-flowengine-request-id"  # str: unique per attempt, echoed in replies
-HEADER_ATTEMPT = "x-flowengine-attempt"  # int: 1 for the first attempt
-HEADER_ATOM_UUID = "x-flowengine-atom-uuid"  # str
-#: str: the flow the request is for. TaskFlow engines name their reply queue after the flow, so
-#: ``reply_to`` says it; a flowengine process has one reply queue for all its flows.
-HEADER_FLOW_UUID = "x-flowengine-flow-uuid"
-HEADER_TASK_NAME = "x-flowengine-task-name"  # str
-HEADER_ORIGIN = "x-flowengine-origin"  # str: "host:pid" of the sender
-HEADER_WORKER = "x-flowengine-worker"  # str: the replying worker's id
-HEADER_CAPACITY = "x-flowengine-capacity"  # int: the worker's free task slots
-HEADER_DEADLINE = "x-flowengine-deadline"  # float: UNIX time after which a request is void
-HEADER_TIME_LIMIT = "x-flowengine-time-limit"  # float: seconds the task may run
-HEADER_WORKER_STATUS = "x-flowengine-worker-status"  # str: WORKER_ONLINE / WORKER_OFFLINE
-WORKER_ONLINE = "online"
-WORKER_OFFLINE = "offline"
-
 #: Routing key of worker announcements: a NOTIFY reply body, sent unsolicited on the worker's
 #: exchange. Only flowengine engines bind their reply queue with this key, so TaskFlow peers never
 #: see announcements, and nobody declares a queue named after it.
@@ -96,49 +110,10 @@ DISCOVERY_ROUTING_KEY = "flowengine.discovery"
 #: Seconds an announcement lives in a queue, so the queue of an engine that died does not grow.
 ANNOUNCEMENT_TTL = 60.0
 
-# Bounds applied on receipt, before anything else reads a message.
-MAX_BODY_BYTES = 8 * 1024 * 1024
-MAX_NESTING_DEPTH = 64
-
-
-_ORIGIN: str | None = None
-
-
-def _forget_origin() -> None:
-    global _ORIGIN
-    _ORIGIN = None
-
-
-# A forked child has its own pid. Resetting at fork, rather than comparing os.getpid() on every
-# call, keeps a system call off every message sent.
-os.register_at_fork(after_in_child=_forget_origin)
-
-
-def origin() -> str:
-    """This process as ``host:pid``, the value of :data:`HEADER_ORIGIN` (cached per process)."""
-    global _ORIGIN
-    if _ORIGIN is None:
-        _ORIGIN = f"{socket.gethostname()}:{os.getpid()}"
-    return _ORIGIN
-
-
 def task_class_name(task: object) -> str:
     """The wire name of a task class (or of an instance's class): ``module.QualifiedName``."""
     cls = task if isinstance(task, type) else type(task)
     return f"{cls.__module__}.{cls.__qualname__}"
-
-
-def exceeds_depth(value: Any, limit: int = MAX_NESTING_DEPTH) -> bool:
-    """Tell whether JSON-like ``value`` nests dicts/lists deeper than ``limit`` levels."""
-    # Iterative on purpose: a hostile document must not cost us a RecursionError.
-    stack: list[tuple[Any, int]] = [(value, 1)] if isinstance(value, (dict, list)) else []
-    while stack:
-        item, depth = stack.pop()
-        if depth > limit:
-            return True
-        children = item.values() if isinstance(item, dict) else item
-        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
-    return False
 
 
 def failure_to_dict(failure: Failure) -> dict[str, Any]:
@@ -193,38 +168,6 @@ def _plain_response(data: Any) -> bool:
         return True
     return (payload.keys() == {"event_type", "details"}
             and type(payload["event_type"]) is str and type(payload["details"]) is dict)
-
-
-def make_an_event(new_state: str) -> str:
-    """The machine event that moves a request into ``new_state``."""
-    return f"on_{new_state}".lower()
-
-
-def build_a_machine(freeze: bool = True) -> machines.FiniteMachine:
-    """Build the request lifecycle: WAITING -> PENDING -> RUNNING -> SUCCESS | FAILURE."""
-    m = machines.FiniteMachine()
-    for state in (WAITING, PENDING, RUNNING):
-        m.add_state(state)
-    for state in (SUCCESS, FAILURE):
-        m.add_state(state, terminal=True)
-    m.default_start_state = WAITING
-    for start, end in (
-        (WAITING, PENDING),  # published to a worker
-        (WAITING, FAILURE),  # expired, or no worker can run it
-        (PENDING, RUNNING),  # a worker started it
-        (PENDING, FAILURE),  # expired, publish failed, or the worker refused it
-        (RUNNING, SUCCESS),
-        (RUNNING, FAILURE),
-    ):
-        m.add_transition(start, end, make_an_event(end))
-    if freeze:
-        m.freeze()
-    return m
-
-
-#: The one request machine; requests keep their own state and look transitions up here.
-MACHINE = build_a_machine()
-_TRANSITIONS: dict[tuple[str, str], str] = {(s, e): end for s, e, end in MACHINE}
 
 
 class Message(abc.ABC):

@@ -3,7 +3,8 @@
 A REQUEST is acknowledged only after its outcome (SUCCESS or FAILURE) has been published, so a
 worker that dies mid-task leaves the request to be redelivered (at-least-once). Replies are
 serialized before they are published: a result or exception the wire cannot carry becomes a
-FAILURE that says so, instead of a reply that never leaves (where TaskFlow's engine hangs).
+FAILURE that says so, instead of a reply that never leaves (where TaskFlow's engine hangs); how
+replies are sent is the base class's, :class:`~flowengine.worker_based.replies.ReplySender`.
 """
 
 from __future__ import annotations
@@ -24,29 +25,29 @@ from flowengine import tracing
 from flowengine.types.failure import Failure
 from flowengine.worker_based import backoff as bo
 from flowengine.worker_based import cancellation as cn
-from flowengine.worker_based import dispatcher as dp
 from flowengine.worker_based import endpoint as ep
 from flowengine.worker_based import extensions as ext
 from flowengine.worker_based import pause as ps
 from flowengine.worker_based import protocol as pr
-from flowengine.worker_based import proxy as px
 from flowengine.worker_based import signing as sg
+from flowengine.worker_based.broker import dispatcher as dp
+from flowengine.worker_based.broker import proxy as px
+from flowengine.worker_based.broker.delivery import Delivery
 from flowengine.worker_based.heartbeats import Heartbeats
+from flowengine.worker_based.replies import (  # noqa: F401 - OUTCOME_PUBLISH_DEADLINE re-exported
+    OUTCOME_PUBLISH_DEADLINE,
+    ReplySender,
+    from_flowengine,
+)
 
 LOG = logging.getLogger(__name__)
-
-_ECHOED_HEADERS = (pr.HEADER_REQUEST_ID, pr.HEADER_ATTEMPT)
-#: Seconds a worker keeps trying to publish an outcome (or hand-back) through a broker outage:
-#: it is the only record of work done, and the request is acknowledged only once it is out.
-OUTCOME_PUBLISH_DEADLINE = 900.0
-
 
 def make_worker_id() -> str:
     """A worker id unique across hosts, processes and restarts: ``host:pid:random``."""
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
-def _event_fields(data: Mapping[str, Any], message: Any) -> dict[str, Any]:
+def _event_fields(data: Mapping[str, Any], message: Delivery) -> dict[str, Any]:
     """The identifying fields of a request's events (from its body and headers)."""
     headers = message.headers or {}
     return {
@@ -81,11 +82,6 @@ def _major(version: Any) -> str:
 MIN_HEARTBEAT_INTERVAL = 0.01
 
 
-def _from_flowengine(headers: Mapping[str, Any] | None) -> bool:
-    """Whether a request came from a flowengine engine (which announces its protocol)."""
-    return bool(headers) and pr.HEADER_PROTOCOL in headers  # type: ignore[operator]
-
-
 def _heartbeat_interval(headers: Mapping[str, Any]) -> float | None:
     value = headers.get(ext.HEADER_HEARTBEAT)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
@@ -93,7 +89,7 @@ def _heartbeat_interval(headers: Mapping[str, Any]) -> float | None:
     return max(float(value), MIN_HEARTBEAT_INTERVAL)
 
 
-class Server:
+class Server(ReplySender):
     """Consumes a worker topic and serves requests with the given endpoints.
 
     Args:
@@ -102,7 +98,7 @@ class Server:
         executor: Runs tasks (one request per submitted call).
         endpoints: The task classes this worker runs; nothing else is ever run.
         url, transport, transport_options, retry_options, taskflow_compat: See
-            :class:`~flowengine.worker_based.proxy.Proxy`.
+            :class:`~flowengine.worker_based.broker.proxy.Proxy`.
         capacity: Task slots (the executor's threads): the prefetch limit, and the free-slot
             count advertised in replies. ``None``: no prefetch limit, nothing advertised.
         worker_id: This worker's identity in headers (generated when not given).
@@ -204,20 +200,6 @@ class Server:
         """Requests taken and not settled yet."""
         return self._busy
 
-    def _headers(self, request_headers: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        headers: dict[str, Any] = {
-            pr.HEADER_PROTOCOL: pr.PROTOCOL_VERSION,
-            pr.HEADER_WORKER: self.worker_id,
-            pr.HEADER_ORIGIN: pr.origin(),
-        }
-        free = self.free_slots
-        if free is not None:
-            headers[pr.HEADER_CAPACITY] = free
-        for name in _ECHOED_HEADERS:
-            if request_headers and name in request_headers:
-                headers[name] = request_headers[name]
-        return headers
-
     def _submit_control(self, fn: Any, *args: Any) -> None:
         try:
             self._control.submit(fn, *args)
@@ -239,7 +221,7 @@ class Server:
         except Exception as err:
             LOG.warning("Worker %s could not announce itself %s: %s", self.worker_id, status, err)
 
-    def _on_notify(self, data: Any, message: Any) -> None:
+    def _on_notify(self, data: Any, message: Delivery) -> None:
         if not self._proxy.is_running:
             # Its request consumer is down (reconnecting): engines must not count on it.
             LOG.debug("Worker %s is not serving; discovery not answered", self.worker_id)
@@ -257,13 +239,13 @@ class Server:
         except Exception as err:
             LOG.error("Worker %s could not answer NOTIFY of %r: %s", self.worker_id, reply_to, err)
 
-    def _on_cancel(self, data: Any, message: Any) -> None:
+    def _on_cancel(self, data: Any, message: Delivery) -> None:
         # Only requests still queued here are affected: _serve checks before it says RUNNING.
         self._revoked.add(data["request_ids"])
         LOG.info("Worker %s will not run %d revoked request(s) %s", self.worker_id,
                  len(data["request_ids"]), dp.describe(message))
 
-    def _on_refused(self, message: Any, reason: str, detail: str) -> None:
+    def _on_refused(self, message: Delivery, reason: str, detail: str) -> None:
         """Tell the sender of a refused REQUEST why, when it says where to reply."""
         props = message.properties or {}
         reply_to, correlation_id = props.get("reply_to"), props.get("correlation_id")
@@ -280,14 +262,14 @@ class Server:
                     f"(refused, reason={reason})",
                     result=pr.failure_to_dict(Failure.from_exception(error)))
 
-    def _on_request(self, data: Any, message: Any) -> None:
+    def _on_request(self, data: Any, message: Delivery) -> None:
         props = message.properties
         if not props.get("reply_to") or not props.get("correlation_id"):
             LOG.warning(
                 "Rejected message %s: reason=missing-reply-to REQUEST lacks reply_to or "
                 "correlation_id", dp.describe(message)
             )
-            self._proxy.reject(message)
+            message.reject()
             return
         with self._busy_lock:
             self._busy += 1
@@ -299,13 +281,13 @@ class Server:
             self._executor.submit(self._process_request, data, message)
         except RuntimeError:  # executor shut down: let another worker have it
             self._done()
-            self._proxy.requeue(message)
+            message.requeue()
 
     def _done(self) -> None:
         with self._busy_lock:
             self._busy -= 1
 
-    def _process_request(self, data: Mapping[str, Any], message: Any) -> None:
+    def _process_request(self, data: Mapping[str, Any], message: Delivery) -> None:
         try:
             headers = message.headers or {}
             with tracing.serving(headers, task_name=data.get("task_name"), worker=self.worker_id,
@@ -318,11 +300,11 @@ class Server:
         finally:
             self._done()
         if published:
-            self._proxy.ack(message)
+            message.ack()
         else:
-            self._proxy.requeue(message)
+            message.requeue()
 
-    def _serve(self, data: Mapping[str, Any], message: Any) -> bool:
+    def _serve(self, data: Mapping[str, Any], message: Delivery) -> bool:
         """Run one request; True once its outcome is published."""
         props, headers = message.properties, message.headers or {}
         reply = functools.partial(self._reply, props["reply_to"], props["correlation_id"], headers)
@@ -338,7 +320,7 @@ class Server:
                      dp.describe(message), name)
             return reply(pr.EVENT, name, event_type=cn.EVENT_CANCELLED,
                          details={"worker": self.worker_id})
-        if dp.redelivered(message) and _from_flowengine(headers):
+        if message.redelivered and from_flowengine(headers):
             # Its previous holder died or was cut off, perhaps killed by this very request. A
             # flowengine engine counts attempts and decides whether to try again; a TaskFlow
             # engine cannot, so its requests keep running on redelivery.
@@ -364,7 +346,7 @@ class Server:
         except Exception as err:
             reason = "unknown-task" if isinstance(err, exc.NotFound) else "unusable-request"
             if (reason == "unknown-task" and self._control_proxy is not None
-                    and _from_flowengine(headers)):
+                    and from_flowengine(headers)):
                 # A worker sharing this topic runs it (a rolling deploy): the engine resends it.
                 LOG.info("Handing back request %s for task %s: not served by this worker",
                          dp.describe(message), name)
@@ -385,7 +367,7 @@ class Server:
             # The engine's lease on this attempt lasts only as long as heartbeats keep coming.
             # A late heartbeat is harmless; progress (forward) must precede the outcome.
             beat = functools.partial(self._forward_event, props, headers, ext.EVENT_HEARTBEAT, {},
-                                     confirm=not _from_flowengine(headers), retry=False)
+                                     confirm=not from_flowengine(headers), retry=False)
             self._heartbeats.add(beating, interval, functools.partial(self._beat, beat, message))
         try:
             if work.action == pr.EXECUTE:
@@ -408,73 +390,12 @@ class Server:
         self._events.emit("task-succeeded", **fields, runtime=runtime)
         return reply(pr.SUCCESS, name, result=result)
 
-    def _beat(self, heartbeat: Callable[[], None], message: Any) -> None:
+    def _beat(self, heartbeat: Callable[[], None], message: Delivery) -> None:
         # The broker's own lease first (beanstalkd's TTR, renewed by touch), then the engine's.
         try:
-            self._proxy.touch(message)
+            message.touch()
         finally:
             heartbeat()
-
-    def _reply(
-        self, reply_to: str, correlation_id: str, request_headers: Mapping[str, Any],
-        state: str, name: str, **data: Any,
-    ) -> bool:  # fmt: skip
-        response = pr.Response(state, **data)
-        tracing.replied(state, data.get("event_type"))
-        # Only RUNNING may trail: everything else here is the request's last word before it is
-        # acknowledged (an outcome, a hand-back, a cancellation) and must be stored first.
-        confirm = state != pr.RUNNING or not _from_flowengine(request_headers)
-        try:
-            try:
-                # An outcome is the only copy of work done: it waits out a long outage.
-                self._send(response, reply_to, correlation_id, request_headers, confirm=confirm,
-                           persistent=confirm,
-                           deadline=OUTCOME_PUBLISH_DEADLINE if confirm else None)
-            except px.MessageEncodeError as err:
-                if state not in (pr.SUCCESS, pr.FAILURE):
-                    raise
-                # The outcome cannot travel as it is: send a FAILURE that says why instead.
-                LOG.warning("Task %s %s reply cannot be sent: %s", name, state, err)
-                why = px.MessageEncodeError(f"Task {name} {state} reply cannot be sent: {err}")
-                why.__cause__ = err
-                failure = pr.failure_to_dict(Failure.from_exception(why))
-                failed = pr.Response(pr.FAILURE, result=failure)
-                self._send(failed, reply_to, correlation_id, request_headers,
-                           deadline=OUTCOME_PUBLISH_DEADLINE)
-        except Exception as err:
-            LOG.error("Could not send %s reply for task %s to %r: %s", state, name, reply_to, err)
-            return False
-        return True
-
-    def _forward_event(
-        self, props: Mapping[str, Any], headers: Mapping[str, Any], event_type: str,
-        details: Mapping[str, Any], retry: bool = True, confirm: bool = True,
-    ) -> None:  # fmt: skip
-        # Errors propagate to the caller (the task's notifier, the heartbeat thread): both log.
-        event = pr.Response(pr.EVENT, event_type=event_type, details=dict(details))
-        self._send(event, props["reply_to"], props["correlation_id"], headers, retry=retry,
-                   confirm=confirm, persistent=confirm)
-
-    def _send(
-        self, msg: pr.Message, reply_to: str, correlation_id: str | None = None,
-        request_headers: Mapping[str, Any] | None = None, retry: bool = True,
-        confirm: bool = True, persistent: bool = True, deadline: float | None = None,
-    ) -> None:  # fmt: skip
-        # The reply queue is its consumer's to declare (it exists before any request is sent).
-        # Declaring it here too would clash with the engine's queue arguments, and would bring
-        # back the queue of an engine that is gone, to fill up with replies nobody reads.
-        # A confirmed reply is in the queue before the next one is published, so replies keep
-        # their order over the pool's several connections. Outcomes and progress are always
-        # confirmed (the request is acknowledged after the outcome; progress must reach the
-        # engine before it). A flowengine engine takes RUNNING and heartbeats unconfirmed and
-        # transient: an outcome before its RUNNING still counts and a late one is ignored, and
-        # it spares a broker round trip before each task starts. A TaskFlow engine does not:
-        # an outcome before RUNNING kills its reply consumer.
-        self._proxy.publish(
-            msg, reply_to, correlation_id=correlation_id, headers=self._headers(request_headers),
-            declare_queue=False, retry=retry, confirm=confirm, persistent=persistent,
-            deadline=deadline,
-        )  # fmt: skip
 
     def start(self) -> None:
         """Serve until :meth:`stop` (blocks); then announce going offline.

@@ -25,6 +25,7 @@ from typing import Any
 
 from flowengine.worker_based import extensions as ext
 from flowengine.worker_based import protocol as pr
+from flowengine.worker_based.broker.delivery import Delivery
 
 LOG = logging.getLogger(__name__)
 
@@ -108,7 +109,7 @@ def _canonical(body: bytes | str, properties: Mapping[str, Any],
     return json.dumps(parts, sort_keys=True, separators=(",", ":"), default=str).encode("utf-8")
 
 
-def sender(message: Any) -> str:
+def sender(message: Delivery) -> str:
     """Who a message says it is from (worker id, else origin), capped for log lines."""
     headers = getattr(message, "headers", None) or {}
     who = headers.get(pr.HEADER_WORKER) or headers.get(pr.HEADER_ORIGIN) or "unknown sender"
@@ -205,7 +206,7 @@ class Signing:
             signed[HEADER_SIGNATURE] = self._digest(body, properties, signed)
         return signed
 
-    def check(self, message: Any) -> tuple[str, str] | None:
+    def check(self, message: Delivery) -> tuple[str, str] | None:
         """``(reason, detail)`` if ``message`` must be refused, else None; logs refusals.
 
         Also caps the capacity the message claims (see :func:`clamp_capacity`).
@@ -217,7 +218,7 @@ class Signing:
             self.log_refusal(message, *refusal)
         return refusal
 
-    def _verdict(self, message: Any) -> tuple[str, str] | None:
+    def _verdict(self, message: Delivery) -> tuple[str, str] | None:
         headers = message.headers or {}
         signature = headers.get(HEADER_SIGNATURE)
         if self._key is None:
@@ -236,13 +237,13 @@ class Signing:
         if abs(skew) > self._window:
             return REASON_STALE, (f"signed {skew:.0f}s from now, outside the {self._window:.0f}s "
                                   "replay window (a replay, a clock off, or queued too long)")
-        expected = self._digest(message.body or b"", message.properties or {}, headers)
+        expected = self._digest(message.raw_body, message.properties, headers)
         if not isinstance(signature, str) or not hmac.compare_digest(signature, expected):
             return REASON_BAD_SIGNATURE, ("the signature does not match: a different key, or a "
                                           "message altered or forged")
         return None
 
-    def log_refusal(self, message: Any, reason: str, detail: str) -> None:
+    def log_refusal(self, message: Delivery, reason: str, detail: str) -> None:
         """Log one refusal, at most once per sender and reason per :data:`LOG_PERIOD`."""
         who = sender(message)
         now = self._monotonic()
@@ -264,6 +265,6 @@ REASON_WRONG_SENDER = "wrong-sender"
 _IMPOSTORS = Signing()
 
 
-def refuse_impostor(message: Any, detail: str) -> None:
+def refuse_impostor(message: Delivery, detail: str) -> None:
     """Log (rate-limited) a reply ignored because :func:`foreign_sender` named its sender."""
     _IMPOSTORS.log_refusal(message, REASON_WRONG_SENDER, detail)

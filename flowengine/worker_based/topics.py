@@ -17,7 +17,7 @@ from typing import Any
 
 from flowengine.worker_based import dead_letters as dl
 from flowengine.worker_based import extensions as ext
-from flowengine.worker_based.connection import connect
+from flowengine.worker_based.broker.queues import QueueCounts, QueueInspector, QueuesNotListed
 
 # Queues of an exchange that are not worker topics: engines' reply queues (their uuid), the
 # workers' control queues and the dead letters.
@@ -62,39 +62,22 @@ def topic_stats(exchange: str, topics: Iterable[str] = (), url: str | None = Non
         dead = Counter(letter.topic for letter in letters.list())
     finally:
         letters.close()
-    conn, _ = connect(url, transport, options)
-    with conn:
-        channel = conn.channel()
+    with QueueInspector(url, transport, options) as broker:
         named = list(topics)
-        listing = getattr(channel, "queues", None)
-        if not callable(listing):  # kombu's memory channel has a ``queues`` dict, no listing
-            listing = None
         if not named:
-            if listing is None:
-                raise TopicsNotListed(
-                    f"{conn.transport.driver_type} cannot list the queues of exchange "
-                    f"{exchange!r}: name the topics")
             prefix = f"{exchange}_"
-            named = [queue[len(prefix):] for queue in listing(prefix)
+            try:
+                listed = broker.names(prefix)
+            except QueuesNotListed as err:
+                raise TopicsNotListed(f"{err} cannot list the queues of exchange "
+                                      f"{exchange!r}: name the topics") from None
+            named = [queue[len(prefix):] for queue in listed
                      if not _NOT_TOPICS.fullmatch(queue[len(prefix):])]
         named = sorted(set(named) | {topic for topic in dead if topic and not topics})
-        amqp = conn.transport.driver_type == "amqp"
-        return [_stats(conn, channel, amqp, f"{exchange}_{topic}", topic, dead[topic])
+        return [_stats(topic, broker.counts(f"{exchange}_{topic}"), dead[topic])
                 for topic in named]
 
 
-def _stats(conn: Any, channel: Any, amqp: bool, queue: str, topic: str, dead: int
-           ) -> TopicStats:
-    tube = getattr(channel, "queue_stats", None)
-    if tube is not None:  # beanstalkd
-        stats = tube(queue)
-        return TopicStats(topic, stats["ready"], stats["reserved"], stats["delayed"], dead,
-                          stats["watching"])
-    try:
-        # A channel each: an AMQP broker closes the channel a passive declare fails on.
-        with conn.channel() as own:
-            declared = own.queue_declare(queue, passive=True)
-    except conn.channel_errors:  # no such queue (yet): nothing waits in it
-        return TopicStats(topic, 0, None, None, dead, 0 if amqp else None)
-    return TopicStats(topic, int(declared.message_count), None, None, dead,
-                      int(declared.consumer_count) if amqp else None)
+def _stats(topic: str, counts: QueueCounts, dead: int) -> TopicStats:
+    return TopicStats(topic, counts.ready, counts.running, counts.delayed, dead,
+                      counts.consumers)

@@ -22,8 +22,9 @@ from flowengine.worker_based import client as bc
 from flowengine.worker_based import dead_letters, unserved
 from flowengine.worker_based import extensions as ext
 from flowengine.worker_based import protocol as pr
-from flowengine.worker_based import proxy as px
 from flowengine.worker_based import signing as sg
+from flowengine.worker_based.broker import proxy as px
+from flowengine.worker_based.broker.delivery import Delivery
 from flowengine.worker_based.submission import Submission
 from flowengine.worker_based.types import TopicWorker, WorkerFinder, header
 
@@ -81,9 +82,9 @@ class AttemptTracking:
 
     # -- replies (the client's consumer thread) ---------------------------------------------
 
-    def on_reply(self, data: Any, message: Any) -> None:
+    def on_reply(self, data: Any, message: Delivery) -> None:
         """Apply a RESPONSE for one of this executor's attempts (the client's consumer)."""
-        correlation_id = message.properties.get("correlation_id")
+        correlation_id = message.correlation_id
         headers = message.headers or {}
         self.finder.seen(header(headers, pr.HEADER_WORKER), header(headers, pr.HEADER_CAPACITY))
         with self._lock:
@@ -242,7 +243,7 @@ class AttemptTracking:
         except at.AttemptError as err:
             LOG.debug("%s", err)
 
-    def on_notify(self, data: Any, message: Any) -> None:
+    def on_notify(self, data: Any, message: Delivery) -> None:
         """Learn of a worker (or its going offline) from an announcement or NOTIFY reply."""
         headers = message.headers or {}
         identity = header(headers, pr.HEADER_WORKER)

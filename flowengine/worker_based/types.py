@@ -209,5 +209,5 @@ def _load(worker: TopicWorker) -> tuple[float, int]:
 
 
 def header(headers: Any, name: str) -> Any:
-    """Read a header from a kombu message's headers (which may be None)."""
+    """Read a header from a message's headers (which may be None)."""
     return (headers or {}).get(name)

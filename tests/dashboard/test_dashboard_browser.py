@@ -33,7 +33,8 @@ from flowengine.dashboard import DashboardData, EventHub, create_app
 from flowengine.listeners.timing import EventTimeListener
 from flowengine.persistence import base, models
 from flowengine.types.entity import Entity
-from flowengine.worker_based import dead_letters, protocol, proxy
+from flowengine.worker_based import dead_letters, protocol
+from flowengine.worker_based.broker import proxy
 from flowengine.worker_based.events import EventReceiver
 
 pytestmark = pytest.mark.integration

@@ -12,7 +12,8 @@ from flowengine import states
 from flowengine.dashboard import ActionRefused, DashboardData, EventHub
 from flowengine.dashboard.interface import ENGINE_META
 from flowengine.persistence import base
-from flowengine.worker_based import dead_letters, protocol, proxy
+from flowengine.worker_based import dead_letters, protocol
+from flowengine.worker_based.broker import proxy
 
 
 def test_a_flow_shows_graph_timeline_inputs_and_results_without_its_secret(

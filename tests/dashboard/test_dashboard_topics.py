@@ -12,7 +12,8 @@ import pytest
 from flowengine.dashboard import ActionRefused, DashboardData, EventHub, create_app
 from flowengine.dashboard.interface import TOPICS_TTL
 from flowengine.persistence import base
-from flowengine.worker_based import protocol, proxy
+from flowengine.worker_based import protocol
+from flowengine.worker_based.broker import proxy
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")  # Starlette's note about httpx's successor

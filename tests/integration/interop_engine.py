@@ -27,7 +27,7 @@ def main(library: str, url: str, exchange: str, topic: str) -> dict[str, Any]:
         from taskflow import engines
 
         if url.startswith("beanstalk://"):  # kombu has none: flowengine's registers it
-            import flowengine.worker_based.transport_beanstalk  # noqa: F401
+            import flowengine.worker_based.broker.transport_beanstalk  # noqa: F401
         from taskflow.patterns import linear_flow as lf
 
         options: dict[str, Any] = {}

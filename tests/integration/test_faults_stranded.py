@@ -36,7 +36,7 @@ import sys
 
 import kombu
 
-import flowengine.worker_based.transport_beanstalk  # registers beanstalk:// with kombu
+import flowengine.worker_based.broker.transport_beanstalk  # registers beanstalk:// with kombu
 
 url, queue_name = sys.argv[1], sys.argv[2]
 with kombu.Connection(url) as conn:

@@ -18,7 +18,7 @@ from wbe_harness import Broker, delete_exchange
 
 from flowengine.cli.main import cli
 from flowengine.worker_based import extensions as ext
-from flowengine.worker_based import transport_beanstalk as tb
+from flowengine.worker_based.broker import transport_beanstalk as tb
 
 pytestmark = pytest.mark.integration
 

@@ -28,7 +28,7 @@ from fault_support import wait_until
 
 from flowengine import engines, task
 from flowengine.worker_based import extensions as ext
-from flowengine.worker_based import transport_beanstalk as tb
+from flowengine.worker_based.broker import transport_beanstalk as tb
 from flowengine.worker_based.worker import Worker
 
 pytestmark = pytest.mark.integration

@@ -20,10 +20,10 @@ from kombu.transport import redis as kombu_redis
 from manual_clock import ManualClock  # tests/ is on sys.path (rootdir conftest)
 from wbe_harness import Broker, delete_exchange
 
-from flowengine.worker_based import dispatcher as dp
 from flowengine.worker_based import protocol as pr
-from flowengine.worker_based import proxy as px
-from flowengine.worker_based import transport_redis as tr
+from flowengine.worker_based.broker import dispatcher as dp
+from flowengine.worker_based.broker import proxy as px
+from flowengine.worker_based.broker import transport_redis as tr
 
 pytestmark = pytest.mark.integration
 
@@ -334,13 +334,13 @@ def test_a_proxy_acks_requeues_and_rejects_from_other_threads(url: str, exchange
             data, message = delivered.get(timeout=WAIT)
             settle[data["topic"]](message)
         data, message = delivered.get(timeout=WAIT)
-        assert data["topic"] == "requeued" and dp.redelivered(message)
+        assert data["topic"] == "requeued" and message.redelivered
         consumer.ack(message)
         assert consumer.unsettled == 0
         with kombu.Connection(url) as conn:
             channel = conn.default_channel
             assert channel.client.llen(f"{exchange}_work") == 0
-            assert not channel.client.hexists(channel.unacked_key, message.delivery_tag)
+            assert not channel.client.hexists(channel.unacked_key, message.tag)
     finally:
         consumer.stop()
         assert consumer.wait_stopped(WAIT)
@@ -379,7 +379,7 @@ def test_an_auto_ack_consumer_keeps_no_copy_of_its_deliveries(
         messages = [delivered.get(timeout=WAIT) for _ in range(3)]
         with kombu.Connection(url) as conn:
             channel = conn.default_channel
-            copies = [channel.client.hexists(channel.unacked_key, m.delivery_tag)
+            copies = [channel.client.hexists(channel.unacked_key, m.tag)
                       for m in messages]
         # Not yet acknowledged (manual_ack): kombu keeps a copy unless the consumer auto-acks.
         assert copies == [not auto_ack] * 3

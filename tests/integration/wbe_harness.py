@@ -39,7 +39,7 @@ import kombu
 from servers import SERVERS, unavailable  # tests/ is on sys.path (rootdir conftest)
 
 from flowengine.worker_based import protocol as pr
-from flowengine.worker_based.proxy import mask_url
+from flowengine.worker_based.broker.proxy import mask_url
 
 HERE = Path(__file__).resolve().parent
 TESTS = HERE.parent
@@ -419,7 +419,7 @@ class WorkerFleet:
         """Start a TaskFlow worker (``python -m taskflow.engines.worker_based.worker``)."""
         argv = [sys.executable, "-m", "taskflow.engines.worker_based.worker"]
         if self.broker.name == "beanstalk":  # not in kombu: flowengine registers it
-            argv[1:] = ["-c", "import runpy, flowengine.worker_based.transport_beanstalk; "
+            argv[1:] = ["-c", "import runpy, flowengine.worker_based.broker.transport_beanstalk; "
                         "runpy.run_module('taskflow.engines.worker_based.worker', "
                         "run_name='__main__', alter_sys=True)"]
         argv += ["--exchange", self.exchange, "--connection-url", self.broker.url,

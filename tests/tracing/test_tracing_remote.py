@@ -19,10 +19,10 @@ from test_tracing_engines import by_name, only, parent_of
 from flowengine import engines, tracing
 from flowengine.flows import linear_flow as lf
 from flowengine.tracing import names
-from flowengine.worker_based import dispatcher as dp
 from flowengine.worker_based import extensions as ext
 from flowengine.worker_based import protocol as pr
-from flowengine.worker_based import proxy as px
+from flowengine.worker_based.broker import dispatcher as dp
+from flowengine.worker_based.broker import proxy as px
 from flowengine.worker_based.executor import WorkerTaskExecutor
 from flowengine.worker_based.worker import Worker
 

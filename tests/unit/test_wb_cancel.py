@@ -24,11 +24,11 @@ from flowengine import engines, states, task
 from flowengine.engines.executor import EXECUTED
 from flowengine.flows import unordered_flow as uf
 from flowengine.worker_based import cancellation as cn
-from flowengine.worker_based import dispatcher as dp
 from flowengine.worker_based import extensions as ext
 from flowengine.worker_based import protocol as pr
-from flowengine.worker_based import proxy as px
 from flowengine.worker_based import worker as wk
+from flowengine.worker_based.broker import dispatcher as dp
+from flowengine.worker_based.broker import proxy as px
 from flowengine.worker_based.executor import WorkerTaskExecutor
 
 

@@ -1,4 +1,4 @@
-"""Tests for flowengine.worker_based.dispatcher: routing, refusals and their reason codes.
+"""Tests for flowengine.worker_based.broker.dispatcher: routing, refusals and their reason codes.
 
 Messages are real ``kombu.Message`` objects (so decoding is kombu's); only the channel they would
 be settled on is a recorder.
@@ -6,6 +6,7 @@ be settled on is a recorder.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import pickle
@@ -15,7 +16,8 @@ import pytest
 from kombu.message import Message
 
 from flowengine import exceptions as exc
-from flowengine.worker_based import dispatcher as dp
+from flowengine.worker_based.broker import dispatcher as dp
+from flowengine.worker_based.broker.delivery import Delivery
 
 JSON = dp.JSON_CONTENT_TYPE
 
@@ -52,9 +54,9 @@ def make_message(
 
 class Recorder:
     def __init__(self) -> None:
-        self.calls: list[tuple[Any, Message]] = []
+        self.calls: list[tuple[Any, Delivery]] = []
 
-    def __call__(self, data: Any, message: Message) -> None:
+    def __call__(self, data: Any, message: Delivery) -> None:
         self.calls.append((data, message))
 
 
@@ -75,7 +77,7 @@ def refusals(caplog: pytest.LogCaptureFixture) -> list[str]:
 def test_valid_message_is_acked_then_processed(channel: RecordingChannel) -> None:
     seen: list[Any] = []
 
-    def handler(data: Any, message: Message) -> None:
+    def handler(data: Any, message: Delivery) -> None:
         seen.append((data, list(channel.settled)))
 
     dispatcher = dp.TypeDispatcher({"REQUEST": dp.Handler(handler)})
@@ -87,6 +89,42 @@ def test_manual_ack_handler_settles_itself(channel: RecordingChannel, recorder: 
     dispatcher = dp.TypeDispatcher({"REQUEST": dp.Handler(recorder, manual_ack=True)})
     dispatcher.on_message(make_message(channel, {"a": 1}))
     assert len(recorder.calls) == 1 and channel.settled == []
+
+
+def test_handlers_get_a_frozen_delivery_that_settles_through_the_dispatcher(
+        channel: RecordingChannel, recorder: Recorder) -> None:
+    settled: list[tuple[str, Any]] = []
+
+    def settler(message: Any, action: str) -> None:
+        settled.append((action, message.delivery_tag))
+        dp.settle(message, action)
+
+    dispatcher = dp.TypeDispatcher({"REQUEST": dp.Handler(recorder, manual_ack=True)},
+                                   settler=settler)
+    message = make_message(channel, {"a": 1})
+    message.properties.update(correlation_id="c-1", reply_to="replies")
+    message.headers["x-flowengine-worker"] = "w1"
+    dispatcher.on_message(message)
+    [(data, delivery)] = recorder.calls
+    assert isinstance(delivery, Delivery) and not isinstance(delivery, Message)
+    assert (data, delivery.body, delivery.type, delivery.correlation_id, delivery.reply_to) == (
+        {"a": 1}, {"a": 1}, "REQUEST", "c-1", "replies")
+    assert delivery.headers == {"x-flowengine-worker": "w1"}
+    assert delivery.raw_body == b'{"a": 1}' and not delivery.redelivered
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        delivery.body = {}  # type: ignore[misc]
+    assert not delivery.acknowledged
+    delivery.requeue()
+    assert delivery.acknowledged
+    assert settled == [("requeue", "tag-1")] and channel.settled == [("requeue", "tag-1")]
+
+
+def test_a_delivery_built_by_hand_settles_nothing() -> None:
+    delivery = Delivery(body={"a": 1}, properties={"type": "REQUEST"})
+    delivery.ack()
+    delivery.touch()
+    assert not delivery.acknowledged and delivery.correlation_id == "" and delivery.reply_to == ""
+    assert "REQUEST" in delivery.describe()
 
 
 @pytest.mark.parametrize(
@@ -134,7 +172,7 @@ def test_schema_violation_is_rejected(
 def test_requeue_filters_hand_messages_back(channel: RecordingChannel, recorder: Recorder) -> None:
     votes: list[Any] = []
 
-    def stopping(data: Any, message: Message) -> bool:
+    def stopping(data: Any, message: Delivery) -> bool:
         votes.append(data)
         return True
 
@@ -147,7 +185,7 @@ def test_requeue_filters_hand_messages_back(channel: RecordingChannel, recorder:
 def test_a_failing_requeue_filter_does_not_vote(
     channel: RecordingChannel, recorder: Recorder
 ) -> None:
-    def broken(data: Any, message: Message) -> bool:
+    def broken(data: Any, message: Delivery) -> bool:
         raise RuntimeError("filter bug")
 
     dispatcher = dp.TypeDispatcher({"REQUEST": dp.Handler(recorder)}, requeue_filters=[broken])
@@ -158,7 +196,7 @@ def test_a_failing_requeue_filter_does_not_vote(
 def test_handler_errors_never_escape(
     channel: RecordingChannel, caplog: pytest.LogCaptureFixture
 ) -> None:
-    def broken(data: Any, message: Message) -> None:
+    def broken(data: Any, message: Delivery) -> None:
         raise RuntimeError("handler bug")
 
     dispatcher = dp.TypeDispatcher({"REQUEST": dp.Handler(broken, manual_ack=True)})
@@ -169,7 +207,7 @@ def test_handler_errors_never_escape(
 
 
 def test_auto_acked_message_is_not_settled_twice(channel: RecordingChannel) -> None:
-    def broken(data: Any, message: Message) -> None:
+    def broken(data: Any, message: Delivery) -> None:
         raise RuntimeError("handler bug")
 
     dispatcher = dp.TypeDispatcher({"REQUEST": dp.Handler(broken)})

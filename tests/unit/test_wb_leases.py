@@ -18,10 +18,10 @@ from wb_lease_tasks import Slow  # tests/unit is on sys.path (pytest rootdir ins
 from flowengine import exceptions as exc
 from flowengine.engines.executor import EXECUTED
 from flowengine.types.failure import Failure
-from flowengine.worker_based import dispatcher as dp
 from flowengine.worker_based import extensions as ext
 from flowengine.worker_based import protocol as pr
-from flowengine.worker_based import proxy as px
+from flowengine.worker_based.broker import dispatcher as dp
+from flowengine.worker_based.broker import proxy as px
 from flowengine.worker_based.dead_letters import DeadLetters
 from flowengine.worker_based.executor import PROOF_OF_LIFE, WorkerTaskExecutor
 

@@ -17,6 +17,7 @@ from flowengine import exceptions as exc
 from flowengine import task
 from flowengine.types.failure import Failure
 from flowengine.worker_based import protocol as pr
+from flowengine.worker_based import request_machine
 
 
 class Resize(task.Task):
@@ -212,7 +213,7 @@ def test_requests_share_the_one_machine(monkeypatch: pytest.MonkeyPatch) -> None
         raise AssertionError("a request built a state machine")
 
     monkeypatch.setattr(pr, "build_a_machine", refuse)
-    monkeypatch.setattr(pr.machines, "FiniteMachine", refuse)
+    monkeypatch.setattr(request_machine.machines, "FiniteMachine", refuse)
     first, second = _request(), _request()
     first.transition(pr.PENDING)
     assert (first.current_state, second.current_state) == (pr.PENDING, pr.WAITING)

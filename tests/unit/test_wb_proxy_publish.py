@@ -18,9 +18,9 @@ from kombu.exceptions import ConnectionError as KombuConnectionError
 from kombu.exceptions import OperationalError
 from kombu.transport import memory
 
-from flowengine.worker_based import producers as pd
 from flowengine.worker_based import protocol as pr
-from flowengine.worker_based import proxy as px
+from flowengine.worker_based.broker import producers as pd
+from flowengine.worker_based.broker import proxy as px
 
 #: Seconds a test waits for something another thread does.
 WAIT = 10.0

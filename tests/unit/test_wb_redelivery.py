@@ -18,8 +18,8 @@ from wb_requester import TOPIC, WAIT, Requester, run_in_thread  # tests/unit is 
 from flowengine import task
 from flowengine.worker_based import extensions as ext
 from flowengine.worker_based import protocol as pr
-from flowengine.worker_based import proxy as px
 from flowengine.worker_based import worker as wk
+from flowengine.worker_based.broker import proxy as px
 
 RUNS: list[str] = []
 

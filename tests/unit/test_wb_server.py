@@ -31,11 +31,11 @@ from wb_requester import TOPIC, WAIT, Requester, run_in_thread  # tests/unit is 
 from flowengine import task
 from flowengine.types.failure import Failure
 from flowengine.worker_based import backoff as bo
-from flowengine.worker_based import dispatcher as dp
 from flowengine.worker_based import extensions as ext
 from flowengine.worker_based import protocol as pr
-from flowengine.worker_based import proxy as px
 from flowengine.worker_based import worker as wk
+from flowengine.worker_based.broker import dispatcher as dp
+from flowengine.worker_based.broker import proxy as px
 
 
 class VolumeError(RuntimeError):
@@ -225,7 +225,7 @@ def test_unserializable_result_becomes_a_failure(worker: wk.Worker, requester: R
     replies = requester.outcome(requester.send(ReturnsObject(name="obj")))
     assert [r["state"] for r in replies] == [pr.RUNNING, pr.FAILURE]
     failure = replies[-1]["data"]["result"]
-    assert failure["exc_type_names"][0] == "flowengine.worker_based.proxy.MessageEncodeError"
+    assert failure["exc_type_names"][0] == "flowengine.worker_based.broker.codec.MessageEncodeError"
     assert "not JSON-serializable" in failure["exception_str"] and "obj" in failure["exception_str"]
 
 

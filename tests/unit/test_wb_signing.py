@@ -7,6 +7,7 @@ broker, and a real Worker against hand-made requests.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import queue
@@ -14,7 +15,6 @@ import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -26,12 +26,13 @@ from flowengine.engines.executor import EXECUTED
 from flowengine.worker_based import cancellation as cn
 from flowengine.worker_based import client as bc
 from flowengine.worker_based import dead_letters
-from flowengine.worker_based import dispatcher as dp
 from flowengine.worker_based import extensions as ext
 from flowengine.worker_based import protocol as pr
-from flowengine.worker_based import proxy as px
 from flowengine.worker_based import signing as sg
 from flowengine.worker_based import worker as wk
+from flowengine.worker_based.broker import dispatcher as dp
+from flowengine.worker_based.broker import proxy as px
+from flowengine.worker_based.broker.delivery import Delivery
 from flowengine.worker_based.dead_letters import DeadLetters
 from flowengine.worker_based.executor import WorkerTaskExecutor
 from flowengine.worker_based.options import WorkerEngineOptions
@@ -52,7 +53,7 @@ def signing(key: str | None = KEY, **kwargs: Any) -> sg.Signing:
 def message(body: bytes = b'{"a": 1}', headers: dict[str, Any] | None = None,
             **properties: Any) -> Any:
     props = {"type": pr.RESPONSE, "correlation_id": "c1", **properties}
-    return SimpleNamespace(body=body, headers=dict(headers or {}), properties=props)
+    return Delivery(raw_body=body, headers=dict(headers or {}), properties=props)
 
 
 def signed(signer: sg.Signing, body: bytes = b'{"a": 1}', **headers: Any) -> Any:
@@ -65,7 +66,7 @@ def test_a_signed_message_passes_and_any_change_breaks_it() -> None:
     signer = signing()
     assert signer.check(signed(signer)) is None
     tampered = [signed(signer), signed(signer), signed(signer), signed(signer)]
-    tampered[0].body = b'{"a": 2}'
+    tampered[0] = dataclasses.replace(tampered[0], raw_body=b'{"a": 2}')
     tampered[1].headers[pr.HEADER_WORKER] = "w2"
     tampered[2].properties["correlation_id"] = "c2"
     tampered[3].properties["reply_to"] = "elsewhere"

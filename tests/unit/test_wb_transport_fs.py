@@ -16,7 +16,7 @@ from typing import Any
 import kombu
 import pytest
 
-from flowengine.worker_based import transport_fs, transport_fs_doorbell, transport_fs_files
+from flowengine.worker_based.broker import transport_fs, transport_fs_doorbell, transport_fs_files
 
 EXCHANGE = kombu.Exchange("jobs", type="direct", durable=True)
 WORK = kombu.Queue("jobs_work", EXCHANGE, routing_key="work", durable=True)
@@ -220,7 +220,7 @@ def test_claims_of_a_dead_process_are_requeued(folder: Path) -> None:
 
 CHILD = """
 import json, sys, kombu
-import flowengine.worker_based.transport_fs
+import flowengine.worker_based.broker.transport_fs
 exchange = kombu.Exchange("jobs", type="direct", durable=True)
 work = kombu.Queue("jobs_work", exchange, routing_key="work", durable=True)
 got, done = [], []

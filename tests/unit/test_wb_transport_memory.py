@@ -12,8 +12,8 @@ import kombu
 import pytest
 
 from flowengine.worker_based import client
-from flowengine.worker_based import proxy as px
-from flowengine.worker_based import transport_memory as tm
+from flowengine.worker_based.broker import proxy as px
+from flowengine.worker_based.broker import transport_memory as tm
 
 #: Rounds of the declaration race; kombu's stock transport loses a message in about one round
 #: in 500 to 1,000 (three to five of these rounds, in runs without the lock).

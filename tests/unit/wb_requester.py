@@ -12,9 +12,9 @@ from typing import Any
 from taskflow.engines.worker_based import protocol as tf_protocol
 
 from flowengine import task
-from flowengine.worker_based import dispatcher as dp
 from flowengine.worker_based import protocol as pr
-from flowengine.worker_based import proxy as px
+from flowengine.worker_based.broker import dispatcher as dp
+from flowengine.worker_based.broker import proxy as px
 
 TOPIC = "volumes"
 WAIT = 10.0

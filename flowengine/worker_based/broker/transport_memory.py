@@ -14,8 +14,8 @@ This channel takes one process-wide lock around each check-then-create step (exc
 declarations, binds, unbinds, deletions). Everything else, and all the state, stays kombu's, so
 a connection made with plain ``transport="memory"`` elsewhere in the process sees the same
 exchanges and queues. ``memory://`` URLs and ``transport="memory"`` get this transport through
-:func:`guarded`, which :class:`~flowengine.worker_based.proxy.Proxy` and
-:class:`~flowengine.worker_based.broadcast.Broadcast` call; kombu's alias table is left alone.
+:func:`guarded`, which :class:`~.proxy.Proxy` and
+:class:`~.broadcast.Broadcast` call; kombu's alias table is left alone.
 """
 
 from __future__ import annotations

@@ -1,30 +1,32 @@
-"""Connections to the broker: transport selection, per-broker tuning, the codec.
+"""Connections to the broker: transport selection and per-broker tuning.
 
 :func:`connect` is the one place a transport is chosen (flowengine's own transports are
-registered with kombu by their modules); :func:`tune` the one place broker-specific options
-are set. With :mod:`~flowengine.worker_based.proxy` and
-:mod:`~flowengine.worker_based.broadcast`, the only modules that import kombu.
+registered with kombu by their modules); :class:`BrokerTraits` and :func:`tune` the one place
+broker-specific behaviour and options are decided. It imports kombu, as only the modules of
+the broker package may.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from typing import Any, NamedTuple
 
 import kombu
 from kombu.exceptions import OperationalError
+from kombu.transport import virtual
 
 from flowengine.persistence.backends._uri import mask_urls
-from flowengine.worker_based import dispatcher as dp
-from flowengine.worker_based import (
+from flowengine.worker_based.broker import dispatcher as dp
+from flowengine.worker_based.broker import (
     transport_beanstalk,  # noqa: F401  (registers beanstalk://)
     transport_fs,
     transport_memory,
     transport_redis,
 )
 
-LOG = logging.getLogger("flowengine.worker_based.proxy")
+LOG = logging.getLogger("flowengine.worker_based.broker.proxy")
 
 #: Seconds a message a Redis consumer took stays unsettled before Redis hands it out again
 #: (kombu's ``visibility_timeout``, one hour by default; ``transport_options`` may set it).
@@ -43,8 +45,8 @@ def connect(url: str | None, transport: Any,
     """The (not yet connected) kombu connection for ``url``/``transport``, and its URI for logs.
 
     Neither given: the embedded filesystem transport. Kombu's Redis and memory transports are
-    swapped for flowengine's (see :mod:`~flowengine.worker_based.transport_redis` and
-    :mod:`~flowengine.worker_based.transport_memory`), whose connections name a class instead
+    swapped for flowengine's (see :mod:`~flowengine.worker_based.broker.transport_redis` and
+    :mod:`~flowengine.worker_based.broker.transport_memory`), whose connections name a class instead
     of a scheme in ``as_uri()``, so the URI comes from kombu's.
     """
     if url is None and transport is None:
@@ -117,6 +119,41 @@ class StoredMessage(NamedTuple):
     def json(self) -> Any:
         """The body decoded as JSON."""
         return json.loads(self.body.decode("utf-8"))
+
+
+@dataclasses.dataclass(frozen=True)
+class BrokerTraits:
+    """What a consumer and a publisher must know of their transport, decided in one place.
+
+    Attributes:
+        driver: Kombu's ``driver_type`` (``amqp``, ``redis``, ``memory``, ``beanstalk`` ...).
+        settles_anywhere: Messages can be settled from any thread (kombu's virtual
+            transports); otherwise only on the consumer's own.
+        heartbeats: Consuming connections send heartbeats (AMQP), so a broker notices a frozen
+            consumer and redelivers what it held.
+        receipt_ack: Acknowledging on receipt saves work the broker does per message: kombu's
+            Redis transport keeps a copy of every unacknowledged delivery in Redis (two round
+            trips per message) to hand it out again if its consumer dies holding it. On AMQP,
+            deliveries in flight when a connection drops come back only if unacknowledged; on
+            flowengine-fs an acknowledgement is what frees the message's file.
+        priorities: Queues order messages by priority: AMQP queues declared with a maximum
+            priority, and beanstalkd, which orders every tube by job priority.
+    """
+
+    driver: str | None
+    settles_anywhere: bool
+    heartbeats: bool
+    receipt_ack: bool
+    priorities: bool
+
+
+def traits(transport_cls: Any) -> BrokerTraits:
+    """The :class:`BrokerTraits` of a kombu transport class."""
+    driver = getattr(transport_cls, "driver_type", None)
+    virtual_transport = issubclass(transport_cls, virtual.Transport)
+    return BrokerTraits(driver=driver, settles_anywhere=virtual_transport,
+                        heartbeats=driver == "amqp", receipt_ack=driver == "redis",
+                        priorities=not virtual_transport or driver == "beanstalk")
 
 
 def tune(driver: str | None, options: dict[str, Any]) -> None:

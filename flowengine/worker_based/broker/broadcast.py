@@ -11,9 +11,9 @@ from typing import Any
 
 import kombu
 
-from flowengine.worker_based import dispatcher as dp
-from flowengine.worker_based import proxy as px
-from flowengine.worker_based import transport_fs
+from flowengine.worker_based.broker import dispatcher as dp
+from flowengine.worker_based.broker import proxy as px
+from flowengine.worker_based.broker import transport_fs
 
 LOG = logging.getLogger(__name__)
 

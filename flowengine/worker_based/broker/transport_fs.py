@@ -54,8 +54,8 @@ from kombu.transport import virtual
 from kombu.utils import json as kombu_json
 
 import flowengine
-from flowengine.worker_based import transport_fs_doorbell as doorbell
-from flowengine.worker_based import transport_fs_files as files
+from flowengine.worker_based.broker import transport_fs_doorbell as doorbell
+from flowengine.worker_based.broker import transport_fs_files as files
 
 LOG = logging.getLogger(__name__)
 

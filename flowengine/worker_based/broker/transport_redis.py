@@ -9,7 +9,7 @@ was about a third of an engine's and a worker's CPU per remote task. This channe
 * keeps one client over the channel's connection pool for those commands. A ``redis.Redis``
   client over a ``ConnectionPool`` takes a pooled connection per command (pipelines and
   transactions take their own), so one client is safe to share between the threads that publish
-  and settle on a channel (:class:`~flowengine.worker_based.proxy.Proxy` settles deliveries of
+  and settle on a channel (:class:`~.proxy.Proxy` settles deliveries of
   virtual transports from task threads). When the channel drops its pool (a reconnect, a fork)
   the next command builds a client over the new one.
 * routes a direct exchange's messages by a copy of its binding table that is re-read when it is
@@ -32,8 +32,8 @@ process changed the bindings:
   waiting for it, and the stray list stays in Redis until removed.
 
 ``redis://`` and ``rediss://`` URLs (and ``transport="redis"``) get this transport only through
-:func:`lean`, which flowengine's :class:`~flowengine.worker_based.proxy.Proxy` and
-:class:`~flowengine.worker_based.broadcast.Broadcast` call; kombu's alias table is left alone, so
+:func:`lean`, which flowengine's :class:`~.proxy.Proxy` and
+:class:`~.broadcast.Broadcast` call; kombu's alias table is left alone, so
 other kombu users in the process keep kombu's stock transport. Sentinel (``sentinel://``) and
 Unix socket (``redis+socket://``) URLs keep kombu's transport, as does a connection that failed
 over to the next URL of a ``;`` list (kombu resolves that URL's scheme again).

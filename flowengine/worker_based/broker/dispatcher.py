@@ -2,17 +2,22 @@
 
 The dispatcher runs on the consumer thread and receives kombu messages *undecoded*, so that it can
 refuse an oversized or wrongly typed body before parsing it. Every refusal is one log line with a
-stable ``reason=`` code an operator can grep and count; no message can stop the consumer.
+stable ``reason=`` code an operator can grep and count; no message can stop the consumer. What it
+hands on (to handlers, requeue filters, checks and refusal hooks) is a
+:class:`~flowengine.worker_based.broker.delivery.Delivery`, never the kombu message.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple
 
 from flowengine import exceptions as exc
 from flowengine.worker_based import protocol as pr
+from flowengine.worker_based.broker import delivery as dv
+from flowengine.worker_based.broker.delivery import Delivery
 
 LOG = logging.getLogger(__name__)
 
@@ -28,17 +33,18 @@ REASON_TOO_DEEP = "too-deep"
 REASON_INVALID_FORMAT = "invalid-format"
 REASON_HANDLER_ERROR = "handler-error"
 
-#: Gets (decoded body, message).
-MessageCallback = Callable[[Any, Any], None]
-#: Gets (data, message); a truthy answer requeues the message instead of processing it.
-RequeueFilter = Callable[[Any, Any], Any]
+#: Gets (decoded body, delivery).
+MessageCallback = Callable[[Any, Delivery], None]
+#: Gets (data, delivery); a truthy answer requeues the message instead of processing it.
+RequeueFilter = Callable[[Any, Delivery], Any]
 
 
 class Handler(NamedTuple):
     """What to do with one message type.
 
     Attributes:
-        process_message: Called with ``(data, message)`` once the body is valid.
+        process_message: Called with ``(data, delivery)`` once the body is valid (``data`` is
+            ``delivery.body``).
         validator: Called with the body first; raises InvalidFormat to refuse it.
         manual_ack: If True, ``process_message`` settles the message itself (acks it once its
             outcome is published); otherwise the dispatcher acks it before processing.
@@ -50,23 +56,15 @@ class Handler(NamedTuple):
 
 
 def describe(message: Any) -> str:
-    """A short, body-free description of ``message`` for log lines."""
+    """A short, body-free description of ``message`` (or a delivery) for log lines."""
+    if isinstance(message, Delivery):
+        return message.describe()
     props = getattr(message, "properties", None) or {}
     info = getattr(message, "delivery_info", None) or {}
     return (
         f"(type={props.get('type')!r} correlation_id={props.get('correlation_id')!r}"
         f" routing_key={info.get('routing_key')!r} tag={getattr(message, 'delivery_tag', None)})"
     )
-
-
-def redelivered(message: Any) -> bool:
-    """Whether the broker delivered ``message`` before, to a consumer that never settled it."""
-    info = getattr(message, "delivery_info", None) or {}
-    if info.get("redelivered"):  # AMQP's flag; kombu's Redis and flowengine-fs set it too
-        return True
-    # kombu's in-memory transport marks a message it restores on the stored envelope only.
-    raw = getattr(message, "_raw", None)
-    return isinstance(raw, dict) and bool(raw.get("redelivered"))
 
 
 def settle(message: Any, action: str) -> None:
@@ -91,13 +89,15 @@ class TypeDispatcher:
             (used to hand back messages that arrive while the consumer is stopping).
         max_body_bytes: Larger bodies are refused without decoding.
         max_depth: Bodies nesting deeper than this are refused.
-        on_refused: Called as ``on_refused(message, reason, detail)`` after a message is
+        on_refused: Called as ``on_refused(delivery, reason, detail)`` after a message is
             refused (e.g. to tell the sender why); errors in it are logged, never raised.
         settles: Whether messages are settled here (acked, rejected, requeued); False for a
             consumer the broker settles for on delivery (no acknowledgements).
-        check: Called with each message of a known type before it is decoded; a
-            ``(reason, detail)`` answer refuses it, unlogged here (message authentication
-            logs its own refusals, rate-limited).
+        check: Called with the delivery of each message of a known type before it is
+            decoded; a ``(reason, detail)`` answer refuses it, unlogged here (message
+            authentication logs its own refusals, rate-limited).
+        settler: How handlers' :meth:`Delivery.ack` and friends settle (a consumer that
+            settles on its own thread routes them there); default: at once.
     """
 
     def __init__(
@@ -106,10 +106,12 @@ class TypeDispatcher:
         requeue_filters: Iterable[RequeueFilter] | None = None,
         max_body_bytes: int = pr.MAX_BODY_BYTES,
         max_depth: int = pr.MAX_NESTING_DEPTH,
-        on_refused: Callable[[Any, str, str], None] | None = None,
+        on_refused: Callable[[Delivery, str, str], None] | None = None,
         settles: bool = True,
-        check: Callable[[Any], tuple[str, str] | None] | None = None,
+        check: Callable[[Delivery], tuple[str, str] | None] | None = None,
+        settler: dv.Settler = settle,
     ) -> None:
+        self._settler = settler
         self._check = check
         self._on_refused = on_refused
         self._settles = settles
@@ -130,72 +132,80 @@ class TypeDispatcher:
 
     def on_decode_error(self, message: Any, error: Exception) -> None:
         """Kombu's hook for bodies it could not decode: refuse them, never raise."""
-        self._refuse(message, REASON_DECODE_ERROR, str(error))
+        self._refuse(self._delivery(message), REASON_DECODE_ERROR, str(error))
 
     def on_message(self, message: Any) -> None:
         """Check, decode, validate and dispatch one raw message. Never raises."""
+        delivery = self._delivery(message)
         try:
-            self._dispatch(message)
+            self._dispatch(message, delivery)
         except Exception as err:  # a bug here must not kill the consumer
-            LOG.exception("Dispatching message %s failed", describe(message))
-            self._refuse(message, REASON_HANDLER_ERROR, repr(err))
+            LOG.exception("Dispatching message %s failed", delivery.describe())
+            self._refuse(delivery, REASON_HANDLER_ERROR, repr(err))
 
-    def _dispatch(self, message: Any) -> None:
-        message_type = (message.properties or {}).get("type")
+    def _delivery(self, message: Any) -> Delivery:
+        return dv.of(message, self._settler)
+
+    def _dispatch(self, message: Any, delivery: Delivery) -> None:
+        message_type = delivery.type
         if message_type is None:
-            return self._refuse(message, REASON_MISSING_TYPE, "no 'type' property")
+            return self._refuse(delivery, REASON_MISSING_TYPE, "no 'type' property")
         handler = self._type_handlers.get(message_type)
         if handler is None:
-            return self._refuse(message, REASON_UNKNOWN_TYPE, f"no handler for {message_type!r}")
-        refusal = self._check(message) if self._check is not None else None
+            return self._refuse(delivery, REASON_UNKNOWN_TYPE, f"no handler for {message_type!r}")
+        refusal = self._check(delivery) if self._check is not None else None
         if refusal is not None:
-            return self._refuse(message, *refusal, log=False)
+            return self._refuse(delivery, *refusal, log=False)
         if message.content_type != JSON_CONTENT_TYPE:
-            return self._refuse(message, REASON_CONTENT_TYPE, repr(message.content_type))
+            return self._refuse(delivery, REASON_CONTENT_TYPE, repr(message.content_type))
         size = len(message.body or b"")
         if size > self._max_body_bytes:
-            return self._refuse(message, REASON_TOO_LARGE, f"{size} > {self._max_body_bytes} bytes")
+            return self._refuse(delivery, REASON_TOO_LARGE,
+                                f"{size} > {self._max_body_bytes} bytes")
         try:
             data = message.decode()
         except Exception as err:  # malformed JSON, bad encoding, recursion limit...
-            return self._refuse(message, REASON_DECODE_ERROR, str(err))
+            return self._refuse(delivery, REASON_DECODE_ERROR, str(err))
         if pr.exceeds_depth(data, self._max_depth):
-            return self._refuse(message, REASON_TOO_DEEP, f"nests deeper than {self._max_depth}")
-        if self._settles and self._wants_requeue(data, message):
-            LOG.debug("Requeuing message %s", describe(message))
+            return self._refuse(delivery, REASON_TOO_DEEP, f"nests deeper than {self._max_depth}")
+        delivery = dataclasses.replace(delivery, body=data)
+        if self._settles and self._wants_requeue(data, delivery):
+            LOG.debug("Requeuing message %s", delivery.describe())
             return settle(message, "requeue")
         if handler.validator is not None:
             try:
                 handler.validator(data)
             except (exc.InvalidFormat, ValueError, TypeError, KeyError) as err:
-                return self._refuse(message, REASON_INVALID_FORMAT, str(err))
+                return self._refuse(delivery, REASON_INVALID_FORMAT, str(err))
         if self._settles and not handler.manual_ack:
             settle(message, "ack")
         try:
-            handler.process_message(data, message)
+            handler.process_message(data, delivery)
         except Exception as err:
-            LOG.exception("Handler for %s message %s raised", message_type, describe(message))
+            LOG.exception("Handler for %s message %s raised", message_type, delivery.describe())
             if not message.acknowledged:
-                self._refuse(message, REASON_HANDLER_ERROR, repr(err))
+                self._refuse(delivery, REASON_HANDLER_ERROR, repr(err))
 
-    def _wants_requeue(self, data: Any, message: Any) -> bool:
+    def _wants_requeue(self, data: Any, delivery: Delivery) -> bool:
         votes = 0
         for requeue_filter in self._requeue_filters:
             try:
-                votes += bool(requeue_filter(data, message))
+                votes += bool(requeue_filter(data, delivery))
             except Exception:
-                LOG.exception("Requeue filter %r raised on %s", requeue_filter, describe(message))
+                LOG.exception("Requeue filter %r raised on %s", requeue_filter,
+                              delivery.describe())
         return votes > 0
 
-    def _refuse(self, message: Any, reason: str, detail: str, log: bool = True) -> None:
+    def _refuse(self, delivery: Delivery, reason: str, detail: str, log: bool = True) -> None:
         # One line per refused message; the detail is capped so a hostile body cannot flood logs.
         if log:
             LOG.warning(
-                "Rejected message %s: reason=%s %s", describe(message), reason, detail[:200])
+                "Rejected message %s: reason=%s %s", delivery.describe(), reason, detail[:200])
         if self._on_refused is not None:
             try:
-                self._on_refused(message, reason, detail[:200])
+                self._on_refused(delivery, reason, detail[:200])
             except Exception:
-                LOG.exception("Refusal hook failed for message %s", describe(message))
+                LOG.exception("Refusal hook failed for message %s", delivery.describe())
+        message = dv.message_of(delivery)
         if self._settles and not message.acknowledged:
             settle(message, "reject")

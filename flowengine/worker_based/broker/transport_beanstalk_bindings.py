@@ -7,7 +7,7 @@ pattern and queue; ``list-tubes`` finds them. A tube exists while it holds a job
 uses or watches it, so a channel goes back to ``default`` after it touched one. The binding
 tube's name is a digest of the binding, so what a channel read of one never changes.
 
-:class:`ServerBindings` is the part of :class:`~flowengine.worker_based.transport_beanstalk.
+:class:`ServerBindings` is the part of :class:`~flowengine.worker_based.broker.transport_beanstalk.
 Channel` that keeps them; the channel provides the connection (``_client``, ``_lock``,
 ``_use``, ``_drop``).
 """

@@ -1,7 +1,7 @@
 """flowengine's beanstalkd transport for kombu: a queue is a tube, a delivery a reserved job.
 
 URL ``beanstalk://host:port`` (port 11300 by default); this module registers the scheme with
-kombu when imported (:mod:`~flowengine.worker_based.proxy` imports it). Needs the ``greenstalk``
+kombu when imported (:mod:`~.connection` imports it). Needs the ``greenstalk``
 client: ``pip install 'flowengine[beanstalk]'``. Transport options: ``default_ttr`` (seconds a
 job without a lease header may stay reserved unsettled, default :data:`DEFAULT_TTR`),
 ``polling_interval`` (seconds between polls of an empty tube, default
@@ -27,7 +27,7 @@ How kombu's model maps onto beanstalkd:
   Reading it (``basic_get``: an operator listing or requeueing dead letters) kicks it
   (``kick-job``) and reserves it; given back, it is buried again.
 * Exchanges and bindings stay kombu's virtual ones, kept on the server so every process routes
-  alike (:mod:`~flowengine.worker_based.transport_beanstalk_bindings`); a process keeps what
+  alike (:mod:`~flowengine.worker_based.broker.transport_beanstalk_bindings`); a process keeps what
   it read for ``binding_cache_ttl`` seconds for routing keys bound to exactly one queue
   (re-read on a miss and after it binds), and reads afresh for keys bound to several queues
   and for fanout.
@@ -61,8 +61,8 @@ import kombu.transport
 from kombu.transport import virtual
 
 from flowengine.worker_based import extensions as ext
-from flowengine.worker_based import transport_beanstalk_bindings as bindings
-from flowengine.worker_based.transport_beanstalk_bindings import (
+from flowengine.worker_based.broker import transport_beanstalk_bindings as bindings
+from flowengine.worker_based.broker.transport_beanstalk_bindings import (
     FOREVER,
     tube_name,
 )

@@ -1,0 +1,295 @@
+"""Publishing over kombu: one direct exchange, its queues' declarations, producer pools.
+
+A :class:`Publisher` publishes JSON messages to ``<exchange>_<routing key>`` queues (declaring
+the target queue, so messages wait for a consumer that has not started yet), retrying through a
+broker outage with capped, jittered backoff, each retry on a new connection. It also browses
+queues (:mod:`~flowengine.worker_based.broker.browsing`). A
+:class:`~flowengine.worker_based.broker.proxy.Proxy` is a publisher that also consumes.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import kombu
+from kombu.exceptions import OperationalError
+
+from flowengine.worker_based import backoff as bo
+from flowengine.worker_based import protocol as pr
+from flowengine.worker_based import signing as sg
+from flowengine.worker_based.broker import browsing
+from flowengine.worker_based.broker import dispatcher as dp
+from flowengine.worker_based.broker import producers as pd
+from flowengine.worker_based.broker.codec import encode
+from flowengine.worker_based.broker.connection import (
+    BrokerOutage,
+    ConnectionDetails,
+    StoredMessage,
+    connect,
+    traits,
+    tune,
+    without_heartbeat,
+)
+
+# One logger for a proxy and its publishing half, so one log filter follows both.
+LOG = logging.getLogger("flowengine.worker_based.broker.proxy")
+
+PUBLISH_POOL_SIZE = 8
+#: Seconds a publish keeps retrying through a broker outage unless its caller gives its own
+#: deadline (the purpose of the message decides: an outcome waits far longer than a request
+#: whose engine gives up on it after its transition timeout).
+PUBLISH_DEADLINE = 120.0
+#: Seconds a declaration is trusted: a broker restarted without its data (or a failover that
+#: lost it) forgets queues and bindings without any client seeing an error, so consumers and
+#: publishers declare again this often, and after every reconnect.
+DECLARATION_TTL = 2.0
+#: Highest message priority queues are declared with (AMQP ``x-max-priority``).
+MAX_PRIORITY = 9
+
+
+class Publisher:
+    """Publishes to ``<exchange>_<routing key>`` queues on direct exchange ``exchange``.
+
+    Args:
+        exchange: Exchange name.
+        url: Broker URL; with neither ``url`` nor ``transport``, the embedded filesystem transport.
+        transport: Kombu transport name or class (``memory``, ``redis``, ``flowengine-fs`` ...).
+        transport_options: Kombu transport options (``data_folder`` for ``flowengine-fs``).
+        retry_options: See :class:`~flowengine.worker_based.backoff.RetryOptions`.
+        taskflow_compat: Declare exactly as TaskFlow (non-durable, auto-delete, transient
+            messages) so TaskFlow peers can share the exchange; default is durable and persistent.
+        publishers: Most publishing connections open at once (per confirm mode).
+        signing: Signs what this publisher publishes (see
+            :mod:`~flowengine.worker_based.signing`); None: nothing.
+    """
+
+    def __init__(
+        self,
+        exchange: str,
+        url: str | None = None,
+        transport: Any = None,
+        transport_options: Mapping[str, Any] | None = None,
+        retry_options: Mapping[str, Any] | bo.RetryOptions | None = None,
+        taskflow_compat: bool = False,
+        publishers: int = PUBLISH_POOL_SIZE,
+        signing: sg.Signing | None = None,
+    ) -> None:
+        self._signing = signing
+        self._exchange_name, self._compat = exchange, taskflow_compat
+        self._retry = bo.RetryOptions.from_options(retry_options)
+        self._transport_options: dict[str, Any] = dict(transport_options or {})
+        self._conn, self._uri = connect(url, transport, self._transport_options)
+        self._broker = traits(self._conn.get_transport_cls())
+        #: The heartbeat the URL asked for (0: none); only a consume loop sends heartbeats.
+        self._conn, self._url_heartbeat = without_heartbeat(self._conn)
+        # Message priority is an AMQP queue feature; TaskFlow's declarations have none, and a
+        # broker refuses a queue redeclared with different arguments.
+        self._priorities = not taskflow_compat and self._broker.priorities
+        tune(self._broker.driver, self._transport_options)
+        # Publishing pools: [confirmed, unconfirmed]; they differ only where the transport
+        # has publisher confirms (AMQP), otherwise both are the same pool.
+        self._producers: dict[bool, pd.ProducerPool] = {}
+        self._publishers = publishers
+        self._pool_lock = threading.Lock()
+        self._queues: dict[str, kombu.Queue] = {}
+        # Routing key -> when its target was last declared (see DECLARATION_TTL).
+        self._declared: dict[str, float] = {}
+        self._exchange = kombu.Exchange(
+            exchange, type="direct", durable=not taskflow_compat, auto_delete=taskflow_compat
+        )
+        self._where = f"{self._uri} exchange {exchange!r}"
+        #: Set to give up retrying (a consuming proxy sets it when asked to stop).
+        self._stop_requested = threading.Event()
+
+    @property
+    def connection_details(self) -> ConnectionDetails:
+        """The broker URI (password masked) and transport facts."""
+        transport = self._conn.transport
+        version = transport.driver_version()
+        return ConnectionDetails(
+            uri=self._uri,
+            transport=str(transport.driver_type),
+            driver_name=str(transport.driver_name),
+            driver_version=None if not version or version.lower() == "n/a" else str(version),
+            options=dict(self._transport_options),
+        )
+
+    def _queue(
+        self, routing_key: str, extra: Iterable[str] = (), expires: float | None = None,
+        transient: bool = False,
+    ) -> kombu.Queue:
+        name = f"{self._exchange_name}_{routing_key}"
+        options: dict[str, Any] = {"durable": not (self._compat or transient),
+                                   "auto_delete": self._compat or transient}
+        if self._priorities:
+            options["max_priority"] = MAX_PRIORITY
+        if expires is not None:
+            options["expires"] = expires
+        keys = [routing_key, *extra]
+        if len(keys) == 1:
+            return kombu.Queue(name, self._exchange, routing_key=routing_key, **options)
+        bindings = [kombu.binding(self._exchange, routing_key=key) for key in keys]
+        return kombu.Queue(name, bindings=bindings, **options)
+
+    def publish(
+        self,
+        msg: pr.Message,
+        routing_key: str | Iterable[str],
+        reply_to: str | None = None,
+        correlation_id: str | None = None,
+        headers: Mapping[str, Any] | None = None,
+        declare_queue: bool = True,
+        retry: bool = True,
+        expiration: float | None = None,
+        priority: int | None = None,
+        confirm: bool = True,
+        persistent: bool = True,
+        deadline: float | None = None,
+    ) -> None:
+        """Publish ``msg`` to each routing key; thread-safe.
+
+        The body is serialized first, so an unencodable message raises
+        :class:`MessageEncodeError` before anything reaches the broker.
+
+        Args:
+            msg: The message; its ``TYPE`` becomes the ``type`` property.
+            routing_key: One key or several (empty keys are skipped).
+            reply_to: Routing key replies should go to.
+            correlation_id: Id replies should carry.
+            headers: Extension headers (flowengine peers only read them).
+            declare_queue: Declare ``<exchange>_<routing_key>`` so the message waits for its
+                consumer; False for keys no queue is named after (announcements).
+            retry: Retry with backoff on connection errors (False: one attempt).
+            expiration: Seconds after which the broker may drop the message unconsumed.
+            priority: Message priority, clamped to 0..MAX_PRIORITY (AMQP default topology and
+                beanstalkd only; elsewhere dispatch order alone reflects priority).
+            confirm: Wait for the broker's confirmation where the transport has publisher
+                confirms (AMQP). Outcomes, requests and dead letters need it; progress,
+                heartbeats and discovery do not, and skip the round trip.
+            persistent: Ask the broker to keep the message across its own restart (the
+                default topology); False for messages worth nothing after one.
+            deadline: Seconds to keep retrying through a broker outage (None:
+                :data:`PUBLISH_DEADLINE`); each retry waits a capped, jittered backoff and
+                goes out on a new connection.
+
+        Raises:
+            BrokerOutage: The broker stayed unreachable past ``deadline`` (or the retries of
+                ``retry_options`` ran out); it names the broker and the message.
+        """
+        body = encode(msg)
+        keys = [routing_key] if isinstance(routing_key, str) else list(routing_key)
+        keys = [key for key in keys if key]
+        if not keys:
+            LOG.warning("No routing key for %s on exchange %r; not sent", msg, self._exchange_name)
+            return
+        properties: dict[str, Any] = {"type": msg.TYPE}
+        if reply_to:
+            properties["reply_to"] = reply_to
+        if correlation_id:
+            properties["correlation_id"] = correlation_id
+        if not self._compat:
+            properties["delivery_mode"] = 2 if persistent else 1
+        if expiration is not None:
+            properties["expiration"] = expiration
+        if priority is not None and self._priorities:
+            properties["priority"] = max(0, min(int(priority), MAX_PRIORITY))
+        if self._signing is not None:
+            headers = self._signing.sign(body, properties, headers)
+        pending = list(keys)
+        errors = self._conn.connection_errors + self._conn.channel_errors + (OperationalError,)
+        backoff: bo.Backoff | None = None
+        while True:
+            try:
+                # Each attempt on a producer of its own: one whose publish raised is closed,
+                # so a retry goes out on a new connection (a broker back from an outage).
+                with self._producer_pool(confirm).acquire() as producer:
+                    while pending:
+                        self._send(producer.publish, body, pending[0], declare_queue, headers,
+                                   properties)
+                        pending.pop(0)
+                return
+            except errors as err:
+                # A new connection may face a broker that lost its declarations.
+                self._declared.clear()
+                if not retry:
+                    raise
+                if backoff is None:
+                    wait = PUBLISH_DEADLINE if deadline is None else deadline
+                    backoff = bo.Backoff(self._retry, f"Publishing {msg.TYPE} to {pending[0]!r}",
+                                         self._where, self._stop_requested,
+                                         deadline=time.monotonic() + wait)
+                if backoff.exhausted:
+                    raise BrokerOutage(
+                        f"Publishing {msg.TYPE} to {pending[0]!r} on {self._where} failed "
+                        f"{backoff.attempt + 1} times over {backoff.elapsed:.1f}s: {err}") from err
+                try:
+                    backoff(err)
+                except bo.RetryDeadline as late:
+                    raise BrokerOutage(str(late)) from err
+
+    def _send(self, send: Callable[..., Any], body: bytes, key: str, declare_queue: bool,
+              headers: Mapping[str, Any] | None, properties: Mapping[str, Any]) -> None:
+        # Declaring is idempotent but not free (kombu binds copies of the entities every time),
+        # so each routing key's target is declared once, until a connection error.
+        wanted = key if declare_queue else ""
+        declare = None
+        now = time.monotonic()
+        if now - self._declared.get(wanted, -math.inf) > DECLARATION_TTL:
+            declare = [self._declared_queue(key)] if declare_queue else [self._exchange]
+        send(
+            body, routing_key=key, exchange=self._exchange, declare=declare,
+            content_type=dp.JSON_CONTENT_TYPE, content_encoding="utf-8",
+            headers=dict(headers or {}), **properties,
+        )  # fmt: skip
+        if declare is not None:
+            self._declared[wanted] = now
+
+    def _producer_pool(self, confirm: bool = True) -> pd.ProducerPool:
+        confirmed = self._transport_options.get("confirm_publish", False)
+        key = bool(confirm or not confirmed)
+        pool = self._producers.get(key)  # the common case takes no lock
+        if pool is not None:
+            return pool
+        with self._pool_lock:
+            pool = self._producers.get(key)
+            if pool is None:
+                conn = self._conn
+                if not key:
+                    options = dict(self._transport_options, confirm_publish=False)
+                    conn = self._conn.clone(transport_options=options)
+                pool = self._producers[key] = pd.ProducerPool(conn, self._publishers)
+            return pool
+
+    def _declared_queue(self, routing_key: str) -> kombu.Queue:
+        """The queue a publish declares for ``routing_key`` (built once; building costs)."""
+        queue = self._queues.get(routing_key)
+        if queue is None:
+            queue = self._queues[routing_key] = self._queue(routing_key)
+        return queue
+
+    def browse(self, routing_key: str, limit: int = 10_000) -> list[StoredMessage]:
+        """Copies of the messages waiting in ``<exchange>_<routing_key>``, oldest first.
+
+        Each is taken and given back (requeued), so the queue is unchanged; meant for operator
+        tools on quiet queues (dead letters), not for queues that consumers drain.
+        """
+        return browsing.visit(self._conn, self._queue(routing_key), lambda _m: False, limit)
+
+    def take(self, routing_key: str, wanted: Callable[[StoredMessage], bool],
+             limit: int = 10_000) -> StoredMessage | None:
+        """Remove and return the first waiting message ``wanted`` accepts (others stay)."""
+        found = browsing.visit(self._conn, self._queue(routing_key), wanted, limit,
+                               remove_first_match=True)
+        return found[0] if found else None
+
+    def close(self) -> None:
+        """Close the publishing connections; a later publish opens new ones."""
+        with self._pool_lock:
+            pools, self._producers = list(self._producers.values()), {}
+        for producers in pools:
+            producers.close()
