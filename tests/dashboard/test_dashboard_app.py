@@ -104,7 +104,7 @@ def test_actions_need_the_csrf_token(app: TestClient, stored: dict[str, str]) ->
     assert app.post(path, data={"csrf_token": token},
                     headers={"origin": "http://evil.example"}).status_code == 403
     done = app.post(path, data={"csrf_token": token})
-    assert done.status_code == 303 and "not+running+in+this+dashboard" in done.headers["location"]
+    assert done.status_code == 303 and "not+running+anywhere" in done.headers["location"]
 
 
 def test_read_only_hides_and_refuses_actions(store: base.Backend,
