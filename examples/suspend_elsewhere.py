@@ -79,8 +79,8 @@ def main() -> None:
         print(f"flow {detail.name} is {detail.state} in another process: "
               f"{where['pid'] == other.pid}")
         with backends.backend(url) as backend:
-            said = suspend_requests.request_suspend(backend, flow_uuid, by="example")
-        print("asked, and acknowledged:", said.startswith("suspend requested"))
+            asked = suspend_requests.request_suspend(backend, flow_uuid, by="example")
+        print("asked, and acknowledged:", asked.text.startswith("suspend requested"))
         asked.touch()
         print("the engine process exited with", other.wait(60))
         detail = stored(url, flow_uuid)

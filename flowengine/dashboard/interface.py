@@ -27,6 +27,7 @@ from flowengine.dashboard.masking import mask, mask_text
 from flowengine.engines import suspend_requests as sr
 from flowengine.persistence import base, models, queries
 from flowengine.persistence.secret_keeping import META_SECRETS
+from flowengine.worker_based.remote_control import push_suspend
 
 LOG = logging.getLogger(__name__)
 
@@ -197,7 +198,8 @@ class DashboardData:
 
         A flow this dashboard resumed is suspended directly; any other is asked through the
         backend (see :mod:`flowengine.engines.suspend_requests`): its engine stops at its next
-        atom transition.
+        atom transition, or at once when it is a worker-based engine on this dashboard's
+        broker (:mod:`flowengine.worker_based.remote_control`).
 
         Raises:
             ActionRefused: no such flow, or it is not running anywhere.
@@ -208,9 +210,11 @@ class DashboardData:
             engine.suspend()
             return f"suspending flow {flow_uuid}: running atoms finish first"
         try:
-            return sr.request_suspend(self.backend, flow_uuid, by="dashboard")
+            asked = sr.request_suspend(self.backend, flow_uuid, by="dashboard")
         except sr.SuspendRefused as err:
             raise ActionRefused(str(err)) from err
+        pushed = push_suspend(asked.running_on, flow_uuid, self.broker)
+        return asked.text if pushed is None else f"{asked.text}; {mask_text(pushed)}"
 
     def wait_idle(self, timeout: float) -> bool:
         """Wait until no resumed flow runs here (for tests and shutdown); False on timeout."""

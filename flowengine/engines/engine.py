@@ -230,6 +230,10 @@ class ActionEngine:
         return sr.SuspendWatch(self._backend, self.storage.flow_uuid,
                                sr.interval_of(self._options.extra))
 
+    def _reach(self) -> dict[str, Any]:
+        """More of ``running_on``: how else a requester can reach this engine while it runs."""
+        return {}
+
     def _forget_run(self) -> None:
         # Stored with the end state: the flow runs nowhere now, and a request is answered.
         self.storage.flow_meta.pop(sr.META_RUNNING_ON, None)
@@ -265,8 +269,8 @@ class ActionEngine:
         with _started(executor), AtomLogListener(self), tracing.flow_run(self):
             self._change_state(states.RUNNING)
             if watch is not None:
-                self.storage.update_flow_metadata({sr.META_RUNNING_ON: sr.running_on(
-                    type(self).__name__)})
+                self.storage.update_flow_metadata({sr.META_RUNNING_ON: {
+                    **sr.running_on(type(self).__name__), **self._reach()}})
             loop = self._loop = RunLoop(self._runtime, self._statistics, timeout=timeout)
             closed = False
             try:

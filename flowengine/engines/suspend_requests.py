@@ -23,7 +23,7 @@ import os
 import socket
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from flowengine.persistence.backends._uri import seconds_option
 
@@ -111,9 +111,23 @@ class SuspendRefused(Exception):
     """A suspend request that cannot reach an engine (the message says why)."""
 
 
+class Requested(NamedTuple):
+    """A stored suspend request.
+
+    Attributes:
+        text: What was done, for a page or a terminal.
+        running_on: Where the flow's engine recorded it runs (None: it did not say).
+        first: False when the request was already stored (this one changed nothing).
+    """
+
+    text: str
+    running_on: dict[str, Any] | None
+    first: bool
+
+
 def request_suspend(backend: Any, flow_uuid: str, by: str,
                     clock: Callable[[], datetime.datetime] = lambda: datetime.datetime.now(
-                        datetime.UTC)) -> str:
+                        datetime.UTC)) -> Requested:
     """Ask the engine running a stored flow, in whichever process, to suspend it.
 
     Sets :data:`META_REQUEST` on the stored flow detail in one write transaction, only while it
@@ -126,7 +140,7 @@ def request_suspend(backend: Any, flow_uuid: str, by: str,
         clock: The time now (aware, UTC).
 
     Returns:
-        What was done, for a page or a terminal.
+        What was done, and where the engine runs.
 
     Raises:
         SuspendRefused: No such flow, it is not running, or its process is gone.
@@ -163,14 +177,17 @@ def request_suspend(backend: Any, flow_uuid: str, by: str,
     if refused:
         raise SuspendRefused(refused[0])
     where = fd.meta.get(META_RUNNING_ON)
+    where = where if isinstance(where, dict) else None
     engine = (f" (its {where.get('engine')} runs in pid {where.get('pid')} on "
-              f"{where.get('host')})" if isinstance(where, dict) else
+              f"{where.get('host')})" if where is not None else
               " (no engine recorded where it runs: if its process died, nothing will answer)")
     if already:
-        return (f"suspend of flow {fd.name!r} ({fd.uuid}) was already requested at "
-                f"{already[0].get('at')}: it stops once its running atoms finish{engine}")
-    return (f"suspend requested for flow {fd.name!r} ({fd.uuid}): it stops once its running "
-            f"atoms finish{engine}")
+        return Requested(
+            f"suspend of flow {fd.name!r} ({fd.uuid}) was already requested at "
+            f"{already[0].get('at')}: it stops once its running atoms finish{engine}",
+            where, False)
+    return Requested(f"suspend requested for flow {fd.name!r} ({fd.uuid}): it stops once its "
+                     f"running atoms finish{engine}", where, True)
 
 
 def _gone(where: Any) -> str | None:

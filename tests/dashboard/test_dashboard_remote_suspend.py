@@ -141,9 +141,15 @@ def test_the_page_suspends_a_flow_another_process_runs_then_resumes_it(world: Wo
         css(driver, "button#suspend")[0].click()
         notice = wait_for(lambda: texts(driver, "#notice"), "the suspend notice")
         assert "suspend requested for flow 'gated'" in notice[0], notice
-        assert texts(driver, "#suspend-requested") == ["suspend requested"]
+        assert "its engine was told through the broker" in notice[0], notice
+        # Pushed: the engine suspends while its only running atom is still held by the gate,
+        # before any atom transition could have shown it the stored request.
+        wait_for(lambda: _stored(world, flow).state == states.SUSPENDING,
+                 "the engine process to store SUSPENDING while its atom runs")
+        driver.refresh()
+        assert texts(driver, "#flow-state") == [states.SUSPENDING]
         assert not css(driver, "button#suspend")
-        screenshot(driver, "flow-suspend-requested")
+        screenshot(driver, "flow-suspending")
         world.gate.touch()  # the running atom finishes; nothing after it starts
         wait_for(lambda: texts(driver, "#flow-state") == [states.SUSPENDED],
                  "the page to show the flow SUSPENDED (pushed by the engine's events)")
@@ -168,17 +174,27 @@ def _suspend(world: World, flow: str, *options: str) -> subprocess.Popen[str]:
     return _flowengine("suspend", flow, "--backend", world.store_url, *options)
 
 
-@pytest.mark.parametrize("engine", ["worker-based", "serial"])
+@pytest.mark.parametrize("engine", ["worker-based", "worker-based-store-only", "serial"])
 def test_the_command_suspends_a_flow_another_process_runs(world: World, engine: str) -> None:
+    """``flowengine suspend``: pushed to a worker-based engine on its broker; through the store
+    alone when the command names no broker, and for the serial engine."""
     if engine == "serial":  # the gated atoms run in the engine's own process
         run, flow = _start_run(world, **{df.GATE_ENV: str(world.gate)})
     else:
         run, flow = _start_run(world, *_worker_based(world))
+    broker = _broker_args(world.broker) if engine == "worker-based" else []
     try:
-        asking = _suspend(world, flow, "--wait", str(ENDS))
+        asking = _suspend(world, flow, "--wait", str(ENDS), *broker)
         assert asking.stdout is not None
         said = asking.stdout.readline()  # acknowledged before the engine stops
         assert "suspend requested for flow 'gated'" in said and f"pid {run.pid}" in said, said
+        if engine == "worker-based":
+            assert "its engine was told through the broker" in asking.stdout.readline()
+            wait_for(lambda: _stored(world, flow).state == states.SUSPENDING,
+                     "the engine to suspend while its atom runs")
+        elif engine == "worker-based-store-only":
+            assert "not on this broker: it sees the stored request" in asking.stdout.readline()
+        assert _stored(world, flow).state in (states.RUNNING, states.SUSPENDING)
         world.gate.touch()
         out, err = asking.communicate(timeout=ENDS)
         assert asking.returncode == 5, (out, err)

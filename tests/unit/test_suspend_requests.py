@@ -48,7 +48,7 @@ class Ask(task.Task):
 
     def execute(self, url: str, flow_uuid: str) -> str:
         with opened(url) as other:
-            return sr.request_suspend(other, flow_uuid, by="test")
+            return sr.request_suspend(other, flow_uuid, by="test").text
 
 
 class Step(task.Task):
@@ -137,9 +137,11 @@ def test_a_request_is_acknowledged_once(url: str) -> None:
         with contextlib.closing(backend.get_connection()) as conn:
             conn.change_flow_meta("flow-1", lambda fd: setattr(fd, "state", states.RUNNING))
         first = sr.request_suspend(backend, "flow-1", by="test")
-        assert "suspend requested" in first and "no engine recorded where it runs" in first
+        assert first.first and first.running_on is None
+        assert "suspend requested" in first.text
+        assert "no engine recorded where it runs" in first.text
         again = sr.request_suspend(backend, "flow-1", by="test")
-        assert "was already requested at" in again
+        assert not again.first and "was already requested at" in again.text
 
 
 def test_memory_backends_and_bad_intervals() -> None:
