@@ -5,8 +5,10 @@
    few atoms and a flow of ``--atoms`` atoms (default 1,000), both run by the serial engine with
    their factory and timings stored.
 2. Times, through the ASGI app in this process (no network), the best and median of
-   ``--repeat`` requests: the first flows page, a filtered page, a deep page, a small flow's
-   page, and the big flow's page (first request: rebuilding and compiling the flow; then warm).
+   ``--repeat`` requests: the first flows page, a filtered page, a deep page (``--deep-page``,
+   default 500: by its number, an OFFSET, and as the pager's "older" link opens it, a keyset
+   seek), page 1,000, a small flow's page, and the big flow's page (first request: rebuilding
+   and compiling the flow; then warm).
 3. Serves the app with uvicorn, follows ``/events`` as a browser does, publishes ``--events``
    events on the ``flowengine-fs`` transport and reports the delay from each event's emission
    to its arrival in the page's stream.
@@ -32,6 +34,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.parse
 import uuid
 import warnings
 from collections.abc import Callable
@@ -46,6 +49,7 @@ from flowengine.flows import linear_flow, unordered_flow
 from flowengine.listeners.timing import EventTimeListener
 from flowengine.persistence import backends, base, models
 from flowengine.persistence.backends._sql import tables
+from flowengine.persistence.queries import FlowCursor
 from flowengine.worker_based.events import EventPublisher, EventReceiver
 
 STATES = ("SUCCESS", "SUCCESS", "SUCCESS", "REVERTED", "FAILURE", "RUNNING", "SUSPENDED")
@@ -108,7 +112,19 @@ def timed(call: Callable[[], Any], repeat: int) -> dict[str, float]:
         statistics.median(took) * 1000, 2)}
 
 
-def pages(client: Any, small: str, big: str, repeat: int) -> dict[str, Any]:
+def deep_cursor(backend: Any, page: int, size: int = 50) -> str:
+    """The "older" link's cursor that opens ``page`` (the last row of the page before it)."""
+    t = tables.define(sa.MetaData())
+    with backend.engine.connect() as conn:
+        row = conn.execute(sa.select(t.flowdetails.c.updated_at, t.flowdetails.c.uuid)
+                           .order_by(t.flowdetails.c.updated_at.desc(),
+                                     t.flowdetails.c.uuid.desc())
+                           .offset((page - 1) * size - 1).limit(1)).one()
+    return FlowCursor(row.updated_at, row.uuid).text()
+
+
+def pages(client: Any, small: str, big: str, repeat: int, deep: int,
+          after: str) -> dict[str, Any]:
     def get(path: str) -> Callable[[], None]:
         def call() -> None:
             response = client.get(path)
@@ -121,6 +137,9 @@ def pages(client: Any, small: str, big: str, repeat: int) -> dict[str, Any]:
     results["big_flow_page_cold_ms"] = round((time.perf_counter() - started) * 1000, 2)
     for name, path in (("flows_first_page", "/flows"),
                        ("flows_filtered", "/flows?state=FAILURE&name=order-4"),
+                       ("flows_deep_page_offset", f"/flows?page={deep}"),
+                       ("flows_deep_page_keyset",
+                        "/flows?" + urllib.parse.urlencode({"page": deep, "after": after})),
                        ("flows_page_1000", "/flows?page=1000"),
                        ("small_flow_page", f"/flows/{small}"),
                        ("big_flow_page", f"/flows/{big}")):
@@ -188,7 +207,10 @@ def main() -> None:
     parser.add_argument("--atoms", type=int, default=1_000)
     parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument("--events", type=int, default=50)
+    parser.add_argument("--deep-page", type=int, default=500,
+                        help="the deep page timed (at most the last page)")
     options = parser.parse_args()
+    deep = max(2, min(options.deep_page, options.flows // 50))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # Starlette's note about httpx's successor
         from starlette.testclient import TestClient
@@ -210,7 +232,8 @@ def main() -> None:
                   "transport_options": {"data_folder": str(Path(tmp) / "queues")}}
         data = DashboardData(backend, EventHub(lambda: EventReceiver(**broker)), broker)
         with TestClient(create_app(DashboardData(backend, EventHub(None)))) as client:
-            results = pages(client, small, big, options.repeat)
+            results = pages(client, small, big, options.repeat, deep,
+                            deep_cursor(backend, deep))
         log("measuring the pushed updates' delay")
         delay = push_delay(data, broker, options.events)
         backend.close()
@@ -218,7 +241,7 @@ def main() -> None:
     print(json.dumps({
         "benchmark": "dashboard",
         "python": platform.python_version(),
-        "stored_flows": options.flows + 2, "big_flow_atoms": options.atoms,
+        "stored_flows": options.flows + 2, "big_flow_atoms": options.atoms, "deep_page": deep,
         "fill_s": round(fill_s, 2), "pages": results, "push_delay": delay,
         "target": {"flows_first_page_ms": 300, "met": first < 300},
     }, indent=2))

@@ -22,6 +22,13 @@ NEEDS_SERVERS: frozenset[str] = frozenset()
 #: Lines each script must print, in this order (other lines may come between them). A script
 #: without an entry must still exit with status 0 and print something.
 EXPECTED_LINES: dict[str, list[str]] = {
+    "suspend_elsewhere.py": [
+        "flow copy-files is RUNNING in another process: True",
+        "asked, and acknowledged: True",
+        "the engine process exited with 0",
+        "flow state: SUSPENDED; the last step ran: False",
+        "resumed here: SUCCESS, 5 steps done",
+    ],
     "wbe_autoscale.py": ["task threads at start: 1", "flow SUCCESS"],
     "wbe_pause.py": [
         "topic orders paused: True",

@@ -13,6 +13,7 @@ from flowengine.cli.flows import flows_command, show_command
 from flowengine.cli.graph import check_command, graph_command
 from flowengine.cli.jobs import conductors_command, jobs_group
 from flowengine.cli.run import run_command
+from flowengine.cli.suspend import suspend_command
 from flowengine.cli.topics import topics_command
 from flowengine.cli.worker import worker_command
 from flowengine.cli.workers import workers_command
@@ -32,6 +33,7 @@ cli.add_command(topics_command)
 cli.add_command(run_command)
 cli.add_command(flows_command)
 cli.add_command(show_command)
+cli.add_command(suspend_command)
 cli.add_command(graph_command)
 cli.add_command(check_command)
 cli.add_command(dashboard_command)

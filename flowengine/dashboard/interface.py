@@ -24,8 +24,10 @@ from flowengine.dashboard import compiled as cp
 from flowengine.dashboard import layout, resuming, timeline
 from flowengine.dashboard.live import EventHub
 from flowengine.dashboard.masking import mask, mask_text
+from flowengine.engines import suspend_requests as sr
 from flowengine.persistence import base, models, queries
 from flowengine.persistence.secret_keeping import META_SECRETS
+from flowengine.worker_based.remote_control import push_suspend
 
 LOG = logging.getLogger(__name__)
 
@@ -56,6 +58,10 @@ class FlowView:
     store: Any
     running_here: bool
     resumable: bool
+    #: Where its engine runs (host, pid, engine, since), while it runs with a shared backend.
+    running_on: dict[str, Any] | None = None
+    #: A suspend request not yet answered (at, by).
+    suspend_requested: dict[str, Any] | None = None
 
 
 class DashboardData:
@@ -114,7 +120,9 @@ class DashboardData:
             graph_note=compiled if isinstance(compiled, str) else None,
             timeline=timeline.build(stored, self.hub.events_of(flow_uuid), self._clock()),
             store=mask(injected, secrets), running_here=running_here,
-            resumable=fd.state in RESUMABLE and not running_here)
+            resumable=fd.state in RESUMABLE and not running_here,
+            running_on=_record(fd.meta.get(sr.META_RUNNING_ON)),
+            suspend_requested=_record(fd.meta.get(sr.META_REQUEST)))
 
     def _shown(self, atom: dict[str, Any], compiled: cp.Compiled | str, results: dict[str, Any],
                injected: dict[str, Any], secrets: list[str]) -> dict[str, Any]:
@@ -186,18 +194,27 @@ class DashboardData:
                 self._running.pop(flow_uuid, None)
 
     def suspend(self, flow_uuid: str) -> str:
-        """Suspend a flow this dashboard runs (one it resumed); running atoms finish.
+        """Suspend a running flow, in this process or another; running atoms finish first.
+
+        A flow this dashboard resumed is suspended directly; any other is asked through the
+        backend (see :mod:`flowengine.engines.suspend_requests`): its engine stops at its next
+        atom transition, or at once when it is a worker-based engine on this dashboard's
+        broker (:mod:`flowengine.worker_based.remote_control`).
 
         Raises:
-            ActionRefused: the flow is not running in this process.
+            ActionRefused: no such flow, or it is not running anywhere.
         """
         with self._lock:
             engine = self._running.get(flow_uuid)
-        if engine is None:
-            raise ActionRefused(f"flow {flow_uuid!r} is not running in this dashboard; only "
-                                "flows it resumed can be suspended from it")
-        engine.suspend()
-        return f"suspending flow {flow_uuid}: running atoms finish first"
+        if engine is not None:
+            engine.suspend()
+            return f"suspending flow {flow_uuid}: running atoms finish first"
+        try:
+            asked = sr.request_suspend(self.backend, flow_uuid, by="dashboard")
+        except sr.SuspendRefused as err:
+            raise ActionRefused(str(err)) from err
+        pushed = push_suspend(asked.running_on, flow_uuid, self.broker)
+        return asked.text if pushed is None else f"{asked.text}; {mask_text(pushed)}"
 
     def wait_idle(self, timeout: float) -> bool:
         """Wait until no resumed flow runs here (for tests and shutdown); False on timeout."""
@@ -379,3 +396,9 @@ def open_board(uri: str, backend: base.Backend) -> Any:
     board = job_backends.fetch("flowengine-dashboard", uri, persistence=backend)
     board.connect()
     return board
+
+
+def _record(value: Any) -> dict[str, Any] | None:
+    """A small stored record of plain values, masked for a page (None: absent or not one)."""
+    return mask({k: v for k, v in value.items() if isinstance(v, (str, int, float))}
+                ) if isinstance(value, dict) else None

@@ -48,10 +48,14 @@ def flow_query(params: QueryParams, page_size: int) -> queries.FlowQuery:
         raise ValueError(f"page {params.get('page')!r} is not a number") from err
     if page < 1:
         raise ValueError(f"page must be 1 or more, got {page}")
+    # The pager's links carry the cursor of the row next to the page they lead to, so deep
+    # pages are seeks in the index; a typed-in page number alone is an offset.
+    after, before = (queries.FlowCursor.parse(params[key]) if params.get(key) else None
+                     for key in ("after", "before"))
     return queries.FlowQuery(
         states=wanted, name=params.get("name") or None, uuid=params.get("uuid") or None,
         since=_time(params.get("since"), "since"), until=_time(params.get("until"), "until"),
-        offset=(page - 1) * page_size, limit=page_size)
+        offset=(page - 1) * page_size, limit=page_size, after=after, before=before)
 
 
 def query_params(query: queries.FlowQuery) -> str:
@@ -61,6 +65,11 @@ def query_params(query: queries.FlowQuery) -> str:
     found += [(key, minutes(getattr(query, key))) for key in ("since", "until")
               if getattr(query, key) is not None]
     return urllib.parse.urlencode(found)
+
+
+def cursor(value: queries.FlowCursor | None, key: str) -> str:
+    """``&key=<cursor>`` for a pager link, or nothing when the row has no cursor."""
+    return "" if value is None else "&" + urllib.parse.urlencode({key: value.text()})
 
 
 def minutes(when: datetime.datetime | None) -> str:
@@ -104,5 +113,5 @@ def install_filters(env: jinja2.Environment) -> None:
     """Add the dashboard's filters to a Jinja environment."""
     env.filters.update(pretty=_pretty, when=_when, ago=_ago, duration=_duration,
                        percent=fmt.percent, state_counts=_state_counts,
-                       minutes=minutes)
+                       minutes=minutes, cursor=cursor)
     env.globals.update(FLOW_STATES=FLOW_STATES)

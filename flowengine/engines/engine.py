@@ -14,6 +14,7 @@ from flowengine import exceptions as exc
 from flowengine import states, tracing
 from flowengine.engines import executor as ex
 from flowengine.engines import gc_pause
+from flowengine.engines import suspend_requests as sr
 from flowengine.engines.compiler import Compilation, PatternCompiler
 from flowengine.engines.machine import META_STATES, RunLoop
 from flowengine.engines.options import EngineOptions, as_optional_int
@@ -222,6 +223,22 @@ class ActionEngine:
         if loop is not None:
             loop.wake()  # cancel what has not started now, not after the next completion
 
+    def _watch_requests(self) -> sr.SuspendWatch | None:
+        """What reads suspend requests from other processes (None: none can reach the flow)."""
+        if not sr.shared(self._backend):
+            return None
+        return sr.SuspendWatch(self._backend, self.storage.flow_uuid,
+                               sr.interval_of(self._options.extra))
+
+    def _reach(self) -> dict[str, Any]:
+        """More of ``running_on``: how else a requester can reach this engine while it runs."""
+        return {}
+
+    def _forget_run(self) -> None:
+        # Stored with the end state: the flow runs nowhere now, and a request is answered.
+        self.storage.flow_meta.pop(sr.META_RUNNING_ON, None)
+        self.storage.flow_meta.pop(sr.META_REQUEST, None)
+
     def run(self, timeout: float | None = None) -> None:
         """Run the flow to an end state, re-raising its failure(s) if it did not succeed.
 
@@ -248,12 +265,18 @@ class ActionEngine:
         executor = self._runtime.task_action.executor
         final: str | None = None
         started = time.monotonic()
+        watch = self._watch_requests()
         with _started(executor), AtomLogListener(self), tracing.flow_run(self):
             self._change_state(states.RUNNING)
+            if watch is not None:
+                self.storage.update_flow_metadata({sr.META_RUNNING_ON: {
+                    **sr.running_on(type(self).__name__), **self._reach()}})
             loop = self._loop = RunLoop(self._runtime, self._statistics, timeout=timeout)
             closed = False
             try:
                 for state in loop.run_iter():
+                    if watch is not None and watch.requested():
+                        self.suspend()
                     if state in META_STATES:
                         continue
                     final = state
@@ -270,6 +293,7 @@ class ActionEngine:
                         if try_suspend:
                             self.suspend()
             except BaseException:
+                self._forget_run()
                 try:
                     self._change_state(states.FAILURE)
                 except Exception:
@@ -287,6 +311,7 @@ class ActionEngine:
             finally:
                 self._loop = None
                 self._statistics["active_for"] = time.monotonic() - started
+                self._forget_run()
         if final is not None and final not in self.IGNORABLE_STATES:
             self._change_state(final)
             # After a failed write the run went on in memory (reverting what it had done):

@@ -33,6 +33,7 @@ from flowengine import exceptions as exc
 from flowengine.worker_based import backoff as bo
 from flowengine.worker_based import extensions as ext
 from flowengine.worker_based import protocol as pr
+from flowengine.worker_based import remote_control as rc
 from flowengine.worker_based import signing as sg
 from flowengine.worker_based.broker import dispatcher as dp
 from flowengine.worker_based.broker import proxy as px
@@ -156,6 +157,8 @@ class Client:
         self._lock = threading.RLock()
         self._views: dict[int, View] = {}
         self._routes: dict[str, View] = {}
+        #: How to suspend each flow an engine of this process runs (remote_control).
+        self._suspenders: dict[str, Callable[[], None]] = {}
         self._topics: dict[str, int] = {}
         self._asked: set[str] = set()
         self._known: dict[str, tuple[float, TopicWorker]] = {}
@@ -176,6 +179,7 @@ class Client:
             pr.RESPONSE: dp.Handler(self._on_response, pr.Response.validate),
             pr.NOTIFY: dp.Handler(self._on_notify,
                                   functools.partial(pr.Notify.validate, response=True)),
+            rc.SUSPEND: dp.Handler(self._on_suspend, rc.Suspend.validate),
         }
         self.proxy = px.Proxy(
             self.uuid, broker.exchange, handlers, on_wait=self._housekeeping, url=broker.url,
@@ -246,6 +250,24 @@ class Client:
     def unroute(self, request_id: str) -> None:
         """Replies for ``request_id`` are ignored from now on."""
         self._routes.pop(request_id, None)
+
+    def take_suspends(self, flow_uuid: str, suspend: Callable[[], None] | None) -> None:
+        """SUSPEND messages for ``flow_uuid`` call ``suspend`` from now on (None: no more)."""
+        with self._lock:
+            if suspend is None:
+                self._suspenders.pop(flow_uuid, None)
+            else:
+                self._suspenders[flow_uuid] = suspend
+
+    def _on_suspend(self, data: Any, _message: Delivery) -> None:
+        suspend = self._suspenders.get(data["flow_uuid"])
+        if suspend is None:  # it ended (or was never here): the stored request is moot
+            LOG.info("Ignoring a suspend request for flow %s: no engine of this process runs it",
+                     data["flow_uuid"])
+            return
+        LOG.info("Suspending flow %s: asked through the broker", data["flow_uuid"])
+        # Not on the consumer thread: suspending writes to the flow's store.
+        self.submit(suspend)
 
     def submit(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` on the client's dispatch thread (dropped once the client is closed)."""

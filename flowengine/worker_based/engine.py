@@ -16,6 +16,7 @@ from flowengine.engines.engine import ActionEngine
 from flowengine.types.notifier import register_deregister
 from flowengine.worker_based import extensions as ext
 from flowengine.worker_based import protocol as pr
+from flowengine.worker_based import remote_control as rc
 from flowengine.worker_based.event_listener import EventListener, PlacementSink
 from flowengine.worker_based.events import EventPublisher, combine
 from flowengine.worker_based.executor import WorkerTaskExecutor
@@ -79,12 +80,28 @@ class WorkerBasedActionEngine(ActionEngine):
         self.atom_placement = PlacementSink()
         #: The endpoint option ``metrics_port`` serves (its ``server_port``), once running.
         self.metrics_server: Any = None
+        #: The broker client handing this engine SUSPEND messages while it runs.
+        self._suspends_from: Any = None
 
     def run_iter(self, timeout: float | None = None) -> Iterator[str]:
         if self._metrics_port is not None:
             self._serve_metrics(self._metrics_port)
-        with self._event_listeners():
-            return (yield from super().run_iter(timeout=timeout))
+        try:
+            with self._event_listeners():
+                return (yield from super().run_iter(timeout=timeout))
+        finally:
+            if self._suspends_from is not None:
+                self._suspends_from.take_suspends(self.storage.flow_uuid, None)
+                self._suspends_from = None
+
+    def _reach(self) -> dict[str, Any]:
+        # SUSPEND messages to this process's reply queue reach this engine while it runs.
+        executor = self._worker_executor
+        if not isinstance(executor, WorkerTaskExecutor):
+            return {}
+        client = self._suspends_from = executor.client
+        client.take_suspends(self.storage.flow_uuid, self.suspend)
+        return {"broker": rc.reach(client.broker, client.reply_to)}
 
     def _serve_metrics(self, port: int) -> None:
         from flowengine.worker_based.metrics import start_metrics_server

@@ -125,6 +125,8 @@ class WorkerEngineOptions:
     events: bool = True
     metrics: bool = False
     metrics_port: int | None = None
+    #: Read by the action engine itself (see :mod:`flowengine.engines.suspend_requests`).
+    suspend_check_interval: float | None = None
     # Secrets: kept out of the repr (and so out of logs and errors).
     signing_key: str | None = dataclasses.field(default=None, repr=False)
     signing_key_file: str | None = None
@@ -163,7 +165,7 @@ class WorkerEngineOptions:
 
 
 #: Options the engine itself uses (events and metrics), not its executor.
-_ENGINE_ONLY = frozenset({"events", "metrics", "metrics_port"})
+_ENGINE_ONLY = frozenset({"events", "metrics", "metrics_port", "suspend_check_interval"})
 _NONE_MEANS_NONE = frozenset({"transition_timeout", "worker_expiry", "lease_timeout",
                               "unserved_timeout"})
 _CONVERT: dict[str, Callable[[str, Any], Any]] = {
@@ -184,6 +186,7 @@ _CONVERT: dict[str, Callable[[str, Any], Any]] = {
     "events": as_bool,
     "metrics": as_bool,
     "metrics_port": _port,
+    "suspend_check_interval": lambda n, v: _seconds(n, v, optional=False),
     "signing_key": _secret_text,
     "signing_key_file": _text,
 }

@@ -21,7 +21,9 @@ def test_the_benchmark_reports_pages_and_push_delay() -> None:
     report = json.loads(proc.stdout)
     assert report["benchmark"] == "dashboard" and report["stored_flows"] == 302
     assert set(report["pages"]) == {"big_flow_page_cold_ms", "flows_first_page",
-                                    "flows_filtered", "flows_page_1000", "small_flow_page",
-                                    "big_flow_page"}
+                                    "flows_filtered", "flows_deep_page_offset",
+                                    "flows_deep_page_keyset", "flows_page_1000",
+                                    "small_flow_page", "big_flow_page"}
+    assert report["deep_page"] == 6
     assert report["push_delay"]["events"] == 3
     assert isinstance(report["target"]["met"], bool)

@@ -81,7 +81,7 @@ def test_resume_runs_a_suspended_flow_on_its_stored_engine(store: base.Backend) 
     assert data.flow(flow).summary["state"] == states.SUCCESS  # type: ignore[union-attr]
     with pytest.raises(ActionRefused, match="SUCCESS"):
         data.resume(flow)
-    with pytest.raises(ActionRefused, match="not running in this dashboard"):
+    with pytest.raises(ActionRefused, match="is SUCCESS, not running anywhere"):
         data.suspend(flow)
     with pytest.raises(ActionRefused, match="no flow"):
         data.resume("nope")

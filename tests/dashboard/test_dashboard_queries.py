@@ -11,7 +11,7 @@ import pytest
 from dashboard_store import open_store
 
 from flowengine.persistence import backends, base, models
-from flowengine.persistence.queries import FlowQuery, find_flows
+from flowengine.persistence.queries import FlowCursor, FlowQuery, find_flows
 
 
 @pytest.fixture(params=["sqlite", "memory", "postgresql"])
@@ -57,6 +57,31 @@ def test_pages_do_not_overlap_and_cover_everything(backend: base.Backend) -> Non
     seen = [r.uuid for offset in (0, 5, 10)
             for r in find_flows(backend, FlowQuery(offset=offset, limit=5)).rows]
     assert sorted(seen) == [f"{i:02d}-uuid" for i in range(12)]
+
+
+def test_cursors_page_like_offsets_both_ways(backend: base.Backend) -> None:
+    by_offset = [find_flows(backend, FlowQuery(offset=offset, limit=5)).rows
+                 for offset in (0, 5, 10)]
+    first = find_flows(backend, FlowQuery(limit=5))
+    second = find_flows(backend, FlowQuery(limit=5, after=first.last))
+    third = find_flows(backend, FlowQuery(limit=5, after=second.last))
+    assert [first.rows, second.rows, third.rows] == by_offset
+    assert third.total == 12 and len(third.rows) == 2
+    back = find_flows(backend, FlowQuery(limit=5, before=third.first))
+    assert back.rows == second.rows
+    assert find_flows(backend, FlowQuery(limit=5, before=second.first)).rows == first.rows
+    filtered = find_flows(backend, FlowQuery(states=("SUCCESS",), limit=2))
+    rest = find_flows(backend, FlowQuery(states=("SUCCESS",), limit=5, after=filtered.last))
+    assert {r.state for r in rest.rows} == {"SUCCESS"} and len(rest.rows) == 4
+
+
+def test_a_cursor_reads_back_and_a_bad_one_is_named() -> None:
+    cursor = FlowCursor(datetime.datetime(2026, 1, 31, 12, 0, 1, 5), "a~b")
+    assert FlowCursor.parse(cursor.text()) == cursor
+    with pytest.raises(ValueError, match="'nonsense' is not <ISO time>~<flow uuid>"):
+        FlowCursor.parse("nonsense")
+    with pytest.raises(ValueError, match="not both"):
+        FlowQuery(after=cursor, before=cursor)
 
 
 def test_time_window(backend: base.Backend) -> None:

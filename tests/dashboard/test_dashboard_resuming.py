@@ -124,13 +124,17 @@ def test_engines_load_records_a_worker_based_flow_for_the_dashboard(store: base.
         engine_options(fd, {**own, "transport_options": {}})
 
 
-def test_a_flow_running_elsewhere_is_suspended_there(store: base.Backend) -> None:
+def test_a_flow_running_elsewhere_is_asked_through_the_store(store: base.Backend) -> None:
     storage = store_suspended(store, df.plain, {"session": {"user": "ada"}})
     storage.set_flow_state(states.RUNNING)
     flow = str(storage.flow_uuid)
     data = DashboardData(store, EventHub(None))
     with TestClient(create_app(data)) as app:  # type: ignore[arg-type]
         page = app.get(f"/flows/{flow}").text
-    assert 'id="suspend-elsewhere"' in page and 'id="suspend"' not in page
-    with pytest.raises(ActionRefused, match="not running in this dashboard"):
-        data.suspend(flow)
+        assert 'id="suspend"' in page and 'id="suspend-requested"' not in page
+        assert "suspend requested for flow" in data.suspend(flow)
+        page = app.get(f"/flows/{flow}").text
+    # Acknowledged on the page until the engine answers; not asked twice.
+    assert 'id="suspend-requested"' in page and 'id="suspend"' not in page
+    assert "by dashboard at" in page
+    assert "already requested" in data.suspend(flow)

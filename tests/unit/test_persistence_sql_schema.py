@@ -62,7 +62,8 @@ def test_upgrade_creates_the_latest_schema(sql_url: str, raw: sa.Engine) -> None
     with backends.backend(sql_url):
         pass
     assert _versions(raw) == [m.version for m in migrations.MIGRATIONS]
-    assert {"flowdetails_parent_uuid_idx", "atomdetails_parent_uuid_idx"} <= _indexes(raw)
+    assert {"flowdetails_parent_uuid_idx", "atomdetails_parent_uuid_idx",
+            "flowdetails_updated_at_idx"} <= _indexes(raw)
 
 
 def test_upgrade_brings_a_version_1_schema_forward_keeping_records(
@@ -96,8 +97,8 @@ def test_upgrade_brings_a_version_1_schema_forward_keeping_records(
         assert (flow.state, flow.meta, atom.results) == ("SUCCESS", {"k": 1}, 42)
     finally:
         be.close()
-    assert _versions(raw) == [1, 2]
-    assert "atomdetails_parent_uuid_idx" in _indexes(raw)
+    assert _versions(raw) == [1, 2, 3]
+    assert {"atomdetails_parent_uuid_idx", "flowdetails_updated_at_idx"} <= _indexes(raw)
 
 
 def test_a_newer_schema_is_refused_and_left_alone(sql_url: str, raw: sa.Engine) -> None:
@@ -167,4 +168,4 @@ def test_two_backends_upgrading_at_once_apply_each_step_once(sql_url: str, raw: 
     for thread in threads:
         thread.join()
     assert errors == []
-    assert _versions(raw) == [1, 2]
+    assert _versions(raw) == [m.version for m in migrations.MIGRATIONS]

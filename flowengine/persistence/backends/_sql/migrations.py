@@ -52,9 +52,17 @@ def _index_parents(conn: sa.Connection) -> None:
     sa.Index("atomdetails_parent_uuid_idx", tables.atomdetails.c.parent_uuid).create(conn)
 
 
+def _index_updated(conn: sa.Connection) -> None:
+    # Flow listings read newest first, a page at a time (keyset pagination seeks this index).
+    tables = schema.define(sa.MetaData())
+    sa.Index("flowdetails_updated_at_idx", tables.flowdetails.c.updated_at,
+             tables.flowdetails.c.uuid).create(conn)
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "logbooks, flowdetails and atomdetails tables", _create_tables),
     Migration(2, "indexes on flowdetails.parent_uuid and atomdetails.parent_uuid", _index_parents),
+    Migration(3, "index on flowdetails (updated_at, uuid)", _index_updated),
 )
 
 #: The schema version this code reads and writes.

@@ -1,0 +1,126 @@
+"""Pushing a suspend request to a worker-based engine through its process's broker client.
+
+A suspend request is stored on the flow detail (:mod:`flowengine.engines.suspend_requests`),
+which every engine reads between atom transitions. A worker-based engine can also be reached at
+once: its process's broker client consumes one reply queue, ``<exchange>_<client uuid>``, and the
+engine records that uuid and its exchange in ``running_on["broker"]``. A requester with options
+for the same broker publishes a SUSPEND message (``{"flow_uuid": ...}``) to that queue; the
+client hands it to the engine running that flow, which calls its own ``suspend()``. Only
+flowengine engines record a reply queue, so no TaskFlow peer ever receives one; with a signing
+key it is signed like every other message, and the client refuses an unsigned one.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import jsonschema
+from jsonschema import exceptions as schema_exc
+
+from flowengine import exceptions as exc
+from flowengine.worker_based import protocol as pr
+from flowengine.worker_based import signing as sg
+from flowengine.worker_based.broker import proxy as px
+
+LOG = logging.getLogger(__name__)
+
+#: The ``type`` property of a SUSPEND message (flowengine reply queues only).
+SUSPEND = "SUSPEND"
+#: Seconds a SUSPEND may wait in a queue: one its engine does not read by then is moot (the
+#: stored request stands anyway).
+EXPIRES = 60.0
+
+
+class Suspend(pr.Message):
+    """``{"flow_uuid": ...}``: suspend the engine of this process that runs this flow."""
+
+    TYPE = SUSPEND
+    SCHEMA: ClassVar[dict[str, Any]] = {
+        "type": "object",
+        "properties": {"flow_uuid": {"type": "string", "minLength": 1, "maxLength": 128}},
+        "required": ["flow_uuid"],
+        "additionalProperties": False,
+    }
+
+    def __init__(self, flow_uuid: str) -> None:
+        self.flow_uuid = flow_uuid
+
+    def to_dict(self) -> dict[str, Any]:
+        """The body."""
+        return {"flow_uuid": self.flow_uuid}
+
+    @classmethod
+    def validate(cls, data: Any) -> None:
+        """Raise InvalidFormat unless ``data`` is a SUSPEND body."""
+        try:
+            _VALIDATOR.validate(data)
+        except schema_exc.ValidationError as err:
+            raise exc.InvalidFormat(f"Suspend message data not of the expected format: "
+                                    f"{err.message}", err) from err
+
+
+_VALIDATOR = jsonschema.Draft202012Validator(Suspend.SCHEMA)
+
+
+def reach(broker: Any, reply_to: str) -> dict[str, Any]:
+    """What an engine records in ``running_on["broker"]``: where its process can be told.
+
+    Args:
+        broker: Its process's :class:`~flowengine.worker_based.client.Broker`.
+        reply_to: Its client's reply routing key.
+    """
+    return {"exchange": broker.exchange, "reply_to": reply_to,
+            "url": px.mask_url(broker.url) if broker.url else None,
+            "transport": None if broker.transport is None else str(broker.transport)}
+
+
+def _same(where: Mapping[str, Any], own: Mapping[str, Any]) -> bool:
+    url = own.get("url")
+    transport = own.get("transport")
+    return (own.get("exchange") == where.get("exchange")
+            and (px.mask_url(url) if url else None) == where.get("url")
+            and (None if transport is None else str(transport)) == where.get("transport"))
+
+
+def push_suspend(running_on: Any, flow_uuid: str, broker: Mapping[str, Any] | None,
+                 signing: sg.Signing | None = None) -> str | None:
+    """Tell the engine recorded in ``running_on`` to suspend now, through the broker.
+
+    Args:
+        running_on: The flow's ``running_on`` record.
+        flow_uuid: The flow.
+        broker: The requester's broker options (``exchange``, ``url``, ``transport``,
+            ``transport_options``), or None.
+        signing: Signs the message (default: the key in the environment).
+
+    Returns:
+        What happened, one clause for a page or a terminal, or None when the engine takes
+        requests from the store only (the stored request stands in every case: this only
+        spares the engine waiting for its next atom transition).
+    """
+    where = running_on.get("broker") if isinstance(running_on, dict) else None
+    if not isinstance(where, dict) or not where.get("reply_to"):
+        return None
+    if broker is None or not _same(where, broker):
+        shown = where.get("url") or where.get("transport") or "the default broker"
+        return (f"its engine listens on exchange {where.get('exchange')!r} of {shown}, not "
+                "on this broker: it sees the stored request at its next atom transition")
+    proxy = px.Proxy(
+        f"suspend-{flow_uuid[:8]}", str(broker["exchange"]), url=broker.get("url"),
+        transport=broker.get("transport"), transport_options=broker.get("transport_options"),
+        signing=sg.Signing.from_options() if signing is None else signing)
+    try:
+        # The reply queue exists while its process runs; declaring it here could clash with
+        # its arguments (AMQP), and a queue made for a process that is gone would linger.
+        proxy.publish(Suspend(flow_uuid), str(where["reply_to"]), declare_queue=False,
+                      expiration=EXPIRES, retry=False)
+    except Exception as err:
+        LOG.warning("Could not push the suspend of flow %s: %s", flow_uuid,
+                    px.mask_url(str(err)))
+        return ("its engine could not be told through the broker: it sees the stored request at "
+                "its next atom transition")
+    finally:
+        proxy.close()
+    return "its engine was told through the broker, and is suspending"
