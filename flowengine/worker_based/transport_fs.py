@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import errno
 import fcntl
 import functools
 import json
@@ -54,6 +55,7 @@ from kombu.transport import virtual
 from kombu.utils import json as kombu_json
 
 import flowengine
+from flowengine.worker_based import transport_fs_disk as fsdisk
 from flowengine.worker_based import transport_fs_doorbell as doorbell
 from flowengine.worker_based import transport_fs_files as files
 
@@ -148,6 +150,9 @@ class Channel(virtual.Channel):
         self._pending: dict[str, collections.deque[str]] = {}
         self._tables: dict[str, tuple[tuple[int, int, int], dict[str, Any]]] = {}
         self._ringer = doorbell.Ringer(self._root)
+        self._disk = fsdisk.disk(self._root)
+        # Settlements a read-only disk refused: (drop?, claimed file, size), retried in _get.
+        self._deferred: collections.deque[tuple[bool, str, int]] = collections.deque()
         for sub in ("queues", "tmp", "exchanges", "bad", files.SHARED):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
 
@@ -191,17 +196,28 @@ class Channel(virtual.Channel):
     def _put(self, queue: str, message: Any, **kwargs: Any) -> None:
         name = _STAMPER.next_name()
         data = kombu_json.dumps(message).encode("utf-8")
-        source = self._write_spare(data)
-        if source is None:
-            source = f"{self._tmp}/{name}"
-            self._write_file(source, data)
         queue_dir = _safe_name(queue)
         target = f"{self._queues}/{queue_dir}/{name}"
+        source = None
         try:
-            os.rename(source, target)
-        except FileNotFoundError:  # queue folder removed meanwhile: recreate it
-            os.makedirs(os.path.dirname(target), exist_ok=True)
-            os.rename(source, target)
+            source = self._write_spare(data)
+            if source is None:
+                source = f"{self._tmp}/{name}"
+                self._write_file(source, data)
+            try:
+                os.rename(source, target)
+            except FileNotFoundError:  # queue folder removed meanwhile: recreate it
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                os.rename(source, target)
+        except OSError as err:
+            if not fsdisk.is_disk_error(err):
+                raise
+            if source is not None:  # written, not renamed: no orphan in tmp/ or as a spare
+                with contextlib.suppress(OSError):
+                    os.unlink(source)
+            # Raised as a channel error: the proxy retries the publish as through an outage.
+            raise self._disk.failed(err) from err
+        self._disk.succeeded()
         self._ringer.ring(queue_dir)
 
     def _write_file(self, path: str, data: bytes) -> None:
@@ -218,6 +234,11 @@ class Channel(virtual.Channel):
         return spare[0]
 
     def _get(self, queue: str, timeout: float | None = None) -> Any:
+        if self._deferred:
+            self._settle_deferred()
+        if not self._disk.check():
+            # Whatever is taken now could not be answered, nor even given back: it waits.
+            raise Empty()
         pending = self._pending.get(queue)
         if not pending:
             if time.monotonic() >= self._next_recovery:
@@ -225,7 +246,14 @@ class Channel(virtual.Channel):
             pending = self._pending[queue] = collections.deque(self._list(queue))
         while pending:
             name = pending.popleft()
-            claimed = self._claim(queue, name)
+            try:
+                claimed = self._claim(queue, name)
+            except OSError as err:
+                if not fsdisk.is_disk_error(err):
+                    raise
+                self._disk.failed(err)
+                pending.appendleft(name)
+                raise Empty() from err
             if claimed is None:
                 continue  # another consumer won it
             loaded = self._load(queue, claimed)
@@ -284,17 +312,43 @@ class Channel(virtual.Channel):
         """Forget a settled message: recycle its claimed file (see transport_fs_files)."""
         claimed = self._claimed.pop(delivery_tag, None)
         if claimed is not None:
-            files.spares(self._root).keep(*claimed)
+            self._settle_claim(True, *claimed)
 
     def unclaim(self, delivery_tag: str) -> None:
         """Give a message back to its queue under its original name (its FIFO place)."""
         claimed = self._claimed.pop(delivery_tag, None)
-        if claimed is None:
-            return
-        folder, name = os.path.split(claimed[0])
+        if claimed is not None:
+            self._settle_claim(False, *claimed)
+
+    def _settle_claim(self, drop: bool, path: str, size: int) -> bool:
+        """Drop or give back a claimed file; on a read-only disk, later (True if done now).
+
+        A settlement the disk refuses is kept and retried before each later get: the message
+        stays claimed by this process meanwhile (and, should it die, is requeued from there).
+        """
+        try:
+            if drop:
+                files.spares(self._root).keep(path, size)
+            else:
+                self._return(path)
+        except OSError as err:
+            if not fsdisk.is_disk_error(err):
+                raise
+            self._disk.failed(err)
+            self._deferred.append((drop, path, size))
+            return False
+        return True
+
+    def _settle_deferred(self) -> None:
+        for _ in range(len(self._deferred)):
+            if not self._settle_claim(*self._deferred.popleft()):
+                return  # still refused (and queued again): the rest wait too
+
+    def _return(self, claimed: str) -> None:
+        folder, name = os.path.split(claimed)
         queue_dir = os.path.basename(folder)
         try:
-            os.rename(claimed[0], os.path.join(self._queues, queue_dir, files.returned_name(name)))
+            os.rename(claimed, os.path.join(self._queues, queue_dir, files.returned_name(name)))
         except FileNotFoundError:
             return  # already acknowledged by another thread
         self._pending.pop(unquote(queue_dir), None)
@@ -327,8 +381,17 @@ class Channel(virtual.Channel):
     def _recover_dead_claims(self) -> None:
         """Requeue what processes that died had claimed but not acknowledged."""
         self._next_recovery = time.monotonic() + self.recover_interval
+        try:
+            self._recover()
+        except OSError as err:  # a disk that refuses: the next scan tries again
+            if not fsdisk.is_disk_error(err):
+                raise
+            self._disk.failed(err)
+
+    def _recover(self) -> None:
         doorbell.sweep(self._root, _pid_alive)
         files.sweep(self._root, _pid_alive)
+        fsdisk.sweep_tmp(self._root, _pid_alive)
         for owner in (self.root / "claimed").glob("*"):
             if not owner.name.isdigit() or _pid_alive(int(owner.name)):
                 continue
@@ -350,8 +413,9 @@ class Channel(virtual.Channel):
                 owner.rmdir()
             if requeued:
                 LOG.warning(
-                    "flowengine-fs: requeued %d message(s) claimed by dead pid %s",
-                    requeued, owner.name,
+                    "flowengine-fs: process %s ended holding %d unsettled message(s); they are"
+                    " back in their queues, to be delivered again (nothing was lost)",
+                    owner.name, requeued,
                 )  # fmt: skip
 
     # -- exchanges and bindings (on disk, so every process routes alike) --------------------
@@ -381,20 +445,47 @@ class Channel(virtual.Channel):
         exchange_type: str | None = None,
     ) -> None:
         path = self._table_path(exchange)
-        with open(path[: -len(".json")] + ".lock", "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # writers serialise; readers see whole files
-            data = self._read_table(exchange)
-            rows = [list(row) for row in data["table"]]
-            if remove is not None and list(remove) in rows:
-                rows.remove(list(remove))
-            if add is not None and list(add) not in rows:
-                rows.append(list(add))
-            new = {"type": data["type"] or exchange_type, "table": rows}
-            if new == data:
-                return
-            tmp = Path(self._tmp, f"{os.path.basename(path)}.{os.getpid()}.{threading.get_ident()}")
+        try:
+            with self._table_lock(path):
+                self._write_table(exchange, path, add, remove, exchange_type)
+        except OSError as err:
+            if not fsdisk.is_disk_error(err):
+                raise
+            raise self._disk.failed(err) from err
+
+    @staticmethod
+    def _table_lock(path: str) -> Any:
+        lock_path = path[: -len(".json")] + ".lock"
+        try:
+            lock = open(lock_path, "a")  # noqa: SIM115 - closed by the caller's with
+        except OSError as err:
+            # A read-only disk still lets the table be read under the lock: redeclaring what
+            # is there already (consumers do, every few seconds) must go on working.
+            if err.errno != errno.EROFS:
+                raise
+            lock = open(lock_path)  # noqa: SIM115
+        fcntl.flock(lock, fcntl.LOCK_EX)  # writers serialise; readers see whole files
+        return lock
+
+    def _write_table(self, exchange: str, path: str, add: tuple[str, str, str] | None,
+                     remove: Any, exchange_type: str | None) -> None:
+        data = self._read_table(exchange)
+        rows = [list(row) for row in data["table"]]
+        if remove is not None and list(remove) in rows:
+            rows.remove(list(remove))
+        if add is not None and list(add) not in rows:
+            rows.append(list(add))
+        new = {"type": data["type"] or exchange_type, "table": rows}
+        if new == data:
+            return
+        tmp = Path(self._tmp, f"{os.path.basename(path)}.{os.getpid()}.{threading.get_ident()}")
+        try:
             tmp.write_text(json.dumps(new))
             os.replace(tmp, path)
+        except OSError:
+            with contextlib.suppress(OSError):  # no half-written table left in tmp/
+                tmp.unlink()
+            raise
 
     def exchange_declare(
         self,

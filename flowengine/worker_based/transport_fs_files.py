@@ -3,11 +3,11 @@
 Creating and deleting files are the dearest things a message costs the file system: ext4
 without a journal, for one, checks past every inode freed in the last minute before it hands
 out a new one, so at a thousand messages a second a create costs about a millisecond of CPU.
-So a settled message's file is not deleted but kept as a spare, and a later publish overwrites
-a spare and renames it into its queue: the rename a new file takes anyway, minus the create and
-the delete. Spares are first the process's own (``spare.<n>`` beside its claims: the cheapest
-rename), then shared (see :class:`Spares`), and bounded in number and size; recovery of a dead
-process deletes what it left.
+So a settled message's file is not deleted but emptied (its body may hold secrets) and kept as
+a spare, and a later publish writes into a spare and renames it into its queue: the rename a new
+file takes anyway, minus the create and the delete. Spares are first the process's own
+(``spare.<n>`` beside its claims: the cheapest rename), then shared (see :class:`Spares`), and
+bounded in number and size; recovery of a dead process deletes what it left.
 """
 
 from __future__ import annotations
@@ -92,8 +92,14 @@ def write(path: str, data: bytes, fsync: bool, spare_size: int | None = None) ->
             os.ftruncate(fd, len(data))
         if fsync:
             os.fsync(fd)
-    finally:
+    except BaseException:
+        # A half-written file (a full disk) must not stay behind in tmp/ or as a spare that
+        # still holds part of a message: the caller writes the message anew, elsewhere.
         os.close(fd)
+        with contextlib.suppress(OSError):  # read-only: the start-up sweep of tmp/ removes it
+            os.unlink(path)
+        raise
+    os.close(fd)
 
 
 def read(path: str) -> bytes:
@@ -150,10 +156,22 @@ class Spares:
         self._lock = threading.Lock()
 
     def keep(self, path: str, size: int) -> None:
-        """Recycle the settled message file ``path`` of ``size`` bytes (or delete it)."""
+        """Recycle the settled message file ``path`` of ``size`` bytes (or delete it).
+
+        Its content goes first: a consumed body (arguments, results, perhaps secrets) must not
+        stay readable in a spare until a later message overwrites it.
+
+        Raises:
+            OSError: The file could not be emptied or moved (a read-only disk); it is as it was.
+        """
         if size > SPARE_MAX_BYTES:
             unlink(path)
             return
+        try:
+            os.truncate(path, 0)
+        except FileNotFoundError:
+            return
+        size = 0
         with self._lock:
             own = len(self._own) < self._own_limit
         if own:
