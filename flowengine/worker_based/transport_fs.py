@@ -146,6 +146,7 @@ class Channel(virtual.Channel):
         self._tmp = os.path.join(self._root, "tmp")
         self._claim_root = os.path.join(self._root, "claimed", str(os.getpid()))
         self._claimed: dict[str, tuple[str, int]] = {}  # delivery tag -> (file, its size)
+        self._no_ack: set[str] = set()  # queues consumed without acknowledgements
         # Names listed but not yet claimed, per queue: one listdir serves many gets.
         self._pending: dict[str, collections.deque[str]] = {}
         self._tables: dict[str, tuple[tuple[int, int, int], dict[str, Any]]] = {}
@@ -161,12 +162,21 @@ class Channel(virtual.Channel):
     def basic_consume(self, queue: str, no_ack: bool, callback: Any, consumer_tag: str,
                       **kwargs: Any) -> Any:  # fmt: skip
         result = super().basic_consume(queue, no_ack, callback, consumer_tag, **kwargs)
+        if no_ack:  # settled on delivery: nothing acknowledges it later
+            self._no_ack.add(queue)
         self.connection.bell.register(_safe_name(queue))
         return result
+
+    def basic_get(self, queue: str, no_ack: bool = False, **kwargs: Any) -> Any:
+        message = super().basic_get(queue, no_ack, **kwargs)
+        if message is not None and no_ack:
+            self.drop_claim(message.delivery_tag)
+        return message
 
     def basic_cancel(self, consumer_tag: str) -> Any:
         queue = self._tag_to_queue.get(consumer_tag)
         result = super().basic_cancel(consumer_tag)
+        self._no_ack.discard(queue)  # type: ignore[arg-type]
         # Kombu keeps one callback per queue and connection; so does the doorbell.
         transport = self.connection
         if queue is not None and transport is not None and queue not in transport._callbacks:
@@ -265,7 +275,12 @@ class Channel(virtual.Channel):
                 continue
             if name.endswith(f"{files.REDELIVERED_MARK}.msg"):
                 payload["properties"].setdefault("delivery_info", {})["redelivered"] = True
-            self._claimed[payload["properties"]["delivery_tag"]] = (claimed, size)
+            if queue in self._no_ack:
+                # Settled as it is delivered (AMQP's no_ack): a claim kept would outlive the
+                # process and be requeued after it, as if work had been lost.
+                self._settle_claim(True, claimed, size)
+            else:
+                self._claimed[payload["properties"]["delivery_tag"]] = (claimed, size)
             return payload
         raise Empty()
 
@@ -400,9 +415,12 @@ class Channel(virtual.Channel):
                 before = requeued
                 for path in folder.glob("*.msg"):
                     target = os.path.join(self._queues, folder.name, files.returned_name(path.name))
-                    with contextlib.suppress(FileNotFoundError):  # a racing recoverer won
+                    try:
                         os.rename(path, target)
                         requeued += 1
+                    except FileNotFoundError:  # a racing recoverer won, or the queue is gone
+                        if not os.path.isdir(os.path.dirname(target)):
+                            files.unlink(str(path))  # deleted with its queue
                 for path in folder.glob(f"{files.SPARE_PREFIX}*"):
                     files.unlink(str(path))
                 with contextlib.suppress(OSError):

@@ -20,6 +20,7 @@ import pytest
 from manual_clock import ManualClock
 from test_wb_transport_fs import consume, publish  # tests/unit is on sys.path
 
+from flowengine.worker_based import broadcast
 from flowengine.worker_based import transport_fs_disk as fsdisk
 
 FULL = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
@@ -166,3 +167,49 @@ def test_a_consumed_body_is_not_readable_on_disk_afterwards(tmp_path: Path) -> N
         assert spares
         publish(conn, [{"n": "next"}])
         assert len(list(folder.rglob("spare.*"))) == len(spares) - 1
+
+
+# -- clean exits leave nothing behind (issue 15, item 9) -------------------------------------
+
+
+def test_a_listener_leaves_no_queue_and_no_claim_behind(tmp_path: Path) -> None:
+    folder = tmp_path / "data"
+    options = {"data_folder": str(folder)}
+    stream = broadcast.Broadcast("left.events", transport_options=options)
+    heard: list[Any] = []
+
+    def listening() -> None:
+        stream.publish([{"n": n} for n in range(3)])
+
+    for document in stream.listen(lambda: len(heard) == 3, ready=listening, poll=0.01):
+        heard.append(document)
+    stream.close()
+    assert heard == [{"n": 0}, {"n": 1}, {"n": 2}]
+    assert os.listdir(folder / "queues") == []
+    assert [p for p in (folder / "claimed").rglob("*.msg")] == []
+
+
+def test_messages_consumed_without_acknowledgement_are_not_requeued_after_exit(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    folder = tmp_path / "data"
+    script = f"""
+import kombu, flowengine.worker_based.transport_fs
+x = kombu.Exchange("jobs", type="direct")
+q = kombu.Queue("jobs_replies", x, routing_key="r")
+with kombu.Connection("flowengine-fs://localhost",
+                      transport_options={{"data_folder": {str(folder)!r}}}) as conn:
+    conn.Producer(serializer="json").publish({{"n": 1}}, exchange=x, routing_key="r",
+                                            declare=[q])
+    got = []
+    with conn.Consumer([q], callbacks=[lambda body, m: got.append(body)], no_ack=True):
+        while not got:
+            conn.drain_events(timeout=5)
+"""
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=60)
+    caplog.set_level(logging.WARNING)
+    with kombu.Connection("flowengine-fs://localhost",
+                          transport_options={"data_folder": str(folder)}) as conn:
+        assert conn.default_channel.basic_get("jobs_replies") is None  # runs the recovery
+    assert not any("ended holding" in r.getMessage() for r in caplog.records)
+    assert [p for p in (folder / "claimed").rglob("*") if p.is_file()] == []
