@@ -12,6 +12,7 @@ bounded in number and size; recovery of a dead process deletes what it left.
 
 from __future__ import annotations
 
+import atexit
 import collections
 import contextlib
 import itertools
@@ -147,6 +148,7 @@ class Spares:
         shared_limit: int = SHARED_SPARES,
         clock: Any = time.monotonic,
     ) -> None:
+        self._root = root
         self._shared = os.path.join(root, SHARED)
         self._own_limit, self._shared_limit, self._clock = own_limit, shared_limit, clock
         self._own: collections.deque[tuple[str, int]] = collections.deque()
@@ -226,6 +228,20 @@ class Spares:
                 continue  # another process took it
             return mine, int(name.rsplit(".", 2)[-2])
 
+    def discard(self) -> None:
+        """Delete this process's own spares and its emptied claim folders (at a clean exit:
+        what is left there afterwards is a message it did not settle)."""
+        with self._lock:
+            own, self._own = list(self._own), collections.deque()
+        for path, _size in own:
+            unlink(path)
+        claims = os.path.join(self._root, "claimed", str(os.getpid()))
+        with contextlib.suppress(OSError):
+            for queue_dir in os.listdir(claims):
+                with contextlib.suppress(OSError):  # not empty: an unsettled message
+                    os.rmdir(os.path.join(claims, queue_dir))
+            os.rmdir(claims)
+
     def _list(self) -> None:
         try:
             names = [name for name in os.listdir(self._shared) if name.endswith(OFFERED)]
@@ -252,6 +268,15 @@ _SPARES: dict[str, Spares] = {}
 _SPARES_LOCK = threading.Lock()
 # A forked child must not write over files its parent still counts as its own spares.
 os.register_at_fork(after_in_child=_SPARES.clear)
+
+
+@atexit.register
+def _discard_all() -> None:
+    # Registered before the broker clients' own exit handler (they import this module), so it
+    # runs after they have settled and closed.
+    for pool in list(_SPARES.values()):
+        with contextlib.suppress(Exception):
+            pool.discard()
 
 
 def spares(root: str) -> Spares:

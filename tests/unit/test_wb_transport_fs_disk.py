@@ -189,7 +189,7 @@ def test_a_listener_leaves_no_queue_and_no_claim_behind(tmp_path: Path) -> None:
     assert [p for p in (folder / "claimed").rglob("*.msg")] == []
 
 
-def test_messages_consumed_without_acknowledgement_are_not_requeued_after_exit(
+def test_a_clean_exit_leaves_no_claim_and_nothing_is_requeued_after_it(
     tmp_path: Path, caplog: pytest.LogCaptureFixture,
 ) -> None:  # fmt: skip
     folder = tmp_path / "data"
@@ -205,8 +205,14 @@ with kombu.Connection("flowengine-fs://localhost",
     with conn.Consumer([q], callbacks=[lambda body, m: got.append(body)], no_ack=True):
         while not got:
             conn.drain_events(timeout=5)
+    conn.Producer(serializer="json").publish({{"n": 2}}, exchange=x, routing_key="r")
+    with conn.Consumer([q], callbacks=[lambda body, m: (got.append(body), m.ack())]):
+        while len(got) < 2:
+            conn.drain_events(timeout=5)
 """
     subprocess.run([sys.executable, "-c", script], check=True, timeout=60)
+    # A clean exit leaves no claim folder (its emptied spares included).
+    assert list((folder / "claimed").iterdir()) == []
     caplog.set_level(logging.WARNING)
     with kombu.Connection("flowengine-fs://localhost",
                           transport_options={"data_folder": str(folder)}) as conn:
