@@ -162,7 +162,7 @@ def test_a_consumed_body_is_not_readable_on_disk_afterwards(tmp_path: Path) -> N
         leftovers = [path for path in folder.rglob("*") if path.is_file()
                      and b"s3cret" in path.read_bytes()]
         assert leftovers == []
-        # The emptied files are still recycled: the next message reuses one.
+        # The blanked files are still recycled: the next message reuses one.
         spares = list(folder.rglob("spare.*"))
         assert spares
         publish(conn, [{"n": "next"}])
