@@ -10,8 +10,9 @@ message; consumers take nothing new meanwhile (what they took could not be answe
 engine does not count the episode against its workers' leases, as it does not count its own
 broker outages (see :class:`Watch`).
 
-An episode starts at the first failed write or when a probe sees the folder read-only or
-without a free block, and ends when a probe write succeeds with room to spare.
+An episode starts at the first failed write, or when a probe finds the folder read-only or
+(``statvfs``) without a free block and a small write fails too; it ends when a probe can write
+:data:`FREE_MIN` bytes.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ LOG = logging.getLogger(__name__)
 DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})
 #: Seconds between probes of the folder (one ``statvfs``; a write while an episode lasts).
 PROBE_INTERVAL = 0.25
-#: Free bytes a probe wants before it calls an episode over, so one message does not end it.
+#: Bytes a probe writes before it calls an episode over, so one message does not end it.
 FREE_MIN = 64 * 1024
 #: Seconds after an episode during which a new one is logged at debug level only (a large
 #: message may fail again where a probe found room): a flapping disk logs once, not per message.
@@ -77,12 +78,13 @@ class Disk:
     Args:
         folder: The data folder (absolute).
         clock: Monotonic seconds.
-        probe: Writes a probe file, raising ``OSError`` if it cannot (injectable for tests).
+        probe: Writes a probe file of so many bytes in the folder, raising ``OSError`` if it
+            cannot, and removes it (injectable for tests).
         stat: ``os.statvfs`` (injectable for tests).
     """
 
     def __init__(self, folder: str, clock: Callable[[], float] = time.monotonic,
-                 probe: Callable[[str], None] | None = None,
+                 probe: Callable[[str, int], None] | None = None,
                  stat: Callable[[str], os.statvfs_result] = os.statvfs) -> None:
         self.folder = folder
         self._clock, self._stat = clock, stat
@@ -150,19 +152,19 @@ class Disk:
             self._end()
         return True
 
-    def _cheap_check(self) -> os.statvfs_result:
+    def _cheap_check(self) -> None:
         found = self._stat(self.folder)
         if found.f_flag & os.ST_RDONLY:
             raise OSError(errno.EROFS, os.strerror(errno.EROFS))
-        if found.f_bavail == 0:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        return found
+        # What this process may use (root may use the blocks reserved for it). A file system
+        # that says "none" is taken at its word only once a write fails too: some report 0.
+        free = found.f_bfree if os.geteuid() == 0 else found.f_bavail
+        if free == 0:
+            self._probe(self.folder, 1)
 
     def _full_check(self) -> None:
-        found = self._cheap_check()
-        if found.f_bavail * found.f_frsize < FREE_MIN:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        self._probe(self.folder)
+        self._cheap_check()
+        self._probe(self.folder, FREE_MIN)
 
     def _end(self) -> None:
         with self._lock:
@@ -177,11 +179,13 @@ class Disk:
                 "(%d write(s) failed and were retried meanwhile)", self.folder, lasted, failures)
 
 
-def _write_probe(folder: str) -> None:
+def _write_probe(folder: str, size: int) -> None:
     path = os.path.join(folder, "tmp", f"probe.{os.getpid()}.{threading.get_ident()}")
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
-        os.write(fd, b"\n")
+        view = memoryview(b"\n" * size)
+        while view:
+            view = view[os.write(fd, view) :]
     finally:
         os.close(fd)
         with contextlib.suppress(OSError):

@@ -34,10 +34,13 @@ class Folder:
 
     def stat(self, _folder: str) -> Any:
         return SimpleNamespace(f_flag=os.ST_RDONLY if self.read_only else 0,
-                               f_bavail=self.free_blocks, f_frsize=4096)
+                               f_bavail=self.free_blocks, f_bfree=self.free_blocks,
+                               f_frsize=4096)
 
-    def probe(self, _folder: str) -> None:
-        if self.refuse:
+    def probe(self, _folder: str, size: int) -> None:
+        if self.read_only:
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+        if self.refuse or size > self.free_blocks * 4096:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
 
@@ -98,6 +101,17 @@ def test_a_probe_starts_and_ends_an_episode_and_a_watch_sees_it_end_once(
     assert not watch.unwritable
     assert watch.take() == pytest.approx(3 * fsdisk.PROBE_INTERVAL)
     assert watch.take() == 0.0
+
+
+def test_a_file_system_that_reports_no_free_block_but_takes_writes_is_no_episode(
+    folder_state: Folder, clock: ManualClock,
+) -> None:  # fmt: skip
+    folder_state.free_blocks = 0
+    disk = fsdisk.Disk("/data", clock=clock, probe=lambda _folder, _size: None,
+                       stat=folder_state.stat)
+    assert disk.check() and not disk.unwritable
+    full = make_disk(folder_state, clock)
+    assert not full.check() and full.unwritable
 
 
 def test_probes_are_rate_limited(folder_state: Folder, clock: ManualClock) -> None:
