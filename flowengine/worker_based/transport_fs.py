@@ -154,8 +154,13 @@ class Channel(virtual.Channel):
         self._disk = fsdisk.disk(self._root)
         # Settlements a read-only disk refused: (drop?, claimed file, size), retried in _get.
         self._deferred: collections.deque[tuple[bool, str, int]] = collections.deque()
-        for sub in ("queues", "tmp", "exchanges", "bad", files.SHARED):
-            (self.root / sub).mkdir(parents=True, exist_ok=True)
+        try:
+            for sub in ("queues", "tmp", "exchanges", "bad", files.SHARED):
+                (self.root / sub).mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            if not fsdisk.is_disk_error(err):
+                raise
+            raise self._disk.failed(err) from err
 
     # -- consumers and their doorbells ----------------------------------------------------------
 
@@ -241,6 +246,10 @@ class Channel(virtual.Channel):
             files.write(spare[0], data, self.fsync, spare_size=spare[1])
         except FileNotFoundError:  # someone cleaned up the data folder
             return None
+        except OSError as err:
+            if fsdisk.is_disk_error(err) and os.path.exists(spare[0]):
+                files.spares(self._root).put_back(*spare)  # not opened: kept for later
+            raise
         return spare[0]
 
     def _get(self, queue: str, timeout: float | None = None) -> Any:
@@ -475,7 +484,11 @@ class Channel(virtual.Channel):
     def _table_lock(path: str) -> Any:
         lock_path = path[: -len(".json")] + ".lock"
         try:
-            lock = open(lock_path, "a")  # noqa: SIM115 - closed by the caller's with
+            try:
+                lock = open(lock_path, "a")  # noqa: SIM115 - closed by the caller's with
+            except FileNotFoundError:  # no exchanges/ (yet): a full disk refused the folder
+                os.makedirs(os.path.dirname(lock_path), exist_ok=True)
+                lock = open(lock_path, "a")  # noqa: SIM115
         except OSError as err:
             # A read-only disk still lets the table be read under the lock: redeclaring what
             # is there already (consumers do, every few seconds) must go on working.

@@ -249,6 +249,11 @@ class Spares:
                 continue  # another process took it
             return mine, int(name.rsplit(".", 2)[-2])
 
+    def put_back(self, path: str, size: int) -> None:
+        """Keep a spare :meth:`take` gave that could not be written (a read-only disk)."""
+        with self._lock:
+            self._own.append((path, size))
+
     def discard(self) -> None:
         """Delete this process's own spares and its emptied claim folders (at a clean exit:
         what is left there afterwards is a message it did not settle)."""

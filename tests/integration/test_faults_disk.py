@@ -110,6 +110,7 @@ def tmpfs(tmp_path: Path) -> Iterator[Tmpfs]:
     try:
         yield mounted
     finally:
+        wbc.close_all()  # no broker client may go on looking for the folder
         mounted.unmount()
 
 
@@ -186,12 +187,16 @@ def test_a_publish_that_cannot_be_written_in_time_names_the_disk_and_leaves_noth
 
 
 def test_a_flow_started_on_a_full_disk_fails_naming_the_disk(
-    tmpfs: Tmpfs, monkeypatch: pytest.MonkeyPatch,
+    tmpfs: Tmpfs, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
 ) -> None:  # fmt: skip
     monkeypatch.setattr(wbc, "CONSUMER_START_TIMEOUT", 3.0)
     (tmpfs.data / "tmp").mkdir(parents=True)
+    caplog.set_level(logging.WARNING, logger="flowengine")
     with tmpfs.full(), pytest.raises(exceptions.ExecutionFailure) as raised:
         engines.run(ft.Step("never"), engine="worker-based", exchange="disk-early",
                     topics=[TOPIC], **tmpfs.options())
     assert f"flowengine-fs data folder {tmpfs.data} is full (ENOSPC" in str(raised.value)
     assert tmpfs.leftovers() == []
+    # One line for the episode, not one per attempt to start consuming.
+    lines = [r.getMessage() for r in caplog.records if r.name.startswith("flowengine.")]
+    assert len(lines) <= LINES_PER_EPISODE, lines
