@@ -300,6 +300,7 @@ class Channel(virtual.Channel):
             return []
 
     def _claim(self, queue: str, name: str) -> str | None:
+        files.CLAIMED_IN.add(self._root)
         queue_dir = _safe_name(queue)
         target = f"{self._claim_root}/{queue_dir}/{name}"
         try:

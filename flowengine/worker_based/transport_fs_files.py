@@ -261,12 +261,7 @@ class Spares:
             own, self._own = list(self._own), collections.deque()
         for path, _size in own:
             unlink(path)
-        claims = os.path.join(self._root, "claimed", str(os.getpid()))
-        with contextlib.suppress(OSError):
-            for queue_dir in os.listdir(claims):
-                with contextlib.suppress(OSError):  # not empty: an unsettled message
-                    os.rmdir(os.path.join(claims, queue_dir))
-            os.rmdir(claims)
+        remove_empty_claims(self._root)
 
     def _list(self) -> None:
         try:
@@ -276,6 +271,16 @@ class Spares:
         with self._lock:
             self._offered = collections.deque(names)
             self._count, self._counted_at = len(names), self._clock()
+
+
+def remove_empty_claims(root: str) -> None:
+    """Remove this process's claim folders under ``root`` that hold nothing (any more)."""
+    claims = os.path.join(root, "claimed", str(os.getpid()))
+    with contextlib.suppress(OSError):
+        for queue_dir in os.listdir(claims):
+            with contextlib.suppress(OSError):  # not empty: an unsettled message
+                os.rmdir(os.path.join(claims, queue_dir))
+        os.rmdir(claims)
 
 
 def sweep(root: str, alive: Callable[[int], bool]) -> None:
@@ -291,9 +296,12 @@ def sweep(root: str, alive: Callable[[int], bool]) -> None:
 # One sequence for every pool of the process: spare names must never collide in a folder.
 _SEQ = itertools.count()
 _SPARES: dict[str, Spares] = {}
+#: Data folders this process claimed messages in (their empty claim folders go at exit).
+CLAIMED_IN: set[str] = set()
 _SPARES_LOCK = threading.Lock()
 # A forked child must not write over files its parent still counts as its own spares.
 os.register_at_fork(after_in_child=_SPARES.clear)
+os.register_at_fork(after_in_child=CLAIMED_IN.clear)
 
 
 @atexit.register
@@ -303,6 +311,8 @@ def _discard_all() -> None:
     for pool in list(_SPARES.values()):
         with contextlib.suppress(Exception):
             pool.discard()
+    for root in list(CLAIMED_IN):
+        remove_empty_claims(root)
 
 
 def spares(root: str) -> Spares:

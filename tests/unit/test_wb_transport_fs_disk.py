@@ -223,6 +223,11 @@ with kombu.Connection("flowengine-fs://localhost",
     with conn.Consumer([q], callbacks=[lambda body, m: (got.append(body), m.ack())]):
         while len(got) < 2:
             conn.drain_events(timeout=5)
+    # Looked at and given back, as `flowengine dead-letters list` does.
+    kept = kombu.Queue("jobs_kept", x, routing_key="k")
+    conn.Producer(serializer="json").publish({{"n": 3}}, exchange=x, routing_key="k",
+                                            declare=[kept])
+    kept(conn.default_channel).get().requeue()
 """
     subprocess.run([sys.executable, "-c", script], check=True, timeout=60)
     # A clean exit leaves no claim folder (its emptied spares included).
