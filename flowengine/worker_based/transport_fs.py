@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import errno
 import fcntl
 import functools
 import json
@@ -152,15 +151,10 @@ class Channel(virtual.Channel):
         self._tables: dict[str, tuple[tuple[int, int, int], dict[str, Any]]] = {}
         self._ringer = doorbell.Ringer(self._root)
         self._disk = fsdisk.disk(self._root)
-        # Settlements a read-only disk refused: (drop?, claimed file, size), retried in _get.
-        self._deferred: collections.deque[tuple[bool, str, int]] = collections.deque()
-        try:
+        self._later = fsdisk.Later(self._disk)  # settlements a read-only disk refused
+        with self._disk.guard():
             for sub in ("queues", "tmp", "exchanges", "bad", files.SHARED):
                 (self.root / sub).mkdir(parents=True, exist_ok=True)
-        except OSError as err:
-            if not fsdisk.is_disk_error(err):
-                raise
-            raise self._disk.failed(err) from err
 
     # -- consumers and their doorbells ----------------------------------------------------------
 
@@ -225,11 +219,11 @@ class Channel(virtual.Channel):
                 os.makedirs(os.path.dirname(target), exist_ok=True)
                 os.rename(source, target)
         except OSError as err:
-            if not fsdisk.is_disk_error(err):
-                raise
             if source is not None:  # written, not renamed: no orphan in tmp/ or as a spare
                 with contextlib.suppress(OSError):
                     os.unlink(source)
+            if not fsdisk.is_disk_error(err):
+                raise
             # Raised as a channel error: the proxy retries the publish as through an outage.
             raise self._disk.failed(err) from err
         self._disk.succeeded()
@@ -253,8 +247,8 @@ class Channel(virtual.Channel):
         return spare[0]
 
     def _get(self, queue: str, timeout: float | None = None) -> Any:
-        if self._deferred:
-            self._settle_deferred()
+        if self._later:
+            self._later.retry()
         if not self._disk.check():
             # Whatever is taken now could not be answered, nor even given back: it waits.
             raise Empty()
@@ -268,9 +262,8 @@ class Channel(virtual.Channel):
             try:
                 claimed = self._claim(queue, name)
             except OSError as err:
-                if not fsdisk.is_disk_error(err):
+                if not self._disk.refused(err):
                     raise
-                self._disk.failed(err)
                 pending.appendleft(name)
                 raise Empty() from err
             if claimed is None:
@@ -287,7 +280,7 @@ class Channel(virtual.Channel):
             if queue in self._no_ack:
                 # Settled as it is delivered (AMQP's no_ack): a claim kept would outlive the
                 # process and be requeued after it, as if work had been lost.
-                self._settle_claim(True, claimed, size)
+                self._later.attempt(files.spares(self._root).keep, claimed, size)
             else:
                 self._claimed[payload["properties"]["delivery_tag"]] = (claimed, size)
             return payload
@@ -337,37 +330,13 @@ class Channel(virtual.Channel):
         """Forget a settled message: recycle its claimed file (see transport_fs_files)."""
         claimed = self._claimed.pop(delivery_tag, None)
         if claimed is not None:
-            self._settle_claim(True, *claimed)
+            self._later.attempt(files.spares(self._root).keep, *claimed)
 
     def unclaim(self, delivery_tag: str) -> None:
         """Give a message back to its queue under its original name (its FIFO place)."""
         claimed = self._claimed.pop(delivery_tag, None)
         if claimed is not None:
-            self._settle_claim(False, *claimed)
-
-    def _settle_claim(self, drop: bool, path: str, size: int) -> bool:
-        """Drop or give back a claimed file; on a read-only disk, later (True if done now).
-
-        A settlement the disk refuses is kept and retried before each later get: the message
-        stays claimed by this process meanwhile (and, should it die, is requeued from there).
-        """
-        try:
-            if drop:
-                files.spares(self._root).keep(path, size)
-            else:
-                self._return(path)
-        except OSError as err:
-            if not fsdisk.is_disk_error(err):
-                raise
-            self._disk.failed(err)
-            self._deferred.append((drop, path, size))
-            return False
-        return True
-
-    def _settle_deferred(self) -> None:
-        for _ in range(len(self._deferred)):
-            if not self._settle_claim(*self._deferred.popleft()):
-                return  # still refused (and queued again): the rest wait too
+            self._later.attempt(self._return, claimed[0])
 
     def _return(self, claimed: str) -> None:
         folder, name = os.path.split(claimed)
@@ -409,9 +378,8 @@ class Channel(virtual.Channel):
         try:
             self._recover()
         except OSError as err:  # a disk that refuses: the next scan tries again
-            if not fsdisk.is_disk_error(err):
+            if not self._disk.refused(err):
                 raise
-            self._disk.failed(err)
 
     def _recover(self) -> None:
         doorbell.sweep(self._root, _pid_alive)
@@ -473,31 +441,11 @@ class Channel(virtual.Channel):
         exchange_type: str | None = None,
     ) -> None:
         path = self._table_path(exchange)
-        try:
-            with self._table_lock(path):
-                self._write_table(exchange, path, add, remove, exchange_type)
-        except OSError as err:
-            if not fsdisk.is_disk_error(err):
-                raise
-            raise self._disk.failed(err) from err
-
-    @staticmethod
-    def _table_lock(path: str) -> Any:
-        lock_path = path[: -len(".json")] + ".lock"
-        try:
-            try:
-                lock = open(lock_path, "a")  # noqa: SIM115 - closed by the caller's with
-            except FileNotFoundError:  # no exchanges/ (yet): a full disk refused the folder
-                os.makedirs(os.path.dirname(lock_path), exist_ok=True)
-                lock = open(lock_path, "a")  # noqa: SIM115
-        except OSError as err:
-            # A read-only disk still lets the table be read under the lock: redeclaring what
-            # is there already (consumers do, every few seconds) must go on working.
-            if err.errno != errno.EROFS:
-                raise
-            lock = open(lock_path)  # noqa: SIM115
-        fcntl.flock(lock, fcntl.LOCK_EX)  # writers serialise; readers see whole files
-        return lock
+        # On a read-only disk redeclaring what is there already (consumers do, every few
+        # seconds) reads the table under the lock and goes on working.
+        with self._disk.guard(), fsdisk.open_lock(path[: -len(".json")] + ".lock") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # writers serialise; readers see whole files
+            self._write_table(exchange, path, add, remove, exchange_type)
 
     def _write_table(self, exchange: str, path: str, add: tuple[str, str, str] | None,
                      remove: Any, exchange_type: str | None) -> None:

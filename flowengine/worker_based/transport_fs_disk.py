@@ -17,13 +17,14 @@ An episode starts at the first failed write, or when a probe finds the folder re
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import errno
 import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 LOG = logging.getLogger(__name__)
@@ -127,6 +128,23 @@ class Disk:
                         "take no new message meanwhile", text)
         return DiskUnwritable(err.errno, text)
 
+    @contextlib.contextmanager
+    def guard(self) -> Iterator[None]:
+        """Raise a disk error of the block as :class:`DiskUnwritable` (recording it)."""
+        try:
+            yield
+        except OSError as err:
+            if not is_disk_error(err):
+                raise
+            raise self.failed(err) from err
+
+    def refused(self, err: BaseException) -> bool:
+        """Whether ``err`` is a disk error (then recorded, not to be raised)."""
+        if not is_disk_error(err):
+            return False
+        self.failed(err)  # type: ignore[arg-type]
+        return True
+
     def succeeded(self) -> None:
         """Record a write that went through (ends an episode)."""
         if self._since is not None:
@@ -190,6 +208,63 @@ def _write_probe(folder: str, size: int) -> None:
         os.close(fd)
         with contextlib.suppress(OSError):
             os.unlink(path)
+
+
+class Later:
+    """Operations a read-only disk refused, retried in order by :meth:`retry` (thread-safe).
+
+    A consumer's settlements (acknowledging a message, giving one back) cannot wait: they are
+    made from task threads. One the disk refuses is kept here and retried before the consumer
+    takes its next message; the message stays claimed by the process meanwhile (and is
+    requeued from there should the process die).
+    """
+
+    def __init__(self, disk: Disk) -> None:
+        self._disk = disk
+        self._waiting: collections.deque[tuple[Callable[..., None], tuple[Any, ...]]] = (
+            collections.deque())
+
+    def __bool__(self) -> bool:
+        return bool(self._waiting)
+
+    def attempt(self, operation: Callable[..., None], *args: Any) -> bool:
+        """Run ``operation(*args)``, or keep it for later if the disk refuses (False)."""
+        try:
+            operation(*args)
+        except OSError as err:
+            if not self._disk.refused(err):
+                raise
+            self._waiting.append((operation, args))
+            return False
+        return True
+
+    def retry(self) -> None:
+        """Run what waits, in order, until the disk refuses again (from one thread only)."""
+        while self._waiting:
+            operation, args = self._waiting[0]  # only this thread takes from the left
+            try:
+                operation(*args)
+            except OSError as err:
+                if self._disk.refused(err):
+                    return  # refused again (and kept, first): the rest wait too
+                self._waiting.popleft()
+                raise
+            self._waiting.popleft()
+
+
+def open_lock(path: str) -> Any:
+    """``path`` opened for ``flock`` (created if need be); read-only on a read-only disk, where
+    the lock still serialises readers of what it guards."""
+    try:
+        try:
+            return open(path, "a")  # noqa: SIM115 - the caller closes it
+        except FileNotFoundError:  # its folder refused by a full disk, or removed
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            return open(path, "a")  # noqa: SIM115
+    except OSError as err:
+        if err.errno != errno.EROFS:
+            raise
+        return open(path)  # noqa: SIM115
 
 
 class Watch:

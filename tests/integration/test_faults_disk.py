@@ -155,6 +155,8 @@ def test_a_flow_waits_out_an_unwritable_data_folder_and_runs_each_task_once(
     # Nothing ran twice: the engine did not take the silence for a lost worker.
     for atom in ("first", "g", "last"):
         assert len(stage.ledger.starts(atom)) == 1, stage.ledger.dump()
+    # Nor did the request go round: taken once, never handed back and taken again.
+    assert len(re.findall(r"Task g\[\w+\] received", worker.log(10_000))) == 1, worker.log()
     # The condition is named once when it starts and once when it ends, per process.
     word = {"full": "full (ENOSPC", "read_only": "read-only (EROFS"}[condition]
     lines = _episode_lines(worker.log(10_000))

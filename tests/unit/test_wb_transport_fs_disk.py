@@ -238,3 +238,27 @@ with kombu.Connection("flowengine-fs://localhost",
         assert conn.default_channel.basic_get("jobs_replies") is None  # runs the recovery
     assert not any("ended holding" in r.getMessage() for r in caplog.records)
     assert [p for p in (folder / "claimed").rglob("*") if p.is_file()] == []
+
+
+def test_settlements_a_read_only_disk_refuses_are_retried_in_order(
+    folder_state: Folder, clock: ManualClock,
+) -> None:  # fmt: skip
+    disk = make_disk(folder_state, clock)
+    later = fsdisk.Later(disk)
+    done: list[str] = []
+    read_only = True
+
+    def settle(name: str) -> None:
+        if read_only:
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+        done.append(name)
+
+    assert not later.attempt(settle, "ack-1") and not later.attempt(settle, "requeue-2")
+    assert later and disk.unwritable and done == []
+    later.retry()
+    assert later and done == []  # still refused: both kept
+    read_only = False
+    later.retry()
+    assert not later and done == ["ack-1", "requeue-2"]
+    with pytest.raises(ValueError):  # anything but the disk is the caller's
+        later.attempt(lambda: (_ for _ in ()).throw(ValueError("bug")))
