@@ -112,10 +112,10 @@ class Disk:
         error = self._error
         return None if self._since is None or error is None else describe(self.folder, error)
 
-    def failed(self, err: OSError) -> DiskUnwritable:
-        """Record a write that failed for the disk; the error to raise in its place."""
+    def failed(self, err: OSError, probe: bool = False) -> DiskUnwritable:
+        """Record a write that failed for the disk (or a probe); the error to raise instead."""
         with self._lock:
-            self._failures += 1
+            self._failures += not probe
             started = self._since is None
             if started:
                 self._since, self._error = self._clock(), err
@@ -164,7 +164,7 @@ class Disk:
         except OSError as err:
             if not is_disk_error(err):
                 return self._since is None  # a vanished folder is the channel's business
-            self.failed(err)
+            self.failed(err, probe=True)
             return False
         if self._since is not None:
             self._end()
@@ -194,7 +194,7 @@ class Disk:
             self.ended, self.last_outage = self.ended + 1, lasted
         LOG.log(logging.DEBUG if self._quiet else logging.WARNING,
                 "flowengine-fs data folder %s takes writes again after %.1fs "
-                "(%d write(s) failed and were retried meanwhile)", self.folder, lasted, failures)
+                "(%d write(s) of this process failed meanwhile)", self.folder, lasted, failures)
 
 
 def _write_probe(folder: str, size: int) -> None:

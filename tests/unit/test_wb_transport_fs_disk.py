@@ -79,7 +79,7 @@ def test_an_episode_is_logged_once_when_it_starts_and_once_when_it_ends(
     lines = episode_lines(caplog)
     assert len(lines) == 2, lines
     assert "is full (ENOSPC" in lines[0]
-    assert "takes writes again after 5.0s (50 write(s) failed" in lines[1]
+    assert "takes writes again after 5.0s (50 write(s) of this process failed" in lines[1]
 
 
 def test_a_probe_starts_and_ends_an_episode_and_a_watch_sees_it_end_once(
