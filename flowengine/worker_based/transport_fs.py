@@ -10,7 +10,7 @@ Layout under ``data_folder``::
     queues/<queue>/<stamp>.msg           ready messages, oldest name first
     claimed/<pid>/<queue>/<stamp>.msg    delivered to process <pid>, not yet acknowledged
     exchanges/<exchange>.json            the exchange's type and bindings (shared by all processes)
-    tmp/                                 messages being written
+    tmp/                                 messages being written (dead writers' swept)
     bad/<queue>/                         files that could not be decoded, kept for inspection
     spares/                              settled message files for reuse (transport_fs_files)
     bells/<queue>/<pid>.<token>          consumers waiting on the queue (transport_fs_doorbell)
@@ -26,6 +26,8 @@ is moved to ``bad/`` and logged instead of stopping the consumer. A message publ
 ``expiration`` is dropped once that many seconds have passed, as AMQP brokers do. A publisher
 rings the doorbells of the queue's consumers, which wake at once instead of at their next poll;
 polling every ``polling_interval`` remains, so a missed ring costs latency, never a message.
+A full or read-only data folder is an outage, not an error (see transport_fs_disk): writes are
+retried, consumers wait, and consumed bodies are blanked before their files are reused.
 POSIX only (rename, ``flock``); doorbells need Linux.
 Queues, claims and the on-disk binding table make this a whole transport, so the module is
 longer than most (kombu's stock filesystem transport is the same size).
