@@ -110,6 +110,7 @@ def _ask_topics(table: WorkerTable, topics: Iterable[str], stop: threading.Event
         stop.wait()
         proxy.stop()
         thread.join(timeout=5.0)
+        proxy.delete_own_queue()  # a clean exit leaves no queue behind (nor replies in it)
         proxy.close()
 
     runner = threading.Thread(target=run, daemon=True, name="flowengine-workers-notify")

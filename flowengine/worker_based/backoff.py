@@ -148,13 +148,20 @@ class Backoff:
             raise BrokerRefused(f"{self._what} on {self._where} was refused by the broker "
                                 f"({type(refused).__name__}: {refused}); not retrying") from exc
         delay = self._options.delay(self.attempt)
+        # A transport may know its outage better (flowengine-fs: a full or read-only disk, which
+        # is cheap to look at again and which it has logged once already).
+        delay = min(delay, getattr(exc, "retry_interval_max", delay))
         if self._deadline is not None and time.monotonic() + delay > self._deadline:
+            outage = getattr(exc, "outage", "the broker is unreachable (outage)")
             raise RetryDeadline(
                 f"{self._what} on {self._where} failed for {self.elapsed:.1f}s over "
-                f"{self.attempt + 1} attempt(s), the most it may wait; the broker is "
-                f"unreachable (outage): {exc}") from exc
+                f"{self.attempt + 1} attempt(s), the most it may wait; {outage}: {exc}"
+            ) from exc
         self.attempt += 1
-        if self.attempt <= _LOG_FIRST or self.attempt % _LOG_EVERY == 0:
+        if getattr(exc, "reported", False):
+            LOG.debug("%s on %s failed (attempt %d): %s; retrying in %.2fs",
+                      self._what, self._where, self.attempt, exc, delay)
+        elif self.attempt <= _LOG_FIRST or self.attempt % _LOG_EVERY == 0:
             LOG.warning(
                 "%s on %s failed (attempt %d): %s; retrying in %.2fs",
                 self._what, self._where, self.attempt, exc, delay,

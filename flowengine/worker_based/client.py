@@ -37,6 +37,7 @@ from flowengine.worker_based import remote_control as rc
 from flowengine.worker_based import signing as sg
 from flowengine.worker_based.broker import dispatcher as dp
 from flowengine.worker_based.broker import proxy as px
+from flowengine.worker_based.broker import transport_fs_disk as fsdisk
 from flowengine.worker_based.broker.delivery import Delivery
 from flowengine.worker_based.types import TopicWorker, header
 
@@ -190,6 +191,9 @@ class Client:
             # Replies are acknowledged on receipt and useless to any other process.
             auto_ack=True, publishers=PUBLISHERS, signing=broker.signing,
         )
+        # On flowengine-fs a full or read-only data folder is this broker's outage.
+        self._disk = fsdisk.watch(self.proxy.connection_details.transport,
+                                  broker.transport_options)
 
     @property
     def reply_to(self) -> str:
@@ -299,10 +303,11 @@ class Client:
         # Consuming, or the consumer gave up (a refused login): whichever comes first.
         while not self.proxy.wait(timeout=0.05):
             if not thread.is_alive() or time.monotonic() > deadline:
+                problem = self._disk.problem if self._disk is not None else None
                 raise exc.ExecutionFailure(
                     f"Could not start consuming replies from "
                     f"{self.proxy.connection_details.uri}: "
-                    f"{self._consumer_error or 'timed out'}") from self._consumer_error
+                    f"{self._consumer_error or problem or 'timed out'}") from self._consumer_error
 
     def _consume(self) -> None:
         try:
@@ -359,6 +364,8 @@ class Client:
         if now < self._next_housekeeping:
             return
         self._next_housekeeping = now + HOUSEKEEPING_PERIOD
+        if self._disk is not None and self._disk_outage():
+            return
         if now >= self._next_round and self._views:
             self._round(force=True)
         with self._lock:
@@ -374,6 +381,20 @@ class Client:
                 view.on_wait()
             except Exception:  # one engine's bug must not stop the others' replies
                 LOG.exception("Housekeeping of %r raised; the others go on", view)
+
+    def _disk_outage(self) -> bool:
+        """Whether the flowengine-fs data folder is unwritable: nothing is judged meanwhile
+        (the workers cannot send heartbeats either), and its end counts as a broker outage's."""
+        assert self._disk is not None
+        if self._disk.unwritable:
+            return True
+        outage = self._disk.take()
+        if outage:
+            with self._lock:
+                views = list(self._views.values())
+            for view in views:
+                view.resumed(outage)
+        return False
 
     def _retire_if_idle(self) -> None:
         with self._lock:

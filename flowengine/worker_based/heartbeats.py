@@ -69,4 +69,7 @@ class Heartbeats:
                     try:
                         beat()
                     except Exception as err:  # the next interval tries again
-                        LOG.warning("Could not send a heartbeat: %s", err)
+                        # An outage its transport reported already is not logged per beat.
+                        quiet = getattr(err, "reported", False)
+                        level = logging.DEBUG if quiet else logging.WARNING
+                        LOG.log(level, "Could not send a heartbeat: %s", err)

@@ -219,7 +219,9 @@ class Server(ReplySender):
             self._events.emit(f"worker-{status}", worker=self.worker_id, topic=self._topic,
                               tasks=self.task_names, capacity=self._capacity)
         except Exception as err:
-            LOG.warning("Worker %s could not announce itself %s: %s", self.worker_id, status, err)
+            # An outage its transport reported already (a full disk) is not logged per try.
+            LOG.log(logging.DEBUG if getattr(err, "reported", False) else logging.WARNING,
+                    "Worker %s could not announce itself %s: %s", self.worker_id, status, err)
 
     def _on_notify(self, data: Any, message: Delivery) -> None:
         if not self._proxy.is_running:

@@ -117,8 +117,10 @@ class Broadcast:
                         while received:
                             yield received.popleft()
             finally:
-                # Virtual transports (memory, flowengine-fs) keep unbound queues' rows otherwise.
+                # Deleted first: a virtual transport forgets an unbound queue and would not
+                # delete it (flowengine-fs would keep its folder); then unbound, or the memory
+                # transport would keep its row.
                 with contextlib.suppress(Exception):
                     bound = own(channel)
-                    bound.unbind_from(self._exchange, routing_key="")
                     bound.delete()
+                    bound.unbind_from(self._exchange, routing_key="")

@@ -10,7 +10,7 @@ Layout under ``data_folder``::
     queues/<queue>/<stamp>.msg           ready messages, oldest name first
     claimed/<pid>/<queue>/<stamp>.msg    delivered to process <pid>, not yet acknowledged
     exchanges/<exchange>.json            the exchange's type and bindings (shared by all processes)
-    tmp/                                 messages being written
+    tmp/                                 messages being written (dead writers' swept)
     bad/<queue>/                         files that could not be decoded, kept for inspection
     spares/                              settled message files for reuse (transport_fs_files)
     bells/<queue>/<pid>.<token>          consumers waiting on the queue (transport_fs_doorbell)
@@ -26,6 +26,8 @@ is moved to ``bad/`` and logged instead of stopping the consumer. A message publ
 ``expiration`` is dropped once that many seconds have passed, as AMQP brokers do. A publisher
 rings the doorbells of the queue's consumers, which wake at once instead of at their next poll;
 polling every ``polling_interval`` remains, so a missed ring costs latency, never a message.
+A full or read-only data folder is an outage, not an error (see transport_fs_disk): writes are
+retried, consumers wait, and consumed bodies are blanked before their files are reused.
 POSIX only (rename, ``flock``); doorbells need Linux.
 Queues, claims and the on-disk binding table make this a whole transport, so the module is
 longer than most (kombu's stock filesystem transport is the same size).
@@ -54,6 +56,7 @@ from kombu.transport import virtual
 from kombu.utils import json as kombu_json
 
 import flowengine
+from flowengine.worker_based.broker import transport_fs_disk as fsdisk
 from flowengine.worker_based.broker import transport_fs_doorbell as doorbell
 from flowengine.worker_based.broker import transport_fs_files as files
 
@@ -144,24 +147,37 @@ class Channel(virtual.Channel):
         self._tmp = os.path.join(self._root, "tmp")
         self._claim_root = os.path.join(self._root, "claimed", str(os.getpid()))
         self._claimed: dict[str, tuple[str, int]] = {}  # delivery tag -> (file, its size)
+        self._no_ack: set[str] = set()  # queues consumed without acknowledgements
         # Names listed but not yet claimed, per queue: one listdir serves many gets.
         self._pending: dict[str, collections.deque[str]] = {}
         self._tables: dict[str, tuple[tuple[int, int, int], dict[str, Any]]] = {}
         self._ringer = doorbell.Ringer(self._root)
-        for sub in ("queues", "tmp", "exchanges", "bad", files.SHARED):
-            (self.root / sub).mkdir(parents=True, exist_ok=True)
+        self._disk = fsdisk.disk(self._root)
+        self._later = fsdisk.Later(self._disk)  # settlements a read-only disk refused
+        with self._disk.guard():
+            for sub in ("queues", "tmp", "exchanges", "bad", files.SHARED):
+                (self.root / sub).mkdir(parents=True, exist_ok=True)
 
     # -- consumers and their doorbells ----------------------------------------------------------
 
     def basic_consume(self, queue: str, no_ack: bool, callback: Any, consumer_tag: str,
                       **kwargs: Any) -> Any:  # fmt: skip
         result = super().basic_consume(queue, no_ack, callback, consumer_tag, **kwargs)
+        if no_ack:  # settled on delivery: nothing acknowledges it later
+            self._no_ack.add(queue)
         self.connection.bell.register(_safe_name(queue))
         return result
+
+    def basic_get(self, queue: str, no_ack: bool = False, **kwargs: Any) -> Any:
+        message = super().basic_get(queue, no_ack, **kwargs)
+        if message is not None and no_ack:
+            self.drop_claim(message.delivery_tag)
+        return message
 
     def basic_cancel(self, consumer_tag: str) -> Any:
         queue = self._tag_to_queue.get(consumer_tag)
         result = super().basic_cancel(consumer_tag)
+        self._no_ack.discard(queue)  # type: ignore[arg-type]
         # Kombu keeps one callback per queue and connection; so does the doorbell.
         transport = self.connection
         if queue is not None and transport is not None and queue not in transport._callbacks:
@@ -191,17 +207,28 @@ class Channel(virtual.Channel):
     def _put(self, queue: str, message: Any, **kwargs: Any) -> None:
         name = _STAMPER.next_name()
         data = kombu_json.dumps(message).encode("utf-8")
-        source = self._write_spare(data)
-        if source is None:
-            source = f"{self._tmp}/{name}"
-            self._write_file(source, data)
         queue_dir = _safe_name(queue)
         target = f"{self._queues}/{queue_dir}/{name}"
+        source = None
         try:
-            os.rename(source, target)
-        except FileNotFoundError:  # queue folder removed meanwhile: recreate it
-            os.makedirs(os.path.dirname(target), exist_ok=True)
-            os.rename(source, target)
+            source = self._write_spare(data)
+            if source is None:
+                source = f"{self._tmp}/{name}"
+                self._write_file(source, data)
+            try:
+                os.rename(source, target)
+            except FileNotFoundError:  # queue folder removed meanwhile: recreate it
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                os.rename(source, target)
+        except OSError as err:
+            if source is not None:  # written, not renamed: no orphan in tmp/ or as a spare
+                with contextlib.suppress(OSError):
+                    os.unlink(source)
+            if not fsdisk.is_disk_error(err):
+                raise
+            # Raised as a channel error: the proxy retries the publish as through an outage.
+            raise self._disk.failed(err) from err
+        self._disk.succeeded()
         self._ringer.ring(queue_dir)
 
     def _write_file(self, path: str, data: bytes) -> None:
@@ -215,9 +242,18 @@ class Channel(virtual.Channel):
             files.write(spare[0], data, self.fsync, spare_size=spare[1])
         except FileNotFoundError:  # someone cleaned up the data folder
             return None
+        except OSError as err:
+            if fsdisk.is_disk_error(err) and os.path.exists(spare[0]):
+                files.spares(self._root).put_back(*spare)  # not opened: kept for later
+            raise
         return spare[0]
 
     def _get(self, queue: str, timeout: float | None = None) -> Any:
+        if self._later:
+            self._later.retry()
+        if not self._disk.check():
+            # Whatever is taken now could not be answered, nor even given back: it waits.
+            raise Empty()
         pending = self._pending.get(queue)
         if not pending:
             if time.monotonic() >= self._next_recovery:
@@ -225,7 +261,13 @@ class Channel(virtual.Channel):
             pending = self._pending[queue] = collections.deque(self._list(queue))
         while pending:
             name = pending.popleft()
-            claimed = self._claim(queue, name)
+            try:
+                claimed = self._claim(queue, name)
+            except OSError as err:
+                if not self._disk.refused(err):
+                    raise
+                pending.appendleft(name)
+                raise Empty() from err
             if claimed is None:
                 continue  # another consumer won it
             loaded = self._load(queue, claimed)
@@ -237,7 +279,12 @@ class Channel(virtual.Channel):
                 continue
             if name.endswith(f"{files.REDELIVERED_MARK}.msg"):
                 payload["properties"].setdefault("delivery_info", {})["redelivered"] = True
-            self._claimed[payload["properties"]["delivery_tag"]] = (claimed, size)
+            if queue in self._no_ack:
+                # Settled as it is delivered (AMQP's no_ack): a claim kept would outlive the
+                # process and be requeued after it, as if work had been lost.
+                self._later.attempt(files.spares(self._root).keep, claimed, size)
+            else:
+                self._claimed[payload["properties"]["delivery_tag"]] = (claimed, size)
             return payload
         raise Empty()
 
@@ -248,6 +295,7 @@ class Channel(virtual.Channel):
             return []
 
     def _claim(self, queue: str, name: str) -> str | None:
+        files.CLAIMED_IN.add(self._root)
         queue_dir = _safe_name(queue)
         target = f"{self._claim_root}/{queue_dir}/{name}"
         try:
@@ -284,17 +332,19 @@ class Channel(virtual.Channel):
         """Forget a settled message: recycle its claimed file (see transport_fs_files)."""
         claimed = self._claimed.pop(delivery_tag, None)
         if claimed is not None:
-            files.spares(self._root).keep(*claimed)
+            self._later.attempt(files.spares(self._root).keep, *claimed)
 
     def unclaim(self, delivery_tag: str) -> None:
         """Give a message back to its queue under its original name (its FIFO place)."""
         claimed = self._claimed.pop(delivery_tag, None)
-        if claimed is None:
-            return
-        folder, name = os.path.split(claimed[0])
+        if claimed is not None:
+            self._later.attempt(self._return, claimed[0])
+
+    def _return(self, claimed: str) -> None:
+        folder, name = os.path.split(claimed)
         queue_dir = os.path.basename(folder)
         try:
-            os.rename(claimed[0], os.path.join(self._queues, queue_dir, files.returned_name(name)))
+            os.rename(claimed, os.path.join(self._queues, queue_dir, files.returned_name(name)))
         except FileNotFoundError:
             return  # already acknowledged by another thread
         self._pending.pop(unquote(queue_dir), None)
@@ -327,8 +377,16 @@ class Channel(virtual.Channel):
     def _recover_dead_claims(self) -> None:
         """Requeue what processes that died had claimed but not acknowledged."""
         self._next_recovery = time.monotonic() + self.recover_interval
+        try:
+            self._recover()
+        except OSError as err:  # a disk that refuses: the next scan tries again
+            if not self._disk.refused(err):
+                raise
+
+    def _recover(self) -> None:
         doorbell.sweep(self._root, _pid_alive)
         files.sweep(self._root, _pid_alive)
+        fsdisk.sweep_tmp(self._root, _pid_alive)
         for owner in (self.root / "claimed").glob("*"):
             if not owner.name.isdigit() or _pid_alive(int(owner.name)):
                 continue
@@ -337,9 +395,12 @@ class Channel(virtual.Channel):
                 before = requeued
                 for path in folder.glob("*.msg"):
                     target = os.path.join(self._queues, folder.name, files.returned_name(path.name))
-                    with contextlib.suppress(FileNotFoundError):  # a racing recoverer won
+                    try:
                         os.rename(path, target)
                         requeued += 1
+                    except FileNotFoundError:  # a racing recoverer won, or the queue is gone
+                        if not os.path.isdir(os.path.dirname(target)):
+                            files.unlink(str(path))  # deleted with its queue
                 for path in folder.glob(f"{files.SPARE_PREFIX}*"):
                     files.unlink(str(path))
                 with contextlib.suppress(OSError):
@@ -350,8 +411,9 @@ class Channel(virtual.Channel):
                 owner.rmdir()
             if requeued:
                 LOG.warning(
-                    "flowengine-fs: requeued %d message(s) claimed by dead pid %s",
-                    requeued, owner.name,
+                    "flowengine-fs: process %s ended holding %d unsettled message(s); they are"
+                    " back in their queues, to be delivered again (nothing was lost)",
+                    owner.name, requeued,
                 )  # fmt: skip
 
     # -- exchanges and bindings (on disk, so every process routes alike) --------------------
@@ -381,20 +443,31 @@ class Channel(virtual.Channel):
         exchange_type: str | None = None,
     ) -> None:
         path = self._table_path(exchange)
-        with open(path[: -len(".json")] + ".lock", "a") as lock:
+        # On a read-only disk redeclaring what is there already (consumers do, every few
+        # seconds) reads the table under the lock and goes on working.
+        with self._disk.guard(), fsdisk.open_lock(path[: -len(".json")] + ".lock") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # writers serialise; readers see whole files
-            data = self._read_table(exchange)
-            rows = [list(row) for row in data["table"]]
-            if remove is not None and list(remove) in rows:
-                rows.remove(list(remove))
-            if add is not None and list(add) not in rows:
-                rows.append(list(add))
-            new = {"type": data["type"] or exchange_type, "table": rows}
-            if new == data:
-                return
-            tmp = Path(self._tmp, f"{os.path.basename(path)}.{os.getpid()}.{threading.get_ident()}")
+            self._write_table(exchange, path, add, remove, exchange_type)
+
+    def _write_table(self, exchange: str, path: str, add: tuple[str, str, str] | None,
+                     remove: Any, exchange_type: str | None) -> None:
+        data = self._read_table(exchange)
+        rows = [list(row) for row in data["table"]]
+        if remove is not None and list(remove) in rows:
+            rows.remove(list(remove))
+        if add is not None and list(add) not in rows:
+            rows.append(list(add))
+        new = {"type": data["type"] or exchange_type, "table": rows}
+        if new == data:
+            return
+        tmp = Path(self._tmp, f"{os.path.basename(path)}.{os.getpid()}.{threading.get_ident()}")
+        try:
             tmp.write_text(json.dumps(new))
             os.replace(tmp, path)
+        except OSError:
+            with contextlib.suppress(OSError):  # no half-written table left in tmp/
+                tmp.unlink()
+            raise
 
     def exchange_declare(
         self,

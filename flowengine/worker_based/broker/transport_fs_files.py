@@ -3,17 +3,19 @@
 Creating and deleting files are the dearest things a message costs the file system: ext4
 without a journal, for one, checks past every inode freed in the last minute before it hands
 out a new one, so at a thousand messages a second a create costs about a millisecond of CPU.
-So a settled message's file is not deleted but kept as a spare, and a later publish overwrites
-a spare and renames it into its queue: the rename a new file takes anyway, minus the create and
-the delete. Spares are first the process's own (``spare.<n>`` beside its claims: the cheapest
-rename), then shared (see :class:`Spares`), and bounded in number and size; recovery of a dead
-process deletes what it left.
+So a settled message's file is not deleted but blanked (its body may hold secrets) and kept as
+a spare, and a later publish writes into a spare and renames it into its queue: the rename a new
+file takes anyway, minus the create and the delete. Spares are first the process's own
+(``spare.<n>`` beside its claims: the cheapest rename), then shared (see :class:`Spares`), and
+bounded in number and size; recovery of a dead process deletes what it left.
 """
 
 from __future__ import annotations
 
+import atexit
 import collections
 import contextlib
+import errno
 import itertools
 import os
 import threading
@@ -92,8 +94,37 @@ def write(path: str, data: bytes, fsync: bool, spare_size: int | None = None) ->
             os.ftruncate(fd, len(data))
         if fsync:
             os.fsync(fd)
+    except BaseException:
+        # A half-written file (a full disk) must not stay behind in tmp/ or as a spare that
+        # still holds part of a message: the caller writes the message anew, elsewhere.
+        os.close(fd)
+        with contextlib.suppress(OSError):  # read-only: the start-up sweep of tmp/ removes it
+            os.unlink(path)
+        raise
+    os.close(fd)
+
+
+def _blank(path: str, size: int) -> bool:
+    """Overwrite the ``size`` bytes of ``path`` with blanks; False if it is gone (or deleted
+    because a copy-on-write file system had no room to overwrite it).
+
+    Blanks, not a truncation: a truncation frees the file's blocks, which the next message
+    allocates again, and costs ext4 a journalled metadata update each way (milliseconds).
+    """
+    try:
+        fd = os.open(path, os.O_WRONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        os.pwrite(fd, b" " * size, 0)
+    except OSError as err:
+        if err.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        unlink(path)  # frees space rather than wait for it
+        return False
     finally:
         os.close(fd)
+    return True
 
 
 def read(path: str) -> bytes:
@@ -141,6 +172,7 @@ class Spares:
         shared_limit: int = SHARED_SPARES,
         clock: Any = time.monotonic,
     ) -> None:
+        self._root = root
         self._shared = os.path.join(root, SHARED)
         self._own_limit, self._shared_limit, self._clock = own_limit, shared_limit, clock
         self._own: collections.deque[tuple[str, int]] = collections.deque()
@@ -150,9 +182,18 @@ class Spares:
         self._lock = threading.Lock()
 
     def keep(self, path: str, size: int) -> None:
-        """Recycle the settled message file ``path`` of ``size`` bytes (or delete it)."""
+        """Recycle the settled message file ``path`` of ``size`` bytes (or delete it).
+
+        Its content is blanked first: a consumed body (arguments, results, perhaps secrets)
+        must not stay readable in a spare until a later message overwrites it.
+
+        Raises:
+            OSError: The file could not be emptied or moved (a read-only disk); it is as it was.
+        """
         if size > SPARE_MAX_BYTES:
             unlink(path)
+            return
+        if not _blank(path, size):
             return
         with self._lock:
             own = len(self._own) < self._own_limit
@@ -208,6 +249,20 @@ class Spares:
                 continue  # another process took it
             return mine, int(name.rsplit(".", 2)[-2])
 
+    def put_back(self, path: str, size: int) -> None:
+        """Keep a spare :meth:`take` gave that could not be written (a read-only disk)."""
+        with self._lock:
+            self._own.append((path, size))
+
+    def discard(self) -> None:
+        """Delete this process's own spares and its emptied claim folders (at a clean exit:
+        what is left there afterwards is a message it did not settle)."""
+        with self._lock:
+            own, self._own = list(self._own), collections.deque()
+        for path, _size in own:
+            unlink(path)
+        remove_empty_claims(self._root)
+
     def _list(self) -> None:
         try:
             names = [name for name in os.listdir(self._shared) if name.endswith(OFFERED)]
@@ -216,6 +271,16 @@ class Spares:
         with self._lock:
             self._offered = collections.deque(names)
             self._count, self._counted_at = len(names), self._clock()
+
+
+def remove_empty_claims(root: str) -> None:
+    """Remove this process's claim folders under ``root`` that hold nothing (any more)."""
+    claims = os.path.join(root, "claimed", str(os.getpid()))
+    with contextlib.suppress(OSError):
+        for queue_dir in os.listdir(claims):
+            with contextlib.suppress(OSError):  # not empty: an unsettled message
+                os.rmdir(os.path.join(claims, queue_dir))
+        os.rmdir(claims)
 
 
 def sweep(root: str, alive: Callable[[int], bool]) -> None:
@@ -231,9 +296,23 @@ def sweep(root: str, alive: Callable[[int], bool]) -> None:
 # One sequence for every pool of the process: spare names must never collide in a folder.
 _SEQ = itertools.count()
 _SPARES: dict[str, Spares] = {}
+#: Data folders this process claimed messages in (their empty claim folders go at exit).
+CLAIMED_IN: set[str] = set()
 _SPARES_LOCK = threading.Lock()
 # A forked child must not write over files its parent still counts as its own spares.
 os.register_at_fork(after_in_child=_SPARES.clear)
+os.register_at_fork(after_in_child=CLAIMED_IN.clear)
+
+
+@atexit.register
+def _discard_all() -> None:
+    # Registered before the broker clients' own exit handler (they import this module), so it
+    # runs after they have settled and closed.
+    for pool in list(_SPARES.values()):
+        with contextlib.suppress(Exception):
+            pool.discard()
+    for root in list(CLAIMED_IN):
+        remove_empty_claims(root)
 
 
 def spares(root: str) -> Spares:
