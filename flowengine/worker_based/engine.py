@@ -16,6 +16,7 @@ from flowengine.engines.engine import ActionEngine
 from flowengine.types.notifier import register_deregister
 from flowengine.worker_based import extensions as ext
 from flowengine.worker_based import protocol as pr
+from flowengine.worker_based import secret_arguments as sa
 from flowengine.worker_based.event_listener import EventListener, PlacementSink
 from flowengine.worker_based.events import EventPublisher, combine
 from flowengine.worker_based.executor import WorkerTaskExecutor
@@ -143,6 +144,15 @@ class WorkerBasedActionEngine(ActionEngine):
         self._worker_executor = WorkerTaskExecutor(
             uuid=self.storage.flow_uuid,
             events=combine(self._publisher, self._metrics, self.atom_placement),
+            secret_args=self._secret_args,
             **self.worker_options.executor_options(),
         )
         return self._worker_executor
+
+    def _secret_args(self, task: Any) -> list[str]:
+        """The names of ``task``'s arguments whose values are secret: its own ``secret_args``
+        and those it reads from a secret stored name (requests name them in a header)."""
+        names = set(sa.task_secret_args(task))
+        names.update(arg for arg, stored in (getattr(task, "rebind", None) or {}).items()
+                     if self.storage.is_secret_name(stored))
+        return sorted(names)

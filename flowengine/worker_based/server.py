@@ -30,6 +30,7 @@ from flowengine.worker_based import extensions as ext
 from flowengine.worker_based import pause as ps
 from flowengine.worker_based import protocol as pr
 from flowengine.worker_based import proxy as px
+from flowengine.worker_based import secret_arguments as sa
 from flowengine.worker_based import signing as sg
 from flowengine.worker_based.heartbeats import Heartbeats
 
@@ -328,6 +329,8 @@ class Server:
         reply = functools.partial(self._reply, props["reply_to"], props["correlation_id"], headers)
         # Names come from the message: bounded, so a hostile one cannot flood logs or replies.
         name = f"{_clip(data.get('task_name'))!r} ({_clip(data.get('task_cls'))})"
+        # The engine names the secret arguments (its task's secret_args may not be all).
+        secrets = sa.masker(data.get("arguments"), sa.names(headers))
         deadline = headers.get(pr.HEADER_DEADLINE)
         if isinstance(deadline, (int, float)) and time.time() > deadline:
             err = exc.RequestTimeout(f"Request for task {name} reached its deadline unstarted")
@@ -371,8 +374,10 @@ class Server:
                 return reply(pr.EVENT, name, event_type=ext.EVENT_NOT_SERVED,
                              details={"worker": self.worker_id})
             LOG.warning("Rejected message %s: reason=%s task %s: %s", dp.describe(message),
-                        reason, name, _clip(str(err)))
-            return reply(pr.FAILURE, name, result=pr.failure_to_dict(Failure()))
+                        reason, name, _clip(secrets.text(str(err))))
+            failure = Failure()
+            return reply(pr.FAILURE, name, result=pr.failure_to_dict(
+                failure.redacted(secrets) if secrets else failure))
         if not reply(pr.RUNNING, name):
             return False
         fields = dict(_event_fields(data, message), worker=self.worker_id)
@@ -395,6 +400,8 @@ class Server:
                 result = endpoint.revert(task, work.arguments, prior, work.failures, forward)
         finally:
             self._heartbeats.remove(beating)
+        if isinstance(result, Failure) and secrets:
+            result = result.redacted(secrets)  # before it is logged, evented or sent
         runtime = time.monotonic() - started
         # Neither the result nor the exception's text: either may hold a secret.
         LOG.info("Task %s[%s] %s in %.3fs", _clip(data.get("task_name")),
