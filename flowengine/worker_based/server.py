@@ -380,6 +380,7 @@ class Server:
                 failure.redacted(secrets) if secrets else failure))
         if not reply(pr.RUNNING, name):
             return False
+        secrets = sa.masker(work.arguments, sa.names(headers), task)
         fields = dict(_event_fields(data, message), worker=self.worker_id)
         self._events.emit("task-started", **fields)
         started = time.monotonic()
@@ -393,11 +394,12 @@ class Server:
                                      confirm=not _from_flowengine(headers), retry=False)
             self._heartbeats.add(beating, interval, functools.partial(self._beat, beat, message))
         try:
-            if work.action == pr.EXECUTE:
-                result = endpoint.execute(task, work.arguments, forward)
-            else:
-                prior = None if work.result is pr.NO_RESULT else work.result
-                result = endpoint.revert(task, work.arguments, prior, work.failures, forward)
+            with sa.masking(secrets):  # whatever the task logs meanwhile is masked
+                if work.action == pr.EXECUTE:
+                    result = endpoint.execute(task, work.arguments, forward)
+                else:
+                    prior = None if work.result is pr.NO_RESULT else work.result
+                    result = endpoint.revert(task, work.arguments, prior, work.failures, forward)
         finally:
             self._heartbeats.remove(beating)
         if isinstance(result, Failure) and secrets:

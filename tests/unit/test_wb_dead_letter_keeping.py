@@ -200,3 +200,31 @@ def test_letters_parked_before_expiries_expire_from_their_parking_time(exchange:
         assert letter.flow_uuid is None and letter.secrets_removed == ()
     finally:
         parker.close()
+
+
+def test_the_masking_filter_masks_what_is_logged_while_a_request_runs() -> None:
+    records: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(self.format(record))
+
+    logger = logging.getLogger(f"keeping-{uuid.uuid4().hex[:6]}")
+    logger.propagate = False
+    handler = Keep()
+    logger.addHandler(handler)
+    sa.install_filter(logger)
+    sa.install_filter(logger)  # once is enough
+    assert len(handler.filters) == 1
+    secrets = sa.masker({"password": PASSWORD}, ["password"])
+    with sa.masking(secrets):
+        logger.warning("with %r", PASSWORD)
+        try:
+            raise ValueError(PASSWORD)
+        except ValueError:
+            logger.exception("failed")
+    logger.warning("after: %s", "pw-c0re")  # no request runs: left alone
+    assert records[0] == "with '***'"
+    assert records[1].startswith("failed\nTraceback") and "ValueError: ***" in records[1]
+    assert_no_secret("the masked records", "\n".join(records[:2]))
+    assert records[2] == "after: pw-c0re"
