@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import secret_tasks as st
+from event_collector import Collector
 from fault_support import flowengine_cli
 from wbe_harness import Broker, WorkerFleet, require_broker
 
@@ -33,33 +33,6 @@ pytestmark = pytest.mark.integration
 
 WAIT = 30.0
 TOPIC = "secrets"
-
-
-class Collector:
-    """Reads the event stream on a thread until closed."""
-
-    def __init__(self, receiver: EventReceiver) -> None:
-        self.events: list[dict[str, Any]] = []
-        self._cond = threading.Condition()
-        self._ready, self._stop = threading.Event(), threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(receiver,), daemon=True)
-        self._thread.start()
-        assert self._ready.wait(WAIT), "the receiver never listened"
-
-    def _run(self, receiver: EventReceiver) -> None:
-        for event in receiver.iter(ready=self._ready.set, stop=self._stop):
-            with self._cond:
-                self.events.append(event)
-                self._cond.notify_all()
-
-    def wait_for(self, done: Callable[[list[dict[str, Any]]], bool]) -> list[dict[str, Any]]:
-        with self._cond:
-            assert self._cond.wait_for(lambda: done(self.events), WAIT), self.events
-            return list(self.events)
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(WAIT)
 
 
 def assert_no_secret(where: str, text: str) -> None:
