@@ -83,6 +83,16 @@ def judge(letter: DeadLetter, flow: FlowState, force: bool = False,
         return Verdict(True, True, f"{_cap(flow.described)}: resuming it from its stored "
                                    f"state, on the engine options it ran with; {task} runs "
                                    f"again inside it and the dead letter is removed.")
+    finished = flow.state in FINISHED
+    if finished and not force:
+        hint = ("--force re-sends it anyway: the task runs again on a worker and its outcome "
+                "shows only in the worker's log and the event stream." if not
+                letter.secrets_removed else "Nor can it be forced: its secret argument(s) "
+                f"{', '.join(map(repr, letter.secrets_removed))} were removed when it was "
+                "parked.")
+        return Verdict(False, False, f"Refused: {flow.described}: it has finished, so nothing "
+                                     f"would record the outcome of {task} if it ran again. "
+                                     f"{hint}")
     if letter.secrets_removed:
         return Verdict(False, False, removed_message(letter))
     gave_up = ("its engine gave up on this attempt when it parked it, so nothing will record "
@@ -90,13 +100,7 @@ def judge(letter: DeadLetter, flow: FlowState, force: bool = False,
     if flow.state is None:
         return Verdict(True, False, f"{_cap(flow.described)}: re-sending {task} as it was; "
                                     f"{gave_up}.")
-    if flow.state in FINISHED:
-        if not force:
-            return Verdict(False, False, (
-                f"Refused: {flow.described}: it has finished, so nothing would record the "
-                f"outcome of {task} if it ran again. --force re-sends it anyway: the task "
-                f"runs again on a worker and its outcome shows only in the worker's log and "
-                f"the event stream."))
+    if finished:
         return Verdict(True, False, f"{_cap(flow.described)}, but --force: re-sending {task}; "
                                     f"it runs again and nothing records its outcome.")
     return Verdict(True, False, f"{_cap(flow.described)}: re-sending {task} as it was; "
