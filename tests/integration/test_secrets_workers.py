@@ -19,14 +19,17 @@ import pytest
 import secret_tasks as st
 from event_collector import Collector
 from fault_support import flowengine_cli
-from wbe_harness import Broker, WorkerFleet, require_broker
+from wbe_harness import Broker, WorkerFleet, delete_exchange, require_broker, unique_exchange
 
 from flowengine import engines
 from flowengine import exceptions as exc
 from flowengine.flows import linear_flow
 from flowengine.secrets import Secret
+from flowengine.worker_based import dead_letters
 from flowengine.worker_based import extensions as ext
+from flowengine.worker_based import protocol as pr
 from flowengine.worker_based import proxy as px
+from flowengine.worker_based.dead_letters import DeadLetters
 from flowengine.worker_based.events import EventReceiver
 
 pytestmark = pytest.mark.integration
@@ -53,12 +56,16 @@ def fleet(broker: Broker, exchange: str, fleet_factory: Any) -> Iterator[WorkerF
     yield made
 
 
+#: The dead letters' time to live the engines are given (an hour instead of 14 days).
+TTL = 3600.0
+
+
 def _load(fleet: WorkerFleet, task: Any) -> Any:
     return engines.load(
         linear_flow.Flow(task.name).add(task), engine="worker-based",
         store={"password": Secret(st.PASSWORD), "token": st.TOKEN},
         **fleet.engine_options(TOPIC, transition_timeout=WAIT, lease_timeout=2.0,
-                               heartbeat_interval=0.5, max_attempts=1,
+                               heartbeat_interval=0.5, max_attempts=1, dead_letter_ttl=TTL,
                                transport_options={"visibility_timeout": 5}))
 
 
@@ -99,12 +106,42 @@ def test_no_secret_in_worker_logs_events_or_dead_letters(
     assert_no_secret("the parked request", parked.body.decode("utf-8", "replace")
                      + json.dumps(parked.headers, default=str))
     assert parked.json()["arguments"] == {}
+    # The broker's own TTL (RabbitMQ applies it; Redis ignores it and the sweep applies it).
+    assert float(parked.properties["expiration"]) == TTL * 1000
 
     listed = flowengine_cli("dead-letters", "list", "--json", "--url", broker.url,
                             "--exchange", fleet.exchange)
     [letter] = [json.loads(line) for line in listed.stdout.splitlines()]
-    assert letter["secrets_removed"] == ["password", "token"] and letter["expires_at"]
+    assert letter["secrets_removed"] == ["password", "token"]
+    assert letter["expires_at"] == pytest.approx(letter["parked_at"] + TTL)
     refused = flowengine_cli("dead-letters", "requeue", letter["id"], "--url", broker.url,
                              "--exchange", fleet.exchange)
     assert refused.returncode == 1, (refused.stdout, refused.stderr)
     assert "secret argument(s) 'password', 'token' were removed" in refused.stderr
+
+
+@pytest.mark.parametrize("broker_name", ["redis", "rabbitmq", "beanstalk"])
+def test_dead_letters_expire_on_every_broker(broker_name: str) -> None:
+    """Expiry by the clock of whoever looks (an injected one), on real brokers: beanstalkd's
+    buried jobs and Redis have no TTL of their own, and the sweep removes what expired."""
+    broker = require_broker(broker_name)
+    exchange = unique_exchange("dead-expiry")
+    parker = px.Proxy(ext.DEAD_LETTER_ROUTING_KEY, exchange, url=broker.url)
+    try:
+        for name, parked_at in (("old", 1000.0), ("new", 2000.0)):
+            request = pr.Request(st.Leak(name), name, pr.EXECUTE, {"token": st.TOKEN})
+            dead_letters.park(parker, request, {pr.HEADER_REQUEST_ID: name,
+                                                "x-flowengine-secret-args": ["token"]},
+                              "lost", TOPIC, ["w1"], reply_to="gone", ttl=TTL,
+                              clock=lambda at=parked_at: at)
+        late = DeadLetters(exchange, url=broker.url, clock=lambda: 1000.0 + TTL)
+        try:
+            assert [letter.id for letter in late.list()] == ["new"]
+        finally:
+            late.close()
+        [left] = parker.browse(ext.DEAD_LETTER_ROUTING_KEY)
+        assert left.headers[pr.HEADER_REQUEST_ID] == "new"
+        assert_no_secret("a parked request", left.body.decode("utf-8", "replace"))
+    finally:
+        parker.close()
+        delete_exchange(broker.url, exchange, [f"{exchange}_{ext.DEAD_LETTER_ROUTING_KEY}"])
