@@ -103,7 +103,7 @@ def main() -> None:
         try:
             [letter] = letters.list()
             print(f"dead letter: task {letter.task_name}, reason: {letter.reason[:45]}...")
-            print(f"secret arguments removed: {', '.join(letter.secrets_removed)}")
+            print(f"secret arguments removed: {', '.join(letter.removed_arguments)}")
             print(f"expires: {iso(letter.expires_at)} (parked {iso(letter.parked_at)})")
             verdict = requeue_rules.judge(letter, requeue_rules.flow_state(backend, letter))
             print(f"requeue allowed: {verdict.allowed}: {verdict.message}")

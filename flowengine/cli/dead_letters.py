@@ -64,8 +64,8 @@ def list_command(as_json: bool, **options: Any) -> None:
         click.echo(f"    flow: {letter.flow_uuid or '-'}  parked: "
                    f"{shown.get('parked_at_iso', '-')}  "
                    f"expires: {shown.get('expires_at_iso', '-')}")
-        if letter.secrets_removed:
-            click.echo(f"    secret arguments removed: {', '.join(letter.secrets_removed)} "
+        if letter.removed_arguments:
+            click.echo(f"    secret arguments removed: {', '.join(letter.removed_arguments)} "
                        f"(requeue with --resume)")
 
 

@@ -46,13 +46,13 @@ class DeadLetter:
     attempt: int | None
     flow_uuid: str | None = None
     expires_at: float | None = None
-    #: Secret arguments removed from the request when it was parked.
-    secrets_removed: tuple[str, ...] = ()
+    #: The secret arguments removed from the request when it was parked (their names).
+    removed_arguments: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able view (for ``--json`` output)."""
         data = dataclasses.asdict(self)
-        data["secrets_removed"] = list(self.secrets_removed)
+        data["removed_arguments"] = list(self.removed_arguments)
         for key in ("parked_at", "expires_at"):
             when = getattr(self, key)
             if when is not None:
@@ -90,7 +90,7 @@ def _describe(stored: px.StoredMessage) -> DeadLetter:
         attempt=headers.get(pr.HEADER_ATTEMPT),
         flow_uuid=_text(headers.get(pr.HEADER_FLOW_UUID)),
         expires_at=keeping.expires_at(headers),
-        secrets_removed=tuple(keeping.removed_secrets(body, headers)),
+        removed_arguments=tuple(keeping.removed_secrets(body, headers)),
     )
 
 
@@ -195,7 +195,7 @@ class DeadLetters:
         if stored is None:
             raise exc.NotFound(f"No dead letter with id {letter_id!r}")
         letter = _describe(stored)
-        if not letter.topic or letter.secrets_removed:
+        if not letter.topic or letter.removed_arguments:
             # Put back as it was: an operator may still resume its flow, or discard it.
             self._proxy.publish(_Replay(stored.json()), ext.DEAD_LETTER_ROUTING_KEY,
                                 reply_to=stored.properties.get("reply_to"),
@@ -205,7 +205,7 @@ class DeadLetters:
                                 expiration=_left(letter, now))
         if not letter.topic:
             raise exc.NotFound(f"Dead letter {letter_id!r} does not say which topic it was for")
-        if letter.secrets_removed:
+        if letter.removed_arguments:
             raise keeping.RequeueRefused(removed_message(letter))
         # Its old signature covers the old headers: the request is signed afresh (or not).
         headers = {k: v for k, v in stored.headers.items()
@@ -229,8 +229,8 @@ def _left(letter: DeadLetter, now: float) -> float | None:
 
 def removed_message(letter: DeadLetter) -> str:
     """Why ``letter`` cannot be sent again as it is, and what to do instead."""
-    names = ", ".join(repr(n) for n in letter.secrets_removed)
-    stores = " ".join(f"--store {n}=VALUE" for n in letter.secrets_removed)
+    names = ", ".join(repr(n) for n in letter.removed_arguments)
+    stores = " ".join(f"--store {n}=VALUE" for n in letter.removed_arguments)
     flow = letter.flow_uuid or "FLOW_ID"
     return (f"Dead letter {letter.id!r} (task {letter.task_name!r}) cannot be sent again as it "
             f"is: its secret argument(s) {names} were removed when it was parked (dead letters "

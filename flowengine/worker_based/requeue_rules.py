@@ -87,13 +87,13 @@ def judge(letter: DeadLetter, flow: FlowState, force: bool = False,
     if finished and not force:
         hint = ("--force re-sends it anyway: the task runs again on a worker and its outcome "
                 "shows only in the worker's log and the event stream." if not
-                letter.secrets_removed else "Nor can it be forced: its secret argument(s) "
-                f"{', '.join(map(repr, letter.secrets_removed))} were removed when it was "
+                letter.removed_arguments else "Nor can it be forced: its secret argument(s) "
+                f"{', '.join(map(repr, letter.removed_arguments))} were removed when it was "
                 "parked.")
         return Verdict(False, False, f"Refused: {flow.described}: it has finished, so nothing "
                                      f"would record the outcome of {task} if it ran again. "
                                      f"{hint}")
-    if letter.secrets_removed:
+    if letter.removed_arguments:
         return Verdict(False, False, removed_message(letter))
     gave_up = ("its engine gave up on this attempt when it parked it, so nothing will record "
                "the outcome")

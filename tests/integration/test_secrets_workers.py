@@ -112,7 +112,7 @@ def test_no_secret_in_worker_logs_events_or_dead_letters(
     listed = flowengine_cli("dead-letters", "list", "--json", "--url", broker.url,
                             "--exchange", fleet.exchange)
     [letter] = [json.loads(line) for line in listed.stdout.splitlines()]
-    assert letter["secrets_removed"] == ["password", "token"]
+    assert letter["removed_arguments"] == ["password", "token"]
     assert letter["expires_at"] == pytest.approx(letter["parked_at"] + TTL)
     refused = flowengine_cli("dead-letters", "requeue", letter["id"], "--url", broker.url,
                              "--exchange", fleet.exchange)

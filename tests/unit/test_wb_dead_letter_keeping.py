@@ -133,7 +133,7 @@ def test_a_dead_letter_keeps_no_secret_and_is_not_sent_again_without_them(exchan
         assert raw.json()["arguments"] == {"user": "ada"}
         assert raw.json()["result"] == ["success", "session of ***"]
         [letter] = letters.list()
-        assert letter.secrets_removed == ("password", "token")
+        assert letter.removed_arguments == ("password", "token")
         assert letter.flow_uuid == "flow-1"
         with pytest.raises(RequeueRefused) as refused:
             letters.requeue(letter.id)
@@ -197,7 +197,7 @@ def test_letters_parked_before_expiries_expire_from_their_parking_time(exchange:
                                 pr.HEADER_REQUEST_ID: request.request_id})
         [letter] = DeadLetters(exchange, transport="memory", clock=lambda: 60.0).list()
         assert letter.expires_at == 50.0 + dead_letters.DEFAULT_TTL
-        assert letter.flow_uuid is None and letter.secrets_removed == ()
+        assert letter.flow_uuid is None and letter.removed_arguments == ()
     finally:
         parker.close()
 
