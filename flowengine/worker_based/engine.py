@@ -13,6 +13,7 @@ from typing import Any
 from flowengine import states
 from flowengine.engines import executor as local
 from flowengine.engines.engine import ActionEngine
+from flowengine.secrets import Secret
 from flowengine.types.notifier import register_deregister
 from flowengine.worker_based import extensions as ext
 from flowengine.worker_based import protocol as pr
@@ -152,7 +153,9 @@ class WorkerBasedActionEngine(ActionEngine):
     def _secret_args(self, task: Any) -> list[str]:
         """The names of ``task``'s arguments whose values are secret: its own ``secret_args``
         and those it reads from a secret stored name (requests name them in a header)."""
+        injected = {name for name, value in (getattr(task, "inject", None) or {}).items()
+                    if isinstance(value, Secret)}
         names = set(sa.task_secret_args(task))
         names.update(arg for arg, stored in (getattr(task, "rebind", None) or {}).items()
-                     if self.storage.is_secret_name(stored))
+                     if stored in injected or self.storage.is_secret_name(stored))
         return sorted(names)

@@ -99,6 +99,16 @@ def test_a_worker_masks_the_arguments_its_engine_names_secret(
     assert_no_secret("the stored failure", json.dumps(stored.to_dict()))
 
 
+def test_an_argument_injected_as_a_secret_is_named_secret_too(exchange: str) -> None:
+    login = Login(name="login", inject={"password": Secret(PASSWORD)})
+    engine = engines.load(linear_flow.Flow("login").add(login), engine="worker-based",
+                          exchange=exchange, transport="memory", topics=["secrets"],
+                          events=False, store={"token": TOKEN})
+    engine.compile()
+    assert engine._secret_args(login) == ["password", "token"]
+    assert engine._secret_args(Login(name="other")) == ["token"]
+
+
 def test_requests_name_their_secret_arguments_in_a_header() -> None:
     assert sa.for_request(["token", "password", "absent"], {"password": 1, "token": 2,
                                                             "user": 3}) == ["password", "token"]
