@@ -21,6 +21,8 @@ def _reaching(broker: dict[str, Any]) -> Iterator[None]:
     """A broker error inside exits 1 with a masked ``error:`` line, as ``events`` does."""
     try:
         yield
+    except click.ClickException:  # a bad option (--backend): click says so itself
+        raise
     except Exception as err:
         where = broker["url"] or broker["transport"] or "the embedded flowengine-fs transport"
         exits.unreachable("reach the dead letters of", f"{where} exchange "

@@ -149,6 +149,10 @@ def test_unknown_letters_and_contradictory_options(setting: Setting) -> None:
     assert missing.exit_code == exits.USAGE and "No dead letter with id 'nope'" in missing.stderr
     both = setting.requeue("nope", "--force", "--resume")
     assert both.exit_code == exits.USAGE
+    letter = setting.park(str(uuid.uuid4()))
+    nowhere = setting.requeue(letter, "--backend", f"{setting.uri}-missing")
+    assert nowhere.exit_code == exits.USAGE and "--backend" in nowhere.output
+    assert setting.listed() == [letter]
 
 
 def test_the_dashboard_applies_the_same_rule(setting: Setting) -> None:
