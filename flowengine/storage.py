@@ -215,6 +215,11 @@ class Storage:
         """Names of the stored values that are secret (kept in memory only)."""
         return frozenset(self._secrets.names)
 
+    def is_secret_name(self, name: str) -> bool:
+        """Whether the value stored under ``name`` is secret (a ``Secret`` store value, or a
+        name some atom reads into its ``secret_args``)."""
+        return name in self._secrets.names or name in self._secrets.sources
+
     def declare_secret_sources(self, names: Iterable[str]) -> None:
         """Treat values stored under ``names`` as secret (atoms read them as ``secret_args``)."""
         self._secrets.sources.update(names)

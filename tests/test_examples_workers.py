@@ -247,3 +247,20 @@ def test_tracing() -> None:
     assert depths["run ship_order"] == depths["send ship_order"] + 2 == depths[
         "execute ship_order"] + 4 == depths["flow place-order"] + 6
     _assert_gone(_pids(output))
+
+
+def test_wbe_dead_letters() -> None:
+    output = _run("wbe_dead_letters.py")
+    assert_in_order(output, [
+        r"provision: reverted",
+        r"flow: REVERTED \(WorkerLost\)",
+        r"dead letter: task provision, reason: Task 'provision' lost its worker on each of 1.*",
+        r"secret arguments removed: api_token",
+        r"expires: \S+ \(parked \S+\)",
+        r"requeue allowed: False: Refused: its flow 'provision-server' \(.*\) is REVERTED: it "
+        r"has finished.*Nor can it be forced: its secret argument\(s\) 'api_token' were "
+        r"removed when it was parked\.",
+        r"sent as it is\? no: .*secret argument\(s\) .*",
+        r"still parked: True",
+    ])
+    assert "tok-3f9a" not in output

@@ -8,9 +8,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import click
+from click.core import ParameterSource
 
-from flowengine.cli import exits
+from flowengine.cli import exits, loading, records
 from flowengine.cli.broker import broker_kwargs, broker_options
+from flowengine.cli.flow_options import backend_option
 from flowengine.cli.options import json_option, show_envvars
 
 
@@ -19,6 +21,8 @@ def _reaching(broker: dict[str, Any]) -> Iterator[None]:
     """A broker error inside exits 1 with a masked ``error:`` line, as ``events`` does."""
     try:
         yield
+    except click.ClickException:  # a bad option (--backend): click says so itself
+        raise
     except Exception as err:
         where = broker["url"] or broker["transport"] or "the embedded flowengine-fs transport"
         exits.unreachable("reach the dead letters of", f"{where} exchange "
@@ -35,7 +39,8 @@ def dead_letters_group() -> None:
 @broker_options
 @json_option("One JSON object per line.")
 def list_command(as_json: bool, **options: Any) -> None:
-    """Show the parked requests, oldest first (exit code 1: the broker cannot be reached)."""
+    """Show the parked requests, oldest first, and when each expires (expired ones are
+    removed). Exit code 1: the broker cannot be reached."""
     from flowengine.worker_based.dead_letters import DeadLetters
 
     broker = broker_kwargs(**options)
@@ -57,28 +62,124 @@ def list_command(as_json: bool, **options: Any) -> None:
         click.echo(f"{letter.id}  {letter.task_name} ({letter.action}) topic={letter.topic}")
         click.echo(f"    reason: {letter.reason}")
         click.echo(f"    workers: {workers}")
+        shown = letter.to_dict()
+        click.echo(f"    flow: {letter.flow_uuid or '-'}  parked: "
+                   f"{shown.get('parked_at_iso', '-')}  "
+                   f"expires: {shown.get('expires_at_iso', '-')}")
+        if letter.removed_arguments:
+            click.echo(f"    secret arguments removed: {', '.join(letter.removed_arguments)} "
+                       f"(requeue with --resume)")
 
 
 @show_envvars
 @dead_letters_group.command("requeue")
 @broker_options
+@backend_option(required=False)
+@click.option("--force", is_flag=True, envvar="FLOWENGINE_FORCE",
+              help="Re-send the request even though its flow has finished: the task runs "
+                   "again and nothing records its outcome.")
+@click.option("--resume", is_flag=True, envvar="FLOWENGINE_RESUME",
+              help="Resume the request's flow from --backend instead (as `flowengine run "
+                   "--resume` does): the task runs again inside the flow.")
+@loading.store_option
+@loading.secret_option
 @click.argument("letter_id")
-def requeue_command(letter_id: str, **options: Any) -> None:
-    """Send the parked request LETTER_ID back to its worker topic.
+@click.pass_context
+def requeue_command(ctx: click.Context, letter_id: str, backend_uri: str | None, force: bool,
+                    resume: bool, store: tuple[str, ...], secret: tuple[str, ...],
+                    **options: Any) -> None:
+    """Send the parked request LETTER_ID back to its worker topic, or (--resume) resume its flow.
 
-    Exit code 2 when no parked request has that id, 1 when the broker cannot be reached.
+    Says first what will happen, from the flow's state in --backend. Refused when the flow has
+    finished (unless --force), and when the request's secret arguments were removed at parking
+    (resume its flow instead, giving them with --store or --secret).
+
+    \b
+    Exit codes: 0 requeued (with --resume: `run`'s codes), 1 refused or the broker cannot be
+    reached, 2 no parked request has that id.
     """
     from flowengine.exceptions import NotFound
+    from flowengine.worker_based import requeue_rules as rules
+    from flowengine.worker_based.dead_letter_keeping import RequeueRefused
     from flowengine.worker_based.dead_letters import DeadLetters
 
+    if force and resume:
+        raise click.UsageError("--force re-sends the raw request; --resume resumes its flow: "
+                               "give one")
     broker = broker_kwargs(**options)
     with _reaching(broker):
         letters = DeadLetters(**broker)
         try:
-            letter = letters.requeue(letter_id)
-        except NotFound as err:  # SystemExit passes through _reaching
-            click.echo(f"error: {err}", err=True)
-            raise SystemExit(exits.USAGE) from err
+            letter = _found(letters, letter_id)
+            verdict = rules.judge(letter, _flow_state(backend_uri, letter), force=force,
+                                  resume=resume)
+            click.echo(verdict.message, err=not verdict.allowed)
+            if not verdict.allowed:
+                raise SystemExit(exits.ERROR)
+            if not verdict.resume:
+                try:
+                    letters.requeue(letter_id)
+                except NotFound as err:  # taken meanwhile, or just expired
+                    click.echo(f"error: {err}", err=True)
+                    raise SystemExit(exits.USAGE) from err
+                except RequeueRefused as err:
+                    click.echo(f"error: {err}", err=True)
+                    raise SystemExit(exits.ERROR) from err
+                click.echo(f"requeued {letter.id} ({letter.task_name}) to topic {letter.topic}")
+                return
         finally:
             letters.close()
-    click.echo(f"requeued {letter.id} ({letter.task_name}) to topic {letter.topic}")
+    code = _resume(ctx, letter.flow_uuid, backend_uri, store, secret)
+    if code in exits.BY_FLOW_STATE.values():  # the flow ran: the letter is done with
+        with _reaching(broker):
+            letters = DeadLetters(**broker)
+            try:
+                letters.discard(letter_id)
+            finally:
+                letters.close()
+    ctx.exit(code)
+
+
+def _found(letters: Any, letter_id: str) -> Any:
+    from flowengine.exceptions import NotFound
+
+    try:
+        return letters.get(letter_id)
+    except NotFound as err:
+        click.echo(f"error: {err}", err=True)
+        raise SystemExit(exits.USAGE) from err
+
+
+def _flow_state(backend_uri: str | None, letter: Any) -> Any:
+    from flowengine.worker_based import requeue_rules as rules
+
+    if backend_uri is None:
+        return rules.flow_state(None, letter)
+    backend = records.open_backend(backend_uri, create=False)
+    try:
+        return rules.flow_state(backend, letter)
+    finally:
+        backend.close()
+
+
+def _resume(ctx: click.Context, flow_uuid: str | None, backend_uri: str | None,
+            store: tuple[str, ...], secret: tuple[str, ...]) -> int:
+    """Run ``flowengine run --resume`` on the letter's flow; its exit code."""
+    from flowengine.cli.run import run_command
+
+    assert flow_uuid is not None and backend_uri is not None  # judge allowed the resume
+    args = ["--resume", flow_uuid, "--backend", backend_uri]
+    args += [f"--store={value}" for value in store] + [f"--secret={value}" for value in secret]
+    # The broker options given here were given for the resume too (a URL password, say).
+    for name, flag in (("url", "--url"), ("exchange", "--exchange"),
+                       ("transport", "--transport")):
+        if ctx.get_parameter_source(name) in _GIVEN:
+            args += [flag, str(ctx.params[name])]
+    for value in ctx.params["transport_options"] if ctx.get_parameter_source(
+            "transport_options") in _GIVEN else ():
+        args.append(f"--transport-option={value}")
+    code = run_command.main(args=args, prog_name="flowengine run", standalone_mode=False)
+    return int(code or 0)
+
+
+_GIVEN = (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)

@@ -90,6 +90,10 @@ def worker_command(topic: str, tasks: tuple[str, ...], threads: int | None,
 
     logging.basicConfig(level=log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from flowengine.worker_based import secret_arguments
+
+    # What a task logs while it runs is masked with its request's secret arguments.
+    secret_arguments.install_filter()
     # Like ``python -m``, let task modules in the current directory be found.
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())

@@ -280,15 +280,24 @@ class DashboardData:
             letters.close()
 
     def requeue(self, letter_id: str) -> str:
-        """Send a parked request back to its topic."""
+        """Send a parked request back to its topic, unless its flow has finished (the rule
+        ``flowengine dead-letters requeue`` applies, with the dashboard's backend)."""
+        from flowengine.worker_based import requeue_rules as rules
+        from flowengine.worker_based.dead_letter_keeping import RequeueRefused
+
         letters = self._letters()
         try:
-            letter = letters.requeue(letter_id)
-        except exc.NotFound as err:
+            letter = letters.get(letter_id)
+            verdict = rules.judge(letter, rules.flow_state(self.backend, letter))
+            if not verdict.allowed:
+                raise ActionRefused(verdict.message)
+            letters.requeue(letter_id)
+        except (exc.NotFound, RequeueRefused) as err:
             raise ActionRefused(str(err)) from err
         finally:
             letters.close()
-        return f"requeued {letter.task_name} ({letter.id}) to topic {letter.topic}"
+        return (f"requeued {letter.task_name} ({letter.id}) to topic {letter.topic}: "
+                f"{verdict.message}")
 
     def discard(self, letter_id: str) -> str:
         """Delete a parked request for good."""

@@ -2,22 +2,33 @@
 
 They wait, durable, in queue ``<exchange>_flowengine.dead-letters`` with the reason and the
 workers that held them in headers. An operator lists them and requeues one (*kick*): the
-original REQUEST goes back to its worker topic under a fresh deadline.
+original REQUEST goes back to its worker topic under a fresh deadline. A letter keeps no
+secret argument and expires (see :mod:`~flowengine.worker_based.dead_letter_keeping`); whether
+a requeue should happen at all is :mod:`~flowengine.worker_based.requeue_rules`' to say.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime
+import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 from flowengine import exceptions as exc
+from flowengine.worker_based import dead_letter_keeping as keeping
 from flowengine.worker_based import extensions as ext
 from flowengine.worker_based import protocol as pr
+from flowengine.worker_based import secret_arguments as sa
 from flowengine.worker_based import signing as sg
 from flowengine.worker_based.broker import proxy as px
+
+__all__ = ["DEFAULT_TTL", "DeadLetter", "DeadLetters", "park", "removed_message"]
+
+LOG = logging.getLogger(__name__)
+#: Seconds a dead letter is kept unless the engine's ``dead_letter_ttl`` says otherwise.
+DEFAULT_TTL = keeping.DEFAULT_TTL
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,13 +44,19 @@ class DeadLetter:
     workers: list[str]
     parked_at: float | None
     attempt: int | None
+    flow_uuid: str | None = None
+    expires_at: float | None = None
+    #: The secret arguments removed from the request when it was parked (their names).
+    removed_arguments: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able view (for ``--json`` output)."""
         data = dataclasses.asdict(self)
-        if self.parked_at is not None:
-            data["parked_at_iso"] = datetime.datetime.fromtimestamp(
-                self.parked_at, datetime.UTC).isoformat()
+        data["removed_arguments"] = list(self.removed_arguments)
+        for key in ("parked_at", "expires_at"):
+            when = getattr(self, key)
+            if when is not None:
+                data[f"{key}_iso"] = datetime.datetime.fromtimestamp(when, datetime.UTC).isoformat()
         return data
 
 
@@ -71,21 +88,50 @@ def _describe(stored: px.StoredMessage) -> DeadLetter:
         workers=[str(w) for w in headers.get(ext.HEADER_DEAD_WORKERS) or []],
         parked_at=headers.get(ext.HEADER_DEAD_AT),
         attempt=headers.get(pr.HEADER_ATTEMPT),
+        flow_uuid=_text(headers.get(pr.HEADER_FLOW_UUID)),
+        expires_at=keeping.expires_at(headers),
+        removed_arguments=tuple(keeping.removed_secrets(body, headers)),
     )
 
 
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
 def park(proxy: px.Proxy, request: pr.Request, headers: Mapping[str, Any], reason: str,
-         topic: str, workers: list[str], reply_to: str) -> None:
-    """Bury ``request`` (sent with ``headers``) as a dead letter, with why and where."""
+         topic: str, workers: list[str], reply_to: str, ttl: float = DEFAULT_TTL,
+         clock: Callable[[], float] = time.time) -> None:
+    """Bury ``request`` (sent with ``headers``) as a dead letter, with why and where.
+
+    Its secret arguments are left out, and it expires ``ttl`` seconds from now (expired
+    letters at the head of the queue are swept out first, where the broker has no TTL).
+    """
+    now = clock()
+    _sweep_head(proxy, now)
     dead = {k: v for k, v in headers.items() if k != pr.HEADER_DEADLINE}
     dead.update({
         ext.HEADER_DEAD_REASON: reason,
         ext.HEADER_DEAD_TOPIC: topic,
-        ext.HEADER_DEAD_AT: time.time(),
+        ext.HEADER_DEAD_AT: now,
         ext.HEADER_DEAD_WORKERS: list(workers),
+        keeping.HEADER_DEAD_EXPIRES: now + ttl,
     })
-    proxy.publish(request, ext.DEAD_LETTER_ROUTING_KEY, reply_to=reply_to,
-                  correlation_id=request.request_id, headers=dead)
+    body = keeping.kept_body(request.to_dict(), sa.names(headers))
+    # ``expiration`` is the broker's own TTL where it has one (RabbitMQ, flowengine-fs): a
+    # per-message TTL, so a queue declared before it (or by an engine with another ttl)
+    # never clashes over queue arguments.
+    proxy.publish(_Replay(body), ext.DEAD_LETTER_ROUTING_KEY, reply_to=reply_to,
+                  correlation_id=request.request_id, headers=dead, expiration=ttl)
+
+
+def _sweep_head(proxy: px.Proxy, now: float) -> None:
+    """Drop expired letters from the head of the queue (the oldest), one look each."""
+    try:
+        while proxy.take(ext.DEAD_LETTER_ROUTING_KEY,
+                         lambda m: keeping.expired(m.headers, now), limit=1) is not None:
+            pass
+    except Exception as err:  # tidying must never keep a request from being parked
+        LOG.warning("Could not sweep expired dead letters: %s", err)
 
 
 class DeadLetters:
@@ -101,26 +147,66 @@ class DeadLetters:
     def __init__(self, exchange: str, url: str | None = None, transport: Any = None,
                  transport_options: Mapping[str, Any] | None = None,
                  taskflow_compat: bool = False, deadline: float = pr.REQUEST_TIMEOUT,
-                 signing: sg.Signing | None = None) -> None:
+                 signing: sg.Signing | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
         self._proxy = px.Proxy(ext.DEAD_LETTER_ROUTING_KEY, exchange, url=url,
                                transport=transport, transport_options=transport_options,
                                taskflow_compat=taskflow_compat,
                                signing=sg.Signing.from_options() if signing is None else signing)
         self._deadline = deadline
+        self._clock = clock
 
     def list(self) -> list[DeadLetter]:
-        """Every parked request, oldest first (the queue is left as it was)."""
-        return [_describe(m) for m in self._proxy.browse(ext.DEAD_LETTER_ROUTING_KEY)]
+        """Every parked request, oldest first (expired ones are swept out; the others stay)."""
+        letters = [_describe(m) for m in self._proxy.browse(ext.DEAD_LETTER_ROUTING_KEY)]
+        now = self._clock()
+        live = []
+        for letter in letters:
+            if letter.expires_at is not None and now >= letter.expires_at:
+                self.discard(letter.id)
+            else:
+                live.append(letter)
+        return live
+
+    def get(self, letter_id: str) -> DeadLetter:
+        """The parked request ``letter_id``; raise NotFound if there is no such id."""
+        for letter in self.list():
+            if letter.id == letter_id:
+                return letter
+        raise exc.NotFound(f"No dead letter with id {letter_id!r}")
+
+    def discard(self, letter_id: str) -> bool:
+        """Delete a parked request for good; False if there is no such id."""
+        return self._proxy.take(ext.DEAD_LETTER_ROUTING_KEY,
+                                lambda m: _describe(m).id == letter_id) is not None
 
     def requeue(self, letter_id: str) -> DeadLetter:
-        """Send one parked request back to its topic; raise NotFound if there is no such id."""
-        stored = self._proxy.take(ext.DEAD_LETTER_ROUTING_KEY,
-                                  lambda m: _describe(m).id == letter_id)
+        """Send one parked request back to its topic.
+
+        Raises:
+            NotFound: There is no such id (or it expired), or it names no topic.
+            RequeueRefused: Its secret arguments were removed when it was parked (it is left
+                parked: re-run it inside its resumed flow).
+        """
+        now = self._clock()
+        stored = self._proxy.take(
+            ext.DEAD_LETTER_ROUTING_KEY,
+            lambda m: _describe(m).id == letter_id and not keeping.expired(m.headers, now))
         if stored is None:
             raise exc.NotFound(f"No dead letter with id {letter_id!r}")
         letter = _describe(stored)
+        if not letter.topic or letter.removed_arguments:
+            # Put back as it was: an operator may still resume its flow, or discard it.
+            self._proxy.publish(_Replay(stored.json()), ext.DEAD_LETTER_ROUTING_KEY,
+                                reply_to=stored.properties.get("reply_to"),
+                                correlation_id=stored.properties.get("correlation_id"),
+                                headers={k: v for k, v in stored.headers.items()
+                                         if k not in sg.SIGNATURE_HEADERS},
+                                expiration=_left(letter, now))
         if not letter.topic:
             raise exc.NotFound(f"Dead letter {letter_id!r} does not say which topic it was for")
+        if letter.removed_arguments:
+            raise keeping.RequeueRefused(removed_message(letter))
         # Its old signature covers the old headers: the request is signed afresh (or not).
         headers = {k: v for k, v in stored.headers.items()
                    if not k.startswith("x-flowengine-dead-") and k not in sg.SIGNATURE_HEADERS}
@@ -134,3 +220,19 @@ class DeadLetters:
     def close(self) -> None:
         """Release the broker connections."""
         self._proxy.close()
+
+
+def _left(letter: DeadLetter, now: float) -> float | None:
+    """Seconds ``letter`` has left to live (for the broker's TTL), if it says."""
+    return None if letter.expires_at is None else max(letter.expires_at - now, 0.001)
+
+
+def removed_message(letter: DeadLetter) -> str:
+    """Why ``letter`` cannot be sent again as it is, and what to do instead."""
+    names = ", ".join(repr(n) for n in letter.removed_arguments)
+    stores = " ".join(f"--store {n}=VALUE" for n in letter.removed_arguments)
+    flow = letter.flow_uuid or "FLOW_ID"
+    return (f"Dead letter {letter.id!r} (task {letter.task_name!r}) cannot be sent again as it "
+            f"is: its secret argument(s) {names} were removed when it was parked (dead letters "
+            f"never keep secrets). Re-run it inside its flow instead: flowengine dead-letters "
+            f"requeue {letter.id} --resume --backend URI {stores} (flow {flow})")

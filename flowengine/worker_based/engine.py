@@ -13,10 +13,12 @@ from typing import Any
 from flowengine import states
 from flowengine.engines import executor as local
 from flowengine.engines.engine import ActionEngine
+from flowengine.secrets import Secret
 from flowengine.types.notifier import register_deregister
 from flowengine.worker_based import extensions as ext
 from flowengine.worker_based import protocol as pr
 from flowengine.worker_based import remote_control as rc
+from flowengine.worker_based import secret_arguments as sa
 from flowengine.worker_based.event_listener import EventListener, PlacementSink
 from flowengine.worker_based.events import EventPublisher, combine
 from flowengine.worker_based.executor import WorkerTaskExecutor
@@ -160,6 +162,17 @@ class WorkerBasedActionEngine(ActionEngine):
         self._worker_executor = WorkerTaskExecutor(
             uuid=self.storage.flow_uuid,
             events=combine(self._publisher, self._metrics, self.atom_placement),
+            secret_args=self._secret_args,
             **self.worker_options.executor_options(),
         )
         return self._worker_executor
+
+    def _secret_args(self, task: Any) -> list[str]:
+        """The names of ``task``'s arguments whose values are secret: its own ``secret_args``
+        and those it reads from a secret stored name (requests name them in a header)."""
+        injected = {name for name, value in (getattr(task, "inject", None) or {}).items()
+                    if isinstance(value, Secret)}
+        names = set(sa.task_secret_args(task))
+        names.update(arg for arg, stored in (getattr(task, "rebind", None) or {}).items()
+                     if stored in injected or self.storage.is_secret_name(stored))
+        return sorted(names)

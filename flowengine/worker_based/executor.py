@@ -32,8 +32,10 @@ from flowengine.worker_based import attempt as at
 from flowengine.worker_based import backoff as bo
 from flowengine.worker_based import cancellation as cn
 from flowengine.worker_based import client as bc
+from flowengine.worker_based import dead_letters as dl
 from flowengine.worker_based import extensions as ext
 from flowengine.worker_based import protocol as pr
+from flowengine.worker_based import secret_arguments as sa
 from flowengine.worker_based import signing as sg
 from flowengine.worker_based import tracking
 from flowengine.worker_based.broker import proxy as px
@@ -80,6 +82,11 @@ class WorkerTaskExecutor(AttemptTracking, local.TaskExecutor):
             them runs its task class, before it fails with NotFound naming the class, the
             topics and what their workers do run (None: wait for transition_timeout). With no
             worker known at all, transition_timeout applies.
+        dead_letter_ttl: seconds a request parked as a dead letter is kept (default 14
+            days), see :mod:`~flowengine.worker_based.dead_letters`.
+        secret_args: gives the names of a task's arguments whose values are secret (default:
+            its ``secret_args``); requests name them in a header, see
+            :mod:`~flowengine.worker_based.secret_arguments`.
     """
 
     def __init__(
@@ -104,6 +111,8 @@ class WorkerTaskExecutor(AttemptTracking, local.TaskExecutor):
         signing_key: str | None = None,
         signing_key_file: str | None = None,
         unserved_timeout: float | None = ext.DEFAULT_UNSERVED_TIMEOUT,
+        dead_letter_ttl: float = dl.DEFAULT_TTL,
+        secret_args: sa.SecretArgs = sa.task_secret_args,
     ) -> None:
         if max_attempts < 1:
             raise ValueError(f"max_attempts must be at least 1, got {max_attempts}")
@@ -125,6 +134,8 @@ class WorkerTaskExecutor(AttemptTracking, local.TaskExecutor):
         self._max_attempts = max_attempts
         self._time_limits = dict(time_limits or {})
         self._unserved_timeout = unserved_timeout
+        self._dead_letter_ttl = dead_letter_ttl
+        self._secret_args = secret_args
         self._events = events
         self._lock = threading.RLock()
         self._ongoing: dict[str, Submission] = {}
@@ -333,6 +344,9 @@ class WorkerTaskExecutor(AttemptTracking, local.TaskExecutor):
         if self._lease_timeout is not None:
             headers[ext.HEADER_HEARTBEAT] = self._heartbeat_interval
             headers[ext.HEADER_LEASE] = self._lease_timeout
+        secret = sa.for_request(self._secret_args(sub.task), request.arguments)
+        if secret:
+            headers[sa.HEADER_SECRET_ARGS] = secret
         return headers
 
     def _worker_appeared(self) -> None:

@@ -29,6 +29,7 @@ from flowengine.worker_based import endpoint as ep
 from flowengine.worker_based import extensions as ext
 from flowengine.worker_based import pause as ps
 from flowengine.worker_based import protocol as pr
+from flowengine.worker_based import secret_arguments as sa
 from flowengine.worker_based import signing as sg
 from flowengine.worker_based.broker import dispatcher as dp
 from flowengine.worker_based.broker import proxy as px
@@ -312,6 +313,8 @@ class Server(ReplySender):
         reply = functools.partial(self._reply, props["reply_to"], props["correlation_id"], headers)
         # Names come from the message: bounded, so a hostile one cannot flood logs or replies.
         name = f"{_clip(data.get('task_name'))!r} ({_clip(data.get('task_cls'))})"
+        # The engine names the secret arguments (its task's secret_args may not be all).
+        secrets = sa.masker(data.get("arguments"), sa.names(headers))
         deadline = headers.get(pr.HEADER_DEADLINE)
         if isinstance(deadline, (int, float)) and time.time() > deadline:
             err = exc.RequestTimeout(f"Request for task {name} reached its deadline unstarted")
@@ -355,10 +358,13 @@ class Server(ReplySender):
                 return reply(pr.EVENT, name, event_type=ext.EVENT_NOT_SERVED,
                              details={"worker": self.worker_id})
             LOG.warning("Rejected message %s: reason=%s task %s: %s", dp.describe(message),
-                        reason, name, _clip(str(err)))
-            return reply(pr.FAILURE, name, result=pr.failure_to_dict(Failure()))
+                        reason, name, _clip(secrets.text(str(err))))
+            failure = Failure()
+            return reply(pr.FAILURE, name, result=pr.failure_to_dict(
+                failure.redacted(secrets) if secrets else failure))
         if not reply(pr.RUNNING, name):
             return False
+        secrets = sa.masker(work.arguments, sa.names(headers), task)
         fields = dict(_event_fields(data, message), worker=self.worker_id)
         self._events.emit("task-started", **fields)
         started = time.monotonic()
@@ -372,13 +378,16 @@ class Server(ReplySender):
                                      confirm=not from_flowengine(headers), retry=False)
             self._heartbeats.add(beating, interval, functools.partial(self._beat, beat, message))
         try:
-            if work.action == pr.EXECUTE:
-                result = endpoint.execute(task, work.arguments, forward)
-            else:
-                prior = None if work.result is pr.NO_RESULT else work.result
-                result = endpoint.revert(task, work.arguments, prior, work.failures, forward)
+            with sa.masking(secrets):  # whatever the task logs meanwhile is masked
+                if work.action == pr.EXECUTE:
+                    result = endpoint.execute(task, work.arguments, forward)
+                else:
+                    prior = None if work.result is pr.NO_RESULT else work.result
+                    result = endpoint.revert(task, work.arguments, prior, work.failures, forward)
         finally:
             self._heartbeats.remove(beating)
+        if isinstance(result, Failure) and secrets:
+            result = result.redacted(secrets)  # before it is logged, evented or sent
         runtime = time.monotonic() - started
         # Neither the result nor the exception's text: either may hold a secret.
         LOG.info("Task %s[%s] %s in %.3fs", _clip(data.get("task_name")),

@@ -48,6 +48,7 @@ class AttemptTracking:
     _heartbeat_interval: float
     _max_attempts: int
     _unserved_timeout: float | None
+    _dead_letter_ttl: float
     _topics: list[str]
     _events: ext.EventSink
     _next_due: float
@@ -395,7 +396,7 @@ class AttemptTracking:
         topic = sub.worker.topic if sub.worker else sub.topic
         try:
             dead_letters.park(self._proxy, request, headers, reason, topic, sub.workers,
-                              reply_to=self.client.reply_to)
+                              reply_to=self.client.reply_to, ttl=self._dead_letter_ttl)
         except Exception as err:
             LOG.error("Could not park request %s of task %r as a dead letter: %s",
                       request.request_id, sub.task.name, err)

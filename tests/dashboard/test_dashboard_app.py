@@ -5,9 +5,11 @@ from __future__ import annotations
 import base64
 import re
 import urllib.parse
+import uuid
 import warnings
 from collections.abc import Iterator
 
+import dashboard_flows as df
 import pytest
 from click.testing import CliRunner
 from dashboard_store import PASSWORD
@@ -209,3 +211,24 @@ def test_a_flow_with_secret_inputs_is_not_resumed_from_a_page(store: base.Backen
         done = app.post(f"/flows/{flow}/resume", data={"csrf_token": csrf_of(app)})
     notice = urllib.parse.unquote_plus(done.headers["location"])
     assert "refused" in notice and "'password'" in notice and "--store password=VALUE" in notice
+
+
+def test_the_dead_letters_page_shows_expiry_and_removed_secrets(store: base.Backend) -> None:
+    from flowengine.worker_based import dead_letters, protocol, proxy
+    from flowengine.worker_based import secret_arguments as sa
+
+    broker = {"exchange": f"dash-{uuid.uuid4().hex[:8]}", "transport": "memory"}
+    parker = proxy.Proxy("parker", broker["exchange"], transport="memory")
+    try:
+        request = protocol.Request(df.Provision("resize"), uuid.uuid4().hex, protocol.EXECUTE,
+                                   {"session": "s3cret-session"})
+        dead_letters.park(parker, request, {protocol.HEADER_REQUEST_ID: request.request_id,
+                                            sa.HEADER_SECRET_ARGS: ["session"]},
+                          "lost", "nobody-serves", ["w1"], reply_to="gone", ttl=3600)
+        with TestClient(create_app(DashboardData(store, EventHub(None), broker))) as app:
+            page = app.get("/dead-letters")
+    finally:
+        parker.close()
+    assert page.status_code == 200 and "Expires (UTC)" in page.text
+    assert "secret arguments removed: session" in page.text
+    assert "s3cret-session" not in page.text

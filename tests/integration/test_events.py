@@ -26,6 +26,7 @@ from typing import Any
 import event_tasks
 import pytest
 from click.testing import CliRunner
+from event_collector import Collector
 from wbe_harness import Broker, WorkerFleet, require_broker, subprocess_env, unique_exchange
 
 from flowengine import engines
@@ -109,33 +110,6 @@ def beanstalk_setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]
 @pytest.fixture(params=["memory", "redis", "rabbitmq", "beanstalk"])
 def setup(request: pytest.FixtureRequest) -> Setup:
     return request.getfixturevalue(f"{request.param}_setup")
-
-
-class Collector:
-    """Reads events on a thread until closed; tests wait for what they need."""
-
-    def __init__(self, receiver: EventReceiver) -> None:
-        self.events: list[dict[str, Any]] = []
-        self._cond = threading.Condition()
-        self._ready, self._stop = threading.Event(), threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(receiver,), daemon=True)
-        self._thread.start()
-        assert self._ready.wait(WAIT), "the receiver never listened"
-
-    def _run(self, receiver: EventReceiver) -> None:
-        for event in receiver.iter(ready=self._ready.set, stop=self._stop):
-            with self._cond:
-                self.events.append(event)
-                self._cond.notify_all()
-
-    def wait_for(self, done: Callable[[list[dict[str, Any]]], bool]) -> list[dict[str, Any]]:
-        with self._cond:
-            assert self._cond.wait_for(lambda: done(self.events), WAIT), self.events
-            return list(self.events)
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(WAIT)
 
 
 def _of_flow(events: list[dict[str, Any]], flow_uuid: str) -> list[dict[str, Any]]:
