@@ -53,7 +53,8 @@ NOTIFY_PERIOD = bc.NOTIFY_PERIOD
 
 
 class WorkerTaskExecutor(AttemptTracking, local.TaskExecutor):
-    """Executes tasks on workers reached through a broker.
+    """Executes tasks on workers reached through a broker (flowengine workers await ``async
+    def`` methods, see :mod:`~flowengine.worker_based.async_runner`).
 
     Args:
         uuid: this executor's id; its reply queue is ``<exchange>_<uuid>``.
@@ -81,6 +82,8 @@ class WorkerTaskExecutor(AttemptTracking, local.TaskExecutor):
             topics and what their workers do run (None: wait for transition_timeout). With no
             worker known at all, transition_timeout applies.
     """
+
+    runs_coroutines = True
 
     def __init__(
         self,

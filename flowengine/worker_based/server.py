@@ -22,6 +22,7 @@ from typing import Any
 from flowengine import exceptions as exc
 from flowengine import tracing
 from flowengine.types.failure import Failure
+from flowengine.worker_based import async_runner as ar
 from flowengine.worker_based import backoff as bo
 from flowengine.worker_based import cancellation as cn
 from flowengine.worker_based import dispatcher as dp
@@ -86,6 +87,13 @@ def _from_flowengine(headers: Mapping[str, Any] | None) -> bool:
     return bool(headers) and pr.HEADER_PROTOCOL in headers  # type: ignore[operator]
 
 
+def _time_limit(headers: Mapping[str, Any]) -> float | None:
+    value = headers.get(pr.HEADER_TIME_LIMIT)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        return None
+    return float(value)
+
+
 def _heartbeat_interval(headers: Mapping[str, Any]) -> float | None:
     value = headers.get(ext.HEADER_HEARTBEAT)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
@@ -109,6 +117,8 @@ class Server:
         prefetch: The prefetch limit now, for a pool that grows (asked between drains).
         signing: Signs replies and announcements and checks requests (see
             :mod:`~flowengine.worker_based.signing`; default: the key in the environment).
+        async_runner: Awaits the ``async def`` methods (a runner of the default concurrency
+            when not given); ``capacity`` should count its slots.
 
     Raises:
         ValueError: A signing key with ``taskflow_compat`` (TaskFlow peers cannot sign).
@@ -130,6 +140,7 @@ class Server:
         events: ext.EventSink = ext.NO_EVENTS,
         prefetch: Callable[[], int | None] | None = None,
         signing: sg.Signing | None = None,
+        async_runner: ar.AsyncRunner | None = None,
     ) -> None:
         signing = sg.Signing.from_options() if signing is None else signing
         if signing.enabled and taskflow_compat:
@@ -148,6 +159,7 @@ class Server:
         self._control = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flowengine-control")
         self._heartbeats = Heartbeats()
         self._revoked = cn.Revoked()
+        self._async = async_runner or ar.AsyncRunner(worker_id=self.worker_id)
         self.topic_pause = ps.TopicPause(topic, self.worker_id, events, lambda: self._busy)
         handlers = {
             pr.NOTIFY: dp.Handler(
@@ -260,6 +272,7 @@ class Server:
     def _on_cancel(self, data: Any, message: Any) -> None:
         # Only requests still queued here are affected: _serve checks before it says RUNNING.
         self._revoked.add(data["request_ids"])
+        self._async.cancel(data["request_ids"])  # those already awaited stop now
         LOG.info("Worker %s will not run %d revoked request(s) %s", self.worker_id,
                  len(data["request_ids"]), dp.describe(message))
 
@@ -296,7 +309,8 @@ class Server:
         LOG.info("Task %s[%s] received", _clip(data.get("task_name")),
                  _clip(props["correlation_id"]))
         try:
-            self._executor.submit(self._process_request, data, message)
+            self._async.pick(self._endpoints, data, self._executor).submit(
+                self._process_request, data, message)
         except RuntimeError:  # executor shut down: let another worker have it
             self._done()
             self._proxy.requeue(message)
@@ -315,15 +329,19 @@ class Server:
         except Exception:  # a bug must not leave the request unsettled
             LOG.exception("Serving request %s failed", dp.describe(message))
             published = False
-        finally:
-            self._done()
+        if published is not ar.LATER:  # else the async runner settles it when it is done
+            self._settle(message, bool(published))
+
+    def _settle(self, message: Any, published: bool) -> None:
+        self._done()
         if published:
             self._proxy.ack(message)
         else:
             self._proxy.requeue(message)
 
-    def _serve(self, data: Mapping[str, Any], message: Any) -> bool:
-        """Run one request; True once its outcome is published."""
+    def _serve(self, data: Mapping[str, Any], message: Any) -> Any:
+        """Run one request; True once its outcome is published (:data:`~.async_runner.LATER`:
+        an ``async def`` now awaited, settled by :meth:`_async_done`)."""
         props, headers = message.properties, message.headers or {}
         reply = functools.partial(self._reply, props["reply_to"], props["correlation_id"], headers)
         # Names come from the message: bounded, so a hostile one cannot flood logs or replies.
@@ -387,6 +405,14 @@ class Server:
             beat = functools.partial(self._forward_event, props, headers, ext.EVENT_HEARTBEAT, {},
                                      confirm=not _from_flowengine(headers), retry=False)
             self._heartbeats.add(beating, interval, functools.partial(self._beat, beat, message))
+        conclude = functools.partial(self._conclude, data, props, fields, started, reply, name)
+        if endpoint.awaits(work.action):
+            lane = self._async.lane()
+            self._async.start(
+                props["correlation_id"], work.task_name,
+                ar.call(endpoint, task, work, lane, forward), _time_limit(headers), lane,
+                functools.partial(self._async_done, message, beating, conclude, reply, name))
+            return ar.LATER
         try:
             if work.action == pr.EXECUTE:
                 result = endpoint.execute(task, work.arguments, forward)
@@ -395,6 +421,12 @@ class Server:
                 result = endpoint.revert(task, work.arguments, prior, work.failures, forward)
         finally:
             self._heartbeats.remove(beating)
+        return conclude(result)
+
+    def _conclude(self, data: Mapping[str, Any], props: Mapping[str, Any],
+                  fields: dict[str, Any], started: float, reply: Callable[..., bool], name: str,
+                  result: Any) -> bool:
+        """Log, announce and publish a finished request's outcome; True once published."""
         runtime = time.monotonic() - started
         # Neither the result nor the exception's text: either may hold a secret.
         LOG.info("Task %s[%s] %s in %.3fs", _clip(data.get("task_name")),
@@ -407,6 +439,22 @@ class Server:
             return reply(pr.FAILURE, name, result=pr.failure_to_dict(result))
         self._events.emit("task-succeeded", **fields, runtime=runtime)
         return reply(pr.SUCCESS, name, result=result)
+
+    def _async_done(self, message: Any, beating: object, conclude: Callable[[Any], bool],
+                    reply: Callable[..., bool], name: str, outcome: Any) -> None:
+        """An awaited request ended (on its lane): answer it and settle its message."""
+        self._heartbeats.remove(beating)
+        try:
+            if outcome is ar.CANCELLED:
+                LOG.info("Cancelled task %s %s: its engine revoked it", name, dp.describe(message))
+                published = reply(pr.EVENT, name, event_type=cn.EVENT_CANCELLED,
+                                  details={"worker": self.worker_id})
+            else:
+                published = outcome is not ar.ABANDONED and conclude(outcome)
+        except Exception:
+            LOG.exception("Serving request %s failed", dp.describe(message))
+            published = False
+        self._settle(message, published)
 
     def _beat(self, heartbeat: Callable[[], None], message: Any) -> None:
         # The broker's own lease first (beanstalkd's TTR, renewed by touch), then the engine's.
@@ -496,6 +544,7 @@ class Server:
                     self._control_thread.join(timeout=10)
                 self._control_proxy.delete_own_queue()
             self._control.shutdown(wait=True)
+            self._async.stop()
             if self._online:
                 self.announce(pr.WORKER_OFFLINE)
 
