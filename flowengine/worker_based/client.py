@@ -198,11 +198,18 @@ class Client:
 
     # -- views ------------------------------------------------------------------------------
 
-    def attach(self, view: View, topics: list[str]) -> list[TopicWorker]:
+    def attach(self, view: View, topics: list[str],
+               connect_timeout: float = CONSUMER_START_TIMEOUT) -> list[TopicWorker]:
         """Attach ``view`` (starting the consumer if needed); return the workers known now.
 
+        Args:
+            view: The engine's executor.
+            topics: The worker topics it asks for workers.
+            connect_timeout: Seconds to wait for the consumer to be connected.
+
         Raises:
-            ExecutionFailure: The consumer could not start (a refused login, no broker).
+            BrokerUnreachable: No connection within ``connect_timeout`` seconds.
+            ExecutionFailure: The consumer could not start (a refused login).
         """
         with self._lock:
             if self._closed or self._retired:
@@ -213,7 +220,13 @@ class Client:
             for topic in topics:
                 self._topics[topic] = self._topics.get(topic, 0) + 1
             thread = self._start_consumer()
-        self._wait_consuming(thread)
+        try:
+            self._wait_consuming(thread, connect_timeout)
+        except Exception:
+            # The view never starts, so nothing would detach it: the client must still linger
+            # out and close (and stop retrying) once no other view uses it.
+            self.detach(view, topics, [])
+            raise
         known = self.known_workers()
         if new_topics or not known:
             self._round(force=bool(new_topics))
@@ -271,15 +284,18 @@ class Client:
             self._thread.start()
         return self._thread
 
-    def _wait_consuming(self, thread: threading.Thread) -> None:
-        deadline = time.monotonic() + CONSUMER_START_TIMEOUT
+    def _wait_consuming(self, thread: threading.Thread, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
         # Consuming, or the consumer gave up (a refused login): whichever comes first.
         while not self.proxy.wait(timeout=0.05):
-            if not thread.is_alive() or time.monotonic() > deadline:
+            if not thread.is_alive():
                 raise exc.ExecutionFailure(
                     f"Could not start consuming replies from "
                     f"{self.proxy.connection_details.uri}: "
-                    f"{self._consumer_error or 'timed out'}") from self._consumer_error
+                    f"{self._consumer_error}") from self._consumer_error
+            if time.monotonic() > deadline:
+                raise bo.BrokerUnreachable(self.proxy.connection_details.uri, timeout,
+                                        self.proxy.connecting)
 
     def _consume(self) -> None:
         try:

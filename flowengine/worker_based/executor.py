@@ -81,6 +81,9 @@ class WorkerTaskExecutor(AttemptTracking, local.TaskExecutor):
             them runs its task class, before it fails with NotFound naming the class, the
             topics and what their workers do run (None: wait for transition_timeout). With no
             worker known at all, transition_timeout applies.
+        connect_timeout: seconds :meth:`start` waits for the broker connection before it
+            raises :class:`~flowengine.worker_based.backoff.BrokerUnreachable` naming the
+            broker (each failed attempt is logged meanwhile).
     """
 
     runs_coroutines = True
@@ -107,6 +110,7 @@ class WorkerTaskExecutor(AttemptTracking, local.TaskExecutor):
         signing_key: str | None = None,
         signing_key_file: str | None = None,
         unserved_timeout: float | None = ext.DEFAULT_UNSERVED_TIMEOUT,
+        connect_timeout: float = bc.CONSUMER_START_TIMEOUT,
     ) -> None:
         if max_attempts < 1:
             raise ValueError(f"max_attempts must be at least 1, got {max_attempts}")
@@ -128,6 +132,7 @@ class WorkerTaskExecutor(AttemptTracking, local.TaskExecutor):
         self._max_attempts = max_attempts
         self._time_limits = dict(time_limits or {})
         self._unserved_timeout = unserved_timeout
+        self._connect_timeout = connect_timeout
         self._events = events
         self._lock = threading.RLock()
         self._ongoing: dict[str, Submission] = {}
@@ -159,7 +164,7 @@ class WorkerTaskExecutor(AttemptTracking, local.TaskExecutor):
         while True:
             client = bc.client_for(self._broker)
             try:
-                known = client.attach(self, self._topics)
+                known = client.attach(self, self._topics, self._connect_timeout)
                 break
             except bc.ClientClosed:
                 continue  # it lingered out just now: the next one is new

@@ -15,6 +15,7 @@ from typing import Any
 
 from flowengine.engines.options import as_bool
 from flowengine.worker_based import backoff as bo
+from flowengine.worker_based import client as bc
 from flowengine.worker_based import extensions as ext
 from flowengine.worker_based import protocol as pr
 
@@ -122,6 +123,7 @@ class WorkerEngineOptions:
     max_attempts: int = ext.DEFAULT_MAX_ATTEMPTS
     time_limits: Mapping[str, float] | None = None
     unserved_timeout: float | None = ext.DEFAULT_UNSERVED_TIMEOUT
+    connect_timeout: float = bc.CONSUMER_START_TIMEOUT
     events: bool = True
     metrics: bool = False
     metrics_port: int | None = None
@@ -181,6 +183,7 @@ _CONVERT: dict[str, Callable[[str, Any], Any]] = {
     "max_attempts": _positive_int,
     "time_limits": _time_limits,
     "unserved_timeout": lambda n, v: _seconds(n, v, optional=True),
+    "connect_timeout": lambda n, v: _seconds(n, v, optional=False),
     "events": as_bool,
     "metrics": as_bool,
     "metrics_port": _port,

@@ -214,6 +214,8 @@ class Proxy:
         self._stopped = threading.Event()
         self._stopped.set()
         self._stop_grace = 0.0
+        #: The consumer's connection attempts (failures so far and the last error), once started.
+        self.connecting: bo.Backoff | None = None
         self._lost_at: float | None = None
         #: Seconds the consumer was disconnected before its latest (re)connection (0: none).
         self.last_outage = 0.0
@@ -514,9 +516,15 @@ class Proxy:
             kombu connection errors: Only once ``max_retries`` reconnects have failed.
         """
         self._stopped.clear()
-        backoff = bo.Backoff(self._retry, "Consuming", self._where, self._stop_requested)
+        # Every attempt is logged: nothing else shows that the consumer is not serving. A
+        # worker's private control queue connects beside its topic queue, which says it already.
+        backoff = bo.Backoff(self._retry, f"Connecting (queue {self._exchange_name}_"
+                             f"{self._topic})", self._where, self._stop_requested,
+                             every=not self._transient_queue)
+        self.connecting = backoff
         errors = self._conn.connection_errors + self._conn.channel_errors
-        LOG.info("Consuming queue %s_%s on %s", self._exchange_name, self._topic, self._where)
+        LOG.debug("Connecting to %s for queue %s_%s", self._where, self._exchange_name,
+                  self._topic)
         try:
             while not self._stop_requested.is_set():
                 try:
@@ -569,6 +577,9 @@ class Proxy:
                 self.last_outage = 0.0 if lost_at is None else time.monotonic() - lost_at
                 self._consumer_thread = threading.get_ident()
                 self._running.set()
+                # Said only once it is true: until then each failed attempt is logged instead.
+                LOG.info("Connected to %s: consuming queue %s_%s", self._where,
+                         self._exchange_name, self._topic)
                 _call_hook(self._on_connected)
                 declared = time.monotonic()
                 while not self._stop_requested.is_set():
