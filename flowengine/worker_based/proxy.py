@@ -563,14 +563,17 @@ class Proxy:
                 queues=[self._own_queue()],
                 on_message=self._on_message,
                 accept=[dp.JSON_CONTENT_TYPE],
-                prefetch_count=self._prefetch_limit(),
                 on_decode_error=self._dispatcher.on_decode_error,
                 no_ack=self._auto_ack,
             )
+            # The channel's limit (its one consumer's): RabbitMQ applies a later change of a
+            # per-consumer limit to new consumers only, and the limit changes as pools grow.
+            limit = self._prefetch_limit()
+            if limit is not None:
+                consumer.qos(prefetch_count=limit, apply_global=True)
             # Not ``with consumer``: a paused consumer must not take anything, not even
             # between consuming and cancelling.
             consuming = self._follow_pause(consumer, consuming=False)
-            limit = consumer.prefetch_count
             try:
                 backoff.attempt = 0
                 lost_at, self._lost_at = self._lost_at, None
@@ -602,7 +605,7 @@ class Proxy:
                     consuming = self._follow_pause(consumer, consuming)
                     if self._prefetch_limit() != limit:
                         limit = self._prefetch_limit()
-                        consumer.qos(prefetch_count=limit or 0)
+                        consumer.qos(prefetch_count=limit or 0, apply_global=True)
             except errors:
                 raise  # the connection is gone, and its consumer with it
             except BaseException:

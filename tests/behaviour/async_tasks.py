@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
+import uuid
+from typing import Any, ClassVar
 
 from flowengine import task
+from flowengine.flows import unordered_flow as uf
 
 from . import tasks
 
@@ -97,21 +99,25 @@ class AsyncWait(task.Task):
 
 
 class Gate(task.Task):
-    """All of them wait at one asyncio barrier: they finish only if all run at once."""
+    """Waits until ``parties`` gates given the same ``key`` are awaited at once, in one process
+    (on one event loop): they finish only if all of them run at the same time."""
 
-    parties = 0
-    arrived: asyncio.Event | None = None
-    count = 0
+    meetings: ClassVar[dict[str, tuple[list[int], asyncio.Event]]] = {}
 
-    async def execute(self) -> str:
-        cls = type(self)
-        if cls.arrived is None:
-            cls.arrived = asyncio.Event()
-        cls.count += 1
-        if cls.count == cls.parties:
-            cls.arrived.set()
-        await asyncio.wait_for(cls.arrived.wait(), 30)
+    async def execute(self, key: str, parties: int) -> str:
+        arrived, met = self.meetings.setdefault(key, ([0], asyncio.Event()))
+        arrived[0] += 1
+        if arrived[0] == parties:
+            met.set()
+        await asyncio.wait_for(met.wait(), 30)
         return self.name
+
+
+def gates(parties: int) -> uf.Flow:
+    """An unordered flow of ``parties`` gates that must all be awaited at once to finish."""
+    key = uuid.uuid4().hex
+    return uf.Flow("gates").add(*(Gate(f"gate{i}", inject={"key": key, "parties": parties})
+                                  for i in range(parties)))
 
 
 def wait_for_entry(event: str, atom: str, timeout: float = 10.0) -> bool:

@@ -28,7 +28,7 @@ from .async_tasks import (
     AsyncFlaky,
     AsyncProgress,
     AsyncStep,
-    Gate,
+    gates,
     wait_for_entry,
 )
 from .harness import EngineFactory
@@ -69,10 +69,15 @@ def test_async_tasks_report_progress(engine_factory: EngineFactory) -> None:
 
 def test_the_parallel_engine_awaits_many_async_tasks_at_once() -> None:
     # More tasks than threads: they take no pool thread, only loop slots.
-    Gate.parties, Gate.arrived, Gate.count = 200, None, 0
-    flow = uf.Flow("wide").add(*(Gate(f"g{i}") for i in range(200)))
-    engine = engines.load(flow, engine="parallel", max_workers=2, max_async_tasks=200)
+    engine = engines.load(gates(200), engine="parallel", max_workers=2, max_async_tasks=200)
     engine.run()
+    assert engine.storage.get_flow_state() == states.SUCCESS
+
+
+def test_async_tasks_take_no_thread(concurrent_engine_factory: EngineFactory) -> None:
+    # One thread (the parallel engine's pool, one worker's): ten async tasks still meet.
+    one_thread = concurrent_engine_factory.one_at_a_time()
+    engine = concurrent_engine_factory.run(gates(10), **one_thread)
     assert engine.storage.get_flow_state() == states.SUCCESS
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from behaviour.async_tasks import Gate  # tests/ is on sys.path (rootdir conftest)
+from behaviour.async_tasks import Gate, gates  # tests/ is on sys.path (rootdir conftest)
 from wb_requester import TOPIC, WAIT, Requester, run_in_thread
 
 from flowengine import engines, states, task
@@ -93,11 +93,9 @@ def async_worker(exchange: str, transport: dict[str, Any]) -> Iterator[wk.Worker
 
 def test_one_worker_thread_awaits_many_async_tasks_at_once(
         exchange: str, transport: dict[str, Any]) -> None:
-    Gate.parties, Gate.count, Gate.arrived = 40, 0, None
     worker, thread = start_worker(exchange, transport, [Gate], threads_count=1)
     try:
-        flow = uf.Flow("wide").add(*(Gate(f"m{i}") for i in range(Gate.parties)))
-        engine = engines.load(flow, engine="worker-based", exchange=exchange, topics=[TOPIC],
+        engine = engines.load(gates(40), engine="worker-based", exchange=exchange, topics=[TOPIC],
                               transition_timeout=WAIT, **transport)
         engine.run()
         assert engine.storage.get_flow_state() == states.SUCCESS
