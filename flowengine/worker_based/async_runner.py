@@ -131,12 +131,10 @@ class AsyncRunner:
 
     Args:
         concurrency: Most coroutines awaited at once; more wait for a slot.
-        worker_id: The worker's identity, for thread names and log lines.
     """
 
-    def __init__(self, concurrency: int = DEFAULT_ASYNC_CONCURRENCY, worker_id: str = "") -> None:
+    def __init__(self, concurrency: int = DEFAULT_ASYNC_CONCURRENCY) -> None:
         self.concurrency = concurrency
-        self._worker_id = worker_id
         self._lock = threading.Lock()
         self._loop: EventLoopThread | None = None
         self._slots: asyncio.Semaphore | None = None

@@ -159,7 +159,7 @@ class Server:
         self._control = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flowengine-control")
         self._heartbeats = Heartbeats()
         self._revoked = cn.Revoked()
-        self._async = async_runner or ar.AsyncRunner(worker_id=self.worker_id)
+        self._async = async_runner or ar.AsyncRunner()
         self.topic_pause = ps.TopicPause(topic, self.worker_id, events, lambda: self._busy)
         handlers = {
             pr.NOTIFY: dp.Handler(
@@ -408,10 +408,14 @@ class Server:
         conclude = functools.partial(self._conclude, data, props, fields, started, reply, name)
         if endpoint.awaits(work.action):
             lane = self._async.lane()
-            self._async.start(
-                props["correlation_id"], work.task_name,
-                ar.call(endpoint, task, work, lane, forward), _time_limit(headers), lane,
-                functools.partial(self._async_done, message, beating, conclude, reply, name))
+            try:
+                self._async.start(
+                    props["correlation_id"], work.task_name,
+                    ar.call(endpoint, task, work, lane, forward), _time_limit(headers), lane,
+                    functools.partial(self._async_done, message, beating, conclude, reply, name))
+            except Exception:
+                self._heartbeats.remove(beating)
+                raise
             return ar.LATER
         try:
             if work.action == pr.EXECUTE:
