@@ -27,6 +27,7 @@ from flowengine.worker_based import protocol as pr
 from flowengine.worker_based import worker as wk
 
 CANCELLED: list[str] = []
+RUNS: list[str] = []
 OPEN = threading.Event()
 STARTED = threading.Event()
 
@@ -49,6 +50,7 @@ class Waits(task.Task):
     """Awaits until the test opens the gate (or ``seconds`` pass); records a cancellation."""
 
     async def execute(self, seconds: float = WAIT) -> str:
+        RUNS.append(self.name)
         STARTED.set()
         try:
             await asyncio.wait_for(asyncio.to_thread(OPEN.wait, seconds), seconds + 1)
@@ -82,6 +84,7 @@ def start_worker(exchange: str, transport: dict[str, Any], classes: list[Any],
 @pytest.fixture
 def async_worker(exchange: str, transport: dict[str, Any]) -> Iterator[wk.Worker]:
     CANCELLED.clear()
+    RUNS.clear()
     OPEN.clear()
     STARTED.clear()
     worker, thread = start_worker(exchange, transport, [Waits, Reports, Plain], threads_count=1)
@@ -247,3 +250,24 @@ def test_a_cancel_that_overtakes_its_request_keeps_the_coroutine_from_running() 
     finally:
         runner.stop()
     assert outcomes == [ar.CANCELLED] and ran == []
+
+
+def test_the_workers_command_shows_threads_and_async_slots_apart() -> None:
+    from flowengine.cli.workers import _capacity
+
+    assert _capacity({"capacity": 1008, "threads": 8, "async_slots": 1000}) == (
+        "1008 (8 threads + 1000 async)")
+    assert _capacity({"capacity": 1008, "threads": 2, "async_slots": 1000}) == (
+        "1008 (2/8 threads + 1000 async)"), "an autoscaled pool below its most"
+    assert _capacity({"capacity": 8, "threads": 8, "async_slots": 0}) == "8"
+
+
+def test_an_awaited_task_keeps_its_lease_longer_than_the_lease(
+        async_worker: wk.Worker, exchange: str, transport: dict[str, Any]) -> None:
+    flow = uf.Flow("f").add(Waits("long", inject={"seconds": 1.0}))
+    engine = engines.load(flow, engine="worker-based", exchange=exchange, topics=[TOPIC],
+                          transition_timeout=WAIT, lease_timeout=0.4, heartbeat_interval=0.1,
+                          **transport)
+    engine.run()
+    assert engine.storage.get_flow_state() == states.SUCCESS
+    assert RUNS == ["long"], "the heartbeats renewed its lease: it was never sent again"
