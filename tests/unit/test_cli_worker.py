@@ -108,6 +108,24 @@ def test_an_option_without_a_key_is_named() -> None:
     assert "transport option 'data folder' is not of the form key=value" in result.output
 
 
+def test_async_concurrency_reaches_the_worker_and_zero_is_a_usage_error(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    result = invoke("worker", "--transport", "memory", "--topic", "t", "--task", "x",
+                    "--async-concurrency", "0")
+    assert result.exit_code == 2 and "--async-concurrency" in result.output
+    built: dict[str, Any] = {}
+
+    def fake_worker(**kwargs: Any) -> Any:
+        built.update(kwargs)
+        raise ValueError("stop here")
+
+    monkeypatch.setattr(wk, "Worker", fake_worker)
+    monkeypatch.setattr("flowengine.cli.worker.check_task_specs", lambda specs: list(specs))
+    result = invoke("worker", "--transport", "memory", "--topic", "t", "--task", "x",
+                    "--async-concurrency", "50")
+    assert built["async_concurrency"] == 50, result.output
+
+
 @pytest.fixture
 def run_worker(tmp_path: Path) -> Iterator[Callable[..., tuple[subprocess.Popen[str],
                                                                queue.Queue[str]]]]:
