@@ -1,4 +1,5 @@
-"""Task classes for the worker-based examples (wbe_linear.py, wbe_fanout.py, wbe_progress.py).
+"""Task classes for the worker-based examples (wbe_linear.py, wbe_fanout.py, wbe_progress.py,
+wbe_async.py).
 
 Remote tasks live in an importable module because a worker runs only the classes it was started
 with, looks them up by their ``module.ClassName`` and builds them as ``cls(name=...)``: inputs
@@ -7,9 +8,11 @@ travel as JSON arguments, never as constructor parameters. Results must be JSON 
 
 from __future__ import annotations
 
+import asyncio
 import math
 import os
 import time
+from typing import Any
 
 from worker_processes import WORKER_NAME_ENV
 
@@ -79,3 +82,35 @@ class CopyFile(task.Task):
             if done < chunks:
                 self.update_progress(done / chunks)
         return {"megabytes": size_mb, "worker_pid": os.getpid()}
+
+
+# -- wbe_async.py: async tasks, awaited by the hundred on one worker --------------------------
+
+
+class FetchPage(task.Task):
+    """Stands in for an HTTP call: awaits half a second, then says which process it ran in."""
+
+    async def execute(self, page: int) -> dict[str, int]:
+        await asyncio.sleep(0.5)  # an async HTTP client's await would be here
+        return {"page": page, "worker_pid": os.getpid()}
+
+
+class Reserve(task.Task):
+    """Reserves a slot; its revert releases it (both async)."""
+
+    async def execute(self) -> str:
+        await asyncio.sleep(0)
+        return "slot-7"
+
+    async def revert(self, result: Any, **kwargs: Any) -> str:
+        await asyncio.sleep(0)
+        return f"released {result}"
+
+
+class CallHangingService(task.Task):
+    """Waits on a service that never answers: its time limit cancels it."""
+
+    time_limit = 1.0
+
+    async def execute(self) -> None:
+        await asyncio.sleep(3600)

@@ -101,3 +101,16 @@ def test_many_flows_reports_sockets_threads_and_ratios_on_the_filesystem_transpo
         assert 0 <= row["peak_sockets"] and 1 <= row["peak_library_threads"]
         assert row["peak_rss_mb"] > 0
     assert result["lone_flow_ms"] > 0 and result["lone_flow_vs_3_round_trips"] > 0
+
+
+def test_async_worker_reports_one_worker_awaiting_many_tasks_against_a_thread_only_one() -> None:
+    report = run_benchmark("async_worker.py", "--tasks", "20", "--wait", "0.2", "--threads", "2")
+    assert report["benchmark"] == "async_worker" and report["worker_processes"] == 1
+    assert (report["tasks"], report["async_concurrency"], report["broker"]) == (20, 20, "fs")
+    for run in ("async", "threads_only"):
+        row = report[run]
+        assert set(row) == {"wall_s", "vs_wait", "ideal_s", "vs_ideal"}
+        # Each task sleeps 0.2 s: no run can be quicker than one of them.
+        assert row["wall_s"] >= 0.2 and row["vs_wait"] >= 1
+    assert report["threads_only"]["ideal_s"] == pytest.approx(2.0)  # 10 rounds of 2 threads
+    assert report["threads_over_async"] > 0

@@ -264,3 +264,19 @@ def test_wbe_dead_letters() -> None:
         r"still parked: True",
     ])
     assert "tok-3f9a" not in output
+def test_wbe_async() -> None:
+    output = _run("wbe_async.py")
+    assert_in_order(
+        output,
+        [
+            r"engine pid \d+; one worker, pid (\d+), one thread",
+            r"100 pages of 0.5 s each fetched in \d+\.\d s \(one after the other: 50 s\), "
+            r"all in pid \d+",
+            r"the hanging call failed: Task 'call' exceeded its time limit of 1s \(ran .*\)",
+            r"reserve: REVERTED, revert result 'released slot-7'",
+            r"flow state: REVERTED",
+            r"worker-1 stopped: exit code 0",
+        ],
+    )
+    worker_pid = _search(r"one worker, pid (\d+), one thread", output).group(1)
+    assert f"all in pid {worker_pid}" in output, "the pages did not all run in the one worker"

@@ -70,6 +70,10 @@ def parse_autoscale(value: str | None) -> tuple[int, int] | None:
               callback=lambda _ctx, _param, value: parse_autoscale(value),
               help="Task threads grow with the backlog up to MAX and shrink to MIN when idle "
                    "(instead of --threads); the broker prefetch follows.")
+@click.option("--async-concurrency", envvar="FLOWENGINE_ASYNC_CONCURRENCY",
+              type=click.IntRange(min=1), default=None,
+              help="Most `async def` task calls awaited at once on the worker's event loop "
+                   "(default 1000); they count in the capacity besides the threads.")
 @click.option("--grace", envvar="FLOWENGINE_GRACE", type=float, default=DEFAULT_GRACE,
               show_default=True, help="Seconds in-flight work gets to finish on SIGTERM.")
 @click.option("--events/--no-events", envvar="FLOWENGINE_EVENTS", default=True, show_default=True,
@@ -82,7 +86,8 @@ def parse_autoscale(value: str | None) -> tuple[int, int] | None:
               help="File holding the key engines and workers sign messages with (else "
                    "FLOWENGINE_SIGNING_KEY; never on the command line, where `ps` shows it).")
 def worker_command(topic: str, tasks: tuple[str, ...], threads: int | None,
-                   autoscale: tuple[int, int] | None, grace: float, events: bool,
+                   autoscale: tuple[int, int] | None, async_concurrency: int | None,
+                   grace: float, events: bool,
                    metrics_port: int | None, log_level: str, signing_key_file: str | None,
                    **broker: Any) -> None:
     """Serve remote task requests until SIGTERM or SIGINT."""
@@ -111,7 +116,8 @@ def worker_command(topic: str, tasks: tuple[str, ...], threads: int | None,
     try:
         worker = Worker(topic=topic, tasks=check_task_specs(tasks), threads_count=threads,
                         autoscale=autoscale, events=events, metrics=metrics_port is not None,
-                        signing_key_file=signing_key_file, **connection)
+                        signing_key_file=signing_key_file, async_concurrency=async_concurrency,
+                        **connection)
     except (ValueError, TypeError) as err:
         raise click.ClickException(f"cannot start the worker: {err}") from err
     stopping = threading.Event()

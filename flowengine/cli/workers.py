@@ -58,7 +58,7 @@ class WorkerTable:
             if event.get("type") in ("topic-paused", "topic-resumed"):
                 row["paused"] = event["type"] == "topic-paused"
             for key in ("capacity", "free", "in_flight", "threads", "prefetch", "paused",
-                        "hostname", "pid"):
+                        "hostname", "pid", "async_slots"):
                 if event.get(key) is not None:
                     row[key] = event[key]
             if event.get("type") == "worker-heartbeat":
@@ -127,7 +127,11 @@ def _capacity(row: dict[str, Any]) -> str:
     most, now = row["capacity"], row["threads"]
     if most is None:
         return "-"
-    return f"{now}/{most}" if isinstance(now, int) and now != most else str(most)
+    slots = row.get("async_slots") or 0
+    threads = f"{now}/{most - slots}" if isinstance(now, int) and now != most - slots else ""
+    if slots:
+        return f"{most} ({threads or most - slots} threads + {slots} async)"
+    return threads or str(most)
 
 
 def _print_table(rows: list[dict[str, Any]]) -> None:

@@ -135,8 +135,8 @@ class ActionEngine:
             if methods:
                 raise exc.NotImplementedError(
                     f"Task {atom.name!r} has async def {' and '.join(methods)}, which the "
-                    f"{type(self).__name__} cannot await yet (its workers call tasks on "
-                    f"threads); run it on the serial or parallel engine, or make it a plain def")
+                    f"{type(self).__name__}'s task executor cannot await; run it on an engine "
+                    f"that can, or make it a plain def")
 
     def _change_state(self, state: str) -> None:
         moved, old_state = self.storage.change_flow_state(state)

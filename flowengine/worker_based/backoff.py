@@ -10,6 +10,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from flowengine.exceptions import ExecutionFailure
+
 LOG = logging.getLogger(__name__)
 
 #: Retry log lines: the first few attempts, then every Nth.
@@ -31,6 +33,24 @@ class BrokerRefused(Exception):
 
     Not a ``ConnectionError``: kombu retries those, and this one must end the retrying.
     """
+
+
+class BrokerUnreachable(ExecutionFailure):
+    """No connection to the broker within the time an engine waits for one.
+
+    Args:
+        uri: The broker (password masked).
+        timeout: Seconds waited.
+        attempts: The consumer's connection attempts (their count and last error), if known.
+    """
+
+    def __init__(self, uri: str, timeout: float, attempts: Backoff | None) -> None:
+        failed = attempts.attempt if attempts is not None else 0
+        last = attempts.last_error if attempts is not None else None
+        why = f"; the last attempt failed with {type(last).__name__}: {last}" if last else ""
+        super().__init__(f"The broker {uri} is unreachable: no connection within {timeout:g}s "
+                         f"({failed} failed attempt(s){why})")
+        self.uri = uri
 
 
 def refusal(err: BaseException | None) -> BaseException | None:
@@ -115,14 +135,18 @@ class Backoff:
         where: Where (a masked URL), for log lines.
         stop: Set when retrying should end.
         deadline: ``time.monotonic()`` past which no retry starts (None: no deadline).
+        every: Log every failed attempt (a consumer that is not connected says so each time:
+            nothing else shows it is not serving), not only the first few.
     """
 
     def __init__(self, options: RetryOptions, what: str, where: str, stop: threading.Event,
-                 deadline: float | None = None) -> None:
+                 deadline: float | None = None, every: bool = False) -> None:
         self._options, self._what, self._where, self._stop = options, what, where, stop
-        self._deadline = deadline
+        self._deadline, self._every = deadline, every
         self.started = time.monotonic()
         self.attempt = 0
+        #: The error of the last failed attempt (None: none failed yet).
+        self.last_error: BaseException | None = None
 
     @property
     def elapsed(self) -> float:
@@ -143,6 +167,7 @@ class Backoff:
             RetryAbandoned: ``stop`` was set (before or while sleeping).
             RetryDeadline: The next retry would start past the deadline.
         """
+        self.last_error = exc
         refused = refusal(exc)
         if refused is not None:
             raise BrokerRefused(f"{self._what} on {self._where} was refused by the broker "
@@ -161,10 +186,16 @@ class Backoff:
         if getattr(exc, "reported", False):
             LOG.debug("%s on %s failed (attempt %d): %s; retrying in %.2fs",
                       self._what, self._where, self.attempt, exc, delay)
-        elif self.attempt <= _LOG_FIRST or self.attempt % _LOG_EVERY == 0:
+        elif self._every or self.attempt <= _LOG_FIRST or self.attempt % _LOG_EVERY == 0:
             LOG.warning(
                 "%s on %s failed (attempt %d): %s; retrying in %.2fs",
-                self._what, self._where, self.attempt, exc, delay,
+                self._what, self._where, self.attempt, _reason(exc), delay,
             )  # fmt: skip
         if self._stop.wait(delay):
             raise RetryAbandoned(f"{self._what} on {self._where} abandoned: stopping")
+
+
+def _reason(exc: BaseException) -> str:
+    """``exc`` as a log line shows it: its text, or its type when it has none (a timeout)."""
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -20,13 +20,12 @@ from __future__ import annotations
 import atexit
 import concurrent.futures as cf
 import functools
-import json
 import logging
 import os
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from flowengine import exceptions as exc
@@ -34,11 +33,11 @@ from flowengine.worker_based import backoff as bo
 from flowengine.worker_based import extensions as ext
 from flowengine.worker_based import protocol as pr
 from flowengine.worker_based import remote_control as rc
-from flowengine.worker_based import signing as sg
 from flowengine.worker_based.broker import dispatcher as dp
 from flowengine.worker_based.broker import proxy as px
 from flowengine.worker_based.broker import transport_fs_disk as fsdisk
 from flowengine.worker_based.broker.delivery import Delivery
+from flowengine.worker_based.broker_spec import Broker
 from flowengine.worker_based.types import TopicWorker, header
 
 LOG = logging.getLogger(__name__)
@@ -87,63 +86,6 @@ class View(Protocol):
 
     def resumed(self, outage: float) -> None:
         """The client reconnected after ``outage`` seconds without its broker."""
-
-
-class Broker:
-    """How to reach a broker: the frozen identity of a client (hashable).
-
-    Args:
-        exchange: The direct exchange workers listen on.
-        url: Broker URL (None with no ``transport``: the embedded filesystem transport).
-        transport: Kombu transport name or class.
-        transport_options: Kombu transport options.
-        retry_options: See :class:`~flowengine.worker_based.backoff.RetryOptions`.
-        taskflow_compat: TaskFlow's exact queue declarations.
-        signing: Signs requests and checks replies (default: the key in the environment).
-
-    Raises:
-        ValueError: A signing key with ``taskflow_compat`` (TaskFlow peers cannot sign).
-    """
-
-    __slots__ = ("exchange", "url", "transport", "transport_options", "retry",
-                 "taskflow_compat", "signing", "_key")
-
-    def __init__(self, exchange: str, url: str | None = None, transport: Any = None,
-                 transport_options: Mapping[str, Any] | None = None,
-                 retry_options: Mapping[str, Any] | bo.RetryOptions | None = None,
-                 taskflow_compat: bool = False, signing: sg.Signing | None = None) -> None:
-        if not isinstance(exchange, str) or not exchange:
-            raise ValueError(f"A broker needs an exchange name, not {exchange!r}")
-        if url is not None and not isinstance(url, str):
-            raise TypeError(f"Broker option 'url' must be a string, not {url!r}")
-        self.exchange, self.url, self.transport = exchange, url, transport
-        self.transport_options = dict(transport_options or {})
-        self.retry = bo.RetryOptions.from_options(retry_options)
-        self.taskflow_compat = bool(taskflow_compat)
-        self.signing = sg.Signing.from_options() if signing is None else signing
-        if self.signing.enabled and self.taskflow_compat:
-            raise ValueError("A signing key cannot be used with taskflow_compat (TaskFlow peers "
-                             "neither sign nor check signatures)")
-        options = json.dumps(self.transport_options, sort_keys=True, default=repr)
-        self._key = (exchange, url, transport if _hashable(transport) else repr(transport),
-                     options, self.retry, self.taskflow_compat, self.signing)
-
-    def __hash__(self) -> int:
-        return hash(self._key)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Broker) and other._key == self._key
-
-    def __repr__(self) -> str:
-        return f"Broker({px.mask_url(self.url)!r}, exchange={self.exchange!r})"
-
-
-def _hashable(value: Any) -> bool:
-    try:
-        hash(value)
-    except TypeError:
-        return False
-    return True
 
 
 class Client:
@@ -207,11 +149,18 @@ class Client:
 
     # -- views ------------------------------------------------------------------------------
 
-    def attach(self, view: View, topics: list[str]) -> list[TopicWorker]:
+    def attach(self, view: View, topics: list[str],
+               connect_timeout: float = CONSUMER_START_TIMEOUT) -> list[TopicWorker]:
         """Attach ``view`` (starting the consumer if needed); return the workers known now.
 
+        Args:
+            view: The engine's executor.
+            topics: The worker topics it asks for workers.
+            connect_timeout: Seconds to wait for the consumer to be connected.
+
         Raises:
-            ExecutionFailure: The consumer could not start (a refused login, no broker).
+            BrokerUnreachable: No connection within ``connect_timeout`` seconds.
+            ExecutionFailure: The consumer could not start (a refused login).
         """
         with self._lock:
             if self._closed or self._retired:
@@ -222,7 +171,13 @@ class Client:
             for topic in topics:
                 self._topics[topic] = self._topics.get(topic, 0) + 1
             thread = self._start_consumer()
-        self._wait_consuming(thread)
+        try:
+            self._wait_consuming(thread, connect_timeout)
+        except Exception:
+            # The view never starts, so nothing would detach it: the client must still linger
+            # out and close (and stop retrying) once no other view uses it.
+            self.detach(view, topics, [])
+            raise
         known = self.known_workers()
         if new_topics or not known:
             self._round(force=bool(new_topics))
@@ -298,16 +253,20 @@ class Client:
             self._thread.start()
         return self._thread
 
-    def _wait_consuming(self, thread: threading.Thread) -> None:
-        deadline = time.monotonic() + CONSUMER_START_TIMEOUT
+    def _wait_consuming(self, thread: threading.Thread, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
         # Consuming, or the consumer gave up (a refused login): whichever comes first.
         while not self.proxy.wait(timeout=0.05):
-            if not thread.is_alive() or time.monotonic() > deadline:
-                problem = self._disk.problem if self._disk is not None else None
+            # A full or read-only flowengine-fs folder is named rather than "unreachable".
+            problem = self._disk.problem if self._disk is not None else None
+            if not thread.is_alive() or (problem and time.monotonic() > deadline):
                 raise exc.ExecutionFailure(
                     f"Could not start consuming replies from "
                     f"{self.proxy.connection_details.uri}: "
                     f"{self._consumer_error or problem or 'timed out'}") from self._consumer_error
+            if time.monotonic() > deadline:
+                raise bo.BrokerUnreachable(self.proxy.connection_details.uri, timeout,
+                                           self.proxy.connecting)
 
     def _consume(self) -> None:
         try:

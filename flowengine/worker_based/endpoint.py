@@ -42,6 +42,11 @@ class Endpoint:
         """A fresh task instance named ``name`` (only the name travels on the wire)."""
         return self._task_cls(name=name)
 
+    def awaits(self, action: str) -> bool:
+        """Whether ``action`` (``execute`` or ``revert``) is an ``async def`` of this class."""
+        return action in (pr.EXECUTE, pr.REVERT) and local.is_async(
+            getattr(self._task_cls, action, None))
+
     def execute(
         self,
         task: task_mod.Task,
@@ -71,3 +76,24 @@ class Endpoint:
         return local.revert_task(task, arguments, result, dict(failures or {}), progress_callback)[
             1
         ]
+
+    async def execute_async(
+        self,
+        task: task_mod.Task,
+        arguments: Mapping[str, Any],
+        progress_callback: ProgressCallback | None = None,
+    ) -> Any:
+        """:meth:`execute` for an ``async def execute``: awaited here (on the caller's loop)."""
+        return (await local.execute_task_async(task, arguments, progress_callback))[1]
+
+    async def revert_async(
+        self,
+        task: task_mod.Task,
+        arguments: Mapping[str, Any],
+        result: Any,
+        failures: Mapping[str, Failure] | None,
+        progress_callback: ProgressCallback | None = None,
+    ) -> Any:
+        """:meth:`revert` for an ``async def revert``: awaited here (on the caller's loop)."""
+        return (await local.revert_task_async(task, arguments, result, dict(failures or {}),
+                                              progress_callback))[1]

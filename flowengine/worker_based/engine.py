@@ -52,6 +52,8 @@ class WorkerBasedActionEngine(ActionEngine):
         heartbeat_interval: seconds between worker heartbeats (default 2).
         max_attempts: attempts per task before it fails with WorkerLost (default 3).
         time_limits: ``{task name: seconds}`` overriding tasks' ``time_limit``.
+        connect_timeout: seconds ``run()`` waits for the broker connection before it fails
+            with BrokerUnreachable naming the broker (default 30).
         events: publish events to ``<exchange>.events`` (default True; see doc/operations.rst).
         metrics: update the Prometheus metrics (default False; the ``metrics`` extra).
         metrics_port: also serve them on ``127.0.0.1:PORT/metrics`` from when the flow runs

@@ -55,7 +55,8 @@ NOTIFY_PERIOD = bc.NOTIFY_PERIOD
 
 
 class WorkerTaskExecutor(AttemptTracking, local.TaskExecutor):
-    """Executes tasks on workers reached through a broker.
+    """Executes tasks on workers reached through a broker (flowengine workers await ``async
+    def`` methods, see :mod:`~flowengine.worker_based.async_runner`).
 
     Args:
         uuid: this executor's id; its reply queue is ``<exchange>_<uuid>``.
@@ -87,7 +88,12 @@ class WorkerTaskExecutor(AttemptTracking, local.TaskExecutor):
         secret_args: gives the names of a task's arguments whose values are secret (default:
             its ``secret_args``); requests name them in a header, see
             :mod:`~flowengine.worker_based.secret_arguments`.
+        connect_timeout: seconds :meth:`start` waits for the broker connection before it
+            raises :class:`~flowengine.worker_based.backoff.BrokerUnreachable` naming the
+            broker (each failed attempt is logged meanwhile).
     """
+
+    runs_coroutines = True
 
     def __init__(
         self,
@@ -113,6 +119,7 @@ class WorkerTaskExecutor(AttemptTracking, local.TaskExecutor):
         unserved_timeout: float | None = ext.DEFAULT_UNSERVED_TIMEOUT,
         dead_letter_ttl: float = dl.DEFAULT_TTL,
         secret_args: sa.SecretArgs = sa.task_secret_args,
+        connect_timeout: float = bc.CONSUMER_START_TIMEOUT,
     ) -> None:
         if max_attempts < 1:
             raise ValueError(f"max_attempts must be at least 1, got {max_attempts}")
@@ -136,6 +143,7 @@ class WorkerTaskExecutor(AttemptTracking, local.TaskExecutor):
         self._unserved_timeout = unserved_timeout
         self._dead_letter_ttl = dead_letter_ttl
         self._secret_args = secret_args
+        self._connect_timeout = connect_timeout
         self._events = events
         self._lock = threading.RLock()
         self._ongoing: dict[str, Submission] = {}
@@ -167,7 +175,7 @@ class WorkerTaskExecutor(AttemptTracking, local.TaskExecutor):
         while True:
             client = bc.client_for(self._broker)
             try:
-                known = client.attach(self, self._topics)
+                known = client.attach(self, self._topics, self._connect_timeout)
                 break
             except bc.ClientClosed:
                 continue  # it lingered out just now: the next one is new

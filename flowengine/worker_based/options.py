@@ -15,6 +15,7 @@ from typing import Any
 
 from flowengine.engines.options import as_bool
 from flowengine.worker_based import backoff as bo
+from flowengine.worker_based import client as bc
 from flowengine.worker_based import dead_letter_keeping as keeping
 from flowengine.worker_based import extensions as ext
 from flowengine.worker_based import protocol as pr
@@ -124,6 +125,7 @@ class WorkerEngineOptions:
     time_limits: Mapping[str, float] | None = None
     unserved_timeout: float | None = ext.DEFAULT_UNSERVED_TIMEOUT
     dead_letter_ttl: float = keeping.DEFAULT_TTL
+    connect_timeout: float = bc.CONSUMER_START_TIMEOUT
     events: bool = True
     metrics: bool = False
     metrics_port: int | None = None
@@ -186,6 +188,7 @@ _CONVERT: dict[str, Callable[[str, Any], Any]] = {
     "time_limits": _time_limits,
     "unserved_timeout": lambda n, v: _seconds(n, v, optional=True),
     "dead_letter_ttl": lambda n, v: _seconds(n, v, optional=False),
+    "connect_timeout": lambda n, v: _seconds(n, v, optional=False),
     "events": as_bool,
     "metrics": as_bool,
     "metrics_port": _port,

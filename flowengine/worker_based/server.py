@@ -11,11 +11,8 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
-import socket
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Any
@@ -23,6 +20,7 @@ from typing import Any
 from flowengine import exceptions as exc
 from flowengine import tracing
 from flowengine.types.failure import Failure
+from flowengine.worker_based import async_runner as ar
 from flowengine.worker_based import backoff as bo
 from flowengine.worker_based import cancellation as cn
 from flowengine.worker_based import endpoint as ep
@@ -40,54 +38,18 @@ from flowengine.worker_based.replies import (  # noqa: F401 - OUTCOME_PUBLISH_DE
     ReplySender,
     from_flowengine,
 )
+from flowengine.worker_based.request_reading import (
+    MIN_HEARTBEAT_INTERVAL,  # noqa: F401 - re-exported
+    clip,
+    event_fields,
+    first,
+    heartbeat_interval,
+    major,
+    make_worker_id,  # noqa: F401 - re-exported
+    time_limit,
+)
 
 LOG = logging.getLogger(__name__)
-
-def make_worker_id() -> str:
-    """A worker id unique across hosts, processes and restarts: ``host:pid:random``."""
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-
-
-def _event_fields(data: Mapping[str, Any], message: Delivery) -> dict[str, Any]:
-    """The identifying fields of a request's events (from its body and headers)."""
-    headers = message.headers or {}
-    return {
-        "flow_uuid": headers.get(pr.HEADER_FLOW_UUID)
-        or (message.properties or {}).get("reply_to"),
-        "atom_uuid": headers.get(pr.HEADER_ATOM_UUID),
-        "task_name": data.get("task_name"),
-        "request_id": headers.get(pr.HEADER_REQUEST_ID)
-        or (message.properties or {}).get("correlation_id"),
-        "attempt": headers.get(pr.HEADER_ATTEMPT),
-        "action": data.get("action"),
-    }
-
-
-def _clip(value: Any, limit: int = 200) -> str:
-    """``str(value)``, cut to ``limit`` characters (message fields are untrusted)."""
-    text = str(value)
-    return text if len(text) <= limit else f"{text[:limit]}...({len(text)} chars)"
-
-
-def _first(failure: Failure) -> str | None:
-    names = list(failure)
-    return str(names[0]) if names else None
-
-
-def _major(version: Any) -> str:
-    parts = version.split(".") if isinstance(version, str) else list(version or [])
-    return str(parts[0]) if parts else ""
-
-
-#: Shortest heartbeat interval a request may ask for, in seconds.
-MIN_HEARTBEAT_INTERVAL = 0.01
-
-
-def _heartbeat_interval(headers: Mapping[str, Any]) -> float | None:
-    value = headers.get(ext.HEADER_HEARTBEAT)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        return None
-    return max(float(value), MIN_HEARTBEAT_INTERVAL)
 
 
 class Server(ReplySender):
@@ -106,6 +68,8 @@ class Server(ReplySender):
         prefetch: The prefetch limit now, for a pool that grows (asked between drains).
         signing: Signs replies and announcements and checks requests (see
             :mod:`~flowengine.worker_based.signing`; default: the key in the environment).
+        async_runner: Awaits the ``async def`` methods (a runner of the default concurrency
+            when not given); ``capacity`` should count its slots.
 
     Raises:
         ValueError: A signing key with ``taskflow_compat`` (TaskFlow peers cannot sign).
@@ -127,6 +91,7 @@ class Server(ReplySender):
         events: ext.EventSink = ext.NO_EVENTS,
         prefetch: Callable[[], int | None] | None = None,
         signing: sg.Signing | None = None,
+        async_runner: ar.AsyncRunner | None = None,
     ) -> None:
         signing = sg.Signing.from_options() if signing is None else signing
         if signing.enabled and taskflow_compat:
@@ -145,6 +110,7 @@ class Server(ReplySender):
         self._control = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flowengine-control")
         self._heartbeats = Heartbeats()
         self._revoked = cn.Revoked()
+        self._async = async_runner or ar.AsyncRunner()
         self.topic_pause = ps.TopicPause(topic, self.worker_id, events, lambda: self._busy)
         handlers = {
             pr.NOTIFY: dp.Handler(
@@ -245,6 +211,7 @@ class Server(ReplySender):
     def _on_cancel(self, data: Any, message: Delivery) -> None:
         # Only requests still queued here are affected: _serve checks before it says RUNNING.
         self._revoked.add(data["request_ids"])
+        self._async.cancel(data["request_ids"])  # those already awaited stop now
         LOG.info("Worker %s will not run %d revoked request(s) %s", self.worker_id,
                  len(data["request_ids"]), dp.describe(message))
 
@@ -276,12 +243,13 @@ class Server(ReplySender):
             return
         with self._busy_lock:
             self._busy += 1
-        self._events.emit("task-received", **_event_fields(data, message), worker=self.worker_id)
+        self._events.emit("task-received", **event_fields(data, message), worker=self.worker_id)
         # One line per task received and finished, as Celery workers log them.
-        LOG.info("Task %s[%s] received", _clip(data.get("task_name")),
-                 _clip(props["correlation_id"]))
+        LOG.info("Task %s[%s] received", clip(data.get("task_name")),
+                 clip(props["correlation_id"]))
         try:
-            self._executor.submit(self._process_request, data, message)
+            self._async.pick(self._endpoints, data, self._executor).submit(
+                self._process_request, data, message)
         except RuntimeError:  # executor shut down: let another worker have it
             self._done()
             message.requeue()
@@ -300,19 +268,23 @@ class Server(ReplySender):
         except Exception:  # a bug must not leave the request unsettled
             LOG.exception("Serving request %s failed", dp.describe(message))
             published = False
-        finally:
-            self._done()
+        if published is not ar.LATER:  # else the async runner settles it when it is done
+            self._settle(message, bool(published))
+
+    def _settle(self, message: Delivery, published: bool) -> None:
+        self._done()
         if published:
             message.ack()
         else:
             message.requeue()
 
-    def _serve(self, data: Mapping[str, Any], message: Delivery) -> bool:
-        """Run one request; True once its outcome is published."""
+    def _serve(self, data: Mapping[str, Any], message: Delivery) -> Any:
+        """Run one request; True once its outcome is published (:data:`~.async_runner.LATER`:
+        an ``async def`` now awaited, settled by :meth:`_async_done`)."""
         props, headers = message.properties, message.headers or {}
         reply = functools.partial(self._reply, props["reply_to"], props["correlation_id"], headers)
         # Names come from the message: bounded, so a hostile one cannot flood logs or replies.
-        name = f"{_clip(data.get('task_name'))!r} ({_clip(data.get('task_cls'))})"
+        name = f"{clip(data.get('task_name'))!r} ({clip(data.get('task_cls'))})"
         # The engine names the secret arguments (its task's secret_args may not be all).
         secrets = sa.masker(data.get("arguments"), sa.names(headers))
         deadline = headers.get(pr.HEADER_DEADLINE)
@@ -338,12 +310,12 @@ class Server(ReplySender):
             endpoint = self._endpoints.get(work.task_cls)
             if endpoint is None:
                 raise exc.NotFound(
-                    f"Task class '{_clip(work.task_cls)}' is not one of the"
+                    f"Task class '{clip(work.task_cls)}' is not one of the"
                     f" {len(self._endpoints)} task classes worker {self.worker_id} (topic"
                     f" '{self._topic}') runs"
                 )
             task = endpoint.generate(name=work.task_name)
-            if _major(work.task_version) != _major(task.version):
+            if major(work.task_version) != major(task.version):
                 raise exc.IncompatibleVersion(
                     f"Task {name} version {work.task_version} was requested; worker"
                     f" {self.worker_id} runs version {list(task.version)}"
@@ -358,18 +330,18 @@ class Server(ReplySender):
                 return reply(pr.EVENT, name, event_type=ext.EVENT_NOT_SERVED,
                              details={"worker": self.worker_id})
             LOG.warning("Rejected message %s: reason=%s task %s: %s", dp.describe(message),
-                        reason, name, _clip(secrets.text(str(err))))
+                        reason, name, clip(secrets.text(str(err))))
             failure = Failure()
             return reply(pr.FAILURE, name, result=pr.failure_to_dict(
                 failure.redacted(secrets) if secrets else failure))
         if not reply(pr.RUNNING, name):
             return False
         secrets = sa.masker(work.arguments, sa.names(headers), task)
-        fields = dict(_event_fields(data, message), worker=self.worker_id)
+        fields = dict(event_fields(data, message), worker=self.worker_id)
         self._events.emit("task-started", **fields)
         started = time.monotonic()
         forward = functools.partial(self._forward_event, props, headers)
-        interval = _heartbeat_interval(headers)
+        interval = heartbeat_interval(headers)
         beating = object()  # delivery tags repeat across reconnects; this key cannot
         if interval is not None:
             # The engine's lease on this attempt lasts only as long as heartbeats keep coming.
@@ -377,6 +349,19 @@ class Server(ReplySender):
             beat = functools.partial(self._forward_event, props, headers, ext.EVENT_HEARTBEAT, {},
                                      confirm=not from_flowengine(headers), retry=False)
             self._heartbeats.add(beating, interval, functools.partial(self._beat, beat, message))
+        conclude = functools.partial(self._conclude, data, props, fields, started, reply, name,
+                                     secrets)
+        if endpoint.awaits(work.action):
+            lane = self._async.lane()
+            try:
+                self._async.start(
+                    props["correlation_id"], work.task_name,
+                    ar.call(endpoint, task, work, lane, forward), time_limit(headers), lane,
+                    functools.partial(self._async_done, message, beating, conclude, reply, name))
+            except Exception:
+                self._heartbeats.remove(beating)
+                raise
+            return ar.LATER
         try:
             with sa.masking(secrets):  # whatever the task logs meanwhile is masked
                 if work.action == pr.EXECUTE:
@@ -386,20 +371,42 @@ class Server(ReplySender):
                     result = endpoint.revert(task, work.arguments, prior, work.failures, forward)
         finally:
             self._heartbeats.remove(beating)
+        return conclude(result)
+
+    def _conclude(self, data: Mapping[str, Any], props: Mapping[str, Any],
+                  fields: dict[str, Any], started: float, reply: Callable[..., bool], name: str,
+                  secrets: Any, result: Any) -> bool:
+        """Log, announce and publish a finished request's outcome; True once published."""
         if isinstance(result, Failure) and secrets:
             result = result.redacted(secrets)  # before it is logged, evented or sent
         runtime = time.monotonic() - started
         # Neither the result nor the exception's text: either may hold a secret.
-        LOG.info("Task %s[%s] %s in %.3fs", _clip(data.get("task_name")),
-                 _clip(props["correlation_id"]),
-                 f"failed ({_first(result)})" if isinstance(result, Failure) else "succeeded",
+        LOG.info("Task %s[%s] %s in %.3fs", clip(data.get("task_name")),
+                 clip(props["correlation_id"]),
+                 f"failed ({first(result)})" if isinstance(result, Failure) else "succeeded",
                  runtime)
         if isinstance(result, Failure):
             self._events.emit("task-failed", **fields, runtime=runtime,
-                              exception=result.exception_str, exc_type=_first(result))
+                              exception=result.exception_str, exc_type=first(result))
             return reply(pr.FAILURE, name, result=pr.failure_to_dict(result))
         self._events.emit("task-succeeded", **fields, runtime=runtime)
         return reply(pr.SUCCESS, name, result=result)
+
+    def _async_done(self, message: Delivery, beating: object, conclude: Callable[[Any], bool],
+                    reply: Callable[..., bool], name: str, outcome: Any) -> None:
+        """An awaited request ended (on its lane): answer it and settle its message."""
+        self._heartbeats.remove(beating)
+        try:
+            if outcome is ar.CANCELLED:
+                LOG.info("Cancelled task %s %s: its engine revoked it", name, dp.describe(message))
+                published = reply(pr.EVENT, name, event_type=cn.EVENT_CANCELLED,
+                                  details={"worker": self.worker_id})
+            else:
+                published = outcome is not ar.ABANDONED and conclude(outcome)
+        except Exception:
+            LOG.exception("Serving request %s failed", dp.describe(message))
+            published = False
+        self._settle(message, published)
 
     def _beat(self, heartbeat: Callable[[], None], message: Delivery) -> None:
         # The broker's own lease first (beanstalkd's TTR, renewed by touch), then the engine's.
@@ -428,6 +435,7 @@ class Server(ReplySender):
                     self._control_thread.join(timeout=10)
                 self._control_proxy.delete_own_queue()
             self._control.shutdown(wait=True)
+            self._async.stop()
             if self._online:
                 self.announce(pr.WORKER_OFFLINE)
 

@@ -124,7 +124,10 @@ class AttemptTracking:
             elif event_type == ext.EVENT_NOT_SERVED:
                 self._not_served(sub, request, header(headers, pr.HEADER_WORKER))
             elif event_type == cn.EVENT_CANCELLED:
-                if request.current_state in pr.WAITING_STATES:
+                # Unstarted, or an awaited coroutine the worker stopped as asked (its RUNNING
+                # reply may have come first): either way it will not finish.
+                if (request.current_state in pr.WAITING_STATES
+                        or sub.revoking == request.request_id):
                     by = header(headers, pr.HEADER_WORKER) or "?"
                     self._cancelled(sub, f"worker {by} dropped it unstarted, as asked")
             else:

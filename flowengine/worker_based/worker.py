@@ -24,6 +24,7 @@ from concurrent.futures import Executor
 from typing import Any
 
 from flowengine import task as task_mod
+from flowengine.worker_based import async_runner as ar
 from flowengine.worker_based import backoff as bo
 from flowengine.worker_based import endpoint as ep
 from flowengine.worker_based import events as ev
@@ -131,10 +132,15 @@ class Worker:
             ``threads_count``. Engines are told MAX as the capacity.
         signing_key, signing_key_file: The key engines and workers share to sign messages
             (default: ``FLOWENGINE_SIGNING_KEY``), see :mod:`~flowengine.worker_based.signing`.
+        async_concurrency: Most ``async def`` execute/revert calls awaited at once on the
+            worker's event loop thread (default 1000; see
+            :mod:`~flowengine.worker_based.async_runner`). A worker serving such tasks announces
+            its threads plus these slots as its capacity; its broker prefetch adds the slots to
+            the threads while async calls are awaited.
 
     Raises:
         ValueError: ``tasks`` resolve to no task class at all; a bad ``autoscale``; a bad
-            signing key.
+            signing key; ``async_concurrency`` below 1.
         ImportError, TypeError: See :func:`find_task_classes`.
     """
 
@@ -156,6 +162,7 @@ class Worker:
         autoscale: tuple[int, int] | None = None,
         signing_key: str | None = None,
         signing_key_file: str | None = None,
+        async_concurrency: int | None = None,
     ) -> None:
         signing = sg.Signing.from_options(signing_key, signing_key_file)
         self._exchange, self._topic = exchange, topic
@@ -185,6 +192,10 @@ class Worker:
         self._executor = executor
         self._threads_count = threads_count
         self._endpoints = [ep.Endpoint(cls) for cls in classes]
+        self._runner = ar.AsyncRunner(ar.validate_concurrency(async_concurrency, topic))
+        # Slots only count where something can take them: a thread-only worker announces what
+        # it announced before.
+        self._async_slots = self._runner.concurrency if ar.serves_async(self._endpoints) else 0
         self._run_thread: int | None = None
         if events is True:
             events = ev.EventPublisher(exchange, url=url, transport=transport,
@@ -199,9 +210,9 @@ class Worker:
         self._server = sv.Server(
             topic, exchange, executor, self._endpoints, url=url, transport=transport,
             transport_options=transport_options, retry_options=retry_options,
-            taskflow_compat=taskflow_compat, capacity=threads_count, events=events,
-            prefetch=None if self._pool is None else self._pool_prefetch,
-            signing=signing,
+            taskflow_compat=taskflow_compat, capacity=self.capacity, events=events,
+            prefetch=self._prefetch if self._pool is not None or self._async_slots else None,
+            signing=signing, async_runner=self._runner,
         )  # fmt: skip
         self._ticker = None if events is ext.NO_EVENTS else ev.Ticker(
             events, "worker-heartbeat", heartbeat_interval, self._heartbeat)
@@ -209,11 +220,13 @@ class Worker:
     def _heartbeat(self) -> dict[str, Any]:
         server = self._server
         return {"worker": self.worker_id, "topic": self._topic, "tasks": server.task_names,
-                "capacity": self._threads_count, "free": server.free_slots,
+                "capacity": self.capacity, "async_slots": self._async_slots,
+                "free": server.free_slots,
                 "in_flight": server.in_flight, "freq": self._heartbeat_interval,
                 "paused": server.topic_pause.paused,
                 "paused_for": server.topic_pause.remaining,
-                "threads": self.threads, "prefetch": self._pool_prefetch()}
+                "threads": self.threads,
+                "prefetch": self._prefetch() if self._pool or self._async_slots else None}
 
     @property
     def _threads_label(self) -> str:
@@ -222,8 +235,23 @@ class Worker:
             return f"autoscale {scaler.max_threads},{scaler.min_threads}"
         return str(self._threads_count or "?")
 
-    def _pool_prefetch(self) -> int | None:
-        return None if self._pool is None else self._pool.prefetch
+    def _prefetch(self) -> int | None:
+        """The broker prefetch now: the threads (an autoscaled pool's own figure), plus the
+        async slots while async calls are awaited. The slots open with the first async request
+        (taken within the threads' share) and close when none is left, so sync requests never
+        pile up on a worker beyond its threads while another worker of the topic idles."""
+        threads = self._threads_count if self._pool is None else self._pool.prefetch
+        if threads is None:
+            return None
+        return threads + (self._async_slots if self._runner.running else 0)
+
+    @property
+    def capacity(self) -> int | None:
+        """Requests held at once: task threads (their most, autoscaled) plus async slots
+        (None: an executor of unknown size)."""
+        if self._threads_count is None:
+            return None
+        return self._threads_count + self._async_slots
 
     @property
     def threads(self) -> int | None:
@@ -265,7 +293,8 @@ class Worker:
             f"flowengine worker {self.worker_id}",
             f"  exchange: {self._exchange}  topic: {self._topic}",
             f"  transport: {details.transport} ({driver})  uri: {details.uri}",
-            f"  executor: {type(self._executor).__name__}  threads: {self._threads_label}",
+            f"  executor: {type(self._executor).__name__}  threads: {self._threads_label}"
+            + (f"  async slots: {self._async_slots}" if self._async_slots else ""),
             f"  host: {platform.node()}  pid: {os.getpid()}  python: {sys.version.split()[0]}",
             f"  tasks ({len(self._endpoints)}):",
             *(f"    - {endpoint}" for endpoint in self._endpoints),

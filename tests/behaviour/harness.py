@@ -21,7 +21,7 @@ import pytest
 from flowengine import engines
 from flowengine import exceptions as exc
 
-from . import tasks
+from . import async_tasks, tasks
 
 #: Engine kinds whose tasks run in a worker, not in the engine's process.
 REMOTE_KINDS = frozenset({"worker-based", "workers"})
@@ -123,7 +123,8 @@ class InProcessWorker:
         self.task_threads = f"{self.exchange}-task"
         self._pool = cf.ThreadPoolExecutor(threads, thread_name_prefix=self.task_threads)
         self.worker = Worker(
-            self.exchange, self.topic, tasks=[tasks.__name__], executor=self._pool,
+            self.exchange, self.topic, tasks=[tasks.__name__, async_tasks.__name__],
+            executor=self._pool,
             threads_count=threads, transport=self.transport,
         )  # fmt: skip
         self._thread = threading.Thread(

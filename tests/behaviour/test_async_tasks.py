@@ -1,9 +1,9 @@
-"""``async def execute`` / ``revert``: awaited by the local engines, never stored as coroutines.
+"""``async def execute`` / ``revert``: awaited by every engine, never stored as coroutines.
 
 The behaviour suite's core cases (order, results and arguments, reverting, what revert receives,
-progress, suspension, time limits) with async tasks on the serial and parallel engines; the
-parallel engine awaits many of them at once on one event loop thread. The worker-based engine
-refuses them before anything runs until its workers can await them.
+progress, retries, time limits) with async tasks on every engine; the parallel engine and a
+worker await many of them at once on one event loop thread. The atoms live in
+:mod:`.async_tasks`, which workers serve besides :mod:`.tasks`.
 """
 
 from __future__ import annotations
@@ -21,60 +21,33 @@ from flowengine.flows import linear_flow as lf
 from flowengine.flows import unordered_flow as uf
 
 from . import tasks
-from .harness import EngineFactory, InProcessWorker
+from .async_tasks import (
+    AsyncAdd,
+    AsyncBlocks,
+    AsyncFail,
+    AsyncFlaky,
+    AsyncProgress,
+    AsyncStep,
+    gates,
+    wait_for_entry,
+)
+from .harness import EngineFactory
 
 
-class AsyncStep(task.Task):
-    """Awaits, then returns its name; its async revert records what it received."""
-
-    async def execute(self) -> str:
-        tasks.record("execute", self.name)
-        await asyncio.sleep(0)
-        return self.name
-
-    async def revert(self, result: Any, flow_failures: Any, **kwargs: Any) -> str:
-        await asyncio.sleep(0)
-        tasks.record("revert", self.name, result=tasks._result_summary(result),
-                     flow_failures=sorted(flow_failures))
-        return f"{self.name} undone"
-
-
-class AsyncAdd(AsyncStep):
-    async def execute(self, x: int, y: int) -> int:  # type: ignore[override]
-        tasks.record("execute", self.name, x=x, y=y)
-        await asyncio.sleep(0)
-        return x + y
-
-
-class AsyncFail(AsyncStep):
-    async def execute(self) -> str:
-        tasks.record("execute", self.name)
-        await asyncio.sleep(0)
-        raise tasks.Boom(f"{self.name} failed")
-
-
-class AsyncProgress(AsyncStep):
-    async def execute(self) -> str:
-        self.update_progress(0.5)
-        await asyncio.sleep(0)
-        return self.name
-
-
-def test_async_tasks_run_in_order_and_pass_results(local_engine_factory: EngineFactory) -> None:
+def test_async_tasks_run_in_order_and_pass_results(engine_factory: EngineFactory) -> None:
     flow = lf.Flow("f").add(AsyncAdd("one", provides="sum", inject={"y": 1}),
                             AsyncAdd("two", provides="total", rebind={"x": "sum"},
                                      inject={"y": 10}))
-    engine = local_engine_factory.run(flow, store={"x": 5})
+    engine = engine_factory.run(flow, store={"x": 5})
     assert engine.storage.fetch("total") == 16
     assert tasks.names("execute") == ["one", "two"]
     assert engine.storage.get_atom_state("two") == states.SUCCESS
 
 
-def test_a_failing_async_task_reverts_with_async_reverts(
-        local_engine_factory: EngineFactory) -> None:
+def test_a_failing_async_task_reverts_with_async_reverts(engine_factory: EngineFactory) -> None:
     flow = lf.Flow("f").add(AsyncStep("a"), tasks.Step("b"), AsyncFail("boom"))
-    engine = local_engine_factory(flow)
-    with pytest.raises(tasks.Boom, match="boom failed"):
+    engine = engine_factory(flow)
+    with engine_factory.raises(tasks.Boom, match="boom failed"):
         engine.run()
     assert tasks.names("revert") == ["boom", "b", "a"]
     reverts = {e["atom"]: e for e in tasks.entries("revert")}
@@ -84,40 +57,27 @@ def test_a_failing_async_task_reverts_with_async_reverts(
     assert engine.storage.get_flow_state() == states.REVERTED
 
 
-def test_async_tasks_report_progress(local_engine_factory: EngineFactory) -> None:
+def test_async_tasks_report_progress(engine_factory: EngineFactory) -> None:
     reported: list[float] = []
     progress = AsyncProgress("p")
     progress.notifier.register(task.EVENT_UPDATE_PROGRESS,
                                lambda event, details: reported.append(details["progress"]))
-    engine = local_engine_factory.run(lf.Flow("f").add(progress))
+    engine = engine_factory.run(lf.Flow("f").add(progress))
     assert reported == [0.0, 0.5, 1.0]
     assert engine.storage.get("p") == "p"
 
 
-class Gate(task.Task):
-    """All of them wait at one asyncio barrier: they finish only if all run at once."""
-
-    parties = 0
-    arrived: asyncio.Event | None = None
-    count = 0
-
-    async def execute(self) -> str:
-        cls = type(self)
-        if cls.arrived is None:
-            cls.arrived = asyncio.Event()
-        cls.count += 1
-        if cls.count == cls.parties:
-            cls.arrived.set()
-        await asyncio.wait_for(cls.arrived.wait(), 30)
-        return self.name
-
-
 def test_the_parallel_engine_awaits_many_async_tasks_at_once() -> None:
     # More tasks than threads: they take no pool thread, only loop slots.
-    Gate.parties, Gate.arrived, Gate.count = 200, None, 0
-    flow = uf.Flow("wide").add(*(Gate(f"g{i}") for i in range(200)))
-    engine = engines.load(flow, engine="parallel", max_workers=2, max_async_tasks=200)
+    engine = engines.load(gates(200), engine="parallel", max_workers=2, max_async_tasks=200)
     engine.run()
+    assert engine.storage.get_flow_state() == states.SUCCESS
+
+
+def test_async_tasks_take_no_thread(concurrent_engine_factory: EngineFactory) -> None:
+    # One thread (the parallel engine's pool, one worker's): ten async tasks still meet.
+    one_thread = concurrent_engine_factory.one_at_a_time()
+    engine = concurrent_engine_factory.run(gates(10), **one_thread)
     assert engine.storage.get_flow_state() == states.SUCCESS
 
 
@@ -137,27 +97,16 @@ def test_max_async_tasks_bounds_how_many_run_at_once() -> None:
     assert peak == 3
 
 
-class AsyncBlocks(task.Task):
-    """Never finishes by itself; records that it was cancelled."""
-
-    time_limit = 0.3
-    cancelled = threading.Event()
-
-    async def execute(self) -> None:
-        try:
-            await asyncio.sleep(60)
-        except asyncio.CancelledError:
-            type(self).cancelled.set()
-            raise
-
-
-def test_an_async_task_past_its_time_limit_is_cancelled(
-        local_engine_factory: EngineFactory) -> None:
-    AsyncBlocks.cancelled.clear()
-    engine = local_engine_factory(lf.Flow("f").add(tasks.Step("a"), AsyncBlocks("slow")))
-    with pytest.raises(exc.TaskTimeLimitExceeded, match="'slow' exceeded its time limit"):
+def test_an_async_task_past_its_time_limit_is_cancelled(engine_factory: EngineFactory) -> None:
+    engine = engine_factory(lf.Flow("f").add(tasks.Step("a"), AsyncBlocks("slow")))
+    with pytest.raises(Exception) as raised:  # noqa: PT011 - checked below
         engine.run()
-    assert AsyncBlocks.cancelled.wait(10), "the coroutine was never cancelled"
+    # Raised as is when the engine's clock decides, wrapped when the worker's reply is first.
+    failures = (list(raised.value) if isinstance(raised.value, exc.WrappedFailure)
+                else [raised.value])
+    assert len(failures) == 1, failures
+    assert "'slow' exceeded its time limit" in str(failures[0]), failures
+    assert wait_for_entry("cancelled", "slow"), "the coroutine was never cancelled"
     assert tasks.names("revert") == ["a"]
     assert engine.storage.get_flow_state() == states.REVERTED
 
@@ -192,19 +141,9 @@ def test_an_async_call_cancelled_before_it_starts_never_runs() -> None:
     assert ran == ["holds"]
 
 
-def test_retry_controllers_retry_async_tasks(local_engine_factory: EngineFactory) -> None:
-    class Flaky(AsyncStep):
-        failures_left = 2
-
-        async def execute(self) -> str:
-            tasks.record("execute", self.name)
-            if Flaky.failures_left:
-                Flaky.failures_left -= 1
-                raise tasks.Boom("not yet")
-            return "third time"
-
-    flow = lf.Flow("f", retry=retry.Times(3)).add(Flaky("flaky", provides="out"))
-    engine = local_engine_factory.run(flow)
+def test_retry_controllers_retry_async_tasks(engine_factory: EngineFactory) -> None:
+    flow = lf.Flow("f", retry=retry.Times(3)).add(AsyncFlaky("flaky", provides="out"))
+    engine = engine_factory.run(flow)
     assert engine.storage.fetch("out") == "third time"
     assert tasks.names("execute") == ["flaky"] * 3
 
@@ -230,9 +169,9 @@ def test_suspending_between_async_tasks_resumes_where_it_stopped() -> None:
     assert engine.storage.get_flow_state() == states.SUCCESS
 
 
-def test_engine_run_inside_a_running_event_loop(local_engine_factory: EngineFactory) -> None:
+def test_engine_run_inside_a_running_event_loop(engine_factory: EngineFactory) -> None:
     async def service() -> Any:
-        return local_engine_factory.run(lf.Flow("f").add(AsyncStep("a")))
+        return engine_factory.run(lf.Flow("f").add(AsyncStep("a")))
 
     engine = asyncio.run(service())
     assert engine.storage.get("a") == "a"
@@ -246,12 +185,3 @@ def test_no_coroutine_is_ever_stored_as_a_result() -> None:
     engine = engines.load(lf.Flow("f").add(SyncReturnsCoroutine("odd")))
     with pytest.raises(TypeError, match="'odd' returned a coroutine; declare it async def"):
         engine.run()
-
-
-def test_the_worker_based_engine_refuses_async_tasks_before_running(
-        behaviour_worker: InProcessWorker) -> None:
-    factory = EngineFactory("worker-based", behaviour_worker.engine_options())
-    engine = factory(lf.Flow("f").add(tasks.Step("a"), AsyncStep("later")))
-    with pytest.raises(NotImplementedError, match="'later' has async def execute and revert"):
-        engine.run()
-    assert tasks.names("execute") == []

@@ -26,7 +26,7 @@ from typing import Any
 
 import behaviour
 import pytest
-from behaviour import tasks, test_parallel
+from behaviour import async_tasks, tasks, test_parallel
 from behaviour.harness import EngineFactory
 from wbe_harness import Broker, WorkerFleet, unique_exchange
 
@@ -45,8 +45,6 @@ REMOTE_FIXTURES = ("engine_factory", "concurrent_engine_factory")
 #: Behaviour tests that take ``local_engine_factory``, each with why, and a test below keeps this
 #: list true: atoms that cannot travel (by TaskFlow's rule that a worker rebuilds a task from its
 #: class name and ``name`` alone, ``endpoint.generate``) and local-engine machinery.
-_ASYNC_ONLY_LOCALLY = ("async tasks: workers do not await coroutines yet, so the worker-based "
-                       "engine refuses them before anything runs (test_async_tasks checks that)")
 _LOCAL_WATCHDOG = ("the local engines' watchdog; the worker-based engine bounds a call through "
                    "its attempt's deadline (tests/unit/test_wb_leases.py)")
 _LOCAL_BACKEND_FAULTS = ("faults injected into this process's backend connection; the code that "
@@ -58,12 +56,6 @@ EXCLUDED = {
         "FunctorTask: its execute and revert are functions given to its constructor",
     "test_map_and_reduce_functor_tasks":
         "MapFunctorTask/ReduceFunctorTask: functions given to their constructors",
-    "test_a_failing_async_task_reverts_with_async_reverts": _ASYNC_ONLY_LOCALLY,
-    "test_an_async_task_past_its_time_limit_is_cancelled": _ASYNC_ONLY_LOCALLY,
-    "test_engine_run_inside_a_running_event_loop": _ASYNC_ONLY_LOCALLY,
-    "test_retry_controllers_retry_async_tasks": _ASYNC_ONLY_LOCALLY,
-    "test_async_tasks_run_in_order_and_pass_results": _ASYNC_ONLY_LOCALLY,
-    "test_async_tasks_report_progress": _ASYNC_ONLY_LOCALLY,
     "test_a_revert_past_its_time_limit_is_a_revert_failure": _LOCAL_WATCHDOG,
     "test_the_engine_option_overrides_the_class_limit": _LOCAL_WATCHDOG,
     "test_a_call_past_its_time_limit_fails_the_atom_and_reverts": _LOCAL_WATCHDOG,
@@ -128,8 +120,9 @@ class RemoteSuite:
         self.single = WorkerFleet(broker, unique_exchange("suite-single"), state_dir, env=env)
 
     def start(self) -> None:
-        self.fleet.start(TOPIC, [tasks.__name__], count=WORKERS, threads=THREADS)
-        self.single.start(TOPIC, [tasks.__name__], threads=1)
+        served = [tasks.__name__, async_tasks.__name__]
+        self.fleet.start(TOPIC, served, count=WORKERS, threads=THREADS)
+        self.single.start(TOPIC, served, threads=1)
 
     def stop(self) -> None:
         self.fleet.stop_all()

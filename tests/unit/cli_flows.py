@@ -121,7 +121,7 @@ class Waits(task.Task):
 
 
 def make_async() -> linear_flow.Flow:
-    """One async task: local engines await it; the worker-based engine refuses it."""
+    """One async task: every engine awaits it."""
     return linear_flow.Flow("async").add(Waits("waits"))
 
 

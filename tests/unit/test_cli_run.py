@@ -473,14 +473,24 @@ def test_a_second_ctrl_c_stops_at_once_and_still_says_how_to_resume(
     assert cli_flows.JOURNAL[-1] == "execute last"
 
 
-def test_an_async_task_runs_locally_and_is_refused_by_name_on_workers() -> None:
+def test_an_async_task_is_awaited_locally_and_on_workers() -> None:
+    from flowengine.worker_based.worker import Worker
+
     assert invoke("run", "cli_flows:make_async").exit_code == exits.OK
-    assert cli_flows.JOURNAL == ["execute waits"]
-    refused = invoke("run", "cli_flows:make_async", "--engine", "worker-based",
-                     "--transport", "memory")
-    assert refused.exit_code == exits.ERROR, refused.output
-    assert "Task 'waits' has async def execute, which the WorkerBasedActionEngine cannot await" \
-        in refused.stderr
+    exchange = f"cli-async-{uuid.uuid4().hex[:8]}"
+    worker = Worker(exchange=exchange, topic="t", tasks=[cli_flows.Waits], transport="memory",
+                    threads_count=1, events=False)
+    thread = threading.Thread(target=worker.run, kwargs={"display_banner": False}, daemon=True)
+    thread.start()
+    try:
+        assert worker.wait(timeout=10), "the worker did not start"
+        remote = invoke("run", "cli_flows:make_async", "--engine", "worker-based",
+                        "--transport", "memory", "--exchange", exchange, "--topic", "t")
+    finally:
+        worker.stop(grace=5)
+        thread.join(timeout=10)
+    assert remote.exit_code == exits.OK, remote.output
+    assert cli_flows.JOURNAL == ["execute waits", "execute waits"]
 
 
 def test_a_resumed_flow_is_asked_for_its_secret_inputs(tmp_path: pathlib.Path) -> None:

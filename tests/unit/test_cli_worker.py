@@ -14,8 +14,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import threading
-import time
 import urllib.parse
 import uuid
 from collections.abc import Callable, Iterator
@@ -24,6 +22,7 @@ from typing import Any
 
 import click
 import pytest
+from cli_lines import read_lines, wait_for_line  # tests/ is on sys.path (rootdir conftest)
 from click.testing import CliRunner, Result
 
 from flowengine import engines
@@ -35,7 +34,7 @@ from flowengine.worker_based import worker as wk
 ROOT = Path(__file__).resolve().parents[2]
 #: Seconds a worker process gets to start serving, or to give up on its own.
 PROCESS_TIMEOUT = 30.0
-CONSUMING = "Consuming queue"
+CONSUMING = "consuming queue"
 
 
 def clean_env(extra: dict[str, str] | None = None) -> dict[str, str | None]:
@@ -109,30 +108,22 @@ def test_an_option_without_a_key_is_named() -> None:
     assert "transport option 'data folder' is not of the form key=value" in result.output
 
 
-def read_lines(proc: subprocess.Popen[str]) -> queue.Queue[str]:
-    """The process's output lines, as they come (a thread reads them)."""
-    lines: queue.Queue[str] = queue.Queue()
+def test_async_concurrency_reaches_the_worker_and_zero_is_a_usage_error(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    result = invoke("worker", "--transport", "memory", "--topic", "t", "--task", "x",
+                    "--async-concurrency", "0")
+    assert result.exit_code == 2 and "--async-concurrency" in result.output
+    built: dict[str, Any] = {}
 
-    def pump() -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            lines.put(line.rstrip("\n"))
+    def fake_worker(**kwargs: Any) -> Any:
+        built.update(kwargs)
+        raise ValueError("stop here")
 
-    threading.Thread(target=pump, daemon=True).start()
-    return lines
-
-
-def wait_for_line(lines: queue.Queue[str], text: str, timeout: float) -> list[str]:
-    """Everything read until a line holding ``text`` (AssertionError after ``timeout``)."""
-    seen: list[str] = []
-    deadline = time.monotonic() + timeout
-    while not seen or text not in seen[-1]:
-        try:
-            seen.append(lines.get(timeout=max(deadline - time.monotonic(), 0.01)))
-        except queue.Empty:
-            raise AssertionError(
-                f"no line with {text!r} in {timeout}s:\n" + "\n".join(seen)) from None
-    return seen
+    monkeypatch.setattr(wk, "Worker", fake_worker)
+    monkeypatch.setattr("flowengine.cli.worker.check_task_specs", lambda specs: list(specs))
+    result = invoke("worker", "--transport", "memory", "--topic", "t", "--task", "x",
+                    "--async-concurrency", "50")
+    assert built["async_concurrency"] == 50, result.output
 
 
 @pytest.fixture

@@ -144,6 +144,23 @@ def test_a_request_that_started_is_waited_for(
     assert scripted.cancels.empty(), "a running request is not revoked"
 
 
+def test_an_awaited_call_a_worker_stopped_as_asked_is_cancelled_after_its_running_reply(
+    scripted: Scripted, executor: WorkerTaskExecutor
+) -> None:
+    # An async task a worker had started when the CANCEL came: its RUNNING reply crossed the
+    # CANCEL, and the worker cancelled the coroutine and said so.
+    future = executor.execute_task(Slow(name="awaited"), "atom-4", {})
+    message = scripted.requests.get(timeout=WAIT)
+    assert not future.cancel()
+    assert scripted.cancels.get(timeout=WAIT) == [message.properties["correlation_id"]]
+    scripted.reply(message, pr.RUNNING)
+    scripted.reply(message, pr.EVENT, event_type=cn.EVENT_CANCELLED, details={"worker": "w1"})
+    done: queue.Queue[Any] = queue.Queue()
+    future.add_done_callback(done.put)
+    assert done.get(timeout=WAIT) is future and future.cancelled()
+    assert not executor._ongoing
+
+
 def test_a_revoked_request_nobody_confirms_is_cancelled_once_it_expires(
     scripted: Scripted, executor: WorkerTaskExecutor, clock: ManualClock
 ) -> None:

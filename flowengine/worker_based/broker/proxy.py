@@ -153,6 +153,8 @@ class Proxy(Publisher):
         self._stopped = threading.Event()
         self._stopped.set()
         self._stop_grace = 0.0
+        #: The consumer's connection attempts (failures so far and the last error), once started.
+        self.connecting: bo.Backoff | None = None
         self._lost_at: float | None = None
         #: Seconds the consumer was disconnected before its latest (re)connection (0: none).
         self.last_outage = 0.0
@@ -236,9 +238,15 @@ class Proxy(Publisher):
             kombu connection errors: Only once ``max_retries`` reconnects have failed.
         """
         self._stopped.clear()
-        backoff = bo.Backoff(self._retry, "Consuming", self._where, self._stop_requested)
+        # Every attempt is logged: nothing else shows that the consumer is not serving. A
+        # worker's private control queue connects beside its topic queue, which says it already.
+        backoff = bo.Backoff(self._retry, f"Connecting (queue {self._exchange_name}_"
+                             f"{self._topic})", self._where, self._stop_requested,
+                             every=not self._transient_queue)
+        self.connecting = backoff
         errors = self._conn.connection_errors + self._conn.channel_errors
-        LOG.info("Consuming queue %s_%s on %s", self._exchange_name, self._topic, self._where)
+        LOG.debug("Connecting to %s for queue %s_%s", self._where, self._exchange_name,
+                  self._topic)
         try:
             while not self._stop_requested.is_set():
                 try:
@@ -277,20 +285,26 @@ class Proxy(Publisher):
                 queues=[self._own_queue()],
                 on_message=self._on_message,
                 accept=[dp.JSON_CONTENT_TYPE],
-                prefetch_count=self._prefetch_limit(),
                 on_decode_error=self._dispatcher.on_decode_error,
                 no_ack=self._auto_ack,
             )
+            # The channel's limit (its one consumer's): RabbitMQ applies a later change of a
+            # per-consumer limit to new consumers only, and the limit changes as pools grow.
+            limit = self._prefetch_limit()
+            if limit is not None:
+                consumer.qos(prefetch_count=limit, apply_global=True)
             # Not ``with consumer``: a paused consumer must not take anything, not even
             # between consuming and cancelling.
             consuming = self._follow_pause(consumer, consuming=False)
-            limit = consumer.prefetch_count
             try:
                 backoff.attempt = 0
                 lost_at, self._lost_at = self._lost_at, None
                 self.last_outage = 0.0 if lost_at is None else time.monotonic() - lost_at
                 self._consumer_thread = threading.get_ident()
                 self._running.set()
+                # Said only once it is true: until then each failed attempt is logged instead.
+                LOG.info("Connected to %s: consuming queue %s_%s", self._where,
+                         self._exchange_name, self._topic)
                 _call_hook(self._on_connected)
                 declared = time.monotonic()
                 while not self._stop_requested.is_set():
@@ -313,7 +327,7 @@ class Proxy(Publisher):
                     consuming = self._follow_pause(consumer, consuming)
                     if self._prefetch_limit() != limit:
                         limit = self._prefetch_limit()
-                        consumer.qos(prefetch_count=limit or 0)
+                        consumer.qos(prefetch_count=limit or 0, apply_global=True)
             except errors:
                 raise  # the connection is gone, and its consumer with it
             except BaseException:

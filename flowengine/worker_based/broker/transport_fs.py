@@ -37,28 +37,26 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import fcntl
 import functools
-import json
 import logging
 import os
 import tempfile
-import threading
 import time
 from pathlib import Path
 from queue import Empty
 from typing import Any
-from urllib.parse import quote, unquote
+from urllib.parse import unquote
 
 import kombu.transport
-from kombu.exceptions import ChannelError
 from kombu.transport import virtual
 from kombu.utils import json as kombu_json
 
 import flowengine
+from flowengine.worker_based.broker import transport_fs_bindings as bindings
 from flowengine.worker_based.broker import transport_fs_disk as fsdisk
 from flowengine.worker_based.broker import transport_fs_doorbell as doorbell
 from flowengine.worker_based.broker import transport_fs_files as files
+from flowengine.worker_based.broker.transport_fs_bindings import safe_name as _safe_name
 
 LOG = logging.getLogger(__name__)
 
@@ -72,14 +70,6 @@ kombu.transport.TRANSPORT_ALIASES.setdefault(TRANSPORT_NAME, f"{__name__}:Transp
 def default_data_folder() -> str:
     """Where processes that give no ``data_folder`` meet: one folder per user."""
     return os.path.join(tempfile.gettempdir(), f"flowengine-fs-{os.getuid()}")
-
-
-@functools.lru_cache(maxsize=1024)  # called several times per message, for a few names
-def _safe_name(name: str) -> str:
-    if not name:
-        raise ChannelError("flowengine-fs: queue and exchange names must not be empty")
-    quoted = quote(name, safe="-_.@")
-    return "%2E" + quoted[1:] if quoted.startswith(".") else quoted
 
 
 _STAMPER = files.Stamper()
@@ -127,7 +117,7 @@ class QoS(virtual.QoS):
         return []
 
 
-class Channel(virtual.Channel):
+class Channel(bindings.BindingChannel):
     """A virtual channel whose queues are directories of message files."""
 
     QoS = QoS
@@ -415,107 +405,6 @@ class Channel(virtual.Channel):
                     " back in their queues, to be delivered again (nothing was lost)",
                     owner.name, requeued,
                 )  # fmt: skip
-
-    # -- exchanges and bindings (on disk, so every process routes alike) --------------------
-
-    def _table_path(self, exchange: str) -> str:
-        return os.path.join(self._root, "exchanges", f"{_safe_name(exchange)}.json")
-
-    def _read_table(self, exchange: str) -> dict[str, Any]:
-        path = self._table_path(exchange)
-        try:
-            stat = os.stat(path)
-        except FileNotFoundError:
-            return {"type": None, "table": []}
-        key = (stat.st_ino, stat.st_mtime_ns, stat.st_size)  # every write is a new file
-        cached = self._tables.get(exchange)
-        if cached is not None and cached[0] == key:
-            return cached[1]
-        data = json.loads(files.read(path))
-        self._tables[exchange] = (key, data)
-        return data
-
-    def _update_table(
-        self,
-        exchange: str,
-        add: tuple[str, str, str] | None,
-        remove: Any = None,
-        exchange_type: str | None = None,
-    ) -> None:
-        path = self._table_path(exchange)
-        # On a read-only disk redeclaring what is there already (consumers do, every few
-        # seconds) reads the table under the lock and goes on working.
-        with self._disk.guard(), fsdisk.open_lock(path[: -len(".json")] + ".lock") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # writers serialise; readers see whole files
-            self._write_table(exchange, path, add, remove, exchange_type)
-
-    def _write_table(self, exchange: str, path: str, add: tuple[str, str, str] | None,
-                     remove: Any, exchange_type: str | None) -> None:
-        data = self._read_table(exchange)
-        rows = [list(row) for row in data["table"]]
-        if remove is not None and list(remove) in rows:
-            rows.remove(list(remove))
-        if add is not None and list(add) not in rows:
-            rows.append(list(add))
-        new = {"type": data["type"] or exchange_type, "table": rows}
-        if new == data:
-            return
-        tmp = Path(self._tmp, f"{os.path.basename(path)}.{os.getpid()}.{threading.get_ident()}")
-        try:
-            tmp.write_text(json.dumps(new))
-            os.replace(tmp, path)
-        except OSError:
-            with contextlib.suppress(OSError):  # no half-written table left in tmp/
-                tmp.unlink()
-            raise
-
-    def exchange_declare(
-        self,
-        exchange: Any = None,
-        type: Any = "direct",
-        durable: Any = False,
-        auto_delete: Any = False,
-        arguments: Any = None,
-        nowait: Any = False,
-        passive: Any = False,
-    ) -> Any:
-        super().exchange_declare(
-            exchange, type, durable, auto_delete, arguments, nowait=nowait, passive=passive
-        )
-        if exchange and not passive:
-            # Recorded on disk so a process that never declared it still routes by its type.
-            self._update_table(exchange, None, exchange_type=type or "direct")
-
-    def _queue_bind(self, exchange: str, routing_key: str, pattern: str, queue: str) -> None:
-        self._update_table(exchange, (routing_key or "", pattern or "", queue or ""))
-
-    def queue_unbind(
-        self,
-        queue: str,
-        exchange: str | None = None,
-        routing_key: str = "",
-        arguments: Any = None,
-        **kwargs: Any,
-    ) -> None:
-        super().queue_unbind(queue, exchange, routing_key, arguments, **kwargs)
-        if exchange:
-            meta = self.typeof(exchange).prepare_bind(queue, exchange, routing_key, arguments)
-            self._update_table(exchange, None, remove=[m or "" for m in meta])
-
-    def get_table(self, exchange: str) -> list[tuple[str, str, str]]:
-        return [tuple(row) for row in self._read_table(exchange)["table"]]  # type: ignore[misc]
-
-    def typeof(self, exchange: str, default: str = "direct") -> Any:
-        if exchange not in self.state.exchanges:
-            stored = None
-            if exchange:
-                # A declared type never changes, so a table read before will do (bindings do
-                # change: get_table reads those afresh for every message).
-                cached = self._tables.get(exchange)
-                stored = cached[1]["type"] if cached else None
-                stored = stored or self._read_table(exchange)["type"]
-            return self.exchange_types[stored or default]
-        return super().typeof(exchange, default)
 
     def _put_fanout(self, exchange: str, message: Any, routing_key: str, **kwargs: Any) -> None:
         for _, _, queue in self.get_table(exchange):
