@@ -31,7 +31,8 @@ class Step(task.Task):
     (a file it creates then), so the request always lands while it runs."""
 
     def execute(self, asked: str) -> str:
-        while self.name == "step-0" and not Path(asked).exists():
+        deadline = time.monotonic() + 60  # never outlive a parent that died before asking
+        while self.name == "step-0" and not Path(asked).exists() and time.monotonic() < deadline:
             time.sleep(0.05)
         time.sleep(0.1)
         return self.name
@@ -79,8 +80,8 @@ def main() -> None:
         print(f"flow {detail.name} is {detail.state} in another process: "
               f"{where['pid'] == other.pid}")
         with backends.backend(url) as backend:
-            asked = suspend_requests.request_suspend(backend, flow_uuid, by="example")
-        print("asked, and acknowledged:", asked.text.startswith("suspend requested"))
+            answer = suspend_requests.request_suspend(backend, flow_uuid, by="example")
+        print("asked, and acknowledged:", answer.text.startswith("suspend requested"))
         asked.touch()
         print("the engine process exited with", other.wait(60))
         detail = stored(url, flow_uuid)
