@@ -194,8 +194,11 @@ class Proxy:
         )
         # Message priority is an AMQP queue feature; TaskFlow's declarations have none, and a
         # broker refuses a queue redeclared with different arguments.
-        # beanstalkd orders every tube by job priority (see transport_beanstalk).
-        self._priorities = not taskflow_compat and (not self._virtual or driver == "beanstalk")
+        # beanstalkd orders every tube by job priority (see transport_beanstalk); flowengine's
+        # Redis, flowengine-fs and memory transports say they order by it.
+        self._priorities = not taskflow_compat and (
+            not self._virtual or driver == "beanstalk"
+            or getattr(transport_cls, "orders_by_priority", False))
         tune(driver, self._transport_options)
         # Publishing pools: [confirmed, unconfirmed]; they differ only where the transport
         # has publisher confirms (AMQP), otherwise both are the same pool.
@@ -297,8 +300,9 @@ class Proxy:
                 consumer; False for keys no queue is named after (announcements).
             retry: Retry with backoff on connection errors (False: one attempt).
             expiration: Seconds after which the broker may drop the message unconsumed.
-            priority: Message priority, clamped to 0..MAX_PRIORITY (AMQP default topology and
-                beanstalkd only; elsewhere dispatch order alone reflects priority).
+            priority: Message priority, clamped to 0..MAX_PRIORITY, highest delivered first
+                (not in ``taskflow_compat``, nor on kombu transports flowengine does not
+                replace; the levels each broker keeps are in doc/priorities.rst).
             confirm: Wait for the broker's confirmation where the transport has publisher
                 confirms (AMQP). Outcomes, requests and dead letters need it; progress,
                 heartbeats and discovery do not, and skip the round trip.

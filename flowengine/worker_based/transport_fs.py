@@ -2,12 +2,13 @@
 
 URL ``flowengine-fs://`` (import this module first, which registers it with kombu); transport
 options ``data_folder`` (default: a per-user folder in the system temp directory),
-``polling_interval`` (seconds, default 0.005), ``fsync`` (default False) and ``recover_interval``
-(seconds between scans for messages claimed by dead processes, default 30).
+``polling_interval`` (seconds, default 0.005), ``fsync`` (default False), ``recover_interval``
+(seconds between scans for messages claimed by dead processes, default 30) and
+``relist_interval`` (see :mod:`~flowengine.worker_based.transport_fs_order`, default 0.5).
 
 Layout under ``data_folder``::
 
-    queues/<queue>/<stamp>.msg           ready messages, oldest name first
+    queues/<queue>/<rank>-<stamp>.msg    ready messages, most urgent then oldest name first
     claimed/<pid>/<queue>/<stamp>.msg    delivered to process <pid>, not yet acknowledged
     exchanges/<exchange>.json            the exchange's type and bindings (shared by all processes)
     tmp/                                 messages being written
@@ -56,6 +57,7 @@ from kombu.utils import json as kombu_json
 import flowengine
 from flowengine.worker_based import transport_fs_doorbell as doorbell
 from flowengine.worker_based import transport_fs_files as files
+from flowengine.worker_based import transport_fs_order as order
 
 LOG = logging.getLogger(__name__)
 
@@ -129,6 +131,8 @@ class Channel(virtual.Channel):
 
     QoS = QoS
     supports_fanout = True
+    #: Monotonic clock of the relisting (tests replace it on an instance).
+    clock: Any = staticmethod(time.monotonic)
 
     def __init__(self, connection: Any, **kwargs: Any) -> None:
         super().__init__(connection, **kwargs)
@@ -137,6 +141,8 @@ class Channel(virtual.Channel):
         self.fsync = bool(options.get("fsync", False))
         self.recover_interval = float(options.get("recover_interval", DEFAULT_RECOVER_INTERVAL))
         self._next_recovery = 0.0
+        self.relist_interval = float(options.get("relist_interval", order.RELIST_INTERVAL))
+        self._listed_at: dict[str, float] = {}
         # Plain strings joined with "/" on the per-message paths: pathlib, and even
         # os.path.join, cost more than the system calls they name.
         self._root = os.path.abspath(self.root)
@@ -189,7 +195,7 @@ class Channel(virtual.Channel):
         return os.path.isdir(self._queue_dir(queue))
 
     def _put(self, queue: str, message: Any, **kwargs: Any) -> None:
-        name = _STAMPER.next_name()
+        name = order.ranked(_STAMPER.next_name(), self._get_message_priority(message, reverse=True))
         data = kombu_json.dumps(message).encode("utf-8")
         source = self._write_spare(data)
         if source is None:
@@ -219,10 +225,13 @@ class Channel(virtual.Channel):
 
     def _get(self, queue: str, timeout: float | None = None) -> Any:
         pending = self._pending.get(queue)
-        if not pending:
+        now = self.clock()
+        # Listed again when stale too: a more urgent message may have come in since.
+        if not pending or now - self._listed_at.get(queue, now) >= self.relist_interval:
             if time.monotonic() >= self._next_recovery:
                 self._recover_dead_claims()
             pending = self._pending[queue] = collections.deque(self._list(queue))
+            self._listed_at[queue] = now
         while pending:
             name = pending.popleft()
             claimed = self._claim(queue, name)
@@ -456,6 +465,8 @@ class Transport(virtual.Transport):
     polling_interval = DEFAULT_POLLING_INTERVAL
     driver_type = TRANSPORT_NAME
     driver_name = TRANSPORT_NAME
+    #: Message priority orders delivery (see transport_fs_order).
+    orders_by_priority = True
     # A vanished or unwritable data folder is worth a reconnect, not a dead consumer.
     channel_errors = virtual.Transport.channel_errors + (OSError,)  # type: ignore[assignment]
     implements = virtual.Transport.implements.extend(
