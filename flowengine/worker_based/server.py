@@ -204,6 +204,12 @@ class Server:
         """Requests taken and not settled yet."""
         return self._busy
 
+    @property
+    def prefetch(self) -> int | None:
+        """The consumer's prefetch limit now (None: no limit): below the capacity after a
+        reconnect while requests taken before it still run."""
+        return self._proxy.prefetch_limit
+
     def _headers(self, request_headers: Mapping[str, Any] | None = None) -> dict[str, Any]:
         headers: dict[str, Any] = {
             pr.HEADER_PROTOCOL: pr.PROTOCOL_VERSION,

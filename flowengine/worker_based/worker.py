@@ -213,7 +213,7 @@ class Worker:
                 "in_flight": server.in_flight, "freq": self._heartbeat_interval,
                 "paused": server.topic_pause.paused,
                 "paused_for": server.topic_pause.remaining,
-                "threads": self.threads, "prefetch": self._pool_prefetch()}
+                "threads": self.threads, "prefetch": server.prefetch}
 
     @property
     def _threads_label(self) -> str:
