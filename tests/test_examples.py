@@ -23,6 +23,7 @@ NEEDS_SERVERS: frozenset[str] = frozenset()
 #: without an entry must still exit with status 0 and print something.
 EXPECTED_LINES: dict[str, list[str]] = {
     "wbe_autoscale.py": ["task threads at start: 1", "flow SUCCESS"],
+    "wbe_priorities.py": ["sent weekly (priority 1)", "served in order: outage, daily, weekly"],
     "wbe_pause.py": [
         "topic orders paused: True",
         "after 1s paused, the flow is still running: True",
