@@ -216,13 +216,22 @@ class EventListener(base.Listener):
             fields["runtime"] = runtime
         self._sink.emit(event_type, **fields)
 
+    def _retry_delay(self, name: str, attempt: int) -> float:
+        """Seconds retry controller ``name`` waits before ``attempt`` (its delay and backoff)."""
+        compilation = getattr(self._engine, "compilation", None)
+        atoms = [] if compilation is None else compilation.iter_atoms()
+        controller = next((a for a in atoms if a.name == name), None)
+        delay_before = getattr(controller, "delay_before", None)
+        return float(delay_before(attempt)) if callable(delay_before) else 0.0
+
     def _retried_fields(self, name: str, atom_uuid: str) -> dict[str, Any]:
         """A RETRY decision: the attempt it starts and the failures that caused it."""
         history = self._engine.storage.get_retry_history(name)
         fields: dict[str, Any] = {
             "flow_uuid": self._engine.storage.flow_uuid, "atom_uuid": atom_uuid,
             "task_name": name, "kind": "retry", "decision": "RETRY",
-            "history": len(history), "attempt": len(history) + 1}
+            "history": len(history), "attempt": len(history) + 1,
+            "delay": self._retry_delay(name, len(history) + 1)}
         failed = dict(history.outcomes_iter(len(history) - 1)) if len(history) else {}
         if failed:
             first, failure = next(iter(failed.items()))
