@@ -67,6 +67,19 @@ def test_a_later_consumer_takes_the_highest_priority_first(proxy: px.Proxy) -> N
     assert served == SERVED
 
 
+def test_redis_with_ten_priority_steps_keeps_every_level_apart() -> None:
+    # Levels 1 and 2 share kombu's default step; with a step per priority they do not.
+    made = px.Proxy("work", f"prio-{uuid.uuid4().hex[:10]}", {}, url=require_broker("redis").url,
+                    transport_options={"priority_steps": list(range(10))})
+    try:
+        for name, priority in (("one", 1), ("two", 2), ("zero", 0)):
+            made.publish(pr.Notify(topic=name, tasks=[]), "work", priority=priority)
+        assert [m.json()["topic"] for m in made.browse("work")] == ["two", "one", "zero"]
+    finally:
+        made.delete_own_queue()
+        made.close()
+
+
 def test_taskflow_compat_sends_no_priority(tmp_path: Path) -> None:
     # TaskFlow's declarations carry no x-max-priority, and its peers expect none.
     made = px.Proxy("work", f"prio-{uuid.uuid4().hex[:10]}", {}, taskflow_compat=True,
