@@ -9,7 +9,7 @@ options ``data_folder`` (default: a per-user folder in the system temp directory
 Layout under ``data_folder``::
 
     queues/<queue>/<rank>-<stamp>.msg    ready messages, most urgent then oldest name first
-    claimed/<pid>/<queue>/<stamp>.msg    delivered to process <pid>, not yet acknowledged
+    claimed/<pid>/<queue>/*.msg          delivered to process <pid>, not yet acknowledged
     exchanges/<exchange>.json            the exchange's type and bindings (shared by all processes)
     tmp/                                 messages being written
     bad/<queue>/                         files that could not be decoded, kept for inspection
