@@ -67,6 +67,26 @@ def test_events_heard_make_one_bar_per_attempt(store: base.Backend,
         (1, "w1", "LOST", 10.0, 10.0, 11.0), (2, "w2", "SUCCESS", 11.5, 12.0, 13.0)]
 
 
+def test_a_retry_wait_heard_is_a_wait_bar_before_the_attempt(store: base.Backend,
+                                                              stored: dict[str, str]) -> None:
+    hub = EventHub(None)
+    data = DashboardData(store, hub)
+    flow = stored["provisioning"]
+    atom = next(a["uuid"] for a in data.flow(flow).atoms if a["name"] == "disk")  # type: ignore[union-attr]
+    for kind, stamp, extra in (("task-delayed", 10.0, {"attempt": 2, "due": 70.0}),
+                               ("task-delay-ended", 70.0, {"attempt": 2}),
+                               ("task-started", 70.5, {"attempt": 2}),
+                               ("task-succeeded", 71.0, {"attempt": 2})):
+        hub.publish({"type": kind, "timestamp": stamp, "flow_uuid": flow, "atom_uuid": atom,
+                     "task_name": "disk", "kind": "retry", **extra})
+    view = data.flow(flow)
+    assert view is not None and view.timeline is not None
+    [row] = [row for row in view.timeline.rows if row.name == "disk"]
+    assert [(b.action, b.attempt, b.outcome, b.start, b.end) for b in row.bars] == [
+        ("wait", 2, "WAITED", 10.0, 70.0), ("execute", 2, "SUCCESS", 70.5, 71.0)]
+    assert row.bars[0].note == "until 1970-01-01T00:01:10.000Z"
+
+
 def test_resume_runs_a_suspended_flow_on_its_stored_engine(store: base.Backend) -> None:
     # A flow with secret inputs is refused (its secrets are not stored): see test_dashboard_app.
     storage = store_suspended(store, df.plain, {"session": {"user": "ada"}})
