@@ -2,7 +2,8 @@
 
 A worker-based engine runs a retried task on a ``flowengine worker`` process; the task fails
 its first attempt and the controller waits before the second. During the wait an operator sees
-it in the events (``task-delayed`` with its due time), in ``flowengine show`` (the controller
+it in the event stream (``task-delayed`` with its due time, as ``flowengine events`` reads
+it), in ``flowengine show`` (the controller
 ``RETRYING``, ``DELAYED UNTIL``) and in ``flowengine topics`` (nothing queued for the topic:
 the engine holds the wait, no request sits at the broker). The engine is suspended during the
 wait; a second engine resumes the stored flow, waits only what is left, and the flow finishes
@@ -15,6 +16,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +33,7 @@ from flowengine.cli.main import cli
 from flowengine.flows import linear_flow as lf
 from flowengine.persistence import backends
 from flowengine.utils import persistence_utils
-from flowengine.worker_based import extensions as ext
-from flowengine.worker_based.event_listener import EventListener
+from flowengine.worker_based.events import EventReceiver
 from flowengine.worker_based.topics import topic_stats
 
 pytestmark = pytest.mark.integration
@@ -42,20 +43,39 @@ TOPIC = "delays"
 DELAY = 600.0
 
 
-class Events(ext.EventSink):
-    """The events of one engine run, and a signal when its retry starts waiting."""
+class Events:
+    """The flow's retry-wait events as an operator follows them (``flowengine events``): read
+    from the exchange's event stream on a thread until closed."""
 
-    def __init__(self) -> None:
-        self.events: list[tuple[str, dict[str, Any]]] = []
-        self.delayed = threading.Event()
+    def __init__(self, exchange: str, url: str, flow_uuid: str) -> None:
+        self.events: list[dict[str, Any]] = []
+        self._changed = threading.Condition()
+        self._ready, self._stop = threading.Event(), threading.Event()
+        receiver = EventReceiver(exchange, url=url, flow=flow_uuid,
+                                 types=("task-delayed", "task-delay-ended"))
+        self._thread = threading.Thread(target=self._read, args=(receiver,), daemon=True)
+        self._thread.start()
+        assert self._ready.wait(WAIT), "the event receiver never listened"
 
-    def emit(self, event_type: str, **fields: object) -> None:
-        self.events.append((event_type, dict(fields)))
-        if event_type == "task-delayed":
-            self.delayed.set()
+    def _read(self, receiver: EventReceiver) -> None:
+        for event in receiver.iter(ready=self._ready.set, stop=self._stop):
+            with self._changed:
+                self.events.append(event)
+                self._changed.notify_all()
 
-    def of(self, event_type: str) -> list[dict[str, Any]]:
-        return [fields for kind, fields in self.events if kind == event_type]
+    def of(self, event_type: str, count: int = 0) -> list[dict[str, Any]]:
+        """The events of ``event_type``, once there are ``count`` of them."""
+        with self._changed:
+            assert self._changed.wait_for(
+                lambda: len(self._of(event_type)) >= count, WAIT), self.events
+            return self._of(event_type)
+
+    def _of(self, event_type: str) -> list[dict[str, Any]]:
+        return [e for e in self.events if e["type"] == event_type]
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(WAIT)
 
 
 def _show(backend_uri: str, flow_uuid: str) -> dict[str, Any]:
@@ -82,29 +102,36 @@ def test_a_retry_wait_is_visible_survives_suspension_and_the_flow_finishes(
     flow.add(ft.FailsFirst("flaky"))
     clock = ManualClock(time.time())
 
-    def engine_run(sink: Events) -> tuple[Any, Any]:
+    def engine_run() -> tuple[Any, Any]:
         engine = engines.load(flow, engine="worker-based", backend=backend, flow_detail=detail,
                               **fleet.engine_options(TOPIC, transition_timeout=WAIT,
                                                      retry_clock=clock))
-        listener = EventListener(engine, sink, task_events=False)
-        listener.register()
         return engine, runs.start(engine)
 
-    first = Events()
-    engine, run = engine_run(first)
-    assert first.delayed.wait(WAIT), first.events
-    delayed = first.of("task-delayed")[0]
+    events = Events(exchange, broker.url, detail.uuid)
+    try:
+        _wait_suspend_and_resume(broker_name, broker.url, exchange, backend_uri, detail.uuid,
+                                 clock, stage, events, engine_run)
+    finally:
+        events.close()
+
+
+def _wait_suspend_and_resume(broker_name: str, url: str, exchange: str, backend_uri: str,
+                             flow_uuid: str, clock: ManualClock, stage: Stage, events: Events,
+                             engine_run: Callable[[], tuple[Any, Any]]) -> None:
+    engine, run = engine_run()
+    delayed = events.of("task-delayed", 1)[0]
     assert (delayed["task_name"], delayed["attempt"], delayed["delay"]) == ("r", 2, DELAY)
     due = delayed["due"]
     assert due == pytest.approx(clock.now + DELAY)
     assert [line["attempt"] for line in stage.ledger.starts("flaky")] == [1]
 
     # What an operator sees during the wait.
-    shown = _show(backend_uri, detail.uuid)
+    shown = _show(backend_uri, flow_uuid)
     assert (shown["r"]["state"], shown["r"]["delayed_until"]) == (
         states.RETRYING, fmt.timestamp(due))
     assert shown["flaky"]["state"] == states.PENDING
-    stats = {s.topic: s for s in topic_stats(exchange, [TOPIC], url=broker.url)}[TOPIC]
+    stats = {s.topic: s for s in topic_stats(exchange, [TOPIC], url=url)}[TOPIC]
     assert stats.ready == 0, stats  # the engine holds the wait: nothing queued meanwhile
     if broker_name == "beanstalk":
         assert (stats.delayed, stats.running) == (0, 0), stats
@@ -114,14 +141,11 @@ def test_a_retry_wait_is_visible_survives_suspension_and_the_flow_finishes(
     engine.suspend()
     assert run.join(WAIT) is None
     assert engine.storage.get_flow_state() == states.SUSPENDED
-    assert _show(backend_uri, detail.uuid)["r"]["delayed_until"] == fmt.timestamp(due)
-    assert not first.of("task-delay-ended")
+    assert _show(backend_uri, flow_uuid)["r"]["delayed_until"] == fmt.timestamp(due)
 
     # Another engine resumes the stored flow and waits only what is left.
-    second = Events()
-    resumed, run = engine_run(second)
-    assert second.delayed.wait(WAIT), second.events
-    again = second.of("task-delayed")[0]
+    resumed, run = engine_run()
+    again = events.of("task-delayed", 2)[1]
     assert (again["due"], again["delay"]) == (due, pytest.approx(DELAY * 2 / 3))
     assert [line["attempt"] for line in stage.ledger.starts("flaky")] == [1]
     clock.advance(DELAY * 2 / 3)
@@ -130,5 +154,5 @@ def test_a_retry_wait_is_visible_survives_suspension_and_the_flow_finishes(
     assert resumed.storage.get_flow_state() == states.SUCCESS
     assert resumed.storage.get("flaky")["attempt"] == 2
     assert [line["attempt"] for line in stage.ledger.starts("flaky")] == [1, 2]
-    assert [e["attempt"] for e in second.of("task-delay-ended")] == [2]
-    assert _show(backend_uri, detail.uuid)["r"]["delayed_until"] is None
+    assert [e["attempt"] for e in events.of("task-delay-ended", 1)] == [2]
+    assert _show(backend_uri, flow_uuid)["r"]["delayed_until"] is None
