@@ -3,9 +3,9 @@
 A worker-based engine runs a retried task on a ``flowengine worker`` process; the task fails
 its first attempt and the controller waits before the second. During the wait an operator sees
 it in the event stream (``task-delayed`` with its due time, as ``flowengine events`` reads
-it), in ``flowengine show`` (the controller
-``RETRYING``, ``DELAYED UNTIL``) and in ``flowengine topics`` (nothing queued for the topic:
-the engine holds the wait, no request sits at the broker). The engine is suspended during the
+it), in ``flowengine show`` (the controller ``RETRYING``, ``DELAYED UNTIL``) and in
+``flowengine topics`` (nothing queued for the topic: the engine holds the wait, no request sits
+at the broker). The engine is suspended during the
 wait; a second engine resumes the stored flow, waits only what is left, and the flow finishes
 on the worker. The retry clock is injected (engine option ``retry_clock``), so the test moves
 time instead of sleeping.
