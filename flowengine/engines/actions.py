@@ -215,7 +215,7 @@ class RetryAction:
         self._clock = clock
         self._waits = waits if waits is not None else RetryWaits()
 
-    def due(self, retry: Retry) -> float | None:
+    def _due(self, retry: Retry) -> float | None:
         """When the stored wait before the retry's next attempt ends (epoch seconds), or None."""
         due = _meta(self._storage, retry.name).get(META_RETRY_DUE)
         return float(due) if due is not None else None
@@ -226,7 +226,7 @@ class RetryAction:
     def start_wait(self, retry: Retry, seconds: float) -> None:
         """Store when the wait of ``seconds`` before the retry's next attempt ends."""
         due = self._clock() + seconds if seconds > 0 else None
-        if due is not None or self.due(retry) is not None:
+        if due is not None or self._due(retry) is not None:
             self._storage.update_atom_metadata(retry.name, {META_RETRY_DUE: due})
 
     def remaining_wait(self, retry: Retry, longest: float) -> float:
@@ -234,18 +234,18 @@ class RetryAction:
 
         The bound keeps a wall clock set back while the flow was suspended from stretching it.
         """
-        due = self.due(retry)
+        due = self._due(retry)
         return 0.0 if due is None else max(0.0, min(due - self._clock(), longest))
 
     def waiting(self, retry: Retry, seconds: float) -> None:
         """Announce that the retry waits ``seconds`` now (its timer is armed) until it is due."""
-        due = self.due(retry)
+        due = self._due(retry)
         if due is not None:
             self._waits.announce(RetryWait(retry.name, self._attempt(retry), due, seconds))
 
     def end_wait(self, retry: Retry) -> None:
         """The wait is over: forget its due time (so nothing shows it delayed) and say so."""
-        if self.due(retry) is None:
+        if self._due(retry) is None:
             return
         self._storage.update_atom_metadata(retry.name, {META_RETRY_DUE: None})
         self._waits.announce(RetryWait(retry.name, self._attempt(retry), None, 0.0))
