@@ -325,6 +325,8 @@ class Runtime:
             self.retry_action.start_wait(retry, wait)
         elif self.storage.get_atom_state(retry.name) == states.RETRYING:
             wait = self.retry_action.remaining_wait(retry, retry.delay_before(attempt))
+            if wait <= 0:
+                self.retry_action.end_wait(retry)  # it ran out while nothing ran the flow
         if wait > 0 and self.storage.get_flow_state() == states.SUSPENDING:
             # Suspended before the wait began: start nothing; a resumed run waits what is left.
             future: cf.Future = cf.Future()

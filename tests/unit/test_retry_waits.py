@@ -186,3 +186,20 @@ def test_show_tells_when_a_waiting_retry_is_due(tmp_path: Any) -> None:
     assert by_atom["r"][2] == states.RETRYING
     assert by_atom["r"][at] == fmt.timestamp(START + WAIT)
     assert by_atom["flaky"][at] == "-"
+
+
+def test_a_wait_that_ran_out_while_suspended_ends_at_once_on_resume() -> None:
+    waiting = Waiting()
+    engine = waiting.engine()
+    thread = waiting.run_in_thread(engine)
+    engine.suspend()
+    thread.join(30)
+    waiting.clock.advance(WAIT + 1)  # the flow stayed suspended past the due time
+    resumed = waiting.engine()
+    with EventListener(resumed, waiting.sink):
+        resumed.run()  # nothing to wait for: no check() needed
+    assert resumed.storage.get_flow_state() == states.SUCCESS
+    assert waiting.due(resumed) is None
+    ended = [fields for kind, fields in waiting.sink.events if kind == "task-delay-ended"]
+    assert [e["attempt"] for e in ended] == [2]
+
