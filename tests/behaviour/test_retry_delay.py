@@ -50,7 +50,7 @@ def waits() -> list[tuple[int, int]]:
 
 
 class SideProgress:
-    """Counts the side chain's finished steps, so a test can wait for it to move on."""
+    """Wakes a waiting test each time a step of the side chain finishes."""
 
     def __init__(self, engine) -> None:
         self._done = 0
@@ -63,11 +63,16 @@ class SideProgress:
                 self._done += 1
                 self._changed.notify_all()
 
-    def wait_for_more(self, count: int) -> None:
-        """Wait until ``count`` more steps finished (or the whole chain has)."""
+    def wait_for_steps_after(self, seq: int, count: int = 2) -> None:
+        """Wait until ``count`` side steps executed after ledger entry ``seq`` (or the whole
+        chain finished). A step's execute is in the ledger before its SUCCESS reaches here."""
+        def moved_on() -> bool:
+            after = [e for e in tasks.entries("execute")
+                     if e["atom"].startswith("side") and e["seq"] > seq]
+            return len(after) >= count or self._done >= SIDE_STEPS
+
         with self._changed:
-            target = min(self._done + count, SIDE_STEPS)
-            assert self._changed.wait_for(lambda: self._done >= target, 30), (
+            assert self._changed.wait_for(moved_on, 30), (
                 "the side chain did not move on while the retry waited", self._done)
 
 
@@ -91,7 +96,7 @@ def test_other_ready_atoms_run_while_a_retry_waits(engine_factory, delay):
     runner.start()
     for _attempt in (2, 3):
         wait = started.get(timeout=30)
-        side.wait_for_more(2)
+        side.wait_for_steps_after(tasks.entries("retrying")[-1]["seq"])
         clock.advance(wait.seconds)
         engine.retry_waits.timer.check()
     runner.join(30)
