@@ -2,7 +2,9 @@
 
 1. ``Times`` retries a flaky upload up to 4 attempts, waiting 0.05 s before the second attempt
    and twice as long before each one after (``delay``/``backoff``). The wait never blocks other
-   ready atoms: the engine keeps running them while the retry's timer counts down.
+   ready atoms: the engine keeps running them while the retry's timer counts down. Each wait is
+   announced as it starts and ends (``engine.retry_waits``; the same as the ``task-delayed``
+   and ``task-delay-ended`` events, and ``DELAYED UNTIL`` in ``flowengine show``).
 2. ``ForEach`` tries one mirror after another until a download succeeds.
 
 Run: python examples/retry_flow.py
@@ -11,6 +13,7 @@ Run: python examples/retry_flow.py
 import time
 
 from flowengine import engines, retry, task
+from flowengine.engines import RetryWait
 from flowengine.flows import linear_flow
 
 
@@ -41,10 +44,20 @@ class Download(task.Task):
         return mirror
 
 
+def announce_wait(wait: RetryWait) -> None:
+    if wait.due is not None:
+        print(f"{wait.retry_name}: waiting {wait.seconds:.2f}s before attempt {wait.attempt}")
+    else:
+        print(f"{wait.retry_name}: wait over, attempt {wait.attempt} starts")
+
+
 def upload_with_backoff() -> None:
     controller = retry.Times(4, name="upload-retry", provides="attempt", delay=0.05, backoff=2.0)
     flow = linear_flow.Flow("upload", retry=controller).add(Upload(time.monotonic()))
-    results = engines.run(flow)
+    engine = engines.load(flow)
+    engine.retry_waits.subscribe(announce_wait)
+    engine.run()
+    results = engine.storage.fetch_all()
     print(f"result: {results['receipt']}")
 
 

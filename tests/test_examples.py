@@ -30,6 +30,7 @@ EXPECTED_LINES: dict[str, list[str]] = {
         "resumed here: SUCCESS, 5 steps done",
     ],
     "wbe_autoscale.py": ["task threads at start: 1", "flow SUCCESS"],
+    "wbe_priorities.py": ["sent weekly (priority 1)", "served in order: outage, daily, weekly"],
     "wbe_pause.py": [
         "topic orders paused: True",
         "after 1s paused, the flow is still running: True",
@@ -65,7 +66,11 @@ EXPECTED_LINES: dict[str, list[str]] = {
     ],
     "retry_flow.py": [
         "upload: cleaning up the partial upload of attempt 1",
+        "upload-retry: waiting 0.05s before attempt 2",
+        "upload-retry: wait over, attempt 2 starts",
         "upload: cleaning up the partial upload of attempt 2",
+        "upload-retry: waiting 0.10s before attempt 3",
+        "upload-retry: wait over, attempt 3 starts",
         "result: uploaded on attempt 3",
         "download: mirror-a is unreachable",
         "download: mirror-b is unreachable",

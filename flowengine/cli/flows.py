@@ -91,7 +91,8 @@ def _atom_table(atoms: list[dict[str, Any]], width: int | None) -> list[str]:
              fmt.duration(atom["duration"]), fmt.duration(atom["revert_duration"])]
             for atom in atoms]
     # Attempts and workers are shown only when recorded (retries, and engines that store them).
-    for key, title in (("attempts", "ATTEMPTS"), ("workers", "WORKERS")):
+    for key, title in (("attempts", "ATTEMPTS"), ("workers", "WORKERS"),
+                       ("delayed_until", "DELAYED UNTIL")):
         if any(atom[key] is not None for atom in atoms):
             headers.append(title)
             for row, atom in zip(rows, atoms):

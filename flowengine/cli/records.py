@@ -20,6 +20,7 @@ from flowengine import exceptions as exc
 from flowengine import states
 from flowengine.cli import formatting as fmt
 from flowengine.cli.loading import LoadError
+from flowengine.engines.actions import META_RETRY_DUE
 from flowengine.persistence import backends, base, models
 from flowengine.persistence._record import version_string
 from flowengine.persistence.backends._uri import mask_urls, split_conf
@@ -196,8 +197,9 @@ def atom_record(ad: models.AtomDetail) -> dict[str, Any]:
 
     Timings come from the ``<STATE>-timestamp`` and ``duration`` metadata the timing listeners
     record (``flowengine run`` attaches them); attempts and workers from the ``attempt_log``,
-    ``attempts`` and ``worker``/``workers`` metadata the worker-based engine records. Missing
-    ones are None.
+    ``attempts`` and ``worker``/``workers`` metadata the worker-based engine records;
+    ``delayed_until`` (ISO 8601) for a retry controller waiting out its delay. Missing ones are
+    None.
     """
     meta = dict(ad.meta)
     stamps = _stamps(meta)
@@ -223,9 +225,18 @@ def atom_record(ad: models.AtomDetail) -> dict[str, Any]:
         "attempts": len(ad.results or ()) if is_retry else meta.get("attempts"),
         "workers": workers,
         "attempt_log": attempt_log,
-        "result": ad.last_results,
+        "delayed_until": _delayed_until(ad.state, meta.get(META_RETRY_DUE)),
+        # A retry controller that never ran has no results (its last_results raises).
+        "result": ad.last_results if not is_retry or ad.results else None,
         "revert_result": ad.revert_results,
         "failure": failure_record(ad.failure),
         "revert_failure": failure_record(ad.revert_failure),
         "meta": meta,
     }
+
+
+def _delayed_until(state: str | None, due: Any) -> str | None:
+    """When a retry waiting before its next attempt (stored due time, RETRYING) is due."""
+    if state != states.RETRYING or not isinstance(due, int | float):
+        return None
+    return fmt.timestamp(float(due))

@@ -24,13 +24,15 @@ from rich.text import Text
 from flowengine import states
 from flowengine.cli import formatting as fmt
 from flowengine.cli import records
-from flowengine.engines import compiler
+from flowengine.engines import RetryWait, compiler
 from flowengine.task import EVENT_UPDATE_PROGRESS
 from flowengine.types.failure import Failure
 from flowengine.types.notifier import Notifier
 
 #: The event name views receive for a progress update (the others are atom states).
 PROGRESS = "progress"
+#: The event name views receive when a retry controller starts waiting before an attempt.
+DELAYED = "DELAYED"
 _STARTS = frozenset((states.RUNNING, states.REVERTING))
 _ENDS = frozenset((states.SUCCESS, states.FAILURE, states.REVERTED, states.REVERT_FAILURE))
 _STYLES = {
@@ -106,6 +108,7 @@ class RunWatcher:
         self._engine.atom_notifier.register(Notifier.ANY, self._on_atom)
         for task in self._tasks:
             task.notifier.register(EVENT_UPDATE_PROGRESS, self._on_progress, args=(task.name,))
+        self._engine.retry_waits.subscribe(self._on_wait)
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -114,6 +117,7 @@ class RunWatcher:
         self._engine.atom_notifier.deregister(Notifier.ANY, self._on_atom)
         for task in self._tasks:
             task.notifier.deregister(EVENT_UPDATE_PROGRESS, self._on_progress)
+        self._engine.retry_waits.unsubscribe(self._on_wait)
 
     def statuses(self) -> list[AtomStatus]:
         """Copies of every atom's status, in the flow's order."""
@@ -156,6 +160,19 @@ class RunWatcher:
             status.progress = details.get("progress")
             changed = dataclasses.replace(status)
         self._tell(changed, PROGRESS)
+
+    def _on_wait(self, wait: RetryWait) -> None:
+        with self._lock:
+            status = self._atoms.get(wait.retry_name)
+            if status is None:
+                return
+            if wait.due is None:  # over: the controller's next state tells the rest
+                status.note = ""
+                return
+            status.note = (f"waits {fmt.duration(wait.seconds)} for attempt {wait.attempt} "
+                           f"(until {fmt.timestamp(wait.due)})")
+            changed = dataclasses.replace(status)
+        self._tell(changed, DELAYED)
 
     def _tell(self, status: AtomStatus, event: str) -> None:
         for view in self._views:

@@ -136,11 +136,11 @@ def _capacity(row: dict[str, Any]) -> str:
 
 def _print_table(rows: list[dict[str, Any]]) -> None:
     now = time.time()
-    header = ("WORKER", "TOPICS", "TASKS", "CAPACITY", "FREE", "IN-FLIGHT", "PAUSED",
-              "LAST HEARTBEAT")
+    header = ("WORKER", "TOPICS", "TASKS", "CAPACITY", "FREE", "IN-FLIGHT", "PREFETCH",
+              "PAUSED", "LAST HEARTBEAT")
     lines = [header] + [
-        (r["worker"], ",".join(r["topics"]) or "-", str(len(r["tasks"])),
-         _capacity(r), *("-" if r[k] is None else str(r[k]) for k in ("free", "in_flight")),
+        (r["worker"], ",".join(r["topics"]) or "-", str(len(r["tasks"])), _capacity(r),
+         *("-" if r[k] is None else str(r[k]) for k in ("free", "in_flight", "prefetch")),
          "-" if r["paused"] is None else ("yes" if r["paused"] else "no"),
          _age(r["last_heartbeat"], now)) for r in rows]
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]

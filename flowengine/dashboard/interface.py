@@ -128,7 +128,7 @@ class DashboardData:
                injected: dict[str, Any], secrets: list[str]) -> dict[str, Any]:
         shown = {k: atom[k] for k in ("name", "uuid", "kind", "state", "intention", "progress",
                                       "started_at", "duration", "revert_duration", "attempts",
-                                      "workers", "attempt_log")}
+                                      "workers", "attempt_log", "delayed_until")}
         inputs = ({} if isinstance(compiled, str)
                   else cp.inputs_of(compiled, atom["name"], results, injected))
         if not isinstance(compiled, str):

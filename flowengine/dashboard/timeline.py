@@ -2,9 +2,10 @@
 
 Two sources make the bars. Events the dashboard heard while the flow ran give each attempt its
 own bar: queued (``task-sent``) then running on a worker, ending in its outcome, a lost attempt
-ending ``LOST``. Stored timestamps (``<STATE>-timestamp`` metadata) give one execute bar and one
-revert bar per atom, with the attempts the engine logged named on it; they are what a page opened
-after the dashboard started missing the run can show.
+ending ``LOST``; a retry controller's wait before an attempt (``task-delayed`` until
+``task-delay-ended``) is a ``wait`` bar. Stored timestamps (``<STATE>-timestamp`` metadata) give
+one execute bar and one revert bar per atom, with the attempts the engine logged named on it;
+they are what a page opened after the dashboard started missing the run can show.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
+
+from flowengine.cli import formatting as fmt
 
 _ENDS = {"task-succeeded": "SUCCESS", "task-failed": "FAILURE", "task-reverted": "REVERTED",
          "task-revert-failed": "REVERT_FAILURE", "task-lost": "LOST"}
@@ -86,6 +89,8 @@ def from_events(events: Iterable[Mapping[str, Any]]) -> dict[str, Row]:
         action = str(event.get("action") or "execute")
         attempt = event.get("attempt") if isinstance(event.get("attempt"), int) else None
         worker = event.get("worker") if isinstance(event.get("worker"), str) else None
+        if _waited(row, kind, event, float(stamp), attempt):
+            continue
         bar = _open_bar(row, action, attempt)
         if kind == "task-sent" or (kind == "task-started" and bar is None):
             bar = Bar(action, float(stamp), attempt=attempt, worker=worker)
@@ -102,6 +107,23 @@ def from_events(events: Iterable[Mapping[str, Any]]) -> dict[str, Row]:
             bar.end, bar.outcome = float(stamp), _ENDS[kind]
             bar.note = str(event.get("reason") or event.get("exc_type") or "")
     return rows
+
+
+def _waited(row: Row, kind: str, event: Mapping[str, Any], stamp: float,
+            attempt: int | None) -> bool:
+    """A retry controller's wait before an attempt (``task-delayed`` to ``task-delay-ended``)
+    as a ``wait`` bar; False for any other event."""
+    if kind == "task-delayed":
+        due = event.get("due")
+        until = fmt.timestamp(float(due)) if isinstance(due, int | float) else None
+        row.bars.append(Bar("wait", stamp, attempt=attempt, note=f"until {until}" if until else ""))
+        return True
+    if kind == "task-delay-ended":
+        bar = _open_bar(row, "wait", attempt)
+        if bar is not None:
+            bar.end, bar.outcome = stamp, "WAITED"
+        return True
+    return False
 
 
 def _open_bar(row: Row, action: str, attempt: int | None) -> Bar | None:

@@ -1,5 +1,6 @@
 """Engines: load a flow and run it (serially, on threads, or on remote workers)."""
 
+from flowengine.engines.delays import RetryWait
 from flowengine.engines.engine import ActionEngine, ParallelActionEngine, SerialActionEngine
 from flowengine.engines.helpers import (
     ENGINE_DEFAULT,
@@ -26,4 +27,6 @@ __all__ = [
     "ActionEngine",
     "SerialActionEngine",
     "ParallelActionEngine",
+    # what engine.retry_waits announces
+    "RetryWait",
 ]

@@ -13,6 +13,7 @@ from typing import Any
 from flowengine import exceptions as exc
 from flowengine import states
 from flowengine.engines import executor as ex
+from flowengine.engines.delays import RetryWait, RetryWaits
 from flowengine.retry import EXECUTE_REVERT_HISTORY, REVERT_FLOW_FAILURES, Retry
 from flowengine.storage import Storage
 from flowengine.types.failure import Failure
@@ -202,18 +203,25 @@ class RetryAction:
     Args:
         clock: seconds since the epoch; a wait's due time is stored by this clock, because a
             monotonic one means nothing to the process that resumes the flow.
+        waits: told when a wait starts (or resumes) and ends, for events and operators.
     """
 
     def __init__(self, storage: Storage, notifier: Notifier, on_state: StateHook,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 waits: RetryWaits | None = None) -> None:
         self._storage = storage
         self._notifier = notifier
         self._on_state = on_state
         self._clock = clock
+        self._waits = waits if waits is not None else RetryWaits()
 
     def _due(self, retry: Retry) -> float | None:
+        """When the stored wait before the retry's next attempt ends (epoch seconds), or None."""
         due = _meta(self._storage, retry.name).get(META_RETRY_DUE)
         return float(due) if due is not None else None
+
+    def _attempt(self, retry: Retry) -> int:
+        return len(self._storage.get_retry_history(retry.name)) + 1
 
     def start_wait(self, retry: Retry, seconds: float) -> None:
         """Store when the wait of ``seconds`` before the retry's next attempt ends."""
@@ -228,6 +236,19 @@ class RetryAction:
         """
         due = self._due(retry)
         return 0.0 if due is None else max(0.0, min(due - self._clock(), longest))
+
+    def waiting(self, retry: Retry, seconds: float) -> None:
+        """Announce that the retry waits ``seconds`` now (its timer is armed) until it is due."""
+        due = self._due(retry)
+        if due is not None:
+            self._waits.announce(RetryWait(retry.name, self._attempt(retry), due, seconds))
+
+    def end_wait(self, retry: Retry) -> None:
+        """The wait is over: forget its due time (so nothing shows it delayed) and say so."""
+        if self._due(retry) is None:
+            return
+        self._storage.update_atom_metadata(retry.name, {META_RETRY_DUE: None})
+        self._waits.announce(RetryWait(retry.name, self._attempt(retry), None, 0.0))
 
     def _announce(self, retry: Retry, state: str, old_state: str, result: Any) -> None:
         self._on_state(retry, state)

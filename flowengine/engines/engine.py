@@ -16,6 +16,7 @@ from flowengine.engines import executor as ex
 from flowengine.engines import gc_pause
 from flowengine.engines import suspend_requests as sr
 from flowengine.engines.compiler import Compilation, PatternCompiler
+from flowengine.engines.delays import RetryWaits
 from flowengine.engines.machine import META_STATES, RunLoop
 from flowengine.engines.options import EngineOptions, as_optional_int
 from flowengine.engines.runtime import Runtime
@@ -53,6 +54,7 @@ class ActionEngine:
         self._given_options = dict(options or {})
         self._notifier = Notifier()
         self._atom_notifier = Notifier()
+        self._retry_waits = RetryWaits(self._options.extra.get("retry_clock") or time.monotonic)
         self._storage: Storage | None = None
         self._compilation: Compilation | None = None
         self._runtime: Runtime | None = None
@@ -76,6 +78,11 @@ class ActionEngine:
         Details: ``task_name`` or ``retry_name``, its uuid, ``old_state`` and the result.
         """
         return self._atom_notifier
+
+    @property
+    def retry_waits(self) -> RetryWaits:
+        """Retry waits (delay/backoff) are announced here as they start, resume and end."""
+        return self._retry_waits
 
     @property
     def options(self) -> dict[str, Any]:
@@ -125,7 +132,7 @@ class ActionEngine:
             if not executor.runs_coroutines:
                 self._refuse_coroutines(compilation)
             self._runtime = Runtime(compilation, self.storage, self._atom_notifier,
-                                    executor, self._options)
+                                    executor, self._options, self._retry_waits)
             self._compilation = compilation
 
     def _refuse_coroutines(self, compilation: Compilation) -> None:

@@ -432,34 +432,3 @@ class ParallelThreadTaskExecutor(LocalTaskExecutor):
         future: cf.Future = cf.Future()
         self._submit(self._timed, future, task, outcome, call, limit)
         return future
-
-
-class DelayTimer:
-    """Futures that complete after a delay, for retry backoff without blocking the engine."""
-
-    def __init__(self) -> None:
-        self._timers: list[tuple[threading.Timer, cf.Future]] = []
-
-    def after(self, seconds: float, value: Any) -> cf.Future:
-        """A future whose result is ``value``, ``seconds`` from now."""
-        future: cf.Future = cf.Future()
-        if seconds <= 0:
-            future.set_result(value)
-            return future
-        timer = threading.Timer(seconds, _complete, args=(future, value))
-        timer.daemon = True
-        self._timers.append((timer, future))
-        timer.start()
-        return future
-
-    def cancel_all(self) -> None:
-        """Stop every pending timer and cancel its future (waking whoever waits on it)."""
-        timers, self._timers = self._timers, []
-        for timer, future in timers:
-            timer.cancel()
-            future.cancel()
-
-
-def _complete(future: cf.Future, value: Any) -> None:
-    if not future.done():
-        future.set_result(value)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures as cf
 import logging
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -22,6 +23,7 @@ from flowengine.engines import executor as ex
 from flowengine.engines import resolution
 from flowengine.engines.actions import RetryAction, TaskAction
 from flowengine.engines.compiler import FLOW, FLOW_END, TASK, Compilation
+from flowengine.engines.delays import RetryWaits
 from flowengine.engines.frontier import Frontier
 from flowengine.engines.options import EngineOptions
 from flowengine.storage import Storage
@@ -59,6 +61,7 @@ class Runtime:
         atom_notifier: Notifier,
         task_executor: ex.TaskExecutor,
         options: EngineOptions,
+        waits: RetryWaits | None = None,
     ) -> None:
         self.compilation = compilation
         self.storage = storage
@@ -66,8 +69,13 @@ class Runtime:
         self.frontier: Frontier | None = None
         hook = _StateHook(self)
         self.task_action = TaskAction(storage, atom_notifier, task_executor, hook)
-        self.retry_action = RetryAction(storage, atom_notifier, hook)
-        self.timer = ex.DelayTimer()
+        # Option ``retry_clock`` (epoch seconds) moves retry waits in tests without sleeping.
+        clock = options.extra.get("retry_clock")
+        if waits is None:
+            waits = RetryWaits(clock or time.monotonic)
+        self.retry_action = RetryAction(storage, atom_notifier, hook,
+                                        clock=clock or time.time, waits=waits)
+        self.timer = waits.timer
         self._scope_cache: dict[tuple[str, tuple[str, ...]], list[str]] = {}
         storage.set_scope_fetcher(self.visible_providers)
 
@@ -317,6 +325,8 @@ class Runtime:
             self.retry_action.start_wait(retry, wait)
         elif self.storage.get_atom_state(retry.name) == states.RETRYING:
             wait = self.retry_action.remaining_wait(retry, retry.delay_before(attempt))
+            if wait <= 0:
+                self.retry_action.end_wait(retry)  # it ran out while nothing ran the flow
         if wait > 0 and self.storage.get_flow_state() == states.SUSPENDING:
             # Suspended before the wait began: start nothing; a resumed run waits what is left.
             future: cf.Future = cf.Future()
@@ -324,13 +334,16 @@ class Runtime:
             return future
         if wait > 0:
             LOG.debug("Retry %r waits %.3fs before attempt %d", retry.name, wait, attempt)
-            return self.timer.after(wait, (DELAY_ELAPSED, None))
+            waited = self.timer.after(wait, (DELAY_ELAPSED, None))
+            self.retry_action.waiting(retry, wait)  # after arming: whoever hears may move time
+            return waited
         outcome = self.retry_action.execute(retry, self._args(retry, revert=False))
         return self.timer.after(0, outcome)
 
     def complete(self, atom: Any, outcome: str, result: Any) -> Failure | None:
         """Apply an outcome; return a failure that must stop the engine, else None."""
         if outcome == DELAY_ELAPSED:
+            self.retry_action.end_wait(atom)
             outcome, result = self.retry_action.execute(atom, self._args(atom, revert=False))
         action = self._action(atom)
         try:

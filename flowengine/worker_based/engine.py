@@ -58,6 +58,7 @@ class WorkerBasedActionEngine(ActionEngine):
         metrics: update the Prometheus metrics (default False; the ``metrics`` extra).
         metrics_port: also serve them on ``127.0.0.1:PORT/metrics`` from when the flow runs
             (implies ``metrics``; the endpoint is the process's and outlives the run).
+        retry_clock: epoch seconds of retry waits, as on every engine (tests inject one).
     """
 
     def __init__(

@@ -24,6 +24,7 @@ from flowengine.types.failure import Failure
 from flowengine.worker_based import extensions as ext
 
 if TYPE_CHECKING:
+    from flowengine.engines.delays import RetryWait
     from flowengine.engines.engine import ActionEngine
 
 LOG = logging.getLogger(__name__)
@@ -86,8 +87,17 @@ class EventListener(base.Listener):
         self._working: dict[str, str] = {}
         self._opening: set[str] = set()
 
+    def register(self) -> None:
+        super().register()
+        waits = getattr(self._engine, "retry_waits", None)
+        if waits is not None:
+            waits.subscribe(self._on_wait)
+
     def deregister(self) -> None:
         super().deregister()
+        waits = getattr(self._engine, "retry_waits", None)
+        if waits is not None:
+            waits.unsubscribe(self._on_wait)
         with self._lock:
             watched, self._watched = self._watched, {}
         for task in watched.values():
@@ -216,13 +226,33 @@ class EventListener(base.Listener):
             fields["runtime"] = runtime
         self._sink.emit(event_type, **fields)
 
+    def _on_wait(self, wait: RetryWait) -> None:
+        """A retry's wait started or resumed (``task-delayed``), or ended (``task-delay-ended``)."""
+        storage = self._engine.storage
+        fields: dict[str, Any] = {
+            "flow_uuid": storage.flow_uuid, "atom_uuid": storage.get_atom_uuid(wait.retry_name),
+            "task_name": wait.retry_name, "kind": "retry", "attempt": wait.attempt}
+        if wait.due is None:
+            self._sink.emit("task-delay-ended", **fields)
+        else:
+            self._sink.emit("task-delayed", delay=wait.seconds, due=wait.due, **fields)
+
+    def _retry_delay(self, name: str, attempt: int) -> float:
+        """Seconds retry controller ``name`` waits before ``attempt`` (its delay and backoff)."""
+        compilation = getattr(self._engine, "compilation", None)
+        atoms = [] if compilation is None else compilation.iter_atoms()
+        controller = next((a for a in atoms if a.name == name), None)
+        delay_before = getattr(controller, "delay_before", None)
+        return float(delay_before(attempt)) if callable(delay_before) else 0.0
+
     def _retried_fields(self, name: str, atom_uuid: str) -> dict[str, Any]:
         """A RETRY decision: the attempt it starts and the failures that caused it."""
         history = self._engine.storage.get_retry_history(name)
         fields: dict[str, Any] = {
             "flow_uuid": self._engine.storage.flow_uuid, "atom_uuid": atom_uuid,
             "task_name": name, "kind": "retry", "decision": "RETRY",
-            "history": len(history), "attempt": len(history) + 1}
+            "history": len(history), "attempt": len(history) + 1,
+            "delay": self._retry_delay(name, len(history) + 1)}
         failed = dict(history.outcomes_iter(len(history) - 1)) if len(history) else {}
         if failed:
             first, failure = next(iter(failed.items()))

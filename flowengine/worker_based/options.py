@@ -99,6 +99,12 @@ def _time_limits(name: str, value: Any) -> dict[str, float]:
             for task, seconds in limits.items()}
 
 
+def _callable(name: str, value: Any) -> Any:
+    if not callable(value):
+        raise ValueError(f"{_WHAT} {name!r} must be callable (got {type(value).__name__})")
+    return value
+
+
 def _retry(name: str, value: Any) -> bo.RetryOptions:
     try:
         return bo.RetryOptions.from_options(value)
@@ -131,6 +137,8 @@ class WorkerEngineOptions:
     metrics_port: int | None = None
     #: Read by the action engine itself (see :mod:`flowengine.engines.suspend_requests`).
     suspend_check_interval: float | None = None
+    #: Epoch seconds of retry waits (delay/backoff); tests inject one to move time by hand.
+    retry_clock: Callable[[], float] | None = None
     # Secrets: kept out of the repr (and so out of logs and errors).
     signing_key: str | None = dataclasses.field(default=None, repr=False)
     signing_key_file: str | None = None
@@ -169,7 +177,8 @@ class WorkerEngineOptions:
 
 
 #: Options the engine itself uses (events and metrics), not its executor.
-_ENGINE_ONLY = frozenset({"events", "metrics", "metrics_port", "suspend_check_interval"})
+_ENGINE_ONLY = frozenset({"events", "metrics", "metrics_port", "suspend_check_interval",
+                          "retry_clock"})
 _NONE_MEANS_NONE = frozenset({"transition_timeout", "worker_expiry", "lease_timeout",
                               "unserved_timeout"})
 _CONVERT: dict[str, Callable[[str, Any], Any]] = {
@@ -193,6 +202,7 @@ _CONVERT: dict[str, Callable[[str, Any], Any]] = {
     "metrics": as_bool,
     "metrics_port": _port,
     "suspend_check_interval": lambda n, v: _seconds(n, v, optional=False),
+    "retry_clock": _callable,
     "signing_key": _secret_text,
     "signing_key_file": _text,
 }

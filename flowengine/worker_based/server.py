@@ -167,6 +167,12 @@ class Server(ReplySender):
         """Requests taken and not settled yet."""
         return self._busy
 
+    @property
+    def prefetch(self) -> int | None:
+        """The consumer's prefetch limit now (None: no limit): below the capacity after a
+        reconnect while requests taken before it still run."""
+        return self._proxy.prefetch_limit
+
     def _submit_control(self, fn: Any, *args: Any) -> None:
         try:
             self._control.submit(fn, *args)

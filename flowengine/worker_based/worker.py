@@ -225,8 +225,7 @@ class Worker:
                 "in_flight": server.in_flight, "freq": self._heartbeat_interval,
                 "paused": server.topic_pause.paused,
                 "paused_for": server.topic_pause.remaining,
-                "threads": self.threads,
-                "prefetch": self._prefetch() if self._pool or self._async_slots else None}
+                "threads": self.threads, "prefetch": server.prefetch}
 
     @property
     def _threads_label(self) -> str:

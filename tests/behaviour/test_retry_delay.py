@@ -3,14 +3,18 @@
 Nothing here measures time. A retry's wait is the span between its RETRYING notification and its
 next ``execute``; the ledger shows what ran inside that span and in which order attempts came.
 An independent linear chain of steps runs beside the retried subflow: several of its steps inside
-a wait prove the engine went on starting atoms while the retry waited.
+a wait prove the engine went on starting atoms while the retry waited (that test holds the wait
+open on an injected clock, engine option ``retry_clock``, until the chain has moved on).
 """
 
 from __future__ import annotations
 
+import queue
+import threading
 import time
 
 import pytest
+from manual_clock import ManualClock  # tests/ is on sys.path (rootdir conftest)
 
 from flowengine import retry, states
 from flowengine.engines.actions import META_RETRY_DUE
@@ -45,6 +49,33 @@ def waits() -> list[tuple[int, int]]:
     return list(zip(starts, attempts[1:]))
 
 
+class SideProgress:
+    """Wakes a waiting test each time a step of the side chain finishes."""
+
+    def __init__(self, engine) -> None:
+        self._done = 0
+        self._changed = threading.Condition()
+        engine.atom_notifier.register(states.SUCCESS, self._on_success)
+
+    def _on_success(self, state, details) -> None:
+        if str(details.get("task_name", "")).startswith("side"):
+            with self._changed:
+                self._done += 1
+                self._changed.notify_all()
+
+    def wait_for_steps_after(self, seq: int, count: int = 2) -> None:
+        """Wait until ``count`` side steps executed after ledger entry ``seq`` (or the whole
+        chain finished). A step's execute is in the ledger before its SUCCESS reaches here."""
+        def moved_on() -> bool:
+            after = [e for e in tasks.entries("execute")
+                     if e["atom"].startswith("side") and e["seq"] > seq]
+            return len(after) >= count or self._done >= SIDE_STEPS
+
+        with self._changed:
+            assert self._changed.wait_for(moved_on, 30), (
+                "the side chain did not move on while the retry waited", self._done)
+
+
 @pytest.mark.parametrize(
     "delay",
     [{"delay": 0.05}, {"delay": 0.02, "backoff": 2.0}, {"delay": 0.05, "backoff": 3.0,
@@ -52,18 +83,40 @@ def waits() -> list[tuple[int, int]]:
     ids=["fixed", "backoff", "backoff-capped"],
 )
 def test_other_ready_atoms_run_while_a_retry_waits(engine_factory, delay):
-    engine = engine_factory(delayed_flow(**delay))
+    # The retry's clock stands still until the side chain has moved on, so the test does not
+    # depend on how much the machine gets done in a short real wait.
+    clock = ManualClock(time.time())
+    engine = engine_factory(delayed_flow(**delay), retry_clock=clock)
     record_retrying(engine)
-    engine.run()
+    side = SideProgress(engine)
+    started: queue.Queue = queue.Queue()
+    engine.retry_waits.subscribe(lambda wait: started.put(wait) if wait.due else None)
+    raised: list[BaseException] = []
+    runner = threading.Thread(target=lambda: _run_into(engine, raised), daemon=True)
+    runner.start()
+    for _attempt in (2, 3):
+        wait = started.get(timeout=30)
+        side.wait_for_steps_after(tasks.entries("retrying")[-1]["seq"])
+        clock.advance(wait.seconds)
+        engine.retry_waits.timer.check()
+    runner.join(30)
+    assert not runner.is_alive() and not raised, raised
     assert engine.storage.get_flow_state() == states.SUCCESS
     spans = waits()
     assert len(spans) == 2
-    side = [e["seq"] for e in tasks.entries("execute") if e["atom"].startswith("side")]
+    side_steps = [e["seq"] for e in tasks.entries("execute") if e["atom"].startswith("side")]
     start, end = spans[0]
     # The side chain is linear: two of its steps inside the wait means one became ready and
-    # was started while the retry was waiting (an engine that blocks manages at most one).
-    assert len([seq for seq in side if start < seq < end]) >= 2, (
-        "the engine stopped starting ready atoms while the retry waited", spans, side)
+    # was started while the retry was waiting (an engine that blocks manages none).
+    assert len([seq for seq in side_steps if start < seq < end]) >= 2, (
+        "the engine stopped starting ready atoms while the retry waited", spans, side_steps)
+
+
+def _run_into(engine, raised: list[BaseException]) -> None:
+    try:
+        engine.run()
+    except BaseException as err:  # reported by the test thread
+        raised.append(err)
 
 
 def test_attempts_happen_in_order_each_after_its_wait(engine_factory):

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from flowengine import task
+from flowengine import retry, task
 from flowengine.flows import graph_flow, linear_flow, unordered_flow
 
 #: A file whose existence lets the gated tasks finish (the browser test opens it).
@@ -66,6 +66,12 @@ def provisioning() -> linear_flow.Flow:
 def plain() -> linear_flow.Flow:
     """disk -> report, from a stored session: no secrets, so resumable from a page."""
     return linear_flow.Flow("plain").add(Provision("disk"), Provision("report"))
+
+
+def retried() -> linear_flow.Flow:
+    """disk under a retry controller ``again`` that waits a minute between attempts."""
+    return linear_flow.Flow("retried", retry=retry.Times(3, name="again", delay=60.0)).add(
+        Provision("disk"))
 
 
 def exploding() -> linear_flow.Flow:

@@ -172,6 +172,28 @@ def test_other_host_names_are_refused_when_asked(store: base.Backend) -> None:
         assert local.get("/flows", headers={"host": "rebound.example:8080"}).status_code == 400
 
 
+def test_a_retry_waiting_out_its_delay_shows_when_it_is_due(store: base.Backend) -> None:
+    import dashboard_flows as df
+
+    from flowengine import engines, states
+    from flowengine.cli import formatting as fmt
+    from flowengine.engines.actions import META_RETRY_DUE
+
+    engine = engines.load_from_factory(df.retried, store={"session": {"user": "ada"}},
+                                       backend=store)
+    engine.compile()
+    engine.prepare()
+    # As stored by an engine suspended (or stopped) while "again" waits before attempt 2.
+    engine.storage.set_atom_state("again", states.RETRYING)
+    engine.storage.update_atom_metadata("again", {META_RETRY_DUE: 1_800_000_000.0})
+    engine.storage.set_flow_state(states.SUSPENDED)
+    with client(store) as app:
+        page = app.get(f"/flows/{engine.storage.flow_uuid}").text
+    due = fmt.timestamp(1_800_000_000.0)
+    assert f'data-delayed-until="{due}">delayed until {due}</span>' in page
+    assert page.count("delayed until") == 1  # only the waiting controller
+
+
 def test_resume_through_the_page(store: base.Backend) -> None:
     import dashboard_flows as df
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 import dashboard_flows as df
 import pytest
@@ -48,24 +49,43 @@ def test_a_failure_shows_its_traceback_masked(store: base.Backend,
     assert view.resumable is False
 
 
-def test_events_heard_make_one_bar_per_attempt(store: base.Backend,
-                                               stored: dict[str, str]) -> None:
+def _heard_row(store: base.Backend, flow: str,
+               events: list[tuple[str, float, dict[str, Any]]]) -> Any:
+    """The timeline row of atom "disk" of ``flow`` after the dashboard heard ``events``."""
     hub = EventHub(None)
     data = DashboardData(store, hub)
-    flow = stored["provisioning"]
     atom = next(a["uuid"] for a in data.flow(flow).atoms if a["name"] == "disk")  # type: ignore[union-attr]
-    for kind, stamp, extra in (("task-sent", 10.0, {"worker": "w1", "attempt": 1}),
-                               ("task-lost", 11.0, {"worker": "w1", "attempt": 1}),
-                               ("task-sent", 11.5, {"worker": "w2", "attempt": 2}),
-                               ("task-started", 12.0, {"worker": "w2", "attempt": 2}),
-                               ("task-succeeded", 13.0, {"worker": "w2", "attempt": 2})):
+    for kind, stamp, extra in events:
         hub.publish({"type": kind, "timestamp": stamp, "flow_uuid": flow, "atom_uuid": atom,
-                     "task_name": "disk", "action": "execute", **extra})
+                     "task_name": "disk", **extra})
     view = data.flow(flow)
     assert view is not None and view.timeline is not None
     [row] = [row for row in view.timeline.rows if row.name == "disk"]
+    return row
+
+
+def test_events_heard_make_one_bar_per_attempt(store: base.Backend,
+                                               stored: dict[str, str]) -> None:
+    row = _heard_row(store, stored["provisioning"], [
+        ("task-sent", 10.0, {"worker": "w1", "attempt": 1}),
+        ("task-lost", 11.0, {"worker": "w1", "attempt": 1}),
+        ("task-sent", 11.5, {"worker": "w2", "attempt": 2}),
+        ("task-started", 12.0, {"worker": "w2", "attempt": 2}),
+        ("task-succeeded", 13.0, {"worker": "w2", "attempt": 2})])
     assert [(b.attempt, b.worker, b.outcome, b.queued, b.start, b.end) for b in row.bars] == [
         (1, "w1", "LOST", 10.0, 10.0, 11.0), (2, "w2", "SUCCESS", 11.5, 12.0, 13.0)]
+
+
+def test_a_retry_wait_heard_is_a_wait_bar_before_the_attempt(store: base.Backend,
+                                                              stored: dict[str, str]) -> None:
+    row = _heard_row(store, stored["provisioning"], [
+        ("task-delayed", 10.0, {"attempt": 2, "due": 70.0, "kind": "retry"}),
+        ("task-delay-ended", 70.0, {"attempt": 2, "kind": "retry"}),
+        ("task-started", 70.5, {"attempt": 2, "kind": "retry"}),
+        ("task-succeeded", 71.0, {"attempt": 2, "kind": "retry"})])
+    assert [(b.action, b.attempt, b.outcome, b.start, b.end) for b in row.bars] == [
+        ("wait", 2, "WAITED", 10.0, 70.0), ("execute", 2, "SUCCESS", 70.5, 71.0)]
+    assert row.bars[0].note == "until 1970-01-01T00:01:10.000Z"
 
 
 def test_resume_runs_a_suspended_flow_on_its_stored_engine(store: base.Backend) -> None:

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 from fault_support import EngineRuns, Stage
+from private_redis import PrivateRedis
 from wbe_harness import (
     BROKERS,
     Broker,
@@ -44,6 +45,17 @@ def redis_broker() -> Broker:
 def rabbitmq_broker() -> Broker:
     """The RabbitMQ server."""
     return require_broker("rabbitmq")
+
+
+@pytest.fixture
+def private_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
+    """A Redis server of this test's own (on a free port), killed when the test ends."""
+    server = PrivateRedis(tmp_path / "redis")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.kill()
 
 
 @pytest.fixture

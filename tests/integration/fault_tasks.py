@@ -97,6 +97,17 @@ class Gate(_Recorded):
         return {"atom": self.name, "pid": os.getpid()}
 
 
+class FailsFirst(_Recorded):
+    """Fails the first attempt of its retry controller (``attempt`` 1); returns the attempt."""
+
+    def execute(self, attempt: int) -> dict[str, Any]:
+        record(self.name, EXECUTE_START, attempt=attempt)
+        record(self.name, EXECUTE_END, attempt=attempt)
+        if attempt == 1:
+            raise RuntimeError("the first attempt fails")
+        return {"attempt": attempt, "pid": os.getpid()}
+
+
 class Slow(_Recorded):
     """Works for ``seconds`` (default 1) and returns them."""
 

@@ -280,8 +280,12 @@ def test_workers_command_lists_a_live_worker(memory_setup: Setup) -> None:
     assert row["topics"] == [TOPIC]
     assert set(row["tasks"]) == {f"event_tasks.{name}" for name in (
         "Add", "Leaky", "Halfway", "Fail", "BadRevert")}
-    assert (row["capacity"], row["free"], row["in_flight"]) == (4, 4, 0)
+    assert (row["capacity"], row["free"], row["in_flight"], row["prefetch"]) == (4, 4, 0, 4)
     assert time.time() - row["last_heartbeat"] < WAIT
+    table = CliRunner().invoke(cli, ["workers", *memory_setup.cli_args(), "--wait", "1"])
+    header, line = table.stdout.splitlines()
+    assert header.split()[4:7] == ["FREE", "IN-FLIGHT", "PREFETCH"]
+    assert line.split()[4:7] == ["4", "0", "4"]
 
 
 def test_workers_command_as_a_process(redis_setup: Setup) -> None:

@@ -1,10 +1,10 @@
 """The broker goes away and comes back; priorities; a backlog of 10,000 requests.
 
-Real ``flowengine worker`` processes on Redis, RabbitMQ and beanstalkd. What ran is counted from
-the tasks' own ledger (:mod:`fault_tasks`). The outage test stops and restarts the very server
-the other tests use (only that one), through :func:`fault_support.broker_outage`, which always
-leaves it running; on beanstalkd it starts a private server instead (with a binlog, so its jobs
-survive the restart).
+Real ``flowengine worker`` processes on Redis, RabbitMQ and beanstalkd (and flowengine-fs for
+priorities). What ran is counted from the tasks' own ledger (:mod:`fault_tasks`). The outage
+test stops and restarts the very server the other tests use (only that one), through
+:func:`fault_support.broker_outage`, which always leaves it running; on beanstalkd it starts a
+private server instead (with a binlog, so its jobs survive the restart).
 """
 
 from __future__ import annotations
@@ -142,16 +142,20 @@ def test_a_broker_restart_mid_flow_loses_nothing(
         assert 0 < retries[worker.pid] <= MAX_RECONNECT_LINES, worker.failure("reconnect lines")
 
 
-# ---- 8. priority (RabbitMQ, beanstalkd) ------------------------------------------------------
+# ---- 8. priority (RabbitMQ, beanstalkd, Redis) ----------------------------------------------
 
-PRIORITIES = [0, 2, 4, 6, 8]
+#: One per level Redis keeps apart by default (7-9, 4-6, 1-3, 0; see doc/priorities.rst).
+PRIORITIES = [0, 2, 5, 8]
+#: flowengine-fs in its default data folder (shared by the user's processes; the exchange is
+#: the test's own, and so are its queue folders).
+FS = Broker("flowengine-fs", "flowengine-fs://localhost")
 
 
-@pytest.mark.parametrize("broker_name", ["rabbitmq", "beanstalk"])
+@pytest.mark.parametrize("broker_name", ["rabbitmq", "beanstalk", "redis", "flowengine-fs"])
 def test_queued_requests_are_served_highest_priority_first(
     broker_name: str, exchange: str, fleet_factory: Any, stage: Stage, runs: EngineRuns,
 ) -> None:  # fmt: skip
-    broker = require_broker(broker_name)
+    broker = FS if broker_name == FS.name else require_broker(broker_name)
     fleet = fleet_factory(broker, exchange, env=stage.env)
     fleet.start(TOPIC, TASKS, threads=1)
     client = ProtocolClient(broker.url, exchange)

@@ -10,8 +10,6 @@ may have forgotten every queue and binding.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import fault_tasks as ft
@@ -33,16 +31,6 @@ OUTAGE = 8.0
 #: Task threads per worker: both engines' gated tasks run at once on the two workers.
 THREADS = 2
 FLOWS = ("o", "p")
-
-
-@pytest.fixture
-def private_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
-    server = PrivateRedis(tmp_path / "redis")
-    server.start()
-    try:
-        yield server
-    finally:
-        server.kill()
 
 
 def _gated_flow(name: str) -> Any:

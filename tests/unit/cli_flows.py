@@ -85,6 +85,21 @@ def make_ok(start: int = 1) -> linear_flow.Flow:
     )
 
 
+class FailsFirst(task.Task):
+    """Fails the first attempt of its retry controller."""
+
+    def execute(self, attempt: int) -> int:
+        if attempt == 1:
+            raise RuntimeError("first attempt fails")
+        return attempt
+
+
+def make_delayed() -> linear_flow.Flow:
+    """A retry controller that waits 0.01 s before its second attempt."""
+    return linear_flow.Flow("delayed", retry=retry.Times(
+        2, name="again", provides="attempt", delay=0.01)).add(FailsFirst("flaky"))
+
+
 def make_needs_x() -> linear_flow.Flow:
     """Needs ``x`` from --store."""
     return linear_flow.Flow("needs-x").add(Add("a", provides="y"))

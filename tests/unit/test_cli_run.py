@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
 import socket
 import subprocess
 import sys
@@ -56,6 +57,20 @@ def test_success_prints_each_change_then_a_summary() -> None:
     assert any(line.split()[:3] == ["b", "task", "SUCCESS"] for line in out)
     assert "SUCCESS after" in out[-1] and out[-1].endswith("(exit code 0)")
     assert cli_flows.JOURNAL == ["execute a", "execute b"]
+
+
+def test_a_retry_wait_is_shown_with_its_due_time() -> None:
+    result = invoke("run", "cli_flows:make_delayed")
+    assert result.exit_code == exits.OK, result.output
+    changes = [line for line in lines(result) if line.startswith(("again:", "flaky:"))]
+    waiting = [line for line in changes if line.startswith("again: DELAYED")]
+    assert len(waiting) == 1, changes
+    assert re.fullmatch(r"again: DELAYED waits 0\.01s for attempt 2 \(until "
+                        r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z\)", waiting[0]), waiting
+    at = changes.index(waiting[0])
+    # After the retry decision and its subflow's reset, before the controller runs again.
+    assert changes[at - 2:at] == ["again: RETRYING", "flaky: PENDING"], changes
+    assert changes[at + 1] == "again: RUNNING", changes
 
 
 def test_reverted_flow_exits_3_with_revert_order_and_failure() -> None:

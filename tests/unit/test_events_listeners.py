@@ -172,10 +172,21 @@ def test_retry_controllers_report_and_a_retry_is_task_retried(task_events: bool)
                     ("task-started", "again"), ("task-succeeded", "again")]
     retried = dict(sink.events)["task-retried"]
     assert (retried["decision"], retried["history"], retried["attempt"]) == ("RETRY", 1, 2)
+    assert retried["delay"] == 0.0
     assert retried["atom_uuid"] == engine.storage.get_atom_uuid("again")
     assert (retried["failed_atom"], retried["exc_type"], retried["exception"]) == (
         "flaky", "RuntimeError", "once")
     assert sink.types()[-1] == "flow-succeeded"
+
+
+def test_a_retry_that_waits_reports_its_delay() -> None:
+    flow = linear_flow.Flow("f", retry=retry.Times(3, name="again", delay=0.01, backoff=3.0))
+    engine = engines.load(flow.add(FailOnce("flaky")))
+    sink = Recorder()
+    with EventListener(engine, sink):
+        engine.run()
+    retried = dict(sink.events)["task-retried"]
+    assert (retried["attempt"], retried["delay"]) == (2, 0.01)
 
 
 def test_placement_keeps_every_attempt_of_an_atom() -> None:

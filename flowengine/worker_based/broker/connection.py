@@ -137,7 +137,8 @@ class BrokerTraits:
             deliveries in flight when a connection drops come back only if unacknowledged; on
             flowengine-fs an acknowledgement is what frees the message's file.
         priorities: Queues order messages by priority: AMQP queues declared with a maximum
-            priority, and beanstalkd, which orders every tube by job priority.
+            priority, beanstalkd, which orders every tube by job priority, and flowengine's
+            Redis, flowengine-fs and memory transports, which say so (``orders_by_priority``).
     """
 
     driver: str | None
@@ -153,7 +154,8 @@ def traits(transport_cls: Any) -> BrokerTraits:
     virtual_transport = issubclass(transport_cls, virtual.Transport)
     return BrokerTraits(driver=driver, settles_anywhere=virtual_transport,
                         heartbeats=driver == "amqp", receipt_ack=driver == "redis",
-                        priorities=not virtual_transport or driver == "beanstalk")
+                        priorities=not virtual_transport or driver == "beanstalk"
+                        or getattr(transport_cls, "orders_by_priority", False))
 
 
 def tune(driver: str | None, options: dict[str, Any]) -> None:

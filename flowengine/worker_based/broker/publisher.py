@@ -166,8 +166,9 @@ class Publisher:
                 consumer; False for keys no queue is named after (announcements).
             retry: Retry with backoff on connection errors (False: one attempt).
             expiration: Seconds after which the broker may drop the message unconsumed.
-            priority: Message priority, clamped to 0..MAX_PRIORITY (AMQP default topology and
-                beanstalkd only; elsewhere dispatch order alone reflects priority).
+            priority: Message priority, clamped to 0..MAX_PRIORITY, highest delivered first
+                (not in ``taskflow_compat``, nor on kombu transports flowengine does not
+                replace; the levels each broker keeps are in doc/priorities.rst).
             confirm: Wait for the broker's confirmation where the transport has publisher
                 confirms (AMQP). Outcomes, requests and dead letters need it; progress,
                 heartbeats and discovery do not, and skip the round trip.

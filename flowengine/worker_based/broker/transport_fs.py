@@ -2,13 +2,14 @@
 
 URL ``flowengine-fs://`` (import this module first, which registers it with kombu); transport
 options ``data_folder`` (default: a per-user folder in the system temp directory),
-``polling_interval`` (seconds, default 0.005), ``fsync`` (default False) and ``recover_interval``
-(seconds between scans for messages claimed by dead processes, default 30).
+``polling_interval`` (seconds, default 0.005), ``fsync`` (default False), ``recover_interval``
+(seconds between scans for messages claimed by dead processes, default 30) and
+``relist_interval`` (see :mod:`~flowengine.worker_based.broker.transport_fs_order`, default 0.5).
 
 Layout under ``data_folder``::
 
-    queues/<queue>/<stamp>.msg           ready messages, oldest name first
-    claimed/<pid>/<queue>/<stamp>.msg    delivered to process <pid>, not yet acknowledged
+    queues/<queue>/<rank>-<stamp>.msg    ready messages, most urgent then oldest name first
+    claimed/<pid>/<queue>/*.msg          delivered to process <pid>, not yet acknowledged
     exchanges/<exchange>.json            the exchange's type and bindings (shared by all processes)
     tmp/                                 messages being written (dead writers' swept)
     bad/<queue>/                         files that could not be decoded, kept for inspection
@@ -56,6 +57,7 @@ from flowengine.worker_based.broker import transport_fs_bindings as bindings
 from flowengine.worker_based.broker import transport_fs_disk as fsdisk
 from flowengine.worker_based.broker import transport_fs_doorbell as doorbell
 from flowengine.worker_based.broker import transport_fs_files as files
+from flowengine.worker_based.broker import transport_fs_order as order
 from flowengine.worker_based.broker.transport_fs_bindings import safe_name as _safe_name
 
 LOG = logging.getLogger(__name__)
@@ -122,6 +124,8 @@ class Channel(bindings.BindingChannel):
 
     QoS = QoS
     supports_fanout = True
+    #: Monotonic clock of the relisting (tests replace it on an instance).
+    clock: Any = staticmethod(time.monotonic)
 
     def __init__(self, connection: Any, **kwargs: Any) -> None:
         super().__init__(connection, **kwargs)
@@ -130,6 +134,8 @@ class Channel(bindings.BindingChannel):
         self.fsync = bool(options.get("fsync", False))
         self.recover_interval = float(options.get("recover_interval", DEFAULT_RECOVER_INTERVAL))
         self._next_recovery = 0.0
+        self.relist_interval = float(options.get("relist_interval", order.RELIST_INTERVAL))
+        self._listed_at: dict[str, float] = {}
         # Plain strings joined with "/" on the per-message paths: pathlib, and even
         # os.path.join, cost more than the system calls they name.
         self._root = os.path.abspath(self.root)
@@ -195,7 +201,7 @@ class Channel(bindings.BindingChannel):
         return os.path.isdir(self._queue_dir(queue))
 
     def _put(self, queue: str, message: Any, **kwargs: Any) -> None:
-        name = _STAMPER.next_name()
+        name = order.ranked(_STAMPER.next_name(), self._get_message_priority(message, reverse=True))
         data = kombu_json.dumps(message).encode("utf-8")
         queue_dir = _safe_name(queue)
         target = f"{self._queues}/{queue_dir}/{name}"
@@ -245,10 +251,13 @@ class Channel(bindings.BindingChannel):
             # Whatever is taken now could not be answered, nor even given back: it waits.
             raise Empty()
         pending = self._pending.get(queue)
-        if not pending:
+        now = self.clock()
+        # Listed again when stale too: a more urgent message may have come in since.
+        if not pending or now - self._listed_at.get(queue, now) >= self.relist_interval:
             if time.monotonic() >= self._next_recovery:
                 self._recover_dead_claims()
             pending = self._pending[queue] = collections.deque(self._list(queue))
+            self._listed_at[queue] = now
         while pending:
             name = pending.popleft()
             try:
@@ -418,6 +427,8 @@ class Transport(virtual.Transport):
     polling_interval = DEFAULT_POLLING_INTERVAL
     driver_type = TRANSPORT_NAME
     driver_name = TRANSPORT_NAME
+    #: Message priority orders delivery (see transport_fs_order).
+    orders_by_priority = True
     # A vanished or unwritable data folder is worth a reconnect, not a dead consumer.
     channel_errors = virtual.Transport.channel_errors + (OSError,)  # type: ignore[assignment]
     implements = virtual.Transport.implements.extend(

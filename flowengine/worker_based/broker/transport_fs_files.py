@@ -23,6 +23,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from flowengine.worker_based.broker import transport_fs_order as order
+
 #: Spare files a process keeps in its own claim folders, per data folder (see :class:`Spares`).
 OWN_SPARES = 64
 #: Spare files offered in the shared folder at most; more settled messages are deleted.
@@ -64,7 +66,7 @@ def expired(name: str, expiration: Any) -> bool:
     """Whether the message in file ``name`` has outlived its ``expiration`` property."""
     # Per-message TTL as AMQP has it: milliseconds from publication, which the name records.
     try:
-        published, ttl_ms = int(name.split(".", 1)[0]), int(expiration or 0)
+        published, ttl_ms = int(order.stamp_of(name).split(".", 1)[0]), int(expiration or 0)
     except ValueError:  # a file this transport did not name: no TTL to apply
         return False
     return ttl_ms > 0 and time.time_ns() > published + ttl_ms * 1_000_000

@@ -31,6 +31,9 @@ process changed the bindings:
   engine within that window after the engine deleted its reply queue: the engine had stopped
   waiting for it, and the stray list stays in Redis until removed.
 
+It also reads message priority as AMQP does, highest first
+(see :meth:`Channel._get_message_priority`).
+
 ``redis://`` and ``rediss://`` URLs (and ``transport="redis"``) get this transport only through
 :func:`lean`, which flowengine's :class:`~.proxy.Proxy` and
 :class:`~.broadcast.Broadcast` call; kombu's alias table is left alone, so
@@ -90,6 +93,15 @@ class Channel(kombu_redis.Channel):
         # Called for every command: a plain context manager costs less than kombu's generator.
         return contextlib.nullcontext(client if client else self._create_client())
 
+    # -- priorities ---------------------------------------------------------------------------
+
+    def _get_message_priority(self, message: Any, reverse: bool = False) -> int:
+        """The message's priority as kombu's Redis lists order it: lowest first, so AMQP's 9
+        (the most urgent) becomes 0. kombu pushes a message onto the list of the highest of its
+        ``priority_steps`` (default 0, 3, 6, 9) not above that number and pops the lists in step
+        order (doc/priorities.rst lists the levels this gives)."""
+        return int(super()._get_message_priority(message, reverse=not reverse))
+
     # -- routing by a copy of the binding table ---------------------------------------------
 
     def get_table(self, exchange: str) -> list[tuple[str, ...]]:
@@ -128,6 +140,8 @@ class Transport(kombu_redis.Transport):
     """Kombu's Redis transport with :class:`Channel` (same ``driver_type``: ``redis``)."""
 
     Channel = Channel
+    #: Message priority orders delivery (see :meth:`Channel._get_message_priority`).
+    orders_by_priority = True
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         if kombu_redis.redis is None:
