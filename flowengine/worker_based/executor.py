@@ -336,6 +336,10 @@ class WorkerTaskExecutor(AttemptTracking, local.TaskExecutor):
         return headers
 
     def _worker_appeared(self) -> None:
+        if not self._ongoing:
+            # Nothing to send (an engine attaching learns the known workers this way): a
+            # request made from now on finds the worker as it is dispatched.
+            return
         if self._dispatch_pending.is_set():
             return  # a pass over the waiting requests is already queued
         self._dispatch_pending.set()
