@@ -313,13 +313,17 @@ class Storage:
         """The uuid of the named atom's detail."""
         return self._detail(atom_name).uuid
 
-    def set_atom_state(self, atom_name: str, state: str, progress: float | None = None) -> None:
-        """Set and store the named atom's state (and, in the same write, its progress)."""
+    def set_atom_state(self, atom_name: str, state: str, progress: float | None = None,
+                       meta: Mapping[str, Any] | None = None) -> None:
+        """Set and store the named atom's state (and, in the same write, its progress and
+        ``meta`` merged into its metadata)."""
         with self._lock:
             ad = self._detail(atom_name)
             ad.state = state
             if progress is not None:
                 ad.meta[META_PROGRESS] = progress
+            if meta:
+                ad.meta.update(meta)
             self._save_atom(ad)
 
     def get_atom_state(self, atom_name: str) -> str:

@@ -230,6 +230,12 @@ class TaskExecutor(metaclass=abc.ABCMeta):
     def stop(self) -> None:
         """Release resources (called when an engine run ends)."""
 
+    def reserve_request_id(self, task_uuid: str) -> str | None:
+        """The id the next request for atom ``task_uuid`` will carry, chosen now so the engine
+        stores it with the state that starts the action (None: this executor sends no
+        requests that could outlive its process)."""
+        return None
+
 
 def _done_future(value: Any) -> cf.Future:
     future: cf.Future = cf.Future()

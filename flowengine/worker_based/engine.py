@@ -12,6 +12,7 @@ from typing import Any
 
 from flowengine import states
 from flowengine.engines import executor as local
+from flowengine.engines.actions import META_ATTEMPT_IDS
 from flowengine.engines.engine import ActionEngine
 from flowengine.types.notifier import register_deregister
 from flowengine.worker_based import extensions as ext
@@ -24,6 +25,8 @@ from flowengine.worker_based.options import WorkerEngineOptions
 LOG = logging.getLogger(__name__)
 
 
+#: Atom states a run that ended (or suspended) never leaves an atom in: its process died.
+_IN_FLIGHT_STATES = (states.RUNNING, states.REVERTING)
 #: Task states after which where the task ran is recorded in its metadata.
 _PLACED_STATES = (states.SUCCESS, states.FAILURE, states.REVERTED, states.REVERT_FAILURE)
 #: Atom metadata key of every attempt's ``{"attempt", "action", "worker", "outcome"}``.
@@ -83,8 +86,34 @@ class WorkerBasedActionEngine(ActionEngine):
     def run_iter(self, timeout: float | None = None) -> Iterator[str]:
         if self._metrics_port is not None:
             self._serve_metrics(self._metrics_port)
+        self._revoke_stale_attempts()
         with self._event_listeners():
             return (yield from super().run_iter(timeout=timeout))
+
+    def _revoke_stale_attempts(self) -> None:
+        """Have workers drop the requests a dead predecessor left queued.
+
+        An atom stored RUNNING or REVERTING as a run starts was in flight when the process
+        that ran the flow died (a suspended run waits for its atoms). Its request may still
+        wait in a worker queue: this run sends the atom again, so the old one must not run
+        too. Its id was stored with the state; the executor revokes such ids as it starts.
+        """
+        self.prepare()
+        executor = self._task_executor()
+        revoke = getattr(executor, "revoke_at_start", None)
+        if revoke is None:
+            return
+        storage, stale = self.storage, []
+        for atom in self.compilation.iter_atoms():
+            if storage.get_atom_state(atom.name) not in _IN_FLIGHT_STATES:
+                continue
+            detail = storage.flow_detail.find(storage.get_atom_uuid(atom.name))
+            ids = detail.meta.get(META_ATTEMPT_IDS) if detail is not None else None
+            stale += [i for i in ids or () if isinstance(i, str)]
+        if stale:
+            LOG.info("Flow %r resumes with %d request(s) its previous run left in flight; "
+                     "asking workers not to run them", storage.flow_name, len(stale))
+            revoke(stale)
 
     def _serve_metrics(self, port: int) -> None:
         from flowengine.worker_based.metrics import start_metrics_server
