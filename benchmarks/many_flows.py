@@ -172,7 +172,9 @@ for n in cfg["flows"]:
     row["one_engine_tasks_per_s"], row["one_engine_cpu_ms_per_task"] = one_engine(
         row["one_engine_tasks"])
     row["ratio_vs_one_engine"] = row["tasks_per_s"] / row["one_engine_tasks_per_s"]
-    row["cpu_ratio_vs_one_engine"] = row["one_engine_cpu_ms_per_task"] / row["cpu_ms_per_task"]
+    row["cpu_ratio_vs_one_engine"] = (  # CPU times tick in 10 ms: a tiny run may read 0
+        row["one_engine_cpu_ms_per_task"] / row["cpu_ms_per_task"] if row["cpu_ms_per_task"]
+        else None)
     rows.append(row)
     print(json.dumps(row), file=sys.stderr, flush=True)
 out["rows"] = rows

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from flowengine import states
@@ -25,6 +25,8 @@ from flowengine.worker_based.options import WorkerEngineOptions
 LOG = logging.getLogger(__name__)
 
 
+#: Most request ids kept per atom (its first attempt's and those sent again after it).
+_MAX_ATTEMPT_IDS = 20
 #: Atom states a run that ended (or suspended) never leaves an atom in: its process died.
 _IN_FLIGHT_STATES = (states.RUNNING, states.REVERTING)
 #: Task states after which where the task ran is recorded in its metadata.
@@ -115,6 +117,20 @@ class WorkerBasedActionEngine(ActionEngine):
                      "asking workers not to run them", storage.flow_name, len(stale))
             revoke(stale)
 
+    def _remember_attempt(self, atom_uuid: str, request_id: str) -> None:
+        """Store the id of an attempt sent again (a lost worker, a hand-back) with its atom,
+        before it is published, so a resumed engine can revoke it as well."""
+        try:
+            detail = self.storage.flow_detail.find(atom_uuid)
+            if detail is None:
+                return
+            ids = [i for i in detail.meta.get(META_ATTEMPT_IDS) or () if isinstance(i, str)]
+            self.storage.update_atom_metadata(
+                detail.name, {META_ATTEMPT_IDS: (ids + [request_id])[-_MAX_ATTEMPT_IDS:]})
+        except Exception:  # a bookkeeping write must not break the run
+            LOG.warning("Could not store request %s of atom %s", request_id, atom_uuid,
+                        exc_info=True)
+
     def _serve_metrics(self, port: int) -> None:
         from flowengine.worker_based.metrics import start_metrics_server
 
@@ -171,7 +187,23 @@ class WorkerBasedActionEngine(ActionEngine):
             return given
         self._worker_executor = WorkerTaskExecutor(
             uuid=self.storage.flow_uuid,
-            events=combine(self._publisher, self._metrics, self.atom_placement),
+            events=combine(self._publisher, self._metrics, self.atom_placement,
+                           _AttemptIds(self._remember_attempt)),
             **self.worker_options.executor_options(),
         )
         return self._worker_executor
+
+
+class _AttemptIds(ext.EventSink):
+    """Hands the ids of an atom's later attempts to ``remember`` as they are sent (the
+    first one's was stored with the atom's RUNNING or REVERTING state)."""
+
+    def __init__(self, remember: Callable[[str, str], None]) -> None:
+        self._remember = remember
+
+    def emit(self, event_type: str, **fields: object) -> None:
+        attempt, request_id, atom_uuid = (fields.get("attempt"), fields.get("request_id"),
+                                          fields.get("atom_uuid"))
+        if (event_type == "task-sent" and isinstance(attempt, int) and attempt > 1
+                and isinstance(request_id, str) and isinstance(atom_uuid, str)):
+            self._remember(atom_uuid, request_id)

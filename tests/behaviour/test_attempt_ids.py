@@ -106,3 +106,20 @@ def test_a_run_after_a_clean_end_revokes_nothing(
     engine.reset()
     engine.run()
     assert revoked == []
+
+
+def test_an_attempt_sent_again_is_stored_with_the_first(
+    behaviour_worker: InProcessWorker,
+) -> None:
+    engine = engines.load(_flow(), engine="worker-based", **behaviour_worker.engine_options())
+    engine.prepare()
+    storage = engine.storage
+    storage.set_atom_state("a", states.RUNNING, meta={META_ATTEMPT_IDS: ["first"]})
+    events = engine._task_executor()._events  # what the executor reports each request sent to
+    uuid = storage.get_atom_uuid("a")
+
+    events.emit("task-sent", atom_uuid=uuid, request_id="first", attempt=1, action="execute")
+    events.emit("task-sent", atom_uuid=uuid, request_id="again", attempt=2, action="execute")
+
+    detail = storage.flow_detail.find(uuid)
+    assert detail.meta[META_ATTEMPT_IDS] == ["first", "again"]
