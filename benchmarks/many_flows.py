@@ -12,7 +12,10 @@ the raw kombu round trip is measured first on the same broker (``kombu_ceiling.p
 Reported per N: ``all_finished``, ``wall_s``, ``flows_per_s``, ``tasks_per_s``,
 ``one_engine_tasks_per_s`` and their ratio, the engine process's ``peak_sockets`` and
 ``peak_library_threads`` (threads other than the flows' own and the main thread), its
-``peak_rss_mb``; per broker ``lone_flow_ms`` against ``3 x`` the raw sequential round trip.
+``peak_rss_mb``; the engine process's CPU time per task (``cpu_ms_per_task``, against
+``one_engine_cpu_ms_per_task``: ``cpu_ratio_vs_one_engine``, what the flows' own overhead
+costs, steadier than the rates on a machine other work shares); per broker ``lone_flow_ms``
+against ``3 x`` the raw sequential round trip.
 ``--redis-flows`` adds counts on Redis only (the 10,000-flow run). Targets (Redis): every flow
 finishes, task rate at least 0.7 of one engine's, at most 16 sockets and 32 library threads
 whatever N, a lone flow within 3x its raw round trips. Prints one JSON document. Example::
@@ -90,9 +93,14 @@ def one_engine(size):
     engine = engines.load(flow, engine="worker-based", **cfg["engine_options"])
     engine.compile()
     engine.prepare()
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), cpu_s()
     engine.run()
-    return size / (time.perf_counter() - started)
+    return size / (time.perf_counter() - started), 1000 * (cpu_s() - cpu) / size
+
+
+def cpu_s():
+    times = os.times()
+    return times.user + times.system
 
 
 def many(n):
@@ -126,12 +134,12 @@ def many(n):
                for i in range(n)]
     for runner in runners:
         runner.start()
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), cpu_s()
     gate.set()
     deadline = time.monotonic() + cfg["timeout"]
     for runner in runners:
         runner.join(max(deadline - time.monotonic(), 0.01))
-    wall = time.perf_counter() - started
+    wall, cpu = time.perf_counter() - started, cpu_s() - cpu
     stop.set()
     watcher.join()
     # A run shorter than the watcher's period may have gone unsampled; the shared client lingers
@@ -141,6 +149,7 @@ def many(n):
     return {
         "flows": n, "finished": done, "all_finished": done == n, "wall_s": wall,
         "flows_per_s": done / wall, "tasks_per_s": 3 * done / wall,
+        "cpu_ms_per_task": 1000 * cpu / max(3 * done, 1),
         "peak_sockets": peak["sockets"], "peak_library_threads": peak["threads"],
         "peak_rss_mb": round(peak["rss_mb"], 1),
         "failures": sorted({str(r) for r in results if r != states.SUCCESS}),
@@ -160,8 +169,12 @@ rows = []
 for n in cfg["flows"]:
     row = many(n)
     row["one_engine_tasks"] = min(3 * n, cfg["one_engine_cap"])
-    row["one_engine_tasks_per_s"] = one_engine(row["one_engine_tasks"])
+    row["one_engine_tasks_per_s"], row["one_engine_cpu_ms_per_task"] = one_engine(
+        row["one_engine_tasks"])
     row["ratio_vs_one_engine"] = row["tasks_per_s"] / row["one_engine_tasks_per_s"]
+    row["cpu_ratio_vs_one_engine"] = (  # CPU times tick in 10 ms: a tiny run may read 0
+        row["one_engine_cpu_ms_per_task"] / row["cpu_ms_per_task"] if row["cpu_ms_per_task"]
+        else None)
     rows.append(row)
     print(json.dumps(row), file=sys.stderr, flush=True)
 out["rows"] = rows

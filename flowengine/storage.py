@@ -3,7 +3,7 @@
 Every change goes to the flow detail's models and, when a backend is given, is written through
 to it at once, so an interrupted flow can be resumed by a new engine. What ``engine.storage`` is.
 
-This module is about 650 lines because it carries TaskFlow's whole ``Storage`` API (about forty
+This module is about 700 lines because it carries TaskFlow's whole ``Storage`` API (about forty
 short public methods programs already call) and the policy for writes that fail mid-run
 (:meth:`Storage.keep_unsaved`), which needs every write; how argument names are resolved to
 providers lives apart, in :mod:`flowengine.providers`, and which values are secret and what is
@@ -318,13 +318,17 @@ class Storage:
         """The uuid of the named atom's detail."""
         return self._detail(atom_name).uuid
 
-    def set_atom_state(self, atom_name: str, state: str, progress: float | None = None) -> None:
-        """Set and store the named atom's state (and, in the same write, its progress)."""
+    def set_atom_state(self, atom_name: str, state: str, progress: float | None = None,
+                       meta: Mapping[str, Any] | None = None) -> None:
+        """Set and store the named atom's state (and, in the same write, its progress and
+        ``meta`` merged into its metadata)."""
         with self._lock:
             ad = self._detail(atom_name)
             ad.state = state
             if progress is not None:
                 ad.meta[META_PROGRESS] = progress
+            if meta:
+                ad.meta.update(meta)
             self._save_atom(ad)
 
     def get_atom_state(self, atom_name: str) -> str:

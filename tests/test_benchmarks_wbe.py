@@ -97,6 +97,8 @@ def test_many_flows_reports_sockets_threads_and_ratios_on_the_filesystem_transpo
     [row] = result["rows"]
     assert row["flows"] == 8 and row["all_finished"] and row["failures"] == []
     assert row["one_engine_tasks"] == 12 and row["ratio_vs_one_engine"] > 0
+    assert row["cpu_ms_per_task"] >= 0 and row["one_engine_cpu_ms_per_task"] >= 0
+    assert "cpu_ratio_vs_one_engine" in row
     if LINUX:
         assert 0 <= row["peak_sockets"] and 1 <= row["peak_library_threads"]
         assert row["peak_rss_mb"] > 0

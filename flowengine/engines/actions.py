@@ -7,7 +7,7 @@ import functools
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from flowengine import exceptions as exc
@@ -33,6 +33,9 @@ _RETRY_RESULT_STATES = frozenset((states.SUCCESS, states.FAILURE, states.REVERT_
 META_RETRY_DUE = "retry_due"
 #: Task meta key: ``[value]`` when ``execute`` returned a value its ``provides`` does not fit.
 META_RETURNED = "returned"
+#: Atom metadata key: ids of the attempts of the atom's current action a remote executor sent
+#: (the first one stored with the RUNNING or REVERTING state).
+META_ATTEMPT_IDS = "attempt_ids"
 
 
 # Values json.dumps always encodes, checked without encoding them.
@@ -102,23 +105,37 @@ class TaskAction:
         self._announce(task, state, old_state, NO_RESULT)
 
     def change_state(
-        self, task: Any, state: str, progress: float | None = None, result: Any = NO_RESULT
+        self, task: Any, state: str, progress: float | None = None, result: Any = NO_RESULT,
+        meta: Mapping[str, Any] | None = None,
     ) -> bool:
-        """Store then announce ``task``'s move to ``state``; False if nothing changed."""
+        """Store then announce ``task``'s move to ``state``; False if nothing changed.
+
+        ``meta`` is merged into the atom's metadata in the same write (a state without a
+        result only).
+        """
         storage = self._storage
         old_state = storage.get_atom_state(task.name)
         if state == old_state and state not in _TASK_RESULT_STATES:
             if progress is None or storage.get_task_progress(task.name) == progress:
+                if meta:  # sent again after a resume: the new request's id, nothing to announce
+                    storage.update_atom_metadata(task.name, meta)
                 return False
         if state in _TASK_RESULT_STATES:
             storage.save(task.name, None if result is NO_RESULT else result, state,
                          progress=progress)
         else:
-            storage.set_atom_state(task.name, state, progress=progress)
+            storage.set_atom_state(task.name, state, progress=progress, meta=meta)
         self._announce(task, state, old_state, result)
         if progress is not None:
             task.update_progress(progress)
         return True
+
+    def _attempt_meta(self, task: Any) -> dict[str, Any] | None:
+        """The id the executor gives the first attempt of the action starting now (remote
+        executors), stored with the state that starts it: a process resuming after a crash
+        can revoke what its predecessor left queued, at no extra write."""
+        request_id = self._executor.reserve_request_id(self._storage.get_atom_uuid(task.name))
+        return None if request_id is None else {META_ATTEMPT_IDS: [request_id]}
 
     def _on_update_progress(self, task: Any, event_type: str, details: dict[str, Any]) -> None:
         # Runs on the task's thread; a failure to record progress must not fail the task.
@@ -133,7 +150,7 @@ class TaskAction:
 
     def schedule_execution(self, task: Any, arguments: dict[str, Any]) -> cf.Future:
         """Mark RUNNING (stored before the work starts) and submit the task."""
-        self.change_state(task, states.RUNNING, progress=0.0)
+        self.change_state(task, states.RUNNING, progress=0.0, meta=self._attempt_meta(task))
         return self._executor.execute_task(
             task, self._storage.get_atom_uuid(task.name), arguments,
             progress_callback=functools.partial(self._on_update_progress, task),
@@ -174,7 +191,7 @@ class TaskAction:
 
     def schedule_reversion(self, task: Any, arguments: dict[str, Any]) -> cf.Future:
         """Mark REVERTING and submit the task's revert."""
-        self.change_state(task, states.REVERTING, progress=0.0)
+        self.change_state(task, states.REVERTING, progress=0.0, meta=self._attempt_meta(task))
         result = self._storage.get(task.name)
         returned = _meta(self._storage, task.name).get(META_RETURNED)
         if returned and isinstance(result, Failure):

@@ -18,6 +18,7 @@ import functools
 import inspect
 import threading
 import time
+import weakref
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any
 
@@ -162,7 +163,24 @@ def is_async(method: Any) -> bool:
 
 def async_methods(task: Any) -> list[str]:
     """Names of ``task``'s methods an engine must await (``execute``, ``revert``)."""
+    own = getattr(task, "__dict__", None)
+    if own is None or "execute" in own or "revert" in own:  # methods set on the instance
+        return _async_methods(task)
+    # Every engine checks every atom as it compiles (a process may compile one flow per
+    # request): what a class's methods are is worked out once per class.
+    cls = type(task)
+    methods = _ASYNC_METHODS.get(cls)
+    if methods is None:
+        methods = _ASYNC_METHODS[cls] = tuple(_async_methods(task))
+    return list(methods)
+
+
+def _async_methods(task: Any) -> list[str]:
     return [name for name in ("execute", "revert") if is_async(getattr(task, name, None))]
+
+
+#: :func:`async_methods` of each class (weakly keyed: classes made at run time can go).
+_ASYNC_METHODS: weakref.WeakKeyDictionary[type, tuple[str, ...]] = weakref.WeakKeyDictionary()
 
 
 def _listen(task: Any, callback: ProgressCallback | None) -> bool:
@@ -211,6 +229,12 @@ class TaskExecutor(metaclass=abc.ABCMeta):
 
     def stop(self) -> None:
         """Release resources (called when an engine run ends)."""
+
+    def reserve_request_id(self, task_uuid: str) -> str | None:
+        """The id the next request for atom ``task_uuid`` will carry, chosen now so the engine
+        stores it with the state that starts the action (None: this executor sends no
+        requests that could outlive its process)."""
+        return None
 
 
 def _done_future(value: Any) -> cf.Future:

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from flowengine import states
 from flowengine.engines import executor as local
+from flowengine.engines.actions import META_ATTEMPT_IDS
 from flowengine.engines.engine import ActionEngine
 from flowengine.secrets import Secret
 from flowengine.types.notifier import register_deregister
@@ -27,6 +28,10 @@ from flowengine.worker_based.options import WorkerEngineOptions
 LOG = logging.getLogger(__name__)
 
 
+#: Most request ids kept per atom (its first attempt's and those sent again after it).
+_MAX_ATTEMPT_IDS = 20
+#: Atom states a run that ended (or suspended) never leaves an atom in: its process died.
+_IN_FLIGHT_STATES = (states.RUNNING, states.REVERTING)
 #: Task states after which where the task ran is recorded in its metadata.
 _PLACED_STATES = (states.SUCCESS, states.FAILURE, states.REVERTED, states.REVERT_FAILURE)
 #: Atom metadata key of every attempt's ``{"attempt", "action", "worker", "outcome"}``.
@@ -91,6 +96,7 @@ class WorkerBasedActionEngine(ActionEngine):
     def run_iter(self, timeout: float | None = None) -> Iterator[str]:
         if self._metrics_port is not None:
             self._serve_metrics(self._metrics_port)
+        self._revoke_stale_attempts()
         try:
             with self._event_listeners():
                 return (yield from super().run_iter(timeout=timeout))
@@ -107,6 +113,45 @@ class WorkerBasedActionEngine(ActionEngine):
         client = self._suspends_from = executor.client
         client.take_suspends(self.storage.flow_uuid, self.suspend)
         return {"broker": rc.reach(client.broker, client.reply_to)}
+
+    def _revoke_stale_attempts(self) -> None:
+        """Have workers drop the requests a dead predecessor left queued.
+
+        An atom stored RUNNING or REVERTING as a run starts was in flight when the process
+        that ran the flow died (a suspended run waits for its atoms). Its request may still
+        wait in a worker queue: this run sends the atom again, so the old one must not run
+        too. Its id was stored with the state; the executor revokes such ids as it starts.
+        """
+        self.prepare()
+        executor = self._task_executor()
+        revoke = getattr(executor, "revoke_at_start", None)
+        if revoke is None:
+            return
+        storage, stale = self.storage, []
+        for atom in self.compilation.iter_atoms():
+            if storage.get_atom_state(atom.name) not in _IN_FLIGHT_STATES:
+                continue
+            detail = storage.flow_detail.find(storage.get_atom_uuid(atom.name))
+            ids = detail.meta.get(META_ATTEMPT_IDS) if detail is not None else None
+            stale += [i for i in ids or () if isinstance(i, str)]
+        if stale:
+            LOG.info("Flow %r resumes with %d request(s) its previous run left in flight; "
+                     "asking workers not to run them", storage.flow_name, len(stale))
+            revoke(stale)
+
+    def _remember_attempt(self, atom_uuid: str, request_id: str) -> None:
+        """Store the id of an attempt sent again (a lost worker, a hand-back) with its atom,
+        before it is published, so a resumed engine can revoke it as well."""
+        try:
+            detail = self.storage.flow_detail.find(atom_uuid)
+            if detail is None:
+                return
+            ids = [i for i in detail.meta.get(META_ATTEMPT_IDS) or () if isinstance(i, str)]
+            self.storage.update_atom_metadata(
+                detail.name, {META_ATTEMPT_IDS: (ids + [request_id])[-_MAX_ATTEMPT_IDS:]})
+        except Exception:  # a bookkeeping write must not break the run
+            LOG.warning("Could not store request %s of atom %s", request_id, atom_uuid,
+                        exc_info=True)
 
     def _serve_metrics(self, port: int) -> None:
         from flowengine.worker_based.metrics import start_metrics_server
@@ -164,7 +209,8 @@ class WorkerBasedActionEngine(ActionEngine):
             return given
         self._worker_executor = WorkerTaskExecutor(
             uuid=self.storage.flow_uuid,
-            events=combine(self._publisher, self._metrics, self.atom_placement),
+            events=combine(self._publisher, self._metrics, self.atom_placement,
+                           _AttemptIds(self._remember_attempt)),
             secret_args=self._secret_args,
             **self.worker_options.executor_options(),
         )
@@ -179,3 +225,17 @@ class WorkerBasedActionEngine(ActionEngine):
         names.update(arg for arg, stored in (getattr(task, "rebind", None) or {}).items()
                      if stored in injected or self.storage.is_secret_name(stored))
         return sorted(names)
+
+class _AttemptIds(ext.EventSink):
+    """Hands the ids of an atom's later attempts to ``remember`` as they are sent (the
+    first one's was stored with the atom's RUNNING or REVERTING state)."""
+
+    def __init__(self, remember: Callable[[str, str], None]) -> None:
+        self._remember = remember
+
+    def emit(self, event_type: str, **fields: object) -> None:
+        attempt, request_id, atom_uuid = (fields.get("attempt"), fields.get("request_id"),
+                                          fields.get("atom_uuid"))
+        if (event_type == "task-sent" and isinstance(attempt, int) and attempt > 1
+                and isinstance(request_id, str) and isinstance(atom_uuid, str)):
+            self._remember(atom_uuid, request_id)

@@ -76,7 +76,9 @@ class EventListener(base.Listener):
     def __init__(self, engine: ActionEngine, sink: ext.EventSink, *, task_events: bool = True,
                  clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__(engine, task_listen_for=base.DEFAULT_LISTEN_FOR,
-                         flow_listen_for=tuple(FLOW_EVENTS),
+                         # One registration for every flow state (filtered in _flow_receiver)
+                         # rather than one per state: an engine per flow registers it per run.
+                         flow_listen_for=base.DEFAULT_LISTEN_FOR,
                          retry_listen_for=base.DEFAULT_LISTEN_FOR)
         self._sink, self._task_events, self._clock = sink, task_events, clock
         self._started: dict[str, float] = {}
@@ -154,6 +156,8 @@ class EventListener(base.Listener):
         return None if started is None else self._clock() - started
 
     def _flow_receiver(self, state: str, details: base.Details) -> None:
+        if state not in FLOW_EVENTS:
+            return
         if state == states.SUSPENDED and details.get("old_state") not in _SUSPENDED_FROM:
             return
         if state == states.RUNNING:

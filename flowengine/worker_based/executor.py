@@ -20,6 +20,7 @@ import logging
 import math
 import threading
 import time
+import uuid as uuid_mod
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -151,6 +152,10 @@ class WorkerTaskExecutor(AttemptTracking, local.TaskExecutor):
         self.finder = WorkerFinder(worker_expiry, clock=clock, on_change=self._worker_appeared)
         self._dispatch_pending = threading.Event()
         self._client: bc.Client | None = None
+        #: Request ids chosen for the next first attempt of an atom (see reserve_request_id).
+        self._reserved: dict[str, str] = {}
+        #: Request ids a crashed predecessor may have left queued: revoked at start.
+        self._stale: list[str] = []
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -183,6 +188,36 @@ class WorkerTaskExecutor(AttemptTracking, local.TaskExecutor):
         for worker in known:
             self.finder.add(worker.topic, worker.tasks, identity=worker.identity,
                             capacity=worker.capacity, flowengine=worker.flowengine)
+        stale, self._stale = self._stale, []
+        if stale:
+            self._revoke_ids(stale, "its engine's process died; the flow is resumed")
+
+    def revoke_at_start(self, request_ids: Iterable[str]) -> None:
+        """Ask every flowengine worker, as this executor starts, not to run ``request_ids``:
+        requests a dead engine left queued, which a resumed one sends again as new attempts.
+
+        A worker that takes one of them later settles it unrun (see
+        :mod:`~flowengine.worker_based.cancellation`); one already running is not stopped.
+        """
+        self._stale.extend(request_ids)
+
+    def _revoke_ids(self, request_ids: list[str], why: str) -> None:
+        headers = {pr.HEADER_PROTOCOL: pr.PROTOCOL_VERSION}
+        for start in range(0, len(request_ids), cn.MAX_IDS):
+            chunk = request_ids[start:start + cn.MAX_IDS]
+            try:
+                # Every flowengine worker hears it (TaskFlow workers do not).
+                self._proxy.publish(cn.Cancel(chunk), ext.DISCOVER_ROUTING_KEY, headers=headers,
+                                    declare_queue=False, confirm=False)
+            except Exception as err:
+                LOG.warning("Could not ask workers to drop %d request(s) (%s): %s; a worker "
+                            "may still run them", len(chunk), why, err)
+            else:
+                LOG.info("Asked workers to drop %d request(s) unrun: %s", len(chunk), why)
+
+    def reserve_request_id(self, task_uuid: str) -> str | None:
+        request_id = self._reserved[task_uuid] = uuid_mod.uuid4().hex
+        return request_id
 
     def stop(self) -> None:
         """Detach from the broker client; submissions still outstanding fail with
@@ -228,6 +263,7 @@ class WorkerTaskExecutor(AttemptTracking, local.TaskExecutor):
             # Its execute never reached a worker (no worker, or none in time): there is nothing
             # to undo, and sending the revert would only wait for a worker in vain.
             self._never_started.discard(task_uuid)
+            self._reserved.pop(task_uuid, None)
             done: cf.Future = cf.Future()
             done.set_result((pr.ACTION_TO_EVENT[pr.REVERT], None))
             return done
@@ -262,7 +298,9 @@ class WorkerTaskExecutor(AttemptTracking, local.TaskExecutor):
         request = pr.Request(
             sub.task, sub.uuid, sub.action, sub.arguments, timeout=self._transition_timeout,
             result=sub.result, failures=sub.failures, clock=self._clock,
-            attempt=sub.attempts + 1)
+            attempt=sub.attempts + 1,
+            # The first attempt's id was stored with the atom's state (reserve_request_id).
+            request_id=self._reserved.pop(sub.uuid, None) if sub.attempts == 0 else None)
         with self._lock:
             if sub.request is not None:
                 self._untrack(sub.request.request_id)
@@ -358,6 +396,10 @@ class WorkerTaskExecutor(AttemptTracking, local.TaskExecutor):
         return headers
 
     def _worker_appeared(self) -> None:
+        if not self._ongoing:
+            # Nothing to send (an engine attaching learns the known workers this way): a
+            # request made from now on finds the worker as it is dispatched.
+            return
         if self._dispatch_pending.is_set():
             return  # a pass over the waiting requests is already queued
         self._dispatch_pending.set()

@@ -287,6 +287,11 @@ class AttemptTracking:
     def on_wait(self) -> None:
         """Expire overdue requests and lapsed leases, forget silent workers (runs periodically)."""
         now = self._clock()
+        if now < self._next_due and now < self._next_expiry_check:
+            # The usual pass (the client looks at thousands of engines ten times a second):
+            # nothing is due. _next_due is only ever lowered under the lock; a value read
+            # just before it was lowered is seen on the next pass, one period later.
+            return
         if now >= self._next_expiry_check:
             self._next_expiry_check = now + _EXPIRY_CHECK_PERIOD
             gone = self.finder.expire()

@@ -1,0 +1,49 @@
+"""An engine process the resume tests SIGKILL while its requests wait in a worker queue.
+
+Usage::
+
+    python resume_child.py SQLITE_URI BOOK_UUID ENGINE_OPTIONS_JSON
+
+It builds :func:`make_flow` through ``engines.load_from_factory`` (so a resuming process rebuilds
+it with ``engines.load_from_detail``) in a new flow detail of logbook ``BOOK_UUID``, prints
+``flow <uuid>`` and runs the flow on the worker-based engine until it ends or is killed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+
+import fault_tasks as ft
+
+from flowengine import engines
+from flowengine.flows import unordered_flow as uf
+from flowengine.persistence import backends
+
+#: The flow's two gated tasks: on a one-thread worker one runs, the other waits in the queue.
+GATES = ("first", "second")
+
+
+def make_flow() -> uf.Flow:
+    """Two independent :class:`fault_tasks.Gate` tasks."""
+    return uf.Flow("resume-revokes").add(*(ft.Gate(name) for name in GATES))
+
+
+def main(argv: list[str]) -> int:
+    uri, book_uuid, options = argv[0], argv[1], json.loads(argv[2])
+    backend = backends.fetch(uri)
+    with contextlib.closing(backend), contextlib.closing(backend.get_connection()) as conn:
+        book = conn.get_logbook(book_uuid)
+        from resume_child import make_flow as factory  # importable by name when resuming
+
+        engine = engines.load_from_factory(factory, book=book, backend=backend,
+                                           engine="worker-based", **options)
+        print(f"flow {engine.storage.flow_uuid}", flush=True)
+        engine.run()
+        print(f"final {engine.storage.get_flow_state()}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
