@@ -136,6 +136,11 @@ class Runtime:
         """
         storage = self.storage
         for atom in atoms:
+            if intention == states.RETRY and storage.get_atom_intention(atom.name) == states.REVERT:
+                # Another failure of the same round already decided to revert this retry (an
+                # enclosing controller's decision, say): retrying it would undo that decision
+                # (TaskFlow's bug 2043808, fixed the same way).
+                continue
             if state is not None:
                 current = storage.get_atom_state(atom.name)
                 check = (states.check_retry_transition if isinstance(atom, retry_mod.Retry)
