@@ -70,11 +70,6 @@ class ProviderIndex:
         """Every name something provides."""
         return list(self._by_name)
 
-    def values(self, name: str) -> list[Any]:
-        """Every value currently available for ``name``, in provider order."""
-        found = (self._read(p) for p in self._by_name.get(name, ()))
-        return [value for ok, value in found if ok]
-
     def fetch_values(self, name: str, read: ResultReader) -> list[Any]:
         """Every value of ``name`` as ``read`` finds them: injected values first, then atoms.
 
