@@ -36,7 +36,9 @@ def save_as_mapping(provides: ProvidesSpec) -> dict[str, Any]:
         return {name: index for index, name in enumerate(provides)}
     if isinstance(provides, Iterable):
         return {name: name for name in provides}
-    raise TypeError(f"provides must be a str, tuple, list or set, not {type(provides).__name__}")
+    # TaskFlow's wording first (programs match on it).
+    raise TypeError(f"Atom provides parameter should be str, set or tuple/list, not "
+                    f"{provides!r} ({type(provides).__name__})")
 
 
 def _callable_args(function: Callable[..., Any]) -> tuple[list[str], list[str], bool]:

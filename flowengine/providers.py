@@ -70,9 +70,13 @@ class ProviderIndex:
         """Every name something provides."""
         return list(self._by_name)
 
-    def values(self, name: str) -> list[Any]:
-        """Every value currently available for ``name``, in provider order."""
-        found = (self._read(p) for p in self._by_name.get(name, ()))
+    def fetch_values(self, name: str, read: ResultReader) -> list[Any]:
+        """Every value of ``name`` as ``read`` finds them: injected values first, then atoms.
+
+        ``read`` raises NotFound where the name cannot be fetched at all (TaskFlow's ``fetch``).
+        """
+        defaults, atoms, _names = self._split(name) if name in self._by_name else ([], [], [])
+        found = (read(p) for p in defaults + atoms)
         return [value for ok, value in found if ok]
 
     def _split(self, name: str) -> tuple[list[Provider], list[Provider], list[str]]:

@@ -483,8 +483,13 @@ class Storage:
         """Whether any atom has failed."""
         return any(self._failures.values())
 
-    def reset(self, atom_name: str, state: str = states.PENDING) -> None:
-        """Forget the atom's results and put it in ``state``."""
+    def reset(self, atom_name: str, state: str = states.PENDING,
+              keep_failures: bool = False) -> None:
+        """Forget the atom's results and put it in ``state``.
+
+        With ``keep_failures``, :meth:`get_execute_failures` still lists the atom's last failure
+        (a retry's reset: TaskFlow's storage keeps it until the atom fails again).
+        """
         if atom_name == self.injector_name:
             return
         with self._lock:
@@ -492,7 +497,8 @@ class Storage:
             if ad.state == state:
                 return
             ad.reset(state)
-            self._failures[atom_name] = {}
+            if not keep_failures:
+                self._failures[atom_name] = {}
             self._save_atom(ad)
 
     # -- injected values --------------------------------------------------------------------
@@ -623,9 +629,13 @@ class Storage:
                                            self._injected_for(atom_name), optional_args or ())
 
     def fetch(self, name: str, many_handler: Callable[[list[Any]], Any] | None = None) -> Any:
-        """The value stored under ``name`` (the first of several, unless ``many_handler``)."""
+        """The value stored under ``name`` (the first of several, unless ``many_handler``).
+
+        As TaskFlow's: a failed provider's value is its Failure, and a provider that has not
+        finished (nor was ignored) makes the name unfetchable.
+        """
         with self._lock:
-            values = self._providers.values(name)
+            values = self._providers.fetch_values(name, self._fetchable)
         if not values and name in self._providers.names():
             raise exceptions.NotFound(f"Unable to find result {name!r}: no provider of it in flow "
                                       f"{self.flow_name!r} has it (not run, failed, or its "
@@ -635,6 +645,23 @@ class Storage:
                                       f"providers in flow "
                                       f"{self.flow_name!r}")
         return many_handler(values) if many_handler else values[0]
+
+    def _fetchable(self, provider: Provider) -> tuple[bool, Any]:
+        """``(found, value)`` of one provider for :meth:`fetch`; NotFound if it cannot say yet."""
+        if provider.name is TRANSIENT:
+            return True, self._transients[provider.index]
+        ad = self._detail(provider.name)
+        if ad.failure is None and ad.state == states.IGNORE:
+            return False, None
+        try:
+            value = self._get(provider.name, revert=False)
+            if isinstance(ad, models.RetryDetail) and ad.failure is None:
+                value = ad.last_results
+            return True, item_from(value, provider.index)
+        except (IndexError, KeyError, TypeError, ValueError) as err:
+            raise exceptions.NotFound(
+                f"Unable to find result {provider.name!r}: its result has no item "
+                f"{provider.index!r}") from err
 
     def fetch_all(self, many_handler: Callable[[list[Any]], Any] | None = None) -> dict[str, Any]:
         """Every name with a value: one value, or a list when several providers have one."""

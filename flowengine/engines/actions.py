@@ -95,11 +95,11 @@ class TaskAction:
         """Where tasks run."""
         return self._executor
 
-    def reset_state(self, task: Any, state: str) -> None:
+    def reset_state(self, task: Any, state: str, keep_failures: bool = False) -> None:
         """Forget the task's results and move it to ``state`` (PENDING or IGNORE)."""
         old_state = self._storage.get_atom_state(task.name)
         self._kept.pop(task.name, None)
-        self._storage.reset(task.name, state)
+        self._storage.reset(task.name, state, keep_failures)
         if old_state != state:
             self._storage.set_task_progress(task.name, 0.0)  # as TaskFlow's engine does
         self._announce(task, state, old_state, NO_RESULT)
@@ -278,10 +278,10 @@ class RetryAction:
             details["result"] = self._storage.masked(result)
         self._notifier.notify(state, details)
 
-    def reset_state(self, retry: Retry, state: str) -> None:
+    def reset_state(self, retry: Retry, state: str, keep_failures: bool = False) -> None:
         """Forget the retry's history and move it to ``state`` (PENDING or IGNORE)."""
         old_state = self._storage.get_atom_state(retry.name)
-        self._storage.reset(retry.name, state)
+        self._storage.reset(retry.name, state, keep_failures)
         self._announce(retry, state, old_state, NO_RESULT)
 
     def change_state(self, retry: Retry, state: str, result: Any = NO_RESULT) -> bool:

@@ -74,13 +74,22 @@ class Compilation:
         atoms: every atom by name, in a topological order.
         retry_scopes: for each retry controller's name, the atoms of the flow it controls.
         flow: the compiled root.
+        preorder: each atom's position when the flows are walked depth first, each flow's retry
+            before its items; of two providers a consumer sees in the same flow, the later is
+            the closer (TaskFlow's scope order).
+        declared: every atom in TaskFlow's storage order: the flows' items depth first, each
+            flow's retry after its items (the order of the flow detail's atom records and of
+            a name's providers in ``fetch_all``).
     """
 
     execution_graph: nx.DiGraph
     atoms: dict[str, Atom]
     retry_scopes: dict[str, list[Atom]]
     flow: Any
+    declared: list[Atom] = dataclasses.field(default_factory=list)
+    preorder: dict[str, int] = dataclasses.field(default_factory=dict)
     _deciders: dict[str, tuple[EdgeDecider, ...]] = dataclasses.field(default_factory=dict)
+    _successors: dict[str, list[Atom]] = dataclasses.field(default_factory=dict)
     #: Whether any link carries a decider (most flows have none: nothing to walk then).
     has_deciders: bool = True
 
@@ -122,6 +131,18 @@ class Compilation:
                 seen.add(id(u))
                 pending.extend((uu, u) for uu in graph.predecessors(u))
 
+    def successors_of(self, atom: Atom) -> list[Atom]:
+        """Every atom after ``atom`` in the graph, in a topological order.
+
+        A retry's resolution sets their intentions, as TaskFlow's does: its subflow and
+        whatever comes after the subflow.
+        """
+        found = self._successors.get(atom.name)
+        if found is None:
+            after = nx.descendants(self.execution_graph, atom)
+            found = self._successors[atom.name] = [a for a in self.atoms.values() if a in after]
+        return found
+
     def iter_atoms(self) -> Iterator[Atom]:
         """Every atom, in a topological order."""
         return iter(self.atoms.values())
@@ -149,6 +170,7 @@ class PatternCompiler:
         self._seen_objects: set[int] = set()
         self._names: dict[str, Any] = {}
         self._open_flows: set[int] = set()
+        self._declared: list[Atom] = []
         self._compile(self._root, parents=(), retry=None)
         try:
             order = list(nx.topological_sort(graph))
@@ -159,7 +181,9 @@ class PatternCompiler:
             ) from err
         atoms = {node.name: node for node in order if isinstance(node, Atom)}
         deciders = any(flow_mod.LINK_DECIDER in data for _u, _v, data in graph.edges(data=True))
-        return Compilation(graph, atoms, scopes, self._root, has_deciders=deciders)
+        return Compilation(graph, atoms, scopes, self._root, declared=self._declared,
+                           preorder={name: i for i, name in enumerate(self._names)},
+                           has_deciders=deciders)
 
     def _add_atom(self, atom: Atom, parents: tuple[Any, ...], retry: Retry | None) -> None:
         if not isinstance(atom.name, str) or not atom.name:
@@ -181,6 +205,7 @@ class PatternCompiler:
         """Add ``item`` to the graph; return its (entry node, exit node)."""
         if isinstance(item, Atom) and not isinstance(item, Retry):
             self._add_atom(item, parents, retry)
+            self._declared.append(item)
             return item, item
         if not isinstance(item, flow_mod.Flow):
             # TaskFlow's wording first; a retry controller is only ever a flow's ``retry``.
@@ -220,6 +245,8 @@ class PatternCompiler:
         bounds: dict[int, tuple[Any, Any]] = {}
         for child in item:
             bounds[id(child)] = self._compile(child, inner_parents, inner_retry)
+        if item.retry is not None:
+            self._declared.append(item.retry)
         has_in: set[int] = set()
         has_out: set[int] = set()
         for u, v, meta in item.iter_links():

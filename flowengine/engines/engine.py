@@ -162,7 +162,7 @@ class ActionEngine:
             if not self._storage_ensured:
                 self._change_state(states.RESUMING)
                 storage = self.storage
-                atoms = list(self.compilation.iter_atoms())
+                atoms = self.compilation.declared
                 with gc_pause.paused():
                     storage.ensure_atoms(atoms)
                     for atom in atoms:

@@ -7,6 +7,10 @@ counters, updated only when a neighbour's status flips:
 - ``blocked_by_preds``: predecessors that have not finished executing (execute direction);
 - ``blocked_by_succs``: successors that have not finished reverting (revert direction).
 
+An atom counts as reverted for its predecessors only once its own successors have too, as in
+TaskFlow (which checks every descendant): an ignored atom's successors may have run, and its
+predecessors must not revert before them.
+
 Structural nodes (flow starts and ends) finish the moment their own counter reaches zero, and the
 flip propagates through them. An atom whose counter reaches zero becomes a *candidate*; the
 runtime decides what (if anything) to do with it.
@@ -37,6 +41,7 @@ class Frontier:
         self._succs: dict[Any, int] = {}
         self._executed: dict[Any, bool] = {}
         self._undone: dict[Any, bool] = {}
+        self._state_undone: dict[Atom, bool] = {}  # the atom's own state alone
         self.candidates: set[Atom] = set()
         order = list(nx.topological_sort(self._graph))
         graph = self._graph
@@ -53,7 +58,8 @@ class Frontier:
             count = sum(1 for s in graph.successors(node) if not self._undone[s])
             self._succs[node] = count
             if isinstance(node, Atom):
-                self._undone[node] = atom_state[node.name] in UNDONE_STATES
+                self._state_undone[node] = atom_state[node.name] in UNDONE_STATES
+                self._undone[node] = self._state_undone[node] and count == 0
                 if count == 0:
                     self.candidates.add(node)
             else:
@@ -74,7 +80,8 @@ class Frontier:
         if executed != self._executed[atom]:
             self._executed[atom] = executed
             self._push_forward(atom, -1 if executed else 1)
-        undone = new_state in UNDONE_STATES
+        self._state_undone[atom] = new_state in UNDONE_STATES
+        undone = self._state_undone[atom] and self._succs[atom] == 0
         if undone != self._undone[atom]:
             self._undone[atom] = undone
             self._push_backward(atom, -1 if undone else 1)
@@ -105,7 +112,9 @@ class Frontier:
                 if isinstance(pred, Atom):
                     if after == 0:
                         self.candidates.add(pred)
-                elif (before == 0) != (after == 0):
+                    if not self._state_undone[pred]:
+                        continue
+                if (before == 0) != (after == 0):
                     undone[pred] = after == 0
                     stack.append((pred, -1 if after == 0 else 1))
 

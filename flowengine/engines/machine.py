@@ -137,6 +137,10 @@ class RunLoop:
             machine.process_event(event)
             state: str = machine.current_state  # type: ignore[assignment]
             yield state
+            # A suspension run_iter's caller asked for on this state (the engine's own thread)
+            # lets the atoms already announced as running finish, as TaskFlow's does; only
+            # one from elsewhere, while the loop waits, cancels those still queued.
+            self._wake_requested = False
             if machine.terminated:
                 return
             started = time.monotonic()

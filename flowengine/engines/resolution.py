@@ -32,11 +32,11 @@ class Strategy:
             runtime.reset_atoms(runtime.compilation.iter_atoms(), None, states.REVERT)
         elif self.strategy is retry_mod.REVERT:
             runtime.reset_atoms([self.retry], None, states.REVERT)
-            runtime.reset_atoms(runtime.compilation.retry_scopes[self.retry.name], None,
+            runtime.reset_atoms(runtime.compilation.successors_of(self.retry), None,
                                 states.REVERT)
         else:
             runtime.reset_atoms([self.retry], None, states.RETRY)
-            runtime.reset_atoms(runtime.compilation.retry_scopes[self.retry.name], None,
+            runtime.reset_atoms(runtime.compilation.successors_of(self.retry), None,
                                 states.REVERT)
 
     def __str__(self) -> str:

@@ -11,7 +11,7 @@ import collections
 import concurrent.futures as cf
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from flowengine import deciders as de
@@ -104,8 +104,25 @@ class Runtime:
                         found.append(pred.name)
                         wanted.discard(pred.name)
                     queue.append(pred)
+        if len(found) > 1 and consumer is not None:
+            found.sort(key=self._scope_order(consumer))
         self._scope_cache[key] = found
         return found
+
+    def _scope_order(self, consumer: Atom) -> Callable[[str], tuple[int, int]]:
+        """Sort key of the providers ``consumer`` sees, closest first, as TaskFlow's scopes:
+        those in its innermost enclosing flow first, and in one flow the later ones first."""
+        compilation = self.compilation
+        mine = compilation.parents_of(consumer)
+
+        def key(name: str) -> tuple[int, int]:
+            theirs = compilation.parents_of(compilation.atoms[name])
+            shared = 0
+            while shared < min(len(mine), len(theirs)) and mine[shared] is theirs[shared]:
+                shared += 1
+            return -shared, -compilation.preorder[name]
+
+        return key
 
     # -- state ------------------------------------------------------------------------------
 
@@ -120,10 +137,18 @@ class Runtime:
         return self.retry_action if isinstance(atom, retry_mod.Retry) else self.task_action
 
     def reset_atoms(self, atoms: Iterable[Any], state: str | None, intention: str | None,
-                    force: bool = False) -> None:
-        """Move atoms to ``state`` (where allowed, or always if ``force``) and set ``intention``."""
+                    force: bool = False, keep_failures: bool = False) -> None:
+        """Move atoms to ``state`` (where allowed, or always if ``force``) and set ``intention``.
+
+        ``keep_failures``: the storage still lists their failures (see ``Storage.reset``).
+        """
         storage = self.storage
         for atom in atoms:
+            if intention == states.RETRY and storage.get_atom_intention(atom.name) == states.REVERT:
+                # Another failure of the same round already decided to revert this retry (an
+                # enclosing controller's decision, say): retrying it would undo that decision
+                # (TaskFlow's bug 2043808, fixed the same way).
+                continue
             if state is not None:
                 current = storage.get_atom_state(atom.name)
                 check = (states.check_retry_transition if isinstance(atom, retry_mod.Retry)
@@ -131,7 +156,7 @@ class Runtime:
                 if (force and current != state) or check(current, state):
                     if state in (states.PENDING, states.IGNORE):
                         # A fresh start: forget the old attempt's results and failures.
-                        self._action(atom).reset_state(atom, state)
+                        self._action(atom).reset_state(atom, state, keep_failures)
                     else:
                         self._action(atom).change_state(atom, state)
             if intention is not None:
@@ -150,8 +175,10 @@ class Runtime:
     def retry_subflow(self, retry: retry_mod.Retry) -> None:
         """Prepare a retry's subflow for another attempt."""
         self.storage.set_atom_intention(retry.name, states.EXECUTE)
-        self.reset_atoms(self.compilation.retry_scopes[retry.name], states.PENDING,
-                         states.EXECUTE)
+        # As TaskFlow's, the failures of this attempt stay listed: a flow that reverts in the
+        # end raises them all (WrappedFailure) and passes them to every revert.
+        self.reset_atoms(self.compilation.successors_of(retry), states.PENDING, states.EXECUTE,
+                         keep_failures=True)
 
     def ask_retry(self, retry: retry_mod.Retry, atom: Any, failure: Failure) -> Any:
         """Record ``atom``'s failure with ``retry`` and return the retry's decision."""

@@ -157,13 +157,16 @@ class Flow(flow.Flow):
         return self._graph.number_of_nodes()
 
     def __iter__(self) -> Iterator[flow.Item]:
-        return iter(self._graph.nodes)
+        # In a dependency order, as TaskFlow's: programs see it (and it decides which of
+        # several providers of a name is closest to a consumer).
+        return iter(nx.topological_sort(self._graph))
 
     def iter_links(self) -> Iterator[tuple[flow.Item, flow.Item, dict[str, Any]]]:
         yield from self._graph.edges(data=True)
 
     def iter_nodes(self) -> Iterator[tuple[flow.Item, dict[str, Any]]]:
-        yield from self._graph.nodes(data=True)
+        graph = self._graph
+        return ((node, graph.nodes[node]) for node in nx.topological_sort(graph))
 
     @property
     def requires(self) -> frozenset[str]:
@@ -284,10 +287,11 @@ class TargetedFlow(Flow):
         return self._active().number_of_nodes()
 
     def __iter__(self) -> Iterator[flow.Item]:
-        return iter(self._active().nodes)
+        return iter(nx.topological_sort(self._active()))
 
     def iter_links(self) -> Iterator[tuple[flow.Item, flow.Item, dict[str, Any]]]:
         yield from self._active().edges(data=True)
 
     def iter_nodes(self) -> Iterator[tuple[flow.Item, dict[str, Any]]]:
-        yield from self._active().nodes(data=True)
+        graph = self._active()
+        return ((node, graph.nodes[node]) for node in nx.topological_sort(graph))

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import contextlib
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from flowengine import task as task_mod
@@ -10,8 +11,23 @@ from flowengine.engines import executor as local
 from flowengine.types.failure import Failure
 from flowengine.worker_based import protocol as pr
 
-#: Gets ``(event_type, details=...)`` for each progress event the task emits while it runs.
+#: Gets ``(event_type, details=...)`` for each event the task emits while it runs (progress and
+#: the task's own, ``task.notifier.notify(...)``): the worker sends each to the engine.
 ProgressCallback = Callable[..., None]
+
+
+@contextlib.contextmanager
+def _forwarding(task: task_mod.Task, callback: ProgressCallback | None) -> Iterator[None]:
+    """Every event ``task`` notifies goes to ``callback`` meanwhile, as TaskFlow's worker does."""
+    if callback is None:
+        yield
+        return
+    notifier = task.notifier
+    notifier.register(notifier.ANY, callback)
+    try:
+        yield
+    finally:
+        notifier.deregister(notifier.ANY, callback)
 
 
 class Endpoint:
@@ -58,7 +74,8 @@ class Endpoint:
         Returns:
             What ``execute`` returned, or a :class:`Failure` capturing what it raised.
         """
-        return local.execute_task(task, arguments, progress_callback)[1]
+        with _forwarding(task, progress_callback):
+            return local.execute_task(task, arguments)[1]
 
     def revert(
         self,
@@ -73,9 +90,8 @@ class Endpoint:
         Returns:
             What ``revert`` returned, or a :class:`Failure` capturing what it raised.
         """
-        return local.revert_task(task, arguments, result, dict(failures or {}), progress_callback)[
-            1
-        ]
+        with _forwarding(task, progress_callback):
+            return local.revert_task(task, arguments, result, dict(failures or {}))[1]
 
     async def execute_async(
         self,
@@ -84,7 +100,8 @@ class Endpoint:
         progress_callback: ProgressCallback | None = None,
     ) -> Any:
         """:meth:`execute` for an ``async def execute``: awaited here (on the caller's loop)."""
-        return (await local.execute_task_async(task, arguments, progress_callback))[1]
+        with _forwarding(task, progress_callback):
+            return (await local.execute_task_async(task, arguments))[1]
 
     async def revert_async(
         self,
@@ -95,5 +112,6 @@ class Endpoint:
         progress_callback: ProgressCallback | None = None,
     ) -> Any:
         """:meth:`revert` for an ``async def revert``: awaited here (on the caller's loop)."""
-        return (await local.revert_task_async(task, arguments, result, dict(failures or {}),
-                                              progress_callback))[1]
+        with _forwarding(task, progress_callback):
+            return (await local.revert_task_async(task, arguments, result,
+                                                  dict(failures or {})))[1]

@@ -406,6 +406,15 @@ class Progress(RecordingTask):
         return self.name
 
 
+class Announcer(RecordingTask):
+    """Notifies two events of its own (``found``) while executing."""
+
+    def execute(self) -> str:
+        for count in (1, 2):
+            self.notifier.notify("found", {"count": count})
+        return self.name
+
+
 class WildProgress(Step):
     """Reports progress outside 0.0-1.0 (7.0, then -1.0)."""
 

@@ -167,6 +167,17 @@ def test_progress_is_stored_and_reaches_task_listeners(engine_factory):
     assert engine.storage.get_task_progress("p") == 1.0
 
 
+def test_a_tasks_own_events_reach_its_listeners(engine_factory):
+    # As TaskFlow's workers do, a worker sends every event the task notifies, not only progress.
+    announcer = tasks.Announcer("a")
+    heard = []
+    # A task's notifier takes callbacks for its declared events and for ANY (as TaskFlow's).
+    announcer.notifier.register(announcer.notifier.ANY, lambda event, details: heard.append(
+        details["count"]) if event == "found" else None)
+    engine_factory.run(announcer)
+    assert heard == [1, 2]
+
+
 def test_progress_is_clamped(engine_factory):
     heard = []
     wild = tasks.WildProgress("wild")

@@ -19,15 +19,16 @@ from .rename import rename_source
 
 EXAMPLES = Path(__import__("taskflow").__file__).parent / "examples"
 
-#: Examples left out, with why: each needs a server or a remote worker process.
+#: Examples left out, with why: each needs a server. (The ``wbe_*`` ones run their workers on
+#: threads over kombu's in-memory transport.)
 NEEDS_SERVER = {
     "99_bottles": "ZooKeeper jobboard and conductor",
     "jobboard_produce_consume_colors": "ZooKeeper jobboard",
     "tox_conductor": "ZooKeeper jobboard and conductor",
-    "wbe_event_sender": "worker-based engine with worker processes",
-    "wbe_mandelbrot": "worker-based engine with worker processes",
-    "wbe_simple_linear": "worker-based engine with worker processes",
 }
+#: TaskFlow's test helpers some examples import (``taskflow.tests.utils``): for flowengine, a
+#: renamed copy is importable as ``tfconf.tests.utils``, as for TaskFlow's unit tests.
+HELPERS = (("taskflow.tests", "tfconf.tests"),)
 
 
 def example_names() -> list[str]:
@@ -48,7 +49,13 @@ def _copy_examples(target: Path, renamed: bool) -> Path:
     shutil.copytree(EXAMPLES, examples, ignore=shutil.ignore_patterns("__pycache__"))
     if renamed:
         for path in examples.rglob("*.py"):
-            path.write_text(rename_source(path.read_text()))
+            path.write_text(rename_source(path.read_text(), HELPERS))
+        helpers = target / "tfconf" / "tests"
+        helpers.mkdir(parents=True)
+        for package in (target / "tfconf", helpers):
+            (package / "__init__.py").write_text("")
+        (helpers / "utils.py").write_text(rename_source((EXAMPLES.parent / "tests" /
+                                                         "utils.py").read_text()))
     return examples
 
 

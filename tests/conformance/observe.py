@@ -120,6 +120,13 @@ def error(err: BaseException) -> dict[str, Any]:
             "causes": causes}
 
 
+def _failure_text(value: Any) -> Any:
+    """A failure dict by its text (its traceback names the library's own files)."""
+    if isinstance(value, dict) and "exc_type_names" in value:
+        return "failure: " + value["exception_str"]
+    return value
+
+
 def _records(lib: types.SimpleNamespace, backend: Any, fd_uuid: str) -> dict[str, Any]:
     """The persisted atom records, by atom name (uuids and tracebacks left out: random)."""
     conn = backend.get_connection()
@@ -130,10 +137,23 @@ def _records(lib: types.SimpleNamespace, backend: Any, fd_uuid: str) -> dict[str
         for key in ("failure", "revert_failure"):
             if record[key]:
                 record[key] = {k: record[key][k] for k in ("exception_str", "exc_type_names")}
-        if isinstance(record.get("results"), dict):  # a retry's history holds failures
+        if isinstance(record.get("results"), dict):  # the injector's values
             record["results"] = repr(record["results"])
+        elif type(ad).__name__ == "RetryDetail":  # a history: (result, {atom: failure dict})
+            record["results"] = [[_failure_text(data), {name: _failure_text(failure)
+                                                        for name, failure in failures.items()}]
+                                 for data, failures in record["results"] or ()]
         found[ad.name] = record
     return found
+
+
+def _value(value: Any) -> Any:
+    """A stored value; a Failure by its text (its repr differs: TaskFlow's is the default)."""
+    if isinstance(value, list):
+        return [_value(item) for item in value]
+    if hasattr(value, "exception_str") and hasattr(value, "check"):
+        return "failure: " + value.exception_str
+    return value
 
 
 def _state(storage: Any, name: str) -> Any:
@@ -195,7 +215,7 @@ def run_program(name: str, program: dict[str, Any]) -> dict[str, Any]:
             run["error"] = error(err)
         storage = engine.storage
         run["flow_state"] = storage.get_flow_state()
-        run["fetch_all"] = storage.fetch_all()
+        run["fetch_all"] = {name: _value(value) for name, value in storage.fetch_all().items()}
         run["atom_states"] = {a.name: _state(storage, a.name) for a in _atoms(flow)}
         run["records"] = _records(lib, backend, fd.uuid)
         if run["flow_state"] != "SUSPENDED":

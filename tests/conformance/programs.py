@@ -42,7 +42,8 @@ def programs(draw: st.DrawFn) -> dict[str, Any]:
         spec: dict[str, Any] = {"name": name, "requires": requires, "provides": None,
                                 "rebind": {}, "inject": {}, "fails": 0}
         if draw(st.booleans()):
-            spec["provides"] = f"v{index}"
+            # Now and then a name several tasks provide: which one a consumer reads is compared.
+            spec["provides"] = "shared" if draw(st.integers(0, 4)) == 0 else f"v{index}"
         if requires and draw(st.integers(0, 3)) == 0:
             # Read the first argument from another name (a store value).
             spec["rebind"] = {requires[0]: draw(st.sampled_from(STORE))}

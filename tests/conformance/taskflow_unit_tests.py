@@ -83,7 +83,9 @@ def _passed(root: Path, module: str) -> set[str]:
 
 
 def measure() -> dict[str, object]:
+    """Per module counts, the overall ratio and the TaskFlow tests flowengine fails."""
     results: dict[str, dict[str, int]] = {}
+    failing: list[str] = []
     with tempfile.TemporaryDirectory() as tf_dir, tempfile.TemporaryDirectory() as fe_dir:
         _copy(Path(tf_dir), "taskflow")
         _copy(Path(fe_dir), "flowengine")
@@ -91,10 +93,12 @@ def measure() -> dict[str, object]:
             on_taskflow = _passed(Path(tf_dir), module)
             on_flowengine = _passed(Path(fe_dir), module) & on_taskflow
             results[module] = {"taskflow": len(on_taskflow), "flowengine": len(on_flowengine)}
+            failing.extend(sorted(on_taskflow - on_flowengine))
     total_tf = sum(r["taskflow"] for r in results.values())
     total_fe = sum(r["flowengine"] for r in results.values())
     return {"modules": results, "taskflow_passed": total_tf, "flowengine_passed": total_fe,
-            "pass_rate": round(total_fe / total_tf, 4) if total_tf else None}
+            "pass_rate": round(total_fe / total_tf, 4) if total_tf else None,
+            "failing_on_flowengine": failing}
 
 
 if __name__ == "__main__":

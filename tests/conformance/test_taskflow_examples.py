@@ -1,7 +1,8 @@
 """TaskFlow 6.5's own example programs print the same on flowengine (imports renamed).
 
-Every example that needs no ZooKeeper, no worker process and no TaskFlow-only test helper runs
-once on TaskFlow and once, imports renamed, on flowengine (see ``examples``). Only what is
+Every example that needs no ZooKeeper runs once on TaskFlow and once, imports renamed, on
+flowengine (see ``examples``): the worker-based ones run their workers on threads over the
+in-memory transport, and TaskFlow's test helpers some import are renamed too. Only what is
 legitimately random is normalised (``examples.normalise``): uuids, object addresses, durations,
 timestamps and scratch paths, plus the library's own module path in reprs (the rename itself).
 Examples whose tasks run concurrently compare their words as a multiset, since thread
@@ -22,7 +23,6 @@ from .examples import example_names, normalise, run_example  # noqa: E402
 
 #: Examples left out, with why.
 LEFT_OUT = {
-    "wrapped_exception": "catches TaskFlow's own WrappedFailure through taskflow.tests.utils",
     "share_engine_thread": "imports taskflow.utils.threading_utils (TaskFlow internals)",
     "fake_billing": "imports taskflow.utils.misc (TaskFlow internals)",
     "persistence_example": "TaskFlow's SQL backend needs alembic, not installed",
@@ -33,7 +33,8 @@ LEFT_OUT = {
 }
 #: Examples whose output order depends on thread scheduling.
 CONCURRENT = {"build_a_car", "buildsystem", "create_parallel_volume", "hello_world",
-              "parallel_table_multiply", "calculate_in_parallel", "resume_vm_boot"}
+              "parallel_table_multiply", "calculate_in_parallel", "resume_vm_boot",
+              "wrapped_exception"}
 _LIB_PATHS = re.compile(r"taskflow\.engines\.action_engine\.engine|flowengine\.engines\.engine")
 
 

@@ -236,8 +236,9 @@ def test_a_flow_with_secret_inputs_is_not_resumed_from_a_page(store: base.Backen
 
 
 def test_the_dead_letters_page_shows_expiry_and_removed_secrets(store: base.Backend) -> None:
-    from flowengine.worker_based import dead_letters, protocol, proxy
+    from flowengine.worker_based import dead_letters, protocol
     from flowengine.worker_based import secret_arguments as sa
+    from flowengine.worker_based.broker import proxy
 
     broker = {"exchange": f"dash-{uuid.uuid4().hex[:8]}", "transport": "memory"}
     parker = proxy.Proxy("parker", broker["exchange"], transport="memory")

@@ -120,7 +120,7 @@ def _worker(tmpfs: Tmpfs, stage: Stage, tmp_path: Path, exchange: str) -> Worker
             "--exchange", exchange, "--topic", TOPIC, "--task", ft.__name__, "--threads", "2",
             "--grace", "5"]
     worker = WorkerProcess("disk", argv, subprocess_env(stage.env), tmp_path / "worker.log", TOPIC)
-    wait_until(lambda: f"Consuming queue {exchange}_{TOPIC}" in worker.log()
+    wait_until(lambda: f"consuming queue {exchange}_{TOPIC}" in worker.log()
                or not worker.alive, WAIT, "the worker consuming")
     assert worker.alive, worker.failure("exited")
     return worker

@@ -58,3 +58,18 @@ def test_counters_start_from_stored_states() -> None:
                                 a=states.SUCCESS, b=states.SUCCESS)
     assert frontier.preds_done(atoms["c"])
     assert not frontier.succs_undone(atoms["a"])
+
+
+def test_revert_waits_for_what_ran_behind_an_ignored_atom() -> None:
+    # a -> b (ignored by a decider) -> c: c ran, so a reverts only once c has (TaskFlow waits
+    # for every descendant, not only the direct successors).
+    flow = lf.Flow("f").add(Noop("a"), Noop("b"), Noop("c"))
+    frontier, atoms = _frontier(flow, a=states.SUCCESS, b=states.IGNORE, c=states.FAILURE)
+    assert not frontier.succs_undone(atoms["a"])
+    frontier.state_changed(atoms["c"], states.REVERTING)
+    assert not frontier.succs_undone(atoms["a"])
+    frontier.state_changed(atoms["c"], states.REVERTED)
+    assert frontier.succs_undone(atoms["a"])
+    # Run again (a retry): c no longer counts as undone, so neither does b for a.
+    frontier.state_changed(atoms["c"], states.RUNNING)
+    assert not frontier.succs_undone(atoms["a"])
