@@ -17,11 +17,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any, ClassVar
 
-import jsonschema
-from jsonschema import exceptions as schema_exc
-
-from flowengine import exceptions as exc
-from flowengine.worker_based import protocol as pr
+from flowengine.worker_based.control import ControlMessage
 
 #: The ``type`` property of a CANCEL message (flowengine control queues only).
 CANCEL = "CANCEL"
@@ -36,7 +32,7 @@ REVOKED_MAX = 10_000
 MAX_IDS = 1_000
 
 
-class Cancel(pr.Message):
+class Cancel(ControlMessage):
     """``{"request_ids": [...]}``: attempts (by request id) their engine no longer wants run."""
 
     TYPE = CANCEL
@@ -60,18 +56,6 @@ class Cancel(pr.Message):
     def to_dict(self) -> dict[str, Any]:
         """The body."""
         return {"request_ids": list(self.request_ids)}
-
-    @classmethod
-    def validate(cls, data: Any) -> None:
-        """Raise InvalidFormat unless ``data`` is a CANCEL body."""
-        try:
-            _VALIDATOR.validate(data)
-        except schema_exc.ValidationError as err:
-            raise exc.InvalidFormat(f"Cancel message data not of the expected format: "
-                                    f"{err.message}", err) from err
-
-
-_VALIDATOR = jsonschema.Draft202012Validator(Cancel.SCHEMA)
 
 
 class Revoked:

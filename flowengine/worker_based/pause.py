@@ -16,15 +16,12 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
-import jsonschema
-from jsonschema import exceptions as schema_exc
-
-from flowengine import exceptions as exc
 from flowengine.worker_based import extensions as ext
 from flowengine.worker_based import protocol as pr
 from flowengine.worker_based.broker import dispatcher as dp
 from flowengine.worker_based.broker import proxy as px
 from flowengine.worker_based.broker.delivery import Delivery
+from flowengine.worker_based.control import ControlMessage
 
 LOG = logging.getLogger(__name__)
 
@@ -34,7 +31,7 @@ PAUSE = "PAUSE"
 MAX_SECONDS = 86_400.0
 
 
-class Pause(pr.Message):
+class Pause(ControlMessage):
     """``{"topic", "paused", "seconds"}``: pause (``seconds``; None: until resumed) or resume."""
 
     TYPE = PAUSE
@@ -56,18 +53,6 @@ class Pause(pr.Message):
     def to_dict(self) -> dict[str, Any]:
         """The body."""
         return {"topic": self.topic, "paused": self.paused, "seconds": self.seconds}
-
-    @classmethod
-    def validate(cls, data: Any) -> None:
-        """Raise InvalidFormat unless ``data`` is a PAUSE body."""
-        try:
-            _VALIDATOR.validate(data)
-        except schema_exc.ValidationError as err:
-            raise exc.InvalidFormat(f"Pause message data not of the expected format: "
-                                    f"{err.message}", err) from err
-
-
-_VALIDATOR = jsonschema.Draft202012Validator(Pause.SCHEMA)
 
 
 class PauseState:

@@ -16,13 +16,9 @@ import logging
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-import jsonschema
-from jsonschema import exceptions as schema_exc
-
-from flowengine import exceptions as exc
-from flowengine.worker_based import protocol as pr
 from flowengine.worker_based import signing as sg
 from flowengine.worker_based.broker import proxy as px
+from flowengine.worker_based.control import ControlMessage
 
 LOG = logging.getLogger(__name__)
 
@@ -33,7 +29,7 @@ SUSPEND = "SUSPEND"
 EXPIRES = 60.0
 
 
-class Suspend(pr.Message):
+class Suspend(ControlMessage):
     """``{"flow_uuid": ...}``: suspend the engine of this process that runs this flow."""
 
     TYPE = SUSPEND
@@ -50,18 +46,6 @@ class Suspend(pr.Message):
     def to_dict(self) -> dict[str, Any]:
         """The body."""
         return {"flow_uuid": self.flow_uuid}
-
-    @classmethod
-    def validate(cls, data: Any) -> None:
-        """Raise InvalidFormat unless ``data`` is a SUSPEND body."""
-        try:
-            _VALIDATOR.validate(data)
-        except schema_exc.ValidationError as err:
-            raise exc.InvalidFormat(f"Suspend message data not of the expected format: "
-                                    f"{err.message}", err) from err
-
-
-_VALIDATOR = jsonschema.Draft202012Validator(Suspend.SCHEMA)
 
 
 def reach(broker: Any, reply_to: str) -> dict[str, Any]:
