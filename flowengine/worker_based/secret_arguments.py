@@ -17,8 +17,8 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import logging
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
+from typing import Any, TypeVar
 
 from flowengine.secrets import Masker
 
@@ -65,6 +65,8 @@ def masker(arguments: Any, secret: Iterable[str], task: Any = None) -> Masker:
     return found
 
 
+T = TypeVar("T")
+
 _CURRENT: contextvars.ContextVar[Masker | None] = contextvars.ContextVar(
     "flowengine_request_secrets", default=None)
 
@@ -77,6 +79,16 @@ def masking(secrets: Masker) -> Iterator[None]:
         yield
     finally:
         _CURRENT.reset(token)
+
+
+async def masked(secrets: Masker, awaitable: Awaitable[T]) -> T:
+    """Await ``awaitable`` with ``secrets`` current in its own context.
+
+    An awaited task runs on the worker's event loop thread beside others: each asyncio task has
+    its own copy of the context, so setting it here masks this call's logging and no other's.
+    """
+    with masking(secrets):
+        return await awaitable
 
 
 class MaskingFilter(logging.Filter):

@@ -362,7 +362,8 @@ class Server(ReplySender):
             try:
                 self._async.start(
                     props["correlation_id"], work.task_name,
-                    ar.call(endpoint, task, work, lane, forward), time_limit(headers), lane,
+                    _masked_call(secrets, ar.call(endpoint, task, work, lane, forward)),
+                    time_limit(headers), lane,
                     functools.partial(self._async_done, message, beating, conclude, reply, name))
             except Exception:
                 self._heartbeats.remove(beating)
@@ -474,3 +475,8 @@ class Server(ReplySender):
                 before the channel closes (the broker redelivers the rest).
         """
         self._proxy.stop(grace)
+
+
+def _masked_call(secrets: Any, call: Callable[[], Any]) -> Callable[[], Any]:
+    """``call`` with the request's secrets masked in whatever its coroutine logs."""
+    return lambda: sa.masked(secrets, call())

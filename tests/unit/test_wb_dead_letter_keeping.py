@@ -238,3 +238,40 @@ def test_the_masking_filter_masks_what_is_logged_while_a_request_runs() -> None:
     assert records[1].startswith("failed\nTraceback") and "ValueError: ***" in records[1]
     assert_no_secret("the masked records", "\n".join(records[:2]))
     assert records[2] == "after: pw-c0re"
+
+
+def test_awaited_calls_mask_their_own_secrets_only() -> None:
+    # Async tasks share the worker's loop thread: each call's masking lives in its own context.
+    import asyncio
+
+    records: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(self.format(record))
+
+    logger = logging.getLogger(f"keeping-async-{uuid.uuid4().hex[:6]}")
+    logger.propagate = False
+    logger.addHandler(Keep())
+    sa.install_filter(logger)
+
+    async def call(own: str, other: str, ready: asyncio.Event, go: asyncio.Event) -> None:
+        ready.set()
+        await go.wait()  # both are inside their masking before either logs
+        logger.warning("own %s, other %s", own, other)
+
+    async def both() -> None:
+        first_ready, second_ready, go = asyncio.Event(), asyncio.Event(), asyncio.Event()
+        first = asyncio.ensure_future(sa.masked(
+            sa.masker({"password": "alpha-s3cret"}, ["password"]),
+            call("alpha-s3cret", "beta-s3cret", first_ready, go)))
+        second = asyncio.ensure_future(sa.masked(
+            sa.masker({"password": "beta-s3cret"}, ["password"]),
+            call("beta-s3cret", "alpha-s3cret", second_ready, go)))
+        await first_ready.wait()
+        await second_ready.wait()
+        go.set()
+        await asyncio.gather(first, second)
+
+    asyncio.run(both())
+    assert sorted(records) == ["own ***, other alpha-s3cret", "own ***, other beta-s3cret"]
