@@ -299,7 +299,9 @@ class ActionEngine:
                     else:
                         if try_suspend:
                             self.suspend()
-            except BaseException:
+            except Exception:
+                # Not BaseException: on SystemExit or KeyboardInterrupt the process stops but the
+                # flow did not fail; it stays RUNNING, as on TaskFlow, for a later engine to resume.
                 self._forget_run()
                 try:
                     self._change_state(states.FAILURE)

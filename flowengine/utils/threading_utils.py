@@ -6,7 +6,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["daemon_thread", "is_alive"]
+__all__ = ["daemon_thread", "get_ident", "is_alive"]
 
 
 def daemon_thread(target: Callable[..., Any], *args: Any, **kwargs: Any) -> threading.Thread:
@@ -14,6 +14,11 @@ def daemon_thread(target: Callable[..., Any], *args: Any, **kwargs: Any) -> thre
     thread = threading.Thread(target=target, args=args, kwargs=kwargs)
     thread.daemon = True
     return thread
+
+
+def get_ident() -> int:
+    """The calling thread's identifier (as :func:`threading.get_ident`)."""
+    return threading.get_ident()
 
 
 def is_alive(thread: threading.Thread) -> bool:

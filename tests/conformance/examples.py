@@ -65,8 +65,9 @@ def run_example(name: str, lib: str, timeout: float = 120) -> Outcome:
         examples = _copy_examples(Path(scratch), renamed=lib == "flowengine")
         # Examples that draw random numbers draw the same ones on both libraries.
         (Path(scratch) / "sitecustomize.py").write_text("import random\nrandom.seed(0)\n")
+        # Scratch files (``persistence_example``'s database) go to this run's own directory.
         env = {**os.environ, "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1",
-               "PYTHONPATH": scratch}
+               "PYTHONPATH": scratch, "TMPDIR": scratch}
         done = subprocess.run([sys.executable, str(examples / f"{name}.py")], cwd=scratch,
                               env=env, capture_output=True, text=True, timeout=timeout)
     return Outcome(done.returncode, done.stdout, done.stderr)
@@ -79,6 +80,7 @@ _RANDOM = (
     (re.compile(r"\d+\.\d+ (?:seconds|secs|s)\b"), "<duration>"),
     (re.compile(r"\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:\.\d+)?"), "<timestamp>"),
     (re.compile(r"/tmp/[\w./-]+"), "<path>"),
+    (re.compile(r"(?<=thread ')\d+(?=')"), "<thread>"),
 )
 
 
