@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+from flowengine.worker_based import client as broker_clients
 from flowengine.worker_based.executor import WorkerTaskExecutor
 
 EXAMPLES = Path(__file__).resolve().parent
@@ -155,6 +156,9 @@ def listening_executor(exchange: str, topic: str,
             yield executor, data_folder
         finally:
             executor.stop()
+            # The process's broker client lingers a few seconds for the next engine, and its
+            # consumer re-declares its queue meanwhile: close it before its folder is removed.
+            broker_clients.close_all()
 
 
 def report_exit(worker: WorkerProcess, code: int | None) -> None:
