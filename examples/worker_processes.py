@@ -84,7 +84,9 @@ def wait_until_known(
 
 def stop_workers(
     workers: Sequence[WorkerProcess],
-    timeout: float = 15.0,
+    # A worker's stop may take its grace (5 s here) and then up to 10 s to close its control
+    # consumer: 15 s was the very edge on a loaded machine.
+    timeout: float = 25.0,
     on_exit: Callable[[WorkerProcess, int | None], None] | None = None,
 ) -> None:
     """SIGTERM every worker and wait for it; kill any still running after ``timeout`` seconds.

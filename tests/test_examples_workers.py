@@ -20,6 +20,9 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
 #: The brief for `make run`: the demo finishes in under 30 s on a 2-core machine.
 DEMO_TIME_LIMIT = 30.0
+#: After Ctrl-C: each worker may take its grace and then closing its control consumer (the
+#: demo kills one after 25 s), so this bounds the stop, not the demo's speed.
+STOP_TIME_LIMIT = 40.0
 
 pytestmark = pytest.mark.integration
 
@@ -150,7 +153,7 @@ def test_demo_workers_ctrl_c_stops_the_workers() -> None:
         else:
             pytest.fail("the demo ended before running the flow:\n" + "".join(seen))
         os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
-        rest, _ = proc.communicate(timeout=DEMO_TIME_LIMIT)
+        rest, _ = proc.communicate(timeout=STOP_TIME_LIMIT)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
