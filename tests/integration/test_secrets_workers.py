@@ -77,6 +77,11 @@ def test_no_secret_in_worker_logs_events_or_dead_letters(
         leaky = _load(fleet, st.Leak("leaky"))
         with pytest.raises(exc.WrappedFailure, match="ValueError"):
             leaky.run()
+        # The worker's own report first: events leave a worker in batches, and the next flow
+        # may kill the very worker that ran this one before its batch is out.
+        collector.wait_for(lambda es: any(
+            e.get("flow_uuid") == leaky.storage.flow_uuid and e["type"] == "task-failed"
+            for e in es))
         killer = _load(fleet, st.KillsItsWorker("killer"))
         with pytest.raises(exc.WorkerLost):
             killer.run()
