@@ -72,6 +72,24 @@ def wait_for(condition: Callable[[], Any], what: str, timeout: float = WAIT) -> 
         time.sleep(0.05)
 
 
+def click(driver: Any, selector: str, what: str) -> None:
+    """Click the first element ``selector`` matches, finding it again if the live part of the
+    page was replaced between finding and clicking it (the handle goes stale then)."""
+    from selenium.common.exceptions import StaleElementReferenceException
+
+    def clicked() -> bool:
+        found = driver.find_elements("css selector", selector)
+        if not found:
+            return False
+        try:
+            found[0].click()
+        except StaleElementReferenceException:
+            return False
+        return True
+
+    wait_for(clicked, what)
+
+
 def chromium() -> Any:
     """A headless Chromium driven by Selenium (fails under CI=true when it is missing)."""
     if not (shutil.which(CHROMIUM) and shutil.which(CHROMEDRIVER)):

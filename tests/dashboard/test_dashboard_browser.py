@@ -19,6 +19,7 @@ import pytest
 from dashboard_site import (
     Site,
     chromium,
+    click,
     close_chromium,
     screenshot,
     start_worker,
@@ -179,7 +180,7 @@ def test_a_dead_letter_is_requeued_through_the_page(world: World) -> None:
         driver.get(f"{world.site.url}/dead-letters")
         assert "lost on worker-1 and worker-2" in driver.page_source
         screenshot(driver, "dead-letters")
-        css(driver, f'tr[data-letter="{letter}"] button.requeue')[0].click()
+        click(driver, f'tr[data-letter="{letter}"] button.requeue', "the letter's Requeue")
         notice = wait_for(lambda: css(driver, "#notice"), "the requeue notice")
         assert "requeued resize" in notice[0].text
         assert not css(driver, "tr[data-letter]")
@@ -240,7 +241,7 @@ def test_a_trashed_job_is_reposted_through_the_jobs_page(world: World, redis_url
             assert "abandoned or orphaned 3 times" in driver.page_source
             assert len(css(driver, "#conductors tr[data-conductor]")) == 2
             screenshot(driver, "jobs")
-            css(driver, f'tr[data-trashed="{trashed.uuid}"] button.repost')[0].click()
+            click(driver, f'tr[data-trashed="{trashed.uuid}"] button.repost', "Re-post")
             notice = wait_for(lambda: css(driver, "#notice"), "the re-post notice")
             assert "re-posted job 'resize-volume'" in notice[0].text
             assert not css(driver, "tr[data-trashed]")

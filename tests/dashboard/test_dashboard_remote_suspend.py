@@ -19,7 +19,7 @@ from typing import Any
 
 import dashboard_flows as df
 import pytest
-from dashboard_site import HERE, REPO, Site, chromium, close_chromium, screenshot, wait_for
+from dashboard_site import HERE, REPO, Site, chromium, click, close_chromium, screenshot, wait_for
 from dashboard_store import open_store
 from test_dashboard_browser import css, texts
 
@@ -138,7 +138,7 @@ def test_the_page_suspends_a_flow_another_process_runs_then_resumes_it(world: Wo
         driver.get(f"{world.site.url}/flows/{flow}")
         assert texts(driver, "#flow-state") == [states.RUNNING]
         assert f"pid {run.pid}" in texts(driver, "#running-on")[0]
-        css(driver, "button#suspend")[0].click()
+        click(driver, "button#suspend", "the Suspend button")
         notice = wait_for(lambda: texts(driver, "#notice"), "the suspend notice")
         assert "suspend requested for flow 'gated'" in notice[0], notice
         assert "its engine was told through the broker" in notice[0], notice
@@ -158,7 +158,7 @@ def test_the_page_suspends_a_flow_another_process_runs_then_resumes_it(world: Wo
         assert atoms["first"] == states.SUCCESS and atoms["last"] == states.PENDING, atoms
         assert sr.META_REQUEST not in _stored(world, flow).meta
         assert not texts(driver, "#suspend-requested")
-        css(driver, "button#resume")[0].click()  # on the engine options it ran on
+        click(driver, "button#resume", "the Resume button")  # on the options it ran on
         wait_for(lambda: texts(driver, "#flow-state") == [states.SUCCESS],
                  "the resumed flow to show SUCCESS")
         assert world.data.wait_idle(ENDS)
