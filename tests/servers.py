@@ -10,6 +10,7 @@ harness; a plain module so both can import it.
 from __future__ import annotations
 
 import glob
+import importlib
 import os
 import shutil
 import subprocess
@@ -17,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import pytest
 
@@ -29,6 +30,15 @@ SERVER_PROGRAMS = ("redis-server", "rabbitmq-server", "/usr/lib/postgresql/*/bin
                    "/usr/share/java/zookeeper.jar", "etcd", "beanstalkd")
 #: Seconds a freshly started server gets to answer its check.
 READY_PATIENCE = 15.0
+
+
+def require_module(name: str) -> Any:
+    """Import ``name`` (a test extra), failing under ``CI=true`` and skipping elsewhere if it
+    is missing: ``pytest.importorskip`` would let CI pass without running the test."""
+    try:
+        return importlib.import_module(name)
+    except ImportError as err:
+        unavailable(f"{name} is not installed ({err}); install the 'test' extra")
 
 
 def unavailable(message: str) -> NoReturn:

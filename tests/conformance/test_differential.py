@@ -40,12 +40,13 @@ from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
+from servers import require_module
 
 from . import compared
 from .observe import run_program
 from .programs import programs
 
-pytest.importorskip("taskflow")
+require_module("taskflow")
 
 #: Programs compared per run; the session's last line reports how many ran.
 EXAMPLES = 300

@@ -19,8 +19,9 @@ import concurrent.futures
 import re
 
 import pytest
+from servers import require_module
 
-pytest.importorskip("taskflow")
+require_module("taskflow")
 
 from .examples import example_names, normalise, run_example  # noqa: E402
 

@@ -14,8 +14,9 @@ from board_stage import (
 )
 from boards import wipe_etcd
 from conductor_procs import conductors
+from servers import require_module
 
-pytest.importorskip("etcd3gw")
+require_module("etcd3gw")
 
 pytestmark = pytest.mark.integration
 # A fixture and the tests every backend passes, imported for pytest.

@@ -16,14 +16,14 @@ from pathlib import Path
 import pytest
 from boards import make_etcd_board, wipe_etcd
 from conductor_procs import free_port, wait_for
-from servers import unavailable
+from servers import require_module, unavailable
 from taskflow_interop import check_boards_share_jobs
 
 from flowengine import states
 from flowengine.jobs import base
 from flowengine.jobs.base import JobBoard
 
-pytest.importorskip("etcd3gw")
+require_module("etcd3gw")
 
 
 @pytest.fixture
@@ -131,7 +131,7 @@ def test_the_watch_comes_back_after_an_etcd_restart(private_etcd: PrivateEtcd) -
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
 def test_taskflow_and_flowengine_boards_share_jobs(etcd_endpoint: tuple[str, int],
                                                     namespace: str) -> None:
-    impl_etcd = pytest.importorskip("taskflow.jobs.backends.impl_etcd")
+    impl_etcd = require_module("taskflow.jobs.backends.impl_etcd")
     host, port = etcd_endpoint
     theirs = impl_etcd.EtcdJobBoard("taskflow", {"host": host, "port": port,
                                                  "path": namespace})

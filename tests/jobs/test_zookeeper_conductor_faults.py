@@ -20,8 +20,9 @@ from board_stage import (
 )
 from boards import wipe_zookeeper
 from conductor_procs import Conductor, conductors, wait_for
+from servers import require_module
 
-pytest.importorskip("kazoo")
+require_module("kazoo")
 
 pytestmark = pytest.mark.integration
 # A fixture and the tests every backend passes, imported for pytest.

@@ -14,12 +14,13 @@ from typing import Any
 import pytest
 from boards import wipe_zookeeper
 from manual_clock import ManualClock
+from servers import require_module
 
 from flowengine import states
 from flowengine.jobs import backends
 
-kazoo_states = pytest.importorskip("kazoo.protocol.states")
-rec = pytest.importorskip("flowengine.jobs.backends._zookeeper_records")
+kazoo_states = require_module("kazoo.protocol.states")
+rec = require_module("flowengine.jobs.backends._zookeeper_records")
 
 SESSION = 0x1234
 

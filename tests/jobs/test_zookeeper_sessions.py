@@ -14,8 +14,9 @@ from collections.abc import Iterator
 
 import pytest
 from boards import wipe_zookeeper
+from servers import require_module
 
-pytest.importorskip("kazoo")
+require_module("kazoo")
 
 from kazoo.client import KazooClient, KazooState  # noqa: E402
 from taskflow_interop import check_boards_share_jobs  # noqa: E402
@@ -109,7 +110,7 @@ def test_registrations_come_back_with_a_new_session(zookeeper_hosts: str, root: 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
 def test_taskflow_and_flowengine_boards_share_jobs(zookeeper_hosts: str, root: str) -> None:
-    taskflow_backends = pytest.importorskip("taskflow.jobs.backends")
+    taskflow_backends = require_module("taskflow.jobs.backends")
     conf = {"board": "zookeeper", "hosts": zookeeper_hosts, "path": f"{root}/jobs",
             "check_compatible": False}
     theirs = taskflow_backends.fetch("taskflow", dict(conf))

@@ -25,9 +25,10 @@ from collections.abc import Iterator
 
 import pytest
 from boards import wipe_zookeeper
+from servers import require_module
 
-pytest.importorskip("kazoo")
-taskflow = pytest.importorskip("taskflow")
+require_module("kazoo")
+taskflow = require_module("taskflow")
 
 pytestmark = pytest.mark.integration
 

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 import cli_flows  # tests/unit is on sys.path (pytest rootdir insertion)
 import pytest
 from click.testing import CliRunner, Result
+from servers import require_module
 
 from flowengine import engines
 from flowengine.cli import exits
@@ -294,7 +295,7 @@ def _samples(lines: list[str]) -> dict[str, float]:
 
 
 def test_metrics_endpoint_of_a_local_engine() -> None:
-    pytest.importorskip("prometheus_client")
+    require_module("prometheus_client")
     port = _free_port()
     result = invoke("run", "cli_flows:make_scraping", "--arg", str(port), "--metrics-port",
                     str(port), "--json")
@@ -311,7 +312,7 @@ def test_metrics_endpoint_of_a_local_engine() -> None:
 
 
 def test_metrics_port_that_cannot_be_served_exits_1() -> None:
-    pytest.importorskip("prometheus_client")
+    require_module("prometheus_client")
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from manual_clock import ManualClock  # tests/ is on sys.path (rootdir conftest)
+from servers import require_module
 from test_listeners import FailOnce  # tests/unit is on sys.path (pytest rootdir insertion)
 
 from flowengine import engines, exceptions, retry, states, task
@@ -284,7 +285,7 @@ def test_the_library_never_configures_logging() -> None:
 
 @pytest.fixture
 def registry() -> Any:
-    prometheus_client = pytest.importorskip("prometheus_client")
+    prometheus_client = require_module("prometheus_client")
     return prometheus_client.CollectorRegistry()
 
 
@@ -376,7 +377,7 @@ def test_each_registry_gets_its_own_metrics_even_at_a_reused_address() -> None:
     # object, not its id, or the new registry never sees a sample.
     import gc
 
-    prometheus_client = pytest.importorskip("prometheus_client")
+    prometheus_client = require_module("prometheus_client")
     from flowengine.worker_based.metrics import MetricsSink
 
     seen: set[int] = set()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import builtins
 
 import pytest
+from servers import require_module
 
 from flowengine import exceptions as exc
 from flowengine.types.failure import Failure
@@ -65,7 +66,7 @@ def test_wrapped_failure_is_not_a_taskflow_exception() -> None:
 
 
 def test_hierarchy_matches_taskflow() -> None:
-    tf_exc = pytest.importorskip("taskflow.exceptions")
+    tf_exc = require_module("taskflow.exceptions")
     for name in TASKFLOW_NAMES:
         ours, theirs = getattr(exc, name), getattr(tf_exc, name)
         if not isinstance(ours, type):
@@ -113,7 +114,7 @@ def test_missing_dependencies_names_who_and_what() -> None:
 
 
 def test_missing_dependencies_message_matches_taskflow() -> None:
-    tf_exc = pytest.importorskip("taskflow.exceptions")
+    tf_exc = require_module("taskflow.exceptions")
     ours = exc.MissingDependencies("t", ["x"], method="execute")
     theirs = tf_exc.MissingDependencies("t", ["x"], method="execute")
     assert str(ours) == str(theirs)
