@@ -11,10 +11,9 @@ Run: python examples/wbe_pause.py
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable
 
 import wbe_tasks
+from worker_processes import wait_until
 
 from flowengine import engines
 from flowengine.flows import linear_flow
@@ -24,14 +23,6 @@ from flowengine.worker_based.worker import Worker
 EXCHANGE = "wbe-pause"
 TOPIC = "orders"
 TRANSPORT = "memory"
-
-
-def wait_until(condition: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{what} did not happen within {timeout}s")
-        time.sleep(0.01)
 
 
 def main() -> None:

@@ -11,8 +11,8 @@ Run: python examples/wbe_priorities.py
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable
+
+from worker_processes import wait_until
 
 from flowengine import engines, task
 from flowengine.flows import linear_flow
@@ -32,14 +32,6 @@ class Report(task.Task):
 
     def execute(self) -> None:
         SERVED.append(self.name)
-
-
-def wait_until(condition: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{what} did not happen within {timeout}s")
-        time.sleep(0.01)
 
 
 def queued() -> int:

@@ -62,6 +62,15 @@ def start_worker(
     return WorkerProcess(name, process, log)
 
 
+def wait_until(condition: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
+    """Poll ``condition`` until it holds; RuntimeError naming ``what`` after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what} did not happen within {timeout}s")
+        time.sleep(0.01)
+
+
 def wait_until_known(
     executor: WorkerTaskExecutor, workers: Sequence[WorkerProcess], timeout: float = 60.0
 ) -> None:
