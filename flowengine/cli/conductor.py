@@ -7,7 +7,6 @@ import logging
 import os
 import signal
 import socket
-import threading
 from typing import Any
 
 import click
@@ -19,6 +18,7 @@ from flowengine.cli.broker import broker_kwargs
 from flowengine.cli.flow_options import backend_option, engine_options
 from flowengine.cli.loading import ensure_cwd_on_path
 from flowengine.cli.options import show_envvars, split_env_list
+from flowengine.cli.signal_relay import SignalRelay
 
 
 @show_envvars
@@ -65,19 +65,17 @@ def conductor_command(board_uri: str, board_options: tuple[str, ...], backend_ur
 
 
 def _run_until_signalled(conductor: Any) -> None:
-    stopping = threading.Event()
-
-    def _stop(signum: int, _frame: Any) -> None:
-        if stopping.is_set():
-            raise SystemExit(1)
-        stopping.set()
-        threading.Thread(target=conductor.stop, daemon=True).start()
+    def _stop(signum: signal.Signals) -> None:
+        # On the relay thread: a handler must not take locks (see signal_relay). A second
+        # signal raises SystemExit in the main thread at once, without coming here.
         with contextlib.suppress(OSError):
-            click.echo(f"received {signal.Signals(signum).name}: handing running jobs back",
-                       err=True)
+            click.echo(f"received {signum.name}: handing running jobs back", err=True)
+        conductor.stop()
 
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
-    click.echo(f"conductor {conductor.name} running (pid {os.getpid()})",
-               err=True)
-    conductor.run()
+    relay = SignalRelay(_stop, "flowengine-conductor-signals", again="exit")
+    relay.install()
+    try:
+        click.echo(f"conductor {conductor.name} running (pid {os.getpid()})", err=True)
+        conductor.run()
+    finally:
+        relay.restore()

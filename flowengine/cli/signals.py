@@ -8,7 +8,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+from flowengine.cli.signal_relay import relayed
 
 
 @contextlib.contextmanager
@@ -16,28 +16,23 @@ def suspend_on_signals(engine: Any, tell: Callable[[str], None]) -> Iterator[thr
     """While inside, the first SIGINT or SIGTERM suspends ``engine``; a second one acts as usual.
 
     Yields the event the signal sets. The caller suspends the engine at its next step when the
-    event is set (the handler may have interrupted the engine in the middle of a write, so it
-    must not change the engine's state itself); a helper thread also suspends it, for engines
-    blocked waiting on long-running atoms or retry delays.
+    event is set (the signal may have come in the middle of a write, so nothing changes the
+    engine's state from the handler); the relay thread also suspends it, for engines blocked
+    waiting on long-running atoms or retry delays. The handler itself only passes the signal on
+    (see :mod:`flowengine.cli.signal_relay`).
     """
     stop = threading.Event()
     if threading.current_thread() is not threading.main_thread():
         yield stop
         return
-    previous: dict[signal.Signals, Any] = {}
 
-    def handler(signum: int, _frame: Any) -> None:
-        for sig, old in previous.items():
-            signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else old)
-        stop.set()
-        tell(f"received {signal.Signals(signum).name}: suspending (running atoms finish, "
+    def suspend(signum: signal.Signals) -> None:
+        tell(f"received {signum.name}: suspending (running atoms finish, "
              f"nothing new starts); send it again to stop at once")
-        threading.Thread(target=engine.suspend, name="flowengine-suspend", daemon=True).start()
+        engine.suspend()
 
-    for sig in _SIGNALS:
-        previous[sig] = signal.signal(sig, handler)
-    try:
+    # ``stop`` is set inside the handler so the very next step sees it (the caller only asks
+    # ``is_set()``, so the main thread never holds the event's lock).
+    with relayed(suspend, "flowengine-suspend", again="restore",
+                 in_handler=lambda _sig: stop.set()):
         yield stop
-    finally:
-        for sig, handler_before in previous.items():
-            signal.signal(sig, handler_before)

@@ -15,6 +15,7 @@ import click
 from flowengine import tracing
 from flowengine.cli.broker import broker_kwargs, broker_options
 from flowengine.cli.options import show_envvars, split_from_env
+from flowengine.cli.signal_relay import SignalRelay
 
 DEFAULT_GRACE = 30.0
 
@@ -120,20 +121,20 @@ def worker_command(topic: str, tasks: tuple[str, ...], threads: int | None,
                         **connection)
     except (ValueError, TypeError) as err:
         raise click.ClickException(f"cannot start the worker: {err}") from err
-    stopping = threading.Event()
-
-    def _stop(signum: int, _frame: Any) -> None:
+    def _stop(signum: signal.Signals) -> None:
+        # Runs on the relay thread (see signal_relay: a handler must not take locks); a signal
+        # after the first finds the stop already under way.
         if stopping.is_set():
             return
         stopping.set()
-        threading.Thread(target=worker.stop, args=(grace,), daemon=True).start()
-        # Stopping must not depend on stderr: a closed pipe would raise here, in the main thread.
+        # Stopping must not depend on stderr: a closed pipe would raise here.
         with contextlib.suppress(OSError):
-            click.echo(f"received {signal.Signals(signum).name}: finishing in-flight work "
+            click.echo(f"received {signum.name}: finishing in-flight work "
                        f"(up to {grace:.0f}s)", err=True)
+        worker.stop(grace)
 
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
+    stopping = threading.Event()
+    SignalRelay(_stop, "flowengine-worker-signals").install()
     try:
         worker.run(banner_writer=lambda text: click.echo(text, err=True))
     except BrokerRefused as err:
