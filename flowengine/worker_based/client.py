@@ -31,6 +31,7 @@ from typing import Any, Protocol
 from flowengine import exceptions as exc
 from flowengine.worker_based import backoff as bo
 from flowengine.worker_based import extensions as ext
+from flowengine.worker_based import held_publishes as hp
 from flowengine.worker_based import protocol as pr
 from flowengine.worker_based import remote_control as rc
 from flowengine.worker_based.broker import dispatcher as dp
@@ -114,6 +115,8 @@ class Client:
         self._cursor = 0
         self._thread: threading.Thread | None = None
         self._consumer_error: Exception | None = None
+        #: Delayed requests held until due where the broker has no delays of its own.
+        self.held = hp.HeldPublishes()
         # Requests waiting for a worker are sent from here, not from the consumer thread that
         # learns of the worker: a burst of publishes there would hold up every reply.
         self._dispatcher = cf.ThreadPoolExecutor(max_workers=1,
@@ -323,6 +326,8 @@ class Client:
         if now < self._next_housekeeping:
             return
         self._next_housekeeping = now + HOUSEKEEPING_PERIOD
+        for publish in self.held.take_due():
+            self.submit(publish)  # the dispatch thread may wait out an outage, this may not
         if self._disk is not None and self._disk_outage():
             return
         if now >= self._next_round and self._views:
