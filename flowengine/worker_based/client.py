@@ -3,7 +3,8 @@
 One :class:`Client` per broker (URL, transport and its options, exchange, topology, retry
 policy), created on first use by :func:`client_for`: one set of publishing connections, ONE
 reply queue ``<exchange>_<client uuid>`` with one consumer thread for the whole process, one
-warm record of the workers heard from, one thread that sends requests waiting for a worker.
+warm record of the workers heard from, one thread that sends requests waiting for a worker,
+one heap of delayed requests held until due (:mod:`~flowengine.worker_based.held_publishes`).
 Engines (their :class:`~flowengine.worker_based.executor.WorkerTaskExecutor`) are thin views
 on it: each attaches while it runs, and replies reach it by their ``correlation_id`` (the
 attempt's request id, unique per process). The wire format is TaskFlow's: a request's
