@@ -188,11 +188,13 @@ class Client:
         return known
 
     def detach(self, view: View, topics: list[str], routed: list[str]) -> None:
-        """Detach ``view`` and drop its ``routed`` request ids (a late reply is ignored)."""
+        """Detach ``view`` and drop its ``routed`` request ids (a late reply is ignored, and a
+        request still held until due is never published)."""
         with self._lock:
             self._views.pop(id(view), None)
             for request_id in routed:
                 self._routes.pop(request_id, None)
+                self.held.withdraw(request_id)
             for topic in topics:
                 left = self._topics.get(topic, 1) - 1
                 if left > 0:

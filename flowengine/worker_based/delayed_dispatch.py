@@ -39,8 +39,9 @@ def dispatch_later(client: bc.Client, request_id: str, seconds: float,
 
 
 def withdraw(client: bc.Client | None, request_id: str, job: str | None) -> bool:
-    """Take back a delayed request still waiting out its delay; True if it was taken back
-    (it will never reach a worker), False if it is no longer delayed or not known here."""
+    """Take back a request sent with a delay before any worker takes it; True if it was taken
+    back (it will never reach a worker): still held here, or a beanstalkd job still delayed
+    or ready. False if a worker holds it, it is gone, or it is not known here."""
     if client is not None and client.held.withdraw(request_id):
         return True
     if job is None:

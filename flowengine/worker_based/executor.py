@@ -294,7 +294,7 @@ class WorkerTaskExecutor(AttemptTracking, Leftovers, local.TaskExecutor):
             if sub.worker is not None:
                 sub.worker.in_flight = max(sub.worker.in_flight - 1, 0)
             sub.attempts += 1
-            sub.request, sub.worker, sub.suspect = request, None, None
+            sub.request, sub.worker, sub.suspect, sub.delayed_job = request, None, None, None
             sub.attempt = at.Attempt(
                 f"attempt {sub.attempts} of task {sub.task.name!r} (request "
                 f"{request.request_id})", self._clock, timeout=self._transition_timeout,
@@ -454,9 +454,9 @@ class WorkerTaskExecutor(AttemptTracking, Leftovers, local.TaskExecutor):
         if state == pr.WAITING:  # a new attempt no worker was found for: it went nowhere
             self._cancelled(sub, "it was never sent")
             return
-        if self._delay_left(sub) > 0 and dd.withdraw(self._client, request.request_id,
-                                                      sub.delayed_job):
-            self._cancelled(sub, "it was taken back during its delay")
+        if sub.not_before is not None and dd.withdraw(self._client, request.request_id,
+                                                       sub.delayed_job):
+            self._cancelled(sub, "it was taken back before a worker took it")
             return
         try:
             # Every flowengine worker hears it (TaskFlow workers do not; theirs are waited for).

@@ -51,7 +51,9 @@ class Setup:
                                         kwargs={"display_banner": False}, daemon=True)
         self._thread.start()
         assert self.worker.wait(WAIT)
-        self.executor = WorkerTaskExecutor(uuid.uuid4().hex, self.exchange, [TOPIC],
+        # topics=[]: the worker is found by broadcast, so its topic's queue holds requests
+        # only (a NOTIFY sent to the topic would be counted as ready until it is taken).
+        self.executor = WorkerTaskExecutor(uuid.uuid4().hex, self.exchange, [],
                                            transition_timeout=WAIT, **where)
         self.executor.start()
         assert self.executor.wait_for_workers(timeout=WAIT) == 0
