@@ -197,6 +197,9 @@ class Runtime:
     def resume(self) -> set[Any]:
         """Resolve stored failures and return atoms a previous run left unfinished."""
         storage = self.storage
+        # A run announces again the retry waits its delayed requests carry (see _delay_of).
+        self._announced.clear()
+        self._carrying.clear()
         if not self.options.never_resolve:
             for atom in self.compilation.iter_atoms():
                 if (storage.get_atom_state(atom.name) == states.FAILURE
@@ -410,6 +413,8 @@ class Runtime:
             self.retry_action.waiting(retry, wait)
             self._announced.add(retry.name)
             outcome = self.retry_action.execute(retry, self._args(retry, revert=False))
+            if isinstance(outcome[1], Failure):
+                self._end_carried_wait(retry)  # no attempt follows to carry it
             return self.timer.after(0, outcome)
         if wait > 0:
             LOG.debug("Retry %r waits %.3fs before attempt %d", retry.name, wait, attempt)

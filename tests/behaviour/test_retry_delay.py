@@ -223,6 +223,8 @@ def test_suspending_during_a_wait_starts_no_new_attempt(engine_factory):
 def test_a_resumed_flow_waits_out_what_is_left_of_the_delay(engine_factory):
     engine = suspended_during_a_wait(engine_factory, delay=1000.0)
     due = stored_due(engine)
+    announced: list[float | None] = []
+    engine.retry_waits.subscribe(lambda wait: announced.append(wait.due))
     seen = []
     for state in engine.run_iter():
         seen.append(state)
@@ -235,5 +237,6 @@ def test_a_resumed_flow_waits_out_what_is_left_of_the_delay(engine_factory):
     assert states.SUSPENDING in seen, seen
     assert engine.storage.get_flow_state() == states.SUSPENDED
     assert flaky_attempts() == [1]
-    # Resuming did not start the wait over.
+    # Resuming did not start the wait over, and said it went on.
     assert stored_due(engine) == due
+    assert announced == [due]
