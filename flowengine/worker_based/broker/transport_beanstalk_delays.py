@@ -68,7 +68,11 @@ def delete(job: str) -> bool:
     A job whose delay ended and that a worker reserved cannot be deleted (beanstalkd answers
     NOT_FOUND, as for a job already settled): the worker's own checks decide then.
     """
-    import greenstalk  # the transport module says which extra installs it
+    try:
+        import greenstalk
+    except ImportError as err:
+        raise ImportError("Deleting a delayed beanstalkd job needs the greenstalk package: "
+                          "pip install 'flowengine[beanstalk]'") from err
 
     address, job_id = parse(job)
     try:
