@@ -31,6 +31,12 @@ EXPECTED_LINES: dict[str, list[str]] = {
     ],
     "wbe_autoscale.py": ["task threads at start: 1", "flow SUCCESS"],
     "wbe_priorities.py": ["sent weekly (priority 1)", "served in order: outage, daily, weekly"],
+    "wbe_delayed_retry.py": [
+        "again waits 2.0s before attempt 2",
+        "charge is RUNNING, delayed until its due time: True",
+        "queued for workers: 0, held by this process: 1",
+        "flow SUCCESS: charged on attempt 2",
+    ],
     "wbe_pause.py": [
         "topic orders paused: True",
         "after 1s paused, the flow is still running: True",

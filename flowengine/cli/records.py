@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
+import time
 import urllib.parse
 from collections import Counter
 from collections.abc import Iterator
@@ -20,7 +21,7 @@ from flowengine import exceptions as exc
 from flowengine import states
 from flowengine.cli import formatting as fmt
 from flowengine.cli.loading import LoadError
-from flowengine.engines.actions import META_RETRY_DUE
+from flowengine.engines.actions import META_DELAYED_UNTIL, META_RETRY_DUE
 from flowengine.persistence import backends, base, models
 from flowengine.persistence._record import version_string
 from flowengine.persistence.backends._uri import mask_urls, split_conf
@@ -198,7 +199,8 @@ def atom_record(ad: models.AtomDetail) -> dict[str, Any]:
     Timings come from the ``<STATE>-timestamp`` and ``duration`` metadata the timing listeners
     record (``flowengine run`` attaches them); attempts and workers from the ``attempt_log``,
     ``attempts`` and ``worker``/``workers`` metadata the worker-based engine records;
-    ``delayed_until`` (ISO 8601) for a retry controller waiting out its delay. Missing ones are
+    ``delayed_until`` (ISO 8601) for a retry controller waiting out its delay or a task whose
+    request waits out a delayed dispatch. Missing ones are
     None.
     """
     meta = dict(ad.meta)
@@ -225,7 +227,8 @@ def atom_record(ad: models.AtomDetail) -> dict[str, Any]:
         "attempts": len(ad.results or ()) if is_retry else meta.get("attempts"),
         "workers": workers,
         "attempt_log": attempt_log,
-        "delayed_until": _delayed_until(ad.state, meta.get(META_RETRY_DUE)),
+        "delayed_until": (_retry_due(ad.state, meta.get(META_RETRY_DUE)) if is_retry
+                          else _task_due(ad.state, meta.get(META_DELAYED_UNTIL))),
         # A retry controller that never ran has no results (its last_results raises).
         "result": ad.last_results if not is_retry or ad.results else None,
         "revert_result": ad.revert_results,
@@ -235,8 +238,21 @@ def atom_record(ad: models.AtomDetail) -> dict[str, Any]:
     }
 
 
-def _delayed_until(state: str | None, due: Any) -> str | None:
-    """When a retry waiting before its next attempt (stored due time, RETRYING) is due."""
-    if state != states.RETRYING or not isinstance(due, int | float):
+def _retry_due(state: str | None, due: Any) -> str | None:
+    """When a retry's wait before its next attempt ends: RETRYING while the engine holds the
+    wait; SUCCESS (its next attempt decided) while its subflow's first requests wait as
+    delayed dispatches (worker-based engines). The due time is forgotten when the wait ends."""
+    if state not in (states.RETRYING, states.SUCCESS) or not _is_time(due):
         return None
     return fmt.timestamp(float(due))
+
+
+def _task_due(state: str | None, due: Any) -> str | None:
+    """When the delayed request of a RUNNING task may be taken by a worker, if still ahead."""
+    if state != states.RUNNING or not _is_time(due) or due <= time.time():
+        return None
+    return fmt.timestamp(float(due))
+
+
+def _is_time(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)

@@ -33,6 +33,12 @@ _RETRY_RESULT_STATES = frozenset((states.SUCCESS, states.FAILURE, states.REVERT_
 META_RETRY_DUE = "retry_due"
 #: Task meta key: ``[value]`` when ``execute`` returned a value its ``provides`` does not fit.
 META_RETURNED = "returned"
+#: Task meta key: when (seconds since the epoch) the request of a task dispatched with a
+#: delay may be taken by a worker (a retried subflow's first tasks on a worker-based engine).
+META_DELAYED_UNTIL = "delayed_until"
+#: Task meta key: the broker's handle of that delayed request (beanstalkd), stored right after
+#: it is put, so that an engine resuming the flow after a crash deletes it.
+META_DELAYED_JOB = "delayed_job"
 #: Atom metadata key: ids of the attempts of the atom's current action a remote executor sent
 #: (the first one stored with the RUNNING or REVERTING state).
 META_ATTEMPT_IDS = "attempt_ids"
@@ -148,13 +154,42 @@ class TaskAction:
         except Exception:
             LOG.exception("Failed to store progress %s of task %r", progress, task.name)
 
-    def schedule_execution(self, task: Any, arguments: dict[str, Any]) -> cf.Future:
-        """Mark RUNNING (stored before the work starts) and submit the task."""
-        self.change_state(task, states.RUNNING, progress=0.0, meta=self._attempt_meta(task))
-        return self._executor.execute_task(
-            task, self._storage.get_atom_uuid(task.name), arguments,
-            progress_callback=functools.partial(self._on_update_progress, task),
-        )
+    def schedule_execution(self, task: Any, arguments: dict[str, Any],
+                           delayed_until: float | None = None, delay: float = 0.0,
+                           delayable: bool = False) -> cf.Future:
+        """Mark RUNNING (stored before the work starts) and submit the task.
+
+        Args:
+            delayed_until: for a task whose enclosing retry still waits (worker-based engines),
+                when the wait ends (epoch seconds), stored with the state; None: not delayed.
+            delay: seconds no worker may take the request for (the executor must accept
+                ``delay``, see ``delays_dispatch``).
+            delayable: the task may carry a delay (in a retried subflow on an executor that
+                dispatches with delays): its stored ``delayed_until`` is set or cleared.
+        """
+        meta = self._attempt_meta(task)
+        if delayable and (delayed_until is not None
+                          or _meta(self._storage, task.name).get(META_DELAYED_UNTIL)):
+            # Written with the state, so RUNNING never shows without its delay (or with an
+            # earlier run's).
+            meta = {**(meta or {}), META_DELAYED_UNTIL: delayed_until, META_DELAYED_JOB: None}
+        self.change_state(task, states.RUNNING, progress=0.0, meta=meta)
+        uuid = self._storage.get_atom_uuid(task.name)
+        progress = functools.partial(self._on_update_progress, task)
+        if delay <= 0:
+            return self._executor.execute_task(task, uuid, arguments, progress_callback=progress)
+        return self._executor.execute_task(  # type: ignore[call-arg]
+            task, uuid, arguments, progress_callback=progress, delay=delay,
+            on_delayed_job=functools.partial(self._store_delayed_job, task))
+
+    def _store_delayed_job(self, task: Any, job: str) -> None:
+        """Store the handle of ``task``'s delayed job as soon as it is put (on the thread that
+        put it), so that an engine resuming after a crash can delete the job."""
+        try:
+            self._storage.update_atom_metadata(task.name, {META_DELAYED_JOB: job})
+        except Exception:  # a bookkeeping write must not break the run
+            LOG.warning("Could not store delayed job %s of task %r", job, task.name,
+                        exc_info=True)
 
     def complete_execution(self, task: Any, result: Any) -> Any:
         """Store the outcome of ``execute``; return it.
@@ -232,18 +267,19 @@ class RetryAction:
         self._clock = clock
         self._waits = waits if waits is not None else RetryWaits()
 
-    def _due(self, retry: Retry) -> float | None:
+    def due(self, retry: Retry) -> float | None:
         """When the stored wait before the retry's next attempt ends (epoch seconds), or None."""
         due = _meta(self._storage, retry.name).get(META_RETRY_DUE)
         return float(due) if due is not None else None
 
-    def _attempt(self, retry: Retry) -> int:
-        return len(self._storage.get_retry_history(retry.name)) + 1
+    def _attempt(self, retry: Retry, decided: bool = False) -> int:
+        """The attempt a wait comes before: the next one, or (``decided``) the latest."""
+        return len(self._storage.get_retry_history(retry.name)) + (0 if decided else 1)
 
     def start_wait(self, retry: Retry, seconds: float) -> None:
         """Store when the wait of ``seconds`` before the retry's next attempt ends."""
         due = self._clock() + seconds if seconds > 0 else None
-        if due is not None or self._due(retry) is not None:
+        if due is not None or self.due(retry) is not None:
             self._storage.update_atom_metadata(retry.name, {META_RETRY_DUE: due})
 
     def remaining_wait(self, retry: Retry, longest: float) -> float:
@@ -251,21 +287,24 @@ class RetryAction:
 
         The bound keeps a wall clock set back while the flow was suspended from stretching it.
         """
-        due = self._due(retry)
+        due = self.due(retry)
         return 0.0 if due is None else max(0.0, min(due - self._clock(), longest))
 
-    def waiting(self, retry: Retry, seconds: float) -> None:
-        """Announce that the retry waits ``seconds`` now (its timer is armed) until it is due."""
-        due = self._due(retry)
+    def waiting(self, retry: Retry, seconds: float, decided: bool = False) -> None:
+        """Announce that the retry waits ``seconds`` now until it is due (its timer is armed,
+        or, ``decided``, its next attempt was decided and its requests carry the wait)."""
+        due = self.due(retry)
         if due is not None:
-            self._waits.announce(RetryWait(retry.name, self._attempt(retry), due, seconds))
+            self._waits.announce(RetryWait(retry.name, self._attempt(retry, decided), due,
+                                           seconds))
 
-    def end_wait(self, retry: Retry) -> None:
-        """The wait is over: forget its due time (so nothing shows it delayed) and say so."""
-        if self._due(retry) is None:
+    def end_wait(self, retry: Retry, decided: bool = False) -> None:
+        """The wait is over: forget its due time (so nothing shows it delayed) and say so
+        (``decided``: the attempt it came before was decided already, see :meth:`waiting`)."""
+        if self.due(retry) is None:
             return
         self._storage.update_atom_metadata(retry.name, {META_RETRY_DUE: None})
-        self._waits.announce(RetryWait(retry.name, self._attempt(retry), None, 0.0))
+        self._waits.announce(RetryWait(retry.name, self._attempt(retry, decided), None, 0.0))
 
     def _announce(self, retry: Retry, state: str, old_state: str, result: Any) -> None:
         self._on_state(retry, state)

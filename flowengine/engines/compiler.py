@@ -105,6 +105,11 @@ class Compilation:
         """The flows enclosing ``atom``, outermost first."""
         return self.execution_graph.nodes[atom]["parents"]
 
+    def retries_around(self, atom: Atom) -> list[Retry]:
+        """The retry controllers of the flows enclosing ``atom`` (not ``atom`` itself)."""
+        return [f.retry for f in self.parents_of(atom)
+                if f.retry is not None and f.retry is not atom]
+
     def edge_deciders(self, atom: Atom) -> tuple[EdgeDecider, ...]:
         """Deciders on links into ``atom``, or into flows that ``atom`` starts."""
         if not self.has_deciders:

@@ -76,6 +76,12 @@ class Runtime:
         self.retry_action = RetryAction(storage, atom_notifier, hook,
                                         clock=clock or time.time, waits=waits)
         self.timer = waits.timer
+        # Remote executors that take a delay hold a retry's wait in the broker, not here.
+        self._dispatch_delays = bool(getattr(task_executor, "delays_dispatch", False))
+        #: Task name -> the retries whose wait its delayed request carries (ended with it).
+        self._carrying: dict[str, list[retry_mod.Retry]] = {}
+        #: Retries whose wait, carried by delayed requests, this engine announced.
+        self._announced: set[str] = set()
         self._scope_cache: dict[tuple[str, tuple[str, ...]], list[str]] = {}
         storage.set_scope_fetcher(self.visible_providers)
 
@@ -191,6 +197,9 @@ class Runtime:
     def resume(self) -> set[Any]:
         """Resolve stored failures and return atoms a previous run left unfinished."""
         storage = self.storage
+        # A run announces again the retry waits its delayed requests carry (see _delay_of).
+        self._announced.clear()
+        self._carrying.clear()
         if not self.options.never_resolve:
             for atom in self.compilation.iter_atoms():
                 if (storage.get_atom_state(atom.name) == states.FAILURE
@@ -336,7 +345,44 @@ class Runtime:
             return self._schedule_retry(atom, intention)
         if intention == states.REVERT:
             return self.task_action.schedule_reversion(atom, self._args(atom, revert=True))
-        return self.task_action.schedule_execution(atom, self._args(atom, revert=False))
+        retries = self._dispatch_delays and self.compilation.retries_around(atom)
+        if not retries:
+            return self.task_action.schedule_execution(atom, self._args(atom, revert=False))
+        due, delay = self._delay_of(atom, retries)
+        return self.task_action.schedule_execution(atom, self._args(atom, revert=False),
+                                                   delayed_until=due, delay=delay,
+                                                   delayable=True)
+
+    def _delay_of(self, task: Any, retries: list[retry_mod.Retry]) -> tuple[float | None, float]:
+        """When the retry waits ``task``'s request must carry end, and the seconds left.
+
+        On a worker-based engine a retried subflow's first tasks are sent at once with what
+        is left of their controllers' waits as a delay (doc/priorities.rst); a wait that is
+        over ends here.
+        """
+        action = self.retry_action
+        due: float | None = None
+        delay = 0.0
+        for retry in retries:
+            stored = action.due(retry)
+            if stored is None:
+                continue
+            history = len(self.storage.get_retry_history(retry.name))
+            left = action.remaining_wait(retry, retry.delay_before(max(history, 2)))
+            if left <= 0:
+                self._end_carried_wait(retry)
+                continue
+            if retry.name not in self._announced:  # a resumed run: the wait goes on
+                self._announced.add(retry.name)
+                action.waiting(retry, left, decided=True)
+            self._carrying.setdefault(task.name, []).append(retry)
+            if left > delay:
+                due, delay = stored, left
+        return due, delay
+
+    def _end_carried_wait(self, retry: retry_mod.Retry) -> None:
+        self._announced.discard(retry.name)
+        self.retry_action.end_wait(retry, decided=True)
 
     def _schedule_retry(self, retry: retry_mod.Retry, intention: str) -> cf.Future:
         if intention == states.REVERT:
@@ -359,6 +405,17 @@ class Runtime:
             future: cf.Future = cf.Future()
             future.cancel()
             return future
+        if wait > 0 and self._dispatch_delays:
+            # The controller decides the next attempt now; the subflow's first requests carry
+            # what is left of the wait as their delay (see _delay_of): no engine timer.
+            LOG.debug("Retry %r dispatches attempt %d with a %.3fs delay", retry.name, attempt,
+                      wait)
+            self.retry_action.waiting(retry, wait)
+            self._announced.add(retry.name)
+            outcome = self.retry_action.execute(retry, self._args(retry, revert=False))
+            if isinstance(outcome[1], Failure):
+                self._end_carried_wait(retry)  # no attempt follows to carry it
+            return self.timer.after(0, outcome)
         if wait > 0:
             LOG.debug("Retry %r waits %.3fs before attempt %d", retry.name, wait, attempt)
             waited = self.timer.after(wait, (DELAY_ELAPSED, None))
@@ -372,6 +429,8 @@ class Runtime:
         if outcome == DELAY_ELAPSED:
             self.retry_action.end_wait(atom)
             outcome, result = self.retry_action.execute(atom, self._args(atom, revert=False))
+        for retry in self._carrying.pop(getattr(atom, "name", ""), ()):
+            self._end_carried_wait(retry)  # its delayed request has been taken and ran
         action = self._action(atom)
         try:
             if outcome == ex.EXECUTED:

@@ -3,7 +3,8 @@
 One :class:`Client` per broker (URL, transport and its options, exchange, topology, retry
 policy), created on first use by :func:`client_for`: one set of publishing connections, ONE
 reply queue ``<exchange>_<client uuid>`` with one consumer thread for the whole process, one
-warm record of the workers heard from, one thread that sends requests waiting for a worker.
+warm record of the workers heard from, one thread that sends requests waiting for a worker,
+one heap of delayed requests held until due (:mod:`~flowengine.worker_based.held_publishes`).
 Engines (their :class:`~flowengine.worker_based.executor.WorkerTaskExecutor`) are thin views
 on it: each attaches while it runs, and replies reach it by their ``correlation_id`` (the
 attempt's request id, unique per process). The wire format is TaskFlow's: a request's
@@ -31,6 +32,7 @@ from typing import Any, Protocol
 from flowengine import exceptions as exc
 from flowengine.worker_based import backoff as bo
 from flowengine.worker_based import extensions as ext
+from flowengine.worker_based import held_publishes as hp
 from flowengine.worker_based import protocol as pr
 from flowengine.worker_based import remote_control as rc
 from flowengine.worker_based.broker import dispatcher as dp
@@ -114,6 +116,8 @@ class Client:
         self._cursor = 0
         self._thread: threading.Thread | None = None
         self._consumer_error: Exception | None = None
+        #: Delayed requests held until due where the broker has no delays of its own.
+        self.held = hp.HeldPublishes()
         # Requests waiting for a worker are sent from here, not from the consumer thread that
         # learns of the worker: a burst of publishes there would hold up every reply.
         self._dispatcher = cf.ThreadPoolExecutor(max_workers=1,
@@ -184,11 +188,13 @@ class Client:
         return known
 
     def detach(self, view: View, topics: list[str], routed: list[str]) -> None:
-        """Detach ``view`` and drop its ``routed`` request ids (a late reply is ignored)."""
+        """Detach ``view`` and drop its ``routed`` request ids (a late reply is ignored, and a
+        request still held until due is never published)."""
         with self._lock:
             self._views.pop(id(view), None)
             for request_id in routed:
                 self._routes.pop(request_id, None)
+                self.held.withdraw(request_id)
             for topic in topics:
                 left = self._topics.get(topic, 1) - 1
                 if left > 0:
@@ -323,6 +329,8 @@ class Client:
         if now < self._next_housekeeping:
             return
         self._next_housekeeping = now + HOUSEKEEPING_PERIOD
+        for publish in self.held.take_due():
+            self.submit(publish)  # the dispatch thread may wait out an outage, this may not
         if self._disk is not None and self._disk_outage():
             return
         if now >= self._next_round and self._views:

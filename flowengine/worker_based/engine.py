@@ -12,7 +12,7 @@ from typing import Any
 
 from flowengine import states
 from flowengine.engines import executor as local
-from flowengine.engines.actions import META_ATTEMPT_IDS
+from flowengine.engines.actions import META_ATTEMPT_IDS, META_DELAYED_JOB
 from flowengine.engines.engine import ActionEngine
 from flowengine.secrets import Secret
 from flowengine.types.notifier import register_deregister
@@ -120,20 +120,25 @@ class WorkerBasedActionEngine(ActionEngine):
         An atom stored RUNNING or REVERTING as a run starts was in flight when the process
         that ran the flow died (a suspended run waits for its atoms). Its request may still
         wait in a worker queue: this run sends the atom again, so the old one must not run
-        too. Its id was stored with the state; the executor revokes such ids as it starts.
+        too. Its id was stored with the state; the executor revokes such ids as it starts, and
+        deletes the delayed jobs (beanstalkd) whose handles were stored after they were put.
         """
         self.prepare()
         executor = self._task_executor()
         revoke = getattr(executor, "revoke_at_start", None)
         if revoke is None:
             return
-        storage, stale = self.storage, []
+        storage, stale, jobs = self.storage, [], []
         for atom in self.compilation.iter_atoms():
             if storage.get_atom_state(atom.name) not in _IN_FLIGHT_STATES:
                 continue
             detail = storage.flow_detail.find(storage.get_atom_uuid(atom.name))
-            ids = detail.meta.get(META_ATTEMPT_IDS) if detail is not None else None
-            stale += [i for i in ids or () if isinstance(i, str)]
+            meta = detail.meta if detail is not None else {}
+            stale += [i for i in meta.get(META_ATTEMPT_IDS) or () if isinstance(i, str)]
+            if isinstance(meta.get(META_DELAYED_JOB), str):
+                jobs.append(meta[META_DELAYED_JOB])  # a delayed request, still in the broker
+        if jobs and hasattr(executor, "delete_at_start"):
+            executor.delete_at_start(jobs)
         if stale:
             LOG.info("Flow %r resumes with %d request(s) its previous run left in flight; "
                      "asking workers not to run them", storage.flow_name, len(stale))

@@ -34,12 +34,14 @@ from flowengine.worker_based import backoff as bo
 from flowengine.worker_based import cancellation as cn
 from flowengine.worker_based import client as bc
 from flowengine.worker_based import dead_letters as dl
+from flowengine.worker_based import delayed_dispatch as dd
 from flowengine.worker_based import extensions as ext
 from flowengine.worker_based import protocol as pr
 from flowengine.worker_based import secret_arguments as sa
 from flowengine.worker_based import signing as sg
 from flowengine.worker_based import tracking
 from flowengine.worker_based.broker import proxy as px
+from flowengine.worker_based.leftovers import Leftovers
 from flowengine.worker_based.submission import RemoteFuture, Submission
 from flowengine.worker_based.tracking import AttemptTracking
 from flowengine.worker_based.types import WorkerFinder
@@ -55,7 +57,7 @@ HOUSEKEEPING_PERIOD = bc.HOUSEKEEPING_PERIOD
 NOTIFY_PERIOD = bc.NOTIFY_PERIOD
 
 
-class WorkerTaskExecutor(AttemptTracking, local.TaskExecutor):
+class WorkerTaskExecutor(AttemptTracking, Leftovers, local.TaskExecutor):
     """Executes tasks on workers reached through a broker (flowengine workers await ``async
     def`` methods, see :mod:`~flowengine.worker_based.async_runner`).
 
@@ -95,6 +97,8 @@ class WorkerTaskExecutor(AttemptTracking, local.TaskExecutor):
     """
 
     runs_coroutines = True
+    #: :meth:`execute_task` takes ``delay`` (the engine's retry path dispatches with it).
+    delays_dispatch = True
 
     def __init__(
         self,
@@ -154,8 +158,7 @@ class WorkerTaskExecutor(AttemptTracking, local.TaskExecutor):
         self._client: bc.Client | None = None
         #: Request ids chosen for the next first attempt of an atom (see reserve_request_id).
         self._reserved: dict[str, str] = {}
-        #: Request ids a crashed predecessor may have left queued: revoked at start.
-        self._stale: list[str] = []
+        Leftovers.__init__(self)
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -188,32 +191,7 @@ class WorkerTaskExecutor(AttemptTracking, local.TaskExecutor):
         for worker in known:
             self.finder.add(worker.topic, worker.tasks, identity=worker.identity,
                             capacity=worker.capacity, flowengine=worker.flowengine)
-        stale, self._stale = self._stale, []
-        if stale:
-            self._revoke_ids(stale, "its engine's process died; the flow is resumed")
-
-    def revoke_at_start(self, request_ids: Iterable[str]) -> None:
-        """Ask every flowengine worker, as this executor starts, not to run ``request_ids``:
-        requests a dead engine left queued, which a resumed one sends again as new attempts.
-
-        A worker that takes one of them later settles it unrun (see
-        :mod:`~flowengine.worker_based.cancellation`); one already running is not stopped.
-        """
-        self._stale.extend(request_ids)
-
-    def _revoke_ids(self, request_ids: list[str], why: str) -> None:
-        headers = {pr.HEADER_PROTOCOL: pr.PROTOCOL_VERSION}
-        for start in range(0, len(request_ids), cn.MAX_IDS):
-            chunk = request_ids[start:start + cn.MAX_IDS]
-            try:
-                # Every flowengine worker hears it (TaskFlow workers do not).
-                self._proxy.publish(cn.Cancel(chunk), ext.DISCOVER_ROUTING_KEY, headers=headers,
-                                    declare_queue=False, confirm=False)
-            except Exception as err:
-                LOG.warning("Could not ask workers to drop %d request(s) (%s): %s; a worker "
-                            "may still run them", len(chunk), why, err)
-            else:
-                LOG.info("Asked workers to drop %d request(s) unrun: %s", len(chunk), why)
+        self._take_back_leftovers()
 
     def reserve_request_id(self, task_uuid: str) -> str | None:
         request_id = self._reserved[task_uuid] = uuid_mod.uuid4().hex
@@ -246,9 +224,18 @@ class WorkerTaskExecutor(AttemptTracking, local.TaskExecutor):
         task_uuid: str,
         arguments: Mapping[str, Any],
         progress_callback: local.ProgressCallback | None = None,
+        delay: float = 0.0,
+        on_delayed_job: Callable[[str], None] | None = None,
     ) -> cf.Future:
-        return self._submit(Submission(task, task_uuid, pr.EXECUTE, arguments, pr.NO_RESULT,
-                                       None, RemoteFuture()), progress_callback)
+        """Run ``task`` on a worker; with ``delay`` (seconds), no worker takes it before then
+        (see :mod:`~flowengine.worker_based.delayed_dispatch`). ``on_delayed_job`` is given the
+        broker's handle of the delayed job once it is put (beanstalkd), on whichever thread
+        puts it."""
+        sub = Submission(task, task_uuid, pr.EXECUTE, arguments, pr.NO_RESULT, None,
+                         RemoteFuture(),
+                         not_before=self._clock() + delay if delay > 0 else None,
+                         on_delayed_job=on_delayed_job)
+        return self._submit(sub, progress_callback)
 
     def revert_task(
         self,
@@ -307,13 +294,17 @@ class WorkerTaskExecutor(AttemptTracking, local.TaskExecutor):
             if sub.worker is not None:
                 sub.worker.in_flight = max(sub.worker.in_flight - 1, 0)
             sub.attempts += 1
-            sub.request, sub.worker, sub.suspect = request, None, None
+            sub.request, sub.worker, sub.suspect, sub.delayed_job = request, None, None, None
             sub.attempt = at.Attempt(
                 f"attempt {sub.attempts} of task {sub.task.name!r} (request "
                 f"{request.request_id})", self._clock, timeout=self._transition_timeout,
                 lease_timeout=self._lease_timeout, time_limit=self._time_limit(sub.task))
             self._ongoing[request.request_id] = sub
             self.client.route(request.request_id, self)
+            # A delayed request's timeouts count from when it may be taken.
+            delay = self._delay_left(sub)
+            request.created_on += delay
+            sub.attempt.created += delay
         if request.timeout is not None:
             self._note_due(request.created_on + request.timeout)  # its expiry
         if defer:
@@ -348,17 +339,34 @@ class WorkerTaskExecutor(AttemptTracking, local.TaskExecutor):
         tracing.request_sent(headers, sub.uuid, request_id=request.request_id,
                              attempt=request.attempt, task_name=sub.task.name,
                              topic=worker.topic)
+        publish = functools.partial(self._publish, sub, request, worker.topic, headers)
+        delay = self._delay_left(sub)
+        if delay <= 0:
+            publish()
+            return
+        if pr.HEADER_DEADLINE in headers:
+            headers[pr.HEADER_DEADLINE] += delay
+        sub.delayed_job = dd.dispatch_later(self.client, request.request_id, delay, headers,
+                                            publish)
+        if sub.delayed_job is not None and sub.on_delayed_job is not None:
+            sub.on_delayed_job(sub.delayed_job)
+
+    def _delay_left(self, sub: Submission) -> float:
+        return 0.0 if sub.not_before is None else max(0.0, sub.not_before - self._clock())
+
+    def _publish(self, sub: Submission, request: pr.Request, topic: str,
+                 headers: dict[str, Any]) -> None:
         try:
             # Unconfirmed: a confirm costs a broker round trip per request. A request the
             # broker loses is not lost silently: it fails after transition_timeout.
-            self._proxy.publish(request, worker.topic, reply_to=self.client.reply_to,
+            self._proxy.publish(request, topic, reply_to=self.client.reply_to,
                                 correlation_id=request.request_id, headers=headers,
                                 priority=getattr(sub.task, "priority", 0), confirm=False,
                                 # Through an outage, as long as the request may wait anyway.
                                 deadline=self._transition_timeout)
         except Exception as err:
             LOG.warning("Publishing request %s for %r to topic %r failed: %s",
-                        request.request_id, sub.task.name, worker.topic, err)
+                        request.request_id, sub.task.name, topic, err)
             self._finish(sub, Failure())
 
     def _event_fields(self, sub: Submission) -> dict[str, Any]:
@@ -446,6 +454,10 @@ class WorkerTaskExecutor(AttemptTracking, local.TaskExecutor):
         if state == pr.WAITING:  # a new attempt no worker was found for: it went nowhere
             self._cancelled(sub, "it was never sent")
             return
+        if sub.not_before is not None and dd.withdraw(self._client, request.request_id,
+                                                       sub.delayed_job):
+            self._cancelled(sub, "it was taken back before a worker took it")
+            return
         try:
             # Every flowengine worker hears it (TaskFlow workers do not; theirs are waited for).
             self._proxy.publish(cn.Cancel([request.request_id]), ext.DISCOVER_ROUTING_KEY,
@@ -480,4 +492,5 @@ class WorkerTaskExecutor(AttemptTracking, local.TaskExecutor):
         client = self._client
         if client is not None:
             client.unroute(request_id)
+            client.held.withdraw(request_id)  # a delayed request held for it is moot
         return sub

@@ -58,6 +58,9 @@ class Submission:
     resent: int = 0  # attempts sent again because their first holder never started them
     not_served: int = 0  # attempts handed back by a worker that does not run the class
     revoking: str | None = None  # the request id workers were asked not to start
+    not_before: float | None = None  # executor clock: no worker may take it before (a delay)
+    delayed_job: str | None = None  # the broker's handle of its delayed job (beanstalkd)
+    on_delayed_job: Callable[[str], None] | None = None  # told that handle once it is put
     suspect: str | None = None  # why the running attempt may be lost, until a heartbeat says not
     request: pr.Request | None = None
     worker: TopicWorker | None = None

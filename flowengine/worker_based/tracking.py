@@ -372,12 +372,15 @@ class AttemptTracking:
 
     def _orphaned(self, workers: list[TopicWorker], why: str) -> None:
         ids = {w.identity for w in workers}
+        now = self._clock()
         with self._lock:
             # By the identity of the attempt's holder, which a RUNNING reply may have moved
-            # to a worker this executor has not discovered yet.
+            # to a worker this executor has not discovered yet. A request still in its delay
+            # is held by no worker: any worker of the topic may take it when it is due.
             held = [s for s in self._ongoing.values()
                     if s.workers and s.workers[-1] in ids and s.request is not None
-                    and s.request.current_state in (pr.PENDING, pr.RUNNING)]
+                    and s.request.current_state in (pr.PENDING, pr.RUNNING)
+                    and (s.not_before is None or s.not_before <= now)]
         for sub in held:
             self._lapse(sub, f"its worker {sub.workers[-1]} {why}")
 

@@ -2,11 +2,12 @@
 
 Usage::
 
-    python resume_child.py SQLITE_URI BOOK_UUID ENGINE_OPTIONS_JSON
+    python resume_child.py SQLITE_URI BOOK_UUID ENGINE_OPTIONS_JSON [FACTORY]
 
-It builds :func:`make_flow` through ``engines.load_from_factory`` (so a resuming process rebuilds
-it with ``engines.load_from_detail``) in a new flow detail of logbook ``BOOK_UUID``, prints
-``flow <uuid>`` and runs the flow on the worker-based engine until it ends or is killed.
+It builds :func:`make_flow` (or the factory named ``FACTORY``, e.g. ``make_delayed_flow``)
+through ``engines.load_from_factory`` (so a resuming process rebuilds it with
+``engines.load_from_detail``) in a new flow detail of logbook ``BOOK_UUID``, prints ``flow
+<uuid>`` and runs the flow on the worker-based engine until it ends or is killed.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import sys
 
 import fault_tasks as ft
 
-from flowengine import engines
+from flowengine import engines, retry
+from flowengine.flows import linear_flow as lf
 from flowengine.flows import unordered_flow as uf
 from flowengine.persistence import backends
 
@@ -30,12 +32,24 @@ def make_flow() -> uf.Flow:
     return uf.Flow("resume-revokes").add(*(ft.Gate(name) for name in GATES))
 
 
+#: The wait before the second attempt of :func:`make_delayed_flow` (seconds).
+DELAY = 600.0
+
+
+def make_delayed_flow() -> lf.Flow:
+    """A :class:`fault_tasks.FailsFirst` task whose retry waits :data:`DELAY` before attempt 2."""
+    return lf.Flow("resume-delayed", retry=retry.Times(3, name="r", provides="attempt",
+                                                       delay=DELAY)).add(ft.FailsFirst("flaky"))
+
+
 def main(argv: list[str]) -> int:
     uri, book_uuid, options = argv[0], argv[1], json.loads(argv[2])
     backend = backends.fetch(uri)
     with contextlib.closing(backend), contextlib.closing(backend.get_connection()) as conn:
         book = conn.get_logbook(book_uuid)
-        from resume_child import make_flow as factory  # importable by name when resuming
+        import resume_child  # importable by name when resuming
+
+        factory = getattr(resume_child, argv[3] if len(argv) > 3 else "make_flow")
 
         engine = engines.load_from_factory(factory, book=book, backend=backend,
                                            engine="worker-based", **options)

@@ -1,14 +1,17 @@
-"""A retry's wait with a real worker process on beanstalkd and Redis: visible, suspendable.
+"""A retry's wait as a delayed dispatch with a real worker process: visible, suspendable.
 
 A worker-based engine runs a retried task on a ``flowengine worker`` process; the task fails
-its first attempt and the controller waits before the second. During the wait an operator sees
-it in the event stream (``task-delayed`` with its due time, as ``flowengine events`` reads
-it), in ``flowengine show`` (the controller ``RETRYING``, ``DELAYED UNTIL``) and in
-``flowengine topics`` (nothing queued for the topic: the engine holds the wait, no request sits
-at the broker). The engine is suspended during the
-wait; a second engine resumes the stored flow, waits only what is left, and the flow finishes
-on the worker. The retry clock is injected (engine option ``retry_clock``), so the test moves
-time instead of sleeping.
+its first attempt and the controller decides the second at once: its request is sent with the
+rest of the wait as a delay (doc/priorities.rst). On beanstalkd the server holds it (a delayed
+job: ``flowengine topics`` counts it under DELAYED); on Redis and RabbitMQ the engine process's
+broker client holds it and publishes it when due. During the wait an operator sees it in the
+event stream (``task-delayed`` with its due time, as ``flowengine events`` reads it) and in
+``flowengine show`` (``DELAYED UNTIL`` on the controller and on the task). The engine is
+suspended during the wait: the delayed request is taken back (deleted from beanstalkd, dropped
+by the client); a second engine resumes the stored flow and sends it again with only what is
+left of the wait, and the flow finishes on the worker. Nothing sleeps a wait: the retry clock
+and the clock of client-held requests are injected (engine option ``retry_clock``,
+``held_publishes.CLOCK``), and a beanstalkd job's delay is ended with ``kick-job``.
 """
 
 from __future__ import annotations
@@ -21,25 +24,30 @@ from pathlib import Path
 from typing import Any
 
 import fault_tasks as ft
+import greenstalk
 import pytest
 from click.testing import CliRunner
-from fault_support import WAIT, EngineRuns, Stage
+from fault_support import WAIT, EngineRuns, Stage, wait_until
 from manual_clock import ManualClock  # tests/ is on sys.path (rootdir conftest)
 from wbe_harness import require_broker
 
 from flowengine import engines, retry, states
 from flowengine.cli import formatting as fmt
 from flowengine.cli.main import cli
+from flowengine.engines.actions import META_ATTEMPT_IDS, META_DELAYED_JOB
 from flowengine.flows import linear_flow as lf
 from flowengine.persistence import backends
 from flowengine.utils import persistence_utils
+from flowengine.worker_based import client as bc
+from flowengine.worker_based import held_publishes
+from flowengine.worker_based.broker import transport_beanstalk_delays as beanstalk_delays
 from flowengine.worker_based.events import EventReceiver
 from flowengine.worker_based.topics import topic_stats
 
 pytestmark = pytest.mark.integration
 
 TOPIC = "delays"
-#: The controller's wait before attempt 2 (on the injected clock: nothing sleeps it).
+#: The controller's wait before attempt 2 (on the injected clock, or ended by a kick).
 DELAY = 600.0
 
 
@@ -86,10 +94,27 @@ def _show(backend_uri: str, flow_uuid: str) -> dict[str, Any]:
     return {atom["name"]: atom for atom in json.loads(result.stdout)["atoms"]}
 
 
-@pytest.mark.parametrize("broker_name", ["beanstalk", "redis"])
-def test_a_retry_wait_is_visible_survives_suspension_and_the_flow_finishes(
+def _meta(engine: Any, name: str) -> dict[str, Any]:
+    storage = engine.storage
+    return dict(storage.flow_detail.find(storage.get_atom_uuid(name)).meta)
+
+
+def _held(request_id: str) -> bool:
+    """Whether this process's broker client holds ``request_id`` (client-held delays)."""
+    return any(request_id in client.held for client in bc.clients())
+
+
+def kick(job: str) -> None:
+    """End a delayed beanstalkd job's delay now (``kick-job``), as its time passing would."""
+    address, job_id = beanstalk_delays.parse(job)
+    with greenstalk.Client(address) as client:
+        client.kick_job(job_id)
+
+
+@pytest.mark.parametrize("broker_name", ["beanstalk", "redis", "rabbitmq"])
+def test_a_retry_wait_is_a_visible_delayed_dispatch_that_survives_suspension(
     broker_name: str, exchange: str, fleet_factory: Any, stage: Stage, runs: EngineRuns,
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # fmt: skip
     broker = require_broker(broker_name)
     fleet = fleet_factory(broker, exchange, env=stage.env)
@@ -101,6 +126,7 @@ def test_a_retry_wait_is_visible_survives_suspension_and_the_flow_finishes(
     flow = lf.Flow("delayed", retry=retry.Times(3, name="r", provides="attempt", delay=DELAY))
     flow.add(ft.FailsFirst("flaky"))
     clock = ManualClock(time.time())
+    monkeypatch.setattr(held_publishes, "CLOCK", clock)
 
     def engine_run() -> tuple[Any, Any]:
         engine = engines.load(flow, engine="worker-based", backend=backend, flow_detail=detail,
@@ -116,6 +142,24 @@ def test_a_retry_wait_is_visible_survives_suspension_and_the_flow_finishes(
         events.close()
 
 
+def _delayed_request(broker_name: str, url: str, exchange: str, engine: Any) -> str:
+    """Check the request of attempt 2 waits out its delay where it should; return its id."""
+    stats = {s.topic: s for s in topic_stats(exchange, [TOPIC], url=url)}[TOPIC]
+    request_id = _meta(engine, "flaky")[META_ATTEMPT_IDS][-1]
+    if broker_name == "beanstalk":
+        # At the broker, as a delayed job whose handle is stored with the task: what
+        # ``flowengine topics`` shows an operator.
+        result = CliRunner().invoke(cli, ["topics", "--json", "--url", url, "--exchange",
+                                          exchange, TOPIC], catch_exceptions=False)
+        (row,) = [json.loads(line) for line in result.stdout.splitlines()]
+        assert (row["ready"], row["delayed"], row["running"]) == (0, 1, 0), row
+        assert _meta(engine, "flaky")[META_DELAYED_JOB].startswith("beanstalk://")
+    else:
+        assert stats.ready == 0, stats  # held by the engine's process, not queued
+        assert _held(request_id)
+    return request_id
+
+
 def _wait_suspend_and_resume(broker_name: str, url: str, exchange: str, backend_uri: str,
                              flow_uuid: str, clock: ManualClock, stage: Stage, events: Events,
                              engine_run: Callable[[], tuple[Any, Any]]) -> None:
@@ -124,35 +168,51 @@ def _wait_suspend_and_resume(broker_name: str, url: str, exchange: str, backend_
     assert (delayed["task_name"], delayed["attempt"], delayed["delay"]) == ("r", 2, DELAY)
     due = delayed["due"]
     assert due == pytest.approx(clock.now + DELAY)
+    # The controller decided attempt 2 at once; its request is sent with the wait as a delay.
+    wait_until(lambda: _meta(engine, "flaky").get("delayed_until") == due, WAIT,
+               "attempt 2 sent as a delayed dispatch")
+    if broker_name == "beanstalk":
+        wait_until(lambda: _meta(engine, "flaky").get(META_DELAYED_JOB), WAIT,
+                   "the delayed job's handle stored")
+    first = _delayed_request(broker_name, url, exchange, engine)
     assert [line["attempt"] for line in stage.ledger.starts("flaky")] == [1]
 
     # What an operator sees during the wait.
     shown = _show(backend_uri, flow_uuid)
     assert (shown["r"]["state"], shown["r"]["delayed_until"]) == (
-        states.RETRYING, fmt.timestamp(due))
-    assert shown["flaky"]["state"] == states.PENDING
-    stats = {s.topic: s for s in topic_stats(exchange, [TOPIC], url=url)}[TOPIC]
-    assert stats.ready == 0, stats  # the engine holds the wait: nothing queued meanwhile
-    if broker_name == "beanstalk":
-        assert (stats.delayed, stats.running) == (0, 0), stats
+        states.SUCCESS, fmt.timestamp(due))
+    assert (shown["flaky"]["state"], shown["flaky"]["delayed_until"]) == (
+        states.RUNNING, fmt.timestamp(due))
 
-    # Suspended during the wait: ends at once, starts no attempt, keeps the due time.
+    # Suspended during the wait: the delayed request is taken back, and the run ends at once.
     clock.advance(DELAY / 3)
     engine.suspend()
     assert run.join(WAIT) is None
     assert engine.storage.get_flow_state() == states.SUSPENDED
-    assert _show(backend_uri, flow_uuid)["r"]["delayed_until"] == fmt.timestamp(due)
+    stats = {s.topic: s for s in topic_stats(exchange, [TOPIC], url=url)}[TOPIC]
+    assert stats.ready == 0 and stats.delayed in (0, None), stats  # None: not counted there
+    assert not _held(first)
+    assert _show(backend_uri, flow_uuid)["flaky"]["delayed_until"] == fmt.timestamp(due)
 
-    # Another engine resumes the stored flow and waits only what is left.
+    # Another engine resumes the stored flow and sends attempt 2 with what is left of the wait.
     resumed, run = engine_run()
     again = events.of("task-delayed", 2)[1]
     assert (again["due"], again["delay"]) == (due, pytest.approx(DELAY * 2 / 3))
+    wait_until(lambda: _meta(resumed, "flaky")[META_ATTEMPT_IDS][-1] != first, WAIT,
+               "attempt 2 sent again")
+    if broker_name == "beanstalk":
+        wait_until(lambda: _meta(resumed, "flaky").get(META_DELAYED_JOB), WAIT,
+                   "the delayed job's handle stored")
+    _delayed_request(broker_name, url, exchange, resumed)
     assert [line["attempt"] for line in stage.ledger.starts("flaky")] == [1]
-    clock.advance(DELAY * 2 / 3)
-    resumed.retry_waits.timer.check()
+    if broker_name == "beanstalk":
+        kick(_meta(resumed, "flaky")[META_DELAYED_JOB])
+    else:
+        clock.advance(DELAY * 2 / 3)  # the client's housekeeping publishes it
     assert run.join(WAIT) is None
     assert resumed.storage.get_flow_state() == states.SUCCESS
     assert resumed.storage.get("flaky")["attempt"] == 2
     assert [line["attempt"] for line in stage.ledger.starts("flaky")] == [1, 2]
     assert [e["attempt"] for e in events.of("task-delay-ended", 1)] == [2]
-    assert _show(backend_uri, flow_uuid)["r"]["delayed_until"] is None
+    shown = _show(backend_uri, flow_uuid)
+    assert (shown["r"]["delayed_until"], shown["flaky"]["delayed_until"]) == (None, None)

@@ -10,16 +10,14 @@ transports carry a priority is tested too) and reads the queue back with ``brows
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-from wbe_harness import require_broker
+from wbe_harness import TRANSPORTS, require_broker
 
 from flowengine.worker_based import protocol as pr
 from flowengine.worker_based.broker import proxy as px
-from flowengine.worker_based.broker import transport_fs
 
 pytestmark = pytest.mark.integration
 
@@ -30,23 +28,6 @@ SENT: list[tuple[str, int | None]] = [
     ("zero", 0), ("none", None), ("two", 2), ("five", 5), ("nine-a", 9), ("nine-b", 9),
 ]
 SERVED = ["nine-a", "nine-b", "five", "two", "zero", "none"]
-
-
-def _memory(_tmp: Path) -> dict[str, Any]:
-    return {"transport": "memory"}
-
-
-def _fs(tmp: Path) -> dict[str, Any]:
-    return {"transport": transport_fs.TRANSPORT_NAME,
-            "transport_options": {"data_folder": str(tmp / "fs")}}
-
-
-def _broker(name: str) -> Callable[[Path], dict[str, Any]]:
-    return lambda _tmp: {"url": require_broker(name).url}
-
-
-TRANSPORTS = {"memory": _memory, "flowengine-fs": _fs, "redis": _broker("redis"),
-              "rabbitmq": _broker("rabbitmq"), "beanstalk": _broker("beanstalk")}
 
 
 @pytest.fixture(params=sorted(TRANSPORTS))
@@ -83,7 +64,7 @@ def test_redis_with_ten_priority_steps_keeps_every_level_apart() -> None:
 def test_taskflow_compat_sends_no_priority(tmp_path: Path) -> None:
     # TaskFlow's declarations carry no x-max-priority, and its peers expect none.
     made = px.Proxy("work", f"prio-{uuid.uuid4().hex[:10]}", {}, taskflow_compat=True,
-                    **_fs(tmp_path))
+                    **TRANSPORTS["flowengine-fs"](tmp_path))
     try:
         made.publish(pr.Notify(topic="urgent", tasks=[]), "work", priority=9)
         [message] = made.browse("work")

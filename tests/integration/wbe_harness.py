@@ -107,6 +107,30 @@ def require_broker(name: str) -> Broker:
     return broker
 
 
+def _memory_transport(_tmp: Path) -> dict[str, Any]:
+    return {"transport": "memory"}
+
+
+def _fs_transport(tmp: Path) -> dict[str, Any]:
+    from flowengine.worker_based.broker import transport_fs
+
+    return {"transport": transport_fs.TRANSPORT_NAME,
+            "transport_options": {"data_folder": str(tmp / "fs")}}
+
+
+def _broker_transport(name: str) -> Callable[[Path], dict[str, Any]]:
+    return lambda _tmp: {"url": require_broker(name).url}
+
+
+#: Every transport by name: the connection settings (``url`` or ``transport`` and options) of
+#: a Proxy, Worker or executor on it, given a temporary folder (flowengine-fs keeps its data
+#: there; a real broker that does not answer fails under CI=true, else skips).
+TRANSPORTS: dict[str, Callable[[Path], dict[str, Any]]] = {
+    "memory": _memory_transport, "flowengine-fs": _fs_transport,
+    "redis": _broker_transport("redis"), "rabbitmq": _broker_transport("rabbitmq"),
+    "beanstalk": _broker_transport("beanstalk")}
+
+
 def unique_exchange(prefix: str = "it") -> str:
     """An exchange name no other test (or earlier run) uses."""
     return f"{prefix}-{uuid.uuid4().hex[:10]}"

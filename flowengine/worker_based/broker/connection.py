@@ -139,6 +139,9 @@ class BrokerTraits:
         priorities: Queues order messages by priority: AMQP queues declared with a maximum
             priority, beanstalkd, which orders every tube by job priority, and flowengine's
             Redis, flowengine-fs and memory transports, which say so (``orders_by_priority``).
+        native_delay: The broker holds a message published with header
+            ``x-flowengine-delay`` until the delay ends (beanstalkd's job delay); elsewhere
+            the process's broker client holds it and publishes it when due.
     """
 
     driver: str | None
@@ -146,6 +149,7 @@ class BrokerTraits:
     heartbeats: bool
     receipt_ack: bool
     priorities: bool
+    native_delay: bool = False
 
 
 def traits(transport_cls: Any) -> BrokerTraits:
@@ -155,7 +159,8 @@ def traits(transport_cls: Any) -> BrokerTraits:
     return BrokerTraits(driver=driver, settles_anywhere=virtual_transport,
                         heartbeats=driver == "amqp", receipt_ack=driver == "redis",
                         priorities=not virtual_transport or driver == "beanstalk"
-                        or getattr(transport_cls, "orders_by_priority", False))
+                        or getattr(transport_cls, "orders_by_priority", False),
+                        native_delay=driver == "beanstalk")
 
 
 def tune(driver: str | None, options: dict[str, Any]) -> None:

@@ -28,6 +28,7 @@ from flowengine.worker_based.broker import producers as pd
 from flowengine.worker_based.broker.codec import encode
 from flowengine.worker_based.broker.connection import (
     BrokerOutage,
+    BrokerTraits,
     ConnectionDetails,
     StoredMessage,
     connect,
@@ -105,6 +106,11 @@ class Publisher:
         self._where = f"{self._uri} exchange {exchange!r}"
         #: Set to give up retrying (a consuming proxy sets it when asked to stop).
         self._stop_requested = threading.Event()
+
+    @property
+    def traits(self) -> BrokerTraits:
+        """What this broker does (priorities, native delays ...), see :class:`BrokerTraits`."""
+        return self._broker
 
     @property
     def connection_details(self) -> ConnectionDetails:

@@ -13,8 +13,9 @@ How kombu's model maps onto beanstalkd:
   the job's JSON body. AMQP priority ``p`` (0..255, higher first) becomes beanstalkd priority
   ``DEFAULT_PRIORITY - p`` (lower first), so a message without one gets :data:`DEFAULT_PRIORITY`
   and urgency orders delivery within each tube. Header :data:`HEADER_DELAY` (seconds) becomes
-  the job's delay; header :data:`HEADER_LEASE` (seconds) its time-to-run (TTR), else
-  ``default_ttr``.
+  the job's delay (its id is kept by ``correlation_id`` for the publisher, which may delete
+  it while it waits: :mod:`~.transport_beanstalk_delays`); header :data:`HEADER_LEASE`
+  (seconds) its time-to-run (TTR), else ``default_ttr``.
 * Consuming reserves a job (never waiting inside beanstalkd, so the consumer keeps kombu's
   drain timeout; an empty poll sleeps ``polling_interval``). The job stays reserved until the
   message is settled: ack deletes it, requeue releases it, reject deletes it. A consumer killed
@@ -62,6 +63,7 @@ from kombu.transport import virtual
 
 from flowengine.worker_based import extensions as ext
 from flowengine.worker_based.broker import transport_beanstalk_bindings as bindings
+from flowengine.worker_based.broker import transport_beanstalk_delays as delays
 from flowengine.worker_based.broker.transport_beanstalk_bindings import (
     FOREVER,
     tube_name,
@@ -219,6 +221,10 @@ class Channel(bindings.ServerBindings):
                     f"{tube!r}): over its max-job-size (beanstalkd -z)") from err
             if ext.HEADER_DEAD_REASON in headers:
                 self._client.bury(self._client.reserve_job(job_id), priority)
+        correlation_id = message["properties"].get("correlation_id")
+        if delay and correlation_id:
+            # Its publisher may have to take it back while it waits (an engine suspending).
+            delays.record(str(correlation_id), self._address, job_id)
 
     def _put_fanout(self, exchange: str, message: Any, routing_key: str, **kwargs: Any) -> None:
         for queue in {queue for _, _, queue in self._read_table(exchange)}:

@@ -1,0 +1,92 @@
+"""Delayed beanstalkd jobs an engine may have to take back: their ids, and deleting one.
+
+A request published with header ``x-flowengine-delay`` is a *delayed* job until its delay
+ends; beanstalkd lets any connection ``delete`` it meanwhile (a reserved job only its holder).
+:func:`record` keeps the job id of every delayed put by the message's ``correlation_id`` (the
+request's attempt id) for the process that put it; :func:`take` hands it over as a *handle*,
+``beanstalk://host:port/job-id``, which names the server, so the engine can store it with the
+atom and the process that resumes the flow after a crash can :func:`delete` the job without
+knowing the broker's settings.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import socket
+import threading
+import urllib.parse
+
+LOG = logging.getLogger(__name__)
+
+#: Handle scheme (the transport's URL scheme).
+SCHEME = "beanstalk"
+#: Most delayed puts remembered per process (an engine takes its own at once; the rest are
+#: requests no engine asks about, forgotten oldest first).
+REMEMBERED = 10_000
+#: Seconds a delete may take to connect and answer.
+DELETE_TIMEOUT = 5.0
+
+_jobs: collections.OrderedDict[str, str] = collections.OrderedDict()
+_lock = threading.Lock()
+
+
+def handle(address: tuple[str, int], job_id: int) -> str:
+    """The handle of job ``job_id`` on the beanstalkd at ``address``."""
+    host, port = address
+    return f"{SCHEME}://{host}:{port}/{job_id}"
+
+
+def record(correlation_id: str, address: tuple[str, int], job_id: int) -> None:
+    """Remember that the message ``correlation_id`` became delayed job ``job_id``."""
+    with _lock:
+        _jobs[correlation_id] = handle(address, job_id)
+        while len(_jobs) > REMEMBERED:
+            _jobs.popitem(last=False)
+
+
+def take(correlation_id: str) -> str | None:
+    """The handle of the delayed job ``correlation_id`` became (forgotten here), or None."""
+    with _lock:
+        return _jobs.pop(correlation_id, None)
+
+
+def parse(job: str) -> tuple[tuple[str, int], int]:
+    """``(address, job id)`` of a handle; ValueError naming it if it is not one."""
+    parts = urllib.parse.urlsplit(job)
+    try:
+        if parts.scheme != SCHEME or not parts.hostname or parts.port is None:
+            raise ValueError("not beanstalk://host:port/job-id")
+        return (parts.hostname, parts.port), int(parts.path.lstrip("/"))
+    except ValueError as err:
+        raise ValueError(f"Not a beanstalkd job handle: {job!r} ({err})") from None
+
+
+def delete(job: str) -> bool:
+    """Delete the job ``job`` names; True if it was deleted, False if it is gone or held.
+
+    A job whose delay ended and that a worker reserved cannot be deleted (beanstalkd answers
+    NOT_FOUND, as for a job already settled): the worker's own checks decide then.
+    """
+    try:
+        import greenstalk
+    except ImportError as err:
+        raise ImportError("Deleting a delayed beanstalkd job needs the greenstalk package: "
+                          "pip install 'flowengine[beanstalk]'") from err
+
+    address, job_id = parse(job)
+    try:
+        sock = socket.create_connection(address, timeout=DELETE_TIMEOUT)
+    except OSError as err:
+        LOG.warning("Could not reach beanstalkd at %s:%d to delete delayed job %d: %s",
+                    *address, job_id, err)
+        return False
+    sock.settimeout(DELETE_TIMEOUT)
+    client = greenstalk.Client(sock, encoding=None)
+    try:
+        client.delete(job_id)
+    except greenstalk.NotFoundError:
+        return False
+    finally:
+        client.close()
+    return True
