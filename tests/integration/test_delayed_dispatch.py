@@ -151,3 +151,26 @@ def test_a_delayed_requests_timeout_counts_from_when_it_is_due() -> None:
         assert outcome.check(RequestTimeout), outcome
     finally:
         executor.stop()
+
+
+def test_a_stored_job_id_another_job_has_taken_is_not_deleted(beanstalk_url: str) -> None:
+    # A beanstalkd restarted without a binlog numbers jobs from 1 again: the id an engine stored
+    # may name another program's job when the flow is resumed. Only the attempt's job goes.
+    address = beanstalk_delays.parse(beanstalk_url + "/1")[0]
+    tube = f"reused-{uuid.uuid4().hex[:10]}"
+    with greenstalk.Client(address, use=tube, watch=tube) as client:
+        other = client.put(b'{"someone": "else"}', delay=DELAY)
+        mine = client.put(b'{"correlation_id": "attempt-7"}', delay=DELAY)
+        try:
+            assert not beanstalk_delays.delete(beanstalk_delays.handle(address, other,
+                                                                       "attempt-7"))
+            assert client.peek(other).id == other  # still there
+            assert beanstalk_delays.delete(beanstalk_delays.handle(address, mine, "attempt-7"))
+            with pytest.raises(greenstalk.NotFoundError):
+                client.peek(mine)
+        finally:
+            for job_id in (other, mine):
+                try:
+                    client.delete(job_id)
+                except greenstalk.NotFoundError:
+                    pass

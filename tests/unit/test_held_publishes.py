@@ -70,7 +70,9 @@ def test_only_beanstalkd_holds_delays_itself() -> None:
 def test_a_delayed_job_handle_names_its_server() -> None:
     beanstalk_delays.record("req-1", ("10.0.0.5", 11301), 42)
     job = beanstalk_delays.take("req-1")
-    assert job == "beanstalk://10.0.0.5:11301/42" and beanstalk_delays.take("req-1") is None
+    assert job == "beanstalk://10.0.0.5:11301/42?attempt=req-1"
+    assert beanstalk_delays.take("req-1") is None
+    assert beanstalk_delays.attempt_of(job) == "req-1"
     assert beanstalk_delays.parse(job) == (("10.0.0.5", 11301), 42)
     for bad in ("redis://h:1/2", "beanstalk://h/2", "beanstalk://h:1/x"):
         with pytest.raises(ValueError, match="Not a beanstalkd job handle"):

@@ -4,9 +4,12 @@ A request published with header ``x-flowengine-delay`` is a *delayed* job until 
 ends; beanstalkd lets any connection ``delete`` it meanwhile (a reserved job only its holder).
 :func:`record` keeps the job id of every delayed put by the message's ``correlation_id`` (the
 request's attempt id) for the process that put it; :func:`take` hands it over as a *handle*,
-``beanstalk://host:port/job-id``, which names the server, so the engine can store it with the
-atom and the process that resumes the flow after a crash can :func:`delete` the job without
-knowing the broker's settings.
+``beanstalk://host:port/job-id?attempt=ATTEMPT-ID``, which names the server, so the engine can
+store it with the atom and the process that resumes the flow after a crash can :func:`delete`
+the job without knowing the broker's settings. The attempt id guards the delete: a beanstalkd
+restarted without a binlog numbers its jobs from 1 again, so the stored id may name another
+program's job by then; :func:`delete` looks at the job first and leaves it alone unless it
+carries that attempt.
 """
 
 from __future__ import annotations
@@ -31,16 +34,17 @@ _jobs: collections.OrderedDict[str, str] = collections.OrderedDict()
 _lock = threading.Lock()
 
 
-def handle(address: tuple[str, int], job_id: int) -> str:
-    """The handle of job ``job_id`` on the beanstalkd at ``address``."""
+def handle(address: tuple[str, int], job_id: int, attempt: str | None = None) -> str:
+    """The handle of job ``job_id`` (the request ``attempt``) on the beanstalkd at ``address``."""
     host, port = address
-    return f"{SCHEME}://{host}:{port}/{job_id}"
+    query = f"?{urllib.parse.urlencode({'attempt': attempt})}" if attempt else ""
+    return f"{SCHEME}://{host}:{port}/{job_id}{query}"
 
 
 def record(correlation_id: str, address: tuple[str, int], job_id: int) -> None:
     """Remember that the message ``correlation_id`` became delayed job ``job_id``."""
     with _lock:
-        _jobs[correlation_id] = handle(address, job_id)
+        _jobs[correlation_id] = handle(address, job_id, correlation_id)
         while len(_jobs) > REMEMBERED:
             _jobs.popitem(last=False)
 
@@ -62,11 +66,18 @@ def parse(job: str) -> tuple[tuple[str, int], int]:
         raise ValueError(f"Not a beanstalkd job handle: {job!r} ({err})") from None
 
 
+def attempt_of(job: str) -> str | None:
+    """The attempt id a handle names (None for a handle without one)."""
+    values = urllib.parse.parse_qs(urllib.parse.urlsplit(job).query).get("attempt")
+    return values[0] if values else None
+
+
 def delete(job: str) -> bool:
     """Delete the job ``job`` names; True if it was deleted, False if it is gone or held.
 
     A job whose delay ended and that a worker reserved cannot be deleted (beanstalkd answers
-    NOT_FOUND, as for a job already settled): the worker's own checks decide then.
+    NOT_FOUND, as for a job already settled): the worker's own checks decide then. A job that
+    does not carry the handle's attempt id is another job under a reused id: left alone.
     """
     try:
         import greenstalk
@@ -83,7 +94,12 @@ def delete(job: str) -> bool:
         return False
     sock.settimeout(DELETE_TIMEOUT)
     client = greenstalk.Client(sock, encoding=None)
+    attempt = attempt_of(job)
     try:
+        if attempt is not None and attempt.encode() not in client.peek(job_id).body:
+            LOG.warning("Delayed job %d on %s:%d is not attempt %s any more (the server "
+                        "reused its id): left alone", job_id, *address, attempt)
+            return False
         client.delete(job_id)
     except greenstalk.NotFoundError:
         return False
