@@ -456,8 +456,18 @@ class Server(ReplySender):
             LOG.error("Worker %s stopped reading its control queue: %s", self.worker_id, err)
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Block until serving; False on timeout."""
-        return self._proxy.wait(timeout)
+        """Block until serving its topic and its control queue; False on timeout.
+
+        Both: a pause or other control broadcast sent as soon as this returns must find the
+        control queue bound (a fanout exchange drops what no queue is bound to receive).
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if not self._proxy.wait(timeout):
+            return False
+        if self._control_proxy is None:
+            return True
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        return self._control_proxy.wait(left)
 
     def wait_stopped(self, timeout: float | None = None) -> bool:
         """Block until :meth:`start` has returned; False on timeout."""
