@@ -14,13 +14,21 @@ Reported per N: ``all_finished``, ``wall_s``, ``flows_per_s``, ``tasks_per_s``,
 ``peak_library_threads`` (threads other than the flows' own and the main thread), its
 ``peak_rss_mb``; the engine process's CPU time per task (``cpu_ms_per_task``, against
 ``one_engine_cpu_ms_per_task``: ``cpu_ratio_vs_one_engine``, what the flows' own overhead
-costs, steadier than the rates on a machine other work shares); per broker ``lone_flow_ms``
-against ``3 x`` the raw sequential round trip.
+costs, steadier than the rates on a machine other work shares), its context switches per task
+and its full (generation 2) garbage collections and their seconds, for both runs; per broker
+``lone_flow_ms`` against ``3 x`` the raw sequential round trip.
+
+The rates of two runs seconds apart swing by a third on a machine other work shares, so each N
+is measured in ``--pairs`` pairs (default 3) in the same process, alternated (N flows, one
+engine, N flows, one engine, ...): ``pairs`` lists each pair's figures, and the row's rates,
+ratios and CPU figures are the medians over the pairs (``ratio_vs_one_engine`` the median of the
+pairs' ratios); peaks are the highest of any pair, ``all_finished`` holds for every pair.
 ``--redis-flows`` adds counts on Redis only (the 10,000-flow run). Targets (Redis): every flow
 finishes, task rate at least 0.7 of one engine's, at most 16 sockets and 32 library threads
 whatever N, a lone flow within 3x its raw round trips. Prints one JSON document. Example::
 
-    python benchmarks/many_flows.py --brokers redis --flows 100 1000 --redis-flows 10000
+    python benchmarks/many_flows.py --brokers redis --flows 100 1000
+    python benchmarks/many_flows.py --brokers redis --flows 10000 --pairs 1
 """
 
 from __future__ import annotations
@@ -48,7 +56,7 @@ TARGET_THREADS = 32
 TARGET_LONE_X = 3.0
 
 _ENGINE_CHILD = r"""
-import json, os, resource, statistics, sys, threading, time
+import gc, json, os, resource, statistics, sys, threading, time
 cfg = json.loads(sys.argv[1])
 sys.path.insert(0, cfg["tasks_dir"])
 from flowengine import engines, states
@@ -84,6 +92,36 @@ def rss_mb():
     return None
 
 
+GC = {"full": 0, "seconds": 0.0, "started": 0.0}
+
+
+def on_gc(phase, info):
+    # Full collections walk every object of the process: what a thousand live engines cost.
+    if phase == "start":
+        GC["started"] = time.perf_counter()
+    else:
+        GC["seconds"] += time.perf_counter() - GC["started"]
+        GC["full"] += info["generation"] == 2
+
+
+gc.callbacks.append(on_gc)
+
+
+def counters():
+    times, usage = os.times(), resource.getrusage(resource.RUSAGE_SELF)
+    return {"cpu": times.user + times.system, "switches": usage.ru_nvcsw + usage.ru_nivcsw,
+            "full_gc": GC["full"], "gc_s": GC["seconds"], "at": time.perf_counter()}
+
+
+def spent(before, tasks):
+    after = counters()
+    return {"wall_s": after["at"] - before["at"],
+            "cpu_ms_per_task": 1000 * (after["cpu"] - before["cpu"]) / max(tasks, 1),
+            "switches_per_task": (after["switches"] - before["switches"]) / max(tasks, 1),
+            "full_gc": after["full_gc"] - before["full_gc"],
+            "gc_s": round(after["gc_s"] - before["gc_s"], 3)}
+
+
 def three(i):
     return linear_flow.Flow("f%d" % i).add(*[tasks.Noop("t%d" % k) for k in range(3)])
 
@@ -93,14 +131,11 @@ def one_engine(size):
     engine = engines.load(flow, engine="worker-based", **cfg["engine_options"])
     engine.compile()
     engine.prepare()
-    started, cpu = time.perf_counter(), cpu_s()
+    before = counters()
     engine.run()
-    return size / (time.perf_counter() - started), 1000 * (cpu_s() - cpu) / size
-
-
-def cpu_s():
-    times = os.times()
-    return times.user + times.system
+    row = spent(before, size)
+    row["tasks_per_s"] = size / row["wall_s"]
+    return row
 
 
 def many(n):
@@ -134,26 +169,58 @@ def many(n):
                for i in range(n)]
     for runner in runners:
         runner.start()
-    started, cpu = time.perf_counter(), cpu_s()
+    before = counters()
     gate.set()
     deadline = time.monotonic() + cfg["timeout"]
     for runner in runners:
         runner.join(max(deadline - time.monotonic(), 0.01))
-    wall, cpu = time.perf_counter() - started, cpu_s() - cpu
+    done = sum(1 for r in results if r == states.SUCCESS)
+    row = spent(before, 3 * done)
     stop.set()
     watcher.join()
     # A run shorter than the watcher's period may have gone unsampled; the shared client lingers
     # after its last engine leaves, so a sample taken now still sees what the run held.
     sample()
-    done = sum(1 for r in results if r == states.SUCCESS)
-    return {
-        "flows": n, "finished": done, "all_finished": done == n, "wall_s": wall,
-        "flows_per_s": done / wall, "tasks_per_s": 3 * done / wall,
-        "cpu_ms_per_task": 1000 * cpu / max(3 * done, 1),
+    row.update({
+        "flows": n, "finished": done, "all_finished": done == n,
+        "flows_per_s": done / row["wall_s"], "tasks_per_s": 3 * done / row["wall_s"],
         "peak_sockets": peak["sockets"], "peak_library_threads": peak["threads"],
         "peak_rss_mb": round(peak["rss_mb"], 1),
         "failures": sorted({str(r) for r in results if r != states.SUCCESS}),
-    }
+    })
+    return row
+
+
+def median(rows, key):
+    values = [r[key] for r in rows if r.get(key) is not None]
+    return statistics.median(values) if values else None
+
+
+def measure(n):
+    # Alternated in one process, so both sides of every pair see the same machine load.
+    tasks = min(3 * n, cfg["one_engine_cap"])
+    pairs = []
+    for _ in range(cfg["pairs"]):
+        flows, one = many(n), one_engine(tasks)
+        flows["one_engine"] = one
+        flows["ratio_vs_one_engine"] = flows["tasks_per_s"] / one["tasks_per_s"]
+        flows["cpu_ratio_vs_one_engine"] = (  # CPU times tick in 10 ms: a tiny run may read 0
+            one["cpu_ms_per_task"] / flows["cpu_ms_per_task"] if flows["cpu_ms_per_task"]
+            else None)
+        pairs.append(flows)
+    ones = [p["one_engine"] for p in pairs]
+    row = {"flows": n, "pairs": pairs, "one_engine_tasks": tasks,
+           "finished": min(p["finished"] for p in pairs),
+           "all_finished": all(p["all_finished"] for p in pairs),
+           "failures": sorted({f for p in pairs for f in p["failures"]})}
+    for key in ("wall_s", "flows_per_s", "tasks_per_s", "cpu_ms_per_task", "switches_per_task",
+                "full_gc", "gc_s", "ratio_vs_one_engine", "cpu_ratio_vs_one_engine"):
+        row[key] = median(pairs, key)
+    for key in ("tasks_per_s", "cpu_ms_per_task", "switches_per_task", "full_gc", "gc_s"):
+        row["one_engine_" + key] = median(ones, key)
+    for key in ("peak_sockets", "peak_library_threads", "peak_rss_mb"):
+        row[key] = max(p[key] for p in pairs)
+    return row
 
 
 out = {"baseline_rss_mb": rss_mb()}
@@ -167,14 +234,7 @@ for _ in range(cfg["lone"]):
 out["lone_flow_ms"] = 1000 * statistics.median(lone)
 rows = []
 for n in cfg["flows"]:
-    row = many(n)
-    row["one_engine_tasks"] = min(3 * n, cfg["one_engine_cap"])
-    row["one_engine_tasks_per_s"], row["one_engine_cpu_ms_per_task"] = one_engine(
-        row["one_engine_tasks"])
-    row["ratio_vs_one_engine"] = row["tasks_per_s"] / row["one_engine_tasks_per_s"]
-    row["cpu_ratio_vs_one_engine"] = (  # CPU times tick in 10 ms: a tiny run may read 0
-        row["one_engine_cpu_ms_per_task"] / row["cpu_ms_per_task"] if row["cpu_ms_per_task"]
-        else None)
+    row = measure(n)
     rows.append(row)
     print(json.dumps(row), file=sys.stderr, flush=True)
 out["rows"] = rows
@@ -190,11 +250,12 @@ def run_engine_process(broker: ceiling.Broker, exchange: str, tasks_dir: str, fl
                **wbe._broker_options(broker, "flowengine")}
     config = {"tasks_dir": tasks_dir, "engine_options": options, "flows": flows,
               "lone": args.lone, "one_engine_cap": args.one_engine_cap,
-              "timeout": args.run_timeout}
+              "timeout": args.run_timeout, "pairs": args.pairs}
     try:
         proc = subprocess.run([sys.executable, "-c", _ENGINE_CHILD, json.dumps(config)],
                               cwd=tasks_dir, capture_output=True, text=True,
-                              timeout=args.run_timeout * (len(flows) + 1) + 120, check=False)
+                              timeout=args.run_timeout * (len(flows) * args.pairs + 1) + 120,
+                              check=False)
     except subprocess.TimeoutExpired:
         return {"error": "the engine process timed out"}
     if proc.returncode != 0:
@@ -238,10 +299,14 @@ def main() -> None:
     parser.add_argument("--lone", type=int, default=20, help="lone 3-task flows timed")
     parser.add_argument("--one-engine-cap", type=int, default=3000,
                         help="most tasks of the one-engine comparison flow")
+    parser.add_argument("--pairs", type=int, default=3,
+                        help="alternated (N flows, one engine) pairs per N; medians reported")
     parser.add_argument("--run-timeout", type=float, default=600.0,
                         help="seconds each batch of concurrent flows may take")
     parser.add_argument("--ceiling-sequential", type=int, default=200)
     args = parser.parse_args()
+    if args.pairs < 1:
+        parser.error(f"--pairs must be at least 1, got {args.pairs}")
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="flowengine-many-flows-") as tmp:
         Path(tmp, f"{wbe.TASKS_MODULE}.py").write_text(wbe._TASKS.format(lib="flowengine"))

@@ -90,7 +90,8 @@ def test_async_tasks_benchmark_reports_both_runs() -> None:
 
 def test_many_flows_reports_sockets_threads_and_ratios_on_the_filesystem_transport() -> None:
     report = run_benchmark("many_flows.py", "--brokers", "fs", "--flows", "8", "--lone", "2",
-                           "--ceiling-sequential", "5", "--one-engine-cap", "12")
+                           "--ceiling-sequential", "5", "--one-engine-cap", "12",
+                           "--pairs", "2")
     assert report["benchmark"] == "many_flows"
     result = report["results"]["fs"]
     assert "error" not in result, result
@@ -99,6 +100,9 @@ def test_many_flows_reports_sockets_threads_and_ratios_on_the_filesystem_transpo
     assert row["one_engine_tasks"] == 12 and row["ratio_vs_one_engine"] > 0
     assert row["cpu_ms_per_task"] >= 0 and row["one_engine_cpu_ms_per_task"] >= 0
     assert "cpu_ratio_vs_one_engine" in row
+    # Alternated pairs in one process; the row gives their medians.
+    assert len(row["pairs"]) == 2 and row["full_gc"] >= 0 and row["switches_per_task"] >= 0
+    assert row["one_engine_switches_per_task"] >= 0
     if LINUX:
         assert 0 <= row["peak_sockets"] and 1 <= row["peak_library_threads"]
         assert row["peak_rss_mb"] > 0
