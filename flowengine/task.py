@@ -42,6 +42,10 @@ class Task(atom.Atom):
     TASK_EVENTS: tuple[str, ...] = (EVENT_UPDATE_PROGRESS,)
     #: Seconds an attempt may run before it fails with a time-limit failure (None: unbounded).
     time_limit: float | None = None
+    #: Seconds each execution waits after the task is ready before it starts (flowengine
+    #: addition; 0: none). Local engines keep the task PENDING meanwhile; a worker-based engine
+    #: sends its request at once as a delayed dispatch. See doc/priorities.rst.
+    start_delay: float = 0.0
 
     def __init__(
         self,

@@ -30,6 +30,13 @@ EXPECTED_LINES: dict[str, list[str]] = {
         "resumed here: SUCCESS, 5 steps done",
     ],
     "wbe_autoscale.py": ["task threads at start: 1", "flow SUCCESS"],
+    "start_delay.py": [
+        "place_order runs",
+        "notify_customer waits 1.5s before it starts (task delay)",
+        "notify_customer runs for order-17",
+        "notify_customer waited its 1.5s: True",
+        "flow SUCCESS",
+    ],
     "wbe_priorities.py": ["sent weekly (priority 1)", "served in order: outage, daily, weekly"],
     "wbe_delayed_retry.py": [
         "again waits 2.0s before attempt 2",

@@ -248,8 +248,10 @@ def _retry_due(state: str | None, due: Any) -> str | None:
 
 
 def _task_due(state: str | None, due: Any) -> str | None:
-    """When the delayed request of a RUNNING task may be taken by a worker, if still ahead."""
-    if state != states.RUNNING or not _is_time(due) or due <= time.time():
+    """When a task waiting out a delay starts, if still ahead: a PENDING task's own
+    ``start_delay`` on a local engine, or the delayed request of a RUNNING task."""
+    if (state not in (states.RUNNING, states.PENDING) or not _is_time(due)
+            or due <= time.time()):
         return None
     return fmt.timestamp(float(due))
 

@@ -169,7 +169,9 @@ class RunWatcher:
             if wait.due is None:  # over: the controller's next state tells the rest
                 status.note = ""
                 return
-            status.note = (f"waits {fmt.duration(wait.seconds)} for attempt {wait.attempt} "
+            what = (f"for attempt {wait.attempt}" if wait.kind == "retry"
+                    else "before it starts")
+            status.note = (f"waits {fmt.duration(wait.seconds)} {what} "
                            f"(until {fmt.timestamp(wait.due)})")
             changed = dataclasses.replace(status)
         self._tell(changed, DELAYED)

@@ -65,7 +65,7 @@ def unfit_for_json(atom_name: str, what: str, value: Any) -> Failure | None:
     return None
 
 
-def _meta(storage: Storage, atom_name: str) -> dict[str, Any]:
+def atom_meta(storage: Storage, atom_name: str) -> dict[str, Any]:
     """The named atom's stored metadata (read only)."""
     detail = storage.flow_detail.find(storage.get_atom_uuid(atom_name))
     return detail.meta if detail is not None else {}
@@ -169,7 +169,7 @@ class TaskAction:
         """
         meta = self._attempt_meta(task)
         if delayable and (delayed_until is not None
-                          or _meta(self._storage, task.name).get(META_DELAYED_UNTIL)):
+                          or atom_meta(self._storage, task.name).get(META_DELAYED_UNTIL)):
             # Written with the state, so RUNNING never shows without its delay (or with an
             # earlier run's).
             meta = {**(meta or {}), META_DELAYED_UNTIL: delayed_until, META_DELAYED_JOB: None}
@@ -209,7 +209,7 @@ class TaskAction:
                 self._storage.check_result_shape(task.name, result)
             except Exception:
                 returned, result = [result], Failure()
-        if returned is not None or _meta(self._storage, task.name).get(META_RETURNED):
+        if returned is not None or atom_meta(self._storage, task.name).get(META_RETURNED):
             self._storage.update_atom_metadata(task.name, {META_RETURNED: returned})
         if isinstance(result, Failure):
             self.change_state(task, states.FAILURE, result=result)
@@ -228,7 +228,7 @@ class TaskAction:
         """Mark REVERTING and submit the task's revert."""
         self.change_state(task, states.REVERTING, progress=0.0, meta=self._attempt_meta(task))
         result = self._storage.get(task.name)
-        returned = _meta(self._storage, task.name).get(META_RETURNED)
+        returned = atom_meta(self._storage, task.name).get(META_RETURNED)
         if returned and isinstance(result, Failure):
             result = returned[0]
         if task.name in self._kept and isinstance(result, Failure):
@@ -269,7 +269,7 @@ class RetryAction:
 
     def due(self, retry: Retry) -> float | None:
         """When the stored wait before the retry's next attempt ends (epoch seconds), or None."""
-        due = _meta(self._storage, retry.name).get(META_RETRY_DUE)
+        due = atom_meta(self._storage, retry.name).get(META_RETRY_DUE)
         return float(due) if due is not None else None
 
     def _attempt(self, retry: Retry, decided: bool = False) -> int:

@@ -22,20 +22,23 @@ LOG = logging.getLogger(__name__)
 
 @dataclasses.dataclass(frozen=True)
 class RetryWait:
-    """One wait of a retry controller before an attempt.
+    """One wait of a retry controller before an attempt, or of a task before it starts.
 
     Attributes:
-        retry_name: the controller's name.
-        attempt: the attempt the wait comes before (2 for the first retry).
+        retry_name: the controller's name (the task's, for a task's ``start_delay``).
+        attempt: the attempt the wait comes before (2 for the first retry; for a task, the
+            attempt of its innermost retry controller, 1 without one).
         due: when the wait ends, in seconds since the epoch (the stored due time); None once
             it has ended.
         seconds: what is left of the wait when it (re)started; 0 once it has ended.
+        kind: ``"retry"`` (a controller's ``delay``) or ``"task"`` (a task's ``start_delay``).
     """
 
     retry_name: str
     attempt: int
     due: float | None
     seconds: float
+    kind: str = "retry"
 
 
 #: Called with a wait that started (``due`` set) or ended (``due`` None).

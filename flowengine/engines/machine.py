@@ -200,7 +200,10 @@ class RunLoop:
             self._cancel_pending()
         # A suspension asked for while this batch went out (say, from a RUNNING notification)
         # lets the batch run: its atoms were announced as started. Only what waits behind a
-        # blocked loop is cancelled early.
+        # blocked loop is cancelled early, and waits on the engine's timer (a retry's delay, a
+        # task's start delay), which started nothing: the loop would block until they end.
+        if self._wake_requested and self._flow_state() == st.SUSPENDING:
+            self._runtime.start_delays.cancel_waits(self._runtime.timer.cancel_all)
         self._wake_requested = False
         self._stats["incomplete"] = len(self._in_flight)
         return WAIT

@@ -26,6 +26,7 @@ from flowengine.engines.compiler import FLOW, FLOW_END, TASK, Compilation
 from flowengine.engines.delays import RetryWaits
 from flowengine.engines.frontier import Frontier
 from flowengine.engines.options import EngineOptions
+from flowengine.engines.start_delays import StartDelays, start_delay
 from flowengine.storage import Storage
 from flowengine.types.failure import Failure
 from flowengine.types.notifier import Notifier
@@ -76,6 +77,7 @@ class Runtime:
         self.retry_action = RetryAction(storage, atom_notifier, hook,
                                         clock=clock or time.time, waits=waits)
         self.timer = waits.timer
+        self.start_delays = StartDelays(storage, waits, clock or time.time, compilation)
         # Remote executors that take a delay hold a retry's wait in the broker, not here.
         self._dispatch_delays = bool(getattr(task_executor, "delays_dispatch", False))
         #: Task name -> the retries whose wait its delayed request carries (ended with it).
@@ -200,6 +202,7 @@ class Runtime:
         # A run announces again the retry waits its delayed requests carry (see _delay_of).
         self._announced.clear()
         self._carrying.clear()
+        self.start_delays.forget()
         if not self.options.never_resolve:
             for atom in self.compilation.iter_atoms():
                 if (storage.get_atom_state(atom.name) == states.FAILURE
@@ -345,13 +348,24 @@ class Runtime:
             return self._schedule_retry(atom, intention)
         if intention == states.REVERT:
             return self.task_action.schedule_reversion(atom, self._args(atom, revert=True))
-        retries = self._dispatch_delays and self.compilation.retries_around(atom)
-        if not retries:
+        own_delay = start_delay(atom) > 0
+        if not self._dispatch_delays:
+            left = self.start_delays.local_wait(atom) if own_delay else 0.0
+            if left > 0:  # the task stays PENDING meanwhile (complete() offers it again)
+                return self.timer.after(left, (DELAY_ELAPSED, None))
+            return self.task_action.schedule_execution(atom, self._args(atom, revert=False),
+                                                       delayable=own_delay)
+        retries = self.compilation.retries_around(atom)
+        if not retries and not own_delay:
             return self.task_action.schedule_execution(atom, self._args(atom, revert=False))
-        due, delay = self._delay_of(atom, retries)
-        return self.task_action.schedule_execution(atom, self._args(atom, revert=False),
-                                                   delayed_until=due, delay=delay,
-                                                   delayable=True)
+        due, delay = self._delay_of(atom, retries) if retries else (None, 0.0)
+        due, delay = self.start_delays.carried(atom, due, delay)
+        future = self.task_action.schedule_execution(atom, self._args(atom, revert=False),
+                                                     delayed_until=due, delay=delay,
+                                                     delayable=True)
+        if delay > 0:
+            self.start_delays.delayed.add(future)  # taken back at once by a suspension
+        return future
 
     def _delay_of(self, task: Any, retries: list[retry_mod.Retry]) -> tuple[float | None, float]:
         """When the retry waits ``task``'s request must carry end, and the seconds left.
@@ -426,11 +440,18 @@ class Runtime:
 
     def complete(self, atom: Any, outcome: str, result: Any) -> Failure | None:
         """Apply an outcome; return a failure that must stop the engine, else None."""
+        if outcome == DELAY_ELAPSED and not isinstance(atom, retry_mod.Retry):
+            # A task's start delay is over (local engines): offer it to be started.
+            self.start_delays.elapsed(atom)
+            assert self.frontier is not None
+            self.frontier.candidates.add(atom)
+            return None
         if outcome == DELAY_ELAPSED:
             self.retry_action.end_wait(atom)
             outcome, result = self.retry_action.execute(atom, self._args(atom, revert=False))
         for retry in self._carrying.pop(getattr(atom, "name", ""), ()):
             self._end_carried_wait(retry)  # its delayed request has been taken and ran
+        self.start_delays.ended(atom)  # a worker-based request that carried its start delay
         action = self._action(atom)
         try:
             if outcome == ex.EXECUTED:

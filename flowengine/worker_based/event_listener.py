@@ -231,11 +231,12 @@ class EventListener(base.Listener):
         self._sink.emit(event_type, **fields)
 
     def _on_wait(self, wait: RetryWait) -> None:
-        """A retry's wait started or resumed (``task-delayed``), or ended (``task-delay-ended``)."""
+        """A retry's wait or a task's start delay started or resumed (``task-delayed``), or
+        ended (``task-delay-ended``)."""
         storage = self._engine.storage
         fields: dict[str, Any] = {
             "flow_uuid": storage.flow_uuid, "atom_uuid": storage.get_atom_uuid(wait.retry_name),
-            "task_name": wait.retry_name, "kind": "retry", "attempt": wait.attempt}
+            "task_name": wait.retry_name, "kind": wait.kind, "attempt": wait.attempt}
         if wait.due is None:
             self._sink.emit("task-delay-ended", **fields)
         else:
