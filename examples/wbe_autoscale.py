@@ -10,8 +10,9 @@ Run: python examples/wbe_autoscale.py
 
 from __future__ import annotations
 
-import threading
 import time
+
+from worker_processes import serving
 
 from flowengine import engines, task
 from flowengine.flows import unordered_flow
@@ -33,11 +34,7 @@ class Nap(task.Task):
 def main() -> None:
     worker = Worker(exchange=EXCHANGE, topic=TOPIC, tasks=[Nap], autoscale=(4, 1),
                     transport=TRANSPORT)
-    thread = threading.Thread(target=worker.run, kwargs={"display_banner": False}, daemon=True)
-    thread.start()
-    try:
-        if not worker.wait(timeout=10):
-            raise RuntimeError("the worker did not start consuming within 10s")
+    with serving(worker):
         print(f"task threads at start: {worker.threads}")
         flow = unordered_flow.Flow("naps").add(*(Nap(f"nap{n}") for n in range(4)))
         engine = engines.load(flow, engine="worker-based", exchange=EXCHANGE, topics=[TOPIC],
@@ -46,9 +43,6 @@ def main() -> None:
         grown = worker.threads
         print(f"flow {engine.storage.get_flow_state()}")
         print(f"task threads after the backlog: {grown} (the pool grew: {(grown or 0) > 1})")
-    finally:
-        worker.stop(grace=5)
-        thread.join(timeout=10)
 
 
 if __name__ == "__main__":

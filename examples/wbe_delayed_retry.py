@@ -17,7 +17,7 @@ from __future__ import annotations
 import queue
 import threading
 
-from worker_processes import wait_until
+from worker_processes import serving, wait_until
 
 from flowengine import engines, retry, task
 from flowengine.engines import RetryWait
@@ -51,11 +51,7 @@ def held_here() -> int:
 def main() -> None:
     worker = Worker(exchange=EXCHANGE, topic=TOPIC, tasks=[Charge], threads_count=1,
                     transport=TRANSPORT)
-    thread = threading.Thread(target=worker.run, kwargs={"display_banner": False}, daemon=True)
-    thread.start()
-    try:
-        if not worker.wait(timeout=10):
-            raise RuntimeError("the worker did not start consuming within 10s")
+    with serving(worker):
         flow = linear_flow.Flow("pay", retry=retry.Times(3, name="again", provides="attempt",
                                                           delay=DELAY))
         flow.add(Charge("charge"))
@@ -76,9 +72,6 @@ def main() -> None:
         print(f"queued for workers: {stats.ready}, held by this process: {held_here()}")
         run.join(timeout=30)
         print(f"flow {storage.get_flow_state()}: {storage.get('charge')}")
-    finally:
-        worker.stop(grace=5)
-        thread.join(timeout=10)
 
 
 if __name__ == "__main__":

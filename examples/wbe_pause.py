@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 
 import wbe_tasks
-from worker_processes import wait_until
+from worker_processes import serving, wait_until
 
 from flowengine import engines
 from flowengine.flows import linear_flow
@@ -28,11 +28,7 @@ TRANSPORT = "memory"
 def main() -> None:
     worker = Worker(exchange=EXCHANGE, topic=TOPIC, threads_count=2, transport=TRANSPORT,
                     tasks=[wbe_tasks.ReserveStock, wbe_tasks.ChargeCard, wbe_tasks.ShipOrder])
-    thread = threading.Thread(target=worker.run, kwargs={"display_banner": False}, daemon=True)
-    thread.start()
-    try:
-        if not worker.wait(timeout=10):
-            raise RuntimeError("the worker did not start consuming within 10s")
+    with serving(worker):
         send_pause(TOPIC, EXCHANGE, transport=TRANSPORT)
         wait_until(lambda: worker.paused, "the pause")
         print(f"topic {TOPIC} paused: {worker.paused}")
@@ -49,9 +45,6 @@ def main() -> None:
         running.join(timeout=30)
         print(f"after resume: flow {engine.storage.get_flow_state()}, "
               f"reservation {engine.storage.fetch('reservation')}")
-    finally:
-        worker.stop(grace=5)
-        thread.join(timeout=10)
 
 
 if __name__ == "__main__":

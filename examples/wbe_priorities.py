@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 
-from worker_processes import wait_until
+from worker_processes import serving, wait_until
 
 from flowengine import engines, task
 from flowengine.flows import linear_flow
@@ -42,12 +42,8 @@ def queued() -> int:
 def main() -> None:
     worker = Worker(exchange=EXCHANGE, topic=TOPIC, tasks=[Report], threads_count=1,
                     transport=TRANSPORT)
-    thread = threading.Thread(target=worker.run, kwargs={"display_banner": False}, daemon=True)
-    thread.start()
     runs: list[threading.Thread] = []
-    try:
-        if not worker.wait(timeout=10):
-            raise RuntimeError("the worker did not start consuming within 10s")
+    with serving(worker):
         send_pause(TOPIC, EXCHANGE, transport=TRANSPORT)
         wait_until(lambda: worker.paused, "the pause")
         for name, priority in (("weekly", 1), ("outage", 9), ("daily", 5)):
@@ -66,9 +62,6 @@ def main() -> None:
         for run in runs:
             run.join(timeout=30)
         print(f"served in order: {', '.join(SERVED)}")
-    finally:
-        worker.stop(grace=5)
-        thread.join(timeout=10)
 
 
 if __name__ == "__main__":

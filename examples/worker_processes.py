@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -20,6 +21,7 @@ from pathlib import Path
 
 from flowengine.worker_based import client as broker_clients
 from flowengine.worker_based.executor import WorkerTaskExecutor
+from flowengine.worker_based.worker import Worker
 
 EXAMPLES = Path(__file__).resolve().parent
 TRANSPORT = "flowengine-fs"
@@ -69,6 +71,24 @@ def wait_until(condition: Callable[[], bool], what: str, timeout: float = 10.0) 
         if time.monotonic() > deadline:
             raise RuntimeError(f"{what} did not happen within {timeout}s")
         time.sleep(0.01)
+
+
+@contextmanager
+def serving(worker: Worker, start_timeout: float = 10.0) -> Iterator[Worker]:
+    """Run ``worker`` on a thread of this process while inside; stop it on the way out.
+
+    The examples that need no separate processes serve their tasks this way (``wbe_linear.py``
+    spells the same steps out).
+    """
+    thread = threading.Thread(target=worker.run, kwargs={"display_banner": False}, daemon=True)
+    thread.start()
+    try:
+        if not worker.wait(timeout=start_timeout):
+            raise RuntimeError(f"the worker did not start consuming within {start_timeout:g}s")
+        yield worker
+    finally:
+        worker.stop(grace=5)
+        thread.join(timeout=10)
 
 
 def wait_until_known(

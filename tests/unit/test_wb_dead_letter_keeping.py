@@ -212,17 +212,29 @@ def test_letters_parked_before_expiries_expire_from_their_parking_time(exchange:
         parker.close()
 
 
-def test_the_masking_filter_masks_what_is_logged_while_a_request_runs() -> None:
+class _Keep(logging.Handler):
+    """Keeps the formatted records it is given."""
+
+    def __init__(self, records: list[str]) -> None:
+        super().__init__()
+        self.records = records
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(self.format(record))
+
+
+def _recording_logger() -> tuple[logging.Logger, logging.Handler, list[str]]:
+    """A fresh logger of its own (not propagating), the handler keeping its records, and them."""
     records: list[str] = []
-
-    class Keep(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            records.append(self.format(record))
-
     logger = logging.getLogger(f"keeping-{uuid.uuid4().hex[:6]}")
     logger.propagate = False
-    handler = Keep()
+    handler = _Keep(records)
     logger.addHandler(handler)
+    return logger, handler, records
+
+
+def test_the_masking_filter_masks_what_is_logged_while_a_request_runs() -> None:
+    logger, handler, records = _recording_logger()
     sa.install_filter(logger)
     sa.install_filter(logger)  # once is enough
     assert len(handler.filters) == 1
@@ -244,15 +256,7 @@ def test_awaited_calls_mask_their_own_secrets_only() -> None:
     # Async tasks share the worker's loop thread: each call's masking lives in its own context.
     import asyncio
 
-    records: list[str] = []
-
-    class Keep(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            records.append(self.format(record))
-
-    logger = logging.getLogger(f"keeping-async-{uuid.uuid4().hex[:6]}")
-    logger.propagate = False
-    logger.addHandler(Keep())
+    logger, _handler, records = _recording_logger()
     sa.install_filter(logger)
 
     async def call(own: str, other: str, ready: asyncio.Event, go: asyncio.Event) -> None:
