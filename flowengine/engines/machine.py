@@ -203,7 +203,8 @@ class RunLoop:
         # blocked loop is cancelled early, and waits on the engine's timer (a retry's delay, a
         # task's start delay), which started nothing: the loop would block until they end.
         if self._wake_requested and self._flow_state() == st.SUSPENDING:
-            self._runtime.start_delays.cancel_waits(self._runtime.timer.cancel_all)
+            self._runtime.timer.cancel_all()
+            self._runtime.start_delays.take_back_delayed()
         self._wake_requested = False
         self._stats["incomplete"] = len(self._in_flight)
         return WAIT

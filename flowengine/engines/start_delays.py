@@ -111,12 +111,11 @@ class StartDelays:
         self._elapsed.clear()
         self._announced.clear()
 
-    def cancel_waits(self, timer_cancel_all: Callable[[], None]) -> None:
-        """A suspension: end every wait that started nothing (the engine timer's, and requests
-        still waiting out a delay), so the engine does not block until they are over."""
-        timer_cancel_all()
+    def take_back_delayed(self) -> None:
+        """A suspension: cancel the requests still waiting out a delay (a request a worker
+        already took is not cancelled: it runs), so the engine does not wait for them."""
         for future in list(self.delayed):
-            future.cancel()  # a request a worker already took is not cancelled (it runs)
+            future.cancel()
 
     def _attempt_of(self, task: Any) -> int:
         """The attempt of ``task``'s innermost retry controller (1 without one)."""
