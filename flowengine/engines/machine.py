@@ -2,7 +2,8 @@
 
 RESUMING -> SCHEDULING -> WAITING -> ANALYZING -> (SCHEDULING | WAITING | GAME_OVER), and from
 GAME_OVER to one of SUCCESS, REVERTED, FAILURE or SUSPENDED. Each state has a handler that does
-its work and returns the next event.
+its work and returns the next event. A run looks its transitions up in a table read off the
+frozen machine, as requests and attempts do, rather than driving a copy of it.
 """
 
 from __future__ import annotations
@@ -11,9 +12,10 @@ import concurrent.futures as cf
 import logging
 import queue
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
+from automaton import exceptions as machine_errors
 from automaton import machines
 
 from flowengine import states as st
@@ -72,8 +74,24 @@ def _build() -> machines.FiniteMachine:
     return m
 
 
-#: The loop's shape, shared by every run (each run works on a copy).
+#: The loop's shape, shared by every run.
 MACHINE = _build()
+#: ``(state, event) -> next state``, read off MACHINE. Copying the automaton machine and
+#: processing events through it cost as much as the rest of a short flow's loop bookkeeping,
+#: paid by every engine of a service running a flow per request.
+_NEXT: dict[tuple[str, str], str] = {(start, event): end for start, event, end in MACHINE}
+#: States the loop ends in (no transition leaves them).
+_TERMINAL = frozenset(MACHINE.states) - {start for start, _event, _end in MACHINE}
+
+
+def _next_state(state: str, event: str) -> str:
+    try:
+        return _NEXT[(state, event)]
+    except KeyError:
+        # A handler returned an event its state does not take: a bug in this module.
+        raise machine_errors.NotFound(
+            f"The run loop has no transition from state {state!r} on event {event!r}"
+        ) from None
 
 
 def _succeeded(future: cf.Future) -> bool:
@@ -119,32 +137,23 @@ class RunLoop:
         statistics["seconds_per_state"] = {s.lower(): 0.0 for s in TIMED_STATES}
         for key in ("discarded_failures", "awaiting", "completed", "incomplete"):
             statistics[key] = 0
-        self._handlers = {
-            st.RESUMING: self._resume,
-            st.SCHEDULING: self._schedule,
-            st.WAITING: self._wait,
-            st.ANALYZING: self._analyze,
-            st.GAME_OVER: self._game_over,
-        }
 
     def run_iter(self) -> Iterator[str]:
         """Yield every state the loop enters, ending with a terminal one."""
-        machine = MACHINE.copy()
-        machine.initialize()
+        state: str = MACHINE.default_start_state  # type: ignore[assignment]
         event = START
         seconds = self._stats["seconds_per_state"]
         while True:
-            machine.process_event(event)
-            state: str = machine.current_state  # type: ignore[assignment]
+            state = _next_state(state, event)
             yield state
             # A suspension run_iter's caller asked for on this state (the engine's own thread)
             # lets the atoms already announced as running finish, as TaskFlow's does; only
             # one from elsewhere, while the loop waits, cancels those still queued.
             self._wake_requested = False
-            if machine.terminated:
+            if state in _TERMINAL:
                 return
             started = time.monotonic()
-            event = self._handlers[state]()
+            event = _HANDLERS[state](self)
             if state.lower() in seconds:
                 seconds[state.lower()] += time.monotonic() - started
 
@@ -298,3 +307,14 @@ class RunLoop:
         if self._runtime.is_success():
             return SUCCESS
         return REVERTED
+
+
+#: What each non-terminal state does; kept with the class rather than as bound methods on
+#: every loop, which would tie each loop into a reference cycle only a collection frees.
+_HANDLERS: dict[str, Callable[[RunLoop], str]] = {
+    st.RESUMING: RunLoop._resume,
+    st.SCHEDULING: RunLoop._schedule,
+    st.WAITING: RunLoop._wait,
+    st.ANALYZING: RunLoop._analyze,
+    st.GAME_OVER: RunLoop._game_over,
+}

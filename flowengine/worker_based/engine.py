@@ -15,7 +15,7 @@ from flowengine.engines import executor as local
 from flowengine.engines.actions import META_ATTEMPT_IDS, META_DELAYED_JOB
 from flowengine.engines.engine import ActionEngine
 from flowengine.secrets import Secret
-from flowengine.types.notifier import register_deregister
+from flowengine.types.notifier import Notifier, register_deregister
 from flowengine.worker_based import extensions as ext
 from flowengine.worker_based import protocol as pr
 from flowengine.worker_based import remote_control as rc
@@ -33,7 +33,8 @@ _MAX_ATTEMPT_IDS = 20
 #: Atom states a run that ended (or suspended) never leaves an atom in: its process died.
 _IN_FLIGHT_STATES = (states.RUNNING, states.REVERTING)
 #: Task states after which where the task ran is recorded in its metadata.
-_PLACED_STATES = (states.SUCCESS, states.FAILURE, states.REVERTED, states.REVERT_FAILURE)
+_PLACED_STATES = frozenset(
+    (states.SUCCESS, states.FAILURE, states.REVERTED, states.REVERT_FAILURE))
 #: Atom metadata key of every attempt's ``{"attempt", "action", "worker", "outcome"}``.
 _META_ATTEMPT_LOG = "attempt_log"
 #: Most attempts kept in it per atom (a retried subflow runs its atoms again and again).
@@ -171,7 +172,7 @@ class WorkerBasedActionEngine(ActionEngine):
         """Store every attempt of a remote task: number, action, worker and outcome
         (``flowengine show`` lists them); ``worker`` and ``attempts`` keep the last execute's."""
         name, uuid = details.get("task_name"), details.get("task_uuid")
-        if not name or not uuid:
+        if state not in _PLACED_STATES or not name or not uuid:
             return
         tried = self.atom_placement.settle(uuid, state)
         if not tried:
@@ -191,9 +192,10 @@ class WorkerBasedActionEngine(ActionEngine):
     @contextlib.contextmanager
     def _event_listeners(self) -> Iterator[None]:
         with contextlib.ExitStack() as stack:
-            for state in _PLACED_STATES:
-                stack.enter_context(
-                    register_deregister(self.atom_notifier, state, self._record_placement))
+            # One registration for every atom state, filtered in _record_placement: an engine
+            # per flow registers it per run, and each registration costs more than the filter.
+            stack.enter_context(
+                register_deregister(self.atom_notifier, Notifier.ANY, self._record_placement))
             if self._publisher is not ext.NO_EVENTS:
                 stack.enter_context(EventListener(self, self._publisher, task_events=False))
             if self._metrics is not ext.NO_EVENTS:
