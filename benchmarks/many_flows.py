@@ -14,7 +14,9 @@ Reported per N: ``all_finished``, ``wall_s``, ``flows_per_s``, ``tasks_per_s``,
 ``peak_library_threads`` (threads other than the flows' own and the main thread), its
 ``peak_rss_mb``; the engine process's CPU time per task (``cpu_ms_per_task``, against
 ``one_engine_cpu_ms_per_task``: ``cpu_ratio_vs_one_engine``, what the flows' own overhead
-costs, steadier than the rates on a machine other work shares), its context switches per task
+costs, steadier than the rates on a machine other work shares), the worker processes' CPU time
+per task (``workers_cpu_ms_per_task`` and ``one_engine_workers_cpu_ms_per_task``, Linux: the
+workers share the cores, so their cost bounds both rates), its context switches per task
 and its full (generation 2) garbage collections and their seconds, for both runs; per broker
 ``lone_flow_ms`` against ``3 x`` the raw sequential round trip.
 
@@ -107,16 +109,34 @@ def on_gc(phase, info):
 gc.callbacks.append(on_gc)
 
 
+def workers_cpu():
+    # The workers' CPU seconds (Linux /proc): they share the machine's cores with this process.
+    total = 0.0
+    for pid in cfg["worker_pids"]:
+        try:
+            with open("/proc/%d/stat" % pid) as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:
+            return None
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
 def counters():
     times, usage = os.times(), resource.getrusage(resource.RUSAGE_SELF)
     return {"cpu": times.user + times.system, "switches": usage.ru_nvcsw + usage.ru_nivcsw,
-            "full_gc": GC["full"], "gc_s": GC["seconds"], "at": time.perf_counter()}
+            "full_gc": GC["full"], "gc_s": GC["seconds"], "at": time.perf_counter(),
+            "workers_cpu": workers_cpu()}
 
 
 def spent(before, tasks):
     after = counters()
+    workers = None
+    if before["workers_cpu"] is not None and after["workers_cpu"] is not None:
+        workers = 1000 * (after["workers_cpu"] - before["workers_cpu"]) / max(tasks, 1)
     return {"wall_s": after["at"] - before["at"],
             "cpu_ms_per_task": 1000 * (after["cpu"] - before["cpu"]) / max(tasks, 1),
+            "workers_cpu_ms_per_task": workers,
             "switches_per_task": (after["switches"] - before["switches"]) / max(tasks, 1),
             "full_gc": after["full_gc"] - before["full_gc"],
             "gc_s": round(after["gc_s"] - before["gc_s"], 3)}
@@ -214,9 +234,11 @@ def measure(n):
            "all_finished": all(p["all_finished"] for p in pairs),
            "failures": sorted({f for p in pairs for f in p["failures"]})}
     for key in ("wall_s", "flows_per_s", "tasks_per_s", "cpu_ms_per_task", "switches_per_task",
-                "full_gc", "gc_s", "ratio_vs_one_engine", "cpu_ratio_vs_one_engine"):
+                "full_gc", "gc_s", "ratio_vs_one_engine", "cpu_ratio_vs_one_engine",
+                "workers_cpu_ms_per_task"):
         row[key] = median(pairs, key)
-    for key in ("tasks_per_s", "cpu_ms_per_task", "switches_per_task", "full_gc", "gc_s"):
+    for key in ("tasks_per_s", "cpu_ms_per_task", "switches_per_task", "full_gc", "gc_s",
+                "workers_cpu_ms_per_task"):
         row["one_engine_" + key] = median(ones, key)
     for key in ("peak_sockets", "peak_library_threads", "peak_rss_mb"):
         row[key] = max(p[key] for p in pairs)
@@ -243,14 +265,14 @@ print(json.dumps(out))
 
 
 def run_engine_process(broker: ceiling.Broker, exchange: str, tasks_dir: str, flows: list[int],
-                       args: argparse.Namespace) -> dict[str, Any]:
+                       args: argparse.Namespace, worker_pids: list[int]) -> dict[str, Any]:
     """Run the many-flows workloads in one engine process; its measurements, or an error."""
     options = {"exchange": exchange, "topics": [wbe.TOPIC],
                "transition_timeout": TRANSITION_TIMEOUT,
                **wbe._broker_options(broker, "flowengine")}
     config = {"tasks_dir": tasks_dir, "engine_options": options, "flows": flows,
               "lone": args.lone, "one_engine_cap": args.one_engine_cap,
-              "timeout": args.run_timeout, "pairs": args.pairs}
+              "timeout": args.run_timeout, "pairs": args.pairs, "worker_pids": worker_pids}
     try:
         proc = subprocess.run([sys.executable, "-c", _ENGINE_CHILD, json.dumps(config)],
                               cwd=tasks_dir, capture_output=True, text=True,
@@ -318,8 +340,8 @@ def main() -> None:
             leftovers: list[str] = []
             try:
                 with wbe.flowengine_workers(broker, exchange, args.workers, args.threads,
-                                            tmp) as (leftovers, _pids):
-                    result = run_engine_process(broker, exchange, tmp, flows, args)
+                                            tmp) as (leftovers, pids):
+                    result = run_engine_process(broker, exchange, tmp, flows, args, pids)
             except Exception as err:  # an unreachable broker is a result, not a crash
                 result = {"error": f"{type(err).__name__}: {err}"}
             finally:

@@ -106,6 +106,9 @@ def test_many_flows_reports_sockets_threads_and_ratios_on_the_filesystem_transpo
     if LINUX:
         assert 0 <= row["peak_sockets"] and 1 <= row["peak_library_threads"]
         assert row["peak_rss_mb"] > 0
+        # The workers share the cores: their CPU per task is reported for both runs.
+        assert row["workers_cpu_ms_per_task"] >= 0
+        assert row["one_engine_workers_cpu_ms_per_task"] >= 0
     assert result["lone_flow_ms"] > 0 and result["lone_flow_vs_3_round_trips"] > 0
 
 
