@@ -76,9 +76,9 @@ def _build() -> machines.FiniteMachine:
 
 #: The loop's shape, shared by every run.
 MACHINE = _build()
-#: ``(state, event) -> next state``, read off MACHINE. Copying the automaton machine and
-#: processing events through it cost as much as the rest of a short flow's loop bookkeeping,
-#: paid by every engine of a service running a flow per request.
+#: ``(state, event) -> next state``, read off MACHINE. Copying the automaton machine for every
+#: run and processing each event through it cost far more than these lookups, and a service
+#: running a flow per request pays it for every engine.
 _NEXT: dict[tuple[str, str], str] = {(start, event): end for start, event, end in MACHINE}
 #: States the loop ends in (no transition leaves them).
 _TERMINAL = frozenset(MACHINE.states) - {start for start, _event, _end in MACHINE}
