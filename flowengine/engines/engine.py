@@ -13,7 +13,7 @@ from typing import Any
 from flowengine import exceptions as exc
 from flowengine import states, tracing
 from flowengine.engines import executor as ex
-from flowengine.engines import gc_pause
+from flowengine.engines import setup_slots
 from flowengine.engines import suspend_requests as sr
 from flowengine.engines.compiler import Compilation, PatternCompiler
 from flowengine.engines.delays import RetryWaits
@@ -123,11 +123,12 @@ class ActionEngine:
 
     def compile(self) -> None:
         """Compile the flow into its execution graph (once)."""
-        with self._lock:
+        if self._compilation is not None:  # set once, never undone: no lock, no set-up slot
+            return
+        with self._lock, self._admitted():
             if self._compilation is not None:
                 return
-            with gc_pause.paused():
-                compilation = PatternCompiler(self._flow).compile()
+            compilation = PatternCompiler(self._flow).compile()
             executor = self._task_executor()
             if not executor.runs_coroutines:
                 self._refuse_coroutines(compilation)
@@ -157,18 +158,18 @@ class ActionEngine:
 
     def prepare(self) -> None:
         """Make sure every atom has a stored record; reset a flow that ended REVERTED."""
-        self.compile()
-        with self._lock:
+        # The engine's lock before a set-up slot, here as in run(): one order, no deadlock.
+        with self._lock, self._admitted():
+            self.compile()
             if not self._storage_ensured:
                 self._change_state(states.RESUMING)
                 storage = self.storage
                 atoms = self.compilation.declared
-                with gc_pause.paused():
-                    storage.ensure_atoms(atoms)
-                    for atom in atoms:
-                        if atom.inject:
-                            storage.inject_atom_args(atom.name, atom.inject,
-                                                     transient=self._options.inject_transient)
+                storage.ensure_atoms(atoms)
+                for atom in atoms:
+                    if atom.inject:
+                        storage.inject_atom_args(atom.name, atom.inject,
+                                                 transient=self._options.inject_transient)
                 self._change_state(states.SUSPENDED)
                 self._storage_ensured = True
             assert self._runtime is not None
@@ -182,6 +183,10 @@ class ActionEngine:
             MissingDependencies: naming the atom (or the flow, when several atoms miss
                 something) and the missing names.
         """
+        with self._lock, self._admitted():
+            self._validate()
+
+    def _validate(self) -> None:
         self.prepare()
         secrets_missing = self.storage.missing_secrets()
         if secrets_missing and self.storage.get_flow_state() != states.SUCCESS:
@@ -191,19 +196,18 @@ class ActionEngine:
         culprits = 0
         last_atom: Any = None
         storage = self.storage
-        with gc_pause.paused():
-            for atom in self.compilation.iter_atoms():
-                for method, mapping, optional in (
-                        ("execute", atom.rebind, atom.optional),
-                        ("revert", atom.revert_rebind, atom.revert_optional)):
-                    lacking = storage.fetch_unsatisfied_args(atom.name, mapping,
-                                                             optional_args=optional)
-                    if lacking:
-                        last_cause = exc.MissingDependencies(
-                            atom, sorted(lacking), cause=last_cause, method=method)
-                        culprits += 1
-                        last_atom = atom
-                        missing.update(lacking)
+        for atom in self.compilation.iter_atoms():
+            for method, mapping, optional in (
+                    ("execute", atom.rebind, atom.optional),
+                    ("revert", atom.revert_rebind, atom.revert_optional)):
+                lacking = storage.fetch_unsatisfied_args(atom.name, mapping,
+                                                         optional_args=optional)
+                if lacking:
+                    last_cause = exc.MissingDependencies(
+                        atom, sorted(lacking), cause=last_cause, method=method)
+                    culprits += 1
+                    last_atom = atom
+                    missing.update(lacking)
         if missing:
             assert last_cause is not None
             # As TaskFlow: the flow is named, and each atom's own error is in the cause chain.
@@ -229,6 +233,14 @@ class ActionEngine:
         loop = self._loop
         if loop is not None:
             loop.wake()  # cancel what has not started now, not after the next completion
+
+    def _admitted(self) -> contextlib.AbstractContextManager[None]:
+        """A set-up slot: in the wide pool if the storage does I/O (see setup_slots)."""
+        return setup_slots.admitted(io=sr.shared(self._backend))
+
+    def _set_up(self) -> None:
+        """What a run does before its first atom (holding a set-up slot): validate."""
+        self.validate()
 
     def _watch_requests(self) -> sr.SuspendWatch | None:
         """What reads suspend requests from other processes (None: none can reach the flow)."""
@@ -265,7 +277,8 @@ class ActionEngine:
 
         Sending a truthy value into the generator asks the engine to suspend.
         """
-        self.validate()
+        with self._lock, self._admitted():  # once, however many set-up steps there are
+            self._set_up()
         assert self._runtime is not None
         # A previous run left state only in memory: it must reach the backend before more runs.
         self.storage.flush_unsaved()

@@ -97,7 +97,6 @@ class WorkerBasedActionEngine(ActionEngine):
     def run_iter(self, timeout: float | None = None) -> Iterator[str]:
         if self._metrics_port is not None:
             self._serve_metrics(self._metrics_port)
-        self._revoke_stale_attempts()
         try:
             with self._event_listeners():
                 return (yield from super().run_iter(timeout=timeout))
@@ -105,6 +104,10 @@ class WorkerBasedActionEngine(ActionEngine):
             if self._suspends_from is not None:
                 self._suspends_from.take_suspends(self.storage.flow_uuid, None)
                 self._suspends_from = None
+
+    def _set_up(self) -> None:
+        self._revoke_stale_attempts()
+        super()._set_up()
 
     def _reach(self) -> dict[str, Any]:
         # SUSPEND messages to this process's reply queue reach this engine while it runs.
