@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import os
 import threading
 from collections.abc import Iterator
 
@@ -33,6 +34,20 @@ def paused() -> Iterator[None]:
         yield
     finally:
         with _lock:
-            _depth -= 1
+            # Never below zero: a pause entered before a fork ends in the child after the
+            # child's count was reset (see _after_fork).
+            _depth = max(_depth - 1, 0)
             if _depth == 0 and _resume:
                 gc.enable()
+
+
+def _after_fork() -> None:
+    # A forked child has only the forking thread: pauses the parent's other threads were in
+    # will never end there, and would leave the child's collector off for good.
+    global _lock, _depth
+    paused_at_fork, _lock, _depth = _depth > 0, threading.Lock(), 0
+    if paused_at_fork and _resume:
+        gc.enable()
+
+
+os.register_at_fork(after_in_child=_after_fork)

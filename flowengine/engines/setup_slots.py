@@ -26,6 +26,7 @@ engine up) goes on without taking a second one, so nesting never waits on itself
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from collections.abc import Iterator
 
@@ -39,6 +40,18 @@ IO_SLOTS = 8
 _slots = threading.BoundedSemaphore(SLOTS)
 _io_slots = threading.BoundedSemaphore(IO_SLOTS)
 _held = threading.local()
+
+
+def _fresh_after_fork() -> None:
+    # A forked child has only the forking thread: slots held by the parent's other threads
+    # would never be given back, and its first engine would wait for ever.
+    global _slots, _io_slots, _held
+    _slots = threading.BoundedSemaphore(SLOTS)
+    _io_slots = threading.BoundedSemaphore(IO_SLOTS)
+    _held = threading.local()
+
+
+os.register_at_fork(after_in_child=_fresh_after_fork)
 
 
 @contextlib.contextmanager

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import gc
+import os
+import select
+import signal
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -153,4 +156,43 @@ def test_the_collector_is_paused_during_set_up_and_resumed_after() -> None:
     engine = engines.load(HookedFlow("f", lambda: seen.append(gc.isenabled())).add(Noop("t")))
     engine.run()
     assert seen == [False]
+    assert gc.isenabled()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
+def test_a_child_forked_while_a_set_up_holds_the_slot_sets_up_its_own_engines() -> None:
+    gc.enable()
+    turnstile = Turnstile()
+    held = engines.load(HeldFlow("held", turnstile).add(Noop("h")))
+    thread = threading.Thread(target=held.run, daemon=True)
+    thread.start()
+    try:
+        assert turnstile.wait_inside(1)
+        assert not gc.isenabled()  # paused by the held set-up
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: only this thread; the parent's holder does not exist here
+            code = 1
+            try:
+                engine = engines.load(lf.Flow("child").add(Noop("c")))
+                engine.run()
+                if engine.storage.get_flow_state() == "SUCCESS" and gc.isenabled():
+                    code = 0
+            finally:
+                os.write(write, bytes([code]))
+                os._exit(code)
+        os.close(write)
+        try:
+            with os.fdopen(read, "rb") as answer:
+                ready = select.select([answer], [], [], WAIT)[0]
+                assert ready, "the forked child's engine never finished setting up"
+                assert answer.read(1) == b"\x00", "the child's engine failed or left gc off"
+        finally:
+            if os.waitpid(pid, os.WNOHANG) == (0, 0):  # still running: stuck, so stop it
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+    finally:
+        turnstile.release()
+        thread.join(WAIT)
+    assert held.storage.get_flow_state() == "SUCCESS"
     assert gc.isenabled()
