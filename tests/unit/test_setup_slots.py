@@ -159,7 +159,6 @@ def test_the_collector_is_paused_during_set_up_and_resumed_after() -> None:
     assert gc.isenabled()
 
 
-@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
 def test_a_child_forked_while_a_set_up_holds_the_slot_sets_up_its_own_engines() -> None:
     gc.enable()
     turnstile = Turnstile()
