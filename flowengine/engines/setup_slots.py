@@ -37,21 +37,23 @@ SLOTS = 1
 #: Set-ups of engines with a database or folder for storage that may run at once.
 IO_SLOTS = 8
 
-_slots = threading.BoundedSemaphore(SLOTS)
-_io_slots = threading.BoundedSemaphore(IO_SLOTS)
-_held = threading.local()
+_slots: threading.BoundedSemaphore
+_io_slots: threading.BoundedSemaphore
+_held: threading.local
 
 
-def _fresh_after_fork() -> None:
-    # A forked child has only the forking thread: slots held by the parent's other threads
-    # would never be given back, and its first engine would wait for ever.
+def _fresh() -> None:
+    """Every slot free. Also in a forked child, which has only the forking thread: slots held
+    by the parent's other threads would never be given back, and its first engine would
+    wait for ever."""
     global _slots, _io_slots, _held
     _slots = threading.BoundedSemaphore(SLOTS)
     _io_slots = threading.BoundedSemaphore(IO_SLOTS)
     _held = threading.local()
 
 
-os.register_at_fork(after_in_child=_fresh_after_fork)
+_fresh()
+os.register_at_fork(after_in_child=_fresh)
 
 
 @contextlib.contextmanager
