@@ -352,7 +352,9 @@ class Runtime:
         if not self._dispatch_delays:
             left = self.start_delays.local_wait(atom) if own_delay else 0.0
             if left > 0:  # the task stays PENDING meanwhile (complete() offers it again)
-                return self.timer.after(left, (DELAY_ELAPSED, None))
+                waiting = self.timer.after(left, (DELAY_ELAPSED, None))
+                self.start_delays.armed(atom)
+                return waiting
             return self.task_action.schedule_execution(atom, self._args(atom, revert=False),
                                                        delayable=own_delay)
         retries = self.compilation.retries_around(atom)
@@ -365,6 +367,7 @@ class Runtime:
                                                      delayable=True)
         if delay > 0:
             self.start_delays.delayed.add(future)  # taken back at once by a suspension
+        self.start_delays.armed(atom)
         return future
 
     def _delay_of(self, task: Any, retries: list[retry_mod.Retry]) -> tuple[float | None, float]:

@@ -52,10 +52,12 @@ class StartDelays:
         self._elapsed: set[str] = set()
         #: Tasks whose wait this engine announced and has not announced the end of.
         self._announced: set[str] = set()
+        #: Waits worked out but not yet announced: announced once armed (see :meth:`armed`).
+        self._unarmed: dict[str, RetryWait] = {}
 
     def local_wait(self, task: Any) -> float:
         """Seconds ``task`` must still wait before this execution on a local engine (0: start
-        now). The wait's due time is stored, and announced, when it starts."""
+        now). The wait's due time is stored when it starts, and announced by :meth:`armed`."""
         seconds = start_delay(task)
         if seconds <= 0:
             return 0.0
@@ -83,7 +85,8 @@ class StartDelays:
     def carried(self, task: Any, due: float | None, delay: float) -> tuple[float | None, float]:
         """What a worker-based engine's request for ``task`` carries: ``(due, delay)`` of the
         retry waits it carries already, lengthened by the task's own start delay (counted
-        from when those end). A resumed run keeps the due time it stored."""
+        from when those end). A resumed run keeps the due time it stored. A wait is
+        announced by :meth:`armed`."""
         seconds = start_delay(task)
         if seconds <= 0:
             return due, delay
@@ -99,8 +102,19 @@ class StartDelays:
         self._announce(task, own_due, left)
         return (own_due, left) if left > delay else (due, delay)
 
+    def armed(self, task: Any) -> None:
+        """``task``'s wait is armed (its timer set, its request sent or held): announce it.
+
+        Announcing only now means whoever hears of a wait may move the clock it is due by
+        (tests do) without the wait being armed afterwards, from the moved clock.
+        """
+        wait = self._unarmed.pop(task.name, None)
+        if wait is not None:
+            self._waits.announce(wait)
+
     def ended(self, task: Any) -> None:
         """Announce the end of ``task``'s wait, if this engine announced its start."""
+        self._unarmed.pop(task.name, None)
         if task.name in self._announced:
             self._announced.discard(task.name)
             self._waits.announce(RetryWait(task.name, self._attempt_of(task), None, 0.0,
@@ -110,6 +124,7 @@ class StartDelays:
         """A new run: nothing announced or elapsed carries over (stored due times do)."""
         self._elapsed.clear()
         self._announced.clear()
+        self._unarmed.clear()
 
     def take_back_delayed(self) -> None:
         """A suspension: cancel the requests still waiting out a delay (a request a worker
@@ -127,8 +142,8 @@ class StartDelays:
     def _announce(self, task: Any, due: float, left: float) -> None:
         if task.name not in self._announced:
             self._announced.add(task.name)
-            self._waits.announce(RetryWait(task.name, self._attempt_of(task), due, left,
-                                           kind="task"))
+            self._unarmed[task.name] = RetryWait(task.name, self._attempt_of(task), due, left,
+                                                 kind="task")
 
     def _stored_due(self, task: Any) -> float | None:
         due = atom_meta(self._storage, task.name).get(META_DELAYED_UNTIL)

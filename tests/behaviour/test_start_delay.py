@@ -18,7 +18,7 @@ import time
 from manual_clock import ManualClock  # tests/ is on sys.path (rootdir conftest)
 
 from flowengine import states
-from flowengine.engines.actions import META_DELAYED_JOB, META_DELAYED_UNTIL
+from flowengine.engines.actions import META_ATTEMPT_IDS, META_DELAYED_JOB, META_DELAYED_UNTIL
 from flowengine.engines.delays import RetryWait
 from flowengine.flows import linear_flow as lf
 from flowengine.flows import unordered_flow as uf
@@ -53,9 +53,17 @@ def _end_wait(engine, clock: ManualClock, seconds: float, old_job: object = None
     """Move the engine's clock past the wait of task "late" (and kick its job on a broker that
     holds delays itself: its handle is stored right after the job is put; ``old_job`` is the
     handle of an earlier run's job, taken back, which is not the one to kick)."""
+    executor = getattr(engine, "_worker_executor", None)
+    if executor is not None and not executor.client.proxy.traits.native_delay:
+        # The client holds the request, due by the clock when it was held: it must be held
+        # before the clock moves (announced is not enough: a worker may not be known yet).
+        deadline = time.monotonic() + 30
+        while not any(rid in executor.client.held
+                      for rid in _meta(engine, "late").get(META_ATTEMPT_IDS) or ()):
+            assert time.monotonic() < deadline, "the delayed request was never held"
+            time.sleep(0.01)
     clock.advance(seconds)
     engine.retry_waits.timer.check()
-    executor = getattr(engine, "_worker_executor", None)
     if executor is None or not executor.client.proxy.traits.native_delay:
         return
     import greenstalk  # the beanstalk extra, present wherever a beanstalkd suite runs
@@ -140,6 +148,33 @@ def test_a_suspended_start_delay_goes_on_with_what_is_left(engine_factory, monke
     assert announced[1].due == due and abs(announced[1].seconds - DELAY / 2) < 1.0
     assert "late" not in _executed()
     _end_wait(engine, clock, DELAY / 2, old_job)
+    runner.join(30)
+    assert not runner.is_alive() and not raised, raised
+    assert engine.storage.get_flow_state() == states.SUCCESS
+    assert _executed() == ["late"]
+
+
+def test_a_start_delay_is_armed_before_it_is_announced(local_engine_factory):
+    # Whoever hears of the wait may move the clock it is due by at once (here, on the engine's
+    # own thread, inside the announcement): the wait was armed from the clock before the move,
+    # so the move ends it. Armed after announcing, it would count from the moved clock.
+    clock = ManualClock(time.time())
+    late = tasks.Step("late")
+    late.start_delay = DELAY
+    engine = local_engine_factory(lf.Flow("waits").add(late), retry_clock=clock)
+    announced: queue.Queue[RetryWait] = queue.Queue()
+
+    def on_wait(wait: RetryWait) -> None:
+        if wait.due is not None:
+            clock.advance(DELAY)
+        announced.put(wait)
+
+    engine.retry_waits.subscribe(on_wait)
+    raised: list[BaseException] = []
+    runner = threading.Thread(target=_run_into, args=(engine, raised), daemon=True)
+    runner.start()
+    assert announced.get(timeout=30).due is not None
+    engine.retry_waits.timer.check()
     runner.join(30)
     assert not runner.is_alive() and not raised, raised
     assert engine.storage.get_flow_state() == states.SUCCESS
