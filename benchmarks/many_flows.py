@@ -22,9 +22,11 @@ and its full (generation 2) garbage collections and their seconds, for both runs
 
 The rates of two runs seconds apart swing by a third on a machine other work shares, so each N
 is measured in ``--pairs`` pairs (default 3) in the same process, alternated (N flows, one
-engine, N flows, one engine, ...): ``pairs`` lists each pair's figures, and the row's rates,
-ratios and CPU figures are the medians over the pairs (``ratio_vs_one_engine`` the median of the
-pairs' ratios); peaks are the highest of any pair, ``all_finished`` holds for every pair.
+engine, N flows, one engine, ...), each side started on a freshly collected heap (untimed),
+so neither pays for collecting the other's garbage: ``pairs`` lists each pair's figures, and
+the row's rates, ratios and CPU figures are the medians over the pairs
+(``ratio_vs_one_engine`` the median of the pairs' ratios); peaks are the highest of any pair,
+``all_finished`` holds for every pair.
 ``--redis-flows`` adds counts on Redis only (the 10,000-flow run). Targets (Redis): every flow
 finishes, task rate at least 0.7 of one engine's, at most 16 sockets and 32 library threads
 whatever N, a lone flow within 3x its raw round trips. Prints one JSON document. Example::
@@ -221,7 +223,12 @@ def measure(n):
     tasks = min(3 * n, cfg["one_engine_cap"])
     pairs = []
     for _ in range(cfg["pairs"]):
-        flows, one = many(n), one_engine(tasks)
+        # Each side starts from a collected heap, untimed: neither pays for collecting the
+        # other's garbage (a thousand finished engines, or 3N finished requests).
+        gc.collect()
+        flows = many(n)
+        gc.collect()
+        one = one_engine(tasks)
         flows["one_engine"] = one
         flows["ratio_vs_one_engine"] = flows["tasks_per_s"] / one["tasks_per_s"]
         flows["cpu_ratio_vs_one_engine"] = (  # CPU times tick in 10 ms: a tiny run may read 0
