@@ -75,7 +75,7 @@ class StartDelays:
         if left <= 0:
             self.ended(task)
             return 0.0
-        self._announce(task, due, left)
+        self._to_announce(task, due, left)
         return left
 
     def elapsed(self, task: Any) -> None:
@@ -99,7 +99,7 @@ class StartDelays:
         left = max(0.0, min(own_due - now, delay + seconds))
         if left <= 0:
             return due, delay
-        self._announce(task, own_due, left)
+        self._to_announce(task, own_due, left)
         return (own_due, left) if left > delay else (due, delay)
 
     def armed(self, task: Any) -> None:
@@ -110,10 +110,12 @@ class StartDelays:
         """
         wait = self._unarmed.pop(task.name, None)
         if wait is not None:
+            self._announced.add(task.name)
             self._waits.announce(wait)
 
     def ended(self, task: Any) -> None:
-        """Announce the end of ``task``'s wait, if this engine announced its start."""
+        """Announce the end of ``task``'s wait, if this engine announced its start (a wait
+        never armed was never announced, and ends unheard)."""
         self._unarmed.pop(task.name, None)
         if task.name in self._announced:
             self._announced.discard(task.name)
@@ -139,9 +141,9 @@ class StartDelays:
             return 1
         return max(1, len(self._storage.get_retry_history(retries[-1].name)))
 
-    def _announce(self, task: Any, due: float, left: float) -> None:
-        if task.name not in self._announced:
-            self._announced.add(task.name)
+    def _to_announce(self, task: Any, due: float, left: float) -> None:
+        """Keep ``task``'s wait for :meth:`armed` to announce (unless it is announced already)."""
+        if task.name not in self._announced and task.name not in self._unarmed:
             self._unarmed[task.name] = RetryWait(task.name, self._attempt_of(task), due, left,
                                                  kind="task")
 
