@@ -144,7 +144,6 @@ def test_a_retry_wait_is_a_visible_delayed_dispatch_that_survives_suspension(
 
 def _delayed_request(broker_name: str, url: str, exchange: str, engine: Any) -> str:
     """Check the request of attempt 2 waits out its delay where it should; return its id."""
-    stats = {s.topic: s for s in topic_stats(exchange, [TOPIC], url=url)}[TOPIC]
     request_id = _meta(engine, "flaky")[META_ATTEMPT_IDS][-1]
     if broker_name == "beanstalk":
         # At the broker, as a delayed job whose handle is stored with the task: what
@@ -155,8 +154,11 @@ def _delayed_request(broker_name: str, url: str, exchange: str, engine: Any) -> 
         assert (row["ready"], row["delayed"], row["running"]) == (0, 1, 0), row
         assert _meta(engine, "flaky")[META_DELAYED_JOB].startswith("beanstalk://")
     else:
+        # The attempt's id is stored before its request is sent: the engine's thread may not
+        # have handed it to the client yet.
+        wait_until(lambda: _held(request_id), WAIT, "attempt 2 held by the broker client")
+        stats = {s.topic: s for s in topic_stats(exchange, [TOPIC], url=url)}[TOPIC]
         assert stats.ready == 0, stats  # held by the engine's process, not queued
-        assert _held(request_id)
     return request_id
 
 
