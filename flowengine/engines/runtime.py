@@ -360,7 +360,8 @@ class Runtime:
         retries = self.compilation.retries_around(atom)
         if not retries and not own_delay:
             return self.task_action.schedule_execution(atom, self._args(atom, revert=False))
-        due, delay = self._delay_of(atom, retries) if retries else (None, 0.0)
+        unheard: list[tuple[retry_mod.Retry, float]] = []
+        due, delay = self._delay_of(atom, retries, unheard) if retries else (None, 0.0)
         due, delay = self.start_delays.carried(atom, due, delay)
         future = self.task_action.schedule_execution(atom, self._args(atom, revert=False),
                                                      delayed_until=due, delay=delay,
@@ -368,14 +369,20 @@ class Runtime:
         if delay > 0:
             self.start_delays.delayed.add(future)  # taken back at once by a suspension
         self.start_delays.armed(atom)
+        # Only now, with the request sent or held: whoever hears a wait may move time at once.
+        for retry, left in unheard:
+            self._announced.add(retry.name)
+            self.retry_action.waiting(retry, left, decided=True)
         return future
 
-    def _delay_of(self, task: Any, retries: list[retry_mod.Retry]) -> tuple[float | None, float]:
+    def _delay_of(self, task: Any, retries: list[retry_mod.Retry],
+                  unheard: list[tuple[retry_mod.Retry, float]]) -> tuple[float | None, float]:
         """When the retry waits ``task``'s request must carry end, and the seconds left.
 
         On a worker-based engine a retried subflow's first tasks are sent at once with what
         is left of their controllers' waits as a delay (doc/priorities.rst); a wait that is
-        over ends here.
+        over ends here. The waits a resumed run goes on with are added to ``unheard``, for the
+        caller to announce once the request carrying them is out.
         """
         action = self.retry_action
         due: float | None = None
@@ -390,8 +397,7 @@ class Runtime:
                 self._end_carried_wait(retry)
                 continue
             if retry.name not in self._announced:  # a resumed run: the wait goes on
-                self._announced.add(retry.name)
-                action.waiting(retry, left, decided=True)
+                unheard.append((retry, left))
             self._carrying.setdefault(task.name, []).append(retry)
             if left > delay:
                 due, delay = stored, left
@@ -424,7 +430,9 @@ class Runtime:
             return future
         if wait > 0 and self._dispatch_delays:
             # The controller decides the next attempt now; the subflow's first requests carry
-            # what is left of the wait as their delay (see _delay_of): no engine timer.
+            # what is left of the wait as their delay (see _delay_of): no engine timer. Heard
+            # now, before any request carries it: a hearer moving time at once makes the wait
+            # over before one is sent (_delay_of then sends it undelayed).
             LOG.debug("Retry %r dispatches attempt %d with a %.3fs delay", retry.name, attempt,
                       wait)
             self.retry_action.waiting(retry, wait)

@@ -27,7 +27,7 @@ from flowengine.flows import linear_flow as lf
 from flowengine.flows import unordered_flow as uf
 from flowengine.worker_based import held_publishes
 
-from . import tasks
+from . import delays, tasks
 
 SIDE_STEPS = 40
 
@@ -179,12 +179,15 @@ def test_bad_delay_settings_are_refused_naming_the_retry(bad):
         retry.Times(2, name="picky", **bad)
 
 
-def suspended_during_a_wait(engine_factory, delay: float):
-    """An engine suspended while its retry "r" waits before attempt 2 (of a flaky subflow)."""
+def retried_once(delay: float) -> lf.Flow:
+    """Task "flaky" under retry "r" waiting ``delay`` before each attempt; attempt 2 succeeds."""
     flow = lf.Flow("retried", retry=tasks.RecordingTimes(3, name="r", provides="attempt",
                                                          delay=delay))
-    engine = engine_factory(flow.add(tasks.FailUntil("flaky", inject={"succeed_at": 2})))
+    return flow.add(tasks.FailUntil("flaky", inject={"succeed_at": 2}))
 
+
+def run_until_retrying(engine) -> None:
+    """Run ``engine`` and suspend it as its retry "r" starts waiting before attempt 2."""
     def suspend_when_waiting(state, details):
         if details.get("retry_name") == "r":
             engine.suspend()
@@ -192,6 +195,12 @@ def suspended_during_a_wait(engine_factory, delay: float):
     engine.atom_notifier.register(states.RETRYING, suspend_when_waiting)
     engine.run()
     engine.atom_notifier.deregister(states.RETRYING, suspend_when_waiting)
+
+
+def suspended_during_a_wait(engine_factory, delay: float):
+    """An engine suspended while its retry "r" waits before attempt 2 (of a flaky subflow)."""
+    engine = engine_factory(retried_once(delay))
+    run_until_retrying(engine)
     return engine
 
 
@@ -240,3 +249,41 @@ def test_a_resumed_flow_waits_out_what_is_left_of_the_delay(engine_factory):
     # Resuming did not start the wait over, and said it went on.
     assert stored_due(engine) == due
     assert announced == [due]
+
+
+@pytest.mark.parametrize("resumed", [False, True], ids=["first-run", "resumed"])
+def test_time_moved_as_a_wait_is_heard_ends_it(engine_factory, monkeypatch, resumed):
+    # Whoever hears a wait may move time at once (tests do, doc/retries.rst): by then the wait
+    # must be armed (a timer set, or its request held by the broker client), or a wait due by
+    # the moved clock would never end.
+    clock = ManualClock(time.time())
+    monkeypatch.setattr(held_publishes, "CLOCK", clock)
+    engine = engine_factory(retried_once(1000.0), retry_clock=clock)
+    if resumed:
+        run_until_retrying(engine)
+        # Resumed, and suspended again while it waits (the worker-based engine's controller
+        # has decided, and its task's request waits as a delayed dispatch).
+        for state in engine.run_iter():
+            if state == states.WAITING:
+                engine.suspend()
+        assert engine.storage.get_flow_state() == states.SUSPENDED
+        assert flaky_attempts() == [1]
+
+    def move_time(wait):
+        if wait.due is not None:
+            clock.advance(wait.seconds)
+            engine.retry_waits.timer.check()
+
+    engine.retry_waits.subscribe(move_time)
+    old_job = delays.delayed_job(engine, "flaky") if resumed else None
+    raised: list[BaseException] = []
+    runner = threading.Thread(target=lambda: _run_into(engine, raised), daemon=True)
+    runner.start()
+    if resumed and delays.broker_times_delays(engine):
+        # beanstalkd times the resumed request's delay itself: no clock of ours ends it.
+        delays.kick_delayed_job(engine, "flaky", old_job)
+    runner.join(30)
+    assert not runner.is_alive(), "the wait never ended"
+    assert not raised, raised
+    assert engine.storage.get_flow_state() == states.SUCCESS
+    assert flaky_attempts() == [1, 2]

@@ -24,7 +24,7 @@ from flowengine.flows import linear_flow as lf
 from flowengine.flows import unordered_flow as uf
 from flowengine.worker_based import held_publishes
 
-from . import tasks
+from . import delays, tasks
 
 DELAY = 600.0
 SIDE_STEPS = 5
@@ -51,10 +51,11 @@ def _meta(engine, name: str) -> dict:
 
 def _end_wait(engine, clock: ManualClock, seconds: float, old_job: object = None) -> None:
     """Move the engine's clock past the wait of task "late" (and kick its job on a broker that
-    holds delays itself: its handle is stored right after the job is put; ``old_job`` is the
-    handle of an earlier run's job, taken back, which is not the one to kick)."""
+    holds delays itself: ``old_job`` is the handle of an earlier run's job, taken back, which
+    is not the one to kick)."""
+    native = delays.broker_times_delays(engine)
     executor = getattr(engine, "_worker_executor", None)
-    if executor is not None and not executor.client.proxy.traits.native_delay:
+    if executor is not None and not native:
         # The client holds the request, due by the clock when it was held: it must be held
         # before the clock moves (announced is not enough: a worker may not be known yet).
         deadline = time.monotonic() + 30
@@ -64,20 +65,8 @@ def _end_wait(engine, clock: ManualClock, seconds: float, old_job: object = None
             time.sleep(0.01)
     clock.advance(seconds)
     engine.retry_waits.timer.check()
-    if executor is None or not executor.client.proxy.traits.native_delay:
-        return
-    import greenstalk  # the beanstalk extra, present wherever a beanstalkd suite runs
-
-    from flowengine.worker_based.broker import transport_beanstalk_delays as native
-
-    deadline = time.monotonic() + 30
-    while (not isinstance(_meta(engine, "late").get(META_DELAYED_JOB), str)
-           or _meta(engine, "late")[META_DELAYED_JOB] == old_job):
-        assert time.monotonic() < deadline, "the delayed job's handle was never stored"
-        time.sleep(0.01)
-    address, job_id = native.parse(_meta(engine, "late")[META_DELAYED_JOB])
-    with greenstalk.Client(address) as client:
-        client.kick_job(job_id)
+    if native:
+        delays.kick_delayed_job(engine, "late", old_job)
 
 
 def _executed() -> list[str]:
