@@ -47,8 +47,7 @@ class _StateHook:
         self._runtime = runtime
 
     def __call__(self, atom: Any, state: str) -> None:
-        frontier = self._runtime.frontier
-        if frontier is not None:
+        if (frontier := self._runtime.frontier) is not None:
             frontier.state_changed(atom, state)
 
 
@@ -136,10 +135,8 @@ class Runtime:
 
     def build_frontier(self) -> None:
         """(Re)build the readiness counters from stored states."""
-        self.frontier = Frontier(
-            self.compilation,
-            {name: self.storage.get_atom_state(name) for name in self.compilation.atoms},
-        )
+        stored = {name: self.storage.get_atom_state(name) for name in self.compilation.atoms}
+        self.frontier = Frontier(self.compilation, stored)
 
     def _action(self, atom: Any) -> Any:
         return self.retry_action if isinstance(atom, retry_mod.Retry) else self.task_action
@@ -153,9 +150,8 @@ class Runtime:
         storage = self.storage
         for atom in atoms:
             if intention == states.RETRY and storage.get_atom_intention(atom.name) == states.REVERT:
-                # Another failure of the same round already decided to revert this retry (an
-                # enclosing controller's decision, say): retrying it would undo that decision
-                # (TaskFlow's bug 2043808, fixed the same way).
+                # Another failure of this round decided to revert this retry (an enclosing
+                # controller's, say): retrying would undo that (TaskFlow's bug 2043808, alike).
                 continue
             if state is not None:
                 current = storage.get_atom_state(atom.name)
@@ -381,8 +377,7 @@ class Runtime:
 
         On a worker-based engine a retried subflow's first tasks are sent at once with what
         is left of their controllers' waits as a delay (doc/priorities.rst); a wait that is
-        over ends here. The waits a resumed run goes on with are added to ``unheard``, for the
-        caller to announce once the request carrying them is out.
+        over ends here. A resumed run's waits go to ``unheard``, heard once the request is out.
         """
         action = self.retry_action
         due: float | None = None
@@ -430,11 +425,9 @@ class Runtime:
             return future
         if wait > 0 and self._dispatch_delays:
             # The controller decides the next attempt now; the subflow's first requests carry
-            # what is left of the wait as their delay (see _delay_of): no engine timer. Heard
-            # now, before any request carries it: a hearer moving time at once makes the wait
-            # over before one is sent (_delay_of then sends it undelayed).
-            LOG.debug("Retry %r dispatches attempt %d with a %.3fs delay", retry.name, attempt,
-                      wait)
+            # what is left of the wait as their delay (see _delay_of): no engine timer. A
+            # hearer moving time now ends the wait first: the requests go out undelayed.
+            LOG.debug("Retry %r sends attempt %d delayed %.3fs", retry.name, attempt, wait)
             self.retry_action.waiting(retry, wait)
             self._announced.add(retry.name)
             outcome = self.retry_action.execute(retry, self._args(retry, revert=False))
@@ -460,8 +453,8 @@ class Runtime:
         if outcome == DELAY_ELAPSED:
             self.retry_action.end_wait(atom)
             outcome, result = self.retry_action.execute(atom, self._args(atom, revert=False))
-        for retry in self._carrying.pop(getattr(atom, "name", ""), ()):
-            self._end_carried_wait(retry)  # its delayed request has been taken and ran
+        for retry in self._carrying.pop(getattr(atom, "name", ""), ()):  # its request ran
+            self._end_carried_wait(retry)
         self.start_delays.ended(atom)  # a worker-based request that carried its start delay
         action = self._action(atom)
         try:

@@ -17,6 +17,7 @@ from wbe_harness import Broker
 
 from flowengine import engines, states
 from flowengine.flows import unordered_flow as uf
+from flowengine.worker_based import protocol as pr
 
 pytestmark = pytest.mark.integration
 
@@ -35,6 +36,13 @@ def test_suspending_drops_queued_requests_and_a_resumed_run_does_them_once(
     run = runs.start(engine)
     wait_until(lambda: [e for a in ATOMS for e in stage.ledger.starts(a)], WAIT,
                "one task starting", details=lambda: logs([worker]))
+    # Suspend once all three have gone out and the engine waits for them. A request still
+    # WAITING for its worker to be known (the engine may learn of the worker while sending, one
+    # request after another) would be dropped in the engine, unsent, with no CANCEL for the
+    # worker to hear; and a suspension that lands while a batch is still going out lets that
+    # batch run (only a waiting engine cancels what has not started).
+    wait_until(lambda: _waits_for_all_sent(engine), WAIT, "all three requests sent",
+               details=lambda: logs([worker]))
     engine.suspend()
     # The worker logs each CANCEL it hears; the queued two are revoked once it has both.
     wait_until(lambda: worker.log(tail=200).count("revoked request") >= 2, WAIT,
@@ -50,3 +58,15 @@ def test_suspending_drops_queued_requests_and_a_resumed_run_does_them_once(
     assert engine.storage.get_flow_state() == states.SUCCESS
     for name in ATOMS:
         assert len(stage.ledger.starts(name)) == 1, (name, stage.ledger.dump())
+
+
+def _waits_for_all_sent(engine: Any) -> bool:
+    """Whether the engine's run loop waits, with every attempt in flight gone to a worker
+    (the engine's own bookkeeping: nothing outside its process tells a sent request from one
+    it holds)."""
+    executor, loop = engine._worker_executor, engine._loop
+    with executor._lock:
+        requests = [sub.request for sub in executor._ongoing.values()]
+    sent = sum(1 for request in requests
+               if request is not None and request.current_state != pr.WAITING)
+    return sent == len(ATOMS) and loop is not None and loop._blocked
