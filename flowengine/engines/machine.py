@@ -11,6 +11,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import logging
 import queue
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -131,6 +132,8 @@ class RunLoop:
         self._done: list[cf.Future] = []
         self._blocked = False  # waiting in _wait for a completion (see wake)
         self._wake_requested = False
+        self._woken_from_elsewhere = False  # by a thread other than the loop's own (see wake)
+        self._thread: int | None = None
         self._completed_inline = False
         self._stats = statistics
         statistics.clear()
@@ -143,6 +146,7 @@ class RunLoop:
         state: str = MACHINE.default_start_state  # type: ignore[assignment]
         event = START
         seconds = self._stats["seconds_per_state"]
+        self._thread = threading.get_ident()
         while True:
             state = _next_state(state, event)
             yield state
@@ -207,13 +211,17 @@ class RunLoop:
                     future.add_done_callback(self._finished.put)
         elif self._flow_state() == st.SUSPENDING:
             self._cancel_pending()
-        # A suspension asked for while this batch went out (say, from a RUNNING notification)
-        # lets the batch run: its atoms were announced as started. Only what waits behind a
-        # blocked loop is cancelled early, and waits on the engine's timer (a retry's delay, a
-        # task's start delay), which started nothing: the loop would block until they end.
+        # A suspension asked for on this thread while this batch went out (from a RUNNING
+        # notification, say) lets the batch run: its atoms were announced as started. Waits on
+        # the engine's timer (a retry's delay, a task's start delay) started nothing and are
+        # cancelled either way: the loop would block until they end.
         if self._wake_requested and self._flow_state() == st.SUSPENDING:
             self._runtime.timer.cancel_all()
             self._runtime.start_delays.take_back_delayed()
+            if self._woken_from_elsewhere:
+                # Asked from another thread while the batch went out: what it sent and has not
+                # started is cancelled (revoked, remotely) as if the loop had been waiting.
+                self._cancel_pending()
         self._wake_requested = False
         self._stats["incomplete"] = len(self._in_flight)
         return WAIT
@@ -225,6 +233,7 @@ class RunLoop:
         Only a blocked loop is woken: anywhere else it looks at the flow state anyway, and a
         queued wake-up would read as a completion to handle (and cut a batch short).
         """
+        self._woken_from_elsewhere = threading.get_ident() != self._thread
         self._wake_requested = True
         if self._blocked:  # set before _wait reads _wake_requested, so one of them sees it
             self._finished.put(_WAKE_UP)
