@@ -10,8 +10,10 @@ class derives directly from :class:`TaskFlowException` or from one of its four f
 * :class:`DependencyFailure` -- requirements that cannot be satisfied.
 
 flowengine adds :class:`WorkerLost`, :class:`TaskTimeLimitExceeded` (both
-:class:`ExecutionFailure`) and :class:`BackendError` (a :class:`StorageFailure`); a TaskFlow
-program never sees them unless it opts into leases, time limits or a SQL/Redis backend.
+:class:`ExecutionFailure`), :class:`BackendError` and :class:`RunHalted` (both
+:class:`StorageFailure`); a TaskFlow program never sees the first three unless it opts into
+leases, time limits or a SQL/Redis backend, and sees :class:`RunHalted` only where TaskFlow would
+raise the write's own :class:`StorageFailure`.
 
 :class:`WrappedFailure` is, as in TaskFlow, a plain :class:`Exception`: it carries one or more
 :class:`~flowengine.types.failure.Failure` objects that cannot be re-raised as themselves.
@@ -35,6 +37,7 @@ __all__ = [
     # Storage.
     "StorageFailure",
     "BackendError",
+    "RunHalted",
     # Conductors and jobs.
     "ConductorFailure",
     "JobFailure",
@@ -168,6 +171,23 @@ class BackendError(StorageFailure):
 
     Raised for connection loss, driver errors and schema mismatches, with the backend's URI
     (secrets masked) in the message.
+    """
+
+
+class RunHalted(StorageFailure):
+    """An engine stopped because it could no longer record what it does (flowengine addition).
+
+    Raised by ``run()`` when a write of the flow's progress failed (the database is unreachable,
+    the disk is full) or was refused (a conductor's claim on the job may have lapsed). The
+    engine then starts nothing more and reverts nothing: work it cannot record must not be
+    done, and a revert nobody can record would leave the stored record claiming work that was
+    undone. What was stored stays as the last successful write left it (the flow RUNNING, an
+    interrupted atom RUNNING), exactly as after a crash, so resuming the flow once the backend
+    is back (or letting another conductor take the job) does the right thing.
+
+    Args:
+        message: What happened, naming the flow.
+        cause: The write's own :class:`StorageFailure`.
     """
 
 

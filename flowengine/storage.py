@@ -5,7 +5,7 @@ to it at once, so an interrupted flow can be resumed by a new engine. What ``eng
 
 This module is about 700 lines because it carries TaskFlow's whole ``Storage`` API (about forty
 short public methods programs already call) and the policy for writes that fail mid-run
-(:meth:`Storage.keep_unsaved`), which needs every write; how argument names are resolved to
+(:meth:`Storage.stop_writing`), which needs every write; how argument names are resolved to
 providers lives apart, in :mod:`flowengine.providers`, and which values are secret and what is
 written of each record, in :mod:`flowengine.persistence.secret_keeping`.
 """
@@ -139,15 +139,17 @@ class Storage:
     def _write(self, what: str, call: Callable[..., Any], *args: Any) -> None:
         """Write through to the backend; any error becomes a StorageFailure naming ``what``.
 
-        After :meth:`keep_unsaved`, a failed write is logged instead: the change stays in memory
-        until :meth:`flush_unsaved` writes the whole flow detail.
+        After :meth:`stop_writing` nothing reaches the backend: every write raises at once, so
+        the engine cannot start an atom whose RUNNING state was never recorded.
         """
+        halted = self._unsaved
+        if halted is not None:
+            raise exceptions.StorageFailure(
+                f"Not saving {what} of flow {self.flow_name!r} ({self.flow_uuid}): writing "
+                f"stopped after an earlier write failed ({halted})", cause=halted)
         try:
             call(*args)
         except Exception as err:
-            if self._unsaved is not None:
-                LOG.warning("Keeping %s of flow %r in memory only: %s", what, self.flow_name, err)
-                return
             if isinstance(err, exceptions.StorageFailure):
                 raise
             raise exceptions.StorageFailure(
@@ -156,20 +158,21 @@ class Storage:
 
     @property
     def unsaved(self) -> exceptions.StorageFailure | None:
-        """The write failure that put this storage in memory-only mode, if any."""
+        """The write failure after which this storage stopped writing, if any."""
         return self._unsaved
 
-    def keep_unsaved(self, failure: exceptions.StorageFailure) -> None:
-        """Keep going after ``failure``: later failed writes are logged, not raised.
+    def stop_writing(self, failure: exceptions.StorageFailure) -> None:
+        """Write nothing more after ``failure``: every later write raises at once.
 
-        The engine calls this so that a flow whose record could not be written still reverts
-        the work it completed (its state lives on in memory meanwhile).
+        The engine calls this when a write of its progress failed (or was fenced off), as it
+        halts. Changes still happen in memory, where they are the truth of this process; the
+        backend keeps what it last accepted until :meth:`flush_unsaved` writes it all.
         """
         if self._unsaved is None:
             self._unsaved = failure
 
     def flush_unsaved(self) -> None:
-        """Write the whole flow detail after failed writes, and leave memory-only mode.
+        """Write the whole flow detail after writing stopped, and write through again.
 
         Raises:
             StorageFailure: the backend still refuses; the error names the first failure too.
@@ -183,10 +186,9 @@ class Storage:
                 self._connection.update_flow_details(self._stored_flow())
             except Exception as err:
                 raise exceptions.StorageFailure(
-                    f"Flow {self.flow_name!r} ({self.flow_uuid}) ended "
-                    f"{self.get_flow_state()}, but its records could not be saved to backend "
-                    f"{type(self._backend).__name__} ({err}); the first failed write: {first}",
-                    cause=first) from err
+                    f"The records of flow {self.flow_name!r} ({self.flow_uuid}) could not be "
+                    f"saved to backend {type(self._backend).__name__} ({err}); the first failed "
+                    f"write: {first}", cause=first) from err
             self._unsaved = None
 
     def _save_atom(self, ad: models.AtomDetail) -> None:

@@ -72,10 +72,15 @@ class Conductor(metaclass=abc.ABCMeta):
         return self._notifier
 
     def _book_of(self, job: jobs_base.Job) -> models.LogBook:
-        book = job.book
-        if book is None and self._persistence is not None and job.book_uuid is not None:
+        # Always what is stored, never a copy cached on the job object: a job claimed again by
+        # this process must go on from the record (another conductor may have moved it on, or
+        # an engine of ours halted with changes it never wrote).
+        book = None
+        if self._persistence is not None and job.book_uuid is not None:
             with contextlib.closing(self._persistence.get_connection()) as conn:
                 book = conn.get_logbook(job.book_uuid)
+        if book is None:
+            book = job.book
         if book is None:
             raise exc.NotFound(f"No book found in job {job.uuid} ({job.name})")
         return book

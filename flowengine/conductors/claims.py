@@ -9,18 +9,26 @@ plus the claim's length, minus a safety margin). The engine's persistence goes t
 (:mod:`flowengine.conductors.fencing`), and an atom's RUNNING state is stored before it is
 dispatched, so a conductor that was frozen or cut off past its claim cannot start another atom
 of that job when it wakes: the write fails before anything runs, even before the keeper's
-thread has had a chance to notice the loss.
+thread has had a chance to notice the loss. A refused write halts the engine
+(:class:`~flowengine.exceptions.RunHalted`): it reverts nothing, since the job is another
+conductor's now and its completed work must stand.
+
+The keeper tells the conductor as soon as a claim is known lost (the board says another owns
+it) or may have lapsed (renewals failed for longer than the claim lasts, whatever the reason),
+so the conductor halts the job's engine rather than waiting for its next write. Both run on
+:func:`~flowengine.jobs.lease_clock.lease_clock`, which keeps counting while the host is
+suspended: a host woken from a long sleep does not believe it still holds its claims.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 
 from flowengine import exceptions as exc
 from flowengine.jobs import base
+from flowengine.jobs.lease_clock import lease_clock
 from flowengine.types.entity import Entity
 
 __all__ = ["ClaimFence", "ClaimKeeper", "FencedOff"]
@@ -40,11 +48,11 @@ class ClaimFence:
     Args:
         job: The job claimed.
         ttl: The claim's length in seconds.
-        clock: The monotonic clock (injected in tests).
+        clock: The lease clock (injected in tests).
         claimed_at: When the claim was requested (``clock()`` if omitted).
     """
 
-    def __init__(self, job: base.Job, ttl: float, clock: Clock = time.monotonic,
+    def __init__(self, job: base.Job, ttl: float, clock: Clock = lease_clock,
                  claimed_at: float | None = None) -> None:
         self.job = job
         # The service starts the lease when it receives the request, after we sent it; the
@@ -67,15 +75,22 @@ class ClaimFence:
         """True while the claim is certainly held."""
         return self._lost is None and self._clock() < self._valid_until
 
-    def check(self, what: str) -> None:
-        """Raise :class:`FencedOff` (naming ``what`` and the job) unless the claim is held."""
+    def refusal(self, what: str) -> FencedOff | None:
+        """The :class:`FencedOff` a write of ``what`` gets now (None while the claim is held)."""
         if self._lost is not None:
             why = self._lost
         elif self._clock() >= self._valid_until:
             why = "its claim was not renewed in time (it may have expired)"
         else:
-            return
-        raise FencedOff(f"Refused to store {what} of job {self.job.uuid} ({self.job.name}): {why}")
+            return None
+        return FencedOff(f"Refused to store {what} of job {self.job.uuid} ({self.job.name}): "
+                         f"{why}")
+
+    def check(self, what: str) -> None:
+        """Raise :class:`FencedOff` (naming ``what`` and the job) unless the claim is held."""
+        refused = self.refusal(what)
+        if refused is not None:
+            raise refused
 
 
 class ClaimKeeper:
@@ -85,12 +100,12 @@ class ClaimKeeper:
         board: The jobboard.
         owner: The conductor's name (the claims' owner).
         entity: The conductor's registration, refreshed with the claims (None: none).
-        clock: The monotonic clock.
+        clock: The lease clock (injected in tests).
         interval: Seconds between renewals (a third of the board's ``claim_ttl`` if None).
     """
 
     def __init__(self, board: base.JobBoard, owner: str, entity: Entity | None = None,
-                 clock: Clock = time.monotonic, interval: float | None = None) -> None:
+                 clock: Clock = lease_clock, interval: float | None = None) -> None:
         self._board = board
         self._owner = owner
         self._entity = entity
@@ -104,7 +119,8 @@ class ClaimKeeper:
 
     def hold(self, job: base.Job, on_lost: Callable[[base.Job], None],
              claimed_at: float | None = None) -> ClaimFence:
-        """Start renewing ``job``'s claim; ``on_lost(job)`` is called if it is lost."""
+        """Start renewing ``job``'s claim; ``on_lost(job)`` is called (once, on the keeper's
+        thread) when it is lost or may have lapsed: read ``fence.refusal`` for why."""
         fence = ClaimFence(job, self._board.options.claim_ttl, self._clock, claimed_at)
         with self._lock:
             self._held[job.uuid] = (fence, on_lost)
@@ -140,17 +156,24 @@ class ClaimKeeper:
             LOG.warning("Conductor %s lost its claim on job %s (%s): %s", self._owner, job.uuid,
                         job.name, err)
             fence.lose(f"the claim was lost: {err}")
-            self.release(job)
-            try:
-                on_lost(job)
-            except Exception:
-                LOG.exception("Handling the lost claim on job %s failed", job.uuid)
         except exc.TaskFlowException as err:
-            # Cannot tell (the service is unreachable): the fence runs out on its own if this
-            # lasts longer than the claim could.
-            LOG.warning("Could not renew the claim on job %s (%s): %s", job.uuid, job.name, err)
+            if fence.held:
+                # Cannot tell (the service is unreachable): held until the claim could have
+                # ended, and the next renewal may get through before then.
+                LOG.warning("Could not renew the claim on job %s (%s): %s", job.uuid, job.name,
+                            err)
+                return
+            LOG.warning("Conductor %s may have lost its claim on job %s (%s): not renewed in "
+                        "time (%s)", self._owner, job.uuid, job.name, err)
+            fence.lose(f"its claim could not be renewed before it could have expired: {err}")
         else:
             fence.renewed(sent_at)
+            return
+        self.release(job)
+        try:
+            on_lost(job)
+        except Exception:
+            LOG.exception("Handling the lost claim on job %s failed", job.uuid)
 
     def start(self) -> None:
         """Renew now, then every interval on a daemon thread until :meth:`stop`."""

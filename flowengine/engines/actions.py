@@ -151,6 +151,8 @@ class TaskAction:
             return
         try:
             self._storage.set_task_progress(task.name, progress, details=details)
+        except exc.StorageFailure as err:  # the engine halts, or already has
+            LOG.warning("Could not store progress %s of task %r: %s", progress, task.name, err)
         except Exception:
             LOG.exception("Failed to store progress %s of task %r", progress, task.name)
 
@@ -216,13 +218,6 @@ class TaskAction:
         else:
             self.change_state(task, states.SUCCESS, result=result, progress=1.0)
         return result
-
-    def fail_unsaved(self, task: Any, result: Any, failure: Failure) -> Failure:
-        """Fail ``task`` because its outcome could not be stored; its revert gets ``result``."""
-        if not isinstance(result, Failure):
-            self._kept[task.name] = result
-        self.change_state(task, states.FAILURE, result=failure)
-        return failure
 
     def schedule_reversion(self, task: Any, arguments: dict[str, Any]) -> cf.Future:
         """Mark REVERTING and submit the task's revert."""

@@ -225,14 +225,42 @@ class ActionEngine:
             self._change_state(states.PENDING)
 
     def suspend(self) -> None:
-        """Ask a running engine to stop: running atoms finish, nothing new starts."""
-        self._change_state(states.SUSPENDING)
+        """Ask a running engine to stop: running atoms finish, nothing new starts.
+
+        If the SUSPENDING state cannot be stored (the backend is gone, or a conductor's claim
+        lapsed), a running engine halts instead (see :meth:`halt`).
+        """
+        try:
+            self._change_state(states.SUSPENDING)
+        except exc.StorageFailure as err:
+            if self._loop is None:
+                raise
+            self.halt(err)
+            return
         if self._runtime is not None:
             # A retry waiting out its delay has not started anything: stop waiting now.
             self._runtime.timer.cancel_all()
         loop = self._loop
         if loop is not None:
             loop.wake()  # cancel what has not started now, not after the next completion
+
+    def halt(self, cause: exc.StorageFailure) -> None:
+        """Stop at once without recording or reverting anything more (from any thread).
+
+        For a process that knows its writes are no longer its to make, such as a conductor
+        whose claim on the job may have lapsed. Nothing more is started or reverted, what has
+        not started is cancelled, and ``run`` raises
+        :class:`~flowengine.exceptions.RunHalted` once what is running has finished; the
+        stored record stays as the last successful write left it. An engine also halts by
+        itself when a write of its progress fails.
+
+        Args:
+            cause: Why its writes stopped (named by the ``RunHalted`` raised).
+        """
+        self.storage.stop_writing(cause)
+        loop = self._loop
+        if loop is not None:
+            loop.halt(cause)
 
     def _admitted(self) -> contextlib.AbstractContextManager[None]:
         """A set-up slot: in the wide pool if the storage does I/O (see setup_slots)."""
@@ -280,7 +308,8 @@ class ActionEngine:
         with self._lock, self._admitted():  # once, however many set-up steps there are
             self._set_up()
         assert self._runtime is not None
-        # A previous run left state only in memory: it must reach the backend before more runs.
+        # A previous run halted with changes only in memory: they are what this process did,
+        # and must reach the backend before anything more runs (or this run fails here).
         self.storage.flush_unsaved()
         executor = self._runtime.task_action.executor
         final: str | None = None
@@ -292,6 +321,8 @@ class ActionEngine:
                 self.storage.update_flow_metadata({sr.META_RUNNING_ON: {
                     **sr.running_on(type(self).__name__), **self._reach()}})
             loop = self._loop = RunLoop(self._runtime, self._statistics, timeout=timeout)
+            if self.storage.unsaved is not None:  # halted while the run was starting
+                loop.halt(self.storage.unsaved)
             closed = False
             try:
                 for state in loop.run_iter():
@@ -301,6 +332,8 @@ class ActionEngine:
                         continue
                     final = state
                     if state == states.FAILURE:
+                        if loop.halted is not None:
+                            raise self._halted(loop.halted)
                         Failure.reraise_if_any(loop.failures)
                     if closed:
                         continue
@@ -312,6 +345,8 @@ class ActionEngine:
                     else:
                         if try_suspend:
                             self.suspend()
+            except exc.RunHalted:
+                raise  # nothing more is written: the stored record stays as it was
             except Exception:
                 # Not BaseException: on SystemExit or KeyboardInterrupt the process stops but the
                 # flow did not fail; it stays RUNNING, as on TaskFlow, for a later engine to resume.
@@ -319,30 +354,35 @@ class ActionEngine:
                 try:
                     self._change_state(states.FAILURE)
                 except Exception:
-                    # The error being raised names what failed first (an atom's state save, say);
-                    # a later one (often the same fault again) must not hide it, so it is logged.
+                    # The error being raised names what failed first; a later one (often the
+                    # same fault again) must not hide it, so it is logged.
                     LOG.exception(
                         "Could not store flow %r (%s) as FAILURE either",
                         self.storage.flow_name, self.storage.flow_uuid)
-                try:
-                    self.storage.flush_unsaved()
-                except Exception:
-                    LOG.exception("Flow %r (%s) records stay unsaved",
-                                  self.storage.flow_name, self.storage.flow_uuid)
                 raise
             finally:
                 self._loop = None
                 self._statistics["active_for"] = time.monotonic() - started
                 self._forget_run()
         if final is not None and final not in self.IGNORABLE_STATES:
-            self._change_state(final)
-            # After a failed write the run went on in memory (reverting what it had done):
-            # write everything now, or raise the StorageFailure saying the records are stale.
-            self.storage.flush_unsaved()
+            try:
+                self._change_state(final)
+            except exc.StorageFailure as err:
+                self.storage.stop_writing(err)
+                raise self._halted(err) from err
             if final not in self.NO_RERAISING_STATES:
                 failures = list(self.storage.get_execute_failures().values())
                 failures += self.storage.get_revert_failures().values()
                 Failure.reraise_if_any(failures)
+
+
+    def _halted(self, cause: exc.StorageFailure) -> exc.RunHalted:
+        storage = self.storage
+        return exc.RunHalted(
+            f"Flow {storage.flow_name!r} ({storage.flow_uuid}) halted: its progress could not "
+            f"be recorded ({cause}). Nothing was started or reverted after that; the stored "
+            f"record is as its last successful write left it, so resuming the flow (or its "
+            f"job, under a conductor) goes on from there", cause=cause)
 
 
 @contextlib.contextmanager

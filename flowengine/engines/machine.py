@@ -2,7 +2,9 @@
 
 RESUMING -> SCHEDULING -> WAITING -> ANALYZING -> (SCHEDULING | WAITING | GAME_OVER), and from
 GAME_OVER to one of SUCCESS, REVERTED, FAILURE or SUSPENDED. Each state has a handler that does
-its work and returns the next event. A run looks its transitions up in a table read off the
+its work and returns the next event. A write of the flow's progress that fails halts the loop
+(:meth:`RunLoop.halt`): it starts nothing more and reverts nothing, and ends in FAILURE with
+:attr:`RunLoop.halted` set. A run looks its transitions up in a table read off the
 frozen machine, as requests and attempts do, rather than driving a copy of it.
 """
 
@@ -19,6 +21,7 @@ from typing import Any
 from automaton import exceptions as machine_errors
 from automaton import machines
 
+from flowengine import exceptions as exc
 from flowengine import states as st
 from flowengine.engines.runtime import Runtime
 from flowengine.types.failure import Failure
@@ -118,6 +121,8 @@ class RunLoop:
         self._storage = runtime.storage
         self._timeout = timeout
         self.failures: list[Failure] = []
+        #: The failed (or refused) write that halted the loop, if one did.
+        self.halted: exc.StorageFailure | None = None
         self._next_up: list[Any] = []
         # The rest of a batch cut short (_schedule), already deduplicated and in dispatch order,
         # with its length then: while _next_up is still exactly that list, it is not sorted
@@ -171,7 +176,7 @@ class RunLoop:
         return SCHEDULE
 
     def _schedule(self) -> str:
-        if self._flow_state() == st.RUNNING and self._next_up:
+        if self.halted is None and self._flow_state() == st.RUNNING and self._next_up:
             # Higher priority first; sorted() is stable, so ties keep graph order. An atom can
             # be listed twice (carried over from a yielded batch and found ready again).
             carried, length = self._carried
@@ -190,11 +195,17 @@ class RunLoop:
                     self._next_up = ordered[index:]
                     self._carried = (self._next_up, len(self._next_up))
                     break
+                if self.halted is not None:  # halted from elsewhere while the batch went out
+                    break
                 # Intentions may have changed since the atom was found ready (a failure).
                 if atom in running or not self._runtime.can_start(atom):
                     continue
                 try:
                     future = self._runtime.schedule(atom)
+                except exc.StorageFailure as err:
+                    # Its RUNNING (or REVERTING) state was not stored, so it was not started.
+                    self.halt(err)
+                    break
                 except Exception:
                     LOG.exception("Engine failed to schedule atom %r", atom.name)
                     self.failures.append(Failure())
@@ -225,6 +236,22 @@ class RunLoop:
         self._wake_requested = False
         self._stats["incomplete"] = len(self._in_flight)
         return WAIT
+
+    def halt(self, failure: exc.StorageFailure) -> None:
+        """Stop because the flow's progress can no longer be recorded (callable from any thread).
+
+        Nothing more is started and nothing is reverted: work that cannot be recorded must not
+        be done, and a revert nobody can record would leave the stored record claiming work
+        that was undone. What has not started yet is cancelled (revoked, remotely); what is
+        running is waited for, and its outcome is not written. The storage writes nothing
+        more, so the stored record stays as the last successful write left it.
+        """
+        if self.halted is None:
+            self.halted = failure
+            LOG.warning("Flow %r (%s) halts: its progress cannot be recorded: %s",
+                        self._storage.flow_name, self._storage.flow_uuid, failure)
+        self._storage.stop_writing(failure)
+        self.wake()
 
     def wake(self) -> None:
         """Make a loop blocked waiting for atoms look at the flow state now (e.g. a suspension,
@@ -270,6 +297,9 @@ class RunLoop:
         try:
             outcome, result = future.result()
             failure = self._runtime.complete(atom, outcome, result)
+        except exc.StorageFailure as err:
+            self.halt(err)  # its outcome was not recorded: a resumed run does it again
+            return False
         except Exception:
             LOG.exception("Engine failed completing atom %r", atom.name)
             self.failures.append(Failure())
@@ -287,10 +317,21 @@ class RunLoop:
         for future in done:
             if future in self._in_flight:
                 self._complete(future)
+        if self.halted is not None:
+            self._next_up = []
+            self._runtime.timer.cancel_all()  # a retry's wait started nothing
+            self._stats["awaiting"] = 0
+            if self._in_flight:
+                self._cancel_pending()
+                return WAIT
+            return FINISH
         flow_state = self._flow_state()
         if not self.failures and flow_state == st.RUNNING:
             try:
                 more = self._runtime.next_atoms()
+            except exc.StorageFailure as err:  # a decider's IGNORE could not be stored
+                self.halt(err)
+                return self._analyze()
             except Exception:
                 LOG.exception("Engine failed finding the next atoms to run")
                 self.failures.append(Failure())
@@ -309,7 +350,7 @@ class RunLoop:
 
     def _game_over(self) -> str:
         self._runtime.timer.cancel_all()
-        if self.failures:
+        if self.failures or self.halted is not None:
             return FAILED
         if self._next_up or self._runtime.leftover():
             return SUSPENDED

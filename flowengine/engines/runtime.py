@@ -15,7 +15,6 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from flowengine import deciders as de
-from flowengine import exceptions as exc
 from flowengine import retry as retry_mod
 from flowengine import states, tracing
 from flowengine.atom import Atom
@@ -325,20 +324,10 @@ class Runtime:
     def schedule(self, atom: Any) -> cf.Future:
         """Start what ``atom``'s intention calls for; return a future of its outcome.
 
-        If the atom's new state cannot be stored, the storage keeps going in memory (see
-        :meth:`Storage.keep_unsaved`): an execution fails without running, so the flow reverts;
-        a revert runs.
+        Raises:
+            StorageFailure: the atom's new state could not be stored, so nothing was started
+                (the engine halts: see :class:`~flowengine.exceptions.RunHalted`).
         """
-        try:
-            return self._schedule(atom)
-        except exc.StorageFailure as err:
-            LOG.error("Could not store the start of atom %r; failing it: %s", atom.name, err)
-            self.storage.keep_unsaved(err)
-            if self.storage.get_atom_intention(atom.name) == states.REVERT:
-                return self._schedule(atom)
-            return self.timer.after(0, (ex.EXECUTED, Failure.from_exception(err)))
-
-    def _schedule(self, atom: Any) -> cf.Future:
         intention = self.storage.get_atom_intention(atom.name)
         if isinstance(atom, retry_mod.Retry):
             return self._schedule_retry(atom, intention)
@@ -457,38 +446,18 @@ class Runtime:
             self._end_carried_wait(retry)
         self.start_delays.ended(atom)  # a worker-based request that carried its start delay
         action = self._action(atom)
-        try:
-            if outcome == ex.EXECUTED:
-                # A task whose result does not fit what it provides fails here.
-                result = action.complete_execution(atom, result)
-            else:
-                action.complete_reversion(atom, result)
-        except exc.StorageFailure as err:
-            # Work done but not recorded: fail the atom so the flow reverts what it completed,
-            # keeping state in memory until the engine can write it all (flush_unsaved).
-            LOG.error("Could not store the outcome of atom %r; failing it: %s", atom.name, err)
-            self.storage.keep_unsaved(err)
-            if outcome != ex.EXECUTED:
-                action.complete_reversion(atom, result)
-            elif isinstance(result, Failure):
-                result = action.complete_execution(atom, result)  # its own failure stands
-            else:
-                result = self._fail_unsaved(atom, result, Failure.from_exception(err))
+        # A write that fails here raises: the engine halts without deciding anything more.
+        if outcome == ex.EXECUTED:
+            # A task whose result does not fit what it provides fails here.
+            result = action.complete_execution(atom, result)
+        else:
+            action.complete_reversion(atom, result)
         if not isinstance(result, Failure):
             return None
         if outcome == ex.EXECUTED and not self.options.never_resolve:
-            try:
-                self.process_failure(atom, result)
-            except exc.StorageFailure as err:
-                self.storage.keep_unsaved(err)
-                self.process_failure(atom, result)
+            self.process_failure(atom, result)
             return None
         return result
-
-    def _fail_unsaved(self, atom: Any, result: Any, failure: Failure) -> Failure:
-        if isinstance(atom, retry_mod.Retry):
-            return self.retry_action.complete_execution(atom, failure)  # type: ignore[no-any-return]
-        return self.task_action.fail_unsaved(atom, result, failure)
 
     def process_failure(self, atom: Any, failure: Failure) -> None:
         """Decide how ``atom``'s failure is handled and set intentions accordingly."""

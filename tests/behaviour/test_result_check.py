@@ -1,10 +1,10 @@
-"""Results must be JSON, on every engine and backend; no storage error leaves work unreverted.
+"""Results must be JSON, on every engine and backend; a storage error never fakes an ending.
 
 A result that is not a JSON value fails its atom the moment it is produced (with or without a
-backend), and the flow reverts. A backend write that fails mid-run fails the atom it was for and
-the flow reverts what it completed: after a passing fault the records end REVERTED; while the
-backend stays down the run still reverts, then raises a StorageFailure saying the records are
-stale. The faults are injected at the backend connection (the process edge).
+backend), and the flow reverts. A backend write that fails mid-run halts the engine
+(``RunHalted``): nothing more runs, nothing is reverted, nothing more is written, and the stored
+record stays as the last write it accepted, so a resumed run finishes the flow and runs no
+completed atom again. The faults are injected at the backend connection (the process edge).
 """
 
 from __future__ import annotations
@@ -159,55 +159,79 @@ def _stored(backend: Any, flow_uuid: str) -> dict[str, str | None]:
         return {"flow": fd.state, **{ad.name: ad.state for ad in fd}}
 
 
+def _resume(factory: EngineFactory, flow: linear_flow.Flow, backend: Any, flow_uuid: str) -> Any:
+    """A new engine on ``flow``'s stored record in ``backend`` (another process, in effect)."""
+    with contextlib.closing(backend.get_connection()) as conn:
+        flow_detail = conn.get_flow_details(flow_uuid)
+    return factory(flow, backend=backend, flow_detail=flow_detail)
+
+
 @pytest.mark.parametrize("trigger", [f"atom b {states.SUCCESS}", f"atom b {states.RUNNING}"])
-def test_a_failed_write_fails_the_atom_and_the_flow_reverts(
+def test_a_failed_write_halts_the_engine_and_a_resume_finishes_the_flow(
         local_engine_factory: EngineFactory, stored: Any, trigger: str) -> None:
     backend = stored
     fault = _Fault(trigger, stays_down=False)
     engine = local_engine_factory(_three_steps(), backend=_FlakyBackend(backend, fault))
-    with pytest.raises(exc.StorageFailure, match="unreachable"):
+    with pytest.raises(exc.RunHalted, match="unreachable"):
         engine.run()
     assert fault.failed == [trigger]
     ran_b = trigger.endswith(states.SUCCESS)
     assert tasks.names("execute") == (["a", "b"] if ran_b else ["a"])
-    # A failed atom is reverted too (as in TaskFlow); after running, its revert receives what
-    # it returned (never stored), otherwise the failure.
-    assert tasks.names("revert") == ["b", "a"]
-    result = tasks.entries("revert")[0]["result"]
-    assert result == "b" if ran_b else "unreachable" in result["failure"]
-    assert _stored(backend, engine.storage.flow_uuid) == {
-        "flow": states.REVERTED, "a": states.REVERTED, "b": states.REVERTED,
-        "c": states.PENDING}
+    assert tasks.names("revert") == [], "a revert that cannot be recorded must not run"
+    flow_uuid = engine.storage.flow_uuid
+    # As after a crash: b's RUNNING is stored (or not, if that was the write that failed).
+    assert _stored(backend, flow_uuid) == {
+        "flow": states.RUNNING, "a": states.SUCCESS,
+        "b": states.RUNNING if ran_b else states.PENDING, "c": states.PENDING}
+    _resume(local_engine_factory, _three_steps(), backend, flow_uuid).run()
+    assert tasks.names("execute") == (["a", "b", "b", "c"] if ran_b else ["a", "b", "c"])
+    assert tasks.names("revert") == []
+    assert _stored(backend, flow_uuid) == {
+        "flow": states.SUCCESS, "a": states.SUCCESS, "b": states.SUCCESS, "c": states.SUCCESS}
 
 
-def test_a_backend_that_stays_down_still_reverts_then_says_so(
+def test_a_backend_that_stays_down_is_not_written_again_until_the_engine_runs_again(
         local_engine_factory: EngineFactory, stored: Any) -> None:
     backend = stored
     fault = _Fault(f"atom b {states.SUCCESS}", stays_down=True)
     engine = local_engine_factory(_three_steps(), backend=_FlakyBackend(backend, fault))
-    with pytest.raises(exc.StorageFailure, match="ended REVERTED, but its records could not"):
+    with pytest.raises(exc.RunHalted, match="unreachable"):
         engine.run()
-    assert tasks.names("revert") == ["b", "a"]
-    assert engine.storage.get_flow_state() == states.REVERTED
-    # The backend still holds the last state it accepted; nothing claims it was saved.
+    assert fault.failed == [f"atom b {states.SUCCESS}"], "nothing is written after the halt"
+    assert tasks.names("revert") == []
     assert _stored(backend, engine.storage.flow_uuid)["b"] == states.RUNNING
+    with pytest.raises(exc.StorageFailure, match="could not be saved"):
+        engine.run()  # still down: what it did must be written before anything more runs
+    assert tasks.names("execute") == ["a", "b"]
     fault.stays_down = False
     fault.down = False
-    engine.storage.flush_unsaved()  # once it is back, the whole record is written
-    assert _stored(backend, engine.storage.flow_uuid)["b"] == states.REVERTED
+    engine.run()  # b's outcome, known in memory, is written first: b does not run again
+    assert tasks.names("execute") == ["a", "b", "c"]
+    assert _stored(backend, engine.storage.flow_uuid) == {
+        "flow": states.SUCCESS, "a": states.SUCCESS, "b": states.SUCCESS, "c": states.SUCCESS}
 
 
 def _three_steps() -> linear_flow.Flow:
     return linear_flow.Flow("three").add(tasks.Step("a"), tasks.Step("b"), tasks.Step("c"))
 
 
-def test_a_failure_that_cannot_be_stored_keeps_its_own_error(
+def test_a_failure_that_cannot_be_stored_halts_and_a_resume_reverts(
         local_engine_factory: EngineFactory, stored: Any) -> None:
     fault = _Fault(f"atom boom {states.FAILURE}", stays_down=False)
-    flow = linear_flow.Flow("f").add(tasks.Step("a"), tasks.Fail("boom"))
-    engine = local_engine_factory(flow, backend=_FlakyBackend(stored, fault))
-    with pytest.raises(tasks.Boom, match="boom failed"):
+
+    def flow() -> linear_flow.Flow:
+        return linear_flow.Flow("f").add(tasks.Step("a"), tasks.Fail("boom"))
+
+    engine = local_engine_factory(flow(), backend=_FlakyBackend(stored, fault))
+    with pytest.raises(exc.RunHalted, match="boom"):
         engine.run()
     assert fault.failed == [f"atom boom {states.FAILURE}"]
+    assert tasks.names("revert") == []
+    flow_uuid = engine.storage.flow_uuid
+    assert _stored(stored, flow_uuid) == {
+        "flow": states.RUNNING, "a": states.SUCCESS, "boom": states.RUNNING}
+    resumed = _resume(local_engine_factory, flow(), stored, flow_uuid)
+    with pytest.raises(tasks.Boom, match="boom failed"):
+        resumed.run()  # boom runs again, fails again, and this time the flow reverts
     assert tasks.names("revert") == ["boom", "a"]
-    assert _stored(stored, engine.storage.flow_uuid)["flow"] == states.REVERTED
+    assert _stored(stored, flow_uuid)["flow"] == states.REVERTED

@@ -65,6 +65,13 @@ class Step(task.Task):
         return self.name
 
 
+class UndoableStep(Step):
+    """A :class:`Step` whose revert is recorded too, as ``revert:<name>``."""
+
+    def revert(self, ledger: str | None = None, **kwargs: Any) -> None:
+        _record(ledger, f"revert:{self.name}")
+
+
 class Crash(task.Task):
     """Kills its whole process (a conductor that crashes on this job every time)."""
 
@@ -100,6 +107,12 @@ def steps(count: int = 3) -> Any:
     """``count`` steps in a line: step-1 ... step-N."""
     return linear_flow.Flow("steps").add(
         *(Step(f"step-{i}") for i in range(1, count + 1)))
+
+
+def undoable_steps(count: int = 3) -> Any:
+    """``count`` :class:`UndoableStep` in a line: step-1 ... step-N."""
+    return linear_flow.Flow("undoable-steps").add(
+        *(UndoableStep(f"step-{i}") for i in range(1, count + 1)))
 
 
 def crashing() -> Any:

@@ -15,6 +15,8 @@ import jobs_flows
 import pytest
 from board_stage import (
     BoardStage,
+    test_a_board_outage_longer_than_the_claim_reverts_nothing,
+    test_a_conductor_cut_off_from_its_board_mid_step_reverts_nothing,
     test_a_conductor_frozen_past_its_claim_runs_no_further_atom,
     test_kill_9_mid_flow_another_conductor_finishes_without_rerunning,
 )
@@ -27,7 +29,9 @@ require_module("kazoo")
 pytestmark = pytest.mark.integration
 # A fixture and the tests every backend passes, imported for pytest.
 __all__ = ["conductors", "test_a_conductor_frozen_past_its_claim_runs_no_further_atom",
-           "test_kill_9_mid_flow_another_conductor_finishes_without_rerunning"]
+           "test_kill_9_mid_flow_another_conductor_finishes_without_rerunning",
+           "test_a_board_outage_longer_than_the_claim_reverts_nothing",
+           "test_a_conductor_cut_off_from_its_board_mid_step_reverts_nothing"]
 
 CLAIM_TTL = 2.0
 

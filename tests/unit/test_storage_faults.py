@@ -1,5 +1,6 @@
-"""An engine that cannot store an atom's state runs no unrecorded work and reverts what it did
-before raising; which backend an engine's storage has, and who closes it."""
+"""An engine that cannot store an atom's state halts: it runs no unrecorded work, reverts nothing,
+and leaves the stored record as it was, so a resume finishes the flow; which backend an engine's
+storage has, and who closes it."""
 
 from __future__ import annotations
 
@@ -56,21 +57,58 @@ class ReadOnlyLater(impl_memory.MemoryBackend):
         return FailingConnection(super().get_connection(), self.budget)
 
 
-def test_engine_reverts_when_a_running_state_cannot_be_stored() -> None:
+def test_an_engine_that_cannot_store_a_running_state_halts_and_a_resume_finishes() -> None:
     RAN.clear()
     REVERTED.clear()
     backend = ReadOnlyLater(writes_allowed=2)  # a: RUNNING, SUCCESS; then b's RUNNING fails
-    engine = engines.load(lf.Flow("f").add(Step("a"), Step("b"), Step("c")), backend=backend)
-    with pytest.raises(exceptions.StorageFailure, match="'b'") as caught:
+    flow = lf.Flow("f").add(Step("a"), Step("b"), Step("c"))
+    engine = engines.load(flow, backend=backend)
+    with pytest.raises(exceptions.RunHalted, match="'b'") as caught:
         engine.run()
-    assert "read-only" in str(caught.value)
+    assert "read-only" in str(caught.value) and "Nothing was started or reverted" in str(
+        caught.value)
+    assert isinstance(caught.value, exceptions.StorageFailure)  # what TaskFlow code catches
     assert RAN == ["a"], "b must not run: its RUNNING state was never stored"
-    assert REVERTED == ["b", "a"], "what ran is reverted even though atoms cannot be stored"
-    assert engine.storage.get_flow_state() == states.REVERTED
-    # Atom writes fail, but the whole flow detail could be written at the end.
-    stored = {ad.name: ad.state for ad in backend.get_connection().get_atoms_for_flow(
-        engine.storage.flow_uuid)}
-    assert stored == {"a": states.REVERTED, "b": states.REVERTED, "c": states.PENDING}
+    assert REVERTED == [], "a revert nobody can record must not run"
+    flow_uuid = engine.storage.flow_uuid
+    conn = backend.get_connection()
+    stored = conn.get_flow_details(flow_uuid)
+    assert stored.state == states.RUNNING  # as after a crash: nothing claims an ending
+    assert {ad.name: ad.state for ad in stored} == {
+        "a": states.SUCCESS, "b": states.PENDING, "c": states.PENDING}
+    # The backend is back: a new engine resumes from what is stored, and runs a only once.
+    backend.budget[0] = 1_000
+    resumed = engines.load(lf.Flow("f").add(Step("a"), Step("b"), Step("c")),
+                           flow_detail=conn.get_flow_details(flow_uuid), backend=backend)
+    resumed.run()
+    assert RAN == ["a", "b", "c"] and REVERTED == []
+    assert conn.get_flow_details(flow_uuid).state == states.SUCCESS
+
+
+def test_a_halted_engine_run_again_first_writes_what_it_did() -> None:
+    RAN.clear()
+    REVERTED.clear()
+    backend = ReadOnlyLater(writes_allowed=3)  # a: RUNNING, SUCCESS; b: RUNNING; not b's SUCCESS
+    engine = engines.load(lf.Flow("f").add(Step("a"), Step("b"), Step("c")), backend=backend)
+    with pytest.raises(exceptions.RunHalted, match="'b'"):
+        engine.run()
+    assert RAN == ["a", "b"] and REVERTED == []
+    conn = backend.get_connection()
+    stored = conn.get_flow_details(engine.storage.flow_uuid)
+    assert {ad.name: ad.state for ad in stored} == {
+        "a": states.SUCCESS, "b": states.RUNNING, "c": states.PENDING}
+    # Run again: b's outcome, known only in memory, is written first (the whole flow detail
+    # goes through here), then c's RUNNING is refused again: halted before c runs.
+    with pytest.raises(exceptions.RunHalted, match="'c'"):
+        engine.run()
+    assert RAN == ["a", "b"]
+    assert {ad.name: ad.state for ad in conn.get_flow_details(engine.storage.flow_uuid)} == {
+        "a": states.SUCCESS, "b": states.SUCCESS, "c": states.PENDING}
+    backend.budget[0] = 1_000
+    engine.run()
+    assert RAN == ["a", "b", "c"] and REVERTED == []
+    assert {ad.name: ad.state for ad in conn.get_flow_details(engine.storage.flow_uuid)} == {
+        "a": states.SUCCESS, "b": states.SUCCESS, "c": states.SUCCESS}
 
 
 class LockTheDatabase(task.Task):
@@ -87,14 +125,14 @@ class LockTheDatabase(task.Task):
 
 
 def test_the_first_storage_failure_is_the_one_raised(tmp_path: Path) -> None:
-    # The task's SUCCESS cannot be stored (locked), nor can anything after it: the error raised
-    # says the records are not saved and names the first failure and its atom.
+    # The task's SUCCESS cannot be stored (locked): the engine halts, and the error raised
+    # names that write, its atom and the backend.
     db = tmp_path / "locked.db"
     LockTheDatabase.path = str(db)
     engine = engines.load(lf.Flow("f").add(LockTheDatabase("locker")), book=models.LogBook("b"),
                           backend=f"sqlite:///{db}?busy_timeout=0.05")
     try:
-        with pytest.raises(exceptions.StorageFailure, match="could not be saved") as caught:
+        with pytest.raises(exceptions.RunHalted, match="could not be recorded") as caught:
             engine.run()
     finally:
         for holder in LockTheDatabase.holders:

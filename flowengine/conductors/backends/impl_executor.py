@@ -26,16 +26,16 @@ import contextlib
 import dataclasses
 import logging
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
 from flowengine import exceptions as exc
 from flowengine import states, tracing
 from flowengine.conductors import base
-from flowengine.conductors.claims import ClaimFence, ClaimKeeper
+from flowengine.conductors.claims import ClaimFence, ClaimKeeper, FencedOff
 from flowengine.conductors.fencing import FencedBackend
 from flowengine.jobs import base as jobs_base
+from flowengine.jobs.lease_clock import lease_clock
 from flowengine.jobs.masking import scrub
 
 __all__ = ["ExecutorConductor"]
@@ -72,7 +72,7 @@ class ExecutorConductor(base.Conductor):
         log: The logger to use.
         max_simultaneous_jobs: Jobs run at once (<= 0: no limit).
         delete_logbook: Delete a consumed job's logbook from persistence.
-        clock: The monotonic clock claims are kept and fenced with.
+        clock: The lease clock claims are kept and fenced with (counts host suspension).
     """
 
     START_FINISH_EVENTS_EMITTED = ("compilation", "preparation", "validation", "running")
@@ -92,7 +92,7 @@ class ExecutorConductor(base.Conductor):
                  wait_timeout: float | None = None, log: logging.Logger | None = None,
                  max_simultaneous_jobs: int = MAX_SIMULTANEOUS_JOBS,
                  delete_logbook: bool = False,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = lease_clock) -> None:
         super().__init__(name, jobboard, persistence=persistence, engine=engine,
                          engine_options=engine_options)
         if wait_timeout is not None and not wait_timeout > 0:
@@ -225,7 +225,14 @@ class ExecutorConductor(base.Conductor):
         if held is not None:
             held.lost = True
             if held.engine is not None:
-                held.engine.suspend()
+                held.engine.halt(self._lost_claim(held))
+
+    @staticmethod
+    def _lost_claim(held: _Running) -> FencedOff:
+        """Why ``held``'s engine must write nothing more."""
+        return held.fence.refusal("the progress") or FencedOff(
+            f"Refused to store the progress of job {held.job.uuid} ({held.job.name}): its "
+            f"claim was lost")
 
     # ---- one job -------------------------------------------------------------------------------
 
@@ -247,9 +254,24 @@ class ExecutorConductor(base.Conductor):
             reason = scrub(f"no engine could be made from it: {err}", job.details)
             self._log.warning("Trashing %s: %s", job, reason)
             return _Outcome("trash", reason=reason)
-        if self._stopped.is_set() or held.lost:
+        if held.lost:
+            engine.halt(self._lost_claim(held))
+        elif self._stopped.is_set():
             engine.suspend()
-        consume = self._run_engine(job, engine, held)
+        try:
+            consume = self._run_engine(job, engine, held)
+        except exc.RunHalted as err:
+            if held.lost or not held.fence.held:
+                self._log.warning("Conductor %s lost the claim on %s while running it and "
+                                  "halted it (nothing reverted); leaving it to its new owner",
+                                  self._name, job)
+                return _Outcome("lost")
+            # Its records could not be written: not the job's fault. Hand it back uncounted,
+            # after a pause, so conductors do not pass it around in a tight loop meanwhile.
+            self._log.warning("Job %s halted (nothing reverted): %s; handing it back", job,
+                              scrub(str(err), job.details))
+            self._stopped.wait(self.TROUBLE_PAUSE)
+            return _Outcome("abandon", counted=False, reason=str(err))
         if held.lost or not held.fence.held:
             self._log.warning("Conductor %s lost the claim on %s while running it; leaving it"
                               " to its new owner", self._name, job)
@@ -264,7 +286,9 @@ class ExecutorConductor(base.Conductor):
         def run() -> None:
             suspended = False
             for _state in engine.run_iter():
-                if not suspended and (self._stopped.is_set() or held.lost):
+                if held.lost:
+                    engine.halt(self._lost_claim(held))
+                elif not suspended and self._stopped.is_set():
                     engine.suspend()
                     suspended = True
 
@@ -281,6 +305,8 @@ class ExecutorConductor(base.Conductor):
                     self._notifier.notify(f"{event}_start", details)
                     stage()
                     self._notifier.notify(f"{event}_end", details)
+            except exc.RunHalted:
+                raise  # nothing was reverted and nothing more written: see _dispatch_job
             except exc.WrappedFailure as failures:
                 consume = not all(f.check(*self.NO_CONSUME_EXCEPTIONS) for f in failures)
                 self._log.warning("Job %s failed (%s failures; %s): %s", job, len(failures),
