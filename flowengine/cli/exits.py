@@ -13,6 +13,10 @@ alone):
 3     ``run``: the flow failed and was reverted (REVERTED)
 4     ``run``: the flow ended in FAILURE (a revert failed, or the engine itself failed)
 5     ``run``: the flow was suspended (SIGINT/SIGTERM); resume it with ``--resume``
+6     ``run``: the run halted because its progress could not be recorded (the database is
+      unreachable, the disk is full): nothing more ran and nothing was reverted; the stored
+      record is as its last successful write left it, so resume with ``--resume`` once the
+      backend is back
 130   ``run``: interrupted a second time while suspending
 ====  ========================================================================================
 """
@@ -32,6 +36,7 @@ USAGE = 2
 REVERTED = 3
 FAILED = 4
 SUSPENDED = 5
+HALTED = 6
 INTERRUPTED = 130
 
 #: Exit code of ``run`` for the state its flow ended in (anything else is ERROR).

@@ -1,7 +1,7 @@
 """``flowengine run``: run a flow (or resume a stored one), watching each atom as it goes.
 
 Exit codes are :mod:`flowengine.cli.exits`': 0 success, 3 reverted, 4 FAILURE, 5 suspended,
-1 import/load errors, 2 usage errors.
+6 halted (its progress could not be recorded), 1 import/load errors, 2 usage errors.
 """
 
 from __future__ import annotations
@@ -91,8 +91,9 @@ def run_command(ctx: click.Context, spec: str | None, engine_name: str, topics: 
 
     \b
     Exit codes: 0 SUCCESS, 3 REVERTED (the failure was undone), 4 FAILURE (a revert
-    failed), 5 SUSPENDED (SIGINT/SIGTERM; resume with --resume), 1 cannot import, build or
-    validate the flow, 2 usage errors.
+    failed), 5 SUSPENDED (SIGINT/SIGTERM; resume with --resume), 6 halted (its progress
+    could not be recorded: nothing was reverted; resume with --resume once the backend is
+    back), 1 cannot import, build or validate the flow, 2 usage errors.
     """
     if spec is None and resume_id is None:
         raise click.UsageError("give the flow to run as MODULE:FACTORY, or --resume FLOW_ID")
@@ -262,7 +263,9 @@ def _run(engine: Any, request: Request, *, plain: bool, as_json: bool) -> int:
             error = err
     state = storage.get_flow_state()
     code = exits.for_flow_state(state)
-    if error is not None and state not in (states.REVERTED, states.FAILURE):
+    if isinstance(error, exc.RunHalted):
+        code = exits.HALTED
+    elif error is not None and state not in (states.REVERTED, states.FAILURE):
         code = exits.ERROR  # the engine failed before running any atom (broker, storage)
     outcome = Outcome(state, code, time.monotonic() - started, watcher.reverted,
                       watcher.revert_failed, error)
@@ -286,6 +289,7 @@ def _echo_json(engine: Any, request: Request, outcome: Outcome) -> None:
         "uuid": storage.flow_uuid,
         "engine": request.engine,
         "state": outcome.state,
+        "halted": isinstance(outcome.error, exc.RunHalted),
         "exit_code": outcome.code,
         "elapsed": outcome.elapsed,
         "saved": request.backend is not None,
@@ -310,6 +314,13 @@ def _echo_summary(engine: Any, request: Request, outcome: Outcome, watcher: RunW
         click.echo("")
         for line in fmt.table(["ATOM", "KIND", "STATE", "TIME", ""], rows):
             click.echo(line)
+    if isinstance(outcome.error, exc.RunHalted):
+        click.echo(f"flow {storage.flow_name} ({storage.flow_uuid}): halted after "
+                   f"{fmt.duration(outcome.elapsed)} (exit code {outcome.code}): its progress "
+                   f"could not be recorded, so nothing more ran and nothing was reverted")
+        click.echo(f"error: {outcome.error.cause or outcome.error}", err=True)
+        _echo_resume_hint(engine, request)
+        return
     click.echo(f"flow {storage.flow_name} ({storage.flow_uuid}): {outcome.state} after "
                f"{fmt.duration(outcome.elapsed)} (exit code {outcome.code})")
     if outcome.reverted:
