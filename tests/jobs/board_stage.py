@@ -22,7 +22,7 @@ from flowengine import states
 from flowengine.jobs import backends
 from flowengine.jobs.base import Job, JobBoard
 from flowengine.jobs.posting import post_flow
-from flowengine.persistence.backends import impl_sqlalchemy
+from flowengine.persistence import backends as backends_of_flows
 
 
 class BoardStage:
@@ -33,13 +33,14 @@ class BoardStage:
         options: Board conf keys (``claim_ttl``...), given to conductors as ``--board-option``.
         workdir: The test's folder (persistence file, ledger, gate, conductor logs).
         wipe: Deletes what the board stored, at :meth:`close`.
+        backend_uri: The persistence (a SQLite file in ``workdir`` if None).
     """
 
     def __init__(self, board_uri: str, options: dict[str, Any], workdir: Path,
-                 wipe: Callable[[], None]) -> None:
+                 wipe: Callable[[], None], backend_uri: str | None = None) -> None:
         self.board_uri, self.options, self.workdir, self._wipe = board_uri, options, workdir, wipe
-        self.backend_uri = f"sqlite:///{workdir / 'flows.db'}"
-        self.persistence = impl_sqlalchemy.SQLAlchemyBackend({"connection": self.backend_uri})
+        self.backend_uri = backend_uri or f"sqlite:///{workdir / 'flows.db'}"
+        self.persistence = backends_of_flows.fetch(self.backend_uri)
         with contextlib.closing(self.persistence.get_connection()) as conn:
             conn.upgrade()
         self.board: JobBoard = backends.fetch("test", {"board": board_uri, **options})

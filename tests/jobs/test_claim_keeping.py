@@ -15,6 +15,7 @@ from manual_clock import ManualClock
 from flowengine import exceptions as exc
 from flowengine import states
 from flowengine.conductors.backends.impl_blocking import BlockingConductor
+from flowengine.conductors.backends.impl_executor import ExecutorConductor
 from flowengine.conductors.claims import ClaimFence, ClaimKeeper, FencedOff
 from flowengine.conductors.fencing import FencedBackend
 from flowengine.jobs import base
@@ -36,8 +37,11 @@ class RecordingBoard:
         self.renewals: list[str] = []
         self.registrations = 0
         self.lost = lost
+        self.unreachable = False
 
     def keep_alive(self, job: base.Job, who: str) -> None:
+        if self.unreachable:
+            raise exc.JobFailure("the board's server cannot be reached")
         if self.lost:
             raise base.ClaimLost(f"{who} lost {job.uuid}", job.uuid, who)
         self.renewals.append(job.uuid)
@@ -94,6 +98,45 @@ def test_a_lost_claim_closes_the_fence_and_calls_back() -> None:
     fence = keeper.hold(job, on_lost=lambda j: lost.append(j.uuid))
     keeper.tick()
     assert lost == [job.uuid] and not fence.held
+
+
+def test_renewals_failing_past_the_claim_close_the_fence_and_call_back() -> None:
+    # The board cannot be reached (a partition, a server down): the keeper cannot tell whether
+    # the claim still stands until it could have ended, then calls back once, whatever the
+    # reason the renewals failed.
+    clock, board = ManualClock(), RecordingBoard()
+    keeper = ClaimKeeper(board, "me", clock=clock)  # type: ignore[arg-type]
+    lost: list[str] = []
+    job = _job()
+    fence = keeper.hold(job, on_lost=lambda j: lost.append(j.uuid))
+    keeper.tick()
+    board.unreachable = True
+    for _ in range(2):  # 10 s and 20 s after the last renewal: the claim may still stand
+        clock.advance(10.0)
+        keeper.tick()
+        assert lost == [] and fence.held
+    clock.advance(10.0)  # 30 s: it may have ended
+    keeper.tick()
+    assert lost == [job.uuid] and not fence.held
+    refused = fence.refusal("atom 'a'")
+    assert refused is not None and "could not be renewed" in str(refused)
+    clock.advance(10.0)
+    board.unreachable = False
+    keeper.tick()
+    assert lost == [job.uuid], "called back once; the job is no longer held"
+
+
+def test_claims_are_judged_on_a_clock_that_counts_host_suspension() -> None:
+    import time
+
+    from flowengine.jobs.lease_clock import lease_clock
+
+    assert ClaimFence.__init__.__defaults__ is not None
+    assert lease_clock in ClaimFence.__init__.__defaults__
+    assert lease_clock in (ClaimKeeper.__init__.__defaults__ or ())
+    assert lease_clock in (ExecutorConductor.__init__.__defaults__ or ())
+    if hasattr(time, "CLOCK_BOOTTIME"):  # Linux: the boot-time clock, not the monotonic one
+        assert abs(lease_clock() - time.clock_gettime(time.CLOCK_BOOTTIME)) < 1.0
 
 
 def test_a_fenced_backend_refuses_writes_but_not_reads() -> None:
