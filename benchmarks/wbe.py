@@ -31,6 +31,14 @@ On Linux each workload also reports ``cpu_ms_per_task``: the CPU time the engine
 processes and the broker server (none for ``fs``) spent during ``run()``, per task, and their
 total; against the machine's cores it bounds the rate any run could reach (``cpu_usage.py``).
 
+``--celery`` also runs Celery 5 on the same workloads, brokers (Redis and RabbitMQ) and machine in
+the same run (``celery_peer.py``: one Celery worker with ``--threads`` threads, its results in
+Redis, with Celery's defaults and configured at-least-once), and gives each one-worker
+flowengine row its ratios to the faster Celery configuration (``unordered_vs_celery``: tasks/s
+over Celery's group rate; ``linear_step_vs_celery``: Celery's chain step over flowengine's
+linear step; both at least 2 is the target) and, on RabbitMQ, to the confirmed raw ceiling (at
+least 0.5).
+
 Every engine and worker runs in its own process, each engine run is bounded by ``--run-timeout``,
 and queues and exchanges the runs leave on a broker are deleted afterwards. Prints one JSON
 document. Example::
@@ -57,6 +65,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import celery_peer  # noqa: E402
 import cpu_usage as cpu  # noqa: E402
 import kombu_ceiling as ceiling  # noqa: E402
 
@@ -334,6 +343,26 @@ def compare(row: dict[str, Any], limit: dict[str, Any], taskflow: dict[str, Any]
     row["targets_met"] = targets
 
 
+def compare_celery(row: dict[str, Any], celery: dict[str, float | None],
+                   limit: dict[str, Any]) -> None:
+    """Add the ratios to the faster Celery configuration (and, with confirms, to the
+    confirmed ceiling) and whether issue 33's targets are met."""
+    unordered, linear = row.get("unordered", {}), row.get("linear", {})
+    ratios = row.setdefault("ratios", {})
+    ratios["unordered_vs_celery"] = _ratio(unordered.get("tasks_per_s"), celery["tasks_per_s"])
+    ratios["linear_step_vs_celery"] = _ratio(celery["per_task_ms"], linear.get("per_task_ms"))
+    targets = row.setdefault("targets_met", {})
+    for key, ratio_key in (("unordered_at_least_2x_celery", "unordered_vs_celery"),
+                           ("linear_step_at_least_2x_faster_than_celery",
+                            "linear_step_vs_celery")):
+        ratio = ratios[ratio_key]
+        targets[key] = None if ratio is None else ratio >= 2.0
+    confirmed = ratios.get("unordered_vs_confirmed_pipelined_ceiling")
+    if "confirmed" in limit:
+        targets["unordered_at_least_half_confirmed_ceiling"] = (
+            None if confirmed is None else confirmed >= 0.5)
+
+
 def run_config(
     args: argparse.Namespace, broker: ceiling.Broker, lib: str, python: str, count: int, tmp: str
 ) -> dict[str, Any]:
@@ -426,6 +455,9 @@ def main() -> None:
     parser.add_argument(
         "--run-timeout", type=float, default=240.0, help="seconds each engine process may take"
     )
+    parser.add_argument(
+        "--celery", action="store_true",
+        help="also run Celery on the same workloads (redis and rabbitmq rows; celery_peer.py)")
     parser.add_argument("--ceiling-sequential", type=int, default=500)
     parser.add_argument("--ceiling-pipelined", type=int, default=5000)
     args = parser.parse_args()  # fmt: skip
@@ -441,6 +473,7 @@ def main() -> None:
                          else "skipped: see the fs rows"}  # fmt: skip
     results: list[dict[str, Any]] = []
     ceilings: dict[str, Any] = {}
+    celery_rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="flowengine-wbe-bench-") as tmp:
         for name in args.brokers:
             broker = ceiling.make_broker(name, os.path.join(tmp, "fs"))
@@ -453,6 +486,13 @@ def main() -> None:
                     confirm_publish=True)
             ceilings[name] = limit
             print(json.dumps(limit), file=sys.stderr)
+            peer: dict[str, float | None] | None = None
+            if args.celery and name in celery_peer.BROKER_URLS:
+                for config in celery_peer.CONFIGS:
+                    celery_rows.append(celery_peer.measure(name, config, args.unordered,
+                                                           args.linear, args.threads))
+                    print(json.dumps(celery_rows[-1]), file=sys.stderr)
+                peer = celery_peer.faster(celery_rows, name)
             for count in args.workers:
                 by_lib = {lib: run_config(args, broker, lib, python, count, tmp)
                           for lib, python in libs}  # fmt: skip
@@ -462,6 +502,8 @@ def main() -> None:
                 if taskflow is not None and "skipped" in taskflow:
                     taskflow = None
                 compare(by_lib["flowengine"], limit, taskflow)
+                if peer is not None and count == 1:
+                    compare_celery(by_lib["flowengine"], peer, limit)
                 results.extend(by_lib.values())
     print(json.dumps({
         "benchmark": "wbe",
@@ -470,6 +512,7 @@ def main() -> None:
         "sizes": {"unordered": args.unordered, "linear": args.linear},
         "flowengine_threads_per_worker": args.threads,
         "taskflow": taskflow_info,
+        "celery": {"compared": bool(celery_rows), "rows": celery_rows},
         "ceiling": ceilings,
         "results": results,
     }, indent=2))  # fmt: skip

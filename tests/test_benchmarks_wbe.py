@@ -56,6 +56,29 @@ def test_wbe_reports_rates_ratios_and_cpu_on_the_filesystem_transport() -> None:
         assert "unordered_cpu_per_task_vs_round_trip" in row["ratios"]
 
 
+@pytest.mark.integration
+def test_wbe_runs_celery_beside_flowengine_and_reports_the_ratios(redis_url: str) -> None:
+    from servers import require_module
+
+    require_module("celery")
+    report = run_benchmark("wbe.py", "--brokers", "redis", "--workers", "1", "--unordered",
+                           "20", "--linear", "5", "--no-taskflow", "--celery", "--threads", "4",
+                           "--ceiling-sequential", "10", "--ceiling-pipelined", "100")
+    celery = report["celery"]
+    assert celery["compared"]
+    assert [(r["broker"], r["config"]) for r in celery["rows"]] == [
+        ("redis", "defaults"), ("redis", "at-least-once")]
+    for row in celery["rows"]:
+        assert row["concurrency"] == 4 and row["unordered"]["tasks"] == 20
+        assert row["linear"]["tasks"] == 5 and row["linear"]["per_task_ms"] > 0
+    [flowengine] = report["results"]
+    assert "error" not in flowengine, flowengine
+    assert flowengine["ratios"]["unordered_vs_celery"] > 0
+    assert flowengine["ratios"]["linear_step_vs_celery"] > 0
+    assert {"unordered_at_least_2x_celery", "linear_step_at_least_2x_faster_than_celery"} <= set(
+        flowengine["targets_met"])
+
+
 def test_process_seconds_grows_with_work() -> None:
     before = cpu_usage.process_seconds(os.getpid())
     if not LINUX:  # no /proc: the benchmarks leave the CPU fields out
