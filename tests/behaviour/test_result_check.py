@@ -166,12 +166,20 @@ def _resume(factory: EngineFactory, flow: linear_flow.Flow, backend: Any, flow_u
     return factory(flow, backend=backend, flow_detail=flow_detail)
 
 
+# Parametrized here rather than by the ``stored`` fixture, so that the remote copy of this
+# scenario (tests/integration/test_wbe_engine_suite.py) runs it on every backend too.
+@pytest.mark.parametrize("backend_kind", BACKENDS)
 @pytest.mark.parametrize("trigger", [f"atom b {states.SUCCESS}", f"atom b {states.RUNNING}"])
 def test_a_failed_write_halts_the_engine_and_a_resume_finishes_the_flow(
-        local_engine_factory: EngineFactory, stored: Any, trigger: str) -> None:
-    backend = stored
+        engine_factory: EngineFactory, backend_kind: str, trigger: str,
+        request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    with _opened(backend_kind, request, tmp_path) as backend:
+        _check_halted_then_resumed(engine_factory, backend, trigger)
+
+
+def _check_halted_then_resumed(engine_factory: EngineFactory, backend: Any, trigger: str) -> None:
     fault = _Fault(trigger, stays_down=False)
-    engine = local_engine_factory(_three_steps(), backend=_FlakyBackend(backend, fault))
+    engine = engine_factory(_three_steps(), backend=_FlakyBackend(backend, fault))
     with pytest.raises(exc.RunHalted, match="unreachable"):
         engine.run()
     assert fault.failed == [trigger]
@@ -183,7 +191,7 @@ def test_a_failed_write_halts_the_engine_and_a_resume_finishes_the_flow(
     assert _stored(backend, flow_uuid) == {
         "flow": states.RUNNING, "a": states.SUCCESS,
         "b": states.RUNNING if ran_b else states.PENDING, "c": states.PENDING}
-    _resume(local_engine_factory, _three_steps(), backend, flow_uuid).run()
+    _resume(engine_factory, _three_steps(), backend, flow_uuid).run()
     assert tasks.names("execute") == (["a", "b", "b", "c"] if ran_b else ["a", "b", "c"])
     assert tasks.names("revert") == []
     assert _stored(backend, flow_uuid) == {
@@ -191,10 +199,10 @@ def test_a_failed_write_halts_the_engine_and_a_resume_finishes_the_flow(
 
 
 def test_a_backend_that_stays_down_is_not_written_again_until_the_engine_runs_again(
-        local_engine_factory: EngineFactory, stored: Any) -> None:
+        engine_factory: EngineFactory, stored: Any) -> None:
     backend = stored
     fault = _Fault(f"atom b {states.SUCCESS}", stays_down=True)
-    engine = local_engine_factory(_three_steps(), backend=_FlakyBackend(backend, fault))
+    engine = engine_factory(_three_steps(), backend=_FlakyBackend(backend, fault))
     with pytest.raises(exc.RunHalted, match="unreachable"):
         engine.run()
     assert fault.failed == [f"atom b {states.SUCCESS}"], "nothing is written after the halt"

@@ -59,9 +59,9 @@ EXCLUDED = {
     "test_a_revert_past_its_time_limit_is_a_revert_failure": _LOCAL_WATCHDOG,
     "test_the_engine_option_overrides_the_class_limit": _LOCAL_WATCHDOG,
     "test_a_call_past_its_time_limit_fails_the_atom_and_reverts": _LOCAL_WATCHDOG,
-    "test_a_failed_write_fails_the_atom_and_the_flow_reverts": _LOCAL_BACKEND_FAULTS,
-    "test_a_backend_that_stays_down_still_reverts_then_says_so": _LOCAL_BACKEND_FAULTS,
-    "test_a_failure_that_cannot_be_stored_keeps_its_own_error": _LOCAL_BACKEND_FAULTS,
+    "test_a_backend_that_stays_down_is_not_written_again_until_the_engine_runs_again":
+        _LOCAL_BACKEND_FAULTS,
+    "test_a_failure_that_cannot_be_stored_halts_and_a_resume_reverts": _LOCAL_BACKEND_FAULTS,
     "test_a_start_delay_is_armed_before_it_is_announced":
         "a local engine's own timer; a remote request is held by the broker client, by a clock "
         "of its own (test_a_suspended_start_delay_goes_on_with_what_is_left waits for the hold)",
