@@ -89,6 +89,23 @@ def test_dir_validate_before_upgrade_names_the_missing_directory(tmp_path: Path)
         conn.validate()
 
 
+def test_a_dir_record_another_process_rewrote_is_read_again(tmp_path: Path) -> None:
+    # doc/persistence.rst: files are always read afresh, as another process may have changed
+    # them; the cache only saves reading a file that did not change.
+    with backends.backend(f"dir://{tmp_path}") as mine, \
+            backends.backend(f"dir://{tmp_path}") as theirs:
+        book = models.LogBook("book")
+        book.add(models.FlowDetail("flow", "flow-1"))
+        reader = mine.get_connection()
+        reader.save_logbook(book)
+        assert reader.get_flow_details("flow-1").state is None  # read, and now cached
+        writer = theirs.get_connection()
+        changed = writer.get_flow_details("flow-1")
+        changed.state = "REVERTED"
+        writer.update_flow_details(changed)
+        assert reader.get_flow_details("flow-1").state == "REVERTED"
+
+
 @pytest.fixture
 def memory() -> base.Backend:
     with backends.backend("memory://") as be:
