@@ -25,7 +25,8 @@ from flowengine.flows import linear_flow as lf
 from flowengine.flows import unordered_flow as uf
 from flowengine.worker_based import protocol as pr
 
-pytestmark = pytest.mark.integration
+# Slowest test here: 32 s on a loaded 2-core machine; the default 60 s limit is too close.
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 TOPIC = "faults"
 TASKS = [ft.__name__]
