@@ -6,9 +6,11 @@ measures. Each runs as ``make bench`` runs it; the report's shape is checked, ne
 
 from __future__ import annotations
 
+import pytest
 from benchmark_runs import run_benchmark  # tests/ is on sys.path (rootdir conftest)
 
 
+@pytest.mark.timeout(180)  # eight interpreter starts: 15 s here, more on a loaded machine
 def test_engines_reports_every_shape_size_and_engine_and_back_to_back_runs() -> None:
     report = run_benchmark("engines.py", "--sizes", "5", "--engines", "serial", "parallel",
                            "--runs", "3")
