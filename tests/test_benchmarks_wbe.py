@@ -74,6 +74,7 @@ def test_async_tasks_benchmark_reports_both_runs() -> None:
     assert report["async_run_s"] > 0 and report["threads_run_s"] > 0
 
 
+@pytest.mark.timeout(180)  # 13 s on a loaded 2-core machine
 def test_many_flows_reports_sockets_threads_and_ratios_on_the_filesystem_transport() -> None:
     report = run_benchmark("many_flows.py", "--brokers", "fs", "--flows", "8", "--lone", "2",
                            "--ceiling-sequential", "5", "--one-engine-cap", "12",
