@@ -24,8 +24,10 @@ typecheck: $(STAMP)
 unit: $(STAMP)
 	$(BIN)/pytest -q tests/unit tests/behaviour
 
+# --durations: CI's log ends with the 30 slowest tests (where the time goes); every test also
+# has a time limit (pyproject.toml), so a hang ends the run with every thread's stack.
 test: lint typecheck
-	$(BIN)/pytest -q tests
+	$(BIN)/pytest -q --durations=30 tests
 
 # Every benchmark script, each writing its JSON to benchmarks/results/<script>.json (progress on
 # stderr); the folder is in .gitignore. A script that fails leaves no result file, the

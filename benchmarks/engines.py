@@ -5,6 +5,10 @@ sizes 100, 1,000 and 10,000; engines serial and parallel. Each configuration run
 process so its peak RSS is its own. With ``--taskflow PYTHON`` the same workloads also run on
 TaskFlow (sizes up to ``--taskflow-max``) for a ratio measured on the same machine.
 
+``back_to_back``: ``--runs`` one-task flows run one after another on each engine (each with its
+own engine, as a service running small operations does), in ms per run. It shows any fixed cost
+per run, such as TaskFlow's parallel engine waiting about a second for its pool to shut down.
+
 Prints one JSON document. Example::
 
     python benchmarks/engines.py --sizes 100 1000 10000 --taskflow /path/to/taskflow/python
@@ -39,6 +43,12 @@ class Link(task.Task):
     def execute(self, prev):
         return prev
 
+if shape == "back-to-back":
+    started = time.perf_counter()
+    for i in range(size):
+        engines.run(uf.Flow("quick").add(Noop("t%d" % i)), engine=engine)
+    print(json.dumps({"runs": size, "ms_per_run": (time.perf_counter() - started) * 1000 / size}))
+    sys.exit(0)
 started = time.perf_counter()
 if shape == "linear":
     flow = lf.Flow("bench").add(*[Noop("t%d" % i) for i in range(size)])
@@ -92,6 +102,8 @@ def main() -> None:
     parser.add_argument("--taskflow-max", type=int, default=1000,
                         help="largest size to run on TaskFlow (it is slow)")
     parser.add_argument("--timeout", type=float, default=300.0)
+    parser.add_argument("--runs", type=int, default=20,
+                        help="one-task flows run back to back on each engine (0: skip)")
     args = parser.parse_args()
     results = []
     for shape in args.shapes:
@@ -110,12 +122,23 @@ def main() -> None:
                             float(tf["build_compile_s"]) / float(fe["build_compile_s"]))  # type: ignore[arg-type]
                 results.append(row)
                 print(json.dumps(row), file=sys.stderr)
+    back_to_back = []
+    for engine in args.engines if args.runs > 0 else []:
+        row = {"engine": engine, "flowengine": run_one(sys.executable, "flowengine",
+                                                       "back-to-back", args.runs, engine,
+                                                       args.timeout)}
+        if args.taskflow:
+            row["taskflow"] = run_one(args.taskflow, "taskflow", "back-to-back", args.runs,
+                                      engine, args.timeout)
+        back_to_back.append(row)
+        print(json.dumps(row), file=sys.stderr)
     print(json.dumps({
         "benchmark": "engines",
         "python": platform.python_version(),
         "machine": platform.machine(),
         "cpus": os.cpu_count(),
         "results": results,
+        "back_to_back": back_to_back,
     }, indent=2))
 
 

@@ -11,7 +11,9 @@ times, the modes taking turns so that drift hits all alike, and reports the medi
 - ``on_read``: the defaults with an :class:`EventReceiver` reading every event.
 
 Prints one JSON document with each mode's seconds and tasks/s and ``ratio`` (mode time / off time;
-1.05 means 5% slower), plus the events published and dropped. Example::
+1.05 means 5% slower), plus the events published and dropped, and ``emit_away``: what one
+``emit`` costs the caller while the broker is unreachable (``--away-emits`` events to a closed
+port; they are queued or dropped, never waited on). Example::
 
     python benchmarks/events_cost.py --tasks 200 --repeat 5
     python benchmarks/events_cost.py --url redis://127.0.0.1:6379/15
@@ -125,6 +127,17 @@ def _measure(args: argparse.Namespace, broker: dict[str, Any]) -> dict[str, Any]
     return result
 
 
+def _emit_away(emits: int) -> dict[str, Any]:
+    """Microseconds per emit to a broker that refuses connections (a closed local port)."""
+    publisher = ev.EventPublisher(f"events-away-{uuid.uuid4().hex[:8]}",
+                                  url="redis://127.0.0.1:1/0", maxsize=100)
+    started = time.perf_counter()
+    for n in range(emits):
+        publisher.emit("task-sent", n=n)
+    spent = time.perf_counter() - started
+    return {"emits": emits, "us_per_emit": spent * 1e6 / emits, "dropped": publisher.dropped}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", type=int, default=200, help="unordered flow size")
@@ -133,6 +146,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=8)
     parser.add_argument("--transport", default="memory", choices=["memory", "flowengine-fs"])
     parser.add_argument("--url", default=None, help="a broker URL instead of --transport")
+    parser.add_argument("--away-emits", type=int, default=10_000,
+                        help="emits timed while the broker is unreachable")
     args = parser.parse_args()
     broker = _broker(args)
     report = {
@@ -142,6 +157,7 @@ def main() -> None:
         "cpus": os.cpu_count(),
         "repeat": args.repeat,
         **_measure(args, broker),
+        "emit_away": _emit_away(args.away_emits),
     }
     json.dump(report, sys.stdout, indent=2)
     sys.stdout.write("\n")

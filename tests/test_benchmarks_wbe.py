@@ -7,30 +7,16 @@ CPU accounting adds up, so a broken benchmark is found by CI rather than by whoe
 
 from __future__ import annotations
 
-import json
 import os
-import pathlib
-import subprocess
 import sys
-from typing import Any
 
 import pytest
+from benchmark_runs import BENCHMARKS, run_benchmark  # tests/ is on sys.path (rootdir conftest)
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-BENCHMARKS = ROOT / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 import cpu_usage  # noqa: E402
 
 LINUX = sys.platform.startswith("linux")
-
-
-def run_benchmark(script: str, *args: str) -> dict[str, Any]:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.run([sys.executable, str(BENCHMARKS / script), *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    report: dict[str, Any] = json.loads(proc.stdout)
-    return report
 
 
 def test_wbe_reports_rates_ratios_and_cpu_on_the_filesystem_transport() -> None:
@@ -111,6 +97,7 @@ def test_async_tasks_benchmark_reports_both_runs() -> None:
     assert report["async_run_s"] > 0 and report["threads_run_s"] > 0
 
 
+@pytest.mark.timeout(180)  # 13 s on a loaded 2-core machine
 def test_many_flows_reports_sockets_threads_and_ratios_on_the_filesystem_transport() -> None:
     report = run_benchmark("many_flows.py", "--brokers", "fs", "--flows", "8", "--lone", "2",
                            "--ceiling-sequential", "5", "--one-engine-cap", "12",

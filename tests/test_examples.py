@@ -239,6 +239,7 @@ def test_the_scripts_with_expectations_exist() -> None:
     assert not missing, f"EXPECTED_LINES names scripts that are gone: {missing}"
 
 
+@pytest.mark.timeout(180)  # the slowest example took 19 s on a loaded 2-core machine
 @pytest.mark.parametrize("script", _scripts())
 def test_example(script: str, runs: Runs) -> None:
     proc = runs[script].result()

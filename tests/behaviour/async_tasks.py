@@ -98,18 +98,45 @@ class AsyncWait(task.Task):
         return self.name
 
 
+#: Seconds the gates of one meeting wait, all together, for the last of them to arrive.
+MEETING_WAIT = 30.0
+
+
+class Meeting:
+    """The gates of one key: how many arrived, whether all did, and the one deadline (loop
+    time) that every gate of it waits until."""
+
+    def __init__(self, deadline: float) -> None:
+        self.arrived = 0
+        self.met = asyncio.Event()
+        self.deadline = deadline
+
+
 class Gate(task.Task):
     """Waits until ``parties`` gates given the same ``key`` are awaited at once, in one process
-    (on one event loop): they finish only if all of them run at the same time."""
+    (on one event loop): they finish only if all of them run at the same time.
 
-    meetings: ClassVar[dict[str, tuple[list[int], asyncio.Event]]] = {}
+    The gates of a meeting share one deadline, set by the first to arrive: when they cannot all
+    run at once (an engine awaiting fewer than it should), the first gives up after
+    :data:`MEETING_WAIT` seconds and each later one at once, so the flow fails in about that
+    time instead of after ``parties`` times it.
+    """
+
+    meetings: ClassVar[dict[str, Meeting]] = {}
 
     async def execute(self, key: str, parties: int) -> str:
-        arrived, met = self.meetings.setdefault(key, ([0], asyncio.Event()))
-        arrived[0] += 1
-        if arrived[0] == parties:
-            met.set()
-        await asyncio.wait_for(met.wait(), 30)
+        loop = asyncio.get_running_loop()
+        meeting = self.meetings.setdefault(key, Meeting(loop.time() + MEETING_WAIT))
+        meeting.arrived += 1
+        arrival = meeting.arrived
+        if arrival == parties:
+            meeting.met.set()
+        try:
+            await asyncio.wait_for(meeting.met.wait(), max(0.0, meeting.deadline - loop.time()))
+        except TimeoutError:
+            raise TimeoutError(f"gate {self.name!r} (arrived {arrival} of {parties}) gave up: "
+                               f"the gates were not all awaited at once within "
+                               f"{MEETING_WAIT:.0f}s") from None
         return self.name
 
 

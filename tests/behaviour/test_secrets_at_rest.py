@@ -245,3 +245,40 @@ def test_a_resumed_flow_asks_for_its_secret_inputs_again(
     finally:
         if reader is not backend:
             reader.close()
+
+
+def _stored_meta_column(uri: str) -> list[str]:
+    """The ``meta`` column of every row of the SQL backends' ``flowdetails`` table, as stored."""
+    import sqlalchemy as sa
+
+    url = uri.replace("postgresql://", "postgresql+psycopg://", 1)
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            return [str(meta) for meta in
+                    conn.execute(sa.text("SELECT meta FROM flowdetails")).scalars()]
+    finally:
+        engine.dispose()
+
+
+def test_flow_metadata_is_stored_with_its_secrets_masked(
+        backend: base.Backend, backend_uri: str) -> None:
+    # doc/secrets.rst: "metadata written for the flow have each secret replaced by ***".
+    RAN.clear()
+    engine = engines.load(fine_flow(), store=store_values(), backend=backend)
+    engine.compile()
+    engine.prepare()
+    engine.storage.update_flow_metadata({"note": f"deployed by ada with {PASSWORD}",
+                                         "nested": {"why": [f"pw {PASSWORD!r}"]}})
+    engine.run()
+    assert engine.storage.get_flow_state() == states.SUCCESS
+    assert engine.storage.flow_meta["note"] == f"deployed by ada with {PASSWORD}", (
+        "the running flow keeps the clear value; only what is written is masked")
+    stored = backend.get_connection().get_flow_details(engine.storage.flow_uuid).meta
+    assert stored["note"] == "deployed by ada with ***", stored
+    assert_no_secret("the stored flow metadata", json.dumps(stored))
+    if backend_uri.startswith(("sqlite", "postgresql")):
+        [meta] = _stored_meta_column(backend_uri)
+        assert_no_secret("flowdetails.meta", meta)
+        assert "deployed by ada with ***" in meta, meta
+    assert_no_secret("what the backend wrote", _raw(backend_uri))

@@ -69,6 +69,7 @@ def _last_line(text: str) -> str:
     return lines[-1].split(":")[0] if lines else ""
 
 
+@pytest.mark.timeout(180)  # the slowest example took 23 s on a loaded 2-core machine
 @pytest.mark.parametrize("name", example_names())
 def test_example_prints_what_it_prints_on_taskflow(name: str) -> None:
     with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:

@@ -42,14 +42,35 @@ class Explode(task.Task):
         raise RuntimeError(f"cannot reach the API with {password}")
 
 
+#: Values a task returns under secret-looking keys without naming them secret anywhere.
+API_KEY, DB_PASSWORD = "ak-3f9c2d7e1b", "db-pw-7ad0c41e"
+
+
+class Credentials(task.Task):
+    """Returns credentials under secret-looking keys; nothing marks them secret (no
+    ``secret_args``, no ``Secret``): only the dashboard's rule on key names hides them."""
+
+    def execute(self, user: str) -> dict[str, Any]:
+        return {"user": user, "api_key": API_KEY, "db": {"host": "db1", "password": DB_PASSWORD}}
+
+
 class Gated(task.Task):
     """Waits (bounded) for the gate file, so a browser can watch it RUNNING, then works a
-    moment (so the timeline has bars worth seeing)."""
+    moment (so the timeline has bars worth seeing).
+
+    The gated atoms of a test share one deadline: the first to wait 30 s in vain leaves
+    ``<gate>.gave-up``, and every later one goes on at once, so a gate a failed test never
+    opens costs 30 s, not 30 s per atom.
+    """
 
     def execute(self) -> str:
         gate = os.environ.get(GATE_ENV)
         deadline = time.monotonic() + 30.0
-        while gate and not Path(gate).exists() and time.monotonic() < deadline:
+        gave_up = Path(f"{gate}.gave-up")
+        while gate and not Path(gate).exists() and not gave_up.exists():
+            if time.monotonic() >= deadline:
+                gave_up.touch()
+                break
             time.sleep(0.05)  # a polled file: the only signal a worker process shares here
         time.sleep(WORK)
         return self.name
@@ -89,3 +110,8 @@ def gated(width: int = 2) -> graph_flow.Flow:
         flow.link(first, step)
         flow.link(step, last)
     return flow
+
+
+def credentials() -> linear_flow.Flow:
+    """One task returning credentials under secret-looking keys; succeeds."""
+    return linear_flow.Flow("credentials").add(Credentials("issue"))

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import dashboard_flows as df
 import pytest
 from click.testing import CliRunner
-from dashboard_store import PASSWORD
+from dashboard_store import PASSWORD, store_run
 
 from flowengine.cli.main import cli
 from flowengine.dashboard import DashboardData, EventHub, create_app
@@ -147,6 +147,25 @@ def test_a_broker_that_is_away_is_named_without_its_password(store: base.Backend
         page = app.get("/dead-letters")
     assert page.status_code == 200 and "cannot read the dead letters" in page.text
     assert "s3cretpw" not in page.text
+
+
+def test_values_under_secret_looking_keys_never_show(store: base.Backend) -> None:
+    # doc/dashboard.rst: "values under keys that look secret (password, token, secret,
+    # api_key...) ... are shown as ***", even when nothing marked them secret.
+    flow = store_run(store, df.credentials)
+    with client(store) as app:
+        for path in (f"/flows/{flow}", f"/flows/{flow}?fragment=1"):
+            page = app.get(path).text
+            for value in (df.API_KEY, df.DB_PASSWORD, PASSWORD):
+                assert value not in page, (path, value)
+            assert "db1" in page and "ada" in page, "values under other keys are shown"
+            assert "***" in page
+    view = DashboardData(store, EventHub(None)).flow(flow)
+    assert view is not None
+    [issued] = view.atoms
+    assert issued["result"] == {"user": "ada", "api_key": "***",
+                                "db": {"host": "db1", "password": "***"}}
+    assert view.store["password"] == "***", "a store value under a secret-looking key"
 
 
 def test_stored_text_is_escaped(store: base.Backend) -> None:

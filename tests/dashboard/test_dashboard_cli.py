@@ -60,6 +60,8 @@ def test_the_command_serves_the_stored_flows(store: base.Backend, stored: dict[s
         assert _get(f"{url}/flows")[0] == 401
         status, page = _get(f"{url}/flows", token="t0ken-for-the-test")
         assert status == 200 and stored["provisioning"] in page and "read-only" in page
+        # A link carrying the token: the request line holds it, so no access log may.
+        assert _get(f"{url}/flows?token=t0ken-for-the-test")[0] != 0, "no answer"
     output = log.read_text()
     assert f"{url}/" in output and "t0ken-for-the-test" not in output
 

@@ -30,7 +30,8 @@ from flowengine.persistence import base, models
 from flowengine.persistence.queries import FlowQuery, find_flows
 from flowengine.worker_based.events import EventReceiver
 
-pytestmark = pytest.mark.integration
+# Slowest test here: 16 s on a loaded 2-core machine; the default 60 s limit is too close.
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 TOPIC = "remote-suspend"
 #: Seconds a process of these tests may take to end once asked.

@@ -14,7 +14,6 @@ execute and revert runs, and ``max_attempts=1`` shows that no hand-back counted 
 from __future__ import annotations
 
 import re
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -62,16 +61,15 @@ def test_a_class_no_worker_runs_fails_fast_naming_what_is_served(
     engine = engines.load(flow, engine="worker-based", **fleet.engine_options(
         TOPIC, transition_timeout=TRANSITION_TIMEOUT, unserved_timeout=UNSERVED_TIMEOUT))
 
-    started = time.monotonic()
+    # A NotFound, not the RequestTimeout the 60 s transition timeout would raise: the
+    # fail-fast path acted.
     with pytest.raises(exc.NotFound) as raised:
         engine.run()
-    took = time.monotonic() - started
 
     message = str(raised.value)
     assert "'behaviour.tasks.Add'" in message, message
     assert f"topic(s) '{TOPIC}'" in message, message
     assert f"on topic '{TOPIC}' run: behaviour.tasks.Constant" in message, message
-    assert took < TRANSITION_TIMEOUT / 2, f"took {took:.1f}s: the fail-fast path did not act"
     # The work that did run was undone, on the worker that runs its class.
     assert [(e["event"], e["atom"]) for e in ledger.entries()] == [
         ("execute", "one"), ("revert", "one")]

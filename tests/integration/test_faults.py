@@ -25,7 +25,8 @@ from flowengine.flows import linear_flow as lf
 from flowengine.flows import unordered_flow as uf
 from flowengine.worker_based import protocol as pr
 
-pytestmark = pytest.mark.integration
+# Slowest test here: 32 s on a loaded 2-core machine; the default 60 s limit is too close.
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 TOPIC = "faults"
 TASKS = [ft.__name__]
@@ -443,8 +444,9 @@ def test_a_request_no_worker_takes_fails_after_the_transition_timeout(
     print(f"\n[{broker}] no worker: flow failed after {run.elapsed:.2f}s")
     assert isinstance(error, exc.RequestTimeout), error
     assert "'orphan'" in str(error) and f"{NO_WORKER_TIMEOUT} seconds" in str(error), error
-    # Bounded: the execute request's timeout, plus at most one more for its revert request.
-    assert NO_WORKER_TIMEOUT <= run.elapsed < 2 * NO_WORKER_TIMEOUT + 3.0, run.elapsed
+    # Bounded by the timeout it was given (the default is 60 s): the execute request's, at
+    # most one more for its revert request, and room for a loaded machine.
+    assert NO_WORKER_TIMEOUT <= run.elapsed < 2 * NO_WORKER_TIMEOUT + 10.0, run.elapsed
     _once_each(stage, ["before"])
     assert stage.ledger.events("orphan") == []
 

@@ -44,7 +44,9 @@ from flowengine.flows import linear_flow as lf
 from flowengine.flows import unordered_flow as uf
 from flowengine.worker_based import protocol as pr
 
-pytestmark = pytest.mark.integration
+# Not measured (it stops the shared servers): broker restarts of several seconds each, so
+# a limit well above the default.
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 TOPIC = "faults"
 TASKS = [ft.__name__]

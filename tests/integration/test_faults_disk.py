@@ -33,7 +33,8 @@ from flowengine.worker_based import protocol as pr
 from flowengine.worker_based.broker import proxy as px
 from flowengine.worker_based.broker import transport_fs_disk as fsdisk
 
-pytestmark = pytest.mark.integration
+# Slowest test here: 30 s on a loaded 2-core machine; the default 60 s limit is too close.
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 TOPIC = "disk"
 #: Seconds the data folder stays unwritable: many heartbeat intervals and lease lengths.

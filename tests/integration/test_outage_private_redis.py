@@ -22,7 +22,8 @@ from flowengine import engines, states
 from flowengine.flows import linear_flow as lf
 from flowengine.flows import unordered_flow as uf
 
-pytestmark = pytest.mark.integration
+# Slowest test here: 22 s on a loaded 2-core machine; the default 60 s limit is too close.
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 TOPIC = "outage"
 TASKS = [ft.__name__]

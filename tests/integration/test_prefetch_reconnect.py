@@ -21,7 +21,8 @@ from fault_support import WAIT, Stage, wait_until
 from private_redis import PrivateRedis
 from wbe_harness import Broker, ProtocolClient, WorkerFleet, request_body, subprocess_env
 
-pytestmark = pytest.mark.integration
+# Slowest test here: 21 s on a loaded 2-core machine; the default 60 s limit is too close.
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 TOPIC = "reconnect"
 THREADS = 3

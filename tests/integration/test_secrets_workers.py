@@ -32,7 +32,8 @@ from flowengine.worker_based.broker import proxy as px
 from flowengine.worker_based.dead_letters import DeadLetters
 from flowengine.worker_based.events import EventReceiver
 
-pytestmark = pytest.mark.integration
+# Slowest test here: 15 s on a loaded 2-core machine; the default 60 s limit is too close.
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 WAIT = 30.0
 TOPIC = "secrets"

@@ -32,7 +32,8 @@ from wbe_harness import Broker, WorkerFleet, unique_exchange
 
 from flowengine.worker_based.worker import TASK_THREAD_PREFIX
 
-pytestmark = pytest.mark.integration
+# Slowest test here: 17 s on a loaded 2-core machine; the default 60 s limit is too close.
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 TOPIC = "suite"
 #: Two workers, each with enough threads for the widest concurrent scenario (four atoms).

@@ -99,8 +99,9 @@ def _by(entries: list[tuple[str, int]], pid: int) -> list[str]:
 
 def test_kill_9_mid_flow_another_conductor_finishes_without_rerunning(
         stage: BoardStage, conductors: list[Conductor]) -> None:
-    """A conductor killed mid-flow: another finishes the job within ``claim_ttl`` + 2 s, and
-    no atom that completed runs again."""
+    """A conductor killed mid-flow: another takes the job over within ``claim_ttl`` + 2 s (the
+    promise of doc/reliability.rst: it has run the interrupted atom by then), and no atom that
+    completed runs again."""
     import jobs_flows
 
     first = stage.conductor(conductors, "first")
@@ -110,15 +111,15 @@ def test_kill_9_mid_flow_another_conductor_finishes_without_rerunning(
     second = stage.conductor(conductors, "second")
     stage.wait_registered(second)
     first.signal(signal.SIGKILL)
-    killed_at = time.monotonic()
+    killed_at = time.time()  # the ledger's clock: the second conductor's step-2 is stamped
     stage.gate.touch()
     assert job.wait(timeout=30), second.output()
-    took = time.monotonic() - killed_at
     entries = jobs_flows.ledger_entries(stage.ledger)
     assert [name for name, _ in entries] == ["step-1", "step-2", "step-3"]
     assert _by(entries, first.pid) == ["step-1"]
     assert _by(entries, second.pid) == ["step-2", "step-3"]
-    assert took < float(stage.options["claim_ttl"]) + 2.0, f"failover took {took:.2f}s"
+    took = jobs_flows.recorded_at(stage.ledger, "step-2", second.pid) - killed_at
+    assert took < float(stage.options["claim_ttl"]) + 2.0, f"took over after {took:.2f}s"
 
 
 def test_a_conductor_frozen_past_its_claim_runs_no_further_atom(

@@ -21,7 +21,7 @@ from flowengine.flows import linear_flow
 def _record(ledger: str | None, name: str) -> None:
     if ledger:
         with open(ledger, "a", encoding="utf-8") as out:
-            out.write(f"{name} {os.getpid()}\n")
+            out.write(f"{name} {os.getpid()} {time.time()}\n")
             out.flush()
             os.fsync(out.fileno())
 
@@ -32,6 +32,15 @@ def ledger_entries(ledger: Path) -> list[tuple[str, int]]:
         return []
     return [(line.split()[0], int(line.split()[1]))
             for line in ledger.read_text().splitlines() if line.strip()]
+
+
+def recorded_at(ledger: Path, name: str, pid: int) -> float:
+    """When (epoch seconds) process ``pid`` recorded its execution of ``name``."""
+    for line in ledger.read_text().splitlines():
+        fields = line.split()
+        if fields[:2] == [name, str(pid)]:
+            return float(fields[2])
+    raise AssertionError(f"{name} was not recorded by process {pid}")
 
 
 def ledger_lines(ledger: Path) -> list[str]:

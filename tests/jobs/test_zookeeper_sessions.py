@@ -34,9 +34,10 @@ def root(zookeeper_hosts: str) -> Iterator[str]:
     wipe_zookeeper(zookeeper_hosts, name)
 
 
-def _board(hosts: str, root: str, name: str, **kwargs: object) -> base.JobBoard:
+def _board(hosts: str, root: str, name: str, claim_ttl: float = 10,
+           **kwargs: object) -> base.JobBoard:
     board = backends.fetch(name, {"board": "zookeeper", "hosts": hosts, "path": f"{root}/jobs",
-                                  "claim_ttl": 10}, **kwargs)
+                                  "claim_ttl": claim_ttl}, **kwargs)
     board.connect()
     return board
 
@@ -63,19 +64,22 @@ def _expire(client: KazooClient, hosts: str) -> None:
 
 
 def test_a_lost_session_frees_its_claims_at_once(zookeeper_hosts: str, root: str) -> None:
-    client = KazooClient(hosts=zookeeper_hosts, timeout=10)
-    holder = _board(zookeeper_hosts, root, "holder", client=client)
+    # A claim (and session) of 30 s: far longer than ending the session takes, even on a
+    # loaded machine, so a claim freed before its own end was freed by the session's end.
+    client = KazooClient(hosts=zookeeper_hosts, timeout=30)
+    holder = _board(zookeeper_hosts, root, "holder", claim_ttl=30, client=client)
     other = _board(zookeeper_hosts, root, "other")
     try:
         job = holder.post("j")
         holder.claim(job, "c1")
+        claimed_at = time.monotonic()
         [seen] = list(other.iterjobs(ensure_fresh=True))
         assert seen.state == states.CLAIMED
-        started = time.monotonic()
         _expire(client, zookeeper_hosts)
-        # Freed by the session's end, long before the 10 s claim would have run out.
-        [freed] = list(other.wait(timeout=10))
-        assert freed.uuid == job.uuid and time.monotonic() - started < 8
+        [freed] = list(other.wait(timeout=25))
+        assert freed.uuid == job.uuid
+        assert time.monotonic() - claimed_at < holder.options.claim_ttl, (
+            "freed only when the claim ran out: the session's end did not free it")
         with pytest.raises(base.ClaimLost, match="c1"):
             holder.keep_alive(job, "c1")
         other.claim(freed, "c2")

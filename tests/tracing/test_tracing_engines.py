@@ -109,6 +109,22 @@ def test_a_task_failure_is_recorded_masked_and_its_revert_is_a_sibling_span(
     assert [s.attributes[names.OUTCOME] for s in reverts] == ["REVERTED", "REVERTED"]
 
 
+def test_a_url_password_in_a_failure_never_reaches_its_span(
+    spans: InMemorySpanExporter,
+) -> None:
+    # doc/tracing.rst: the exception event carries the message with URL passwords masked.
+    url = "amqp://svc:pa55-in-url@mq.example:5672//"
+    flow = lf.Flow("unreachable").add(tt.FailReaching("connect", inject={"url": url}))
+    with pytest.raises(ConnectionError):
+        engines.run(flow)
+    failed = only(by_name(spans), "execute connect")
+    [event] = failed.events
+    assert event.attributes is not None
+    assert event.attributes["exception.message"] == (
+        "cannot reach amqp://svc:***@mq.example:5672//"), event.attributes
+    assert "pa55-in-url" not in str(failed.status.description)
+
+
 def test_a_retried_atom_has_one_span_per_attempt_with_the_decision(
     spans: InMemorySpanExporter,
 ) -> None:

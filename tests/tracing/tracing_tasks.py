@@ -26,6 +26,13 @@ class Fail(task.Task):
         raise RuntimeError(f"cannot log in with {password}")
 
 
+class FailReaching(task.Task):
+    """Fails with a message quoting a broker URL with its password (no secret argument)."""
+
+    def execute(self, url: str) -> None:
+        raise ConnectionError(f"cannot reach {url}")
+
+
 class FailOnce(task.Task):
     """Fails on its first execution in this process, succeeds afterwards."""
 

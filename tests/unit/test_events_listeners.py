@@ -372,6 +372,7 @@ def test_placement_follows_the_worker_that_took_the_attempt() -> None:
         {"attempt": 1, "action": "execute", "worker": "w2", "outcome": "SUCCESS"}]
 
 
+@pytest.mark.timeout(180)  # 27 s on a loaded 2-core machine (it churns the garbage collector)
 def test_each_registry_gets_its_own_metrics_even_at_a_reused_address() -> None:
     # A registry that is gone may leave its address to the next one: metrics must follow the
     # object, not its id, or the new registry never sees a sample.

@@ -164,12 +164,14 @@ def test_events_of_one_process_arrive_in_clock_order(exchange: str, listening: L
     assert clocks == sorted(clocks) and len(set(clocks)) == 150
 
 
-def test_emit_never_raises_or_blocks_when_the_broker_is_away() -> None:
-    publisher = ev.EventPublisher("nowhere", url="redis://127.0.0.1:1/0")
-    started = time.monotonic()
+def test_emit_never_raises_or_waits_for_room_when_the_broker_is_away() -> None:
+    # A full queue drops its oldest event rather than make emit wait for the broker. (What an
+    # emit costs is measured by benchmarks/events_cost.py, never timed here.)
+    publisher = ev.EventPublisher(f"nowhere-{uuid.uuid4().hex[:8]}",
+                                  url="redis://127.0.0.1:1/0", maxsize=10)
     for n in range(1000):
         publisher.emit("task-sent", n=n, weird=object())
-    assert time.monotonic() - started < 1.0
+    assert publisher.dropped >= 1000 - 2 * 10, "emit waited for room instead of dropping"
     assert publisher.flush(WAIT)
     assert publisher.published == 0
 

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from flowengine import engines, task
 from flowengine import exceptions as exc
+from flowengine.flows import linear_flow
 from flowengine.persistence import backends, base, models
 from flowengine.persistence.backends.impl_dir import DirBackend
 from flowengine.persistence.backends.impl_memory import MemoryBackend
@@ -89,6 +91,23 @@ def test_dir_validate_before_upgrade_names_the_missing_directory(tmp_path: Path)
         conn.validate()
 
 
+def test_a_dir_record_another_process_rewrote_is_read_again(tmp_path: Path) -> None:
+    # doc/persistence.rst: files are always read afresh, as another process may have changed
+    # them; the cache only saves reading a file that did not change.
+    with backends.backend(f"dir://{tmp_path}") as mine, \
+            backends.backend(f"dir://{tmp_path}") as theirs:
+        book = models.LogBook("book")
+        book.add(models.FlowDetail("flow", "flow-1"))
+        reader = mine.get_connection()
+        reader.save_logbook(book)
+        assert reader.get_flow_details("flow-1").state is None  # read, and now cached
+        writer = theirs.get_connection()
+        changed = writer.get_flow_details("flow-1")
+        changed.state = "REVERTED"
+        writer.update_flow_details(changed)
+        assert reader.get_flow_details("flow-1").state == "REVERTED"
+
+
 @pytest.fixture
 def memory() -> base.Backend:
     with backends.backend("memory://") as be:
@@ -156,3 +175,28 @@ def test_a_forked_child_opens_its_own_sql_connections(tmp_path: Path) -> None:
         assert os.waitstatus_to_exitcode(status) == 0
     finally:
         be.close()
+
+
+class _Step(task.Task):
+    def execute(self) -> str:
+        return self.name
+
+
+def test_a_backend_object_the_caller_passes_is_never_closed_by_an_engine() -> None:
+    # doc/persistence.rst: "A backend object you pass is yours and is never closed by an
+    # engine." An in-memory SQLite database lives as long as its connections: closing the
+    # backend would lose every record the caller still means to read.
+    backend = backends.fetch("sqlite://")
+    with contextlib.closing(backend.get_connection()) as conn:
+        conn.upgrade()
+    try:
+        engines.run(linear_flow.Flow("kept").add(_Step("one")), backend=backend)
+        loaded = engines.load(linear_flow.Flow("kept").add(_Step("two")), backend=backend)
+        loaded.run()
+        del loaded
+        gc.collect()  # an engine's end must not close it either
+        with contextlib.closing(backend.get_connection()) as conn:
+            flows = [fd.name for book in conn.get_logbooks() for fd in book]
+        assert sorted(flows) == ["kept", "kept"]
+    finally:
+        backend.close()

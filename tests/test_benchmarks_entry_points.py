@@ -1,0 +1,68 @@
+"""``benchmarks/engines.py``, ``events_cost.py`` and ``kombu_ceiling.py`` at tiny sizes.
+
+Nothing else runs these three, so a change that breaks one would show only when someone next
+measures. Each runs as ``make bench`` runs it; the report's shape is checked, never a number.
+"""
+
+from __future__ import annotations
+
+import pytest
+from benchmark_runs import run_benchmark  # tests/ is on sys.path (rootdir conftest)
+
+
+@pytest.mark.timeout(180)  # eight interpreter starts: 15 s here, more on a loaded machine
+def test_engines_reports_every_shape_size_and_engine_and_back_to_back_runs() -> None:
+    report = run_benchmark("engines.py", "--sizes", "5", "--engines", "serial", "parallel",
+                           "--runs", "3")
+    assert report["benchmark"] == "engines"
+    rows = {(row["shape"], row["size"], row["engine"]): row for row in report["results"]}
+    assert set(rows) == {(shape, 5, engine) for shape in ("linear", "unordered", "chain-graph")
+                         for engine in ("serial", "parallel")}
+    for row in rows.values():
+        measured = row["flowengine"]
+        assert "error" not in measured, row
+        assert measured["run_s"] > 0 and measured["tasks_per_s"] > 0
+        assert measured["peak_rss_mb"] > 0
+    assert [row["engine"] for row in report["back_to_back"]] == ["serial", "parallel"]
+    for row in report["back_to_back"]:
+        assert row["flowengine"]["runs"] == 3 and row["flowengine"]["ms_per_run"] > 0, row
+
+
+def test_events_cost_reports_each_mode_and_what_an_emit_costs_with_the_broker_away() -> None:
+    report = run_benchmark("events_cost.py", "--tasks", "6", "--linear", "3", "--repeat", "1",
+                           "--threads", "2", "--away-emits", "200")
+    assert report["benchmark"] == "events_cost" and report["transport"] == "memory"
+    for shape, size in (("unordered", 6), ("linear", 3)):
+        assert report[shape]["tasks"] == size
+        assert set(report[shape]) == {"tasks", "off", "on", "on_read"}
+        assert report[shape]["off"]["ratio"] == 1.0
+        assert all(report[shape][mode]["run_s"] > 0 for mode in ("off", "on", "on_read"))
+    assert report["events_published"] > 0
+    away = report["emit_away"]
+    assert away["emits"] == 200 and away["us_per_emit"] > 0
+    assert away["dropped"] >= 200 - 2 * 100, "the queue of 100 kept more than it can hold"
+
+
+def _ceiling_rows(report: dict[str, object], brokers: list[str]) -> None:
+    assert report["benchmark"] == "kombu_ceiling"
+    rows = report["results"]
+    assert isinstance(rows, list) and [row["broker"] for row in rows] == brokers
+    for row in rows:
+        assert "error" not in row, row
+        assert row["sequential"]["n"] == 5 and row["sequential"]["p50_ms"] > 0, row
+        assert row["pipelined"]["n"] == 20 and row["pipelined"]["replies_per_s"] > 0, row
+
+
+def test_kombu_ceiling_measures_round_trips_on_the_filesystem_transport() -> None:
+    report = run_benchmark("kombu_ceiling.py", "--brokers", "fs", "--sequential", "5",
+                           "--pipelined", "20", "--time-limit", "60")
+    _ceiling_rows(report, ["fs"])
+
+
+def test_kombu_ceiling_measures_round_trips_on_redis_and_beanstalkd(
+        redis_url: str, beanstalk_url: str) -> None:
+    report = run_benchmark("kombu_ceiling.py", "--brokers", "redis", "beanstalk",
+                           "--sequential", "5", "--pipelined", "20", "--time-limit", "60",
+                           env={"FLOWENGINE_BENCH_REDIS_URL": redis_url,
+                                "FLOWENGINE_BENCH_BEANSTALK_URL": beanstalk_url})
+    _ceiling_rows(report, ["redis", "beanstalk"])
