@@ -43,6 +43,7 @@ def test_wbe_reports_rates_ratios_and_cpu_on_the_filesystem_transport() -> None:
 
 
 @pytest.mark.integration
+@pytest.mark.timeout(180)  # two Celery workers and a flowengine one: 25 s on a loaded machine
 def test_wbe_runs_celery_beside_flowengine_and_reports_the_ratios(redis_url: str) -> None:
     from servers import require_module
 

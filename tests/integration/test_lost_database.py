@@ -30,7 +30,8 @@ from flowengine import states
 from flowengine.cli import exits
 from flowengine.persistence import backends
 
-pytestmark = pytest.mark.integration
+# Real server and conductor processes, a claim left to lapse: 10-40 s each on a loaded machine.
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 __all__ = ["private_postgres"]
 
 HERE = Path(__file__).resolve().parent

@@ -26,7 +26,8 @@ from private_postgres import PrivatePostgres, private_postgres
 
 from flowengine import states
 
-pytestmark = pytest.mark.integration
+# Real server and conductor processes, a claim left to lapse: 10-40 s each on a loaded machine.
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 # Fixtures and the tests every backend passes, imported for pytest.
 __all__ = ["conductors", "private_postgres", "private_redis",
            "test_a_conductor_frozen_past_its_claim_runs_no_further_atom",

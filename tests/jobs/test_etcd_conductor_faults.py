@@ -20,7 +20,8 @@ from servers import require_module
 
 require_module("etcd3gw")
 
-pytestmark = pytest.mark.integration
+# Real server and conductor processes, a claim left to lapse: 10-40 s each on a loaded machine.
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 # A fixture and the tests every backend passes, imported for pytest.
 __all__ = ["conductors", "test_a_conductor_frozen_past_its_claim_runs_no_further_atom",
            "test_kill_9_mid_flow_another_conductor_finishes_without_rerunning",
