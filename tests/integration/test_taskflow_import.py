@@ -20,13 +20,11 @@ import json
 import signal
 import subprocess
 import sys
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import sqlalchemy as sa
 from cli_lines import read_lines, wait_for_line
 from taskflow.persistence import backends as tf_backends
 from wbe_harness import HERE, REPO, subprocess_env
@@ -44,21 +42,6 @@ COMMAND_TIMEOUT = 60.0
 ORDERS = ["A1:", "B2:ship", "C3:"]
 
 
-@contextlib.contextmanager
-def pg_schema(postgres_url: str) -> Iterator[str]:
-    """A fresh PostgreSQL schema's URL (as ``postgres_schema_url`` gives), dropped afterwards."""
-    schema = f"test_{uuid.uuid4().hex[:12]}"
-    admin = sa.create_engine(postgres_url.replace("postgresql://", "postgresql+psycopg://", 1))
-    with admin.begin() as conn:
-        conn.execute(sa.text(f'CREATE SCHEMA "{schema}"'))
-    try:
-        yield f"{postgres_url}?options=-csearch_path%3D{schema}"
-    finally:
-        with admin.begin() as conn:
-            conn.execute(sa.text(f'DROP SCHEMA "{schema}" CASCADE'))
-        admin.dispose()
-
-
 @pytest.fixture(params=["sqlite", "postgresql", "dir"])
 def stores(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, str]]:
     """(the TaskFlow store's URL, the flowengine store's URL), both new."""
@@ -68,9 +51,8 @@ def stores(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str
         yield f"dir://{tmp_path}/taskflow", f"dir://{tmp_path}/flowengine"
     else:
         # TaskFlow's tables and flowengine's have the same names: two schemas of one database.
-        source = request.getfixturevalue("postgres_schema_url")
-        with pg_schema(request.getfixturevalue("postgres_url")) as target:
-            yield source, target
+        yield (request.getfixturevalue("postgres_schema_url"),
+               request.getfixturevalue("another_postgres_schema_url"))
 
 
 def taskflow_url(url: str) -> str:
