@@ -250,10 +250,11 @@ def import_taskflow(source_url: str, target: base.Backend,
             itself, say; :class:`~flowengine.persistence.base.IncompatibleSchema`) or a write
             fails; what was saved before stays, and running again goes on from there.
     """
-    report = ImportReport(source=f"TaskFlow store '{mask_urls(source_url)}'",
-                          target=layout.describe(target))
     with opened(source_url) as source:
-        report.layout_steps = layout.upgrade(target)
+        # Only once the TaskFlow store could be opened: a wrong --from leaves the target alone.
+        steps = layout.upgrade(target)
+        report = ImportReport(source=f"TaskFlow store '{mask_urls(source_url)}'",
+                              target=layout.describe(target), layout_steps=steps)
         with contextlib.closing(target.get_connection()) as conn:
             _Importer(source, conn, report, now).run()
     return report

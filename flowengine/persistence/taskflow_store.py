@@ -216,8 +216,11 @@ def _sql_reading(url: str, where: str) -> Iterator[Session]:
                     else {})
             engine = sa.create_engine(parsed, poolclass=sa_pool.NullPool, connect_args=args)
         except (ImportError, sa_exc.NoSuchModuleError) as err:
-            raise TaskFlowStoreError(f"{where}: the database driver is not installed ({err})"
-                                     ) from err
+            hint = (" flowengine reads PostgreSQL through psycopg 3: give the URL as"
+                    " postgresql://... (pip install 'flowengine[postgresql]')"
+                    if parsed.get_backend_name() == "postgresql" else "")
+            raise TaskFlowStoreError(
+                f"{where}: the database driver is not installed ({err});{hint}") from err
     try:
         with engine.connect() as conn:
             if conn.dialect.name == "postgresql":

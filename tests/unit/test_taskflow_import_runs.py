@@ -225,6 +225,7 @@ def test_stores_that_are_not_taskflow_stores_are_refused_in_one_line(
         assert len(result.stderr.strip().splitlines()) == 1, result.stderr
         assert wanted in result.stderr, (url, result.stderr)
     assert not (tmp_path / "absent.db").exists()
+    assert not (tmp_path / "other.db").exists()  # the target is not touched either
     with pytest.raises(TaskFlowStoreError):
         taskflow_import.import_taskflow(older, backends.fetch(other))
 

@@ -130,7 +130,7 @@ class _SQLStore(RecordStore):
         return [f"schema version {m.version}: {m.description}" for m in applied]
 
     def layout(self) -> LayoutStatus:
-        with self.engine.connect() as conn:
+        with self._serial, self.engine.connect() as conn:
             version = migrations.check(conn, self.description, self.url)
         steps = tuple(f"schema version {m.version}: {m.description}"
                       for m in migrations.pending(version))

@@ -90,8 +90,8 @@ def _foreign(inspector: sa.Inspector, found: list[str], where: str, url: str) ->
         )
     return IncompatibleSchema(
         f"{where}: tables {', '.join(found)} exist but {schema.SCHEMA_TABLE} does not; another"
-        " program made them, and flowengine will not adopt them: give --backend a database or"
-        " PostgreSQL schema of its own"
+        " program made them, and flowengine will not adopt them: use a database or PostgreSQL"
+        " schema of its own"
     )
 
 
