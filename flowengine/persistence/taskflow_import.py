@@ -156,23 +156,39 @@ class _Importer:
 
     def _read_flows(self, book: models.LogBook) -> list[models.FlowDetail]:
         flows = self._source.flows_of(book.uuid, skip=lambda err: self._refuse(err, book.uuid))
+        try:
+            atoms = self._source.atoms_by_flow([fd.uuid for fd in flows])
+        except base.CorruptRecord:
+            atoms = {}  # rare: read flow by flow, to tell which flows hold a damaged atom
         whole = []
         for fd in flows:
             try:
-                atoms = self._source.atoms_of(fd.uuid)
+                found = atoms[fd.uuid] if fd.uuid in atoms else self._source.atoms_of(fd.uuid)
             except base.CorruptRecord as err:
                 # Never copied without an atom: a resumed engine would run that atom again.
                 self._refuse(err, book.uuid, fd)
                 continue
-            for ad in atoms:
+            for ad in found:
                 fd.add(ad)
             whole.append(fd)
         return whole
 
+    def _target_flows(self, book_uuid: str) -> dict[str, models.FlowDetail]:
+        """The flows of the target's copy of a logbook, read in one go (running again)."""
+        try:
+            return {fd.uuid: fd for fd in self._conn.get_flows_for_book(book_uuid)}
+        except base.CorruptRecord:
+            return {}  # each flow is then looked up, and a damaged one kept as it is
+
     def _book(self, book: models.LogBook) -> None:
+        try:
+            target: models.LogBook | None = self._conn.get_logbook(book.uuid, lazy=True)
+        except exc.NotFound:
+            target = None
+        in_target = {} if target is None else self._target_flows(book.uuid)
         added: list[models.FlowDetail] = []
         for fd in self._read_flows(book):
-            outcome, reason = self._decide(fd)
+            outcome, reason = self._decide(fd, in_target.get(fd.uuid))
             self._report.flows.append(FlowImport(fd.uuid, fd.name, book.uuid, fd.state,
                                                  outcome, reason))
             if outcome in (IMPORTED, REFRESHED):
@@ -181,10 +197,6 @@ class _Importer:
                 added.append(fd)
             elif outcome == REFRESHED:
                 self._conn.update_flow_details(fd)
-        try:
-            target: models.LogBook | None = self._conn.get_logbook(book.uuid, lazy=True)
-        except exc.NotFound:
-            target = None
         if target is None:
             target = book.copy(retain_contents=False)
             for fd in added:
@@ -199,13 +211,17 @@ class _Importer:
         # One save: on a SQL store a logbook and its new flows are written in one transaction.
         self._conn.save_logbook(target)
 
-    def _decide(self, fd: models.FlowDetail) -> tuple[str, str]:
-        try:
-            stored = self._conn.get_flow_details(fd.uuid)
-        except exc.NotFound:
-            return IMPORTED, ""
-        except base.CorruptRecord as err:
-            return KEPT, f"the target's copy cannot be read ({err}); left as it is"
+    def _decide(self, fd: models.FlowDetail, stored: models.FlowDetail | None
+                ) -> tuple[str, str]:
+        if stored is None:
+            # Not in its logbook's copy: the uuid may still be taken, in another logbook.
+            try:
+                stored = self._conn.get_flow_details(fd.uuid)
+            except exc.NotFound:
+                return IMPORTED, ""
+            except base.CorruptRecord as err:
+                reason = (str(err).splitlines() or [""])[0]
+                return KEPT, f"the target's copy cannot be read ({reason}); left as it is"
         mark = stored.meta.get(MARK)
         if not isinstance(mark, dict):
             return KEPT, "a flow with this uuid is in the target already, not copied from TaskFlow"
