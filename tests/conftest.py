@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from collections.abc import Iterator
@@ -53,9 +54,8 @@ def postgres_url(local_servers: LocalServers) -> str:
     return POSTGRES_URL
 
 
-@pytest.fixture
-def postgres_schema_url(postgres_url: str) -> Iterator[str]:
-    """A URL whose connections use a fresh, empty schema, dropped after the test."""
+@contextlib.contextmanager
+def _fresh_schema(postgres_url: str) -> Iterator[str]:
     import sqlalchemy as sa
 
     schema = f"test_{uuid.uuid4().hex[:12]}"
@@ -68,6 +68,20 @@ def postgres_schema_url(postgres_url: str) -> Iterator[str]:
         with admin.begin() as conn:
             conn.execute(sa.text(f'DROP SCHEMA "{schema}" CASCADE'))
         admin.dispose()
+
+
+@pytest.fixture
+def postgres_schema_url(postgres_url: str) -> Iterator[str]:
+    """A URL whose connections use a fresh, empty schema, dropped after the test."""
+    with _fresh_schema(postgres_url) as url:
+        yield url
+
+
+@pytest.fixture
+def another_postgres_schema_url(postgres_url: str) -> Iterator[str]:
+    """A second fresh schema, for tests that need two stores in one database."""
+    with _fresh_schema(postgres_url) as url:
+        yield url
 
 
 # ---- end of postgres fixtures --------------------------------------------------------------------

@@ -30,6 +30,21 @@ EXPECTED_LINES: dict[str, list[str]] = {
         "resumed here: SUCCESS, 5 steps done",
     ],
     "wbe_autoscale.py": ["task threads at start: 1", "flow SUCCESS"],
+    "migrate_from_taskflow.py": [
+        "taskflow: create_network ran",
+        "taskflow: create_volume ran",
+        "taskflow: boot_server starts, and the TaskFlow service is killed",
+        "the TaskFlow service died (exit code -9)",
+        "$ flowengine db import-taskflow --from sqlite:///taskflow.db --backend "
+        "sqlite:///flowengine.db",
+        "TaskFlow store 'sqlite:///taskflow.db' -> sqlalchemy backend 'sqlite:///flowengine.db': "
+        "1 flow(s): 1 imported; 1 logbook(s) added",
+        "flow provision is RUNNING in the copy; resuming it",
+        "flowengine: boot_server ran",
+        "flowengine: attach_address ran",
+        "flow SUCCESS: 203.0.113.7 -> srv-7 (net-7, vol-7)",
+        "ran under flowengine: boot_server, attach_address",
+    ],
     "start_delay.py": [
         "place_order runs",
         "notify_customer waits 1.5s before it starts (task delay)",

@@ -7,6 +7,7 @@ import click
 from flowengine import __version__
 from flowengine.cli.conductor import conductor_command
 from flowengine.cli.dashboard import dashboard_command
+from flowengine.cli.db import db_group
 from flowengine.cli.dead_letters import dead_letters_group
 from flowengine.cli.events import events_command
 from flowengine.cli.flows import flows_command, show_command
@@ -40,6 +41,7 @@ cli.add_command(dashboard_command)
 cli.add_command(conductor_command)
 cli.add_command(jobs_group)
 cli.add_command(conductors_command)
+cli.add_command(db_group)
 
 
 def main() -> None:

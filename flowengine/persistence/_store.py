@@ -11,6 +11,7 @@ from __future__ import annotations
 import abc
 import builtins
 import contextlib
+import dataclasses
 import functools
 import logging
 from collections.abc import Callable, Iterable
@@ -109,6 +110,28 @@ class Session(abc.ABC):
         """Delete every record."""
 
 
+@dataclasses.dataclass(frozen=True)
+class LayoutStatus:
+    """Where a store's layout stands against the one this flowengine uses.
+
+    Attributes:
+        backend: Names the backend (``sqlalchemy backend 'sqlite:///x.db'``), secrets masked.
+        version: The schema version stored (SQL); ``None`` where the layout has no version.
+        latest: The schema version this flowengine uses; ``None`` where there is none.
+        pending: What an upgrade would do, one step each, in order (none: the layout is current).
+    """
+
+    backend: str
+    version: int | None = None
+    latest: int | None = None
+    pending: tuple[str, ...] = ()
+
+    @property
+    def current(self) -> bool:
+        """Whether the store can be used as it is."""
+        return not self.pending
+
+
 class RecordStore(abc.ABC):
     """Where a backend keeps records.
 
@@ -122,8 +145,23 @@ class RecordStore(abc.ABC):
     def session(self, write: bool) -> contextlib.AbstractContextManager[Session]:
         """Open a transaction; ``write`` ones exclude other writers until they end."""
 
-    def upgrade(self) -> None:
-        """Create or migrate the storage layout (nothing by default)."""
+    def upgrade(self) -> list[str]:
+        """Create or migrate the storage layout; return what was done, one step each (none
+        when it was current, and by default)."""
+        return []
+
+    def layout(self) -> LayoutStatus:
+        """Where the storage layout stands (current, by default).
+
+        Raises:
+            IncompatibleSchema: If the store cannot be used by this flowengine at all (newer,
+                or made by another program); the message says what to run.
+        """
+        return LayoutStatus(self.description)
+
+    def reach(self) -> None:
+        """Raise if the store cannot be reached at all (nothing by default); the layout is
+        checked when it is first used."""
         return None
 
     def validate(self) -> None:
@@ -181,6 +219,11 @@ class StoreConnection(base.Connection):
         """The backend this connection belongs to."""
         return self._backend
 
+    @property
+    def description(self) -> str:
+        """How messages name the backend (``dir backend '/var/lib/x'``), secrets masked."""
+        return self._store.description
+
     def close(self) -> None:
         """Nothing to release: the backend owns every resource."""
 
@@ -202,7 +245,24 @@ class StoreConnection(base.Connection):
 
     def upgrade(self) -> None:
         """Create or migrate the backend's storage layout."""
-        self._guard("upgrading the storage layout", self._store.upgrade)
+        self.upgrade_layout()
+
+    def upgrade_layout(self) -> list[str]:
+        """Create or migrate the backend's storage layout; return what was done, one step each.
+
+        A flowengine addition (what ``flowengine db upgrade`` reports); idempotent: nothing is
+        done, and nothing returned, when the layout is current.
+        """
+        return self._guard("upgrading the storage layout", self._store.upgrade)
+
+    def layout(self) -> LayoutStatus:
+        """Where the backend's storage layout stands (``flowengine db status``)."""
+        return self._guard("reading the storage layout", self._store.layout)
+
+    def reach(self) -> None:
+        """Raise a :class:`~flowengine.exceptions.StorageFailure` if the backend cannot be
+        reached (the layout is checked when first used, or by :meth:`validate`)."""
+        self._guard("connecting", self._store.reach)
 
     def validate(self) -> None:
         """Raise a :class:`~flowengine.exceptions.StorageFailure` if the backend is unusable."""

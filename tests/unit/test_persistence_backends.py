@@ -87,7 +87,8 @@ def test_backend_context_manager_upgrades_then_closes(tmp_path: Path) -> None:
 
 def test_dir_validate_before_upgrade_names_the_missing_directory(tmp_path: Path) -> None:
     conn = backends.fetch(f"dir://{tmp_path}/absent").get_connection()
-    with pytest.raises(exc.StorageFailure, match="absent/books"):
+    with pytest.raises(exc.StorageFailure,
+                       match="absent/books.*run: flowengine db upgrade --backend dir:///"):
         conn.validate()
 
 

@@ -87,7 +87,7 @@ def test_upgrade_brings_a_version_1_schema_forward_keeping_records(
     be = backends.fetch(sql_url)
     try:
         store = be.get_connection()  # an older schema can be connected to, to upgrade it
-        with pytest.raises(exc.StorageFailure, match=r"version 1.*upgrade\(\)"):
+        with pytest.raises(exc.StorageFailure, match=r"version 1.*flowengine db upgrade"):
             store.get_logbook("b1")
         store.upgrade()
         book = store.get_logbook("b1")
@@ -114,12 +114,15 @@ def test_a_newer_schema_is_refused_and_left_alone(sql_url: str, raw: sa.Engine) 
         )
     be = backends.fetch(sql_url)
     try:
-        with pytest.raises(IncompatibleSchema) as caught:
-            be.get_connection()
-        message = str(caught.value)
-        assert "version 99" in message and "sqlalchemy backend" in message
-        assert isinstance(caught.value, exc.StorageFailure)
-        assert isinstance(caught.value, exc.IncompatibleVersion)
+        conn = be.get_connection()  # reachable: the schema is checked where it is used
+        for use in (conn.validate, lambda: list(conn.get_logbooks()), conn.upgrade):
+            with pytest.raises(IncompatibleSchema) as caught:
+                use()
+            message = str(caught.value)
+            assert "version 99" in message and "sqlalchemy backend" in message
+            assert "upgrade flowengine" in message and "\n" not in message
+            assert isinstance(caught.value, exc.StorageFailure)
+            assert isinstance(caught.value, exc.IncompatibleVersion)
         with pytest.raises(IncompatibleSchema):
             with backends.backend(sql_url):
                 pass
@@ -142,7 +145,8 @@ def test_foreign_tables_are_not_adopted(sql_url: str, raw: sa.Engine) -> None:
 def test_using_a_database_never_upgraded_says_what_to_do(sql_url: str) -> None:
     be = backends.fetch(sql_url)
     try:
-        with pytest.raises(exc.StorageFailure, match=r"no flowengine schema.*upgrade\(\)"):
+        with pytest.raises(exc.StorageFailure,
+                           match=r"no flowengine schema.*flowengine db upgrade --backend"):
             be.get_connection().save_logbook(models.LogBook("b"))
     finally:
         be.close()

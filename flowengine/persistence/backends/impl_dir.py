@@ -32,7 +32,15 @@ from typing import Any, TypeVar
 
 from flowengine import exceptions as exc
 from flowengine.persistence import _codec, base, models
-from flowengine.persistence._store import RecordStore, Session, Skip, StoreConnection, decode_all
+from flowengine.persistence._hints import upgrade_hint
+from flowengine.persistence._store import (
+    LayoutStatus,
+    RecordStore,
+    Session,
+    Skip,
+    StoreConnection,
+    decode_all,
+)
 from flowengine.persistence.backends._uri import seconds_option
 
 __all__ = ["DirBackend"]
@@ -299,23 +307,48 @@ class _DirStore(RecordStore):
         with self._locked(write):
             yield _DirSession(self)
 
-    def upgrade(self) -> None:
+    def _missing(self) -> list[str]:
+        return [table for table in (_BOOKS, _FLOWS, _ATOMS)
+                if not os.path.isdir(os.path.join(self.path, table))]
+
+    def _half_deleted(self) -> list[str]:
+        # Deletions a crashed process left half done (already hidden from readers).
+        found: list[str] = []
+        for folder in (self.path, os.path.join(self.path, _BOOKS)):
+            with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+                found.extend(os.path.join(folder, name) for name in os.listdir(folder)
+                             if name.startswith(".") and ".deleting-" in name)
+        return found
+
+    def _steps(self, missing: list[str], doomed: list[str]) -> list[str]:
+        steps = []
+        if missing:
+            steps.append(f"create the folders {', '.join(missing)}")
+        if doomed:
+            steps.append(f"finish {len(doomed)} interrupted deletion(s)")
+        return steps
+
+    def upgrade(self) -> list[str]:
         with self._locked(True):
-            for table in (_BOOKS, _FLOWS, _ATOMS):
+            missing, doomed = self._missing(), self._half_deleted()
+            for table in missing:
                 os.makedirs(os.path.join(self.path, table), exist_ok=True)
-            # Finish deletions a crashed process left half done (already hidden from readers).
-            for folder in (self.path, os.path.join(self.path, _BOOKS)):
-                for name in os.listdir(folder):
-                    if name.startswith(".") and ".deleting-" in name:
-                        shutil.rmtree(os.path.join(folder, name), ignore_errors=True)
+            for path in doomed:
+                shutil.rmtree(path, ignore_errors=True)
+        return self._steps(missing, doomed)
+
+    def layout(self) -> LayoutStatus:
+        return LayoutStatus(self.description,
+                            pending=tuple(self._steps(self._missing(), self._half_deleted())))
 
     def validate(self) -> None:
-        for table in (_BOOKS, _FLOWS, _ATOMS):
-            folder = os.path.join(self.path, table)
-            if not os.path.isdir(folder):
-                raise exc.StorageFailure(
-                    f"{self.description}: missing directory '{folder}' (run upgrade() first)"
-                )
+        missing = self._missing()
+        if missing:
+            raise exc.StorageFailure(
+                f"{self.description}: missing the folder(s)"
+                f" {', '.join(repr(os.path.join(self.path, m)) for m in missing)};"
+                f" {upgrade_hint(f'dir://{self.path}')}"
+            )
 
 
 class DirBackend(base.Backend):
@@ -373,3 +406,26 @@ class DirBackend(base.Backend):
 
     def close(self) -> None:
         """Nothing to release: files are opened and closed by each operation."""
+
+
+def reading_session(path: str, description: str,
+                    encoding: str = DirBackend.DEFAULT_FILE_ENCODING) -> Session:
+    """A session that reads the directory store at ``path`` and never writes in it.
+
+    For a store no flowengine process writes to, TaskFlow's above all (whose layout this is):
+    nothing is created in it, not even the lock file, so importing from it leaves it as it was.
+
+    Args:
+        path: The directory.
+        description: Names the store in messages.
+        encoding: The files' text encoding.
+
+    Raises:
+        NotADirectoryError: If ``path`` is not a directory.
+    """
+    path = os.path.abspath(os.path.expanduser(path))
+    if not path or not os.path.isdir(path):
+        raise NotADirectoryError(f"no such directory '{path}'")
+    store = _DirStore(path, encoding, fsync=False, lock_timeout=0.0, file_cache=FileCache(1))
+    store.description = description
+    return _DirSession(store)

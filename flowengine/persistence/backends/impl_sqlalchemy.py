@@ -21,7 +21,8 @@ from sqlalchemy import exc as sa_exc
 
 from flowengine import exceptions as exc
 from flowengine.persistence import base, models
-from flowengine.persistence._store import RecordStore, Session, StoreConnection
+from flowengine.persistence._hints import upgrade_hint
+from flowengine.persistence._store import LayoutStatus, RecordStore, Session, StoreConnection
 from flowengine.persistence.backends._sql import migrations, tables
 from flowengine.persistence.backends._sql.engine import (
     WRITE_OPTION,
@@ -31,6 +32,7 @@ from flowengine.persistence.backends._sql.engine import (
     masker,
 )
 from flowengine.persistence.backends._sql.session import SQLSession, replace_atom_sql
+from flowengine.persistence.backends._uri import mask_urls
 
 __all__ = ["SQLAlchemyBackend"]
 
@@ -42,9 +44,10 @@ _CONNECT_ERRORS = (sa_exc.OperationalError, sa_exc.InterfaceError, sa_exc.Timeou
 
 
 class _SQLStore(RecordStore):
-    def __init__(self, engine: sa.Engine, max_retries: int) -> None:
+    def __init__(self, engine: sa.Engine, max_retries: int, url: str) -> None:
         self.engine = engine
         self.description = describe(engine.url)
+        self.url = url  # as the user gave it (password masked): what commands in messages name
         self._mask: Callable[[str], str] = masker(engine.url)
         self._max_retries = max_retries
         self._tables = tables.define(sa.MetaData())
@@ -108,29 +111,43 @@ class _SQLStore(RecordStore):
         return replaced
 
     def _require_current(self, conn: sa.Connection) -> None:
-        version = migrations.check(conn, self.description)
+        version = migrations.check(conn, self.description, self.url)
         if version < migrations.LATEST:
             state = "has no flowengine schema" if version == 0 else f"has schema version {version}"
             raise exc.StorageFailure(
-                f"{self.description}: the database {state}, and this code needs version"
-                f" {migrations.LATEST}; call Connection.upgrade() (persistence.backends.backend()"
-                " does) before using it"
+                f"{self.description}: the database {state}, and this flowengine needs version"
+                f" {migrations.LATEST}; {upgrade_hint(self.url)}"
             )
         self._schema_ok = True
 
-    def upgrade(self) -> None:
+    def upgrade(self) -> list[str]:
         with self._transaction(True) as conn:
-            applied = migrations.upgrade(conn, self.description)
+            applied = migrations.upgrade(conn, self.description, self.url)
         if applied:
-            LOG.info("%s: applied schema migrations %s", self.description, applied)
+            LOG.info("%s: applied schema migrations %s", self.description,
+                     [migration.version for migration in applied])
         self._schema_ok = True
+        return [f"schema version {m.version}: {m.description}" for m in applied]
+
+    def layout(self) -> LayoutStatus:
+        with self._serial, self.engine.connect() as conn:
+            version = migrations.check(conn, self.description, self.url)
+        steps = tuple(f"schema version {m.version}: {m.description}"
+                      for m in migrations.pending(version))
+        return LayoutStatus(self.description, version, migrations.LATEST, steps)
+
+    def reach(self) -> None:
+        self._connect(lambda conn: None)
 
     def validate(self) -> None:
+        self._connect(lambda conn: migrations.check(conn, self.description, self.url))
+
+    def _connect(self, check: Callable[[sa.Connection], object]) -> None:
         delay = 0.5
         for attempt in range(self._max_retries + 1):
             try:
                 with self.engine.connect() as conn:
-                    migrations.check(conn, self.description)
+                    check(conn)
                 return
             except _CONNECT_ERRORS as err:
                 if attempt >= self._max_retries:
@@ -185,7 +202,10 @@ class SQLAlchemyBackend(base.Backend):
             options = SQLOptions.from_conf(self._conf)
             self._engine = create_engine(options)
             self._owns_engine = True
-        self._store = _SQLStore(self._engine, options.max_retries)
+        given = self._conf.get("connection")
+        url = (mask_urls(given) if isinstance(given, str)
+               else options.url.render_as_string(hide_password=True))
+        self._store = _SQLStore(self._engine, options.max_retries, url)
         self._validated = False
         LOG.debug("Created %s", self._store.description)
 
@@ -194,16 +214,19 @@ class SQLAlchemyBackend(base.Backend):
         """The SQLAlchemy engine."""
         return self._engine
 
-    def get_connection(self) -> base.Connection:
+    def get_connection(self) -> StoreConnection:
         """Return a connection; the first one checks the database can be reached.
+
+        The schema is checked when the connection is first used (or by its ``validate()``), so
+        a store that needs ``flowengine db upgrade``, or a TaskFlow store, is refused where the
+        caller reports storage errors, with a message naming the command to run.
 
         Raises:
             flowengine.exceptions.BackendError: If the database cannot be reached.
-            flowengine.persistence.base.IncompatibleSchema: If its schema is newer or foreign.
         """
         conn = StoreConnection(self, self._store)
         if not self._validated:
-            conn.validate()
+            conn.reach()
             self._validated = True
         return conn
 

@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 import sqlalchemy as sa
 
+from flowengine.persistence._hints import import_hint
 from flowengine.persistence.backends._sql import tables as schema
 from flowengine.persistence.base import IncompatibleSchema
 
@@ -69,34 +70,61 @@ MIGRATIONS: tuple[Migration, ...] = (
 LATEST = MIGRATIONS[-1].version
 
 
-def current_version(conn: sa.Connection, where: str) -> int:
+def pending(version: int) -> list[Migration]:
+    """The migrations a database at schema ``version`` is missing, in the order they apply."""
+    return [migration for migration in MIGRATIONS if migration.version > version]
+
+
+# Columns only TaskFlow's atomdetails table has together: how its store is told from others.
+_TASKFLOW_ATOM_COLUMNS = frozenset({"atom_type", "intention", "revert_results", "failure"})
+
+
+def _foreign(inspector: sa.Inspector, found: list[str], where: str, url: str) -> IncompatibleSchema:
+    columns = set()
+    if "atomdetails" in found:
+        columns = {str(column["name"]) for column in inspector.get_columns("atomdetails")}
+    if _TASKFLOW_ATOM_COLUMNS <= columns or inspector.has_table("alembic_version"):
+        return IncompatibleSchema(
+            f"{where} holds a TaskFlow store (tables {', '.join(found)} without"
+            f" {schema.SCHEMA_TABLE}), which flowengine does not use in place; {import_hint(url)}"
+        )
+    return IncompatibleSchema(
+        f"{where}: tables {', '.join(found)} exist but {schema.SCHEMA_TABLE} does not; another"
+        " program made them, and flowengine will not adopt them: use a database or PostgreSQL"
+        " schema of its own"
+    )
+
+
+def current_version(conn: sa.Connection, where: str, url: str) -> int:
     """Return the database's schema version (0 for an empty database).
+
+    Args:
+        conn: A connection to the database.
+        where: Names the backend in messages.
+        url: The database URL (password masked) the commands in messages name.
 
     Raises:
         IncompatibleSchema: If the record tables exist without ``flowengine_schema`` (a TaskFlow
-            database, or another program's tables of the same names).
+            store, or another program's tables of the same names); the message says what to run.
     """
     inspector = sa.inspect(conn)
     if not inspector.has_table(schema.SCHEMA_TABLE):
         found = [name for name in schema.RECORD_TABLES if inspector.has_table(name)]
         if found:
-            raise IncompatibleSchema(
-                f"{where}: tables {', '.join(found)} exist but {schema.SCHEMA_TABLE} does not;"
-                " they were made by TaskFlow or another program, and flowengine will not adopt"
-                " them (use another database, or migrate their rows yourself)"
-            )
+            raise _foreign(inspector, found, where, url)
         return 0
     table = schema.define(sa.MetaData()).schema
     return int(conn.execute(sa.select(sa.func.max(table.c.version))).scalar() or 0)
 
 
-def check(conn: sa.Connection, where: str) -> int:
-    """Return the schema version, raising if this code cannot use it.
+def check(conn: sa.Connection, where: str, url: str) -> int:
+    """Return the schema version, raising if this code cannot use it (arguments as for
+    :func:`current_version`).
 
     Raises:
         IncompatibleSchema: If the schema is newer than :data:`LATEST`, or foreign.
     """
-    version = current_version(conn, where)
+    version = current_version(conn, where, url)
     if version > LATEST:
         raise IncompatibleSchema(
             f"{where}: the database schema is version {version}, newer than version {LATEST}"
@@ -105,28 +133,26 @@ def check(conn: sa.Connection, where: str) -> int:
     return version
 
 
-def upgrade(conn: sa.Connection, where: str) -> list[int]:
-    """Apply the missing migrations on ``conn`` (inside a write transaction).
+def upgrade(conn: sa.Connection, where: str, url: str) -> list[Migration]:
+    """Apply the missing migrations on ``conn`` (inside a write transaction; arguments as for
+    :func:`current_version`).
 
     Returns:
-        The versions applied (empty when the schema was current).
+        The migrations applied (none when the schema was current).
 
     Raises:
         IncompatibleSchema: If the schema is newer than this code, or foreign.
     """
     if conn.dialect.name == "postgresql":
         conn.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": _PG_UPGRADE_LOCK})
-    version = check(conn, where)
+    version = check(conn, where, url)
     table = schema.define(sa.MetaData()).schema
     if version == 0:
         table.create(conn)
-    applied = []
-    for migration in MIGRATIONS:
-        if migration.version <= version:
-            continue
+    applied = pending(version)
+    for migration in applied:
         migration.apply(conn)
         conn.execute(
             sa.insert(table).values(version=migration.version, description=migration.description)
         )
-        applied.append(migration.version)
     return applied
