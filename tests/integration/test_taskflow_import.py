@@ -33,7 +33,8 @@ from flowengine.persistence import backends, models
 from flowengine.persistence.taskflow_import import MARK
 from flowengine.types.failure import Failure
 
-pytestmark = pytest.mark.integration
+# A TaskFlow service killed mid-flow, an import and a resume: about 20 s each on a loaded machine.
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 #: Seconds the TaskFlow child gets to reach ``pack`` of the last order (imports included).
 CHILD_DEADLINE = 60.0
