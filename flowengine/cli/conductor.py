@@ -30,13 +30,18 @@ from flowengine.cli.signal_relay import SignalRelay
 @engine_options
 @click.option("--max-jobs", envvar="FLOWENGINE_MAX_JOBS", type=click.IntRange(min=1),
               default=4, show_default=True, help="Jobs run at once.")
-@click.option("--keep-logbooks", envvar="FLOWENGINE_KEEP_LOGBOOKS", is_flag=True,
-              help="Keep a consumed job's logbook (by default it is deleted).")
+@click.option("--delete-succeeded", envvar="FLOWENGINE_DELETE_SUCCEEDED", is_flag=True,
+              help="Delete the logbook of a job whose flow succeeded. Logbooks of jobs that "
+                   "failed, were reverted or trashed are always kept, with how they ended "
+                   "(`flowengine jobs list --backend`).")
+@click.option("--keep-logbooks", envvar="FLOWENGINE_KEEP_LOGBOOKS", is_flag=True, hidden=True,
+              help="Kept for older scripts: logbooks are kept unless --delete-succeeded.")
 @click.option("--log-level", envvar="FLOWENGINE_LOG_LEVEL", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 def conductor_command(board_uri: str, board_options: tuple[str, ...], backend_uri: str,
                       name: str | None, engine_name: str, topics: tuple[str, ...],
-                      max_jobs: int, keep_logbooks: bool, log_level: str,
+                      max_jobs: int, delete_succeeded: bool, keep_logbooks: bool,
+                      log_level: str,
                       **broker: Any) -> None:
     """Claim jobs from the board and run them until SIGTERM or SIGINT.
 
@@ -45,6 +50,9 @@ def conductor_command(board_uri: str, board_options: tuple[str, ...], backend_ur
     attempt against them; a second signal exits at once (their claims then expire).
     """
     from flowengine.conductors.backends.impl_nonblocking import NonBlockingConductor
+
+    if delete_succeeded and keep_logbooks:
+        raise click.UsageError("--delete-succeeded deletes what --keep-logbooks keeps: give one")
 
     logging.basicConfig(level=log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -58,7 +66,7 @@ def conductor_command(board_uri: str, board_options: tuple[str, ...], backend_ur
         with open_board(board_uri, board_options, persistence=persistence, name=name) as board:
             conductor = NonBlockingConductor(
                 name, board, persistence=persistence, engine=engine_name, engine_options=options,
-                max_simultaneous_jobs=max_jobs, delete_logbook=not keep_logbooks)
+                max_simultaneous_jobs=max_jobs, delete_logbook=delete_succeeded)
             _run_until_signalled(conductor)
     finally:
         persistence.close()

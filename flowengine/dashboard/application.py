@@ -101,8 +101,11 @@ def create_app(data: DashboardData, *, read_only: bool = False, token: str | Non
         found, error = await listing(data.jobs)
         trashed, trash_error = await listing(data.trash)
         alive, conductors_error = await listing(data.conductors)
+        damaged, _ = await listing(data.damaged)
+        ended, ended_error = await listing(data.ended)
         return render(request, "jobs.html", {
-            "jobs": found, "trashed": trashed, "conductors": alive,
+            "jobs": found, "trashed": trashed, "conductors": alive, "damaged": damaged,
+            "ended": ended, "ended_error": ended_error,
             "error": error or trash_error or conductors_error})
 
     def action(do: Callable[[str], str], back: Callable[[Request], str]

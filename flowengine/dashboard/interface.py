@@ -38,6 +38,8 @@ ENGINE_META = resuming.ENGINE_META
 RESUMABLE = frozenset({states.SUSPENDED, states.FAILURE})
 #: Seconds the per-topic queue depths are kept before the broker is asked again.
 TOPICS_TTL = 5.0
+#: Ended jobs the jobs page shows, most recent first.
+ENDED_SHOWN = 50
 #: What the jobs page shows of a conductor's registration.
 CONDUCTOR_FIELDS = ("hostname", "pid", "engine")
 
@@ -282,13 +284,17 @@ class DashboardData:
     def requeue(self, letter_id: str) -> str:
         """Send a parked request back to its topic, unless its flow has finished (the rule
         ``flowengine dead-letters requeue`` applies, with the dashboard's backend)."""
+        from flowengine.cli.dead_letters import unknown_refused
         from flowengine.worker_based import requeue_rules as rules
         from flowengine.worker_based.dead_letter_keeping import RequeueRefused
 
         letters = self._letters()
         try:
             letter = letters.get(letter_id)
-            verdict = rules.judge(letter, rules.flow_state(self.backend, letter))
+            flow = rules.flow_state(self.backend, letter)
+            verdict = unknown_refused(rules.judge(letter, flow), flow, False,
+                                      "show the backend the flow is stored in, or re-send it "
+                                      "with `flowengine dead-letters requeue --force`")
             if not verdict.allowed:
                 raise ActionRefused(verdict.message)
             letters.requeue(letter_id)
@@ -350,6 +356,19 @@ class DashboardData:
         return [mask({"uuid": t.uuid, "name": t.name, "reason": t.reason,
                       "attempts": t.attempts, "trashed_on": _utc(t.trashed_on)})
                 for t in self._board().iter_trash()]
+
+    def damaged(self) -> list[dict[str, Any]]:
+        """Values on the board that are not jobs (skipped; trashed unless claimed)."""
+        return [mask({"key": d.key, "reason": d.reason, "trashed": d.trashed})
+                for d in self._board().iter_damaged()]
+
+    def ended(self) -> list[dict[str, Any]]:
+        """How the board's most recent jobs ended (SUCCESS, REVERTED, FAILED, TRASHED), from
+        the logbooks their conductors kept (:mod:`flowengine.jobs.endings`)."""
+        from flowengine.jobs import endings
+
+        return [mask({**e.to_dict(), "ended_at": _utc(e.ended_at)})
+                for e in endings.find_endings(self.backend, self._board(), limit=ENDED_SHOWN)]
 
     def conductors(self) -> list[dict[str, Any]]:
         """The conductors alive on the board (their registrations), by name."""
