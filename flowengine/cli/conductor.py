@@ -16,7 +16,11 @@ from flowengine.cli.board_options import board_options as board_options_decorato
 from flowengine.cli.board_options import open_board
 from flowengine.cli.broker import broker_kwargs
 from flowengine.cli.flow_options import backend_option, engine_options
-from flowengine.cli.loading import ensure_cwd_on_path
+from flowengine.cli.loading import (
+    allow_factories_option,
+    ensure_cwd_on_path,
+    factory_policy_of,
+)
 from flowengine.cli.options import show_envvars, split_env_list
 from flowengine.cli.signal_relay import SignalRelay
 
@@ -36,12 +40,14 @@ from flowengine.cli.signal_relay import SignalRelay
                    "(`flowengine jobs list --backend`).")
 @click.option("--keep-logbooks", envvar="FLOWENGINE_KEEP_LOGBOOKS", is_flag=True, hidden=True,
               help="Kept for older scripts: logbooks are kept unless --delete-succeeded.")
+@allow_factories_option("a job's stored factory may come from any module outside those "
+                        "(a job naming another is trashed, saying why)")
 @click.option("--log-level", envvar="FLOWENGINE_LOG_LEVEL", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 def conductor_command(board_uri: str, board_options: tuple[str, ...], backend_uri: str,
                       name: str | None, engine_name: str, topics: tuple[str, ...],
                       max_jobs: int, delete_succeeded: bool, keep_logbooks: bool,
-                      log_level: str,
+                      allow_factories: str | None, log_level: str,
                       **broker: Any) -> None:
     """Claim jobs from the board and run them until SIGTERM or SIGINT.
 
@@ -66,7 +72,8 @@ def conductor_command(board_uri: str, board_options: tuple[str, ...], backend_ur
         with open_board(board_uri, board_options, persistence=persistence, name=name) as board:
             conductor = NonBlockingConductor(
                 name, board, persistence=persistence, engine=engine_name, engine_options=options,
-                max_simultaneous_jobs=max_jobs, delete_logbook=delete_succeeded)
+                max_simultaneous_jobs=max_jobs, delete_logbook=delete_succeeded,
+                factory_policy=factory_policy_of(allow_factories))
             _run_until_signalled(conductor)
     finally:
         persistence.close()

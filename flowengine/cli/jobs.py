@@ -1,4 +1,4 @@
-"""``flowengine jobs list|post|show|trash|repost`` and ``flowengine conductors``.
+"""``flowengine jobs list|post|show|trash|repost|repost-orphans`` and ``flowengine conductors``.
 
 Job details are always shown with their secrets masked.
 """
@@ -273,6 +273,32 @@ def repost_command(board_uri: str, board_options: tuple[str, ...], job_id: str) 
         except exc.NotFound as err:
             raise click.ClickException(str(err)) from err
         click.echo(f"reposted {job.uuid}")
+
+
+@show_envvars
+@jobs_group.command("repost-orphans")
+@board_options
+@backend_option(required=True)
+@click.argument("flow_ids", nargs=-1, metavar="[FLOW_ID]...")
+@click.option("--wait", "wait", type=click.FloatRange(min=0), envvar="FLOWENGINE_WAIT",
+              default=None, help="Seconds a flow must stay orphaned before it is re-posted "
+                                 "(default: the board's claim_ttl, the longest a conductor "
+                                 "running it can take to show it).")
+@click.pass_context
+def repost_orphans_command(ctx: click.Context, board_uri: str, board_options: tuple[str, ...],
+                           backend_uri: str, flow_ids: tuple[str, ...],
+                           wait: float | None) -> None:
+    """Post again the jobs of the flows orphaned on the board (all, or those FLOW_ID starts):
+    conductors then resume each flow from its stored state.
+
+    An orphaned flow is stored unfinished, was posted to this board, and neither the board,
+    its trash nor a live conductor has its job any more (`flowengine check --orphans` lists
+    them). Its job is posted with the details and priority it was first posted with. Exit
+    code 2: a FLOW_ID names no orphaned flow.
+    """
+    from flowengine.cli import orphans
+
+    ctx.exit(orphans.repost(board_uri, board_options, backend_uri, flow_ids, wait))
 
 
 @show_envvars

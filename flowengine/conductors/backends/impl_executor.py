@@ -38,6 +38,7 @@ from flowengine import states, tracing
 from flowengine.conductors import base
 from flowengine.conductors.claims import ClaimFence, ClaimKeeper
 from flowengine.conductors.fencing import FencedBackend
+from flowengine.engines.factory_policy import FactoryPolicy
 from flowengine.jobs import base as jobs_base
 from flowengine.jobs import endings
 from flowengine.jobs.masking import scrub
@@ -79,6 +80,7 @@ class ExecutorConductor(base.Conductor):
             of jobs that failed, were reverted or trashed are always kept, with how they ended:
             see :mod:`flowengine.jobs.endings`).
         clock: The monotonic clock claims are kept and fenced with.
+        factory_policy: As for the base: which stored factories jobs may name.
     """
 
     START_FINISH_EVENTS_EMITTED = ("compilation", "preparation", "validation", "running")
@@ -98,9 +100,10 @@ class ExecutorConductor(base.Conductor):
                  wait_timeout: float | None = None, log: logging.Logger | None = None,
                  max_simultaneous_jobs: int = MAX_SIMULTANEOUS_JOBS,
                  delete_logbook: bool = False,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 factory_policy: FactoryPolicy | None = None) -> None:
         super().__init__(name, jobboard, persistence=persistence, engine=engine,
-                         engine_options=engine_options)
+                         engine_options=engine_options, factory_policy=factory_policy)
         if wait_timeout is not None and not wait_timeout > 0:
             raise ValueError(f"Conductor {name}: wait_timeout must be > 0, not {wait_timeout!r}")
         self._wait_timeout = wait_timeout or self.REFRESH_PERIODICITY
@@ -402,6 +405,11 @@ class ExecutorConductor(base.Conductor):
                 return f"it could not start: {type(err).__name__}: {err}"
         state = flow_detail.state if flow_detail is not None else "unknown"
         return f"its flow ended {state} (see the log of conductor {self._name})"
+
+    def _holding(self) -> list[str]:
+        with self._slots:
+            return sorted({held.job.book_uuid for held in self._running.values()
+                           if held.job.book_uuid})
 
     def _delete_book(self, job: jobs_base.Job) -> None:
         if self._persistence is None or job.book_uuid is None:
