@@ -20,7 +20,7 @@ import pytest
 from board_stage import BoardStage
 from boards import wipe_redis
 from click.testing import CliRunner
-from conductor_procs import Conductor, conductors
+from conductor_procs import Conductor, conductors, wait_for
 
 from flowengine.cli.main import cli
 from flowengine.jobs import endings
@@ -66,6 +66,10 @@ def _run_all(stage: BoardStage, conductors: list[Conductor], *extra: str) -> dic
     conductors.append(conductor)
     for job in list(stage.board.iterjobs(ensure_fresh=True)):
         assert job.wait(timeout=60), conductor.output()
+    # A job leaves the board first; its ending is recorded next (none for a deleted logbook).
+    recorded = 3 if "--delete-succeeded" in extra else 4
+    wait_for(lambda: len(endings.find_endings(stage.persistence, stage.board)) == recorded, 30,
+             f"the conductor recording how the jobs ended\n{conductor.output()}")
     assert conductor.process.poll() is None, conductor.output()
     return posted
 

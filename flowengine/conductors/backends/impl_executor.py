@@ -401,8 +401,12 @@ class ExecutorConductor(base.Conductor):
         if engine is not None:
             try:
                 engine.validate()
+            except exc.MissingDependencies as err:
+                return (f"it could not start: MissingDependencies: it needs input(s) nothing "
+                        f"provides: {', '.join(sorted(err.missing_requirements))}")
             except Exception as err:  # the error is the answer
-                return f"it could not start: {type(err).__name__}: {err}"
+                first = str(err).splitlines()[0] if str(err) else ""
+                return f"it could not start: {type(err).__name__}: {first}"
         state = flow_detail.state if flow_detail is not None else "unknown"
         return f"its flow ended {state} (see the log of conductor {self._name})"
 
