@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from dashboard_site import chromium, close_chromium, screenshot, wait_for
+from dashboard_site import chromium, click, close_chromium, screenshot, wait_for
 from hostile_records import hostile_factories, store_hostile
 from test_dashboard_cli import serving
 
@@ -53,10 +54,10 @@ def test_a_hostile_stored_factory_never_runs_when_its_page_is_opened(
                     assert not marker.exists(), f"{name} ran on the {label} dashboard"
                     assert "its graph is not rebuilt" in driver.page_source, (label, name)
                     if "read-only" not in label:
-                        driver.find_element("css selector", "#resume").click()
-                        wait_for(lambda: driver.find_elements("css selector", "#notice"),
-                                 f"the answer to resuming {name} on the {label} dashboard")
-                        notice = driver.find_element("css selector", "#notice").text
+                        click(driver, "#resume", f"Resume of {name} on the {label} dashboard")
+                        notice = wait_for(lambda: _notice(driver),
+                                          f"the answer to resuming {name} on the {label} "
+                                          f"dashboard")
                         assert notice.startswith("refused:"), (label, name, notice)
                     assert not marker.exists(), f"{name} ran on the {label} dashboard"
                 if label == "allowed":
@@ -65,6 +66,17 @@ def test_a_hostile_stored_factory_never_runs_when_its_page_is_opened(
     finally:
         close_chromium(driver)
     assert not marker.exists()
+
+
+def _notice(driver: Any) -> str | None:
+    """The page's notice, if it has one (read again if the live part was just replaced)."""
+    from selenium.common.exceptions import StaleElementReferenceException
+
+    try:
+        found = driver.find_elements("css selector", "#notice")
+        return str(found[0].text) if found else None
+    except StaleElementReferenceException:
+        return None
 
 
 def test_read_only_refuses_allowed_factories_on_the_command_line() -> None:
