@@ -2,7 +2,9 @@
 
 Stores both flows in a SQLite file (with their factory, so the dashboard can draw their graphs,
 and with a timing listener, so it can draw their timelines), serves ``flowengine dashboard``'s
-application with uvicorn on a free local port, and reads the pages as a browser would.
+application with uvicorn on a free local port, and reads the pages as a browser would. Drawing a
+graph imports and calls the flow's stored factory, so the dashboard is told which module's
+factories it may use: this script's own (``flowengine dashboard --allow-factories MODULE``).
 
 Run: python examples/dashboard_app.py           (reads the pages, then exits)
      python examples/dashboard_app.py --serve   (keeps serving: open the printed address)
@@ -24,6 +26,7 @@ import uvicorn
 
 from flowengine import engines, exceptions, task
 from flowengine.dashboard import DashboardData, EventHub, create_app
+from flowengine.engines.factory_policy import FactoryPolicy
 from flowengine.flows import linear_flow
 from flowengine.listeners.timing import EventTimeListener
 from flowengine.persistence import backends
@@ -80,7 +83,8 @@ def main(serve: bool) -> None:
         store_order(backend, 40)
         failed = store_order(backend, 400)
         # No broker here (EventHub(None)): history from the store only, nothing live.
-        app = create_app(DashboardData(backend, EventHub(None)), read_only=not serve)
+        app = create_app(DashboardData(backend, EventHub(None),
+                                       factories=FactoryPolicy.from_names("__main__")))
         port = free_port()
         server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
                                                access_log=False, log_level="warning"))

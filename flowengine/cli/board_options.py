@@ -12,10 +12,13 @@ from flowengine.cli.options import parse_pairs, split_from_env
 from flowengine.persistence.backends._uri import mask_urls
 
 
-def board_options(command: Callable[..., Any]) -> Callable[..., Any]:
-    """Add --board (a jobboard URI) and --board-option (key=value, repeatable)."""
+def board_options(command: Callable[..., Any] | None = None, *, required: bool = True) -> Any:
+    """Add --board (a jobboard URI) and --board-option (key=value, repeatable); as
+    ``@board_options`` or ``@board_options(required=False)``."""
+    if command is None:
+        return lambda decorated: board_options(decorated, required=required)
     decorators = [
-        click.option("--board", "board_uri", envvar="FLOWENGINE_BOARD", required=True,
+        click.option("--board", "board_uri", envvar="FLOWENGINE_BOARD", required=required,
                      help="Jobboard URI: redis://host:6379/0?namespace=app, "
                           "zookeeper://host:2181/path, etcd://host:2379/path."),
         click.option("--board-option", "board_options", envvar="FLOWENGINE_BOARD_OPTION",

@@ -16,7 +16,11 @@ from flowengine.cli.board_options import board_options as board_options_decorato
 from flowengine.cli.board_options import open_board
 from flowengine.cli.broker import broker_kwargs
 from flowengine.cli.flow_options import backend_option, engine_options
-from flowengine.cli.loading import ensure_cwd_on_path
+from flowengine.cli.loading import (
+    allow_factories_option,
+    ensure_cwd_on_path,
+    factory_policy_of,
+)
 from flowengine.cli.options import show_envvars, split_env_list
 from flowengine.cli.signal_relay import SignalRelay
 
@@ -30,13 +34,20 @@ from flowengine.cli.signal_relay import SignalRelay
 @engine_options
 @click.option("--max-jobs", envvar="FLOWENGINE_MAX_JOBS", type=click.IntRange(min=1),
               default=4, show_default=True, help="Jobs run at once.")
-@click.option("--keep-logbooks", envvar="FLOWENGINE_KEEP_LOGBOOKS", is_flag=True,
-              help="Keep a consumed job's logbook (by default it is deleted).")
+@click.option("--delete-succeeded", envvar="FLOWENGINE_DELETE_SUCCEEDED", is_flag=True,
+              help="Delete the logbook of a job whose flow succeeded. Logbooks of jobs that "
+                   "failed, were reverted or trashed are always kept, with how they ended "
+                   "(`flowengine jobs list --backend`).")
+@click.option("--keep-logbooks", envvar="FLOWENGINE_KEEP_LOGBOOKS", is_flag=True, hidden=True,
+              help="Kept for older scripts: logbooks are kept unless --delete-succeeded.")
+@allow_factories_option("a job's stored factory may come from any module outside those "
+                        "(a job naming another is trashed, saying why)")
 @click.option("--log-level", envvar="FLOWENGINE_LOG_LEVEL", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 def conductor_command(board_uri: str, board_options: tuple[str, ...], backend_uri: str,
                       name: str | None, engine_name: str, topics: tuple[str, ...],
-                      max_jobs: int, keep_logbooks: bool, log_level: str,
+                      max_jobs: int, delete_succeeded: bool, keep_logbooks: bool,
+                      allow_factories: str | None, log_level: str,
                       **broker: Any) -> None:
     """Claim jobs from the board and run them until SIGTERM or SIGINT.
 
@@ -45,6 +56,9 @@ def conductor_command(board_uri: str, board_options: tuple[str, ...], backend_ur
     attempt against them; a second signal exits at once (their claims then expire).
     """
     from flowengine.conductors.backends.impl_nonblocking import NonBlockingConductor
+
+    if delete_succeeded and keep_logbooks:
+        raise click.UsageError("--delete-succeeded deletes what --keep-logbooks keeps: give one")
 
     logging.basicConfig(level=log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -58,7 +72,8 @@ def conductor_command(board_uri: str, board_options: tuple[str, ...], backend_ur
         with open_board(board_uri, board_options, persistence=persistence, name=name) as board:
             conductor = NonBlockingConductor(
                 name, board, persistence=persistence, engine=engine_name, engine_options=options,
-                max_simultaneous_jobs=max_jobs, delete_logbook=not keep_logbooks)
+                max_simultaneous_jobs=max_jobs, delete_logbook=delete_succeeded,
+                factory_policy=factory_policy_of(allow_factories))
             _run_until_signalled(conductor)
     finally:
         persistence.close()

@@ -5,10 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 import click
+from click.core import ParameterSource
 
 from flowengine.cli import records
 from flowengine.cli.broker import broker_kwargs, broker_options
 from flowengine.cli.flow_options import backend_option
+from flowengine.cli.loading import allow_factories_option
 from flowengine.cli.options import show_envvars, without_options
 from flowengine.persistence.backends._uri import mask_urls
 
@@ -26,11 +28,15 @@ from flowengine.persistence.backends._uri import mask_urls
               show_default=True, help="Port to listen on.")
 @click.option("--read-only", is_flag=True, envvar="FLOWENGINE_READ_ONLY",
               help="Show everything, change nothing: actions are hidden and refused.")
+@allow_factories_option("no flow's factory is imported: pages draw the stored atoms, without "
+                        "links, and cannot resume a flow; refused with --read-only")
 @click.option("--token", envvar="FLOWENGINE_TOKEN", default=None,
               help="Every request must present it (bearer token, basic auth password, or "
                    "?token= once in a browser). Prefer the environment variable.")
-def dashboard_command(backend_uri: str, board: str | None, host: str, port: int,
-                      read_only: bool, token: str | None, **broker: Any) -> None:
+@click.pass_context
+def dashboard_command(ctx: click.Context, backend_uri: str, board: str | None, host: str,
+                      port: int, read_only: bool, allow_factories: str | None,
+                      token: str | None, **broker: Any) -> None:
     """Serve a web dashboard of the stored flows, the live workers and the dead letters.
 
     Flows are read from --backend; live updates, workers and dead letters come from the
@@ -44,6 +50,7 @@ def dashboard_command(backend_uri: str, board: str | None, host: str, port: int,
         from flowengine.worker_based.events import EventReceiver
     except ImportError as err:
         raise click.ClickException(str(err)) from err
+    factories = _factories(ctx, allow_factories, read_only)
     if not access.is_loopback(host) and not token:
         raise click.UsageError(f"--host {host} is reachable from other machines: give --token "
                                "(or FLOWENGINE_TOKEN) too")
@@ -55,7 +62,7 @@ def dashboard_command(backend_uri: str, board: str | None, host: str, port: int,
         jobboard = open_board(board, backend) if board else None
     except ImportError as err:
         raise click.UsageError(str(err)) from err
-    data = DashboardData(backend, hub, settings, jobboard)
+    data = DashboardData(backend, hub, settings, jobboard, factories=factories)
     # Without a token, loopback is the only protection: refuse other Host names, so a web
     # page whose DNS name was rebound to 127.0.0.1 cannot read the dashboard.
     hosts = None if token else ["127.0.0.1", "localhost", "::1", "[::1]", host]
@@ -69,3 +76,18 @@ def dashboard_command(backend_uri: str, board: str | None, host: str, port: int,
                     timeout_graceful_shutdown=2)
     finally:
         backend.close()
+
+
+def _factories(ctx: click.Context, allow_factories: str | None, read_only: bool) -> Any:
+    """The factory policy of the pages: none unless --allow-factories, and never read-only
+    (given on the command line with --read-only it is refused; from the environment, where
+    conductors may share it, it is ignored)."""
+    from flowengine.cli.loading import factory_policy_of
+    from flowengine.dashboard.compiled import NO_FACTORIES
+
+    if read_only and allow_factories:
+        if ctx.get_parameter_source("allow_factories") is ParameterSource.COMMANDLINE:
+            raise click.UsageError("--allow-factories imports and runs stored factories; a "
+                                   "--read-only dashboard never does: give one")
+        return NO_FACTORIES
+    return factory_policy_of(allow_factories, default=NO_FACTORIES)

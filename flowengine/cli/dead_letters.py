@@ -91,8 +91,9 @@ def requeue_command(ctx: click.Context, letter_id: str, backend_uri: str | None,
     """Send the parked request LETTER_ID back to its worker topic, or (--resume) resume its flow.
 
     Says first what will happen, from the flow's state in --backend. Refused when the flow has
-    finished (unless --force), and when the request's secret arguments were removed at parking
-    (resume its flow instead, giving them with --store or --secret).
+    finished or its state cannot be read (no --backend, or the flow is not in it) unless
+    --force, and when the request's secret arguments were removed at parking (resume its flow
+    instead, giving them with --store or --secret).
 
     \b
     Exit codes: 0 requeued (with --resume: `run`'s codes), 1 refused or the broker cannot be
@@ -111,8 +112,10 @@ def requeue_command(ctx: click.Context, letter_id: str, backend_uri: str | None,
         letters = DeadLetters(**broker)
         try:
             letter = _found(letters, letter_id)
-            verdict = rules.judge(letter, _flow_state(backend_uri, letter), force=force,
-                                  resume=resume)
+            flow = _flow_state(backend_uri, letter)
+            verdict = unknown_refused(rules.judge(letter, flow, force=force, resume=resume),
+                                      flow, force, "give --backend URL (where the flow is "
+                                      "stored), or --force to re-send it anyway")
             click.echo(verdict.message, err=not verdict.allowed)
             if not verdict.allowed:
                 raise SystemExit(exits.ERROR)
@@ -138,6 +141,18 @@ def requeue_command(ctx: click.Context, letter_id: str, backend_uri: str | None,
             finally:
                 letters.close()
     ctx.exit(code)
+
+
+def unknown_refused(verdict: Any, flow: Any, force: bool, remedy: str) -> Any:
+    """``verdict``, or a refusal when it would re-send a request whose flow's state is unknown
+    without ``force``: the flow may have finished (reverted, say), and the task would run again
+    with nothing to record its outcome. ``remedy`` says what to do instead."""
+    from flowengine.worker_based.requeue_rules import Verdict
+
+    if not verdict.allowed or verdict.resume or flow.state is not None or force:
+        return verdict
+    return Verdict(False, False, f"Refused: {flow.described}, so it may have finished (a "
+                                 f"reverted flow's task would run again): {remedy}.")
 
 
 def _found(letters: Any, letter_id: str) -> Any:

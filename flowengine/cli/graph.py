@@ -15,7 +15,10 @@ import click
 from flowengine import engines
 from flowengine import exceptions as exc
 from flowengine.cli import exits, formatting, graph_view, loading
-from flowengine.cli.options import parse_pairs, show_envvars
+from flowengine.cli import orphans as orphan_cli
+from flowengine.cli.board_options import board_options
+from flowengine.cli.flow_options import backend_option
+from flowengine.cli.options import json_option, parse_pairs, show_envvars
 from flowengine.engines.compiler import FLOW, RETRY, TASK
 
 
@@ -51,18 +54,38 @@ def graph_command(spec: str, fmt: str, factory_args: tuple[str, ...],
 
 @show_envvars
 @click.command("check")
-@click.argument("spec", metavar=loading.SPEC_METAVAR)
+@click.argument("spec", metavar=f"[{loading.SPEC_METAVAR}]", required=False)
 @loading.store_option
 @loading.factory_options
+@click.option("--orphans", is_flag=True, envvar="FLOWENGINE_ORPHANS",
+              help="Check the stored flows instead: report those orphaned on --board (stored "
+                   "unfinished, their job lost, held by no conductor). Needs --board and "
+                   "--backend.")
+@board_options(required=False)
+@backend_option(required=False)
+@json_option("With --orphans: print the orphaned flows as a JSON array.")
 @click.pass_context
-def check_command(ctx: click.Context, spec: str, store: tuple[str, ...],
-                  factory_args: tuple[str, ...], factory_kwargs: tuple[str, ...]) -> None:
-    """Compile and validate the flow MODULE:FACTORY names, without running it.
+def check_command(ctx: click.Context, spec: str | None, store: tuple[str, ...],
+                  factory_args: tuple[str, ...], factory_kwargs: tuple[str, ...],
+                  orphans: bool, board_uri: str | None, board_options: tuple[str, ...],
+                  backend_uri: str | None, as_json: bool) -> None:
+    """Compile and validate the flow MODULE:FACTORY names, without running it; or (--orphans)
+    report the flows a jobboard lost.
 
     Prints OK with counts (exit 0), or the error naming the atoms at fault (exit 1):
     MissingDependencies for inputs nothing provides (give them with --store), Duplicate
-    names, cycles.
+    names, cycles. With --orphans: OK (exit 0), or the orphaned flows (exit 1); re-post their
+    jobs with `flowengine jobs repost-orphans`. Stored factories are never imported.
     """
+    if orphans:
+        if board_uri is None or backend_uri is None:
+            raise click.UsageError("--orphans needs --board and --backend: the board the jobs "
+                                   "were posted to, and where their flows are stored")
+        code = orphan_cli.report(board_uri, board_options, backend_uri, as_json)
+        if spec is None or code:
+            ctx.exit(code)
+    elif spec is None:
+        raise click.UsageError("give the flow to check as MODULE:FACTORY, or --orphans")
     flow = _load_flow(spec, factory_args, factory_kwargs)
     given = parse_pairs(store, "store value")
     engine = engines.load(flow, store=given)

@@ -1,4 +1,4 @@
-"""``flowengine jobs list|post|show|trash|repost`` and ``flowengine conductors``.
+"""``flowengine jobs list|post|show|trash|repost|repost-orphans`` and ``flowengine conductors``.
 
 Job details are always shown with their secrets masked.
 """
@@ -15,7 +15,13 @@ from flowengine.cli import records
 from flowengine.cli.board_options import board_options, open_board
 from flowengine.cli.flow_options import backend_option
 from flowengine.cli.formatting import table, to_json, truncate
-from flowengine.cli.loading import factory_options, import_target, parse_args, store_option
+from flowengine.cli.loading import (
+    build_flow,
+    factory_options,
+    import_target,
+    parse_args,
+    store_option,
+)
 from flowengine.cli.options import json_option, parse_pairs, show_envvars
 
 #: The owner the commands claim a job as before trashing it.
@@ -64,37 +70,88 @@ def jobs_group() -> None:
     """List, post, inspect, trash and re-post jobs on a jobboard."""
 
 
+#: Ended jobs ``jobs list --backend`` shows, most recent first.
+ENDED_SHOWN = 20
+_SECTIONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "jobs": (("UUID", "NAME", "STATE", "PRIORITY", "OWNER", "ATTEMPTS"),
+             ("uuid", "name", "state", "priority", "owner", "attempts")),
+    "trash": (("UUID", "NAME", "ATTEMPTS", "TRASHED", "REASON"),
+              ("uuid", "name", "attempts", "trashed_on", "reason")),
+    "damaged": (("KEY", "STATE", "REASON"), ("uuid", "state", "reason")),
+    "ended": (("UUID", "NAME", "ENDED", "AT", "REASON"),
+              ("uuid", "name", "ended", "ended_at", "reason")),
+}
+_TITLES = {"damaged": "damaged postings (skipped by every board; moved to the trash unless "
+                      "claimed):",
+           "ended": f"ended jobs (the {ENDED_SHOWN} most recent, from --backend):"}
+
+
 @show_envvars
 @jobs_group.command("list")
 @board_options
+@backend_option(required=False)
 @click.option("--trash", "trashed", is_flag=True, envvar="FLOWENGINE_TRASH",
               help="List the trashed jobs instead.")
 @json_option()
-def list_command(board_uri: str, board_options: tuple[str, ...], trashed: bool,
-                 as_json: bool) -> None:
-    """List the jobs on the board (most urgent first), or its trash."""
+def list_command(board_uri: str, board_options: tuple[str, ...], backend_uri: str | None,
+                 trashed: bool, as_json: bool) -> None:
+    """List the jobs on the board (most urgent first), or its trash.
+
+    A damaged posting (a value on the board that is not a job) is listed with what is wrong
+    with it. With --backend, also how the most recent jobs ended (SUCCESS, REVERTED, FAILED or
+    TRASHED, with the reason), as their conductors recorded it in their logbooks.
+    """
     from flowengine.jobs.masking import masked
 
-    headers: tuple[str, ...]
-    keys: tuple[str, ...]
-    with open_board(board_uri, board_options) as board:
-        if trashed:
-            rows = [{"uuid": t.uuid, "name": t.name, "reason": t.reason,
+    sections: dict[str, list[dict[str, Any]]] = {}
+    persistence = records.open_backend(backend_uri, create=False) if backend_uri else None
+    try:
+        with open_board(board_uri, board_options, persistence=persistence) as board:
+            if trashed:
+                sections["trash"] = [
+                    {"uuid": t.uuid, "name": t.name, "reason": t.reason,
                      "attempts": t.attempts, "trashed_on": t.trashed_on.isoformat(),
                      "details": masked(t.posting.get("details") or {})}
                     for t in board.iter_trash()]
-            headers, keys = ("UUID", "NAME", "ATTEMPTS", "TRASHED", "REASON"), (
-                "uuid", "name", "attempts", "trashed_on", "reason")
-        else:
-            rows = [_job_record(job) for job in board.iterjobs(ensure_fresh=True)]
-            headers, keys = ("UUID", "NAME", "STATE", "PRIORITY", "OWNER", "ATTEMPTS"), (
-                "uuid", "name", "state", "priority", "owner", "attempts")
+            else:
+                sections["jobs"] = [_job_record(job)
+                                    for job in board.iterjobs(ensure_fresh=True)]
+                sections["damaged"] = [
+                    {"uuid": d.key, "name": None, "state": "DAMAGED (trashed)" if d.trashed
+                     else "DAMAGED", "reason": d.reason, "trashed": d.trashed}
+                    for d in board.iter_damaged()]
+                if persistence is not None:
+                    sections["ended"] = [_ended_record(e) for e in _endings(persistence, board)]
+    finally:
+        if persistence is not None:
+            persistence.close()
     if as_json:
-        click.echo(to_json(rows, indent=2))
+        click.echo(to_json([row for rows in sections.values() for row in rows], indent=2))
         return
-    for line in table(headers, [[truncate(str(r[k] if r[k] is not None else "-"))
-                                 for k in keys] for r in rows]):
-        click.echo(line)
+    for number, (section, rows) in enumerate(sections.items()):
+        if number and not rows:
+            continue
+        if number:
+            click.echo("")
+            click.echo(_TITLES[section])
+        headers, keys = _SECTIONS[section]
+        for line in table(headers, [[truncate(str(r[k] if r[k] is not None else "-"))
+                                     for k in keys] for r in rows]):
+            click.echo(line)
+
+
+def _endings(persistence: Any, board: Any) -> list[Any]:
+    from flowengine.jobs import endings
+
+    return endings.find_endings(persistence, board, limit=ENDED_SHOWN)
+
+
+def _ended_record(ending: Any) -> dict[str, Any]:
+    found = ending.to_dict()
+    return {"uuid": found["uuid"], "name": found["name"], "state": "COMPLETE",
+            "ended": found["outcome"], "reason": found["reason"] or None,
+            "ended_at": found["ended_at"], "conductor": found["conductor"],
+            "book": found["book"], "flow_state": found["flow_state"]}
 
 
 @show_envvars
@@ -134,15 +191,16 @@ def post_command(board_uri: str, board_options: tuple[str, ...], backend_uri: st
     from flowengine.jobs.posting import post_flow
 
     traceparent = _traceparent(traceparent)
-    import_target(spec)  # fails here, naming the spec, rather than in a conductor
+    args, kwargs = parse_args(factory_args), parse_pairs(factory_kwargs, "factory keyword")
+    given = parse_pairs(store, "store value")
+    # Fails here, naming the spec and what is missing, rather than in a conductor.
+    _check_runnable(spec, import_target(spec), args, kwargs, given)
     persistence = records.open_backend(backend_uri, create=True)
     try:
         with open_board(board_uri, board_options, persistence=persistence) as board:
             try:
                 job = post_flow(board, persistence, spec.replace(":", "."),
-                                factory_args=parse_args(factory_args),
-                                factory_kwargs=parse_pairs(factory_kwargs, "factory keyword"),
-                                store=parse_pairs(store, "store value"), name=name,
+                                factory_args=args, factory_kwargs=kwargs, store=given, name=name,
                                 priority=priority,
                                 details={tracing.TRACE_KEY: {tracing.TRACEPARENT: traceparent}}
                                 if traceparent else None)
@@ -151,6 +209,29 @@ def post_command(board_uri: str, board_options: tuple[str, ...], backend_uri: st
     finally:
         persistence.close()
     click.echo(job.uuid)
+
+
+def _check_runnable(spec: str, target: Any, args: list[Any], kwargs: dict[str, Any],
+                    store: dict[str, Any]) -> None:
+    """Refuse (one line) a job whose flow cannot run: one that does not build, or that needs
+    inputs neither it nor ``store`` provides, as ``flowengine check`` says."""
+    from flowengine import engines
+    from flowengine import exceptions as exc
+
+    flow = build_flow(spec, target, args, kwargs)
+    engine = engines.load(flow, store=store)
+    try:
+        engine.compile()
+        engine.validate()
+    except exc.MissingDependencies as err:
+        wanted = sorted(err.missing_requirements)
+        raise click.ClickException(
+            f"cannot post {spec}: flow {flow.name!r} needs input(s) nothing provides: "
+            f"{', '.join(wanted)} (give them with "
+            f"{' '.join(f'--store {name}=VALUE' for name in wanted)})") from err
+    except (exc.TaskFlowException, TypeError, ValueError, NotImplementedError) as err:
+        raise click.ClickException(f"cannot post {spec}: flow {flow.name!r} cannot run: "
+                                   f"{type(err).__name__}: {str(err).splitlines()[0]}") from err
 
 
 @show_envvars
@@ -192,6 +273,32 @@ def repost_command(board_uri: str, board_options: tuple[str, ...], job_id: str) 
         except exc.NotFound as err:
             raise click.ClickException(str(err)) from err
         click.echo(f"reposted {job.uuid}")
+
+
+@show_envvars
+@jobs_group.command("repost-orphans")
+@board_options
+@backend_option(required=True)
+@click.argument("flow_ids", nargs=-1, metavar="[FLOW_ID]...")
+@click.option("--wait", "wait", type=click.FloatRange(min=0), envvar="FLOWENGINE_WAIT",
+              default=None, help="Seconds a flow must stay orphaned before it is re-posted "
+                                 "(default: the board's claim_ttl, the longest a conductor "
+                                 "running it can take to show it).")
+@click.pass_context
+def repost_orphans_command(ctx: click.Context, board_uri: str, board_options: tuple[str, ...],
+                           backend_uri: str, flow_ids: tuple[str, ...],
+                           wait: float | None) -> None:
+    """Post again the jobs of the flows orphaned on the board (all, or those FLOW_ID starts):
+    conductors then resume each flow from its stored state.
+
+    An orphaned flow is stored unfinished, was posted to this board, and neither the board,
+    its trash nor a live conductor has its job any more (`flowengine check --orphans` lists
+    them). Its job is posted with the details and priority it was first posted with. Exit
+    code 2: a FLOW_ID names no orphaned flow.
+    """
+    from flowengine.cli import orphans
+
+    ctx.exit(orphans.repost(board_uri, board_options, backend_uri, flow_ids, wait))
 
 
 @show_envvars

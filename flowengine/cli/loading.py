@@ -93,8 +93,24 @@ def build_flow(spec: str, target: Any, args: Sequence[Any] = (),
 def flow_from_spec(spec: str, args: Sequence[Any] = (),
                    kwargs: Mapping[str, Any] | None = None) -> Any:
     """Rebuild the flow ``spec`` names; recorded as the factory of runs whose target is not a
-    module-level function (a flow object, a lambda), so that they can be resumed."""
-    return build_flow(spec, import_target(spec), args, kwargs)
+    module-level function (a flow object, a lambda), so that they can be resumed.
+
+    Being a stored factory's way to another target, it applies the factory policy in force
+    (:mod:`flowengine.engines.factory_policy`) to ``spec``: its module before importing it, and
+    what it names before calling it, unless that is a flow or atom object (nothing is called).
+
+    Raises:
+        flowengine.engines.factory_policy.FactoryRefused: the policy refuses ``spec``.
+    """
+    from flowengine.engines import factory_policy
+
+    policy = factory_policy.current()
+    what = f"flow {spec!r}"
+    policy.check_module(str(spec).partition(":")[0], what)
+    target = import_target(spec)
+    if not isinstance(target, Flow | Atom):
+        policy.check_object(target, what)
+    return build_flow(spec, target, args, kwargs)
 
 
 def factory_options(command: Callable[..., Any]) -> Callable[..., Any]:
@@ -111,6 +127,37 @@ def factory_options(command: Callable[..., Any]) -> Callable[..., Any]:
     for decorate in reversed(decorators):
         command = decorate(command)
     return command
+
+
+def allow_factories_option(default_rule: str) -> Callable[[Callable[..., Any]],
+                                                          Callable[..., Any]]:
+    """Add --allow-factories MODULE[,MODULE] (passed as ``allow_factories``, a string or None);
+    ``default_rule`` says what is allowed without it."""
+    # factory_policy.ENV_VAR, named here so that --help does not import the engines.
+    return click.option(
+        "--allow-factories", "allow_factories", envvar="FLOWENGINE_ALLOW_FACTORIES",
+        default=None,
+        metavar="MODULE[,MODULE]",
+        help="Modules whose functions and classes a stored flow may name as its factory, to "
+             f"rebuild it (each allows its submodules). Without it: {default_rule}. Never the "
+             "standard library, builtins or flowengine.")
+
+
+def factory_policy_of(allow_factories: str | None, default: Any = None) -> Any:
+    """The :class:`~flowengine.engines.factory_policy.FactoryPolicy` ``--allow-factories``
+    gives (``default`` when it was not given; None: any module outside the stdlib).
+
+    Raises:
+        click.BadParameter: an entry is not a module name.
+    """
+    from flowengine.engines.factory_policy import FactoryPolicy
+
+    if allow_factories is None or not allow_factories.strip():
+        return default if default is not None else FactoryPolicy()
+    try:
+        return FactoryPolicy.from_names(allow_factories)
+    except ValueError as err:
+        raise click.BadParameter(str(err), param_hint="--allow-factories") from err
 
 
 def store_option(command: Callable[..., Any]) -> Callable[..., Any]:

@@ -24,6 +24,7 @@ from flowengine.cli.flow_options import backend_option, engine_options
 from flowengine.cli.options import json_option, parse_pairs, show_envvars, split_env_list
 from flowengine.cli.signals import suspend_on_signals
 from flowengine.cli.watch import RunWatcher, open_view
+from flowengine.engines import factory_policy
 from flowengine.listeners import timing
 from flowengine.persistence import base, models
 from flowengine.persistence.backends._uri import mask_urls
@@ -76,6 +77,8 @@ class Request:
 @loading.store_option
 @loading.secret_option
 @loading.factory_options
+@loading.allow_factories_option("with --resume, a stored flow's factory may come from any "
+                                "module outside those")
 @telemetry.telemetry_options
 @click.option("--plain", is_flag=True, envvar="FLOWENGINE_PLAIN",
               help="One line per change instead of the live table (always so when stdout is "
@@ -85,8 +88,9 @@ class Request:
 def run_command(ctx: click.Context, spec: str | None, engine_name: str, topics: tuple[str, ...],
                 backend_uri: str | None, book: str, resume_id: str | None,
                 store: tuple[str, ...], secret: tuple[str, ...], factory_args: tuple[str, ...],
-                factory_kwargs: tuple[str, ...], events: bool | None, metrics_port: int | None,
-                plain: bool, as_json: bool, **broker: Any) -> None:
+                factory_kwargs: tuple[str, ...], allow_factories: str | None,
+                events: bool | None, metrics_port: int | None, plain: bool, as_json: bool,
+                **broker: Any) -> None:
     """Run the flow MODULE:FACTORY names (a flow factory, or a flow object).
 
     \b
@@ -112,8 +116,10 @@ def run_command(ctx: click.Context, spec: str | None, engine_name: str, topics: 
         metrics=metrics_port is not None, topics=split_env_list(tuple(topics)),
         metrics_port=metrics_port, explicit=stored_run.explicit_options(ctx))
     request.options = request.engine_options()
+    policy = loading.factory_policy_of(allow_factories)
     try:
-        engine = _load(request)
+        with factory_policy.applying(policy):
+            engine = _load(request)
         _validate(engine)
         code = _run(engine, request, plain=plain, as_json=as_json)
     finally:

@@ -2,7 +2,8 @@
 
 A conductor turns a job into an engine: the job's logbook holds the flow detail to run (the
 one named by ``details["flow_uuid"]``, or the book's only one), the flow is rebuilt from the
-factory saved in that flow detail, and ``details["store"]`` (over the flow detail's
+factory saved in that flow detail (if the conductor's factory policy allows it: see
+:mod:`flowengine.engines.factory_policy`), and ``details["store"]`` (over the flow detail's
 ``meta["store"]``) is the engine's store. See :mod:`.backends.impl_executor` for how jobs are
 claimed, kept and finished.
 """
@@ -14,11 +15,14 @@ import contextlib
 import os
 import socket
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from flowengine import engines
 from flowengine import exceptions as exc
+from flowengine.engines.factory_policy import FactoryPolicy
 from flowengine.jobs import base as jobs_base
+from flowengine.jobs import orphans
 from flowengine.persistence import models
 from flowengine.types import notifier
 from flowengine.types.entity import Entity
@@ -35,14 +39,19 @@ class Conductor(metaclass=abc.ABCMeta):
         persistence: The persistence backend jobs' logbooks are in.
         engine: The engine kind (``serial``, ``parallel``, ``worker-based``...) or URI.
         engine_options: Passed to the engine.
+        factory_policy: Which stored flow factories jobs may name (None: the process's,
+            :func:`flowengine.engines.factory_policy.current`); a job naming another is
+            trashed, saying why.
     """
 
     #: The kind of entity a conductor registers as.
     ENTITY_KIND = "conductor"
 
     def __init__(self, name: str, jobboard: jobs_base.JobBoard, persistence: Any = None,
-                 engine: str | None = None, engine_options: dict[str, Any] | None = None) -> None:
+                 engine: str | None = None, engine_options: dict[str, Any] | None = None,
+                 factory_policy: FactoryPolicy | None = None) -> None:
         self._name = name
+        self._factory_policy = factory_policy
         self._jobboard = jobboard
         self._persistence = persistence
         self._engine = engine
@@ -58,13 +67,19 @@ class Conductor(metaclass=abc.ABCMeta):
 
     @property
     def conductor(self) -> Entity:
-        """The entity this conductor registers as (``name@host:pid`` with host and pid)."""
+        """The entity this conductor registers as (``name@host:pid`` with host, pid, engine and,
+        each time it is sent, the logbooks of the jobs it runs)."""
         if self._entity is None:
             host, pid = socket.gethostname(), os.getpid()
-            self._entity = Entity(self.ENTITY_KIND, f"{self._name}@{host}:{pid}",
-                                  {"hostname": host, "pid": pid, "engine": self._engine or
-                                   "default"})
+            self._entity = _Registration(self.ENTITY_KIND, f"{self._name}@{host}:{pid}",
+                                         {"hostname": host, "pid": pid,
+                                          "engine": self._engine or "default"}, self._holding)
         return self._entity
+
+    def _holding(self) -> list[str]:
+        """The logbooks of the jobs this conductor runs now (see
+        :mod:`flowengine.jobs.orphans`: a flow a live conductor holds is no orphan)."""
+        return []
 
     @property
     def notifier(self) -> notifier.Notifier:
@@ -112,9 +127,10 @@ class Conductor(metaclass=abc.ABCMeta):
         kwargs: dict[str, Any] = dict(self._engine_options)
         if self._engine is not None:
             kwargs["engine"] = self._engine
-        return engines.load_from_detail(
-            flow_detail, store=store,
-            backend=backend if backend is not None else self._persistence, **kwargs)
+        flow = engines.flow_from_detail(flow_detail, policy=self._factory_policy)
+        return engines.load(flow, flow_detail=flow_detail, store=store,
+                            backend=backend if backend is not None else self._persistence,
+                            **kwargs)
 
     def _listeners_from_job(self, job: jobs_base.Job, engine: Any) -> list[Any]:
         """Listeners (entered around the run) to attach to ``job``'s engine; override to add."""
@@ -142,3 +158,20 @@ class Conductor(metaclass=abc.ABCMeta):
     @abc.abstractmethod
     def wait(self, timeout: float | None = None) -> bool:
         """Block until :meth:`run` returned; False if ``timeout`` passed first."""
+
+
+class _Registration(Entity):
+    """A conductor's registration, whose metadata lists the logbooks it holds when sent."""
+
+    def __init__(self, kind: str, name: str, metadata: dict[str, Any],
+                 holding: Callable[[], list[str]]) -> None:
+        super().__init__(kind, name, metadata)
+        self._holding = holding
+
+    def to_dict(self) -> dict[str, Any]:
+        """As :meth:`Entity.to_dict`, with the logbooks held now."""
+        found = super().to_dict()
+        found["metadata"][orphans.HOLDING_KEY] = self._holding()
+        return found
+
+    __hash__ = Entity.__hash__

@@ -47,11 +47,18 @@ def create_app(data: DashboardData, *, read_only: bool = False, token: str | Non
 
     Args:
         data: What it shows and changes.
-        read_only: Hide and refuse every action.
+        read_only: Hide and refuse every action, and never import a stored factory (``data``
+            must allow none).
         token: Required from every request when given (see :mod:`.access`).
         allowed_hosts: Answer only requests whose ``Host`` is one of these (a page of another
             site that renamed itself to 127.0.0.1 through its DNS cannot read this one).
+
+    Raises:
+        ValueError: ``read_only`` with ``data`` allowing stored factories.
     """
+    if read_only and data.factories.allows_any:
+        raise ValueError("a read-only dashboard never imports a stored flow factory: make its "
+                         "DashboardData without factories")
     templates = Jinja2Templates(directory=str(HERE / "templates"))
     views.install_filters(templates.env)
 
@@ -101,8 +108,12 @@ def create_app(data: DashboardData, *, read_only: bool = False, token: str | Non
         found, error = await listing(data.jobs)
         trashed, trash_error = await listing(data.trash)
         alive, conductors_error = await listing(data.conductors)
+        damaged, _ = await listing(data.damaged)
+        ended, ended_error = await listing(data.ended)
+        orphans, orphans_error = await listing(data.orphans)
         return render(request, "jobs.html", {
-            "jobs": found, "trashed": trashed, "conductors": alive,
+            "jobs": found, "trashed": trashed, "conductors": alive, "damaged": damaged,
+            "ended": ended, "ended_error": ended_error or orphans_error, "orphans": orphans,
             "error": error or trash_error or conductors_error})
 
     def action(do: Callable[[str], str], back: Callable[[Request], str]

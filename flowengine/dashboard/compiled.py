@@ -1,9 +1,12 @@
 """A stored flow rebuilt from its saved factory and compiled: its graph and its atoms' wiring.
 
-Only flows saved with factory details (``engines.save_factory_details``, ``flowengine run``)
-can be rebuilt; the factory's module must be importable by the dashboard. Compiling uses a
-throwaway in-memory engine, never the flow's stored records. Results are cached per flow uuid,
-since a flow's shape does not change while the dashboard shows it.
+Rebuilding a flow imports and calls the factory its record names, and whoever can write a
+record or post a job chooses that name: so the dashboard rebuilds a flow only when the operator
+allowed its factory's module (``flowengine dashboard --allow-factories MODULE``, never with
+``--read-only``; see :mod:`flowengine.engines.factory_policy`). Otherwise, and for flows saved
+without factory details, a page draws the stored atoms alone. Compiling uses a throwaway
+in-memory engine, never the flow's stored records. Results are cached per flow uuid, since a
+flow's shape does not change while the dashboard shows it.
 """
 
 from __future__ import annotations
@@ -17,12 +20,15 @@ from typing import Any
 from flowengine import engines
 from flowengine.cli import graph_view
 from flowengine.dashboard import layout
+from flowengine.engines.factory_policy import FactoryPolicy, FactoryRefused
 from flowengine.persistence import models
 
 LOG = logging.getLogger(__name__)
 
 #: Compiled flows kept.
 CACHE_SIZE = 64
+#: The dashboard's default: no stored factory is imported.
+NO_FACTORIES = FactoryPolicy(modules=())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,9 +45,14 @@ class Compiled:
 
 
 class Compiler:
-    """Rebuilds and compiles stored flows, keeping the last :data:`CACHE_SIZE`."""
+    """Rebuilds and compiles stored flows, keeping the last :data:`CACHE_SIZE`.
 
-    def __init__(self) -> None:
+    Args:
+        policy: The factories it may import and call (none by default: nothing is rebuilt).
+    """
+
+    def __init__(self, policy: FactoryPolicy = NO_FACTORIES) -> None:
+        self.policy = policy
         self._cache: collections.OrderedDict[str, Compiled | str] = collections.OrderedDict()
         self._lock = threading.Lock()
 
@@ -50,7 +61,7 @@ class Compiler:
         with self._lock:
             found = self._cache.get(fd.uuid)
         if found is None:
-            found = _compile(fd)
+            found = _compile(fd, self.policy)
             with self._lock:
                 self._cache[fd.uuid] = found
                 while len(self._cache) > CACHE_SIZE:
@@ -58,16 +69,25 @@ class Compiler:
         return found
 
 
-def _compile(fd: models.FlowDetail) -> Compiled | str:
+def _compile(fd: models.FlowDetail, policy: FactoryPolicy) -> Compiled | str:
     from flowengine.cli import loading
 
+    factory = fd.meta.get("factory") if isinstance(fd.meta, dict) else None
+    if not isinstance(factory, dict):
+        return "the flow was saved without factory details, so its graph cannot be rebuilt"
+    if not policy.allows_any:
+        return (f"its graph is not rebuilt: that would import and call its stored factory "
+                f"{str(factory.get('name'))!r}, and this dashboard allows no factory module "
+                f"(start it with --allow-factories MODULE to draw graphs)")
     loading.ensure_cwd_on_path()
     try:
-        flow = engines.flow_from_detail(fd)
+        flow = engines.flow_from_detail(fd, policy=policy)
         engine = engines.load(flow)
         engine.compile()
     except ValueError:
         return "the flow was saved without factory details, so its graph cannot be rebuilt"
+    except FactoryRefused as err:
+        return f"its graph is not rebuilt: {err}"
     except Exception as err:
         LOG.info("Cannot rebuild flow %s: %s", fd.uuid, err, exc_info=True)
         return f"the flow's saved factory cannot rebuild it here: {type(err).__name__}: {err}"

@@ -25,6 +25,7 @@ from flowengine.dashboard import layout, resuming, timeline
 from flowengine.dashboard.live import EventHub
 from flowengine.dashboard.masking import mask, mask_text
 from flowengine.engines import suspend_requests as sr
+from flowengine.engines.factory_policy import FactoryPolicy
 from flowengine.persistence import base, models, queries
 from flowengine.persistence.secret_keeping import META_SECRETS
 from flowengine.worker_based.remote_control import push_suspend
@@ -38,6 +39,8 @@ ENGINE_META = resuming.ENGINE_META
 RESUMABLE = frozenset({states.SUSPENDED, states.FAILURE})
 #: Seconds the per-topic queue depths are kept before the broker is asked again.
 TOPICS_TTL = 5.0
+#: Ended jobs the jobs page shows, most recent first.
+ENDED_SHOWN = 50
 #: What the jobs page shows of a conductor's registration.
 CONDUCTOR_FIELDS = ("hostname", "pid", "engine")
 
@@ -74,17 +77,26 @@ class DashboardData:
             for dead letters and resumed worker-based flows; None for none.
         board: A connected jobboard (TaskFlow's JobBoard API), or None.
         clock: UNIX time.
+        factories: The stored factories it may import and call, to draw a flow's graph and to
+            resume it (none by default: pages draw the stored atoms; see
+            :mod:`flowengine.engines.factory_policy`).
     """
 
     def __init__(self, backend: base.Backend, hub: EventHub,
                  broker: Mapping[str, Any] | None = None, board: Any = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 factories: FactoryPolicy = cp.NO_FACTORIES) -> None:
         self.backend, self.hub, self.board, self._clock = backend, hub, board, clock
         self.broker = dict(broker) if broker is not None else None
-        self._compiler = cp.Compiler()
+        self._compiler = cp.Compiler(factories)
         self._running: dict[str, Any] = {}
         self._topics: tuple[float, list[dict[str, Any]]] | None = None
         self._lock = threading.Lock()
+
+    @property
+    def factories(self) -> FactoryPolicy:
+        """The stored factories it may import and call."""
+        return self._compiler.policy
 
     # -- flows --------------------------------------------------------------------------
 
@@ -169,8 +181,12 @@ class DashboardData:
             name, options = resuming.engine_options(fd, self.broker)
         except resuming.OptionsMissing as err:
             raise ActionRefused(str(err)) from err
+        if not self.factories.allows_any:
+            raise ActionRefused(f"flow {fd.name!r} cannot be resumed here: that would import "
+                                f"and call its stored factory, and this dashboard allows no "
+                                f"factory module (--allow-factories MODULE)")
         try:
-            flow = engines.flow_from_detail(fd)
+            flow = engines.flow_from_detail(fd, policy=self.factories)
             engine = engines.load(flow, flow_detail=fd, backend=self.backend, engine=name,
                                   **options)
         except Exception as err:
@@ -350,6 +366,26 @@ class DashboardData:
         return [mask({"uuid": t.uuid, "name": t.name, "reason": t.reason,
                       "attempts": t.attempts, "trashed_on": _utc(t.trashed_on)})
                 for t in self._board().iter_trash()]
+
+    def damaged(self) -> list[dict[str, Any]]:
+        """Values on the board that are not jobs (skipped; trashed unless claimed)."""
+        return [mask({"key": d.key, "reason": d.reason, "trashed": d.trashed})
+                for d in self._board().iter_damaged()]
+
+    def ended(self) -> list[dict[str, Any]]:
+        """How the board's most recent jobs ended (SUCCESS, REVERTED, FAILED, TRASHED), from
+        the logbooks their conductors kept (:mod:`flowengine.jobs.endings`)."""
+        from flowengine.jobs import endings
+
+        return [mask({**e.to_dict(), "ended_at": _utc(e.ended_at)})
+                for e in endings.find_endings(self.backend, self._board(), limit=ENDED_SHOWN)]
+
+    def orphans(self) -> list[dict[str, Any]]:
+        """Flows orphaned on the board: stored unfinished, their job lost, held by no live
+        conductor (:mod:`flowengine.jobs.orphans`)."""
+        from flowengine.jobs import orphans
+
+        return [mask(o.to_dict()) for o in orphans.find_orphans(self._board(), self.backend)]
 
     def conductors(self) -> list[dict[str, Any]]:
         """The conductors alive on the board (their registrations), by name."""

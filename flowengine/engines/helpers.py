@@ -12,7 +12,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from flowengine import exceptions as exc
-from flowengine.engines import run_record
+from flowengine.engines import factory_policy, run_record
+from flowengine.engines.factory_policy import FactoryPolicy
 
 LOG = logging.getLogger(__name__)
 
@@ -303,12 +304,18 @@ def load_from_factory(
         return _load(flow, store, flow_detail, book, backend, owned, engine, kwargs)[0]
 
 
-def flow_from_detail(flow_detail: Any) -> Any:
+def flow_from_detail(flow_detail: Any, *, policy: FactoryPolicy | None = None) -> Any:
     """Rebuild the flow of a flow detail saved with factory details.
+
+    The stored factory is imported and called only if ``policy`` (by default the one in
+    force: :func:`flowengine.engines.factory_policy.current`) allows it: never one from the
+    standard library, builtins or flowengine, and only a function or class written in Python.
 
     Raises:
         ValueError: the flow detail has no factory details.
         ImportError: the stored factory cannot be imported (the message names it).
+        flowengine.engines.factory_policy.FactoryRefused: the policy refuses it (an
+            ImportError; the message names the factory and the rule).
     """
     where = f"{getattr(flow_detail, 'name', '?')} {getattr(flow_detail, 'uuid', '?')}"
     try:
@@ -316,14 +323,23 @@ def flow_from_detail(flow_detail: Any) -> Any:
     except (KeyError, AttributeError, TypeError):
         raise ValueError(
             f"Cannot reconstruct flow {where}: no factory information saved.") from None
+    policy = policy or factory_policy.current()
     try:
-        function = _fetch_factory(factory["name"])
+        function = policy.fetch(str(factory["name"]))
     except KeyError:
         raise ImportError(f"Could not import factory for flow {where}: its factory details "
                           f"name no factory") from None
-    except ImportError as err:
-        raise ImportError(f"Could not import factory for flow {where}: {err}") from err
-    return function(*factory.get("args", ()), **factory.get("kwargs", {}))
+    except factory_policy.FactoryRefused as err:
+        raise factory_policy.FactoryRefused(f"Refused to rebuild flow {where}: {err}") from err
+    except (ImportError, ValueError, AttributeError) as err:
+        raise ImportError(f"Could not import factory for flow {where}: Could not import flow "
+                          f"factory {factory['name']!r}: {err}") from err
+    with factory_policy.applying(policy):
+        try:
+            return function(*factory.get("args", ()), **factory.get("kwargs", {}))
+        except factory_policy.FactoryRefused as err:  # a rebuilder refusing what it names
+            raise factory_policy.FactoryRefused(f"Refused to rebuild flow {where}: stored "
+                                                f"factory {factory['name']!r}: {err}") from err
 
 
 def load_from_detail(

@@ -20,6 +20,9 @@ guarantee (the board behaviour suite in ``tests/jobs/`` checks each one):
   notifications (pub/sub, watches); a backend calls :meth:`JobBoard._notify_change` whenever it
   learns that any job changed, and answers :meth:`JobBoard._next_wakeup` with when a lease it
   knows of ends, if the service does not announce that itself. Neither method polls.
+* **A damaged posting stops nothing.** A value in the board's job folder that is not a
+  posting (:func:`~flowengine.jobs.records.check_posting`) is skipped, logged once, moved to the
+  trash when nobody holds a claim on it, and listed by :meth:`JobBoard.iter_damaged`.
 * **Entities stay visible while alive.** :meth:`JobBoard.register_entity` records a conductor
   (or any :class:`~flowengine.types.entity.Entity`) for ``claim_ttl`` seconds; registering again
   refreshes it, and :meth:`JobBoard.iter_entities` lists the live ones.
@@ -42,11 +45,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from flowengine import exceptions as exc
 from flowengine import states
+from flowengine.jobs.damage import DamageLog
 from flowengine.jobs.records import (
     DEFAULT_CLAIM_TTL,
     DEFAULT_MAX_ATTEMPTS,
     BoardOptions,
     ClaimLost,
+    DamagedPosting,
     JobPriority,
     TrashedJob,
     format_posting,
@@ -62,7 +67,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_CLAIM_TTL", "DEFAULT_MAX_ATTEMPTS", "POSTED", "REMOVAL",
-    "BoardOptions", "ClaimLost", "Job", "JobBoard", "JobBoardIterator", "JobFailure", "JobPriority",
+    "BoardOptions", "ClaimLost", "DamagedPosting", "Job", "JobBoard", "JobBoardIterator",
+    "JobFailure", "JobPriority",
     "NotFound", "NotifyingJobBoard", "TrashedJob", "UnclaimableJob", "check_who", "format_posting",
     "utcnow",
 ]
@@ -262,11 +268,22 @@ class JobBoard(metaclass=abc.ABCMeta):
         self.options = BoardOptions.from_conf(self._conf)
         self._changes = threading.Condition()
         self._generation = 0
+        self._damage = DamageLog(name)
 
     @property
     def name(self) -> str:
         """The board's name."""
         return self._name
+
+    @property
+    def identity(self) -> str:
+        """Which board this is, the same in every process using it (its kind and where its jobs
+        live: a Redis namespace, a ZooKeeper or etcd path), unlike :attr:`name`."""
+        return f"{type(self).__name__}:{self._location()}"
+
+    def _location(self) -> str:
+        """Where the board's jobs live, for :attr:`identity` (backends say it exactly)."""
+        return str(self._conf.get("namespace") or self._conf.get("path") or "")
 
     # ---- TaskFlow's API ------------------------------------------------------------------------
 
@@ -403,6 +420,11 @@ class JobBoard(metaclass=abc.ABCMeta):
     @abc.abstractmethod
     def iter_trash(self) -> list[TrashedJob]:
         """The trashed jobs, oldest first."""
+
+    def iter_damaged(self) -> list[DamagedPosting]:
+        """The damaged postings this board found in its job folder, by key: values that are not
+        job postings, which it skipped (and moved to the trash when that was safe)."""
+        return self._damage.listing()
 
     @abc.abstractmethod
     def repost(self, job_uuid: str) -> Job:

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from flowengine import engines, tracing
-from flowengine.jobs import base
+from flowengine.jobs import base, endings
 from flowengine.persistence import base as persistence_base
 from flowengine.persistence import models
 
@@ -51,9 +51,14 @@ def post_flow(board: base.JobBoard, persistence: persistence_base.Backend,
     flow_detail = models.FlowDetail(shown, str(uuid.uuid4()))
     book.add(flow_detail)
     engines.save_factory_details(flow_detail, flow_factory, factory_args, factory_kwargs)
+    all_details = {**(details or {}), "store": dict(store or {}), "flow_uuid": flow_detail.uuid}
+    # The board and the details are kept with the logbook, so that a job the board loses can
+    # be found (an orphan) and posted again as it was (see flowengine.jobs.orphans).
+    endings.mark_posted(book, board, {k: v for k, v in all_details.items()
+                                      if k != tracing.TRACE_KEY},
+                        base.JobPriority.convert(priority))
     with contextlib.closing(persistence.get_connection()) as conn:
         conn.save_logbook(book)
-    all_details = {**(details or {}), "store": dict(store or {}), "flow_uuid": flow_detail.uuid}
     trace = tracing.job_trace()
     if trace:
         all_details.setdefault(tracing.TRACE_KEY, trace)

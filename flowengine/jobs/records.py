@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import enum
+import json
 from typing import TYPE_CHECKING, Any
 
 from flowengine import exceptions as exc
@@ -17,14 +18,17 @@ from flowengine import exceptions as exc
 if TYPE_CHECKING:
     from flowengine.persistence import models
 
-__all__ = ["DEFAULT_CLAIM_TTL", "DEFAULT_MAX_ATTEMPTS", "BoardOptions", "ClaimLost",
-           "JobPriority", "TrashedJob", "format_posting", "parse_date", "utcnow"]
+__all__ = ["DAMAGED_NAME", "DEFAULT_CLAIM_TTL", "DEFAULT_MAX_ATTEMPTS", "BoardOptions",
+           "ClaimLost", "DamagedPosting", "JobPriority", "PostingError", "TrashedJob",
+           "check_posting", "damaged_posting", "format_posting", "parse_date", "read_posting",
+           "trashed_job", "utcnow"]
 
 #: Seconds a claim lasts unless renewed.
 DEFAULT_CLAIM_TTL = 30.0
 #: Claims a job gets before it goes to the trash (0: no limit).
 DEFAULT_MAX_ATTEMPTS = 3
-
+#: The name a damaged posting has in the trash (it may have had none).
+DAMAGED_NAME = "(damaged posting)"
 
 
 class ClaimLost(exc.UnclaimableJob):
@@ -160,6 +164,21 @@ class TrashedJob:
                    posting=dict(data.get("posting") or {}))
 
 
+def trashed_job(posting: Any, info: Any) -> TrashedJob | None:
+    """The trashed job a board stored as ``posting`` plus ``info`` (``reason``, ``attempts``,
+    ``trashed_on``); None if they are not one (a damaged trash entry is skipped, not fatal)."""
+    if not isinstance(posting, dict) or not isinstance(info or {}, dict):
+        return None
+    info = info or {}
+    try:
+        return TrashedJob.from_dict({
+            "uuid": posting["uuid"], "name": posting["name"], "posting": posting,
+            "reason": str(info.get("reason", "")), "attempts": info.get("attempts", 0),
+            "trashed_on": info.get("trashed_on") or utcnow().isoformat()})
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
 def utcnow() -> datetime.datetime:
     """Now, in UTC, timezone-aware."""
     return datetime.datetime.now(datetime.UTC)
@@ -190,3 +209,108 @@ def parse_date(value: Any) -> datetime.datetime | None:
     if not value:
         return None
     return datetime.datetime.fromisoformat(str(value))
+
+
+class PostingError(ValueError):
+    """A stored value is not a job posting; the message says what is wrong with it."""
+
+
+@dataclasses.dataclass(frozen=True)
+class DamagedPosting:
+    """A value on a board that should be a job posting and is not.
+
+    Attributes:
+        key: Where it is stored (a Redis hash field, a ZooKeeper node, an etcd key).
+        reason: What is wrong with it (never its content).
+        trashed: Whether the board moved it to the trash.
+    """
+
+    key: str
+    reason: str
+    trashed: bool = False
+
+
+def check_posting(data: Any) -> dict[str, Any]:
+    """``data`` if it is a job posting a board can offer, as :func:`format_posting` writes it.
+
+    Only what TaskFlow's boards need is required (a ``uuid`` and a ``name``); what is present
+    must have the type a conductor reads (``details`` and ``book`` objects, a known
+    ``priority``, ISO dates), so that a damaged posting is refused here, where the board can
+    skip it, and not in a conductor.
+
+    Raises:
+        PostingError: naming the first field at fault (never its value).
+    """
+    if not isinstance(data, dict):
+        raise PostingError(f"a JSON {_json_kind(data)}, not an object")
+    for key in ("uuid", "name"):
+        if key not in data:
+            raise PostingError(f"it has no {key!r}")
+        if not isinstance(data[key], str) or not data[key]:
+            raise PostingError(f"its {key!r} is a JSON {_json_kind(data[key])}, not a string"
+                               if not isinstance(data[key], str) else f"its {key!r} is empty")
+    for key in ("details", "book"):
+        if data.get(key) is not None and not isinstance(data[key], dict):
+            raise PostingError(f"its {key!r} is a JSON {_json_kind(data[key])}, not an object")
+    book = data.get("book") or {}
+    if book.get("uuid") is not None and not isinstance(book["uuid"], str):
+        raise PostingError(f"its book's 'uuid' is a JSON {_json_kind(book['uuid'])}, not a string")
+    try:
+        JobPriority.convert(data.get("priority") or JobPriority.NORMAL)
+    except ValueError:
+        raise PostingError("its 'priority' names no priority") from None
+    for key in ("created_on", "last_modified"):
+        try:
+            parse_date(data.get(key))
+        except (TypeError, ValueError):
+            raise PostingError(f"its {key!r} is not an ISO 8601 date") from None
+    return data
+
+
+def read_posting(raw: bytes | str) -> dict[str, Any]:
+    """The posting a stored value holds (UTF-8 JSON), checked by :func:`check_posting`.
+
+    Raises:
+        PostingError: naming what is wrong (not UTF-8, not JSON, not a posting).
+    """
+    try:
+        text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
+    except UnicodeDecodeError:
+        raise PostingError("not UTF-8 text") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise PostingError(f"not JSON ({err.msg} at character {err.pos})") from None
+    except ValueError as err:  # a number too long to read, say
+        raise PostingError(f"not JSON ({err})") from None
+    return check_posting(data)
+
+
+def damaged_posting(key: str, raw: bytes | str | None, reason: str) -> dict[str, Any]:
+    """What a board keeps in its trash for a damaged posting found at ``key``.
+
+    It has a posting's shape (so trash listings read it), a ``uuid`` (the one the value
+    names, else ``key``'s last part), and the value as it was under ``damaged``, so that an
+    operator can still look at it where it was already stored.
+    """
+    text = raw.decode("utf-8", "backslashreplace") if isinstance(raw, bytes) else raw or ""
+    try:
+        named = json.loads(text).get("uuid")
+    except (ValueError, AttributeError):
+        named = None
+    uuid = named if isinstance(named, str) and named else key.rstrip("/").rpartition("/")[2]
+    return {"uuid": uuid, "name": DAMAGED_NAME, "details": {}, "damaged": text,
+            "damage": reason}
+
+
+def _json_kind(value: Any) -> str:
+    """What JSON calls ``value``'s type."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    for kind, name in ((str, "string"), ((int, float), "number"), (list, "array"),
+                       (dict, "object")):
+        if isinstance(value, kind):
+            return name
+    return type(value).__name__

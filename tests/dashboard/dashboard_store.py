@@ -9,10 +9,13 @@ from typing import Any
 
 from flowengine import engines
 from flowengine import exceptions as exc
+from flowengine.engines.factory_policy import FactoryPolicy
 from flowengine.listeners.timing import EventTimeListener
 from flowengine.persistence import backends, base, models
 
 PASSWORD = "hunter2-very-secret"
+#: The dashboard may rebuild (draw, resume) flows whose factories are in the tests' flow module.
+FACTORIES = FactoryPolicy.from_names("dashboard_flows")
 
 
 def open_store(path: Path) -> base.Backend:

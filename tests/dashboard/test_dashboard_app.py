@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import dashboard_flows as df
 import pytest
 from click.testing import CliRunner
-from dashboard_store import PASSWORD, store_run
+from dashboard_store import FACTORIES, PASSWORD, store_run
 
 from flowengine.cli.main import cli
 from flowengine.dashboard import DashboardData, EventHub, create_app
@@ -224,7 +224,7 @@ def test_resume_through_the_page(store: base.Backend) -> None:
     engine.prepare()
     engine.storage.set_flow_state(states.SUSPENDED)
     flow = str(engine.storage.flow_uuid)
-    data = DashboardData(store, EventHub(None))
+    data = DashboardData(store, EventHub(None), factories=FACTORIES)
     with TestClient(create_app(data), follow_redirects=False) as app:
         page = app.get(f"/flows/{flow}").text
         assert f'action="/flows/{flow}/resume"' in page

@@ -31,8 +31,10 @@ def _get(url: str, token: str | None = None, host: str | None = None) -> tuple[i
 
 
 @contextlib.contextmanager
-def serving(store: base.Backend, tmp_path: Path, *options: str) -> Iterator[tuple[str, Path]]:
-    """``flowengine dashboard`` on the store, in its own process; its URL and log."""
+def serving(store: base.Backend, tmp_path: Path, *options: str,
+            env: dict[str, str] | None = None) -> Iterator[tuple[str, Path]]:
+    """``flowengine dashboard`` on the store, in its own process (``env`` added to its
+    environment); its URL and log."""
     port = free_port()
     database = store.engine.url.database  # type: ignore[attr-defined]
     queues = tmp_path / f"queues-{port}"
@@ -43,7 +45,7 @@ def serving(store: base.Backend, tmp_path: Path, *options: str) -> Iterator[tupl
     log = tmp_path / f"dashboard-{port}.log"
     with open(log, "wb") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
-                                   env=dict(os.environ, NO_COLOR="1"))
+                                   env=dict(os.environ, NO_COLOR="1", **(env or {})))
     try:
         url = f"http://127.0.0.1:{port}"
         wait_for(lambda: _get(f"{url}/static/dashboard.css")[0] in (200, 401),

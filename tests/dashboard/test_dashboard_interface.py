@@ -7,7 +7,7 @@ from typing import Any
 
 import dashboard_flows as df
 import pytest
-from dashboard_store import PASSWORD, store_suspended
+from dashboard_store import FACTORIES, PASSWORD, store_suspended
 
 from flowengine import states
 from flowengine.dashboard import ActionRefused, DashboardData, EventHub
@@ -19,7 +19,7 @@ from flowengine.worker_based.broker import proxy
 
 def test_a_flow_shows_graph_timeline_inputs_and_results_without_its_secret(
         store: base.Backend, stored: dict[str, str]) -> None:
-    data = DashboardData(store, EventHub(None))
+    data = DashboardData(store, EventHub(None), factories=FACTORIES)
     view = data.flow(stored["provisioning"])
     assert view is not None
     assert view.summary["state"] == states.SUCCESS and view.graph_note is None
@@ -94,7 +94,7 @@ def test_resume_runs_a_suspended_flow_on_its_stored_engine(store: base.Backend) 
     flow = str(storage.flow_uuid)
     storage.update_flow_metadata({ENGINE_META: {"engine": "parallel",
                                                 "options": {"max_workers": 2}}})
-    data = DashboardData(store, EventHub(None))
+    data = DashboardData(store, EventHub(None), factories=FACTORIES)
     assert data.flow(flow).resumable  # type: ignore[union-attr]
     assert "parallel" in data.resume(flow)
     assert data.wait_idle(30.0)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import re
+import threading
 import uuid
 import warnings
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from jobs.boards import make_redis_board, wipe_redis  # tests/ is on sys.path
@@ -105,3 +107,36 @@ def test_no_board_no_jobs_page(store: base.Backend) -> None:
         assert app.get("/jobs").status_code == 404
         assert app.post("/jobs/trash/x/repost").status_code in (404, 405)
         assert 'href="/jobs"' not in app.get("/flows").text
+
+
+def test_jobs_page_says_how_jobs_ended_and_lists_damaged_postings(
+        store: base.Backend, board: JobBoard, redis_url: str, tmp_path: Path) -> None:
+    import jobs.jobs_flows as jf  # tests/ is on sys.path
+    import redis
+
+    from flowengine.conductors import backends as conductors
+    from flowengine.jobs.posting import post_flow
+
+    board._persistence = store  # the conductor loads the jobs' logbooks from the page's store
+    posted = [post_flow(board, store, jf.steps, factory_args=(1,)),
+              post_flow(board, store, jf.reverting, store={"ledger": str(tmp_path / "l")})]
+    conductor = conductors.fetch("blocking", "c-ends", board, persistence=store)
+    finished = threading.Event()
+    conductor.notifier.register("job_consumed", lambda *_a, **_k: finished.set()
+                                if all(j.state == states.COMPLETE for j in posted) else None)
+    runner = threading.Thread(target=conductor.run, daemon=True)
+    runner.start()
+    assert finished.wait(60)
+    conductor.stop()
+    runner.join(30)
+    namespace = board._conf["namespace"]  # type: ignore[attr-defined]
+    client = redis.Redis.from_url(redis_url)
+    client.hset(f"{namespace}:jobs", "garbage-1", b"\x00 not a posting")
+    client.close()
+    with page_client(store, board) as app:
+        page = app.get("/jobs").text
+    assert re.search(rf'data-ended="{posted[0].uuid}".*?SUCCESS', page, re.S)
+    assert re.search(rf'data-ended="{posted[1].uuid}".*?REVERTED.*?broken failed: '
+                     rf'ValueError: broken on purpose', page, re.S)
+    assert re.search(r'data-damaged="garbage-1".*?not JSON.*?yes', page, re.S)
+    assert "not a posting" not in page

@@ -20,7 +20,7 @@ from typing import Any
 import dashboard_flows as df
 import pytest
 from dashboard_site import HERE, REPO, Site, chromium, click, close_chromium, screenshot, wait_for
-from dashboard_store import open_store
+from dashboard_store import FACTORIES, open_store
 from test_dashboard_browser import css, texts
 
 from flowengine import states
@@ -83,7 +83,7 @@ def world(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator[
                for n in (1, 2)]
     driver = chromium()
     hub = EventHub(lambda: EventReceiver(**broker))
-    data = DashboardData(store, hub, broker)
+    data = DashboardData(store, hub, broker, factories=FACTORIES)
     try:
         with Site(create_app(data)) as site:
             wait_for(hub.listening.is_set, "the dashboard to follow the event stream")

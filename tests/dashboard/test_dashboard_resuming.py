@@ -9,7 +9,7 @@ from typing import Any
 
 import dashboard_flows as df
 import pytest
-from dashboard_store import store_suspended
+from dashboard_store import FACTORIES, store_suspended
 
 from flowengine import engines, states
 from flowengine.cli import stored_run
@@ -94,7 +94,7 @@ def test_the_dashboard_resumes_a_run_record_and_refuses_a_missing_password(
     storage.update_flow_metadata({
         "engine": {"engine": "serial"},
         stored_run.META_KEY: stored_run.record("worker-based", broker(), ["red"])})
-    data = DashboardData(store, EventHub(None))
+    data = DashboardData(store, EventHub(None), factories=FACTORIES)
     with pytest.raises(ActionRefused, match="whose password is not stored") as refused:
         data.resume(flow)
     assert SECRET not in str(refused.value)

@@ -225,8 +225,13 @@ def test_a_lost_request_is_parked_listed_and_requeued(
             ("held", "execute", TOPIC)
         assert "lost its worker on each of 1 attempt" in letter["reason"], letter
         assert letter["workers"] and letter["workers"][0].split(":")[1] == str(frozen.pid)
+        # Its flow has reverted, which nothing here can read: refused unless forced.
+        refused = flowengine_cli("dead-letters", "requeue", letter["id"], "--url", broker.url,
+                                 "--exchange", exchange)
+        assert refused.returncode == 1 and "--force" in refused.stderr, refused.stderr
+        assert [d["id"] for d in _dead_letters(broker, exchange)] == [letter["id"]]
         requeued = flowengine_cli("dead-letters", "requeue", letter["id"], "--url", broker.url,
-                                  "--exchange", exchange)
+                                  "--exchange", exchange, "--force")
         assert requeued.returncode == 0, requeued.stderr
         stage.ledger.wait_for("held", ft.EXECUTE_START, where=lambda e: e["pid"] == other.pid)
         assert _dead_letters(broker, exchange) == []
@@ -296,7 +301,7 @@ def test_a_task_that_kills_its_workers_fails_after_max_attempts_and_is_parked(
     assert len(letter["workers"]) == MAX_ATTEMPTS, letter
     stage.cured.touch()  # the cause is fixed
     requeued = flowengine_cli("dead-letters", "requeue", letter["id"], "--url", broker.url,
-                              "--exchange", exchange)
+                              "--exchange", exchange, "--force")
     assert requeued.returncode == 0, requeued.stderr
     assert letter["id"] in requeued.stdout
     stage.ledger.wait_for("poison", ft.EXECUTE_END)

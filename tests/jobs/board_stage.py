@@ -56,10 +56,9 @@ class BoardStage:
                   link: Forwarder | None = None) -> Conductor:
         """Start a conductor process on the board (appended to ``started``), reaching it
         through ``link`` if given (so the test can cut that conductor off). It keeps the
-        logbooks of the jobs it finishes, for :meth:`flow_states`."""
+        logbooks of the jobs it finishes (the default), for :meth:`flow_states`."""
         board_uri = self.board_uri if link is None else link.via(self.board_uri)
-        conductor = Conductor(name, board_uri, self.options, self.backend_uri, self.workdir,
-                              "--keep-logbooks")
+        conductor = Conductor(name, board_uri, self.options, self.backend_uri, self.workdir)
         started.append(conductor)
         return conductor
 

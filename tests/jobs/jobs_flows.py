@@ -142,3 +142,20 @@ def unreachable() -> Any:
 def secretive() -> Any:
     """A task whose failure names its password."""
     return linear_flow.Flow("secretive").add(Secretive("secretive"))
+
+
+class Sized(task.Task):
+    """Needs ``volume_size``, which nothing in its flow provides."""
+
+    def execute(self, volume_size: int) -> int:
+        return volume_size
+
+
+def needy() -> Any:
+    """A flow that cannot start without ``volume_size`` in its store."""
+    return linear_flow.Flow("needy").add(Sized("sized"))
+
+
+def reverting() -> Any:
+    """A step, then an ordinary failure: the flow is reverted."""
+    return linear_flow.Flow("reverting").add(Step("step-1"), Broken("broken"))

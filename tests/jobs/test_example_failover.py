@@ -1,5 +1,5 @@
-"""Runs ``examples/jobboard_failover.py`` and ``examples/jobs_tracing.py`` as a user would, on
-the test Redis."""
+"""Runs ``examples/jobboard_failover.py``, ``examples/jobs_tracing.py`` and
+``examples/jobs_endings.py`` as a user would, on the test Redis."""
 
 from __future__ import annotations
 
@@ -49,3 +49,16 @@ def test_the_jobs_tracing_example_prints_one_trace_across_two_conductors(
                      out, re.M), out
     for step in ("allocate", "install", "configure"):
         assert len(re.findall(rf"^        execute {step} .*outcome=SUCCESS$", out, re.M)) == 1, out
+
+
+def test_the_endings_example_tells_its_story(redis_url: str) -> None:
+    out = run_example("jobs_endings.py", redis_url)
+    for line in ("charge: REVERTED (charge failed: RuntimeError: card declined)",
+                 "resize: FAILED (it could not start: MissingDependencies: it needs input(s) "
+                 "nothing provides: volume_size)",
+                 "logbooks kept: charge, resize (provision succeeded: deleted)",
+                 "damaged posting at not-a-job: not JSON (Expecting value at character 0); "
+                 "moved to the trash: True",
+                 "the job posted after it ran: True", "orphaned: nightly (PENDING)",
+                 "re-posted as nightly; orphaned now: 0"):
+        assert line in out.splitlines(), out

@@ -104,11 +104,23 @@ def test_a_finished_flow_is_refused_unless_forced(setting: Setting) -> None:
     assert setting.listed() == [] and setting.sent_to_topic() == [letter]
 
 
-def test_without_a_backend_it_says_it_cannot_know(setting: Setting) -> None:
-    letter = setting.park(str(uuid.uuid4()))
-    sent = setting.requeue(letter)
+def test_without_a_backend_it_is_refused_unless_forced(setting: Setting) -> None:
+    flow = setting.run("make_reverted", exits.REVERTED)  # the state it cannot see
+    letter = setting.park(flow)
+    refused = setting.requeue(letter)
+    assert refused.exit_code == exits.ERROR, refused.output
+    [line] = refused.stderr.strip().splitlines()
+    assert "cannot be known without the persistence backend" in line
+    assert "give --backend URL" in line and "--force" in line
+    assert setting.listed() == [letter] and setting.sent_to_topic() == []
+    other = setting.uri.replace("flows.db", "other.db")
+    with contextlib.closing(backends.fetch(other)) as store, \
+            contextlib.closing(store.get_connection()) as conn:
+        conn.upgrade()  # a store, but not the one the flow is in
+    elsewhere = setting.requeue(letter, "--backend", other)
+    assert elsewhere.exit_code == exits.ERROR and "is not in that backend" in elsewhere.stderr
+    sent = setting.requeue(letter, "--force")
     assert sent.exit_code == exits.OK, sent.output
-    assert "cannot be known without the persistence backend" in sent.stdout
     assert "nothing will record the outcome" in sent.stdout
     assert setting.sent_to_topic() == [letter]
 

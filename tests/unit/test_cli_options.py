@@ -66,7 +66,8 @@ def test_every_command_is_covered() -> None:
     assert names == {"check", "conductor", "conductors", "dashboard", "db import-taskflow",
                      "db status", "db upgrade", "dead-letters list",
                      "dead-letters requeue", "events", "flows", "graph", "jobs list", "jobs post",
-                     "jobs repost", "jobs show", "jobs trash", "run", "show", "suspend",
+                     "jobs repost", "jobs repost-orphans", "jobs show", "jobs trash", "run",
+                     "show", "suspend",
                      "topics list", "topics pause", "topics resume", "worker", "workers"}
     assert len(CASES) > 40
 

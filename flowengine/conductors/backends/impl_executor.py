@@ -15,6 +15,9 @@ What it does with a job, in order:
    the flow was suspended (``job_abandoned``), which counts an attempt unless the conductor was
    stopping; *trashes* it when no engine could be made from it (``job_trashed``). A job whose
    claim was lost is left alone: it is another conductor's now.
+4. Records in the job's logbook how it ended (:mod:`flowengine.jobs.endings`: SUCCESS,
+   REVERTED, FAILED or TRASHED, with the reason), and deletes the logbook only of a job that
+   succeeded, and only with ``delete_logbook``.
 
 Event details are TaskFlow's: ``{"job", "engine", "conductor"}`` for the stages and
 ``{"job", "conductor", "persistence"}`` for the endings (plus ``reason`` for a trash).
@@ -34,7 +37,9 @@ from flowengine import states, tracing
 from flowengine.conductors import base
 from flowengine.conductors.claims import ClaimFence, ClaimKeeper, FencedOff
 from flowengine.conductors.fencing import FencedBackend
+from flowengine.engines.factory_policy import FactoryPolicy
 from flowengine.jobs import base as jobs_base
+from flowengine.jobs import endings
 from flowengine.jobs.lease_clock import lease_clock
 from flowengine.jobs.masking import scrub
 
@@ -71,8 +76,11 @@ class ExecutorConductor(base.Conductor):
             pushed); None means :attr:`REFRESH_PERIODICITY`.
         log: The logger to use.
         max_simultaneous_jobs: Jobs run at once (<= 0: no limit).
-        delete_logbook: Delete a consumed job's logbook from persistence.
+        delete_logbook: Delete the logbook of a consumed job whose flow succeeded (the logbooks
+            of jobs that failed, were reverted or trashed are always kept, with how they ended:
+            see :mod:`flowengine.jobs.endings`).
         clock: The lease clock claims are kept and fenced with (counts host suspension).
+        factory_policy: As for the base: which stored factories jobs may name.
     """
 
     START_FINISH_EVENTS_EMITTED = ("compilation", "preparation", "validation", "running")
@@ -92,9 +100,10 @@ class ExecutorConductor(base.Conductor):
                  wait_timeout: float | None = None, log: logging.Logger | None = None,
                  max_simultaneous_jobs: int = MAX_SIMULTANEOUS_JOBS,
                  delete_logbook: bool = False,
-                 clock: Callable[[], float] = lease_clock) -> None:
+                 clock: Callable[[], float] = lease_clock,
+                 factory_policy: FactoryPolicy | None = None) -> None:
         super().__init__(name, jobboard, persistence=persistence, engine=engine,
-                         engine_options=engine_options)
+                         engine_options=engine_options, factory_policy=factory_policy)
         if wait_timeout is not None and not wait_timeout > 0:
             raise ValueError(f"Conductor {name}: wait_timeout must be > 0, not {wait_timeout!r}")
         self._wait_timeout = wait_timeout or self.REFRESH_PERIODICITY
@@ -347,12 +356,11 @@ class ExecutorConductor(base.Conductor):
             return
         board, who = self._jobboard, self._name
         ending = {"job": job, "conductor": self, "persistence": self._persistence}
+        trashed = outcome.reason if outcome.action == "trash" else None
         try:
             if outcome.action == "consume":
                 board.consume(job, who)
                 self._notifier.notify("job_consumed", ending)
-                if self._delete_logbook:
-                    self._delete_book(job)
             elif outcome.action == "trash":
                 board.trash(job, who, reason=outcome.reason)
                 self._notifier.notify("job_trashed", {**ending, "reason": outcome.reason})
@@ -361,11 +369,77 @@ class ExecutorConductor(base.Conductor):
                 self._notifier.notify("job_abandoned", ending)
                 if outcome.counted and job.state == states.COMPLETE:
                     # That was its last attempt: the board moved it to the trash.
-                    reason = f"abandoned or orphaned {self._jobboard.options.max_attempts} times"
-                    self._log.warning("Job %s was trashed: %s", job, reason)
-                    self._notifier.notify("job_trashed", {**ending, "reason": reason})
+                    trashed = (f"abandoned or orphaned {self._jobboard.options.max_attempts}"
+                               f" times")
+                    self._log.warning("Job %s was trashed: %s", job, trashed)
+                    self._notifier.notify("job_trashed", {**ending, "reason": trashed})
         except (exc.JobFailure, exc.NotFound) as err:
             self._log.warning("Could not %s %s: %s", outcome.action, job, err)
+            return
+        if outcome.action == "consume" or trashed is not None:
+            self._record_ending(job, trashed)
+
+    def _record_ending(self, job: jobs_base.Job, trashed: str | None) -> None:
+        """Keep how ``job`` ended in its logbook; delete the logbook of one that succeeded if
+        this conductor was asked to (``delete_logbook``)."""
+        if self._persistence is None or job.book_uuid is None:
+            return
+        try:
+            flow_detail = self._stored_flow(job)
+        except exc.TaskFlowException as err:
+            self._log.warning("Could not read how %s ended: %s", job, err)
+            flow_detail = None
+        state = flow_detail.state if flow_detail is not None else None
+        outcome = endings.TRASHED if trashed is not None else endings.outcome_of(state)
+        reason = trashed or ("" if outcome == endings.SUCCESS else self._why(job, flow_detail))
+        ended = endings.Ending(job_uuid=job.uuid, job_name=job.name, book_uuid=job.book_uuid,
+                               outcome=outcome, reason=scrub(reason, job.details),
+                               conductor=self._name, ended_at=jobs_base.utcnow(),
+                               flow_state=state)
+        if outcome == endings.SUCCESS and self._delete_logbook:
+            self._delete_book(job)
+            return
+        try:
+            endings.record(self._persistence, job, ended)
+        except exc.TaskFlowException as err:
+            self._log.warning("Could not record how %s ended (%s): %s", job, outcome, err)
+
+    def _stored_flow(self, job: jobs_base.Job) -> Any:
+        """The job's flow detail as stored now (None: the book has no single one)."""
+        assert self._persistence is not None and job.book_uuid is not None
+        flow_uuid = (job.details or {}).get("flow_uuid")
+        with contextlib.closing(self._persistence.get_connection()) as conn:
+            if isinstance(flow_uuid, str):
+                return conn.get_flow_details(flow_uuid)
+            found = list(conn.get_flows_for_book(job.book_uuid))
+        return found[0] if len(found) == 1 else None
+
+    def _why(self, job: jobs_base.Job, flow_detail: Any) -> str:
+        """Why a consumed job did not succeed: the failure its flow stored, else why its engine
+        could not start it (asked again of the engine, which is still held here)."""
+        if flow_detail is not None:
+            failed = endings.failure_reason(flow_detail)
+            if failed:
+                return failed
+        with self._slots:
+            held = self._running.get(job.uuid)
+        engine = held.engine if held is not None else None
+        if engine is not None:
+            try:
+                engine.validate()
+            except exc.MissingDependencies as err:
+                return (f"it could not start: MissingDependencies: it needs input(s) nothing "
+                        f"provides: {', '.join(sorted(err.missing_requirements))}")
+            except Exception as err:  # the error is the answer
+                first = str(err).splitlines()[0] if str(err) else ""
+                return f"it could not start: {type(err).__name__}: {first}"
+        state = flow_detail.state if flow_detail is not None else "unknown"
+        return f"its flow ended {state} (see the log of conductor {self._name})"
+
+    def _holding(self) -> list[str]:
+        with self._slots:
+            return sorted({held.job.book_uuid for held in self._running.values()
+                           if held.job.book_uuid})
 
     def _delete_book(self, job: jobs_base.Job) -> None:
         if self._persistence is None or job.book_uuid is None:

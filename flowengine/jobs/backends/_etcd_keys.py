@@ -13,7 +13,7 @@ import dataclasses
 from typing import Any, Protocol, cast
 
 from flowengine import states
-from flowengine.jobs import base
+from flowengine.jobs import base, records
 from flowengine.jobs.backends._json_values import decode, encode
 
 __all__ = ["KV", "EtcdJob", "Snapshot", "b64", "decode", "delete", "delete_prefix", "encode",
@@ -143,14 +143,9 @@ class Snapshot:
 def trashed_job(raw: bytes) -> base.TrashedJob | None:
     """The trashed job a trash key holds (None: not one)."""
     data = decode(raw)
-    if "uuid" not in data:
-        return None
-    info = data.pop("trashed", None) or {}
+    info = data.pop("trashed", None)
     data.pop("sequence", None)
-    return base.TrashedJob.from_dict({
-        "uuid": data["uuid"], "name": data.get("name", ""), "posting": data,
-        "reason": info.get("reason", ""), "attempts": info.get("attempts", 0),
-        "trashed_on": info.get("trashed_on") or base.utcnow().isoformat()})
+    return records.trashed_job(data, info)
 
 
 class _Reader(Protocol):

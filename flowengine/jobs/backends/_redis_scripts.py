@@ -34,7 +34,7 @@ local function check_owner()
   return nil
 end
 local function attempts_of()
-  return tonumber(redis.call('HGET', KEYS[2], uuid) or '0')
+  return tonumber(redis.call('HGET', KEYS[2], uuid) or '0') or 0
 end
 """
 
@@ -108,6 +108,20 @@ redis.call('HDEL', KEYS[2], uuid)
 redis.call('DEL', KEYS[5])
 publish('posted', {posting=posting})
 return {'posted', posting}
+"""
+
+#: ARGV[4:] = the damaged value as it was read, its trash record (JSON), its trash info (JSON).
+#: Nothing moves if the value changed since, or somebody holds a claim on its key.
+TRASH_DAMAGED = _PRELUDE + """
+if redis.call('HGET', KEYS[1], uuid) ~= ARGV[4] then return {'changed', ''} end
+local owner = redis.call('GET', KEYS[5])
+if owner then return {'owned', owner} end
+redis.call('HSET', KEYS[3], uuid, ARGV[5])
+redis.call('HSET', KEYS[4], uuid, ARGV[6])
+redis.call('HDEL', KEYS[1], uuid)
+redis.call('HDEL', KEYS[2], uuid)
+publish('removed')
+return {'trashed', ''}
 """
 
 DISCARD = _PRELUDE + """

@@ -63,9 +63,8 @@ class TrashFolder:
 
     def jobs(self) -> list[base.TrashedJob]:
         """The trashed jobs, oldest first."""
-        trashed = [rec.trashed_job(data) for _, data, _ in _children(self._client, self.path)
-                   if "uuid" in data]
-        return sorted(trashed, key=lambda t: t.trashed_on)
+        found = [rec.trashed_job(data) for _, data, _ in _children(self._client, self.path)]
+        return sorted((t for t in found if t is not None), key=lambda t: t.trashed_on)
 
     def find(self, job_uuid: str) -> Node:
         """The trash node of job ``job_uuid``.
@@ -194,7 +193,7 @@ class FolderMethods:
     _entities: EntityFolder
     _require: Callable[[], KazooClient]
     _failures: Callable[[str], contextlib.AbstractContextManager[None]]
-    _job: Callable[[str, dict[str, Any], Any], base.Job | None]
+    _job: Callable[[str, bytes | dict[str, Any], Any], base.Job | None]
 
     def iter_trash(self) -> list[base.TrashedJob]:
         """The trashed jobs, oldest first."""
@@ -208,7 +207,9 @@ class FolderMethods:
             path, posting = self._trash.repost(job_uuid,
                                                posixpath.join(self._path, self.JOB_PREFIX))
         job = self._job(path, posting, None)
-        assert job is not None
+        if job is None:
+            raise exc.JobFailure(f"Re-posted trashed job {job_uuid} on the board at"
+                                 f" {self._path}, but it is a damaged posting: discard it")
         return job
 
     def discard(self, job_uuid: str) -> None:

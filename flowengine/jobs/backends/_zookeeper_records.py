@@ -19,14 +19,14 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol, cast
 
-from flowengine.jobs import base
+from flowengine.jobs import base, records
 from flowengine.jobs.backends._json_values import decode, encode
 
 from kazoo import exceptions as k_exc  # isort: skip  (the board imports kazoo_utils first)
 
 __all__ = ["ATTEMPTS", "CLAIM", "LOCK_POSTFIX", "TRASHED", "LeaseTimers", "ServerClock",
            "Snapshot", "ZookeeperJob", "decode", "encode", "from_millis", "posting_of",
-           "read_node", "session_hex", "trashed_job"]
+           "read_node", "read_raw", "session_hex", "trashed_job"]
 
 #: A claim's node is its job's node plus this (TaskFlow's name).
 LOCK_POSTFIX = ".lock"
@@ -91,7 +91,10 @@ class Snapshot:
     @property
     def attempts(self) -> int:
         """Claims so far (0 if the job is gone)."""
-        return int((self.data or {}).get(ATTEMPTS) or 0)
+        try:
+            return int((self.data or {}).get(ATTEMPTS) or 0)
+        except (TypeError, ValueError):  # a damaged counter counts as none
+            return 0
 
     @property
     def lock_owner(self) -> str | None:
@@ -107,7 +110,10 @@ class Snapshot:
             return None
         if claim.get("session") != session_hex(self.lock_stat.ephemeralOwner):
             return None
-        return float(self.stat.mtime) / 1000.0 + float(claim.get("ttl") or 0)
+        try:
+            return float(self.stat.mtime) / 1000.0 + float(claim.get("ttl") or 0)
+        except (TypeError, ValueError):  # a damaged claim entry: the lock alone decides
+            return None
 
     def live_owner(self, now: float) -> str | None:
         """Who holds a claim that has not expired at server time ``now`` (None: nobody)."""
@@ -122,22 +128,25 @@ def session_hex(session_id: int) -> str:
     return f"{session_id:x}"
 
 
-def trashed_job(data: dict[str, Any]) -> base.TrashedJob:
-    """The :class:`~flowengine.jobs.base.TrashedJob` a trash node holds."""
-    info = data.get(TRASHED) or {}
-    return base.TrashedJob.from_dict({
-        "uuid": data["uuid"], "name": data["name"], "posting": posting_of(data),
-        "reason": info.get("reason", ""), "attempts": info.get("attempts", 0),
-        "trashed_on": info.get("trashed_on") or base.utcnow().isoformat()})
+def trashed_job(data: dict[str, Any]) -> base.TrashedJob | None:
+    """The :class:`~flowengine.jobs.base.TrashedJob` a trash node holds (None: not one)."""
+    return records.trashed_job(posting_of(data), data.get(TRASHED))
 
 
-def read_node(request: Any) -> tuple[dict[str, Any] | None, Any]:
-    """The (data, stat) a kazoo ``get_async`` gave; (None, None) if the node does not exist."""
+def read_raw(request: Any) -> tuple[bytes | None, Any]:
+    """The (raw data, stat) a kazoo ``get_async`` gave; (None, None) if the node does not
+    exist."""
     try:
         raw, stat = request.get()
     except k_exc.NoNodeError:
         return None, None
-    return decode(raw), stat
+    return bytes(raw or b""), stat
+
+
+def read_node(request: Any) -> tuple[dict[str, Any] | None, Any]:
+    """The (data, stat) a kazoo ``get_async`` gave; (None, None) if the node does not exist."""
+    raw, stat = read_raw(request)
+    return (None, None) if raw is None else (decode(raw), stat)
 
 
 def from_millis(millis: int) -> datetime.datetime:

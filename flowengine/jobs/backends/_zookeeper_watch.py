@@ -44,7 +44,7 @@ class JobWatch(Generic[J]):
         client: The board's client.
         path: The board's job folder.
         is_job: Whether a child's name is a job node.
-        make_job: The job a node's (path, data, stat) describes (None: not a posting).
+        make_job: The job a node's (path, raw data, stat) describes (None: not a posting).
         notifier: Where POSTED and REMOVAL are announced.
         changed: Called after every change seen (wakes the board's waiters).
         new_session: Called on the watch's thread when a lost session was replaced.
@@ -52,7 +52,7 @@ class JobWatch(Generic[J]):
     """
 
     def __init__(self, client: KazooClient, path: str, is_job: Callable[[str], bool],
-                 make_job: Callable[[str, dict[str, Any], Any], J | None],
+                 make_job: Callable[[str, bytes, Any], J | None],
                  notifier: notifier_mod.Notifier, changed: Callable[[], None],
                  new_session: Callable[[], None], name: str) -> None:
         self._client, self._path, self._is_job, self._make_job = client, path, is_job, make_job
@@ -151,8 +151,8 @@ class JobWatch(Generic[J]):
         requests = [(p, self._client.get_async(p)) for p in new]
         posted = []
         for path, request in requests:
-            data, stat = rec.read_node(request)
-            job = None if data is None else self._make_job(path, data, stat)
+            raw, stat = rec.read_raw(request)
+            job = None if raw is None else self._make_job(path, raw, stat)
             if job is None:
                 continue
             with self._lock:

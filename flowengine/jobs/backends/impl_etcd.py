@@ -30,7 +30,7 @@ from typing import Any
 
 from flowengine import exceptions as exc
 from flowengine import states
-from flowengine.jobs import base
+from flowengine.jobs import base, records
 from flowengine.jobs.backends import _etcd_keys as keys
 from flowengine.jobs.backends._etcd_keys import EtcdJob
 from flowengine.jobs.backends._etcd_store import EtcdStore, make_client
@@ -84,11 +84,15 @@ class EtcdJobBoard(base.NotifyingJobBoard):
         self._watch: PrefixWatch | None = None
         self._lock = threading.Lock()
         self._known: dict[str, EtcdJob] = {}
+        self._damaged: set[str] = set()
         self._entity_leases: dict[str, int] = {}
 
     @property
     def root(self) -> str:
         """Where the board's jobs live."""
+        return self._root
+
+    def _location(self) -> str:
         return self._root
 
     @property
@@ -138,14 +142,49 @@ class EtcdJobBoard(base.NotifyingJobBoard):
     # ---- following changes ---------------------------------------------------------------------
 
     def _job(self, key: str, raw: bytes) -> EtcdJob | None:
-        data = keys.decode(raw)
+        """The job ``key`` holds; None if its posting is damaged (reported, and trashed by
+        :meth:`_trash_damaged` once out of the board's lock)."""
         try:
-            return EtcdJob.from_posting(self, {k: v for k, v in data.items() if k != "sequence"},
-                                        backend=self._persistence, key=key,
-                                        sequence=int(data.get("sequence") or 0))
+            data = records.read_posting(raw)
+            job = EtcdJob.from_posting(self, {k: v for k, v in data.items() if k != "sequence"},
+                                       backend=self._persistence, key=key,
+                                       sequence=int(data.get("sequence") or 0))
         except (KeyError, TypeError, ValueError) as err:
-            LOG.warning("Jobboard %s skipped %s: not a job posting (%s)", self.name, key, err)
+            if self._damage.found(key, str(err)):
+                self._damaged.add(key)
             return None
+        self._damage.cleared(key)
+        return job
+
+    def _trash_damaged(self) -> None:
+        """Move the damaged postings found since last time to the trash, each only if it is
+        unchanged since read again here and nobody holds its lock."""
+        with self._lock:
+            pending, self._damaged = self._damaged, set()
+        for key in sorted(pending):
+            try:
+                snap = keys.Snapshot.of(key, self._require().range(key + ".", "read " + key)[0])
+                if snap.data is None:
+                    self._damage.cleared(key)
+                    continue
+                try:
+                    records.read_posting(snap.data.value)
+                    continue  # repaired meanwhile: the next read takes it
+                except records.PostingError as err:
+                    why = f"damaged posting: {err}"
+                record = dict(records.damaged_posting(key, snap.data.value, why), trashed={
+                    "reason": why, "attempts": 0, "trashed_on": base.utcnow().isoformat()})
+                moved = self._require().txn(
+                    [keys.missing(key + self.LOCK_POSTFIX), keys.same(key + self.DATA_POSTFIX,
+                                                                      snap.data)],
+                    [keys.put(self._trash_root + key.rpartition("/")[2], keys.encode(record)),
+                     keys.delete_prefix(key + ".")], f"trash the damaged posting {key}")
+            except exc.JobFailure as err:
+                LOG.debug("Jobboard %s left the damaged posting %s on the board: %s",
+                          self.name, key, err)
+                continue
+            if moved:
+                self._damage.trashed(key)
 
     def _sync(self, postings: dict[str, bytes]) -> list[EtcdJob]:
         """Bring the cache in line with the ``.data`` keys read; announce what changed."""
@@ -159,6 +198,7 @@ class EtcdJobBoard(base.NotifyingJobBoard):
                     changes.append((base.POSTED, job))
             jobs = list(self._known.values())
         self._announce(changes)
+        self._trash_damaged()
         return jobs
 
     def _announce(self, changes: list[tuple[str, EtcdJob]]) -> None:
@@ -196,6 +236,7 @@ class EtcdJobBoard(base.NotifyingJobBoard):
                     self._known[key] = job
                     changes.append((base.POSTED, job))
         self._announce(changes)
+        self._trash_damaged()
         self._notify_change()
 
     # ---- reading -------------------------------------------------------------------------------

@@ -32,7 +32,7 @@ from typing import Any
 
 from flowengine import exceptions as exc
 from flowengine import states
-from flowengine.jobs import base
+from flowengine.jobs import base, records
 from flowengine.types.entity import Entity
 from flowengine.utils import redis_utils
 
@@ -98,6 +98,9 @@ class RedisJobBoard(base.NotifyingJobBoard):
         self._stop_channel = ""
         self._connected = False
 
+    def _location(self) -> str:
+        return self._ns
+
     # ---- connection ----------------------------------------------------------------------------
 
     @property
@@ -122,8 +125,8 @@ class RedisJobBoard(base.NotifyingJobBoard):
                 from err
         self._scripts = {name: self._client.register_script(getattr(scripts, name))
                          for name in ("CLAIM", "KEEP_ALIVE", "CONSUME", "ABANDON", "TRASH",
-                                      "REPOST", "DISCARD", "POST", "REGISTER",
-                                      "LIVE_ENTITIES")}
+                                      "TRASH_DAMAGED", "REPOST", "DISCARD", "POST",
+                                      "REGISTER", "LIVE_ENTITIES")}
         self._stopping.clear()
         self._stop_channel = f"{self._ns}:stop:{uuidlib.uuid4().hex}"
         pubsub = self._client.pubsub()
@@ -204,10 +207,10 @@ class RedisJobBoard(base.NotifyingJobBoard):
         job: base.Job | None = None
         with self._lock:
             if kind == "posted":
-                raw = event.get("posting")
-                posting: dict[str, Any] = json.loads(raw) if isinstance(raw, str) else raw or {}
-                self._cache[job_uuid] = posting
-                job = self._job(posting)
+                posting = self._posting(job_uuid, event.get("posting") or "")
+                if posting is not None:
+                    self._cache[job_uuid] = posting
+                    job = self._job(posting)
             elif kind == "removed":
                 gone = self._cache.pop(job_uuid, None)
                 self._leases.released(job_uuid)
@@ -267,9 +270,53 @@ class RedisJobBoard(base.NotifyingJobBoard):
         return f"{self._ns}:claim:{job_uuid}"
 
     def _read_postings(self) -> dict[str, dict[str, Any]]:
+        """The board's postings by uuid; a damaged one is skipped, reported and trashed."""
         assert self._client is not None
-        raw = self._client.hgetall(self._keys[0])
-        return {_text(k): json.loads(_text(v)) for k, v in raw.items()}
+        postings: dict[str, dict[str, Any]] = {}
+        for key, raw in self._client.hgetall(self._keys[0]).items():
+            job_uuid = _text(key)
+            posting = self._posting(job_uuid, raw)
+            if posting is not None:
+                postings[job_uuid] = posting
+            elif self._damage.found(job_uuid, self._damaged_reason(job_uuid, raw)):
+                self._trash_damaged(job_uuid, raw)
+        return postings
+
+    def _posting(self, job_uuid: str, raw: Any) -> dict[str, Any] | None:
+        """The posting stored under ``job_uuid`` (None: damaged)."""
+        try:
+            posting = (records.read_posting(raw) if isinstance(raw, (bytes, str))
+                       else records.check_posting(raw))
+        except records.PostingError:
+            return None
+        if posting["uuid"] != job_uuid:
+            return None
+        self._damage.cleared(job_uuid)
+        return posting
+
+    @staticmethod
+    def _damaged_reason(job_uuid: str, raw: bytes | str) -> str:
+        try:
+            posting = records.read_posting(raw)
+        except records.PostingError as err:
+            return str(err)
+        return f"its 'uuid' is {posting['uuid']!r}, not the key it is stored under ({job_uuid})"
+
+    def _trash_damaged(self, job_uuid: str, raw: bytes | str) -> None:
+        """Move the damaged posting ``raw`` at ``job_uuid`` to the trash, if it is unchanged and
+        nobody holds a claim on it."""
+        reason = f"damaged posting: {self._damaged_reason(job_uuid, raw)}"
+        record = dict(records.damaged_posting(job_uuid, raw, reason), uuid=job_uuid)
+        info = {"reason": reason, "attempts": 0, "trashed_on": base.utcnow().isoformat()}
+        try:
+            status, _ = self._run("TRASH_DAMAGED", job_uuid, "", raw, json.dumps(record),
+                                  json.dumps(info))
+        except exc.JobFailure as err:
+            LOG.debug("Jobboard %s could not trash the damaged posting %s: %s", self.name,
+                      job_uuid, err)
+            return
+        if status == "trashed":
+            self._damage.trashed(job_uuid)
 
     def _job(self, posting: dict[str, Any]) -> RedisJob:
         return RedisJob.from_posting(self, posting, backend=self._persistence)
@@ -307,7 +354,10 @@ class RedisJobBoard(base.NotifyingJobBoard):
     def _attempts(self, job_uuid: str) -> int:
         with self._talking(f"read the attempts of job {job_uuid}") as client:
             value = client.hget(self._keys[1], job_uuid)
-        return int(value) if value else 0
+        try:
+            return int(value) if value else 0
+        except ValueError:  # a damaged counter counts as none, as the board's scripts read it
+            return 0
 
     def iterjobs(self, only_unclaimed: bool = False,
                  ensure_fresh: bool = False) -> Iterator[base.Job]:
@@ -420,12 +470,15 @@ class RedisJobBoard(base.NotifyingJobBoard):
             postings, infos = pipe.execute()
         trashed = []
         for key, raw in postings.items():
-            posting = json.loads(_text(raw))
-            info = json.loads(_text(infos.get(key, b"{}")))
-            trashed.append(base.TrashedJob.from_dict(
-                {"uuid": posting["uuid"], "name": posting["name"], "posting": posting,
-                 "trashed_on": info.get("trashed_on") or base.utcnow().isoformat(), **{
-                     k: info[k] for k in ("reason", "attempts") if k in info}}))
+            try:
+                info = json.loads(_text(infos.get(key, b"{}")))
+                found = records.trashed_job(records.read_posting(raw), info)
+            except (records.PostingError, ValueError):
+                found = None
+            if found is None:
+                self._damage.found(f"trash:{_text(key)}", "a trashed job that is not a posting")
+                continue
+            trashed.append(found)
         return sorted(trashed, key=lambda t: t.trashed_on)
 
     def repost(self, job_uuid: str) -> base.Job:
@@ -433,7 +486,11 @@ class RedisJobBoard(base.NotifyingJobBoard):
         status, posting = self._run("REPOST", job_uuid, "")
         if status == "missing":
             raise exc.NotFound(f"No trashed job {job_uuid} on board '{self.name}'")
-        return self._job(json.loads(posting))
+        try:
+            return self._job(records.read_posting(posting))
+        except records.PostingError as err:
+            raise exc.JobFailure(f"Re-posted trashed job {job_uuid} on board '{self.name}', but"
+                                 f" it is a damaged posting ({err}): discard it") from err
 
     def discard(self, job_uuid: str) -> None:
         """Delete a trashed job (see :meth:`JobBoard.discard`)."""

@@ -32,7 +32,7 @@ from typing import Any
 
 from flowengine import exceptions as exc
 from flowengine import states
-from flowengine.jobs import base
+from flowengine.jobs import base, records
 from flowengine.utils import kazoo_utils
 
 from kazoo import exceptions as k_exc  # isort: skip  (kazoo_utils names the extra if missing)
@@ -116,6 +116,9 @@ class ZookeeperJobBoard(FolderMethods, base.NotifyingJobBoard):
     @property
     def path(self) -> str:
         """Where job nodes live."""
+        return self._path
+
+    def _location(self) -> str:
         return self._path
 
     @property
@@ -214,16 +217,45 @@ class ZookeeperJobBoard(FolderMethods, base.NotifyingJobBoard):
     def _is_job(self, child: str) -> bool:
         return child.startswith(self.JOB_PREFIX) and not child.endswith(self.LOCK_POSTFIX)
 
-    def _job(self, path: str, data: dict[str, Any], stat: Any) -> ZookeeperJob | None:
+    def _job(self, path: str, data: bytes | dict[str, Any], stat: Any) -> ZookeeperJob | None:
+        """The job a node holds (its raw data, or a posting); None if it is damaged, which is
+        reported and, when its ``stat`` is known, moved to the trash."""
         try:
-            job = ZookeeperJob.from_posting(self, rec.posting_of(data), backend=self._persistence,
-                                            path=path)
+            posting = (records.read_posting(data) if isinstance(data, bytes)
+                       else records.check_posting(data))
+            job = ZookeeperJob.from_posting(self, rec.posting_of(posting),
+                                            backend=self._persistence, path=path)
         except (KeyError, TypeError, ValueError) as err:
-            LOG.warning("Jobboard %s skipped %s: not a job posting (%s)", self.name, path, err)
+            if self._damage.found(path, str(err)) and isinstance(data, bytes) and stat:
+                self._trash_damaged(path, data, stat, str(err))
             return None
+        self._damage.cleared(path)
         if job._created_on is None and stat is not None:
             job._created_on = rec.from_millis(stat.ctime)
         return job
+
+    def _trash_damaged(self, path: str, raw: bytes, stat: Any, reason: str) -> None:
+        """Move the damaged node ``path`` to the trash, unless it changed since ``stat`` or
+        somebody holds its lock: the transaction creates and deletes the lock node itself,
+        which fails if one exists."""
+        client = self._require()
+        why = f"damaged posting: {reason}"
+        record = dict(records.damaged_posting(path, raw, why), **{rec.TRASHED: {
+            "reason": why, "attempts": 0, "trashed_on": base.utcnow().isoformat()}})
+        txn = client.transaction()
+        txn.create(path + self.LOCK_POSTFIX, b"", ephemeral=True)
+        txn.delete(path + self.LOCK_POSTFIX)
+        txn.create(posixpath.join(self._trash_path, posixpath.basename(path)),
+                   rec.encode(record))
+        txn.delete(path, version=stat.version)
+        try:
+            kazoo_utils.checked_commit(txn)
+        except (kazoo_utils.KazooTransactionException, k_exc.KazooException,
+                client.handler.timeout_exception) as err:
+            LOG.debug("Jobboard %s left the damaged posting %s on the board: %s", self.name,
+                      path, err)
+            return
+        self._damage.trashed(path)
 
     def _next_wakeup(self) -> float | None:
         return self._leases.next_wakeup()
