@@ -21,9 +21,9 @@ from flowengine import exceptions as exc
 from flowengine import states
 from flowengine.cli import formatting as fmt
 from flowengine.cli.loading import LoadError
-from flowengine.engines.actions import META_DELAYED_UNTIL, META_RETRY_DUE
 from flowengine.persistence import backends, base, models
 from flowengine.persistence._record import version_string
+from flowengine.persistence.atom_meta import META_DELAYED_UNTIL, META_RETRY_DUE
 from flowengine.persistence.backends._uri import mask_urls, split_conf
 from flowengine.storage import Storage
 from flowengine.types.failure import Failure

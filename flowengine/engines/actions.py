@@ -14,6 +14,10 @@ from flowengine import exceptions as exc
 from flowengine import states
 from flowengine.engines import executor as ex
 from flowengine.engines.delays import RetryWait, RetryWaits
+from flowengine.persistence.atom_meta import (  # noqa: F401 - the engines' names for them
+    META_DELAYED_UNTIL,
+    META_RETRY_DUE,
+)
 from flowengine.retry import EXECUTE_REVERT_HISTORY, REVERT_FLOW_FAILURES, Retry
 from flowengine.storage import Storage
 from flowengine.types.failure import Failure
@@ -29,13 +33,8 @@ _TASK_RESULT_STATES = frozenset((states.SUCCESS, states.FAILURE, states.REVERT_F
 StateHook = Callable[[Any, str], None]
 _RETRY_RESULT_STATES = frozenset((states.SUCCESS, states.FAILURE, states.REVERT_FAILURE,
                                   states.REVERTED))
-#: Retry meta key: when (seconds since the epoch) its next attempt is due, while it waits.
-META_RETRY_DUE = "retry_due"
 #: Task meta key: ``[value]`` when ``execute`` returned a value its ``provides`` does not fit.
 META_RETURNED = "returned"
-#: Task meta key: when (seconds since the epoch) the request of a task dispatched with a
-#: delay may be taken by a worker (a retried subflow's first tasks on a worker-based engine).
-META_DELAYED_UNTIL = "delayed_until"
 #: Task meta key: the broker's handle of that delayed request (beanstalkd), stored right after
 #: it is put, so that an engine resuming the flow after a crash deletes it.
 META_DELAYED_JOB = "delayed_job"
