@@ -50,7 +50,15 @@ from collections.abc import Callable
 from typing import Any
 
 import kombu
-from kombu.transport import redis as kombu_redis
+
+try:
+    # Kombu's module needs both, and without the client fails with an AttributeError.
+    import packaging  # noqa: F401
+    import redis  # noqa: F401
+    from kombu.transport import redis as kombu_redis
+except ImportError as err:
+    raise ImportError(f"The Redis transport needs the 'redis' extra: "
+                      f"pip install 'flowengine[redis]' ({err})") from err
 
 #: Seconds a channel routes by its copy of an exchange's binding table before reading it again.
 BINDING_CACHE_TTL = 1.0
@@ -142,12 +150,6 @@ class Transport(kombu_redis.Transport):
     Channel = Channel
     #: Message priority orders delivery (see :meth:`Channel._get_message_priority`).
     orders_by_priority = True
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        if kombu_redis.redis is None:
-            raise ImportError("The Redis transport needs the redis package: "
-                              "pip install 'flowengine[redis]'")
-        super().__init__(*args, **kwargs)
 
 
 def lean(conn: kombu.Connection) -> kombu.Connection:
