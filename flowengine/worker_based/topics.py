@@ -19,11 +19,17 @@ from flowengine.worker_based import dead_letters as dl
 from flowengine.worker_based import extensions as ext
 from flowengine.worker_based.broker.queues import QueueCounts, QueueInspector, QueuesNotListed
 
-# Queues of an exchange that are not worker topics: engines' reply queues (their uuid), the
-# workers' control queues and the dead letters.
+# Queues of an exchange that are not worker topics: engines' reply queues (their uuid, with
+# or without dashes: the process-wide client's has none), the workers' control queues and the
+# dead letters.
 _NOT_TOPICS = re.compile(
-    r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|"
+    r"[0-9a-f]{8}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{12}|"
     + re.escape("flowengine.worker.") + ".*|" + re.escape(ext.DEAD_LETTER_ROUTING_KEY))
+
+
+def is_topic(name: str) -> bool:
+    """Whether ``name`` (a queue's name less its ``<exchange>_`` prefix) is a worker topic."""
+    return not _NOT_TOPICS.fullmatch(name)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,8 +77,7 @@ def topic_stats(exchange: str, topics: Iterable[str] = (), url: str | None = Non
             except QueuesNotListed as err:
                 raise TopicsNotListed(f"{err} cannot list the queues of exchange "
                                       f"{exchange!r}: name the topics") from None
-            named = [queue[len(prefix):] for queue in listed
-                     if not _NOT_TOPICS.fullmatch(queue[len(prefix):])]
+            named = [queue[len(prefix):] for queue in listed if is_topic(queue[len(prefix):])]
         named = sorted(set(named) | {topic for topic in dead if topic and not topics})
         return [_stats(topic, broker.counts(f"{exchange}_{topic}"), dead[topic])
                 for topic in named]
