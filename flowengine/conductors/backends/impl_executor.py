@@ -43,6 +43,12 @@ __all__ = ["ExecutorConductor"]
 LOG = logging.getLogger(__name__)
 
 
+def _brief(job: Any) -> str:
+    """A job as log lines name it: its name and uuid (its ``str`` holds all its details, the
+    whole store included, which a log line per state change would repeat)."""
+    return f"{job.name!r} ({job.uuid})"
+
+
 @dataclasses.dataclass
 class _Running:
     job: jobs_base.Job
@@ -195,7 +201,7 @@ class ExecutorConductor(base.Conductor):
                 self._log.debug("Job %s not claimed: %s", job.uuid, err)
                 continue
             except exc.JobFailure:
-                self._log.warning("Conductor %s could not claim %s", self._name, job,
+                self._log.warning("Conductor %s could not claim %s", self._name, _brief(job),
                                   exc_info=True)
                 troubled = True
                 continue
@@ -203,7 +209,7 @@ class ExecutorConductor(base.Conductor):
             fence = self._keeper.hold(job, self._on_claim_lost, claimed_at)
             with self._slots:
                 self._running[job.uuid] = _Running(job, fence)
-            self._log.info("Conductor %s claimed %s (attempt %s)", self._name, job,
+            self._log.info("Conductor %s claimed %s (attempt %s)", self._name, _brief(job),
                            job.attempts)
             return job
         if troubled:
@@ -214,7 +220,7 @@ class ExecutorConductor(base.Conductor):
         try:
             future = executor.submit(self._dispatch_job, job)
         except RuntimeError:
-            self._log.warning("Could not submit %s; handing it back", job, exc_info=True)
+            self._log.warning("Could not submit %s; handing it back", _brief(job), exc_info=True)
             self._finish(job, _Outcome("abandon", counted=False))
             return
         future.add_done_callback(lambda f: self._on_job_done(job, f))
@@ -239,13 +245,13 @@ class ExecutorConductor(base.Conductor):
         except exc.StorageFailure as err:
             # Persistence is failing, not the job: hand it back uncounted, after a pause so
             # that conductors do not pass it around in a tight loop meanwhile.
-            self._log.warning("Could not load %s: %s; handing it back", job,
+            self._log.warning("Could not load %s: %s; handing it back", _brief(job),
                               scrub(str(err), job.details))
             self._stopped.wait(self.TROUBLE_PAUSE)
             return _Outcome("abandon", counted=False, reason=str(err))
         except Exception as err:
             reason = scrub(f"no engine could be made from it: {err}", job.details)
-            self._log.warning("Trashing %s: %s", job, reason)
+            self._log.warning("Trashing %s: %s", _brief(job), reason)
             return _Outcome("trash", reason=reason)
         if self._stopped.is_set() or held.lost:
             engine.suspend()
@@ -283,29 +289,29 @@ class ExecutorConductor(base.Conductor):
                     self._notifier.notify(f"{event}_end", details)
             except exc.WrappedFailure as failures:
                 consume = not all(f.check(*self.NO_CONSUME_EXCEPTIONS) for f in failures)
-                self._log.warning("Job %s failed (%s failures; %s): %s", job, len(failures),
+                self._log.warning("Job %s failed (%s failures; %s): %s", _brief(job), len(failures),
                                   "consuming it" if consume else "not consuming it",
                                   scrub(str(failures), job.details))
                 return consume
             except self.NO_CONSUME_EXCEPTIONS as err:
-                self._log.warning("Job %s failed (not consuming it): %s", job,
+                self._log.warning("Job %s failed (not consuming it): %s", _brief(job),
                                   scrub(str(err), job.details))
                 return False
             except Exception as err:
-                self._log.warning("Job %s failed (consuming it): %s", job,
+                self._log.warning("Job %s failed (consuming it): %s", _brief(job),
                                   scrub(str(err), job.details))
                 return True
         if engine.storage.get_flow_state() == states.SUSPENDED:
-            self._log.info("Job %s was suspended", job)
+            self._log.info("Job %s was suspended", _brief(job))
             return False
-        self._log.info("Job %s completed", job)
+        self._log.info("Job %s completed", _brief(job))
         return True
 
     def _on_job_done(self, job: jobs_base.Job, future: Any) -> None:
         try:
             outcome = future.result()
         except Exception as err:
-            self._log.warning("Dispatching %s failed", job, exc_info=True)
+            self._log.warning("Dispatching %s failed", _brief(job), exc_info=True)
             outcome = _Outcome("trash", reason=f"dispatching it failed: {err}")
         try:
             self._finish(job, outcome)
@@ -336,10 +342,10 @@ class ExecutorConductor(base.Conductor):
                 if outcome.counted and job.state == states.COMPLETE:
                     # That was its last attempt: the board moved it to the trash.
                     reason = f"abandoned or orphaned {self._jobboard.options.max_attempts} times"
-                    self._log.warning("Job %s was trashed: %s", job, reason)
+                    self._log.warning("Job %s was trashed: %s", _brief(job), reason)
                     self._notifier.notify("job_trashed", {**ending, "reason": reason})
         except (exc.JobFailure, exc.NotFound) as err:
-            self._log.warning("Could not %s %s: %s", outcome.action, job, err)
+            self._log.warning("Could not %s %s: %s", outcome.action, _brief(job), err)
 
     def _delete_book(self, job: jobs_base.Job) -> None:
         if self._persistence is None or job.book_uuid is None:
@@ -348,4 +354,4 @@ class ExecutorConductor(base.Conductor):
             with contextlib.closing(self._persistence.get_connection()) as conn:
                 conn.destroy_logbook(job.book_uuid)
         except exc.TaskFlowException as err:
-            self._log.warning("Could not delete the logbook of consumed %s: %s", job, err)
+            self._log.warning("Could not delete the logbook of consumed %s: %s", _brief(job), err)
