@@ -90,7 +90,8 @@ def list_command(board_uri: str, board_options: tuple[str, ...], trashed: bool,
             headers, keys = ("UUID", "NAME", "STATE", "PRIORITY", "OWNER", "ATTEMPTS"), (
                 "uuid", "name", "state", "priority", "owner", "attempts")
     if as_json:
-        click.echo(to_json(rows, indent=2))
+        for row in rows:
+            click.echo(to_json(row, sort_keys=True))
         return
     for line in table(headers, [[truncate(str(r[k] if r[k] is not None else "-"))
                                  for k in keys] for r in rows]):
@@ -102,9 +103,9 @@ def list_command(board_uri: str, board_options: tuple[str, ...], trashed: bool,
 @board_options
 @click.argument("job_id")
 def show_command(board_uri: str, board_options: tuple[str, ...], job_id: str) -> None:
-    """Show one job (JOB_ID: its uuid or the start of it) as JSON."""
+    """Show one job (JOB_ID: its uuid or the start of it) as JSON (one line)."""
     with open_board(board_uri, board_options) as board:
-        click.echo(to_json(_job_record(_find(board, job_id)), indent=2))
+        click.echo(to_json(_job_record(_find(board, job_id)), sort_keys=True))
 
 
 @show_envvars
@@ -203,7 +204,8 @@ def conductors_command(board_uri: str, board_options: tuple[str, ...], as_json: 
     with open_board(board_uri, board_options) as board:
         found = [e.to_dict() for e in board.iter_entities("conductor")]
     if as_json:
-        click.echo(to_json(found, indent=2))
+        for entity in found:
+            click.echo(to_json(entity, sort_keys=True))
         return
     rows = [[e["name"], str(e["metadata"].get("hostname", "-")),
              str(e["metadata"].get("pid", "-")), str(e["metadata"].get("engine", "-"))]
