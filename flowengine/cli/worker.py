@@ -97,7 +97,8 @@ def worker_command(topic: str, tasks: tuple[str, ...], threads: int | None,
     """Serve remote task requests until SIGTERM or SIGINT.
 
     The first signal stops taking requests and lets in-flight ones finish (up to --grace); a
-    second one exits at once (status 130), the broker handing out again what was unfinished.
+    second SIGINT (Ctrl-C again) exits at once (status 130), the broker handing out again what
+    was unfinished.
     """
     from flowengine.worker_based.worker import BrokerRefused, Worker
 
@@ -131,7 +132,11 @@ def worker_command(topic: str, tasks: tuple[str, ...], threads: int | None,
     def _stop(signum: signal.Signals) -> None:
         # Runs on the relay thread (see signal_relay: a handler must not take locks).
         if stopping.is_set():
-            # A second signal: whoever sent it will not wait for the grace period. What is
+            if signum != signal.SIGINT:
+                # A supervisor's SIGTERM after a terminal's Ctrl-C (the demo's job control
+                # does this): the stop it asks for is under way.
+                return
+            # Ctrl-C again: whoever pressed it will not wait for the grace period. What is
             # still running was never acknowledged, so the broker hands it out again.
             LOG.warning("Worker %s (topic %r) received %s again: stopping now; requests still "
                         "running go back to the broker", worker.worker_id, topic, signum.name)
