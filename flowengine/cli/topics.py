@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import threading
 from typing import Any
 
 import click
@@ -16,8 +15,9 @@ from flowengine.cli.options import json_option, show_envvars
 COLUMNS = ("topic", "ready", "running", "delayed", "dead", "workers")
 #: The listing's extra column with ``--listen``: workers heard from that have the topic paused.
 PAUSED = "paused"
-#: Seconds the listing listens for live workers where the broker cannot count them.
-LISTEN_FOR_WORKERS = 1.0
+#: Seconds the listing listens for live workers where the broker cannot count them: every
+#: worker sends a heartbeat within it.
+LISTEN_FOR_WORKERS = 2.5
 
 
 class TopicsGroup(click.Group):
@@ -49,23 +49,17 @@ def _cell(value: Any) -> str:
     return "-" if value is None else str(value)
 
 
-def _heard(topics: list[str], seconds: float, **broker: Any) -> list[dict[str, Any]]:
+def _heard(seconds: float, **broker: Any) -> list[dict[str, Any]]:
     """The live workers heard from in ``seconds``: their announcements and heartbeats (every
-    2 s) on the events exchange, and their answers to a NOTIFY sent to ``topics`` (at once)."""
-    from flowengine.cli.workers import WorkerTable, ask_topics
+    2 s) on the events exchange. (A NOTIFY would find them at once, but one sent to a topic
+    nobody serves stays in its queue, counted as a ready request.)"""
+    from flowengine.cli.workers import WorkerTable
     from flowengine.worker_based.events import EventReceiver
 
     table = WorkerTable()
-    stop = threading.Event()
-    asking = ask_topics(table, topics, stop, **broker) if topics else None
     events = {k: v for k, v in broker.items() if k != "taskflow_compat"}
-    try:
-        for event in EventReceiver(types=("worker-", "topic-"), **events).iter(timeout=seconds):
-            table.on_event(event)
-    finally:
-        stop.set()
-        if asking is not None:
-            asking.join(timeout=10.0)
+    for event in EventReceiver(types=("worker-", "topic-"), **events).iter(timeout=seconds):
+        table.on_event(event)
     return table.live()
 
 
@@ -74,20 +68,20 @@ def _heard(topics: list[str], seconds: float, **broker: Any) -> list[dict[str, A
 @click.argument("topics", nargs=-1)
 @click.option("--listen", envvar="FLOWENGINE_LISTEN", type=click.FloatRange(min=0.0),
               default=None,
-              help="Also listen this many seconds to the workers (their heartbeats come every "
-                   "2 s; a NOTIFY asks the topics at once) and count, per topic, the workers "
-                   "that have it paused (a PAUSED column). By default the command listens "
-                   f"{LISTEN_FOR_WORKERS:g}s when the broker cannot count a topic's workers.")
+              help="Also listen this many seconds to the workers' heartbeats (every 2 s) and "
+                   "count, per topic, the workers that have it paused (a PAUSED column). By "
+                   f"default the command listens {LISTEN_FOR_WORKERS:g}s when the broker "
+                   "cannot count a topic's workers.")
 @json_option("One JSON object per topic and line.")
 def list_command(topics: tuple[str, ...], as_json: bool, listen: float | None,
                  **options: Any) -> None:
     """Requests ready, running and delayed, dead letters and workers of each worker topic.
 
     Without TOPICS, every topic of the exchange, on brokers that can list their queues
-    (beanstalkd); elsewhere name them. WORKERS is the broker's count of the topic's consumers
-    where it keeps one (beanstalkd, AMQP), else the live workers heard from. A count nobody
-    can tell is shown as ``-`` (JSON null). Exit code 1: the broker cannot be reached; 2: it
-    cannot list its queues.
+    (beanstalkd, Redis, flowengine-fs); elsewhere name them. WORKERS is the broker's count of
+    the topic's consumers where it keeps one (beanstalkd, AMQP), else the live workers heard
+    from. A count nobody can tell is shown as ``-`` (JSON null). Exit code 1: the broker
+    cannot be reached; 2: it cannot list its queues.
     """
     from flowengine.worker_based.topics import TopicsNotListed, topic_stats
 
@@ -97,7 +91,7 @@ def list_command(topics: tuple[str, ...], as_json: bool, listen: float | None,
         rows = [row.to_dict() for row in topic_stats(topics=topics, **broker)]
         uncounted = [row["topic"] for row in rows if row["workers"] is None]
         seconds = listen if listen is not None else (LISTEN_FOR_WORKERS if uncounted else 0.0)
-        live = _heard(uncounted, seconds, **broker) if seconds else []
+        live = _heard(seconds, **broker) if seconds else []
     except TopicsNotListed as err:
         click.echo(f"error: {err}", err=True)
         raise SystemExit(exits.USAGE) from err

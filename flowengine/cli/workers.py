@@ -79,7 +79,7 @@ class WorkerTable:
             return [dict(r) for k, r in sorted(self._rows.items()) if k not in self._gone]
 
 
-def ask_topics(table: WorkerTable, topics: Iterable[str], stop: threading.Event,
+def _ask_topics(table: WorkerTable, topics: Iterable[str], stop: threading.Event,
                 **broker: Any) -> threading.Thread:
     """Send NOTIFY to ``topics`` and record replies until ``stop`` (from a thread)."""
     from flowengine.worker_based import protocol as pr
@@ -174,7 +174,7 @@ def workers_command(wait: float, topics: tuple[str, ...], as_json: bool, **broke
     kwargs = broker_kwargs(**broker)
     table = WorkerTable()
     stop = threading.Event()
-    asking = ask_topics(table, split_env_list(topics), stop, **kwargs) if topics else None
+    asking = _ask_topics(table, split_env_list(topics), stop, **kwargs) if topics else None
     events = {k: v for k, v in kwargs.items() if k != "taskflow_compat"}
     receiver = EventReceiver(types=("worker-", "topic-"), **events)
     try:

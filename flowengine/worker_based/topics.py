@@ -2,9 +2,10 @@
 
 beanstalkd tells everything: :func:`topic_stats` lists the exchange's topic tubes and reads
 ``stats-tube`` for each (ready, reserved = running, delayed, and the connections watching it =
-its workers). AMQP brokers tell ready messages and consumers of the topics named; Redis and
-flowengine-fs tell ready messages. Dead letters are counted per topic on every broker, from the
-dead-letter queue's headers. What a broker cannot tell is None.
+its workers). Redis and flowengine-fs list the topics bound to the exchange and tell ready
+messages; AMQP brokers tell ready messages and consumers of the topics named. Dead letters are
+counted per topic on every broker, from the dead-letter queue's headers. What a broker cannot
+tell is None.
 """
 
 from __future__ import annotations

@@ -71,7 +71,8 @@ def no_worker(exchange: str, topics: Sequence[str], queues: Sequence[str] | None
 
 
 def listed_queues(broker: Broker) -> list[str] | None:
-    """Every queue the broker has, where it can list them (beanstalkd), else None.
+    """Every queue the broker has, where it can list them (beanstalkd, Redis, flowengine-fs),
+    else None (AMQP, memory).
 
     Called once an engine gives up on finding any worker: an error path, so a connection of
     its own is affordable, and nothing it raises may replace the error being reported.

@@ -3,7 +3,7 @@
 A scheme typo is refused before anything connects (kombu would raise a KeyError from deep
 inside); a host name that does not exist is not retried like a broker that is down; an engine
 that finds no worker at all names its exchange, and the queues of its topics the broker has on
-other exchanges where the broker can list them (beanstalkd).
+other exchanges where the broker can list them (beanstalkd, Redis, flowengine-fs).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import pytest
 from flowengine import engines, exceptions, task
 from flowengine.flows import linear_flow
 from flowengine.worker_based import backoff as bo
+from flowengine.worker_based.broker import transport_fs  # noqa: F401 - registers it
 from flowengine.worker_based.broker.connection import BrokerURLError
 
 pytestmark = pytest.mark.integration
@@ -147,3 +148,19 @@ def test_a_missing_extra_is_named_in_one_line(tmp_path: pathlib.Path) -> None:
     assert proc.stderr.strip().splitlines() == [
         "error: The Redis transport needs the 'redis' extra: pip install 'flowengine[redis]' "
         "(no redis here)"], proc.stderr
+
+
+def test_an_exchange_typo_on_the_embedded_transport_names_the_right_one(
+        tmp_path: pathlib.Path) -> None:
+    options = {"data_folder": str(tmp_path / "queues")}
+    with kombu.Connection("localhost", transport="flowengine-fs",
+                          transport_options=options) as conn:
+        exchange = kombu.Exchange("orders", type="direct")
+        kombu.Queue("orders_cells", exchange, routing_key="cells")(conn.channel()).declare()
+    with pytest.raises(exceptions.RequestTimeout) as caught:
+        engines.run(_flow(), engine="worker-based", transport="flowengine-fs",
+                    transport_options=options, exchange="ordres", topics=["cells"],
+                    transition_timeout=1)
+    message = str(caught.value)
+    assert "topic(s) 'cells' of exchange 'ordres'" in message
+    assert message.endswith("the broker has queues for 'cells' on exchange(s) 'orders'")

@@ -134,6 +134,19 @@ class Channel(kombu_redis.Channel):
         # Missing, stale, unknown key or shared key: kombu's lookup, through get_table above.
         return super()._lookup(exchange, routing_key, default)
 
+    def queues(self, prefix: str = "") -> list[str]:
+        """The queues bound to any exchange (kombu's binding sets) whose names start with
+        ``prefix``: what ``flowengine topics`` lists, and where an engine that finds no worker
+        looks for its topics on other exchanges."""
+        pattern = self.keyprefix_queue % "*"
+        head = len(self.global_keyprefix) + len(pattern) - 1
+        names: set[str] = set()
+        for key in self._create_client().scan_iter(match=self.global_keyprefix + pattern,
+                                                     count=500):
+            exchange = (key.decode() if isinstance(key, bytes) else str(key))[head:]
+            names.update(queue for _key, _pattern, queue in self.get_table(exchange))
+        return sorted(name for name in names if name.startswith(prefix))
+
     def _queue_bind(self, exchange: str, routing_key: str, pattern: Any, queue: str) -> None:
         self._routes.pop(exchange, None)
         super()._queue_bind(exchange, routing_key, pattern, queue)
