@@ -208,6 +208,19 @@ def missing() -> None:
     print(f"missing extras named: {len(cases)} commands")
 
 
+def demo(script: str) -> None:
+    """``make run``'s job (examples/demo_workers.py): two worker processes, two flows."""
+    proc = subprocess.run([sys.executable, script], capture_output=True, text=True,
+                          timeout=PATIENCE * 3, stdin=subprocess.DEVNULL)
+    wanted = ["flow state: SUCCESS", "flow state: REVERTED", "worker-1 stopped: exit code 0",
+              "worker-2 stopped: exit code 0"]
+    missing = [line for line in wanted if line not in proc.stdout]
+    if proc.returncode != 0 or missing:
+        fail(f"{script} exited {proc.returncode}, without {missing}:\n{proc.stdout}"
+             f"{proc.stderr}")
+    print("make run's demo: both flows ran, both workers stopped")
+
+
 def run_cli(*args: str) -> str:
     proc = subprocess.run([str(BIN / "flowengine"), *args], capture_output=True, text=True,
                           timeout=PATIENCE, stdin=subprocess.DEVNULL)
@@ -253,6 +266,7 @@ CHECKS: dict[str, Callable[..., None]] = {
     "dashboard": dashboard,
     "otel": otel,
     "missing": missing,
+    "demo": demo,
 }
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ CHECKS = HERE / "extra_checks.py"
 #: extra -> (what is installed besides flowengine[extra], the checks: fixture names in
 #: braces stand for that server's URL).
 CASES: dict[str, tuple[tuple[str, ...], list[list[str]]]] = {
-    "base": ((), [["modules"], ["workers", "-"], ["missing"]]),
+    "base": ((), [["modules"], ["workers", "-"], ["missing"], ["demo", "{demo}"]]),
     "redis": ((), [["modules", "redis"], ["workers", "{redis_url}"], ["board", "{redis_url}"]]),
     "postgresql": ((), [["modules", "postgresql"], ["postgres", "{postgres_schema_url}"]]),
     "metrics": ((), [["modules", "metrics"], ["metrics", "-"]]),
@@ -52,6 +52,7 @@ def test_an_install_with_one_extra_runs_a_flow(extra: str, wheelhouse: pathlib.P
     if any("{etcd_host}" in arg for check in checks for arg in check):
         host, port = request.getfixturevalue("etcd_endpoint")
         servers["etcd_host"] = f"{host}:{port}"
+    servers["demo"] = str(fresh_venv.ROOT / "examples" / "demo_workers.py")
     (tmp_path / "tmp").mkdir()
     env = fresh_venv.clean_env(PYTHONPATH=str(HERE), TMPDIR=str(tmp_path / "tmp"),
                                PYTHONUNBUFFERED="1")
