@@ -169,7 +169,8 @@ def trash_command(board_uri: str, board_options: tuple[str, ...], job_id: str,
         job = _find(board, job_id)
         try:
             board.claim(job, OPERATOR)
-            board.trash(job, OPERATOR, reason=reason)
+            # The claim is only the way to the trash: not an attempt at running the job.
+            board.trash(job, OPERATOR, reason=reason, counted=False)
         except exc.TaskFlowException as err:
             raise click.ClickException(f"cannot trash job {job.uuid}: {err}") from err
         click.echo(f"trashed {job.uuid}")

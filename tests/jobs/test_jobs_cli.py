@@ -62,7 +62,9 @@ def test_post_list_show_trash_and_repost(redis_url: str, namespace: str, board: 
     _run(redis_url, namespace, "jobs", "trash", job_id[:8], "--reason", "not today")
     trash = [json.loads(line) for line in
              _run(redis_url, namespace, "jobs", "list", "--trash", "--json").splitlines()]
-    assert [(t["uuid"], t["reason"]) for t in trash] == [(job_id, "not today")]
+    # The operator's claim only carried the job to the trash: it never ran.
+    assert [(t["uuid"], t["reason"], t["attempts"]) for t in trash] == [
+        (job_id, "not today", 0)]
     assert _run(redis_url, namespace, "jobs", "repost", job_id[:8]).strip() == \
         f"reposted {job_id}"
     assert job.state == states.UNCLAIMED
