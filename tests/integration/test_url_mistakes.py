@@ -83,6 +83,18 @@ def test_a_host_name_that_does_not_exist_is_not_retried() -> None:
     assert f"the host name '{host}' does not resolve" in str(caught.value)
 
 
+def test_a_worker_whose_broker_host_does_not_exist_says_so_in_one_line() -> None:
+    host = _resolver_says_no()
+    proc = subprocess.run([*FLOWENGINE, "worker", "--topic", "t", "--task", "event_tasks",
+                           "--no-events", "--url", f"amqp://guest:secret@{host}:5672//"],
+                          capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+                          cwd=pathlib.Path(__file__).parent)
+    assert proc.returncode == 1
+    [error] = [line for line in proc.stderr.splitlines() if line.startswith("Error:")]
+    assert "The worker on topic 't' cannot reach the broker" in error
+    assert f"the host name '{host}' does not resolve" in error and "secret" not in error
+
+
 def test_only_a_definite_no_from_the_resolver_stops_the_retries() -> None:
     stop = threading.Event()
     backoff = bo.Backoff(bo.RetryOptions(interval_start=0, jitter=0), "Connecting",

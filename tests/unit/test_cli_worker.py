@@ -325,7 +325,8 @@ def test_refused_credentials_stop_the_worker_with_a_masked_message(
     output = wait_for_line(lines, "Error:", PROCESS_TIMEOUT)
     assert proc.wait(PROCESS_TIMEOUT) == 1, output
     error = output[-1]
-    assert "refused the worker on topic 't'" in error and "not retrying" in error, error
+    assert "worker on topic 't' was refused by the broker" in error, error
+    assert "not retrying" in error, error
     assert f":***@{urllib.parse.urlsplit(url).hostname}" in error, error
     everything = "\n".join(output)
     assert WRONG_PASSWORD not in everything and "Traceback" not in everything
