@@ -16,10 +16,14 @@ Run: make run    (or: python examples/demo_workers.py)
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
+import os
+import shutil
 import sys
 import tempfile
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import demo_tasks
@@ -208,8 +212,23 @@ def main() -> None:
                 console.rule("[bold]2. the same flow with a failing health check")
                 reverted = run(executor, simulate_outage=True, backend=backend)
             console.print("revert order: " + " -> ".join(reverted))
-            console.print(f"see both runs in a browser: flowengine dashboard --backend {STORE}")
+            console.print(f"see both runs in a browser: {dashboard_command()}")
             console.rule("[bold]3. stopping the workers (SIGTERM)")
+
+
+def dashboard_command() -> str:
+    """The command that shows this script's runs in a browser, as this shell can run it.
+
+    ``make run`` runs the script with ``.venv/bin/python`` without activating the venv, so a
+    bare ``flowengine`` may not be on PATH: then the venv's script is named by its path.
+    """
+    script = Path(sys.executable).parent / "flowengine"
+    on_path = shutil.which("flowengine")
+    command = "flowengine" if on_path and Path(on_path).resolve() == script.resolve() else (
+        os.path.relpath(script) if script.is_relative_to(Path.cwd()) else str(script))
+    hint = "" if importlib.util.find_spec("starlette") else (
+        "  (needs the dashboard extra: pip install -e '.[dashboard]')")
+    return f"{command} dashboard --backend {STORE}{hint}"
 
 
 if __name__ == "__main__":

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid as uuidlib
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from flowengine import exceptions, states
-from flowengine.persistence import models
+from flowengine.persistence import atom_meta, models
 from flowengine.persistence.secret_keeping import META_SECRETS, SecretKeeper
 from flowengine.providers import TRANSIENT, Provider, ProviderIndex, ScopeFetcher, item_from
 from flowengine.retry import History
@@ -397,9 +398,10 @@ class Storage:
 
     def save(
         self, atom_name: str, result: Any, state: str = states.SUCCESS,
-        progress: float | None = None,
+        progress: float | None = None, meta: Mapping[str, Any] | None = None,
     ) -> None:
-        """Store an atom's result (or failure) with its new state (and progress) in one write."""
+        """Store an atom's result (or failure) with its new state (and progress, and ``meta``
+        merged into its metadata) in one write."""
         with self._lock:
             if isinstance(result, Failure):
                 result = self.masked(result)
@@ -410,6 +412,8 @@ class Storage:
             ad.put(state, result)
             if progress is not None:
                 ad.meta[META_PROGRESS] = progress
+            if meta:
+                ad.meta.update(meta)
             if state in (states.FAILURE, states.REVERT_FAILURE) and ad.intention in (
                 states.EXECUTE, states.REVERT,
             ):
@@ -696,6 +700,8 @@ class Storage:
             old_state = self.get_flow_state()
             if not states.check_flow_transition(old_state, state):
                 return False, old_state
+            # When it happened, in the same write (see flowengine.persistence.atom_meta).
+            self._flow_detail.meta[atom_meta.stamp_key(state)] = time.time()
             self.set_flow_state(state)
             return True, old_state
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pathlib
 import uuid
 from collections.abc import Iterator
 
@@ -174,3 +175,15 @@ def beanstalk_url(local_servers: LocalServers) -> str:
     local_servers.require(f"beanstalkd test server at {BEANSTALK_HOST}:{BEANSTALK_PORT}",
                           _beanstalk_problem)
     return f"beanstalk://{BEANSTALK_HOST}:{BEANSTALK_PORT}"
+
+
+# ---- fresh virtual environments (the install tests, getting-started) -----------------------------
+# See tests/fresh_venv.py: one wheelhouse per session, then a venv in a second or two.
+
+
+@pytest.fixture(scope="session")
+def wheelhouse(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    """The folder of wheels fresh venvs install flowengine and its extras from."""
+    import fresh_venv
+
+    return fresh_venv.build_wheelhouse(tmp_path_factory.mktemp("wheelhouse"))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import pathlib
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -131,6 +132,10 @@ def test_demo_workers() -> None:
     assert reverted[:3] == ["health_check", "attach_volume", "boot_server"], reverted
     assert sorted(reverted[3:]) == ["allocate_ip", "create_volume", "fetch_image"], reverted
     _assert_gone(_pids(output))
+    # The command it suggests runs from here, with or without the venv on PATH (make run).
+    hint = next(line for line in _lines(output) if line.startswith("see both runs"))
+    program = hint.split(": ", 1)[1].split()[0]
+    assert shutil.which(program) or (EXAMPLES.parent / program).is_file(), hint
 
 
 def test_demo_workers_ctrl_c_stops_the_workers() -> None:

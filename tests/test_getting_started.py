@@ -1,9 +1,13 @@
 """Run doc/getting-started.rst as a new user would: write its files, run its commands in order.
 
+The page starts "from a clone of the repository": the test copies the source tree to a
+temporary folder and runs every command there, the install block included (``python3 -m venv
+.venv``, ``. .venv/bin/activate``, ``pip install -e .``, with pip taking packages from the
+session's wheelhouse, see tests/fresh_venv.py), so what follows runs on the base install alone.
 Each ``python`` block with a ``:caption:`` is written to that file; each ``$ command`` of a
 console block runs in the same folder (``flowengine worker`` is started and left running, as in
 a second terminal) and must print exactly the lines under it, where ``...`` stands for anything
-(a uuid, a time) and runs of spaces for any spacing. Commands of the install block are skipped.
+(a uuid, a time) and runs of spaces for any spacing.
 """
 
 from __future__ import annotations
@@ -16,12 +20,13 @@ import subprocess
 import sys
 from collections.abc import Iterator
 
+import fresh_venv
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PAGE = ROOT / "doc" / "getting-started.rst"
-#: Commands that set up an environment the test already runs in.
-SKIPPED = ("python3 -m venv", ". .venv/bin/activate", "pip install")
+#: The install block's commands, as the page gives them.
+INSTALL = ["python3 -m venv .venv", ". .venv/bin/activate", "pip install -e ."]
 
 
 def _blocks(text: str) -> Iterator[tuple[str, str | None, list[str]]]:
@@ -81,34 +86,48 @@ def _check(command: str, proc: subprocess.CompletedProcess[str], expected: list[
         assert _pattern(want).fullmatch(line), f"{command}: {line!r} does not match {want!r}"
 
 
-def test_the_getting_started_page_runs_as_written(tmp_path: pathlib.Path) -> None:
-    env = {key: value for key, value in os.environ.items()
-           if not key.startswith("FLOWENGINE_")}
+def _install(command: str, clone: pathlib.Path, env: dict[str, str],
+             wheelhouse: pathlib.Path) -> None:
+    """Run one command of the install block in ``clone``; ``activate`` changes ``env``."""
+    venv = clone / ".venv"
+    if command == ". .venv/bin/activate":  # what sourcing it does for the commands after it
+        env.update(VIRTUAL_ENV=str(venv), PATH=f"{venv / 'bin'}{os.pathsep}{env['PATH']}")
+        return
+    if command.startswith("python3 "):
+        args = [sys.executable, *command.split()[1:]]
+    else:
+        args = [str(venv / "bin" / "pip"), *command.split()[1:]]
+    fresh_venv.run(args, cwd=clone, env=fresh_venv.pip_env(wheelhouse, env))
+
+
+def test_the_getting_started_page_runs_as_written(tmp_path: pathlib.Path,
+                                                  wheelhouse: pathlib.Path) -> None:
+    clone = fresh_venv.copy_source(tmp_path / "flowengine")
     # The embedded transport keeps its queues under the temp folder: this run's own.
     (tmp_path / "tmp").mkdir()
-    env.update(TMPDIR=str(tmp_path / "tmp"), PYTHONUNBUFFERED="1")
-    bin_dir = pathlib.Path(sys.executable).parent
+    env = fresh_venv.clean_env(TMPDIR=str(tmp_path / "tmp"), PYTHONUNBUFFERED="1")
+    bin_dir = clone / ".venv" / "bin"
     background: list[subprocess.Popen[str]] = []
     ran: list[str] = []
     try:
         for kind, what, lines in _steps(PAGE.read_text()):
             if kind == "file":
-                (tmp_path / what).write_text("\n".join(lines) + "\n")
+                (clone / what).write_text("\n".join(lines) + "\n")
                 continue
-            if what.startswith(SKIPPED):
+            ran.append(what)
+            if what in INSTALL:
+                _install(what, clone, env, wheelhouse)
                 continue
             program, *args = what.split()
-            executable = sys.executable if program == "python" else str(bin_dir / program)
+            executable = str(bin_dir / program)
             if what.startswith("flowengine worker"):
                 background.append(subprocess.Popen(
-                    [executable, *args], cwd=tmp_path, env=env, text=True,
+                    [executable, *args], cwd=clone, env=env, text=True,
                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-                ran.append(what)
                 continue
-            proc = subprocess.run([executable, *args], cwd=tmp_path, env=env, text=True,
+            proc = subprocess.run([executable, *args], cwd=clone, env=env, text=True,
                                   capture_output=True, timeout=120)
             _check(what, proc, lines)
-            ran.append(what)
     finally:
         for worker in background:
             worker.send_signal(signal.SIGTERM)
@@ -119,7 +138,7 @@ def test_the_getting_started_page_runs_as_written(tmp_path: pathlib.Path) -> Non
                 worker.kill()
                 worker.wait()
     assert ran == [
-        "python run_local.py", "python run_failing.py", "python run_saved.py",
+        *INSTALL, "python run_local.py", "python run_failing.py", "python run_saved.py",
         "flowengine flows --backend sqlite:///flows.db",
         "flowengine worker --topic servers --task provisioning", "python run_on_workers.py",
     ]

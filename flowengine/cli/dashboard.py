@@ -43,13 +43,17 @@ def dashboard_command(ctx: click.Context, backend_uri: str, board: str | None, h
     broker the other commands take (--url, --exchange, --transport...).
     """
     try:
-        import uvicorn
-
+        # First: its ImportError names the extra, where uvicorn's would name only itself.
         from flowengine.dashboard import DashboardData, EventHub, access, create_app
         from flowengine.dashboard.interface import open_board
         from flowengine.worker_based.events import EventReceiver
     except ImportError as err:
         raise click.ClickException(str(err)) from err
+    try:
+        import uvicorn
+    except ImportError as err:
+        raise click.ClickException(f"the dashboard needs the 'dashboard' extra: pip install "
+                                   f"'flowengine[dashboard]' ({err})") from err
     factories = _factories(ctx, allow_factories, read_only)
     if not access.is_loopback(host) and not token:
         raise click.UsageError(f"--host {host} is reachable from other machines: give --token "

@@ -70,7 +70,7 @@ def show_command(flow_id: str, backend_uri: str, tracebacks: bool, full: bool,
         atoms = [records.atom_record(ad) for ad in records.atoms_of(fd)]
     flow["meta"] = fd.meta
     if as_json:
-        click.echo(fmt.to_json({"flow": flow, "atoms": atoms}, sort_keys=True, indent=2))
+        click.echo(fmt.to_json({"flow": flow, "atoms": atoms}, sort_keys=True))
         return
     click.echo(f"flow {flow['name']} ({flow['uuid']}): {flow['state'] or '-'}")
     click.echo(f"  atoms: {_counts(flow)}")

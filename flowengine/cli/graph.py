@@ -63,7 +63,7 @@ def graph_command(spec: str, fmt: str, factory_args: tuple[str, ...],
                    "--backend.")
 @board_options(required=False)
 @backend_option(required=False)
-@json_option("With --orphans: print the orphaned flows as a JSON array.")
+@json_option("With --orphans: print each orphaned flow as a line of JSON.")
 @click.pass_context
 def check_command(ctx: click.Context, spec: str | None, store: tuple[str, ...],
                   factory_args: tuple[str, ...], factory_kwargs: tuple[str, ...],

@@ -126,7 +126,9 @@ def list_command(board_uri: str, board_options: tuple[str, ...], backend_uri: st
         if persistence is not None:
             persistence.close()
     if as_json:
-        click.echo(to_json([row for rows in sections.values() for row in rows], indent=2))
+        for rows in sections.values():
+            for row in rows:
+                click.echo(to_json(row, sort_keys=True))
         return
     for number, (section, rows) in enumerate(sections.items()):
         if number and not rows:
@@ -159,9 +161,9 @@ def _ended_record(ending: Any) -> dict[str, Any]:
 @board_options
 @click.argument("job_id")
 def show_command(board_uri: str, board_options: tuple[str, ...], job_id: str) -> None:
-    """Show one job (JOB_ID: its uuid or the start of it) as JSON."""
+    """Show one job (JOB_ID: its uuid or the start of it) as JSON (one line)."""
     with open_board(board_uri, board_options) as board:
-        click.echo(to_json(_job_record(_find(board, job_id)), indent=2))
+        click.echo(to_json(_job_record(_find(board, job_id)), sort_keys=True))
 
 
 @show_envvars
@@ -249,7 +251,8 @@ def trash_command(board_uri: str, board_options: tuple[str, ...], job_id: str,
         job = _find(board, job_id)
         try:
             board.claim(job, OPERATOR)
-            board.trash(job, OPERATOR, reason=reason)
+            # The claim is only the way to the trash: not an attempt at running the job.
+            board.trash(job, OPERATOR, reason=reason, counted=False)
         except exc.TaskFlowException as err:
             raise click.ClickException(f"cannot trash job {job.uuid}: {err}") from err
         click.echo(f"trashed {job.uuid}")
@@ -310,7 +313,8 @@ def conductors_command(board_uri: str, board_options: tuple[str, ...], as_json: 
     with open_board(board_uri, board_options) as board:
         found = [e.to_dict() for e in board.iter_entities("conductor")]
     if as_json:
-        click.echo(to_json(found, indent=2))
+        for entity in found:
+            click.echo(to_json(entity, sort_keys=True))
         return
     rows = [[e["name"], str(e["metadata"].get("hostname", "-")),
              str(e["metadata"].get("pid", "-")), str(e["metadata"].get("engine", "-"))]

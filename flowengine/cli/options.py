@@ -15,7 +15,7 @@ import click
 from click.core import ParameterSource
 
 
-def json_option(help_text: str = "Print JSON instead of text."
+def json_option(help_text: str = "JSON lines: one JSON object per line."
                 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Add --json (passed as ``as_json``)."""
     return click.option("--json", "as_json", is_flag=True, envvar="FLOWENGINE_JSON",

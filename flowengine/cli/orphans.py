@@ -29,7 +29,8 @@ def report(board_uri: str, board_options: tuple[str, ...], backend_uri: str,
     finally:
         persistence.close()
     if as_json:
-        click.echo(to_json([o.to_dict() for o in found], indent=2))
+        for orphan in found:  # JSON lines, as every command's --json
+            click.echo(to_json(orphan.to_dict(), sort_keys=True))
     elif not found:
         click.echo("OK: no orphaned flow: every unfinished flow posted to the board has its job")
     else:

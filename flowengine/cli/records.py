@@ -7,7 +7,6 @@ way and ``--json`` prints exactly what the text output is made from.
 from __future__ import annotations
 
 import contextlib
-import datetime
 import os
 import time
 import urllib.parse
@@ -21,9 +20,9 @@ from flowengine import exceptions as exc
 from flowengine import states
 from flowengine.cli import formatting as fmt
 from flowengine.cli.loading import LoadError
-from flowengine.engines.actions import META_DELAYED_UNTIL, META_RETRY_DUE
-from flowengine.persistence import backends, base, models
+from flowengine.persistence import atom_meta, backends, base, models
 from flowengine.persistence._record import version_string
+from flowengine.persistence.atom_meta import META_DELAYED_UNTIL, META_RETRY_DUE
 from flowengine.persistence.backends._uri import mask_urls, split_conf
 from flowengine.storage import Storage
 from flowengine.types.failure import Failure
@@ -119,26 +118,21 @@ def find_flow(conn: base.Connection, flow_id: str, uri: str,
 
 
 def atoms_of(fd: models.FlowDetail) -> list[models.AtomDetail]:
-    """The flow's atom details, without the ``--store`` pseudo-atom, roughly in the order they
-    ran (backends return them in any order): by their first recorded state change, atoms that
-    never ran last."""
+    """The flow's atom details, without the ``--store`` pseudo-atom, in the order they ran
+    (backends return them in any order): by their first recorded state change, atoms that
+    never ran last, by name."""
     atoms = [ad for ad in fd if ad.name != INJECTOR]
-    return sorted(atoms, key=lambda ad: min(_stamps(ad.meta).values(), default=float("inf")))
+    never = float("inf")
+    return sorted(atoms, key=lambda ad: (atom_meta.first_stamp(ad.meta) or never, ad.name))
 
 
 def _stamps(meta: dict[str, Any]) -> dict[str, float]:
-    return {key[: -len("-timestamp")]: value for key, value in meta.items()
-            if key.endswith("-timestamp") and isinstance(value, int | float)}
+    return atom_meta.stamps(meta)
 
 
 def last_update(book: models.LogBook | None, fd: models.FlowDetail) -> float | None:
-    """Latest recorded state change of the flow or its atoms (``run`` records them), else when
-    the flow was added to its logbook."""
-    found = [t for meta in [fd.meta, *(ad.meta for ad in fd)] for t in _stamps(meta).values()]
-    if found:
-        return max(found)
-    updated = book.updated_at if book is not None else None
-    return None if updated is None else updated.replace(tzinfo=datetime.UTC).timestamp()
+    """The flow's "updated" time: see :func:`flowengine.persistence.atom_meta.flow_updated`."""
+    return atom_meta.flow_updated(fd.meta, book.updated_at if book is not None else None)
 
 
 def flow_summary(book: models.LogBook | None, fd: models.FlowDetail) -> dict[str, Any]:

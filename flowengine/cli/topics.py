@@ -4,8 +4,6 @@
 from __future__ import annotations
 
 import json
-import threading
-from collections import Counter
 from typing import Any
 
 import click
@@ -17,6 +15,9 @@ from flowengine.cli.options import json_option, show_envvars
 COLUMNS = ("topic", "ready", "running", "delayed", "dead", "workers")
 #: The listing's extra column with ``--listen``: workers heard from that have the topic paused.
 PAUSED = "paused"
+#: Seconds the listing listens for live workers where the broker cannot count them: every
+#: worker sends a heartbeat within it.
+LISTEN_FOR_WORKERS = 2.5
 
 
 class TopicsGroup(click.Group):
@@ -48,64 +49,61 @@ def _cell(value: Any) -> str:
     return "-" if value is None else str(value)
 
 
-def _paused_counts(seconds: float, **broker: Any) -> Counter[str]:
-    """Workers heard from in ``seconds`` (heartbeats every 2 s) with their topic paused."""
+def _heard(seconds: float, **broker: Any) -> list[dict[str, Any]]:
+    """The live workers heard from in ``seconds``: their announcements and heartbeats (every
+    2 s) on the events exchange. (A NOTIFY would find them at once, but one sent to a topic
+    nobody serves stays in its queue, counted as a ready request.)"""
+    from flowengine.cli.workers import WorkerTable
     from flowengine.worker_based.events import EventReceiver
 
-    latest: dict[str, dict[str, Any]] = {}
+    table = WorkerTable()
     events = {k: v for k, v in broker.items() if k != "taskflow_compat"}
-    receiver = EventReceiver(types=("worker-", "topic-"), **events)
-    for event in receiver.iter(timeout=seconds):
-        worker = event.get("worker")
-        if not isinstance(worker, str):
-            continue
-        kind = event.get("type")
-        if kind == "worker-offline":
-            latest.pop(worker, None)
-        elif kind in ("worker-heartbeat", "topic-paused", "topic-resumed"):
-            paused = event.get("paused") if kind == "worker-heartbeat" else kind == "topic-paused"
-            latest[worker] = {"topic": event.get("topic"), "paused": bool(paused)}
-    return Counter(row["topic"] for row in latest.values() if row["paused"])
+    for event in EventReceiver(types=("worker-", "topic-"), **events).iter(timeout=seconds):
+        table.on_event(event)
+    return table.live()
 
 
 @topics_command.command("list")
 @broker_options
 @click.argument("topics", nargs=-1)
 @click.option("--listen", envvar="FLOWENGINE_LISTEN", type=click.FloatRange(min=0.0),
-              default=0.0, show_default=True,
+              default=None,
               help="Also listen this many seconds to the workers' heartbeats (every 2 s) and "
-                   "count, per topic, the workers that have it paused (a PAUSED column).")
+                   "count, per topic, the workers that have it paused (a PAUSED column). By "
+                   f"default the command listens {LISTEN_FOR_WORKERS:g}s when the broker "
+                   "cannot count a topic's workers.")
 @json_option("One JSON object per topic and line.")
-def list_command(topics: tuple[str, ...], as_json: bool, listen: float,
+def list_command(topics: tuple[str, ...], as_json: bool, listen: float | None,
                  **options: Any) -> None:
     """Requests ready, running and delayed, dead letters and workers of each worker topic.
 
     Without TOPICS, every topic of the exchange, on brokers that can list their queues
-    (beanstalkd); elsewhere name them. A count the broker cannot tell is shown as ``-``
-    (JSON null). Exit code 1: the broker cannot be reached; 2: it cannot list its queues.
+    (beanstalkd, Redis, flowengine-fs); elsewhere name them. WORKERS is the broker's count of
+    the topic's consumers where it keeps one (beanstalkd, AMQP), else the live workers heard
+    from. A count nobody can tell is shown as ``-`` (JSON null). Exit code 1: the broker
+    cannot be reached; 2: it cannot list its queues.
     """
     from flowengine.worker_based.topics import TopicsNotListed, topic_stats
 
     broker = broker_kwargs(**options)
     columns = COLUMNS + ((PAUSED,) if listen else ())
     try:
-        # Heard while the broker is asked, from a thread: listening takes the whole --listen.
-        heard: Counter[str] = Counter()
-        listener = threading.Thread(
-            target=lambda: heard.update(_paused_counts(listen, **broker)), daemon=True)
-        if listen:
-            listener.start()
         rows = [row.to_dict() for row in topic_stats(topics=topics, **broker)]
-        if listen:
-            listener.join()
-            for row in rows:
-                row[PAUSED] = heard[row["topic"]]
+        uncounted = [row["topic"] for row in rows if row["workers"] is None]
+        seconds = listen if listen is not None else (LISTEN_FOR_WORKERS if uncounted else 0.0)
+        live = _heard(seconds, **broker) if seconds else []
     except TopicsNotListed as err:
         click.echo(f"error: {err}", err=True)
         raise SystemExit(exits.USAGE) from err
     except Exception as err:
         where = broker["url"] or broker["transport"] or "the embedded flowengine-fs transport"
         exits.unreachable("list the topics of", f"{where} exchange {broker['exchange']!r}", err)
+    for row in rows:
+        serving = [w for w in live if row["topic"] in w["topics"]]
+        if row["workers"] is None and seconds:
+            row["workers"] = len(serving)
+        if listen:
+            row[PAUSED] = sum(1 for w in serving if w["paused"])
     if as_json:
         for row in rows:
             click.echo(json.dumps(row, sort_keys=True))

@@ -13,9 +13,12 @@ from typing import Any
 import click
 
 from flowengine import tracing
+from flowengine.cli import exits
 from flowengine.cli.broker import broker_kwargs, broker_options
 from flowengine.cli.options import show_envvars, split_from_env
 from flowengine.cli.signal_relay import SignalRelay
+
+LOG = logging.getLogger(__name__)
 
 DEFAULT_GRACE = 30.0
 
@@ -91,7 +94,12 @@ def worker_command(topic: str, tasks: tuple[str, ...], threads: int | None,
                    grace: float, events: bool,
                    metrics_port: int | None, log_level: str, signing_key_file: str | None,
                    **broker: Any) -> None:
-    """Serve remote task requests until SIGTERM or SIGINT."""
+    """Serve remote task requests until SIGTERM or SIGINT.
+
+    The first signal stops taking requests and lets in-flight ones finish (up to --grace); a
+    second SIGINT (Ctrl-C again) exits at once (status 130), the broker handing out again what
+    was unfinished.
+    """
     from flowengine.worker_based.worker import BrokerRefused, Worker
 
     logging.basicConfig(level=log_level.upper(),
@@ -122,16 +130,26 @@ def worker_command(topic: str, tasks: tuple[str, ...], threads: int | None,
     except (ValueError, TypeError) as err:
         raise click.ClickException(f"cannot start the worker: {err}") from err
     def _stop(signum: signal.Signals) -> None:
-        # Runs on the relay thread (see signal_relay: a handler must not take locks); a signal
-        # after the first finds the stop already under way.
+        # Runs on the relay thread (see signal_relay: a handler must not take locks).
         if stopping.is_set():
-            return
+            if signum != signal.SIGINT:
+                # A supervisor's SIGTERM after a terminal's Ctrl-C (the demo's job control
+                # does this): the stop it asks for is under way.
+                return
+            # Ctrl-C again: whoever pressed it will not wait for the grace period. What is
+            # still running was never acknowledged, so the broker hands it out again.
+            LOG.warning("Worker %s (topic %r) received %s again: stopping now; requests still "
+                        "running go back to the broker", worker.worker_id, topic, signum.name)
+            _exit(exits.INTERRUPTED)
         stopping.set()
         # Stopping must not depend on stderr: a closed pipe would raise here.
         with contextlib.suppress(OSError):
             click.echo(f"received {signum.name}: finishing in-flight work "
                        f"(up to {grace:.0f}s)", err=True)
-        worker.stop(grace)
+        # On a thread of its own: stop() waits for in-flight work (up to the grace period),
+        # and the relay thread must stay free to hear a second signal meanwhile.
+        threading.Thread(target=worker.stop, args=(grace,), name="flowengine-worker-stop",
+                         daemon=True).start()
 
     stopping = threading.Event()
     SignalRelay(_stop, "flowengine-worker-signals").install()
@@ -139,10 +157,19 @@ def worker_command(topic: str, tasks: tuple[str, ...], threads: int | None,
         worker.run(banner_writer=lambda text: click.echo(text, err=True))
     except BrokerRefused as err:
         raise click.ClickException(str(err)) from err
-    # In-flight work past the grace period was handed back to the broker; a task thread still
-    # running it must not keep the process alive (the interpreter would wait for it).
+    LOG.info("Worker %s (topic %r) stopped", worker.worker_id, topic)
+    _exit(exits.OK)
+
+
+def _exit(code: int) -> None:
+    """End the process now with ``code``, logs and traces flushed.
+
+    In-flight work past the grace period was handed back to the broker; a task thread still
+    running it must not keep the process alive (the interpreter would wait for it).
+    """
     tracing.flush()  # exit handlers (the SDK's own flush among them) do not run after os._exit
     logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    with contextlib.suppress(OSError):
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(code)

@@ -14,6 +14,11 @@ from flowengine import exceptions as exc
 from flowengine import states
 from flowengine.engines import executor as ex
 from flowengine.engines.delays import RetryWait, RetryWaits
+from flowengine.persistence import atom_meta as meta_keys
+from flowengine.persistence.atom_meta import (  # noqa: F401 - the engines' names for them
+    META_DELAYED_UNTIL,
+    META_RETRY_DUE,
+)
 from flowengine.retry import EXECUTE_REVERT_HISTORY, REVERT_FLOW_FAILURES, Retry
 from flowengine.storage import Storage
 from flowengine.types.failure import Failure
@@ -29,13 +34,8 @@ _TASK_RESULT_STATES = frozenset((states.SUCCESS, states.FAILURE, states.REVERT_F
 StateHook = Callable[[Any, str], None]
 _RETRY_RESULT_STATES = frozenset((states.SUCCESS, states.FAILURE, states.REVERT_FAILURE,
                                   states.REVERTED))
-#: Retry meta key: when (seconds since the epoch) its next attempt is due, while it waits.
-META_RETRY_DUE = "retry_due"
 #: Task meta key: ``[value]`` when ``execute`` returned a value its ``provides`` does not fit.
 META_RETURNED = "returned"
-#: Task meta key: when (seconds since the epoch) the request of a task dispatched with a
-#: delay may be taken by a worker (a retried subflow's first tasks on a worker-based engine).
-META_DELAYED_UNTIL = "delayed_until"
 #: Task meta key: the broker's handle of that delayed request (beanstalkd), stored right after
 #: it is put, so that an engine resuming the flow after a crash deletes it.
 META_DELAYED_JOB = "delayed_job"
@@ -70,6 +70,12 @@ def atom_meta(storage: Storage, atom_name: str) -> dict[str, Any]:
     detail = storage.flow_detail.find(storage.get_atom_uuid(atom_name))
     return detail.meta if detail is not None else {}
 
+
+
+def stamp(state: str, meta: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """``meta`` plus when ``state`` was entered: every engine records it with the state (see
+    :mod:`flowengine.persistence.atom_meta`), so timings need no listener."""
+    return {**(meta or {}), meta_keys.stamp_key(state): time.time()}
 
 class TaskAction:
     """Changes task states and hands tasks to the task executor."""
@@ -126,11 +132,12 @@ class TaskAction:
                 if meta:  # sent again after a resume: the new request's id, nothing to announce
                     storage.update_atom_metadata(task.name, meta)
                 return False
+        stamped = stamp(state, meta)
         if state in _TASK_RESULT_STATES:
             storage.save(task.name, None if result is NO_RESULT else result, state,
-                         progress=progress)
+                         progress=progress, meta=stamped)
         else:
-            storage.set_atom_state(task.name, state, progress=progress, meta=meta)
+            storage.set_atom_state(task.name, state, progress=progress, meta=stamped)
         self._announce(task, state, old_state, result)
         if progress is not None:
             task.update_progress(progress)
@@ -323,14 +330,15 @@ class RetryAction:
         storage = self._storage
         old_state = storage.get_atom_state(retry.name)
         if state in _RETRY_RESULT_STATES:
-            storage.save(retry.name, None if result is NO_RESULT else result, state)
+            storage.save(retry.name, None if result is NO_RESULT else result, state,
+                         meta=stamp(state))
             if state == states.REVERTED:
                 # A reverted controller starts its next use with an empty history.
                 storage.cleanup_retry_history(retry.name, state)
         else:
             if state == old_state:
                 return False
-            storage.set_atom_state(retry.name, state)
+            storage.set_atom_state(retry.name, state, meta=stamp(state))
         self._announce(retry, state, old_state, result)
         return True
 

@@ -382,8 +382,11 @@ class JobBoard(metaclass=abc.ABCMeta):
         """
 
     @abc.abstractmethod
-    def trash(self, job: Job, who: str, reason: str = "") -> None:
+    def trash(self, job: Job, who: str, reason: str = "", counted: bool = True) -> None:
         """Move a job ``who`` holds a claim on to the trash (with ``reason``).
+
+        ``counted=False`` (a flowengine addition): the claim was taken only to trash the job
+        (an operator's ``flowengine jobs trash``), so the trash records the attempts before it.
 
         Raises:
             flowengine.exceptions.NotFound: If the job is gone.

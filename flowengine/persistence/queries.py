@@ -17,7 +17,7 @@ import datetime
 from collections.abc import Iterable
 from typing import Any
 
-from flowengine.persistence import base, models
+from flowengine.persistence import atom_meta, base, models
 
 __all__ = ["FlowCursor", "FlowPage", "FlowQuery", "FlowRow", "find_flows"]
 
@@ -166,7 +166,12 @@ def _scan(conn: base.Connection) -> Iterable[FlowRow]:
 
 
 def _row(fd: models.FlowDetail, book: models.LogBook) -> FlowRow:
-    return FlowRow(fd.uuid, fd.name, fd.state, book.uuid, book.name, book.updated_at)
+    # The flow's "updated" time as everywhere (atom_meta.flow_updated), as the SQL backend
+    # keeps it: the time of the flow record's last write, naive UTC.
+    updated = atom_meta.flow_updated(fd.meta, book.updated_at)
+    when = (None if updated is None else datetime.datetime.fromtimestamp(updated, datetime.UTC)
+            .replace(tzinfo=None))
+    return FlowRow(fd.uuid, fd.name, fd.state, book.uuid, book.name, when)
 
 
 def _matches(row: FlowRow, query: FlowQuery) -> bool:

@@ -12,15 +12,13 @@ decoded failure therefore raises :class:`~flowengine.exceptions.WrappedFailure`.
 from __future__ import annotations
 
 import copy as copy_mod
+import functools
 import sys
 import traceback as traceback_mod
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
 from types import TracebackType
 from typing import Any, ClassVar, NoReturn
-
-import jsonschema
-from jsonschema import exceptions as schema_exc
 
 from flowengine import exceptions as exc
 from flowengine.secrets import Masker
@@ -60,7 +58,12 @@ _SCHEMA: dict[str, Any] = {
 }
 
 
-def _build_validator() -> Any:
+@functools.cache
+def _validator() -> Any:
+    """The failure-dict validator, built once, on first use (jsonschema costs start-up time
+    to programs that never decode a failure)."""
+    import jsonschema
+
     base = jsonschema.validators.validator_for(_SCHEMA)
     # In-process dicts may hold tuples where JSON has arrays; accept both, as TaskFlow does.
     checker = base.TYPE_CHECKER.redefine(
@@ -69,8 +72,6 @@ def _build_validator() -> Any:
     validator_cls = jsonschema.validators.extend(base, type_checker=checker)
     return validator_cls(_SCHEMA)
 
-
-_VALIDATOR = _build_validator()
 
 
 def _type_name(cls: type) -> str:
@@ -384,8 +385,10 @@ class Failure:
         Raises:
             InvalidFormat: If it is not; the message says which part is wrong.
         """
+        from jsonschema import exceptions as schema_exc
+
         try:
-            _VALIDATOR.validate(data)
+            _validator().validate(data)
         except schema_exc.ValidationError as err:
             raise exc.InvalidFormat(
                 f"Failure data not of the expected format: {err.message}", err

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Mapping
-from importlib import metadata
 from typing import Any
 
 from flowengine import exceptions as exc
@@ -83,6 +82,8 @@ def load_class(
     """
     target = builtin.get(name) if namespace == default_namespace else None
     if target is None:
+        from importlib import metadata  # only for names outside the built-in table
+
         found = [ep for ep in metadata.entry_points(group=namespace) if ep.name == name]
         if not found:
             raise exc.NotFound(

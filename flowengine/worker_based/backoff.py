@@ -5,8 +5,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 import random
+import socket
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -18,6 +20,9 @@ LOG = logging.getLogger(__name__)
 _LOG_FIRST, _LOG_EVERY = 3, 10
 #: AMQP reply codes of a refused login, permission or virtual host (ACCESS_REFUSED, NOT_ALLOWED).
 _AMQP_REFUSED = frozenset({403, 530})
+#: Resolver answers that a name does not exist (EAI_NODATA is not on every platform).
+_NO_SUCH_HOST = frozenset(code for code in (socket.EAI_NONAME, getattr(socket, "EAI_NODATA", None))
+                          if code is not None)
 
 
 class RetryAbandoned(Exception):
@@ -29,7 +34,8 @@ class RetryDeadline(Exception):
 
 
 class BrokerRefused(Exception):
-    """The broker refused the credentials (or the virtual host): retrying cannot help.
+    """The broker refused the credentials (or the virtual host), or its host name does not
+    exist: retrying cannot help.
 
     Not a ``ConnectionError``: kombu retries those, and this one must end the retrying.
     """
@@ -69,6 +75,29 @@ def refusal(err: BaseException | None) -> BaseException | None:
             return err
         err = err.__cause__ or err.__context__
     return None
+
+
+def unknown_host(err: BaseException | None) -> socket.gaierror | None:
+    """The error in ``err``'s chain saying the broker's host name does not exist, if any.
+
+    Only the resolver's definite answers (no such name, no address for it): a temporary
+    failure (``EAI_AGAIN``, the DNS server did not answer) is an outage like any other.
+    """
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, socket.gaierror) and err.errno in _NO_SUCH_HOST:
+            return err
+        err = err.__cause__ or err.__context__
+    return None
+
+
+def _host(where: str) -> str:
+    """The host name in a (masked) broker URL, or the URL itself if it has none."""
+    try:
+        return urllib.parse.urlsplit(where.split(";")[0]).hostname or where
+    except ValueError:
+        return where
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,6 +201,11 @@ class Backoff:
         if refused is not None:
             raise BrokerRefused(f"{self._what} on {self._where} was refused by the broker "
                                 f"({type(refused).__name__}: {refused}); not retrying") from exc
+        unknown = unknown_host(exc)
+        if unknown is not None:
+            raise BrokerRefused(f"{self._what} on {self._where} failed: the host name "
+                                f"{_host(self._where)!r} does not resolve ({unknown.strerror}); "
+                                f"not retrying") from exc
         delay = self._options.delay(self.attempt)
         # A transport may know its outage better (flowengine-fs: a full or read-only disk, which
         # is cheap to look at again and which it has logged once already).

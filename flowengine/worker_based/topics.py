@@ -2,9 +2,10 @@
 
 beanstalkd tells everything: :func:`topic_stats` lists the exchange's topic tubes and reads
 ``stats-tube`` for each (ready, reserved = running, delayed, and the connections watching it =
-its workers). AMQP brokers tell ready messages and consumers of the topics named; Redis and
-flowengine-fs tell ready messages. Dead letters are counted per topic on every broker, from the
-dead-letter queue's headers. What a broker cannot tell is None.
+its workers). Redis and flowengine-fs list the topics bound to the exchange and tell ready
+messages; AMQP brokers tell ready messages and consumers of the topics named. Dead letters are
+counted per topic on every broker, from the dead-letter queue's headers. What a broker cannot
+tell is None.
 """
 
 from __future__ import annotations
@@ -19,11 +20,17 @@ from flowengine.worker_based import dead_letters as dl
 from flowengine.worker_based import extensions as ext
 from flowengine.worker_based.broker.queues import QueueCounts, QueueInspector, QueuesNotListed
 
-# Queues of an exchange that are not worker topics: engines' reply queues (their uuid), the
-# workers' control queues and the dead letters.
+# Queues of an exchange that are not worker topics: engines' reply queues (their uuid, with
+# or without dashes: the process-wide client's has none), the workers' control queues and the
+# dead letters.
 _NOT_TOPICS = re.compile(
-    r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|"
+    r"[0-9a-f]{8}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{12}|"
     + re.escape("flowengine.worker.") + ".*|" + re.escape(ext.DEAD_LETTER_ROUTING_KEY))
+
+
+def is_topic(name: str) -> bool:
+    """Whether ``name`` (a queue's name less its ``<exchange>_`` prefix) is a worker topic."""
+    return not _NOT_TOPICS.fullmatch(name)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,8 +78,7 @@ def topic_stats(exchange: str, topics: Iterable[str] = (), url: str | None = Non
             except QueuesNotListed as err:
                 raise TopicsNotListed(f"{err} cannot list the queues of exchange "
                                       f"{exchange!r}: name the topics") from None
-            named = [queue[len(prefix):] for queue in listed
-                     if not _NOT_TOPICS.fullmatch(queue[len(prefix):])]
+            named = [queue[len(prefix):] for queue in listed if is_topic(queue[len(prefix):])]
         named = sorted(set(named) | {topic for topic in dead if topic and not topics})
         return [_stats(topic, broker.counts(f"{exchange}_{topic}"), dead[topic])
                 for topic in named]

@@ -355,8 +355,9 @@ class AttemptTracking:
 
     def _why_waiting(self, request: pr.Request) -> str:
         if request.current_state == pr.WAITING and self.finder.total_workers == 0:
-            return (f": no worker was known on topic(s) {', '.join(map(repr, self._topics))}"
-                    f" (none answered discovery or announced itself)")
+            broker = self.client.broker
+            return unserved.no_worker(broker.exchange, self._topics,
+                                      unserved.listed_queues(broker))
         return ""
 
     def _silent(self, sub: Submission, why: str) -> None:

@@ -7,9 +7,18 @@ the class's ``--task``, a class defined in ``__main__``, a rolling deploy that d
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
+from flowengine.worker_based.broker.queues import QueueInspector, QueuesNotListed
+from flowengine.worker_based.topics import is_topic
 from flowengine.worker_based.types import TopicWorker
+
+if TYPE_CHECKING:
+    from flowengine.worker_based.broker_spec import Broker
+
+LOG = logging.getLogger(__name__)
 
 #: Task classes listed per topic before the rest are only counted (a worker may run hundreds).
 _SHOWN = 20
@@ -34,3 +43,45 @@ def describe(task_cls: str, task_name: str, topics: Sequence[str],
         lines.append(f"The {counts[topic]} worker(s) on topic {topic!r} run: "
                      f"{shown or 'nothing'}")
     return "\n".join(lines)
+
+
+def no_worker(exchange: str, topics: Sequence[str], queues: Sequence[str] | None) -> str:
+    """Why requests waited out their timeout with no worker known at all, naming the exchange
+    and topics, and the topic queues of other exchanges the broker has (``queues``: every
+    queue's name, None where the broker cannot list them): a typo in the exchange name looks
+    like this from the engine's side."""
+    named = ", ".join(map(repr, topics))
+    text = (f": no worker was known on topic(s) {named} of exchange {exchange!r} (none "
+            f"answered discovery or announced itself)")
+    if not queues:
+        return text
+    elsewhere = sorted({queue[:-len(topic) - 1] for queue in queues for topic in topics
+                        if queue.endswith(f"_{topic}") and queue != f"{exchange}_{topic}"
+                        and len(queue) > len(topic) + 1})
+    ours = sorted({queue[len(exchange) + 1:] for queue in queues
+                   if queue.startswith(f"{exchange}_")
+                   and is_topic(queue[len(exchange) + 1:])} - set(topics))
+    if elsewhere:
+        text += f"; the broker has queues for {named} on exchange(s) " + ", ".join(
+            map(repr, elsewhere))
+    if ours:
+        text += f"; exchange {exchange!r} has queues for topic(s) " + ", ".join(
+            map(repr, ours[:_SHOWN]))
+    return text
+
+
+def listed_queues(broker: Broker) -> list[str] | None:
+    """Every queue the broker has, where it can list them (beanstalkd, Redis, flowengine-fs),
+    else None (AMQP, memory).
+
+    Called once an engine gives up on finding any worker: an error path, so a connection of
+    its own is affordable, and nothing it raises may replace the error being reported.
+    """
+    try:
+        with QueueInspector(broker.url, broker.transport, broker.transport_options) as inspector:
+            return inspector.names("")
+    except QueuesNotListed:
+        return None
+    except Exception as err:  # the hint is optional; the timeout is what is reported
+        LOG.debug("Could not list the queues of %s: %s", broker, err)
+        return None

@@ -324,8 +324,9 @@ class Worker:
                 self._ticker.start()
             self._server.start()
         except BrokerRefused as err:
-            raise BrokerRefused(f"The broker refused the worker on topic '{self._topic}': "
-                                f"{err}") from err
+            what = ("cannot reach the broker" if bo.unknown_host(err)
+                    else "was refused by the broker")
+            raise BrokerRefused(f"The worker on topic '{self._topic}' {what}: {err}") from err
         finally:
             if self._ticker is not None:
                 self._ticker.stop()

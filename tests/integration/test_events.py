@@ -264,6 +264,28 @@ def test_events_command_as_a_process(redis_setup: Setup) -> None:
     assert {e["flow_uuid"] for e in events} == {flow_uuid}
 
 
+def test_events_command_leaves_heartbeats_out_unless_asked(memory_setup: Setup) -> None:
+    # The worker sends a heartbeat every 0.1s: both commands listen for the same second.
+    runs: dict[str, Any] = {}
+    commands = {"default": ["--timeout", "1"],
+                "asked": ["--heartbeats", "--count", "3", "--timeout", str(WAIT)]}
+    readers = [threading.Thread(target=lambda name=name, extra=extra: runs.__setitem__(
+        name, CliRunner().invoke(cli, ["events", *memory_setup.cli_args(), "--json", *extra])))
+        for name, extra in commands.items()]
+    for reader in readers:
+        reader.start()
+    for reader in readers:
+        reader.join(WAIT + 5)
+    asked = [json.loads(line) for line in runs["asked"].stdout.splitlines()]
+    assert runs["asked"].exit_code == 0, runs["asked"].output
+    assert [e["type"] for e in asked] == ["worker-heartbeat"] * 3
+    assert runs["default"].exit_code == 2  # nothing printed before the timeout
+    assert "timeout: 0 event(s)" in runs["default"].stderr
+    by_type = CliRunner().invoke(cli, ["events", *memory_setup.cli_args(), "--json", "--type",
+                                       "worker-heartbeat", "--count", "1", "--timeout", str(WAIT)])
+    assert by_type.exit_code == 0, by_type.output
+
+
 def test_events_command_times_out_with_exit_2(memory_setup: Setup) -> None:
     outcome = CliRunner().invoke(cli, ["events", "--transport", "memory", "--exchange",
                                        unique_exchange("silent"), "--timeout", "0.2"])

@@ -7,10 +7,12 @@ that never settles it (running), and a dead letter; the command's JSON is compar
 from __future__ import annotations
 
 import json
+import threading
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import event_tasks
 import kombu
 import pytest
 from click.testing import CliRunner
@@ -19,6 +21,7 @@ from wbe_harness import Broker, delete_exchange
 from flowengine.cli.main import cli
 from flowengine.worker_based import extensions as ext
 from flowengine.worker_based.broker import transport_beanstalk as tb
+from flowengine.worker_based.worker import Worker
 
 pytestmark = pytest.mark.integration
 
@@ -30,7 +33,8 @@ def exchange(beanstalk_url: str) -> Iterator[kombu.Exchange]:
         yield made
     finally:
         with kombu.Connection(beanstalk_url) as conn, conn.channel() as channel:
-            for key in ("a", "b", str(uuid.UUID(int=0)), ext.DEAD_LETTER_ROUTING_KEY):
+            for key in ("a", "b", str(uuid.UUID(int=0)), uuid.UUID(int=1).hex,
+                        ext.DEAD_LETTER_ROUTING_KEY):
                 channel.queue_delete(f"{made.name}_{key}")
             channel.exchange_delete(made.name)
 
@@ -50,11 +54,13 @@ def test_topics_on_beanstalkd_count_every_state(
 ) -> None:  # fmt: skip
     with kombu.Connection(beanstalk_url) as conn, kombu.Connection(beanstalk_url) as holder:
         producer = kombu.Producer(conn.channel(), exchange)
-        keys = ["a", "b", str(uuid.UUID(int=0)), ext.DEAD_LETTER_ROUTING_KEY]
+        keys = ["a", "b", str(uuid.UUID(int=0)), uuid.UUID(int=1).hex,
+                ext.DEAD_LETTER_ROUTING_KEY]
         declared = {key: _queue(exchange, key) for key in keys}
         for key, body, headers in [
             ("a", 1, {}), ("a", 2, {}), ("a", 3, {tb.HEADER_DELAY: 60}), ("b", 4, {}),
             (keys[2], "a reply", {}),  # an engine's reply queue: not a topic
+            (keys[3], "a reply", {}),  # the process-wide client's (no dashes): not either
             (ext.DEAD_LETTER_ROUTING_KEY, {"task_name": "t", "task_cls": "m.T",
                                            "action": "execute"},
              {ext.HEADER_DEAD_TOPIC: "a", ext.HEADER_DEAD_REASON: "lost"}),
@@ -76,22 +82,41 @@ def test_topics_on_beanstalkd_count_every_state(
         assert text[1].split() == ["a", "2", "0", "1", "1", "0"]
 
 
-def test_topics_on_redis_tell_ready_counts_of_the_topics_named(redis_broker: Broker) -> None:
+def test_topics_on_redis_list_the_topics_and_tell_ready_counts(redis_broker: Broker) -> None:
     exchange = kombu.Exchange(f"topics-{uuid.uuid4().hex[:10]}", type="direct")
     try:
         with kombu.Connection(redis_broker.url) as conn:
             kombu.Producer(conn.channel(), exchange).publish(
                 {"n": 1}, routing_key="a", declare=[_queue(exchange, "a")], serializer="json")
-        code, _rows, output = _topics("--url", redis_broker.url, "--exchange", exchange.name)
-        assert code == 2 and "name the topics" in output
+        # Listed from the exchanges' binding sets: reply queues are not topics.
+        code, rows, output = _topics("--url", redis_broker.url, "--exchange", exchange.name)
+        assert code == 0, output
+        assert [row["topic"] for row in rows] == ["a"]
         code, rows, output = _topics("--url", redis_broker.url, "--exchange", exchange.name,
                                      "a", "never-used")
         assert code == 0, output
         assert rows == [
             {"topic": "a", "ready": 1, "running": None, "delayed": None, "dead": 0,
-             "workers": None},
+             "workers": 0},
             {"topic": "never-used", "ready": 0, "running": None, "delayed": None, "dead": 0,
-             "workers": None},
+             "workers": 0},
         ]
     finally:
         delete_exchange(redis_broker.url, exchange.name)
+
+
+def test_topics_count_the_live_workers_where_the_broker_cannot(redis_broker: Broker) -> None:
+    exchange = f"topics-{uuid.uuid4().hex[:10]}"
+    worker = Worker(exchange, "served", [event_tasks], url=redis_broker.url, threads_count=1)
+    thread = threading.Thread(target=worker.run, kwargs={"display_banner": False}, daemon=True)
+    thread.start()
+    try:
+        assert worker.wait(30)
+        code, rows, output = _topics("--url", redis_broker.url, "--exchange", exchange,
+                                     "served", "idle")
+        assert code == 0, output
+        assert [(row["topic"], row["workers"]) for row in rows] == [("idle", 0), ("served", 1)]
+    finally:
+        worker.stop(grace=5.0)
+        thread.join(30)
+        delete_exchange(redis_broker.url, exchange)

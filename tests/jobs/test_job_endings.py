@@ -14,6 +14,7 @@ import json
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import jobs_flows
 import pytest
@@ -93,7 +94,7 @@ def test_failed_jobs_keep_their_logbooks_and_say_how_they_ended(
                                        "--board-option", f"namespace={stage.options['namespace']}",
                                        "--backend", stage.backend_uri, "--json"])
     assert listing.exit_code == 0, listing.output
-    shown = {row["uuid"]: row for row in json.loads(listing.output)}
+    shown = {row["uuid"]: row for row in _json_lines(listing.output)}
     assert {shown[u]["ended"] for u in posted.values()} == set(endings.OUTCOMES)
     text = CliRunner().invoke(cli, ["jobs", "list", "--board", stage.board_uri,
                                     "--board-option", f"namespace={stage.options['namespace']}",
@@ -125,3 +126,8 @@ def test_jobs_post_refuses_missing_inputs_in_one_line(stage: BoardStage,
     assert accepted.exit_code == 0, accepted.output
     [job] = list(stage.board.iterjobs(ensure_fresh=True))
     assert job.uuid == accepted.output.strip() and job.details["store"] == {"volume_size": 10}
+
+
+def _json_lines(output: str) -> list[dict[str, Any]]:
+    """The rows a ``--json`` command printed, one JSON object per line."""
+    return [json.loads(line) for line in output.splitlines() if line.strip()]

@@ -110,6 +110,19 @@ def test_trash_keeps_the_reason_and_repost_restores_the_job(board: JobBoard) -> 
         board.repost(job.uuid)
 
 
+def test_a_claim_taken_only_to_trash_is_not_an_attempt(board: JobBoard) -> None:
+    # What `flowengine jobs trash` does with a job nobody ran: claim it, trash it uncounted.
+    job = board.post("never-ran")
+    board.claim(job, "operator")
+    board.trash(job, "operator", reason="not today", counted=False)
+    ran = board.post("ran-once")
+    board.claim(ran, "conductor")
+    board.abandon(ran, "conductor")
+    board.claim(ran, "operator")
+    board.trash(ran, "operator", counted=False)
+    assert {t.name: t.attempts for t in board.iter_trash()} == {"never-ran": 0, "ran-once": 1}
+
+
 def test_discard_deletes_a_trashed_job(board: JobBoard) -> None:
     job = board.post("j")
     board.claim(job, "alice")

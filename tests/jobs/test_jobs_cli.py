@@ -60,8 +60,11 @@ def test_post_list_show_trash_and_repost(redis_url: str, namespace: str, board: 
     assert shown["details"]["store"] == {"password": "***"} and shown["attempts"] == 0
     assert "hunter2" not in listing + json.dumps(shown)
     _run(redis_url, namespace, "jobs", "trash", job_id[:8], "--reason", "not today")
-    trash = json.loads(_run(redis_url, namespace, "jobs", "list", "--trash", "--json"))
-    assert [(t["uuid"], t["reason"]) for t in trash] == [(job_id, "not today")]
+    trash = [json.loads(line) for line in
+             _run(redis_url, namespace, "jobs", "list", "--trash", "--json").splitlines()]
+    # The operator's claim only carried the job to the trash: it never ran.
+    assert [(t["uuid"], t["reason"], t["attempts"]) for t in trash] == [
+        (job_id, "not today", 0)]
     assert _run(redis_url, namespace, "jobs", "repost", job_id[:8]).strip() == \
         f"reposted {job_id}"
     assert job.state == states.UNCLAIMED
@@ -86,7 +89,8 @@ def test_conductors_lists_the_live_ones(redis_url: str, namespace: str) -> None:
     board.connect()
     board.register_entity(Entity("conductor", "c-1@h:7", {"hostname": "h", "pid": 7}))
     board.close()
-    assert json.loads(_run(redis_url, namespace, "conductors", "--json"))[0]["name"] == "c-1@h:7"
+    [listed] = _run(redis_url, namespace, "conductors", "--json").splitlines()
+    assert json.loads(listed)["name"] == "c-1@h:7"
     assert "c-1@h:7" in _run(redis_url, namespace, "conductors")
 
 

@@ -64,7 +64,7 @@ def _cli(stage: BoardStage, *args: str) -> Any:
 def _reported(stage: BoardStage) -> dict[str, str | None]:
     result = _cli(stage, "check", "--orphans", "--json")
     assert result.exit_code in (0, 1), result.output
-    return {row["flow_uuid"]: row["state"] for row in json.loads(result.output)}
+    return {row["flow_uuid"]: row["state"] for row in _json_lines(result.output)}
 
 
 def _books_held(stage: BoardStage) -> list[str]:
@@ -142,3 +142,8 @@ def test_repost_orphans_says_when_a_flow_id_names_no_orphan(stage: BoardStage) -
         result.output
     result = _cli(stage, "jobs", "repost-orphans", job.details["flow_uuid"][:8], "--wait", "0")
     assert result.exit_code == 0 and "reposted flow 'steps'" in result.output
+
+
+def _json_lines(output: str) -> list[dict[str, Any]]:
+    """The rows a ``--json`` command printed, one JSON object per line."""
+    return [json.loads(line) for line in output.splitlines() if line.strip()]

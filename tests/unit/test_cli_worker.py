@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 import urllib.parse
 import uuid
 from collections.abc import Callable, Iterator
@@ -169,6 +170,60 @@ def test_a_worker_serves_from_a_data_folder_whose_path_has_a_space(
     assert found["y"] == "through a b"
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(PROCESS_TIMEOUT) == 0
+    wait_for_line(lines, "(topic 't') stopped", PROCESS_TIMEOUT)  # it says it stopped
+
+
+BLOCKING = """
+    import pathlib
+    import threading
+
+    from flowengine import task
+
+    class Block(task.Task):
+        def execute(self, started):
+            pathlib.Path(started).touch()
+            threading.Event().wait()  # runs until the process ends
+"""
+
+ENGINE = """
+import sys
+from flowengine import engines
+from flowengine.flows import linear_flow
+sys.path.insert(0, sys.argv[1])
+block = __import__(sys.argv[2]).Block
+engines.run(linear_flow.Flow("blocked").add(block("block")), store={"started": sys.argv[3]},
+            engine="worker-based", exchange=sys.argv[4], topics=["t"],
+            transport="flowengine-fs", transport_options={"data_folder": sys.argv[5]})
+"""
+
+
+def test_a_second_signal_stops_the_worker_at_once(
+    tmp_path: Path, task_modules: Callable[[str], str], run_worker: Callable[..., Any],
+) -> None:  # fmt: skip
+    module = task_modules(BLOCKING)
+    folder, started = tmp_path / "queues", tmp_path / "started"
+    exchange = f"twice-{uuid.uuid4().hex[:8]}"
+    proc, lines = run_worker("--transport", "flowengine-fs", "--transport-option",
+                             f"data_folder={folder}", "--exchange", exchange, "--topic", "t",
+                             "--task", module, "--grace", "600")
+    wait_for_line(lines, CONSUMING, PROCESS_TIMEOUT)
+    engine = subprocess.Popen([sys.executable, "-c", ENGINE, str(tmp_path), module,
+                               str(started), exchange, str(folder)],
+                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + PROCESS_TIMEOUT
+        while not started.exists():  # another process's file: nothing else to wait on
+            assert time.monotonic() < deadline, "the task never started"
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGINT)
+        wait_for_line(lines, "received SIGINT: finishing in-flight work", PROCESS_TIMEOUT)
+        proc.send_signal(signal.SIGINT)  # the task never ends: without this, 600 s
+        assert proc.wait(PROCESS_TIMEOUT) == 130
+        wait_for_line(lines, "received SIGINT again: stopping now", PROCESS_TIMEOUT)
+    finally:
+        engine.kill()
+        engine.wait()
 
 
 # ---- task specs ---------------------------------------------------------------------------------
@@ -270,7 +325,8 @@ def test_refused_credentials_stop_the_worker_with_a_masked_message(
     output = wait_for_line(lines, "Error:", PROCESS_TIMEOUT)
     assert proc.wait(PROCESS_TIMEOUT) == 1, output
     error = output[-1]
-    assert "refused the worker on topic 't'" in error and "not retrying" in error, error
+    assert "worker on topic 't' was refused by the broker" in error, error
+    assert "not retrying" in error, error
     assert f":***@{urllib.parse.urlsplit(url).hostname}" in error, error
     everything = "\n".join(output)
     assert WRONG_PASSWORD not in everything and "Traceback" not in everything

@@ -48,6 +48,12 @@ __all__ = ["ExecutorConductor"]
 LOG = logging.getLogger(__name__)
 
 
+def _brief(job: Any) -> str:
+    """A job as log lines name it: its name and uuid (its ``str`` holds all its details, the
+    whole store included, which a log line per state change would repeat)."""
+    return f"{job.name!r} ({job.uuid})"
+
+
 @dataclasses.dataclass
 class _Running:
     job: jobs_base.Job
@@ -204,7 +210,7 @@ class ExecutorConductor(base.Conductor):
                 self._log.debug("Job %s not claimed: %s", job.uuid, err)
                 continue
             except exc.JobFailure:
-                self._log.warning("Conductor %s could not claim %s", self._name, job,
+                self._log.warning("Conductor %s could not claim %s", self._name, _brief(job),
                                   exc_info=True)
                 troubled = True
                 continue
@@ -212,7 +218,7 @@ class ExecutorConductor(base.Conductor):
             fence = self._keeper.hold(job, self._on_claim_lost, claimed_at)
             with self._slots:
                 self._running[job.uuid] = _Running(job, fence)
-            self._log.info("Conductor %s claimed %s (attempt %s)", self._name, job,
+            self._log.info("Conductor %s claimed %s (attempt %s)", self._name, _brief(job),
                            job.attempts)
             return job
         if troubled:
@@ -223,7 +229,7 @@ class ExecutorConductor(base.Conductor):
         try:
             future = executor.submit(self._dispatch_job, job)
         except RuntimeError:
-            self._log.warning("Could not submit %s; handing it back", job, exc_info=True)
+            self._log.warning("Could not submit %s; handing it back", _brief(job), exc_info=True)
             self._finish(job, _Outcome("abandon", counted=False))
             return
         future.add_done_callback(lambda f: self._on_job_done(job, f))
@@ -255,13 +261,13 @@ class ExecutorConductor(base.Conductor):
         except exc.StorageFailure as err:
             # Persistence is failing, not the job: hand it back uncounted, after a pause so
             # that conductors do not pass it around in a tight loop meanwhile.
-            self._log.warning("Could not load %s: %s; handing it back", job,
+            self._log.warning("Could not load %s: %s; handing it back", _brief(job),
                               scrub(str(err), job.details))
             self._stopped.wait(self.TROUBLE_PAUSE)
             return _Outcome("abandon", counted=False, reason=str(err))
         except Exception as err:
             reason = scrub(f"no engine could be made from it: {err}", job.details)
-            self._log.warning("Trashing %s: %s", job, reason)
+            self._log.warning("Trashing %s: %s", _brief(job), reason)
             return _Outcome("trash", reason=reason)
         if held.lost:
             engine.halt(self._lost_claim(held))
@@ -273,17 +279,17 @@ class ExecutorConductor(base.Conductor):
             if held.lost or not held.fence.held:
                 self._log.warning("Conductor %s lost the claim on %s while running it and "
                                   "halted it (nothing reverted); leaving it to its new owner",
-                                  self._name, job)
+                                  self._name, _brief(job))
                 return _Outcome("lost")
             # Its records could not be written: not the job's fault. Hand it back uncounted,
             # after a pause, so conductors do not pass it around in a tight loop meanwhile.
-            self._log.warning("Job %s halted (nothing reverted): %s; handing it back", job,
-                              scrub(str(err), job.details))
+            self._log.warning("Job %s halted (nothing reverted): %s; handing it back",
+                              _brief(job), scrub(str(err), job.details))
             self._stopped.wait(self.TROUBLE_PAUSE)
             return _Outcome("abandon", counted=False, reason=str(err))
         if held.lost or not held.fence.held:
             self._log.warning("Conductor %s lost the claim on %s while running it; leaving it"
-                              " to its new owner", self._name, job)
+                              " to its new owner", self._name, _brief(job))
             return _Outcome("lost")
         if consume:
             return _Outcome("consume")
@@ -318,29 +324,29 @@ class ExecutorConductor(base.Conductor):
                 raise  # nothing was reverted and nothing more written: see _dispatch_job
             except exc.WrappedFailure as failures:
                 consume = not all(f.check(*self.NO_CONSUME_EXCEPTIONS) for f in failures)
-                self._log.warning("Job %s failed (%s failures; %s): %s", job, len(failures),
+                self._log.warning("Job %s failed (%s failures; %s): %s", _brief(job), len(failures),
                                   "consuming it" if consume else "not consuming it",
                                   scrub(str(failures), job.details))
                 return consume
             except self.NO_CONSUME_EXCEPTIONS as err:
-                self._log.warning("Job %s failed (not consuming it): %s", job,
+                self._log.warning("Job %s failed (not consuming it): %s", _brief(job),
                                   scrub(str(err), job.details))
                 return False
             except Exception as err:
-                self._log.warning("Job %s failed (consuming it): %s", job,
+                self._log.warning("Job %s failed (consuming it): %s", _brief(job),
                                   scrub(str(err), job.details))
                 return True
         if engine.storage.get_flow_state() == states.SUSPENDED:
-            self._log.info("Job %s was suspended", job)
+            self._log.info("Job %s was suspended", _brief(job))
             return False
-        self._log.info("Job %s completed", job)
+        self._log.info("Job %s completed", _brief(job))
         return True
 
     def _on_job_done(self, job: jobs_base.Job, future: Any) -> None:
         try:
             outcome = future.result()
         except Exception as err:
-            self._log.warning("Dispatching %s failed", job, exc_info=True)
+            self._log.warning("Dispatching %s failed", _brief(job), exc_info=True)
             outcome = _Outcome("trash", reason=f"dispatching it failed: {err}")
         try:
             self._finish(job, outcome)
@@ -371,10 +377,10 @@ class ExecutorConductor(base.Conductor):
                     # That was its last attempt: the board moved it to the trash.
                     trashed = (f"abandoned or orphaned {self._jobboard.options.max_attempts}"
                                f" times")
-                    self._log.warning("Job %s was trashed: %s", job, trashed)
+                    self._log.warning("Job %s was trashed: %s", _brief(job), trashed)
                     self._notifier.notify("job_trashed", {**ending, "reason": trashed})
         except (exc.JobFailure, exc.NotFound) as err:
-            self._log.warning("Could not %s %s: %s", outcome.action, job, err)
+            self._log.warning("Could not %s %s: %s", outcome.action, _brief(job), err)
             return
         if outcome.action == "consume" or trashed is not None:
             self._record_ending(job, trashed)
@@ -387,7 +393,7 @@ class ExecutorConductor(base.Conductor):
         try:
             flow_detail = self._stored_flow(job)
         except exc.TaskFlowException as err:
-            self._log.warning("Could not read how %s ended: %s", job, err)
+            self._log.warning("Could not read how %s ended: %s", _brief(job), err)
             flow_detail = None
         state = flow_detail.state if flow_detail is not None else None
         outcome = endings.TRASHED if trashed is not None else endings.outcome_of(state)
@@ -402,7 +408,7 @@ class ExecutorConductor(base.Conductor):
         try:
             endings.record(self._persistence, job, ended)
         except exc.TaskFlowException as err:
-            self._log.warning("Could not record how %s ended (%s): %s", job, outcome, err)
+            self._log.warning("Could not record how %s ended (%s): %s", _brief(job), outcome, err)
 
     def _stored_flow(self, job: jobs_base.Job) -> Any:
         """The job's flow detail as stored now (None: the book has no single one)."""
@@ -448,4 +454,4 @@ class ExecutorConductor(base.Conductor):
             with contextlib.closing(self._persistence.get_connection()) as conn:
                 conn.destroy_logbook(job.book_uuid)
         except exc.TaskFlowException as err:
-            self._log.warning("Could not delete the logbook of consumed %s: %s", job, err)
+            self._log.warning("Could not delete the logbook of consumed %s: %s", _brief(job), err)

@@ -90,11 +90,13 @@ publish('released')
 return {'released', ''}
 """
 
-#: ARGV[4:] = reason, now.
+#: ARGV[4:] = reason, now, counted ('0': the claim held to trash it is not an attempt).
 TRASH = _PRELUDE + """
 local refused = check_owner()
 if refused then return refused end
-to_trash(ARGV[4], attempts_of(), ARGV[5])
+local attempts = attempts_of()
+if ARGV[6] == '0' and attempts > 0 then attempts = attempts - 1 end
+to_trash(ARGV[4], attempts, ARGV[5])
 return {'trashed', ''}
 """
 

@@ -54,11 +54,14 @@ class TrashFolder:
     def __init__(self, client: KazooClient, path: str, board: str) -> None:
         self._client, self.path, self._board = client, path, board
 
-    def move_in(self, txn: Any, snap: rec.Snapshot, reason: str) -> None:
-        """Add to ``txn`` what moves the job ``snap`` shows into the trash."""
+    def move_in(self, txn: Any, snap: rec.Snapshot, reason: str,
+                attempts: int | None = None) -> None:
+        """Add to ``txn`` what moves the job ``snap`` shows into the trash (``attempts``:
+        what the trash records, by default the job's)."""
         assert snap.data is not None
         data = dict(rec.posting_of(snap.data), trashed={
-            "reason": reason, "attempts": snap.attempts, "trashed_on": base.utcnow().isoformat()})
+            "reason": reason, "attempts": snap.attempts if attempts is None else attempts,
+            "trashed_on": base.utcnow().isoformat()})
         txn.create(posixpath.join(self.path, posixpath.basename(snap.path)), rec.encode(data))
 
     def jobs(self) -> list[base.TrashedJob]:

@@ -416,15 +416,18 @@ class EtcdJobBoard(base.NotifyingJobBoard):
         self._release(snap, job, "abandon", then)
 
     @base.check_who
-    def trash(self, job: base.Job, who: str, reason: str = "") -> None:
+    def trash(self, job: base.Job, who: str, reason: str = "", counted: bool = True) -> None:
         """Move a claimed job to the trash (see :meth:`JobBoard.trash`)."""
         snap = self._owned(job, who, "trash")
-        self._to_trash(snap, job, reason or f"trashed by {who}")
+        self._to_trash(snap, job, reason or f"trashed by {who}",
+                       snap.tries if counted else max(snap.tries - 1, 0))
 
-    def _to_trash(self, snap: keys.Snapshot, job: base.Job, reason: str) -> None:
+    def _to_trash(self, snap: keys.Snapshot, job: base.Job, reason: str,
+                  attempts: int | None = None) -> None:
         assert snap.data is not None
         data = dict(keys.decode(snap.data.value), trashed={
-            "reason": reason, "attempts": snap.tries, "trashed_on": base.utcnow().isoformat()})
+            "reason": reason, "attempts": snap.tries if attempts is None else attempts,
+            "trashed_on": base.utcnow().isoformat()})
         trash_key = self._trash_root + snap.key.rpartition("/")[2]
         then = [keys.put(trash_key, keys.encode(data)), keys.delete_prefix(snap.key + ".")]
         if snap.lock is None:  # trashed on the way to a claim: nobody may have claimed it since

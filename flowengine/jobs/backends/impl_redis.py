@@ -455,10 +455,10 @@ class RedisJobBoard(base.NotifyingJobBoard):
         self._refused(status, value, job, who, "abandon")
 
     @base.check_who
-    def trash(self, job: base.Job, who: str, reason: str = "") -> None:
+    def trash(self, job: base.Job, who: str, reason: str = "", counted: bool = True) -> None:
         """Move a claimed job to the trash (see :meth:`JobBoard.trash`)."""
         status, value = self._run("TRASH", job.uuid, who, reason or f"trashed by {who}",
-                                  base.utcnow().isoformat())
+                                  base.utcnow().isoformat(), "1" if counted else "0")
         self._refused(status, value, job, who, "trash")
 
     def iter_trash(self) -> list[base.TrashedJob]:

@@ -493,14 +493,16 @@ class ZookeeperJobBoard(FolderMethods, base.NotifyingJobBoard):
         self._read(snap.path)
 
     @base.check_who
-    def trash(self, job: base.Job, who: str, reason: str = "") -> None:
+    def trash(self, job: base.Job, who: str, reason: str = "", counted: bool = True) -> None:
         """Move a claimed job to the trash (see :meth:`JobBoard.trash`)."""
         snap = self._owned(job, who, "trash")
-        self._to_trash(snap, job, reason or f"trashed by {who}")
+        self._to_trash(snap, job, reason or f"trashed by {who}",
+                       snap.attempts if counted else max(snap.attempts - 1, 0))
 
-    def _to_trash(self, snap: rec.Snapshot, job: base.Job, reason: str) -> None:
+    def _to_trash(self, snap: rec.Snapshot, job: base.Job, reason: str,
+                  attempts: int | None = None) -> None:
         txn = self._require().transaction()
-        self._trash.move_in(txn, snap, reason)
+        self._trash.move_in(txn, snap, reason, attempts)
         if snap.lock is not None:
             txn.delete(snap.path + self.LOCK_POSTFIX, version=snap.lock_stat.version)
         txn.delete(snap.path, version=snap.stat.version)

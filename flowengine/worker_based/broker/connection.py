@@ -9,11 +9,13 @@ the broker package may.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import logging
 from typing import Any, NamedTuple
 
 import kombu
+from kombu import transport as kombu_transport
 from kombu.exceptions import OperationalError
 from kombu.transport import virtual
 
@@ -23,10 +25,15 @@ from flowengine.worker_based.broker import (
     transport_beanstalk,  # noqa: F401  (registers beanstalk://)
     transport_fs,
     transport_memory,
-    transport_redis,
 )
 
 LOG = logging.getLogger("flowengine.worker_based.broker.proxy")
+
+#: The URL schemes doc/workers.rst describes, named when a URL has none of kombu's.
+DOCUMENTED_SCHEMES = ("amqp", "amqps", "redis", "rediss", "beanstalk", "flowengine-fs", "memory")
+#: Transport names (URL schemes) served by flowengine's Redis transport
+#: (:func:`~flowengine.worker_based.broker.transport_redis.lean`).
+REDIS_SCHEMES = frozenset({"redis", "rediss"})
 
 #: Seconds a message a Redis consumer took stays unsettled before Redis hands it out again
 #: (kombu's ``visibility_timeout``, one hour by default; ``transport_options`` may set it).
@@ -51,10 +58,37 @@ def connect(url: str | None, transport: Any,
     """
     if url is None and transport is None:
         transport = transport_fs.TRANSPORT_NAME
+    scheme = transport if transport is not None else (url or "").partition("://")[0]
+    if scheme in REDIS_SCHEMES:
+        # Imported only for a Redis broker, and before kombu resolves the scheme: kombu's
+        # Redis transport needs the redis extra, and says so with an AttributeError.
+        from flowengine.worker_based.broker import transport_redis
     # A host name, even for brokerless transports, keeps kombu from warning on every clone.
-    conn = kombu.Connection(url or "localhost", transport=transport, transport_options=options)
-    swapped = transport_memory.guarded(transport_redis.lean(conn))
-    return swapped, mask_url(conn.as_uri(include_password=True))
+    try:
+        conn = kombu.Connection(url or "localhost", transport=transport,
+                                transport_options=options)
+    except KeyError as err:  # kombu's "No such transport", from deep inside
+        raise unknown_transport(url, transport) from err
+    swapped = transport_redis.lean(conn) if scheme in REDIS_SCHEMES else conn
+    return transport_memory.guarded(swapped), mask_url(conn.as_uri(include_password=True))
+
+
+class BrokerURLError(ValueError):
+    """A broker URL (or transport name) names no transport kombu or flowengine has."""
+
+
+def unknown_transport(url: str | None, transport: Any) -> BrokerURLError:
+    """The one-line error for a URL scheme or transport name that no transport answers to,
+    saying which part is wrong and what it could have been."""
+    name = str(transport) if transport is not None else (url or "").partition("://")[0]
+    name = name.partition("+")[0]  # kombu's "scheme+real-url" form names its transport first
+    known = sorted(set(kombu_transport.TRANSPORT_ALIASES) - {"librabbitmq"})
+    close = difflib.get_close_matches(name, known, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    where = f"broker URL {mask_url(url)}" if url and transport is None else "transport name"
+    return BrokerURLError(f"Unknown transport {name!r} in the {where}{hint}; flowengine's "
+                          f"brokers: {', '.join(DOCUMENTED_SCHEMES)} (and kombu's other "
+                          f"transports)")
 
 
 def without_heartbeat(conn: kombu.Connection) -> tuple[kombu.Connection, float]:

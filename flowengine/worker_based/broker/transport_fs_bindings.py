@@ -15,7 +15,7 @@ import os
 import threading
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 from kombu.exceptions import ChannelError
 from kombu.transport import virtual
@@ -126,6 +126,18 @@ class BindingChannel(virtual.Channel):
         if exchange:
             meta = self.typeof(exchange).prepare_bind(queue, exchange, routing_key, arguments)
             self._update_table(exchange, None, remove=[m or "" for m in meta])
+
+    def queues(self, prefix: str = "") -> list[str]:
+        """The queues bound to any exchange whose names start with ``prefix`` (from the
+        exchanges' tables): what ``flowengine topics`` lists, and where an engine that finds
+        no worker looks for its topics on other exchanges."""
+        try:
+            entries = os.listdir(os.path.join(self._root, "exchanges"))
+        except FileNotFoundError:
+            return []
+        names = {row[2] for entry in entries if entry.endswith(".json")
+                 for row in self.get_table(unquote(entry[: -len(".json")]))}
+        return sorted(name for name in names if name.startswith(prefix))
 
     def get_table(self, exchange: str) -> list[tuple[str, str, str]]:
         return [tuple(row) for row in self._read_table(exchange)["table"]]  # type: ignore[misc]

@@ -50,7 +50,15 @@ from collections.abc import Callable
 from typing import Any
 
 import kombu
-from kombu.transport import redis as kombu_redis
+
+try:
+    # Kombu's module needs both, and without the client fails with an AttributeError.
+    import packaging  # noqa: F401
+    import redis  # noqa: F401
+    from kombu.transport import redis as kombu_redis
+except ImportError as err:
+    raise ImportError(f"The Redis transport needs the 'redis' extra: "
+                      f"pip install 'flowengine[redis]' ({err})") from err
 
 #: Seconds a channel routes by its copy of an exchange's binding table before reading it again.
 BINDING_CACHE_TTL = 1.0
@@ -126,6 +134,19 @@ class Channel(kombu_redis.Channel):
         # Missing, stale, unknown key or shared key: kombu's lookup, through get_table above.
         return super()._lookup(exchange, routing_key, default)
 
+    def queues(self, prefix: str = "") -> list[str]:
+        """The queues bound to any exchange (kombu's binding sets) whose names start with
+        ``prefix``: what ``flowengine topics`` lists, and where an engine that finds no worker
+        looks for its topics on other exchanges."""
+        pattern = self.keyprefix_queue % "*"
+        head = len(self.global_keyprefix) + len(pattern) - 1
+        names: set[str] = set()
+        for key in self._create_client().scan_iter(match=self.global_keyprefix + pattern,
+                                                     count=500):
+            exchange = (key.decode() if isinstance(key, bytes) else str(key))[head:]
+            names.update(queue for _key, _pattern, queue in self.get_table(exchange))
+        return sorted(name for name in names if name.startswith(prefix))
+
     def _queue_bind(self, exchange: str, routing_key: str, pattern: Any, queue: str) -> None:
         self._routes.pop(exchange, None)
         super()._queue_bind(exchange, routing_key, pattern, queue)
@@ -142,12 +163,6 @@ class Transport(kombu_redis.Transport):
     Channel = Channel
     #: Message priority orders delivery (see :meth:`Channel._get_message_priority`).
     orders_by_priority = True
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        if kombu_redis.redis is None:
-            raise ImportError("The Redis transport needs the redis package: "
-                              "pip install 'flowengine[redis]'")
-        super().__init__(*args, **kwargs)
 
 
 def lean(conn: kombu.Connection) -> kombu.Connection:
