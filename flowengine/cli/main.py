@@ -30,7 +30,8 @@ class Entry(NamedTuple):
 #: Subcommands in the order ``--help`` lists them (alphabetical, as click's own).
 COMMANDS: dict[str, Entry] = {
     "check": Entry("flowengine.cli.graph", "check_command",
-                   "Compile and validate the flow MODULE:FACTORY names, without running it."),
+                   "Compile and validate the flow MODULE:FACTORY names, without running it; or "
+                   "(--orphans) report the flows a jobboard lost."),
     "conductor": Entry("flowengine.cli.conductor", "conductor_command",
                        "Claim jobs from the board and run them until SIGTERM or SIGINT."),
     "conductors": Entry("flowengine.cli.jobs", "conductors_command",

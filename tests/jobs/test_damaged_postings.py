@@ -210,7 +210,7 @@ def test_conductors_run_every_good_job_beside_hostile_postings(
     result = CliRunner().invoke(cli, ["jobs", "list", "--board", stage.board_uri, "--json",
                                       *_options(stage)], catch_exceptions=False)
     assert result.exit_code == 0, result.output
-    [damaged] = [row for row in json.loads(result.output) if row["state"] == "DAMAGED"]
+    [damaged] = [row for row in _json_lines(result.output) if row["state"] == "DAMAGED"]
     assert damaged["uuid"] == held and not damaged["trashed"]
     assert "claimed garbage" not in result.output
     text = CliRunner().invoke(cli, ["jobs", "list", "--board", stage.board_uri,
@@ -241,3 +241,8 @@ def test_a_posting_is_checked_field_by_field() -> None:
         read_posting(b'{"uuid": "u", "name": "n", "details": {"password": "hunter2"}, '
                      b'"priority": 5}')
         raise AssertionError("a numeric priority was accepted")
+
+
+def _json_lines(output: str) -> list[dict[str, Any]]:
+    """The rows a ``--json`` command printed, one JSON object per line."""
+    return [json.loads(line) for line in output.splitlines() if line.strip()]
