@@ -150,6 +150,22 @@ def test_an_expired_claim_frees_the_job_for_another_owner(board_factory: BoardFa
     assert freed.attempts == 2
 
 
+def test_a_claim_given_an_expiry_lasts_that_long(board_factory: BoardFactory) -> None:
+    # TaskFlow's claim(job, who, expiry=seconds): this claim's lease, not the board's claim_ttl.
+    holder = board_factory(claim_ttl=30.0)
+    other = board_factory(claim_ttl=30.0)
+    job = holder.post("j")
+    holder.claim(job, "brief", expiry=0.5)  # etcd rounds leases up to whole seconds
+    claimed_at = time.monotonic()
+    assert job.state == states.CLAIMED
+    [freed] = list(other.wait(timeout=10))
+    assert 0.4 <= time.monotonic() - claimed_at < 10
+    assert freed.uuid == job.uuid and other.find_owner(freed) is None
+    for bad in (0, -1.0, "soon", True):
+        with pytest.raises(ValueError, match="expiry"):
+            holder.claim(freed, "again", expiry=bad)
+
+
 def test_keep_alive_renews_only_the_holders_claim(board_factory: BoardFactory) -> None:
     board = board_factory(claim_ttl=1.0)
     job = board.post("j")

@@ -271,8 +271,10 @@ class EtcdJobBoard(base.NotifyingJobBoard):
         return job
 
     @base.check_who
-    def claim(self, job: base.Job, who: str) -> None:
-        """Claim ``job`` under a new ``claim_ttl`` lease (see :meth:`JobBoard.claim`)."""
+    def claim(self, job: base.Job, who: str, expiry: float | None = None) -> None:
+        """Claim ``job`` under a new lease of ``expiry`` or ``claim_ttl`` seconds (whole seconds,
+        rounded up; see :meth:`JobBoard.claim`); :meth:`keep_alive` renews it for as long."""
+        ttl = self._lease_seconds(expiry)
         store = self._require()
         snap = self._read(job)
         if snap.data is None:
@@ -287,7 +289,7 @@ class EtcdJobBoard(base.NotifyingJobBoard):
             raise exc.UnclaimableJob(f"Job {job.uuid} ({job.name}) was moved to the trash: it was"
                                      f" abandoned or orphaned {snap.tries} times")
         what = f"claim job {job.uuid} ({job.name})"
-        lease = store.grant(self.options.claim_ttl, what)
+        lease = store.grant(ttl, what)
         modified = datetime.datetime.now(datetime.UTC).replace(tzinfo=None)
         claimed = store.txn(
             [keys.exists(snap.key + self.DATA_POSTFIX), keys.missing(snap.key + self.LOCK_POSTFIX),

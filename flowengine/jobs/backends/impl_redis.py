@@ -371,10 +371,11 @@ class RedisJobBoard(base.NotifyingJobBoard):
         return job
 
     @base.check_who
-    def claim(self, job: base.Job, who: str) -> None:
-        """Claim ``job`` for ``claim_ttl`` seconds (see :meth:`JobBoard.claim`)."""
-        status, value = self._run("CLAIM", job.uuid, who, int(self.options.claim_ttl * 1000),
-                                  self.options.max_attempts, base.utcnow().isoformat())
+    def claim(self, job: base.Job, who: str, expiry: float | None = None) -> None:
+        """Claim ``job`` for ``expiry`` or ``claim_ttl`` seconds (see :meth:`JobBoard.claim`)."""
+        ttl_ms = max(1, int(self._lease_seconds(expiry) * 1000))
+        status, value = self._run("CLAIM", job.uuid, who, ttl_ms, self.options.max_attempts,
+                                  base.utcnow().isoformat())
         if status == "missing":
             self._refused(status, value, job, who, "claim")
         if status == "owned":

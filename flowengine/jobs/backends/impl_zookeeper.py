@@ -333,8 +333,10 @@ class ZookeeperJobBoard(FolderMethods, base.NotifyingJobBoard):
                                      f" meanwhile ({type(cause).__name__})") from err
 
     @base.check_who
-    def claim(self, job: base.Job, who: str) -> None:
-        """Claim ``job`` for ``claim_ttl`` seconds (see :meth:`JobBoard.claim`)."""
+    def claim(self, job: base.Job, who: str, expiry: float | None = None) -> None:
+        """Claim ``job`` for ``expiry`` or ``claim_ttl`` seconds (see :meth:`JobBoard.claim`);
+        :meth:`keep_alive` renews it for as long again."""
+        ttl = self._lease_seconds(expiry)
         client = self._require()
         snap = self._read(self._path_of(job))
         if snap.data is None:
@@ -355,7 +357,7 @@ class ZookeeperJobBoard(FolderMethods, base.NotifyingJobBoard):
                                      f" abandoned or orphaned {snap.attempts} times")
         assert snap.data is not None
         data = dict(snap.data, attempts=snap.attempts + 1, claim={
-            "owner": who, "ttl": self.options.claim_ttl, "session": self._session()})
+            "owner": who, "ttl": ttl, "session": self._session()})
         txn = client.transaction()
         txn.set_data(snap.path, rec.encode(data), version=snap.stat.version)
         if snap.lock is not None:
