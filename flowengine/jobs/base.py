@@ -351,8 +351,8 @@ class JobBoard(metaclass=abc.ABCMeta):
         """Remove a job ``who`` holds a claim on: its work is done.
 
         Raises:
-            flowengine.exceptions.NotFound: If the job is gone.
-            flowengine.exceptions.JobFailure: If ``who`` does not hold the claim.
+            flowengine.exceptions.NotFound: If the job is gone or nobody holds a claim on it.
+            flowengine.exceptions.JobFailure: If someone else holds the claim.
         """
 
     @abc.abstractmethod
@@ -367,8 +367,8 @@ class JobBoard(metaclass=abc.ABCMeta):
                 reached ``max_attempts`` moves it to the trash.
 
         Raises:
-            flowengine.exceptions.NotFound: If the job is gone.
-            flowengine.exceptions.JobFailure: If ``who`` does not hold the claim.
+            flowengine.exceptions.NotFound: If the job is gone or nobody holds a claim on it.
+            flowengine.exceptions.JobFailure: If someone else holds the claim.
         """
 
     @abc.abstractmethod
@@ -376,8 +376,8 @@ class JobBoard(metaclass=abc.ABCMeta):
         """Move a job ``who`` holds a claim on to the trash (with ``reason``).
 
         Raises:
-            flowengine.exceptions.NotFound: If the job is gone.
-            flowengine.exceptions.JobFailure: If ``who`` does not hold the claim.
+            flowengine.exceptions.NotFound: If the job is gone or nobody holds a claim on it.
+            flowengine.exceptions.JobFailure: If someone else holds the claim.
         """
 
     @abc.abstractmethod

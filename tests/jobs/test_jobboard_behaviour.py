@@ -61,7 +61,7 @@ def test_claim_is_exclusive_even_for_the_same_owner(board: JobBoard,
 
 def test_consume_removes_the_job_for_its_owner_only(board: JobBoard) -> None:
     job = board.post("j")
-    with pytest.raises(exc.JobFailure, match="not claimed"):
+    with pytest.raises(exc.NotFound, match="not claimed"):  # TaskFlow's: no owner to find
         board.consume(job, "alice")
     board.claim(job, "alice")
     with pytest.raises(exc.JobFailure, match="alice"):
@@ -148,6 +148,20 @@ def test_an_expired_claim_frees_the_job_for_another_owner(board_factory: BoardFa
         holder.keep_alive(job, "frozen")
     other.claim(freed, "rescuer")
     assert freed.attempts == 2
+
+
+@pytest.mark.parametrize("action", ["consume", "abandon", "trash"])
+def test_finishing_a_job_nobody_claimed_is_not_found(board: JobBoard, action: str) -> None:
+    # TaskFlow's answer on every backend: NotFound when the job has no owner, JobFailure when
+    # another owner holds it (the conductor handles both the same way).
+    job = board.post("j")
+    with pytest.raises(exc.NotFound, match="not claimed"):
+        getattr(board, action)(job, "alice")
+    board.claim(job, "bob")
+    with pytest.raises(exc.JobFailure, match="bob") as refused:
+        getattr(board, action)(job, "alice")
+    assert not isinstance(refused.value, exc.NotFound)
+    assert job.state == states.CLAIMED
 
 
 def test_a_claim_given_an_expiry_lasts_that_long(board_factory: BoardFactory) -> None:

@@ -332,10 +332,12 @@ class EtcdJobBoard(base.NotifyingJobBoard):
         if snap.data is None:
             raise exc.NotFound(f"Cannot {action} job {job.uuid} ({job.name}): it is not on"
                                f" board '{self.name}'")
+        if snap.owner is None:
+            raise exc.NotFound(f"Cannot {action} job {job.uuid} ({job.name}) as '{who}': it is"
+                               f" not claimed")
         if snap.owner != who:
-            holder = f"claimed by '{snap.owner}'" if snap.owner else "not claimed"
             raise exc.JobFailure(f"Cannot {action} job {job.uuid} ({job.name}) as '{who}': it is"
-                                 f" {holder}")
+                                 f" claimed by '{snap.owner}'")
         return snap
 
     def _release(self, snap: keys.Snapshot, job: base.Job, action: str,

@@ -355,10 +355,12 @@ class RedisJobBoard(base.NotifyingJobBoard):
         if status == "missing":
             raise exc.NotFound(f"Cannot {action} job {job.uuid} ({job.name}): it is not on board"
                                f" '{self.name}'")
+        if status == "notowner" and not value:
+            raise exc.NotFound(f"Cannot {action} job {job.uuid} ({job.name}) as '{who}': it is"
+                               f" not claimed")
         if status == "notowner":
-            holder = f"claimed by '{value}'" if value else "not claimed"
             raise exc.JobFailure(f"Cannot {action} job {job.uuid} ({job.name}) as '{who}': it is"
-                                 f" {holder}")
+                                 f" claimed by '{value}'")
 
     def post(self, name: str, book: Any = None, details: dict[str, Any] | None = None,
              priority: base.JobPriority | str = base.JobPriority.NORMAL) -> base.Job:

@@ -376,15 +376,13 @@ class ZookeeperJobBoard(FolderMethods, base.NotifyingJobBoard):
             raise exc.NotFound(f"Cannot {action} job {job.uuid} ({job.name}): it is not on"
                                f" board '{self.name}'")
         owner = snap.live_owner(self._clock.now())
+        if owner is None:
+            expired = f" (the claim of '{snap.lock_owner}' expired)" if snap.lock_owner else ""
+            raise exc.NotFound(f"Cannot {action} job {job.uuid} ({job.name}) as '{who}': it is"
+                               f" not claimed{expired}")
         if owner != who:
-            if owner:
-                holder = f"claimed by '{owner}'"
-            elif snap.lock_owner:
-                holder = f"not claimed (the claim of '{snap.lock_owner}' expired)"
-            else:
-                holder = "not claimed"
             raise exc.JobFailure(f"Cannot {action} job {job.uuid} ({job.name}) as '{who}': it is"
-                                 f" {holder}")
+                                 f" claimed by '{owner}'")
         return snap
 
     @base.check_who
