@@ -1,10 +1,12 @@
-"""A Redis client that knows when it is closed, and building one from a jobboard's conf.
+"""A Redis client that knows when it is closed, building one from a jobboard's conf, and
+checking the server's version.
 
-TaskFlow's names (``RedisClient``); needs the ``redis`` extra.
+TaskFlow's names (``RedisClient``, ``is_server_new_enough``); needs the ``redis`` extra.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -15,7 +17,7 @@ except ImportError as err:  # pragma: no cover - depends on the installed extras
     raise ImportError("The Redis jobboard needs the redis client: "
                       "pip install 'flowengine[redis]'") from err
 
-__all__ = ["CLIENT_CONF_TRANSFERS", "RedisClient", "make_client"]
+__all__ = ["CLIENT_CONF_TRANSFERS", "RedisClient", "is_server_new_enough", "make_client"]
 
 
 def _flag(value: Any) -> bool:
@@ -65,3 +67,26 @@ def make_client(conf: dict[str, Any]) -> redis.Redis:
         master: redis.Redis = watcher.master_for(conf["sentinel"])
         return master
     return RedisClient(**client_conf)
+
+
+def is_server_new_enough(client: redis.Redis, min_version: tuple[int, ...],
+                         default: bool = False,
+                         prior_version: str | None = None) -> tuple[bool, str]:
+    """Whether the server ``client`` talks to is at least ``min_version``, and its version.
+
+    Args:
+        client: The client.
+        min_version: The oldest version accepted, like ``(2, 6)``.
+        default: The answer when the server does not tell its version.
+        prior_version: A version already read (the server is then not asked).
+    """
+    version = prior_version
+    if not version:
+        try:
+            version = str(client.info().get("redis_version", ""))
+        except redis.ResponseError:  # INFO renamed or refused (a proxy in front of Redis)
+            version = ""
+    parts = tuple(int(p) for p in re.findall(r"\d+", version)[:3])
+    if not parts:
+        return default, version
+    return parts >= tuple(min_version), version

@@ -121,3 +121,14 @@ def test_a_missing_redis_client_names_the_extra_to_install() -> None:
                           timeout=60)
     assert done.returncode != 0
     assert "ImportError" in done.stderr and "flowengine[redis]" in done.stderr
+
+
+def test_a_redis_board_makes_its_client_when_built() -> None:
+    # As TaskFlow's: a conf its client refuses fails at construction, not at first connect.
+    from flowengine.jobs.backends import impl_redis
+
+    board = impl_redis.RedisJobBoard("b", {"host": "127.0.0.1", "port": 1})
+    assert board._client is not None and not board.connected
+    assert impl_redis.RedisJobBoard.MIN_REDIS_VERSION == (2, 6)
+    with pytest.raises(ValueError):
+        impl_redis.RedisJobBoard("b", {"port": "not-a-port"})

@@ -78,12 +78,16 @@ class RedisJobBoard(base.NotifyingJobBoard):
     """
 
     DEFAULT_NAMESPACE = "flowengine"
+    #: The oldest Redis the board works with (server-side Lua scripts came with 2.6).
+    MIN_REDIS_VERSION = (2, 6)
 
     def __init__(self, name: str, conf: dict[str, Any], client: redis.Redis | None = None,
                  persistence: Any = None) -> None:
         super().__init__(name, conf, persistence)
-        self._client = client
         self._owns_client = client is None
+        # Built now (it connects only when used), so that a bad conf fails here.
+        self._client: redis.Redis | None = (
+            client if client is not None else redis_utils.make_client(self._conf))
         ns = str(self._conf.get("namespace") or self.DEFAULT_NAMESPACE)
         self._ns = ns
         self._channel = f"{ns}:events"
@@ -117,9 +121,15 @@ class RedisJobBoard(base.NotifyingJobBoard):
             self._client = redis_utils.make_client(self._conf)
         try:
             self._client.ping()
+            new_enough, version = redis_utils.is_server_new_enough(self._client,
+                                                                   self.MIN_REDIS_VERSION)
         except redis.RedisError as err:
             raise exc.JobFailure(f"Cannot connect jobboard '{self.name}' to Redis: {err}") \
                 from err
+        if not new_enough:
+            wanted = ".".join(str(part) for part in self.MIN_REDIS_VERSION)
+            raise exc.IncompatibleVersion(f"Jobboard '{self.name}' needs Redis {wanted} or"
+                                          f" later, not {version or 'an unknown version'}")
         self._scripts = {name: self._client.register_script(getattr(scripts, name))
                          for name in ("CLAIM", "KEEP_ALIVE", "CONSUME", "ABANDON", "TRASH",
                                       "REPOST", "DISCARD", "POST", "REGISTER",

@@ -1,0 +1,34 @@
+"""What each board backend shows a TaskFlow user beyond the shared contract, on real servers:
+the Redis version check.
+
+``tests/conformance/test_taskflow_unit_tests.py`` runs TaskFlow's own board tests; these pin the
+same facts on flowengine's own fixtures, with a reason when one breaks.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from boards import make_redis_board
+
+from flowengine import exceptions as exc
+from flowengine.jobs.backends import impl_redis
+from flowengine.utils import redis_utils
+
+
+def test_redis_boards_refuse_a_server_older_than_they_need(redis_url: str) -> None:
+    board = make_redis_board(redis_url, f"fe-test-{uuid.uuid4().hex[:12]}")
+    assert isinstance(board, impl_redis.RedisJobBoard)
+    assert board._client is not None
+    new_enough, version = redis_utils.is_server_new_enough(board._client, (2, 6))
+    assert new_enough and version.split(".")[0].isdigit()
+    assert redis_utils.is_server_new_enough(board._client, (999,)) == (False, version)
+    assert redis_utils.is_server_new_enough(board._client, (2, 6), prior_version="") == (
+        True, version)
+    assert redis_utils.is_server_new_enough(board._client, (3,), prior_version="2.8.1") == (
+        False, "2.8.1")
+    board.MIN_REDIS_VERSION = (999,)
+    with pytest.raises(exc.IncompatibleVersion, match=f"999 or later, not {version}"):
+        board.connect()
+    assert not board.connected
