@@ -17,6 +17,12 @@ except ImportError as err:  # pragma: no cover - depends on the installed extras
     raise ImportError("The Redis jobboard needs the redis client: "
                       "pip install 'flowengine[redis]'") from err
 
+_maint: Any
+try:  # redis-py 7 and later
+    from redis import maint_notifications as _maint
+except ImportError:  # pragma: no cover - depends on the installed redis-py
+    _maint = None
+
 __all__ = ["CLIENT_CONF_TRANSFERS", "RedisClient", "is_server_new_enough", "make_client"]
 
 
@@ -48,8 +54,11 @@ class RedisClient(redis.Redis):
 
 
 def _sentinel_address(text: str) -> tuple[str, int]:
+    """``(host, port)`` from ``host:port`` or ``[v6-address]:port``."""
     host, _, port = str(text).rpartition(":")
-    return host, int(port)
+    if not host or not port.isdigit():
+        raise ValueError(f"Redis sentinel {text!r} is not host:port")
+    return host.removeprefix("[").removesuffix("]"), int(port)
 
 
 def make_client(conf: dict[str, Any]) -> redis.Redis:
@@ -59,11 +68,19 @@ def make_client(conf: dict[str, Any]) -> redis.Redis:
                    if conf.get(key) is not None}
     if not _flag(client_conf.get("ssl", False)):
         client_conf = {k: v for k, v in client_conf.items() if not k.startswith("ssl_")}
+    if _maint is not None:
+        # redis-py 8 asks every new connection for maintenance notifications, which servers
+        # before Redis 8 refuse, with a log line per connection; boards reconnect on their own.
+        client_conf["maint_notifications_config"] = _maint.MaintNotificationsConfig(
+            enabled=False)
     if conf.get("sentinel"):
         sentinels = [(client_conf.pop("host", "127.0.0.1"), client_conf.pop("port", 26379))]
         sentinels += [_sentinel_address(f) for f in conf.get("sentinel_fallbacks") or ()]
-        watcher = sentinel.Sentinel(sentinels, sentinel_kwargs=conf.get("sentinel_kwargs"),
-                                    **client_conf)
+        sentinel_kwargs = conf.get("sentinel_kwargs")
+        if sentinel_kwargs is not None and not _flag(sentinel_kwargs.get("ssl", False)):
+            sentinel_kwargs = {k: v for k, v in sentinel_kwargs.items()
+                               if not k.startswith("ssl_")}
+        watcher = sentinel.Sentinel(sentinels, sentinel_kwargs=sentinel_kwargs, **client_conf)
         master: redis.Redis = watcher.master_for(conf["sentinel"])
         return master
     return RedisClient(**client_conf)

@@ -123,6 +123,15 @@ def test_a_missing_redis_client_names_the_extra_to_install() -> None:
     assert "ImportError" in done.stderr and "flowengine[redis]" in done.stderr
 
 
+def test_redis_sentinels_may_be_ipv6_addresses() -> None:
+    from flowengine.utils import redis_utils
+
+    assert redis_utils._sentinel_address("[::1]:26379") == ("::1", 26379)
+    assert redis_utils._sentinel_address("10.0.0.2:26380") == ("10.0.0.2", 26380)
+    with pytest.raises(ValueError, match="'nowhere'"):
+        redis_utils._sentinel_address("nowhere")
+
+
 def test_a_redis_board_makes_its_client_when_built() -> None:
     # As TaskFlow's: a conf its client refuses fails at construction, not at first connect.
     from flowengine.jobs.backends import impl_redis

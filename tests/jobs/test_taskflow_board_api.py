@@ -1,5 +1,5 @@
 """What each board backend shows a TaskFlow user beyond the shared contract, on real servers:
-the Redis version check.
+the Redis version check and client options.
 
 ``tests/conformance/test_taskflow_unit_tests.py`` runs TaskFlow's own board tests; these pin the
 same facts on flowengine's own fixtures, with a reason when one breaks.
@@ -7,6 +7,7 @@ same facts on flowengine's own fixtures, with a reason when one breaks.
 
 from __future__ import annotations
 
+import logging
 import uuid
 
 import pytest
@@ -32,3 +33,17 @@ def test_redis_boards_refuse_a_server_older_than_they_need(redis_url: str) -> No
     with pytest.raises(exc.IncompatibleVersion, match=f"999 or later, not {version}"):
         board.connect()
     assert not board.connected
+
+
+def test_redis_boards_do_not_ask_for_redis_8s_maintenance_notifications(
+        redis_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    # redis-py 8 asks every new connection for them; a Redis before 8 refuses, and redis-py
+    # logs it, once per connection (TaskFlow's bug 2155236). Boards reconnect on their own.
+    board = make_redis_board(redis_url, f"fe-test-{uuid.uuid4().hex[:12]}")
+    with caplog.at_level(logging.DEBUG, logger="redis"):
+        board.connect()
+        try:
+            board.post("j")
+        finally:
+            board.close()
+    assert not [r for r in caplog.records if "maintenance notifications" in r.getMessage()]
