@@ -38,6 +38,15 @@ def test_post_is_listed_unclaimed_with_its_details(board: JobBoard,
     assert seen.created_on is not None and other.job_count == 1
 
 
+def test_the_posting_board_lists_its_job_at_once(board: JobBoard) -> None:
+    # Read from the board's cache (no ensure_fresh), which its own post must already hold,
+    # not only once the service announced it back.
+    for number in range(30):
+        job = board.post(f"j{number}")
+        assert job.uuid in _uuids(board.iterjobs(only_unclaimed=True))
+        assert board.job_count == number + 1
+
+
 def test_details_that_are_not_json_are_refused_naming_the_job(board: JobBoard) -> None:
     with pytest.raises(ValueError, match="'bad'"):
         board.post("bad", details={"when": object()})

@@ -377,6 +377,9 @@ class RedisJobBoard(base.NotifyingJobBoard):
         """Post a job (details must be JSON-ready); every follower is woken."""
         posting, encoded = new_posting(name, book, details, priority)
         self._run("POST", posting["uuid"], "", encoded.decode("utf-8"))
+        with self._lock:
+            # Listed at once by this board, before its own announcement comes back.
+            self._cache.setdefault(posting["uuid"], posting)
         job = self._job(posting)
         if book is not None:
             job._book = book
