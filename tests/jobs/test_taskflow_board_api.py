@@ -1,5 +1,5 @@
 """What each board backend shows a TaskFlow user beyond the shared contract, on real servers:
-the Redis version check and client options.
+the Redis version check and client options, the ZooKeeper job node's exact posting.
 
 ``tests/conformance/test_taskflow_unit_tests.py`` runs TaskFlow's own board tests; these pin the
 same facts on flowengine's own fixtures, with a reason when one breaks.
@@ -7,14 +7,17 @@ same facts on flowengine's own fixtures, with a reason when one breaks.
 
 from __future__ import annotations
 
+import json
 import logging
+import posixpath
 import uuid
 
 import pytest
-from boards import make_redis_board
+from boards import make_redis_board, make_zookeeper_board, wipe_zookeeper
 
 from flowengine import exceptions as exc
-from flowengine.jobs.backends import impl_redis
+from flowengine.jobs.backends import impl_redis, impl_zookeeper
+from flowengine.persistence import models
 from flowengine.utils import redis_utils
 
 
@@ -47,3 +50,27 @@ def test_redis_boards_do_not_ask_for_redis_8s_maintenance_notifications(
         finally:
             board.close()
     assert not [r for r in caplog.records if "maintenance notifications" in r.getMessage()]
+
+
+def test_a_zookeeper_job_node_holds_taskflows_posting_alone(zookeeper_hosts: str) -> None:
+    # TaskFlow's readers (and its tests) see {uuid, name, book, priority, details}; the dates
+    # are the node's own ctime and mtime.
+    namespace = f"fe-test-{uuid.uuid4().hex[:12]}"
+    board = make_zookeeper_board(zookeeper_hosts, namespace)
+    assert isinstance(board, impl_zookeeper.ZookeeperJobBoard)
+    board.connect()
+    try:
+        book = models.LogBook("book-1")
+        job = board.post("resize", book=book, details={"size": 3})
+        [child] = [c for c in board._client.get_children(board.path) if c.startswith("job")]
+        raw, stat = board._client.get(posixpath.join(board.path, child))
+        assert json.loads(raw) == {"uuid": job.uuid, "name": "resize", "priority": "NORMAL",
+                                   "details": {"size": 3},
+                                   "book": {"name": "book-1", "uuid": book.uuid}}
+        assert job.created_on is not None and job.last_modified is not None
+        assert job.created_on.timestamp() == pytest.approx(stat.ctime / 1000.0)
+        [seen] = list(board.iterjobs(ensure_fresh=True))
+        assert seen.created_on == job.created_on
+    finally:
+        board.close()
+        wipe_zookeeper(zookeeper_hosts, namespace)

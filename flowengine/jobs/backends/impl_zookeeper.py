@@ -225,6 +225,11 @@ class ZookeeperJobBoard(FolderMethods, base.NotifyingJobBoard):
             job._created_on = rec.from_millis(stat.ctime)
         return job
 
+    def _stat(self, job: ZookeeperJob) -> Any:
+        """The job node's stat (None if it is gone)."""
+        with self._failures("read the dates of", job):
+            return self._require().exists(job.path)
+
     def _next_wakeup(self) -> float | None:
         return self._leases.next_wakeup()
 
@@ -307,8 +312,12 @@ class ZookeeperJobBoard(FolderMethods, base.NotifyingJobBoard):
 
     def post(self, name: str, book: Any = None, details: dict[str, Any] | None = None,
              priority: base.JobPriority | str = base.JobPriority.NORMAL) -> base.Job:
-        """Post a job (details must be JSON-ready); every board watching is woken."""
-        posting, raw = new_posting(name, book, details, priority)
+        """Post a job (details must be JSON-ready); every board watching is woken.
+
+        The node holds TaskFlow's posting alone: its dates are the node's own (``ctime``,
+        ``mtime``), as TaskFlow reads them.
+        """
+        posting, raw = new_posting(name, book, details, priority, dated=False)
         with self._failures(f"post job '{name}'"):
             path = self._require().create(posixpath.join(self._path, self.JOB_PREFIX), raw,
                                           sequence=True)
