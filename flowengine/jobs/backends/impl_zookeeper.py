@@ -272,29 +272,34 @@ class ZookeeperJobBoard(FolderMethods, base.NotifyingJobBoard):
     def iterjobs(self, only_unclaimed: bool = False,
                  ensure_fresh: bool = False) -> Iterator[base.Job]:
         """Jobs on the board, most urgent then oldest first (see :meth:`JobBoard.iterjobs`)."""
+        self._require()
+        # Looked up at each read, under TaskFlow's name for this step: TaskFlow's own conductor
+        # tests make the service fail there, while the conductor iterates.
+        return base.JobBoardIterator(self, lambda fresh: self._fetch_jobs(fresh),
+                                     only_unclaimed, ensure_fresh)
+
+    def _fetch_jobs(self, ensure_fresh: bool = False) -> list[tuple[base.Job, str]]:
+        """Every job with its state, most urgent then oldest first (``ensure_fresh``: list the
+        service's nodes rather than the watch's cache)."""
         client = self._require()
-
-        def fetch(fresh: bool) -> list[tuple[base.Job, str]]:
-            # The listing shows which jobs have a lock; only those need reading (at once).
-            with self._failures("list its jobs"):
-                children = set(client.get_children(self._path))
-            jobs = self._watch.sync(list(children)) if fresh else self._watch.jobs()
-            jobs.sort(key=lambda j: (j.priority.rank, j.sequence))
-            locked = {snap.path: snap for snap in self._read_many(
-                [j.path for j in jobs if posixpath.basename(j.lock_path) in children])}
-            now = self._clock.now()
-            listed: list[tuple[base.Job, str]] = []
-            for job in jobs:
-                snap = locked.get(job.path)
-                if posixpath.basename(job.path) not in children or (snap and snap.data is None):
-                    listed.append((job, states.COMPLETE))
-                elif snap is not None and snap.live_owner(now):
-                    listed.append((job, states.CLAIMED))
-                else:
-                    listed.append((job, states.UNCLAIMED))
-            return listed
-
-        return base.JobBoardIterator(self, fetch, only_unclaimed, ensure_fresh)
+        # The listing shows which jobs have a lock; only those need reading (at once).
+        with self._failures("list its jobs"):
+            children = set(client.get_children(self._path))
+        jobs = self._watch.sync(list(children)) if ensure_fresh else self._watch.jobs()
+        jobs.sort(key=lambda j: (j.priority.rank, j.sequence))
+        locked = {snap.path: snap for snap in self._read_many(
+            [j.path for j in jobs if posixpath.basename(j.lock_path) in children])}
+        now = self._clock.now()
+        listed: list[tuple[base.Job, str]] = []
+        for job in jobs:
+            snap = locked.get(job.path)
+            if posixpath.basename(job.path) not in children or (snap and snap.data is None):
+                listed.append((job, states.COMPLETE))
+            elif snap is not None and snap.live_owner(now):
+                listed.append((job, states.CLAIMED))
+            else:
+                listed.append((job, states.UNCLAIMED))
+        return listed
 
     @property
     def job_count(self) -> int:
