@@ -1,5 +1,6 @@
 """What each board backend shows a TaskFlow user beyond the shared contract, on real servers:
-the Redis version check and client options, the ZooKeeper job node's exact posting.
+the Redis version check and client options, the ZooKeeper job node's exact posting, etcd's key
+helpers.
 
 ``tests/conformance/test_taskflow_unit_tests.py`` runs TaskFlow's own board tests; these pin the
 same facts on flowengine's own fixtures, with a reason when one breaks.
@@ -13,7 +14,7 @@ import posixpath
 import uuid
 
 import pytest
-from boards import make_redis_board, make_zookeeper_board, wipe_zookeeper
+from boards import make_etcd_board, make_redis_board, make_zookeeper_board, wipe_zookeeper
 
 from flowengine import exceptions as exc
 from flowengine.jobs.backends import impl_redis, impl_zookeeper
@@ -74,3 +75,16 @@ def test_a_zookeeper_job_node_holds_taskflows_posting_alone(zookeeper_hosts: str
     finally:
         board.close()
         wipe_zookeeper(zookeeper_hosts, namespace)
+
+
+def test_etcd_boards_read_and_count_keys_as_taskflows(etcd_endpoint: tuple[str, int]) -> None:
+    board = make_etcd_board(etcd_endpoint, f"fe-test-{uuid.uuid4().hex[:12]}")
+    board.connect()
+    key = f"/fe-test/{uuid.uuid4().hex}"
+    try:
+        assert board.get_one(key) is None  # type: ignore[attr-defined]
+        assert [board.incr(key) for _ in range(3)] == [1, 2, 3]  # type: ignore[attr-defined]
+        assert board.get_one(key) == b"3"  # type: ignore[attr-defined]
+    finally:
+        board._client.delete(key)  # type: ignore[attr-defined]
+        board.close()

@@ -399,6 +399,17 @@ class EtcdJobBoard(base.NotifyingJobBoard):
             self._release(snap, job, "trash", then)
         self._forget(snap.key)
 
+    # ---- TaskFlow's key helpers ----------------------------------------------------------------
+
+    def get_one(self, key: str) -> bytes | None:
+        """The value of etcd key ``key`` (None if it does not exist)."""
+        found = self._require().get(key, f"read key {key}")
+        return None if found is None else found.value
+
+    def incr(self, key: str) -> int:
+        """Add one to the counter at etcd key ``key`` (missing: 0), atomically; the new value."""
+        return self._require().increment(key, f"increment key {key}")
+
     # ---- the trash and the entities ------------------------------------------------------------
 
     def _trash_items(self) -> list[keys.KV]:
