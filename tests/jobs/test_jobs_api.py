@@ -141,3 +141,12 @@ def test_a_redis_board_makes_its_client_when_built() -> None:
     assert impl_redis.RedisJobBoard.MIN_REDIS_VERSION == (2, 6)
     with pytest.raises(ValueError):
         impl_redis.RedisJobBoard("b", {"port": "not-a-port"})
+
+
+@pytest.mark.parametrize("wait_timeout", ["testing", True, 0, -1.0])
+def test_a_conductors_wait_timeout_must_be_a_positive_number(wait_timeout: object) -> None:
+    from flowengine.conductors import backends as conductors
+
+    board = backends.fetch("b", {"board": "redis", "host": "127.0.0.1", "port": 1})
+    with pytest.raises(ValueError, match="wait_timeout"):
+        conductors.fetch("nonblocking", "c", board, wait_timeout=wait_timeout)
