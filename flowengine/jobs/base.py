@@ -329,7 +329,8 @@ class JobBoard(metaclass=abc.ABCMeta):
             job: The job.
             who: The claimant.
             expiry: Seconds the lease lasts (TaskFlow's argument); None means ``claim_ttl``.
-                :meth:`keep_alive` renews it for ``claim_ttl``.
+                :meth:`keep_alive` renews it for ``claim_ttl`` on Redis, for as long again on
+                the other backends.
 
         Raises:
             ValueError: If ``expiry`` is not a positive number.
