@@ -20,11 +20,17 @@ have nothing to do with the library under test:
   these tests use that path).
 * **Hangs.** A test waits up to ``WAIT_TIMEOUT`` (300 s) for an event that a broken library never
   sets; that is lowered to :data:`WAIT_TIMEOUT`, so such a test fails within a minute.
+* **ZooKeeper sessions.** TaskFlow's tests give their ZooKeeper clients 1 s sessions, which a
+  loaded machine (CI's two cores) misses now and then: kazoo drops the connection, and
+  flowengine, whose ZooKeeper claims last no longer than their session, loses a claim while its
+  conductor is stopping. They get :data:`ZOOKEEPER_SESSION` instead (kazoo's default); no test
+  waits for a session to end.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import re
 import sys
@@ -35,6 +41,8 @@ import pytest
 
 #: Seconds a test of TaskFlow's waits for an event before failing (TaskFlow's own: 300).
 WAIT_TIMEOUT = 60
+#: Seconds of the ZooKeeper sessions TaskFlow's tests open (TaskFlow's own: 1).
+ZOOKEEPER_SESSION = 10.0
 #: The trash folder every TaskFlow ZooKeeper board test shares.
 ZOOKEEPER_TRASH = "/taskflow/board-test/.trash"
 
@@ -66,14 +74,18 @@ def _empty_zookeeper_trash() -> None:
             client.close()
 
 
-class Adapter:
-    """The pytest plugin: one test class per scenario of a ``testscenarios`` class, and
-    TaskFlow's ``WAIT_TIMEOUT`` lowered once its test helpers are imported."""
+def _adapt_helpers() -> None:
+    """Set :data:`WAIT_TIMEOUT` and :data:`ZOOKEEPER_SESSION` in TaskFlow's test helpers
+    (``tfconf.tests.utils``, in the working directory) before any test module reads them."""
+    sys.path.insert(0, os.getcwd())
+    helpers = importlib.import_module("tfconf.tests.utils")
+    helpers.WAIT_TIMEOUT = WAIT_TIMEOUT
+    helpers.ZK_TEST_CONFIG["timeout"] = ZOOKEEPER_SESSION
 
-    def pytest_collection_finish(self, session: Any) -> None:
-        helpers = sys.modules.get("tfconf.tests.utils")
-        if helpers is not None:
-            helpers.WAIT_TIMEOUT = WAIT_TIMEOUT
+
+class ScenarioClasses:
+    """The pytest plugin that collects one test class per scenario of a ``testscenarios``
+    class."""
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_pycollect_makeitem(self, collector: Any, name: str, obj: Any) -> Any:
@@ -102,8 +114,9 @@ def main(args: list[str]) -> int:
     else:
         kazoo_client.KazooClient.server_version = _server_version  # type: ignore[method-assign]
         _empty_zookeeper_trash()
+    _adapt_helpers()
     return int(pytest.main(["-o", "python_functions=__none__", *args],
-                           plugins=[Adapter()]))
+                           plugins=[ScenarioClasses()]))
 
 
 if __name__ == "__main__":
