@@ -336,13 +336,21 @@ class JobBoard(metaclass=abc.ABCMeta):
         """Post a new, unclaimed job and wake every waiter. Returns it."""
 
     @abc.abstractmethod
-    def claim(self, job: Job, who: str) -> None:
-        """Take a ``claim_ttl`` lease on ``job`` for ``who`` and count one attempt.
+    def claim(self, job: Job, who: str, expiry: float | None = None) -> None:
+        """Take a lease on ``job`` for ``who`` and count one attempt.
 
         A job that already had ``max_attempts`` claims is moved to the trash instead (reason:
         abandoned or orphaned N times) and :class:`UnclaimableJob` raised.
 
+        Args:
+            job: The job.
+            who: The claimant.
+            expiry: Seconds the lease lasts (TaskFlow's argument); None means ``claim_ttl``.
+                :meth:`keep_alive` renews it for ``claim_ttl`` on Redis, for as long again on
+                the other backends.
+
         Raises:
+            ValueError: If ``expiry`` is not a positive number.
             flowengine.exceptions.NotFound: If the job is gone.
             flowengine.exceptions.UnclaimableJob: If anyone, ``who`` included, holds a claim on
                 it, or it was just trashed.
@@ -361,8 +369,8 @@ class JobBoard(metaclass=abc.ABCMeta):
         """Remove a job ``who`` holds a claim on: its work is done.
 
         Raises:
-            flowengine.exceptions.NotFound: If the job is gone.
-            flowengine.exceptions.JobFailure: If ``who`` does not hold the claim.
+            flowengine.exceptions.NotFound: If the job is gone or nobody holds a claim on it.
+            flowengine.exceptions.JobFailure: If someone else holds the claim.
         """
 
     @abc.abstractmethod
@@ -377,8 +385,8 @@ class JobBoard(metaclass=abc.ABCMeta):
                 reached ``max_attempts`` moves it to the trash.
 
         Raises:
-            flowengine.exceptions.NotFound: If the job is gone.
-            flowengine.exceptions.JobFailure: If ``who`` does not hold the claim.
+            flowengine.exceptions.NotFound: If the job is gone or nobody holds a claim on it.
+            flowengine.exceptions.JobFailure: If someone else holds the claim.
         """
 
     @abc.abstractmethod
@@ -389,8 +397,8 @@ class JobBoard(metaclass=abc.ABCMeta):
         (an operator's ``flowengine jobs trash``), so the trash records the attempts before it.
 
         Raises:
-            flowengine.exceptions.NotFound: If the job is gone.
-            flowengine.exceptions.JobFailure: If ``who`` does not hold the claim.
+            flowengine.exceptions.NotFound: If the job is gone or nobody holds a claim on it.
+            flowengine.exceptions.JobFailure: If someone else holds the claim.
         """
 
     @abc.abstractmethod
@@ -462,6 +470,15 @@ class JobBoard(metaclass=abc.ABCMeta):
     def _next_wakeup(self) -> float | None:
         """Seconds until a lease the service will not announce ends (None: none known)."""
         return None
+
+    def _lease_seconds(self, expiry: float | None) -> float:
+        """How long a claim taken with ``expiry`` lasts (:meth:`claim`)."""
+        if expiry is None:
+            return self.options.claim_ttl
+        if isinstance(expiry, bool) or not isinstance(expiry, (int, float)) or not expiry > 0:
+            raise ValueError(f"Claim expiry on board '{self.name}' must be a number of seconds"
+                             f" > 0, not {expiry!r}")
+        return float(expiry)
 
     def wake_waiters(self) -> None:
         """Make every :meth:`wait_until` look at its condition again (a conductor stopping)."""

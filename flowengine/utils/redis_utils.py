@@ -1,10 +1,12 @@
-"""A Redis client that knows when it is closed, and building one from a jobboard's conf.
+"""A Redis client that knows when it is closed, building one from a jobboard's conf, and
+checking the server's version.
 
-TaskFlow's names (``RedisClient``); needs the ``redis`` extra.
+TaskFlow's names (``RedisClient``, ``is_server_new_enough``); needs the ``redis`` extra.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -15,7 +17,13 @@ except ImportError as err:  # pragma: no cover - depends on the installed extras
     raise ImportError("The Redis jobboard needs the redis client: "
                       "pip install 'flowengine[redis]'") from err
 
-__all__ = ["CLIENT_CONF_TRANSFERS", "RedisClient", "make_client"]
+_maint: Any
+try:  # redis-py 7 and later
+    from redis import maint_notifications as _maint
+except ImportError:  # pragma: no cover - depends on the installed redis-py
+    _maint = None
+
+__all__ = ["CLIENT_CONF_TRANSFERS", "RedisClient", "is_server_new_enough", "make_client"]
 
 
 def _flag(value: Any) -> bool:
@@ -46,8 +54,11 @@ class RedisClient(redis.Redis):
 
 
 def _sentinel_address(text: str) -> tuple[str, int]:
+    """``(host, port)`` from ``host:port`` or ``[v6-address]:port``."""
     host, _, port = str(text).rpartition(":")
-    return host, int(port)
+    if not host or not port.isdigit():
+        raise ValueError(f"Redis sentinel {text!r} is not host:port")
+    return host.removeprefix("[").removesuffix("]"), int(port)
 
 
 def make_client(conf: dict[str, Any]) -> redis.Redis:
@@ -57,11 +68,42 @@ def make_client(conf: dict[str, Any]) -> redis.Redis:
                    if conf.get(key) is not None}
     if not _flag(client_conf.get("ssl", False)):
         client_conf = {k: v for k, v in client_conf.items() if not k.startswith("ssl_")}
+    if _maint is not None:
+        # redis-py 8 asks every new connection for maintenance notifications, which servers
+        # before Redis 8 refuse, with a log line per connection; boards reconnect on their own.
+        client_conf["maint_notifications_config"] = _maint.MaintNotificationsConfig(
+            enabled=False)
     if conf.get("sentinel"):
         sentinels = [(client_conf.pop("host", "127.0.0.1"), client_conf.pop("port", 26379))]
         sentinels += [_sentinel_address(f) for f in conf.get("sentinel_fallbacks") or ()]
-        watcher = sentinel.Sentinel(sentinels, sentinel_kwargs=conf.get("sentinel_kwargs"),
-                                    **client_conf)
+        sentinel_kwargs = conf.get("sentinel_kwargs")
+        if sentinel_kwargs is not None and not _flag(sentinel_kwargs.get("ssl", False)):
+            sentinel_kwargs = {k: v for k, v in sentinel_kwargs.items()
+                               if not k.startswith("ssl_")}
+        watcher = sentinel.Sentinel(sentinels, sentinel_kwargs=sentinel_kwargs, **client_conf)
         master: redis.Redis = watcher.master_for(conf["sentinel"])
         return master
     return RedisClient(**client_conf)
+
+
+def is_server_new_enough(client: redis.Redis, min_version: tuple[int, ...],
+                         default: bool = False,
+                         prior_version: str | None = None) -> tuple[bool, str]:
+    """Whether the server ``client`` talks to is at least ``min_version``, and its version.
+
+    Args:
+        client: The client.
+        min_version: The oldest version accepted, like ``(2, 6)``.
+        default: The answer when the server does not tell its version.
+        prior_version: A version already read (the server is then not asked).
+    """
+    version = prior_version
+    if not version:
+        try:
+            version = str(client.info().get("redis_version", ""))
+        except redis.ResponseError:  # INFO renamed or refused (a proxy in front of Redis)
+            version = ""
+    parts = tuple(int(p) for p in re.findall(r"\d+", version)[:3])
+    if not parts:
+        return default, version
+    return parts >= tuple(min_version), version

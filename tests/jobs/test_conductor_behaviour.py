@@ -18,6 +18,7 @@ import jobs_flows
 import pytest
 from boards import BoardFactory
 
+from flowengine import exceptions as exc
 from flowengine import states
 from flowengine.conductors import backends as conductors
 from flowengine.conductors.backends.impl_executor import ExecutorConductor
@@ -90,6 +91,35 @@ def test_a_job_runs_and_is_consumed(kind: str, board: JobBoard, persistence: Any
     with contextlib.closing(persistence.get_connection()) as conn:
         [flow_detail] = list(conn.get_logbook(job.book_uuid))
         assert flow_detail.state == states.SUCCESS
+
+
+def test_a_board_failing_once_while_listed_does_not_stop_the_conductor(
+        board: JobBoard, persistence: Any, tmp_path: Path) -> None:
+    # TaskFlow's bug 2160070: the service failing while the conductor iterates the board must
+    # not end run(); it pauses and looks again. The failure comes from the iteration, as a real
+    # one does (iterjobs itself reads nothing).
+    real_iterjobs, failed = board.iterjobs, threading.Event()
+
+    def failing() -> Iterator[Any]:
+        raise exc.JobFailure("simulated transient board failure")
+        yield
+
+    def flaky_iterjobs(*args: Any, **kwargs: Any) -> Iterator[Any]:
+        jobs = real_iterjobs(*args, **kwargs)
+        if failed.is_set():
+            return jobs
+        failed.set()
+        return failing()
+
+    board.iterjobs = flaky_iterjobs  # type: ignore[method-assign]
+    job = post_flow(board, persistence, jobs_flows.steps,
+                    store={"ledger": str(tmp_path / "ledger")})
+    conductor = make("nonblocking", board, persistence, wait_timeout=0.1)
+    events = Events(conductor)
+    with running(conductor):
+        events.wait_for("job_consumed")
+        assert conductor.dispatching
+    assert failed.is_set() and job.state == states.COMPLETE
 
 
 def test_an_ordinary_failure_is_consumed(board: JobBoard, persistence: Any) -> None:

@@ -38,6 +38,15 @@ def test_post_is_listed_unclaimed_with_its_details(board: JobBoard,
     assert seen.created_on is not None and other.job_count == 1
 
 
+def test_the_posting_board_lists_its_job_at_once(board: JobBoard) -> None:
+    # Read from the board's cache (no ensure_fresh), which its own post must already hold,
+    # not only once the service announced it back.
+    for number in range(30):
+        job = board.post(f"j{number}")
+        assert job.uuid in _uuids(board.iterjobs(only_unclaimed=True))
+        assert board.job_count == number + 1
+
+
 def test_details_that_are_not_json_are_refused_naming_the_job(board: JobBoard) -> None:
     with pytest.raises(ValueError, match="'bad'"):
         board.post("bad", details={"when": object()})
@@ -61,7 +70,7 @@ def test_claim_is_exclusive_even_for_the_same_owner(board: JobBoard,
 
 def test_consume_removes_the_job_for_its_owner_only(board: JobBoard) -> None:
     job = board.post("j")
-    with pytest.raises(exc.JobFailure, match="not claimed"):
+    with pytest.raises(exc.NotFound, match="not claimed"):  # TaskFlow's: no owner to find
         board.consume(job, "alice")
     board.claim(job, "alice")
     with pytest.raises(exc.JobFailure, match="alice"):
@@ -161,6 +170,36 @@ def test_an_expired_claim_frees_the_job_for_another_owner(board_factory: BoardFa
         holder.keep_alive(job, "frozen")
     other.claim(freed, "rescuer")
     assert freed.attempts == 2
+
+
+@pytest.mark.parametrize("action", ["consume", "abandon", "trash"])
+def test_finishing_a_job_nobody_claimed_is_not_found(board: JobBoard, action: str) -> None:
+    # TaskFlow's answer on every backend: NotFound when the job has no owner, JobFailure when
+    # another owner holds it (the conductor handles both the same way).
+    job = board.post("j")
+    with pytest.raises(exc.NotFound, match="not claimed"):
+        getattr(board, action)(job, "alice")
+    board.claim(job, "bob")
+    with pytest.raises(exc.JobFailure, match="bob") as refused:
+        getattr(board, action)(job, "alice")
+    assert not isinstance(refused.value, exc.NotFound)
+    assert job.state == states.CLAIMED
+
+
+def test_a_claim_given_an_expiry_lasts_that_long(board_factory: BoardFactory) -> None:
+    # TaskFlow's claim(job, who, expiry=seconds): this claim's lease, not the board's claim_ttl.
+    holder = board_factory(claim_ttl=30.0)
+    other = board_factory(claim_ttl=30.0)
+    job = holder.post("j")
+    holder.claim(job, "brief", expiry=0.5)  # etcd rounds leases up to whole seconds
+    claimed_at = time.monotonic()
+    assert job.state == states.CLAIMED
+    [freed] = list(other.wait(timeout=10))
+    assert 0.4 <= time.monotonic() - claimed_at < 10
+    assert freed.uuid == job.uuid and other.find_owner(freed) is None
+    for bad in (0, -1.0, "soon", True):
+        with pytest.raises(ValueError, match="expiry"):
+            holder.claim(freed, "again", expiry=bad)
 
 
 def test_keep_alive_renews_only_the_holders_claim(board_factory: BoardFactory) -> None:

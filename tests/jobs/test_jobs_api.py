@@ -121,3 +121,32 @@ def test_a_missing_redis_client_names_the_extra_to_install() -> None:
                           timeout=60)
     assert done.returncode != 0
     assert "ImportError" in done.stderr and "flowengine[redis]" in done.stderr
+
+
+def test_redis_sentinels_may_be_ipv6_addresses() -> None:
+    from flowengine.utils import redis_utils
+
+    assert redis_utils._sentinel_address("[::1]:26379") == ("::1", 26379)
+    assert redis_utils._sentinel_address("10.0.0.2:26380") == ("10.0.0.2", 26380)
+    with pytest.raises(ValueError, match="'nowhere'"):
+        redis_utils._sentinel_address("nowhere")
+
+
+def test_a_redis_board_makes_its_client_when_built() -> None:
+    # As TaskFlow's: a conf its client refuses fails at construction, not at first connect.
+    from flowengine.jobs.backends import impl_redis
+
+    board = impl_redis.RedisJobBoard("b", {"host": "127.0.0.1", "port": 1})
+    assert board._client is not None and not board.connected
+    assert impl_redis.RedisJobBoard.MIN_REDIS_VERSION == (2, 6)
+    with pytest.raises(ValueError):
+        impl_redis.RedisJobBoard("b", {"port": "not-a-port"})
+
+
+@pytest.mark.parametrize("wait_timeout", ["testing", True, 0, -1.0])
+def test_a_conductors_wait_timeout_must_be_a_positive_number(wait_timeout: object) -> None:
+    from flowengine.conductors import backends as conductors
+
+    board = backends.fetch("b", {"board": "redis", "host": "127.0.0.1", "port": 1})
+    with pytest.raises(ValueError, match="wait_timeout"):
+        conductors.fetch("nonblocking", "c", board, wait_timeout=wait_timeout)

@@ -110,8 +110,10 @@ class ExecutorConductor(base.Conductor):
                  factory_policy: FactoryPolicy | None = None) -> None:
         super().__init__(name, jobboard, persistence=persistence, engine=engine,
                          engine_options=engine_options, factory_policy=factory_policy)
-        if wait_timeout is not None and not wait_timeout > 0:
-            raise ValueError(f"Conductor {name}: wait_timeout must be > 0, not {wait_timeout!r}")
+        if wait_timeout is not None and (isinstance(wait_timeout, bool) or not isinstance(
+                wait_timeout, (int, float)) or not wait_timeout > 0):
+            raise ValueError(f"Conductor {name}: wait_timeout must be a number of seconds > 0,"
+                             f" not {wait_timeout!r}")
         self._wait_timeout = wait_timeout or self.REFRESH_PERIODICITY
         self._log = log or LOG
         self._max_simultaneous_jobs = max_simultaneous_jobs

@@ -103,6 +103,20 @@ class EtcdStore:
         except exc.JobFailure:
             pass
 
+    def _next(self, counter: str, what: str) -> tuple[keys.KV | None, int]:
+        """The counter's key-value (None if missing) and the number after its value."""
+        current = self.get(counter, what)
+        return current, int(current.value or b"0") + 1 if current is not None else 1
+
+    def increment(self, counter: str, what: str) -> int:
+        """Add one to the number at ``counter`` (missing: 0), retried while others change it;
+        the new number."""
+        while True:
+            current, number = self._next(counter, what)
+            if self.txn([keys.same(counter, current)], [keys.put(counter, str(number).encode())],
+                        what):
+                return number
+
     def put_numbered(self, root: str, posting: dict[str, Any], what: str,
                      also_if: list[dict[str, Any]], also: list[dict[str, Any]],
                      ) -> tuple[str, dict[str, Any]]:
@@ -115,8 +129,7 @@ class EtcdStore:
         """
         counter = f"{root}/sequence"
         while True:
-            current = self.get(counter, what)
-            number = int(current.value or b"0") + 1 if current is not None else 1
+            current, number = self._next(counter, what)
             key = f"{root}/job{number}"
             stored = dict(posting, sequence=number)
             if self.txn([keys.same(counter, current), *also_if],

@@ -28,13 +28,15 @@ def decode(raw: bytes | None) -> dict[str, Any]:
 
 
 def new_posting(name: str, book: Any, details: dict[str, Any] | None,
-                priority: base.JobPriority | str) -> tuple[dict[str, Any], bytes]:
-    """A new job's posting (fresh uuid, created now) and its encoded value.
+                priority: base.JobPriority | str,
+                dated: bool = True) -> tuple[dict[str, Any], bytes]:
+    """A new job's posting (fresh uuid; created now, unless not ``dated``: a service that
+    stamps its records itself) and its encoded value.
 
     Raises:
         ValueError: If the details are not JSON-ready (the message names the job).
     """
-    now = base.utcnow()
+    now = base.utcnow() if dated else None
     posting = base.format_posting(str(uuidlib.uuid4()), name, created_on=now, last_modified=now,
                                   details=details, book=book,
                                   priority=base.JobPriority.convert(priority))

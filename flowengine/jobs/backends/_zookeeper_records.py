@@ -159,6 +159,8 @@ class _Reader(Protocol):
 
     def _attempts(self, job: ZookeeperJob) -> int: ...
 
+    def _stat(self, job: ZookeeperJob) -> Any: ...
+
 
 class ZookeeperJob(base.Job):
     """A job on a :class:`ZookeeperJobBoard` (state and attempts are read from ZooKeeper)."""
@@ -183,6 +185,32 @@ class ZookeeperJob(base.Job):
     def sequence(self) -> int:
         """The job node's sequence number (posting order)."""
         return self._sequence
+
+    def stamp(self, stat: Any) -> None:
+        """Take the dates the posting lacks from the node's ``stat`` (TaskFlow's are there)."""
+        if self._created_on is None:
+            self._created_on = from_millis(stat.ctime)
+        if self._last_modified is None:
+            self._last_modified = from_millis(stat.mtime)
+
+    @property
+    def created_on(self) -> datetime.datetime | None:
+        """When it was posted: its node's ``ctime`` (None once it is gone)."""
+        if self._created_on is None:
+            self._read_dates()
+        return self._created_on
+
+    @property
+    def last_modified(self) -> datetime.datetime | None:
+        """When its node last changed (posted, claimed, renewed, released), as last read."""
+        if self._last_modified is None:
+            self._read_dates()
+        return self._last_modified
+
+    def _read_dates(self) -> None:
+        stat = cast(_Reader, self._board)._stat(self)
+        if stat is not None:
+            self.stamp(stat)
 
     @property
     def state(self) -> str:

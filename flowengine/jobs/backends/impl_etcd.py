@@ -312,8 +312,10 @@ class EtcdJobBoard(base.NotifyingJobBoard):
         return job
 
     @base.check_who
-    def claim(self, job: base.Job, who: str) -> None:
-        """Claim ``job`` under a new ``claim_ttl`` lease (see :meth:`JobBoard.claim`)."""
+    def claim(self, job: base.Job, who: str, expiry: float | None = None) -> None:
+        """Claim ``job`` under a new lease of ``expiry`` or ``claim_ttl`` seconds (whole seconds,
+        rounded up; see :meth:`JobBoard.claim`); :meth:`keep_alive` renews it for as long."""
+        ttl = self._lease_seconds(expiry)
         store = self._require()
         snap = self._read(job)
         if snap.data is None:
@@ -328,7 +330,7 @@ class EtcdJobBoard(base.NotifyingJobBoard):
             raise exc.UnclaimableJob(f"Job {job.uuid} ({job.name}) was moved to the trash: it was"
                                      f" abandoned or orphaned {snap.tries} times")
         what = f"claim job {job.uuid} ({job.name})"
-        lease = store.grant(self.options.claim_ttl, what)
+        lease = store.grant(ttl, what)
         modified = datetime.datetime.now(datetime.UTC).replace(tzinfo=None)
         claimed = store.txn(
             [keys.exists(snap.key + self.DATA_POSTFIX), keys.missing(snap.key + self.LOCK_POSTFIX),
@@ -371,10 +373,12 @@ class EtcdJobBoard(base.NotifyingJobBoard):
         if snap.data is None:
             raise exc.NotFound(f"Cannot {action} job {job.uuid} ({job.name}): it is not on"
                                f" board '{self.name}'")
+        if snap.owner is None:
+            raise exc.NotFound(f"Cannot {action} job {job.uuid} ({job.name}) as '{who}': it is"
+                               f" not claimed")
         if snap.owner != who:
-            holder = f"claimed by '{snap.owner}'" if snap.owner else "not claimed"
             raise exc.JobFailure(f"Cannot {action} job {job.uuid} ({job.name}) as '{who}': it is"
-                                 f" {holder}")
+                                 f" claimed by '{snap.owner}'")
         return snap
 
     def _release(self, snap: keys.Snapshot, job: base.Job, action: str,
@@ -438,6 +442,17 @@ class EtcdJobBoard(base.NotifyingJobBoard):
         else:
             self._release(snap, job, "trash", then)
         self._forget(snap.key)
+
+    # ---- TaskFlow's key helpers ----------------------------------------------------------------
+
+    def get_one(self, key: str) -> bytes | None:
+        """The value of etcd key ``key`` (None if it does not exist)."""
+        found = self._require().get(key, f"read key {key}")
+        return None if found is None else found.value
+
+    def incr(self, key: str) -> int:
+        """Add one to the counter at etcd key ``key`` (missing: 0), atomically; the new value."""
+        return self._require().increment(key, f"increment key {key}")
 
     # ---- the trash and the entities ------------------------------------------------------------
 

@@ -78,12 +78,16 @@ class RedisJobBoard(base.NotifyingJobBoard):
     """
 
     DEFAULT_NAMESPACE = "flowengine"
+    #: The oldest Redis the board works with (server-side Lua scripts came with 2.6).
+    MIN_REDIS_VERSION = (2, 6)
 
     def __init__(self, name: str, conf: dict[str, Any], client: redis.Redis | None = None,
                  persistence: Any = None) -> None:
         super().__init__(name, conf, persistence)
-        self._client = client
         self._owns_client = client is None
+        # Built now (it connects only when used), so that a bad conf fails here.
+        self._client: redis.Redis | None = (
+            client if client is not None else redis_utils.make_client(self._conf))
         ns = str(self._conf.get("namespace") or self.DEFAULT_NAMESPACE)
         self._ns = ns
         self._channel = f"{ns}:events"
@@ -120,9 +124,15 @@ class RedisJobBoard(base.NotifyingJobBoard):
             self._client = redis_utils.make_client(self._conf)
         try:
             self._client.ping()
+            new_enough, version = redis_utils.is_server_new_enough(self._client,
+                                                                   self.MIN_REDIS_VERSION)
         except redis.RedisError as err:
             raise exc.JobFailure(f"Cannot connect jobboard '{self.name}' to Redis: {err}") \
                 from err
+        if not new_enough:
+            wanted = ".".join(str(part) for part in self.MIN_REDIS_VERSION)
+            raise exc.IncompatibleVersion(f"Jobboard '{self.name}' needs Redis {wanted} or"
+                                          f" later, not {version or 'an unknown version'}")
         self._scripts = {name: self._client.register_script(getattr(scripts, name))
                          for name in ("CLAIM", "KEEP_ALIVE", "CONSUME", "ABANDON", "TRASH",
                                       "TRASH_DAMAGED", "REPOST", "DISCARD", "POST",
@@ -405,26 +415,32 @@ class RedisJobBoard(base.NotifyingJobBoard):
         if status == "missing":
             raise exc.NotFound(f"Cannot {action} job {job.uuid} ({job.name}): it is not on board"
                                f" '{self.name}'")
+        if status == "notowner" and not value:
+            raise exc.NotFound(f"Cannot {action} job {job.uuid} ({job.name}) as '{who}': it is"
+                               f" not claimed")
         if status == "notowner":
-            holder = f"claimed by '{value}'" if value else "not claimed"
             raise exc.JobFailure(f"Cannot {action} job {job.uuid} ({job.name}) as '{who}': it is"
-                                 f" {holder}")
+                                 f" claimed by '{value}'")
 
     def post(self, name: str, book: Any = None, details: dict[str, Any] | None = None,
              priority: base.JobPriority | str = base.JobPriority.NORMAL) -> base.Job:
         """Post a job (details must be JSON-ready); every follower is woken."""
         posting, encoded = new_posting(name, book, details, priority)
         self._run("POST", posting["uuid"], "", encoded.decode("utf-8"))
+        with self._lock:
+            # Listed at once by this board, before its own announcement comes back.
+            self._cache.setdefault(posting["uuid"], posting)
         job = self._job(posting)
         if book is not None:
             job._book = book
         return job
 
     @base.check_who
-    def claim(self, job: base.Job, who: str) -> None:
-        """Claim ``job`` for ``claim_ttl`` seconds (see :meth:`JobBoard.claim`)."""
-        status, value = self._run("CLAIM", job.uuid, who, int(self.options.claim_ttl * 1000),
-                                  self.options.max_attempts, base.utcnow().isoformat())
+    def claim(self, job: base.Job, who: str, expiry: float | None = None) -> None:
+        """Claim ``job`` for ``expiry`` or ``claim_ttl`` seconds (see :meth:`JobBoard.claim`)."""
+        ttl_ms = max(1, int(self._lease_seconds(expiry) * 1000))
+        status, value = self._run("CLAIM", job.uuid, who, ttl_ms, self.options.max_attempts,
+                                  base.utcnow().isoformat())
         if status == "missing":
             self._refused(status, value, job, who, "claim")
         if status == "owned":

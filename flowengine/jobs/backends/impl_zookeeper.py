@@ -257,6 +257,11 @@ class ZookeeperJobBoard(FolderMethods, base.NotifyingJobBoard):
             return
         self._damage.trashed(path)
 
+    def _stat(self, job: ZookeeperJob) -> Any:
+        """The job node's stat (None if it is gone)."""
+        with self._failures("read the dates of", job):
+            return self._require().exists(job.path)
+
     def _next_wakeup(self) -> float | None:
         return self._leases.next_wakeup()
 
@@ -299,29 +304,34 @@ class ZookeeperJobBoard(FolderMethods, base.NotifyingJobBoard):
     def iterjobs(self, only_unclaimed: bool = False,
                  ensure_fresh: bool = False) -> Iterator[base.Job]:
         """Jobs on the board, most urgent then oldest first (see :meth:`JobBoard.iterjobs`)."""
+        self._require()
+        # Looked up at each read, under TaskFlow's name for this step: TaskFlow's own conductor
+        # tests make the service fail there, while the conductor iterates.
+        return base.JobBoardIterator(self, lambda fresh: self._fetch_jobs(fresh),
+                                     only_unclaimed, ensure_fresh)
+
+    def _fetch_jobs(self, ensure_fresh: bool = False) -> list[tuple[base.Job, str]]:
+        """Every job with its state, most urgent then oldest first (``ensure_fresh``: list the
+        service's nodes rather than the watch's cache)."""
         client = self._require()
-
-        def fetch(fresh: bool) -> list[tuple[base.Job, str]]:
-            # The listing shows which jobs have a lock; only those need reading (at once).
-            with self._failures("list its jobs"):
-                children = set(client.get_children(self._path))
-            jobs = self._watch.sync(list(children)) if fresh else self._watch.jobs()
-            jobs.sort(key=lambda j: (j.priority.rank, j.sequence))
-            locked = {snap.path: snap for snap in self._read_many(
-                [j.path for j in jobs if posixpath.basename(j.lock_path) in children])}
-            now = self._clock.now()
-            listed: list[tuple[base.Job, str]] = []
-            for job in jobs:
-                snap = locked.get(job.path)
-                if posixpath.basename(job.path) not in children or (snap and snap.data is None):
-                    listed.append((job, states.COMPLETE))
-                elif snap is not None and snap.live_owner(now):
-                    listed.append((job, states.CLAIMED))
-                else:
-                    listed.append((job, states.UNCLAIMED))
-            return listed
-
-        return base.JobBoardIterator(self, fetch, only_unclaimed, ensure_fresh)
+        # The listing shows which jobs have a lock; only those need reading (at once).
+        with self._failures("list its jobs"):
+            children = set(client.get_children(self._path))
+        jobs = self._watch.sync(list(children)) if ensure_fresh else self._watch.jobs()
+        jobs.sort(key=lambda j: (j.priority.rank, j.sequence))
+        locked = {snap.path: snap for snap in self._read_many(
+            [j.path for j in jobs if posixpath.basename(j.lock_path) in children])}
+        now = self._clock.now()
+        listed: list[tuple[base.Job, str]] = []
+        for job in jobs:
+            snap = locked.get(job.path)
+            if posixpath.basename(job.path) not in children or (snap and snap.data is None):
+                listed.append((job, states.COMPLETE))
+            elif snap is not None and snap.live_owner(now):
+                listed.append((job, states.CLAIMED))
+            else:
+                listed.append((job, states.UNCLAIMED))
+        return listed
 
     @property
     def job_count(self) -> int:
@@ -339,8 +349,12 @@ class ZookeeperJobBoard(FolderMethods, base.NotifyingJobBoard):
 
     def post(self, name: str, book: Any = None, details: dict[str, Any] | None = None,
              priority: base.JobPriority | str = base.JobPriority.NORMAL) -> base.Job:
-        """Post a job (details must be JSON-ready); every board watching is woken."""
-        posting, raw = new_posting(name, book, details, priority)
+        """Post a job (details must be JSON-ready); every board watching is woken.
+
+        The node holds TaskFlow's posting alone: its dates are the node's own (``ctime``,
+        ``mtime``), as TaskFlow reads them.
+        """
+        posting, raw = new_posting(name, book, details, priority, dated=False)
         with self._failures(f"post job '{name}'"):
             path = self._require().create(posixpath.join(self._path, self.JOB_PREFIX), raw,
                                           sequence=True)
@@ -365,8 +379,10 @@ class ZookeeperJobBoard(FolderMethods, base.NotifyingJobBoard):
                                      f" meanwhile ({type(cause).__name__})") from err
 
     @base.check_who
-    def claim(self, job: base.Job, who: str) -> None:
-        """Claim ``job`` for ``claim_ttl`` seconds (see :meth:`JobBoard.claim`)."""
+    def claim(self, job: base.Job, who: str, expiry: float | None = None) -> None:
+        """Claim ``job`` for ``expiry`` or ``claim_ttl`` seconds (see :meth:`JobBoard.claim`);
+        :meth:`keep_alive` renews it for as long again."""
+        ttl = self._lease_seconds(expiry)
         client = self._require()
         snap = self._read(self._path_of(job))
         if snap.data is None:
@@ -387,7 +403,7 @@ class ZookeeperJobBoard(FolderMethods, base.NotifyingJobBoard):
                                      f" abandoned or orphaned {snap.attempts} times")
         assert snap.data is not None
         data = dict(snap.data, attempts=snap.attempts + 1, claim={
-            "owner": who, "ttl": self.options.claim_ttl, "session": self._session()})
+            "owner": who, "ttl": ttl, "session": self._session()})
         txn = client.transaction()
         txn.set_data(snap.path, rec.encode(data), version=snap.stat.version)
         if snap.lock is not None:
@@ -406,15 +422,13 @@ class ZookeeperJobBoard(FolderMethods, base.NotifyingJobBoard):
             raise exc.NotFound(f"Cannot {action} job {job.uuid} ({job.name}): it is not on"
                                f" board '{self.name}'")
         owner = snap.live_owner(self._clock.now())
+        if owner is None:
+            expired = f" (the claim of '{snap.lock_owner}' expired)" if snap.lock_owner else ""
+            raise exc.NotFound(f"Cannot {action} job {job.uuid} ({job.name}) as '{who}': it is"
+                               f" not claimed{expired}")
         if owner != who:
-            if owner:
-                holder = f"claimed by '{owner}'"
-            elif snap.lock_owner:
-                holder = f"not claimed (the claim of '{snap.lock_owner}' expired)"
-            else:
-                holder = "not claimed"
             raise exc.JobFailure(f"Cannot {action} job {job.uuid} ({job.name}) as '{who}': it is"
-                                 f" {holder}")
+                                 f" claimed by '{owner}'")
         return snap
 
     @base.check_who
