@@ -22,7 +22,6 @@ what was undone and in which order. Faults are declared before a run (:meth:`fai
 from __future__ import annotations
 
 import dataclasses
-import queue
 import threading
 import time
 import uuid
@@ -32,14 +31,13 @@ from typing import Any
 
 from flowengine import engines, states
 from flowengine import task as task_mod
-from flowengine.engines import RetryWait, interception
+from flowengine.engines import interception
 from flowengine.testing import effects, faults
 from flowengine.testing import ledger as lg
 from flowengine.testing.clock import ManualClock
+from flowengine.testing.skipping import WaitSkipper
 from flowengine.testing.workers import Fleet, KitWorker
 from flowengine.types.notifier import Notifier
-from flowengine.worker_based import client as wb_client
-from flowengine.worker_based import held_publishes
 from flowengine.worker_based import tracking as wb_tracking
 
 #: Engines the kit runs: the worker-based one (the default), or a local one.
@@ -56,14 +54,8 @@ LOSS_STEP = wb_tracking.PROOF_OF_LIFE * HEARTBEAT_INTERVAL + 0.5
 LOSS_STEPS = 200
 #: Real seconds a run may take before the kit gives up on it (the default of ``run``).
 RUN_TIMEOUT = 30.0
-#: Past a wait's due time, so that whatever is due exactly then is due.
-_PAST_DUE = 0.001
-#: Real seconds the broker client takes to publish a held request once it is due.
-_HOUSEKEEPING = 2 * wb_client.HOUSEKEEPING_PERIOD
 #: Real seconds the engine gets to react to a move of the clock (see Running.advance_until).
 _REACT = 0.05
-#: Times a wait heard while something ran is skipped again while its request stays held.
-_RESKIPS = 5
 #: Atom states after which a task call's outcome has reached the engine.
 _SETTLED = frozenset({states.SUCCESS, states.FAILURE, states.REVERTED, states.REVERT_FAILURE,
                       states.PENDING, states.RETRYING})
@@ -267,10 +259,10 @@ class TestKit:
         self._pending: set[str] = set()  # atoms whose call ended, outcome not yet heard
         self._engines: list[Any] = []
         self._closing = threading.Event()
-        self._waits: queue.Queue[tuple[Any, RetryWait] | None] = queue.Queue()
         self._recorder = faults.Recorder(self.ledger, self._plan, _Hooks(self))
-        self._skipper: threading.Thread | None = None
-        self._saved: tuple[Any, ...] | None = None
+        self._skipper = WaitSkipper(self.clock, self._idle, self._changed)
+        self._started = False
+        self._saved: lg.Ledger | None = None
         self._intercepting: Any = None
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -293,11 +285,9 @@ class TestKit:
             _active = self
         self._intercepting = interception.installed(self._recorder)
         self._intercepting.__enter__()
-        self._saved = (effects.use(self.ledger), held_publishes.CLOCK)
-        held_publishes.CLOCK = self.clock
-        self._skipper = threading.Thread(target=self._skip_waits, name=f"{self.id}-skipper",
-                                         daemon=True)
+        self._saved = effects.use(self.ledger)
         self._skipper.start()
+        self._started = True
 
     def close(self) -> None:
         """Stop the workers and take the kit's clock, interceptor and ledger out of force."""
@@ -305,16 +295,14 @@ class TestKit:
         if self._closing.is_set():
             return
         self._closing.set()  # lost workers' threads end
-        self._waits.put(None)
-        if self._skipper is not None:
-            self._skipper.join(timeout=5.0)
+        if self._started:
+            self._skipper.stop()
         if self._fleet is not None:
             self._fleet.stop()
         if self._intercepting is not None:
             self._intercepting.__exit__(None, None, None)
-        if self._saved is not None:
-            effects.use(self._saved[0])
-            held_publishes.CLOCK = self._saved[1]
+        if self._started:
+            effects.use(self._saved)
         with _active_lock:
             if _active is self:
                 _active = None
@@ -365,7 +353,7 @@ class TestKit:
             ValueError: A task of the flow cannot run on a worker (a worker builds a task
                 from its class and name alone).
         """
-        if self._closing.is_set() or self._skipper is None:
+        if self._closing.is_set() or not self._started:
             raise RuntimeError(f"TestKit {self.id} is not open (use it in a with block)")
         defaults: dict[str, Any] = {"retry_clock": self.clock}
         if self._fleet is not None:
@@ -381,7 +369,7 @@ class TestKit:
             classes = task_classes(engine)
             _check_remote(engine)
             self._fleet.serve(classes)
-        engine.retry_waits.subscribe(lambda wait: self._heard(engine, wait))
+        self._skipper.watch(engine)
         engine.atom_notifier.register(Notifier.ANY, self._atom_changed)
         self._engines.append(engine)
         return engine
@@ -410,7 +398,7 @@ class TestKit:
         """Move the kit's clock ``seconds`` forward now (past a time limit, say); retry waits
         due by then end."""
         self.clock.advance(seconds)
-        self._check_timers()
+        self._skipper.check_timers()
 
     def dependencies(self, outcome: Outcome) -> list[tuple[str, str]]:
         """The ``(earlier, later)`` pairs of ``outcome``'s flow, for ``assert_compensated``."""
@@ -420,7 +408,7 @@ class TestKit:
         """The compensation of ``outcome``'s run holds (see
         :meth:`~flowengine.testing.ledger.Ledger.assert_compensated`)."""
         self.ledger.assert_compensated(outcome.run, dependencies(outcome.engine),
-                                       tolerant=_tolerant(outcome.engine))
+                                       tolerant=tolerant_atoms(outcome.engine))
 
     # -- skipping waits -----------------------------------------------------------------------
 
@@ -443,47 +431,6 @@ class TestKit:
     def _idle(self) -> bool:
         return (self._recorder.active == 0 and not self._pending
                 and not (self._fleet is not None and self._fleet.busy))
-
-    def _heard(self, engine: Any, wait: RetryWait) -> None:
-        if wait.due is None:
-            return
-        with self._changed:
-            if self._idle():
-                # On the announcing thread, before it goes on: a worker-based engine then sends
-                # the retry's requests undelayed, a local one finds its timer due.
-                self._skip_to(wait.due)
-                return
-        self._waits.put((engine, wait))
-
-    def _skip_to(self, due: float) -> None:
-        self.clock.advance_to(due + _PAST_DUE)
-        self._check_timers()
-
-    def _skip_waits(self) -> None:
-        """Skip the waits heard while something ran, once nothing does."""
-        while True:
-            item = self._waits.get()
-            if item is None:
-                return
-            _engine, wait = item
-            with self._changed:
-                while not self._idle():
-                    if self._closing.is_set():
-                        return
-                    self._changed.wait(0.05)
-            assert wait.due is not None
-            self._skip_to(wait.due)
-            # The engine may have armed the wait while the clock moved (its delay counted from
-            # before, its due time from after): while nothing else runs and a request is
-            # still held, the wait is not over yet.
-            for _ in range(_RESKIPS):
-                if self._closing.wait(_HOUSEKEEPING) or not self._idle() or not _held():
-                    break
-                self.clock.advance(max(wait.seconds, _PAST_DUE))
-
-    def _check_timers(self) -> None:
-        for engine in list(self._engines):
-            engine.retry_waits.timer.check()
 
     # -- losing workers -----------------------------------------------------------------------
 
@@ -521,17 +468,13 @@ class TestKit:
         return names
 
 
-def _held() -> int:
-    """Requests this process's broker clients hold until due."""
-    return sum(len(client.held) for client in wb_client.clients())
-
-
 def _atom_states(engine: Any) -> dict[str, str]:
     storage = engine.storage
     return {a.name: str(storage.get_atom_state(a.name)) for a in engine.compilation.iter_atoms()}
 
 
-def _tolerant(engine: Any) -> frozenset[str]:
+def tolerant_atoms(engine: Any) -> frozenset[str]:
+    """The tasks of an engine's flow marked :func:`reverts_without_execute`."""
     return frozenset(a.name for a in engine.compilation.iter_atoms()
                      if getattr(a, "reverts_without_execute", False))
 

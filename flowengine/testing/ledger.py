@@ -35,6 +35,8 @@ RETURN = "return"
 FAULT = "fault"
 #: A change of the observed world (``op``: put, delete, add) or a note.
 EFFECT = "effect"
+#: The observed world starts afresh: every key is gone (a rehearsal's runs are independent).
+RESET = "reset"
 
 RETURNED = "returned"
 RAISED = "raised"
@@ -96,8 +98,10 @@ class Entry:
 
     def to_json(self) -> str:
         """One JSON line (values JSON cannot hold are written as their ``repr``)."""
+        defaults = {f.name: f.default for f in dataclasses.fields(self)
+                    if f.name not in _ALWAYS_WRITTEN}
         fields = {k: v for k, v in dataclasses.asdict(self).items()
-                  if v not in (None, False, {}) or k in ("seq", "kind")}
+                  if not (k in defaults and v is defaults[k]) and v != {}}
         return json.dumps(fields, default=repr, sort_keys=True)
 
     @classmethod
@@ -106,6 +110,10 @@ class Entry:
         fields = json.loads(line)
         known = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in fields.items() if k in known})
+
+
+#: Fields a JSON line always holds (a value equal to a default, such as ``0``, is data).
+_ALWAYS_WRITTEN = frozenset({"seq", "kind", "before", "after"})
 
 
 def _fields(fields: Mapping[str, Any]) -> dict[str, Any]:
@@ -158,6 +166,10 @@ class Ledger(abc.ABC):
     def faults(self, run: str | None = None) -> list[Entry]:
         """The faults the kit injected, oldest first."""
         return [e for e in self.entries(run) if e.kind == FAULT]
+
+    def reset_world(self, run: str | None = None) -> Entry:
+        """Start the observed world afresh (every key gone) from this line on."""
+        return self.append(RESET, run=run)
 
     def last_run(self) -> str | None:
         """The run of the newest line (None: the ledger is empty)."""
@@ -232,6 +244,8 @@ class Ledger(abc.ABC):
 
 def _describe(entry: Entry) -> str:
     where = f"#{entry.seq} run {entry.run}" if entry.run is not None else f"#{entry.seq}"
+    if entry.kind == RESET:
+        return f"{where} the observed world starts afresh"
     if entry.kind == EFFECT:
         change = (f"{entry.op} {entry.key}: {entry.before!r} -> {entry.after!r}"
                   if entry.op != "note" else f"note {dict(entry.details)}")
@@ -245,6 +259,9 @@ def _describe(entry: Entry) -> str:
 
 
 def _apply(state: dict[str, Any], entry: Entry) -> None:
+    if entry.kind == RESET:
+        state.clear()
+        return
     if entry.kind != EFFECT or entry.op == "note" or entry.key is None:
         return
     if entry.after is None:
@@ -265,6 +282,7 @@ class MemoryLedger(Ledger):
         with self._lock:
             entry = Entry(seq=len(self._lines), kind=kind, **_fields(fields))
             self._lines.append(entry)
+            _apply(self._state, entry)
             self._lock.notify_all()
             return entry
 

@@ -100,3 +100,11 @@ def test_assertions_say_what_happened() -> None:
         ledger.assert_ran_once("c")
     with pytest.raises(AssertionError, match="a was reverted 1 time"):
         ledger.assert_not_reverted("a")
+
+
+def test_falsy_values_survive_the_json_line() -> None:
+    for value in (0, False, "", [], 0.0):
+        entry = lg.Entry(seq=0, kind=lg.EFFECT, op="put", key="k", before=value, after=value)
+        again = lg.Entry.from_json(entry.to_json())
+        assert (again.before, again.after) == (value, value)
+        assert type(again.after) is type(value)
