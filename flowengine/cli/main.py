@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from flowengine import __version__
+from flowengine.cli.chaos import chaos_command
 from flowengine.cli.conductor import conductor_command
 from flowengine.cli.dashboard import dashboard_command
 from flowengine.cli.dead_letters import dead_letters_group
@@ -42,6 +43,7 @@ cli.add_command(conductor_command)
 cli.add_command(jobs_group)
 cli.add_command(conductors_command)
 cli.add_command(rehearse_command)
+cli.add_command(chaos_command)
 
 
 def main() -> None:
