@@ -99,24 +99,31 @@ def test_hung_failed_lost_and_rerun_work_is_reported(tmp_path: Path) -> None:
                                         exc.WorkerLost("ship", 3, ["w1", "w2", "w3"]))]),
         ("rerun", states.SUCCESS, [atom("charge", states.SUCCESS, attempts=twice)])])
     engine = log(tmp_path / "engine.jsonl", [
-        {"event": "atom", "flow": "rerun", "atom_uuid": "a9", "state": "SUCCESS", "t": 5.0},
-        {"event": "atom", "flow": "hung", "atom_uuid": "a7", "state": "RUNNING", "t": 6.0}])
+        {"event": "atom", "flow": "rerun", "atom": "charge", "atom_uuid": "a9",
+         "state": "SUCCESS", "t": 5.0, "pid": 1},
+        {"event": "atom", "flow": "hung", "atom_uuid": "a7", "state": "RUNNING", "t": 6.0},
+        {"event": "atom", "flow": "rerun", "atom": "charge", "atom_uuid": "a9",
+         "state": "RUNNING", "t": 9.0, "pid": 2}])  # a resumed engine runs it again
     workers = log(tmp_path / "workers.jsonl", [
         {"event": "task-started", "pid": 100, "request_id": "r9", "atom_uuid": "a9",
-         "flow_uuid": "rerun", "task_name": "charge", "action": "execute", "t": 8.0}])
+         "flow_uuid": "rerun", "task_name": "charge", "action": "execute", "attempt": 1,
+         "t": 8.0}])
     certificate = ct.certify(2, "replay", uri, PREFIX, engine, tmp_path / "none.jsonl",
                              [applied(sc.KILL_WORKER, 7.0, 100)])
     assert not certificate.passed
     assert certificate.hung == ["flow hung still RUNNING: charge=RUNNING"]
     assert certificate.failed == ["flow failed ended FAILURE (RuntimeError)"]
     assert certificate.lost_work == ["flow lost reverted after losing its work (WorkerLost)"]
-    assert certificate.reran == ["flow rerun atom charge: two completed executes stored "
-                                 "without a revert between them"]
+    assert certificate.reran == [
+        "flow rerun atom charge: two completed executes stored without a revert between them",
+        "flow rerun atom charge: started again by engine pid 2 4.00s after it was recorded "
+        "done"]
     # Without workers' log (TaskFlow's workers): every atom then in flight was hit.
     [recovery] = certificate.recoveries
     assert (recovery.affected, recovery.seconds) == (1, None)
+    # A request the worker started only after the atom was done: at-least-once, information.
     logged = ct.certify(2, "replay", uri, PREFIX, engine, workers, [])
-    assert ("flow rerun atom charge: started again on pid 100 3.00s after it was recorded "
-            "done") in logged.reran
+    assert logged.late == ["flow rerun atom charge: request r9 (attempt 1) started on pid 100 "
+                           "3.00s after the atom was recorded done"]
     text = certificate.text()
     assert "HUNG: flow hung" in text and "NOT RECOVERED" in text and "NOT CERTIFIED" in text

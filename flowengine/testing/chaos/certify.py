@@ -7,17 +7,20 @@ only) and the faults applied. Judged:
 
 - every flow ended SUCCESS or REVERTED (a flow still running when the chaos and its settling
   time were over *hung*; one that ended FAILURE failed);
-- no completed atom ran again: once the engine recorded an atom's execute as done, no worker
-  started that execute again (until the atom was reverted), and no atom's stored attempts hold
-  two completed executes without a revert between them;
+- no completed atom ran again: once an engine recorded an atom's execute as done, no engine
+  (the same one, or one that resumed the flow) started it again until it was reverted, and no
+  atom's stored attempts hold two completed executes without a revert between them;
 - every fault recovered: the work in flight where it struck (requests a killed or frozen worker
   held, flows a killed engine ran) moved on; a fault's recovery time is how long the slowest
   of them took to end (an atom's next state, the flow's next step).
 
 Reverted flows whose failure was the loss of their work (``WorkerLost``, ``RequestTimeout``)
-are counted apart: safe, yet the work was lost. A request a worker finished after its
-replacement had run too (a frozen worker's, thawed) ran twice: at-least-once delivery, counted
-as information.
+are counted apart: safe, yet the work was lost. Delivery is at-least-once, and the workers' log
+shows what that cost: requests whose execute finished twice (a frozen worker's, thawed after
+its lease lapsed and another worker ran it), and requests a worker started only after their
+atom had completed elsewhere (a frozen worker thawed holding one it had taken but not started;
+the engine had sent it before the atom completed, and ignores its outcome). Both are counted as
+information: a task that must not repeat a side effect checks for it itself.
 """
 
 from __future__ import annotations
@@ -95,6 +98,7 @@ class Certificate:
     lost_work: list[str]
     reran: list[str]
     duplicates: int
+    late: list[str]
     recoveries: list[Recovery]
 
     @property
@@ -133,8 +137,8 @@ class Certificate:
             + f"), {len(self.hit)} of them struck work in flight",
             f"recovery: worst {_seconds(self.worst)}, median {_seconds(self.median)}",
             f"completed atoms run again: {len(self.reran)}",
-            f"requests run twice (at-least-once: a lapsed attempt finishing after its "
-            f"replacement): {self.duplicates}",
+            f"at-least-once: requests whose execute finished twice {self.duplicates}, "
+            f"requests started after their atom completed elsewhere {len(self.late)}",
             f"flows reverted because their work was lost ({', '.join(sorted(LOSS))}): "
             f"{len(self.lost_work)}",
             f"worker faults recovered only after a later engine restart: "
@@ -144,6 +148,7 @@ class Certificate:
         lines += [f"  FAILED: {f}" for f in self.failed]
         lines += [f"  RAN AGAIN: {r}" for r in self.reran]
         lines += [f"  LOST WORK: {w}" for w in self.lost_work]
+        lines += [f"  started late: {w}" for w in self.late]
         lines += [f"  NOT RECOVERED: {r.applied.fault} (pid {r.applied.pid})"
                   for r in self.recoveries if not r.recovered]
         verdict = ("CERTIFIED: every flow ended SUCCESS or REVERTED, no completed atom ran "
@@ -156,7 +161,8 @@ class Certificate:
         return {"passed": self.passed, "seed": self.seed, "replay": self.replay,
                 "flows": self.flows, "ended": self.ended, "hung": self.hung,
                 "failed": self.failed, "lost_work": self.lost_work, "reran": self.reran,
-                "duplicates": self.duplicates, "worst_recovery": self.worst,
+                "duplicates": self.duplicates, "late": self.late,
+                "worst_recovery": self.worst,
                 "median_recovery": self.median,
                 "faults": [{"at": r.applied.fault.at, "kind": r.applied.fault.kind,
                             "slot": r.applied.fault.slot, "pid": r.applied.pid,
@@ -207,26 +213,47 @@ def _reran_stored(detail: Any) -> list[str]:
     return found
 
 
-def _reran_logged(engine: Sequence[Mapping[str, Any]],
-                  workers: Sequence[Mapping[str, Any]]) -> list[str]:
-    """Executes a worker started after the engine had recorded the atom as done."""
+def _reran_logged(engine: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Atoms an engine started again after one had recorded them done, with no undo between."""
     done: dict[str, float] = {}  # atom uuid -> when its execute was recorded done
+    found = []
     for line in engine:
-        if line["event"] != "atom" or not line.get("atom_uuid"):
+        uuid = line.get("atom_uuid")
+        if line["event"] != "atom" or not uuid:
             continue
         if line["state"] == states.SUCCESS:
-            done.setdefault(line["atom_uuid"], line["t"])
+            done.setdefault(uuid, line["t"])
         elif line["state"] in (states.REVERTING, states.REVERTED, states.PENDING):
-            done.pop(line["atom_uuid"], None)  # undone: it may run again
+            done.pop(uuid, None)  # undone: it may run again
+        elif line["state"] == states.RUNNING and uuid in done:
+            found.append(f"flow {line.get('flow')} atom {line.get('atom')}: started again by "
+                         f"engine pid {line.get('pid')} {line['t'] - done[uuid]:.2f}s after "
+                         f"it was recorded done")
+    return found
+
+
+def _late(engine: Sequence[Mapping[str, Any]],
+          workers: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Requests a worker started after their atom had been recorded done (stale ones)."""
+    done: dict[str, float] = {}
+    for line in engine:
+        uuid = line.get("atom_uuid")
+        if line["event"] != "atom" or not uuid:
+            continue
+        if line["state"] == states.SUCCESS:
+            done.setdefault(uuid, line["t"])
+        elif line["state"] in (states.REVERTING, states.REVERTED, states.PENDING):
+            done.pop(uuid, None)
     found = []
     for line in workers:
         if line["event"] != "task-started" or line.get("action") != _DONE_EXECUTE:
             continue
         when = done.get(str(line.get("atom_uuid")))
         if when is not None and line["t"] > when:
-            found.append(f"flow {line.get('flow_uuid')} atom {line.get('task_name')}: started "
-                         f"again on pid {line.get('pid')} {line['t'] - when:.2f}s after it "
-                         f"was recorded done")
+            found.append(f"flow {line.get('flow_uuid')} atom {line.get('task_name')}: request "
+                         f"{line.get('request_id')} (attempt {line.get('attempt')}) started on "
+                         f"pid {line.get('pid')} {line['t'] - when:.2f}s after the atom was "
+                         f"recorded done")
     return found
 
 
@@ -303,9 +330,9 @@ def certify(seed: int, replay: str, backend: str, prefix: str, engine_log: Path,
             lost.append(f"flow {detail.uuid} reverted after losing its work "
                         f"({', '.join(sorted(_failure_types(detail, every=True) & LOSS))})")
         reran += _reran_stored(detail)
-    reran += _reran_logged(engine, workers)
+    reran += _reran_logged(engine)
     applied = list(applied)
     restarts = [a.t for a in applied if a.fault.kind == sc.RESTART_ENGINE]
     recoveries = [_recovery(a, engine, workers, restarts) for a in applied]
     return Certificate(seed, replay, len(details), ended, hung, failed, lost, reran,
-                       _duplicates(workers), recoveries)
+                       _duplicates(workers), _late(engine, workers), recoveries)
