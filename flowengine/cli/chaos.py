@@ -45,7 +45,7 @@ from flowengine.cli.rehearse import own_exchange
 @click.option("--backend", "backend_uri", envvar="FLOWENGINE_BACKEND", default=None,
               help="Where the flows are stored (default: SQLite in the work folder).")
 @click.option("--workdir", envvar="FLOWENGINE_WORKDIR", default=None,
-              type=click.Path(file_okay=False, path_type=Path),
+              type=click.Path(file_okay=False),
               help="Work folder for the store, the logs and each process's output (default: "
                    "a new temporary folder, kept).")
 @broker_options
@@ -55,7 +55,7 @@ from flowengine.cli.rehearse import own_exchange
 @click.pass_context
 def chaos_command(ctx: click.Context, spec: str, duration: float, workers: int,
                   seed: int | None, concurrency: int, settle: float, lease_timeout: float,
-                  threads: int, backend_uri: str | None, workdir: Path | None,
+                  threads: int, backend_uri: str | None, workdir: str | None,
                   store: tuple[str, ...], factory_args: tuple[str, ...],
                   factory_kwargs: tuple[str, ...], as_json: bool, **broker: Any) -> None:
     """Certify the flow MODULE:FACTORY names under chaos.
@@ -83,7 +83,7 @@ def chaos_command(ctx: click.Context, spec: str, duration: float, workers: int,
     if taskflow and not connection["url"]:
         raise click.UsageError("--taskflow-compat needs --url: TaskFlow's workers need a broker")
     chosen = seed if seed is not None else random.SystemRandom().randrange(1, 10**6)
-    folder = workdir or Path(tempfile.mkdtemp(prefix=f"flowengine-chaos-{chosen}-"))
+    folder = Path(workdir or tempfile.mkdtemp(prefix=f"flowengine-chaos-{chosen}-"))
     settings = orchestra.Settings(
         spec=spec, args=loading.parse_args(factory_args),
         kwargs=parse_pairs(factory_kwargs, "factory keyword argument"),

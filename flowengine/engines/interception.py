@@ -83,24 +83,22 @@ def installed(interceptor: Interceptor) -> Iterator[Interceptor]:
 def bound(task: Any, action: str, arguments: Mapping[str, Any],
           method: Callable[..., Any]) -> Callable[[], Any]:
     """``method(**arguments)`` as a call of no arguments, through the installed interceptors."""
+    return _chain(task, action, arguments, method, "around")
+
+
+def bound_async(task: Any, action: str, arguments: Mapping[str, Any],
+                method: Callable[..., Awaitable[Any]]) -> Callable[[], Awaitable[Any]]:
+    """:func:`bound` for an ``async def`` method (each level returns an awaitable)."""
+    return _chain(task, action, arguments, method, "around_async")
+
+
+def _chain(task: Any, action: str, arguments: Mapping[str, Any], method: Callable[..., Any],
+           level: str) -> Callable[[], Any]:
     call: Callable[[], Any] = functools.partial(method, **arguments)
     chain = _installed
     if not chain:
         return call
     info = TaskCall(task, action, arguments)
     for interceptor in chain:
-        call = functools.partial(interceptor.around, info, call)
-    return call
-
-
-def bound_async(task: Any, action: str, arguments: Mapping[str, Any],
-                method: Callable[..., Awaitable[Any]]) -> Callable[[], Awaitable[Any]]:
-    """:func:`bound` for an ``async def`` method (each level returns an awaitable)."""
-    call: Callable[[], Awaitable[Any]] = functools.partial(method, **arguments)
-    chain = _installed
-    if not chain:
-        return call
-    info = TaskCall(task, action, arguments)
-    for interceptor in chain:
-        call = functools.partial(interceptor.around_async, info, call)
+        call = functools.partial(getattr(interceptor, level), info, call)
     return call

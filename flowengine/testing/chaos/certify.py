@@ -213,19 +213,26 @@ def _reran_stored(detail: Any) -> list[str]:
     return found
 
 
+def _undone(line: Mapping[str, Any], done: dict[str, float]) -> str | None:
+    """Follow one engine log line in ``done`` (atom uuid -> when its execute was recorded
+    done); return the atom's uuid if the line is an atom state change."""
+    uuid = line.get("atom_uuid")
+    if line["event"] != "atom" or not uuid:
+        return None
+    if line["state"] == states.SUCCESS:
+        done.setdefault(uuid, line["t"])
+    elif line["state"] in (states.REVERTING, states.REVERTED, states.PENDING):
+        done.pop(uuid, None)  # undone: it may run again
+    return str(uuid)
+
+
 def _reran_logged(engine: Sequence[Mapping[str, Any]]) -> list[str]:
     """Atoms an engine started again after one had recorded them done, with no undo between."""
-    done: dict[str, float] = {}  # atom uuid -> when its execute was recorded done
+    done: dict[str, float] = {}
     found = []
     for line in engine:
-        uuid = line.get("atom_uuid")
-        if line["event"] != "atom" or not uuid:
-            continue
-        if line["state"] == states.SUCCESS:
-            done.setdefault(uuid, line["t"])
-        elif line["state"] in (states.REVERTING, states.REVERTED, states.PENDING):
-            done.pop(uuid, None)  # undone: it may run again
-        elif line["state"] == states.RUNNING and uuid in done:
+        uuid = _undone(line, done)
+        if uuid is not None and line["state"] == states.RUNNING and uuid in done:
             found.append(f"flow {line.get('flow')} atom {line.get('atom')}: started again by "
                          f"engine pid {line.get('pid')} {line['t'] - done[uuid]:.2f}s after "
                          f"it was recorded done")
@@ -237,13 +244,7 @@ def _late(engine: Sequence[Mapping[str, Any]],
     """Requests a worker started after their atom had been recorded done (stale ones)."""
     done: dict[str, float] = {}
     for line in engine:
-        uuid = line.get("atom_uuid")
-        if line["event"] != "atom" or not uuid:
-            continue
-        if line["state"] == states.SUCCESS:
-            done.setdefault(uuid, line["t"])
-        elif line["state"] in (states.REVERTING, states.REVERTED, states.PENDING):
-            done.pop(uuid, None)
+        _undone(line, done)
     found = []
     for line in workers:
         if line["event"] != "task-started" or line.get("action") != _DONE_EXECUTE:
