@@ -23,6 +23,7 @@ NEEDS_SERVERS: frozenset[str] = frozenset()
 #: without an entry must still exit with status 0 and print something.
 EXPECTED_LINES: dict[str, list[str]] = {
     "readme_booking.py": ["reserved 12A"],
+    "chaos_orders.py": ["parcel-1"],
     "rehearse_booking.py": [
         "== booking",
         "every revert twice            E/R+R         E/R+R!       x/R+R        REVERTED    "

@@ -21,6 +21,7 @@ what was undone and in which order. Faults are declared before a run (:meth:`fai
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
 import time
@@ -262,8 +263,7 @@ class TestKit:
         self._recorder = faults.Recorder(self.ledger, self._plan, _Hooks(self))
         self._skipper = WaitSkipper(self.clock, self._idle, self._changed)
         self._started = False
-        self._saved: lg.Ledger | None = None
-        self._intercepting: Any = None
+        self._in_force = contextlib.ExitStack()  # what start() put in force, undone by close()
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -283,10 +283,10 @@ class TestKit:
                 raise RuntimeError(f"another TestKit ({_active.id}) is open in this process; "
                                    f"close it first")
             _active = self
-        self._intercepting = interception.installed(self._recorder)
-        self._intercepting.__enter__()
-        self._saved = effects.use(self.ledger)
+        self._in_force.enter_context(interception.installed(self._recorder))
+        self._in_force.callback(effects.use, effects.use(self.ledger))
         self._skipper.start()
+        self._in_force.callback(self._skipper.stop)
         self._started = True
 
     def close(self) -> None:
@@ -295,14 +295,9 @@ class TestKit:
         if self._closing.is_set():
             return
         self._closing.set()  # lost workers' threads end
-        if self._started:
-            self._skipper.stop()
         if self._fleet is not None:
             self._fleet.stop()
-        if self._intercepting is not None:
-            self._intercepting.__exit__(None, None, None)
-        if self._started:
-            effects.use(self._saved)
+        self._in_force.close()
         with _active_lock:
             if _active is self:
                 _active = None

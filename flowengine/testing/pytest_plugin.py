@@ -12,7 +12,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import pytest
+try:
+    import pytest
+except ImportError as err:  # pragma: no cover - the extra is what provides it
+    raise ImportError("flowengine.testing.pytest_plugin needs pytest: install the 'testing' "
+                      "extra (pip install 'flowengine[testing]')") from err
 
 from flowengine.testing.kit import TestKit
 
