@@ -84,6 +84,10 @@ def chaos_command(ctx: click.Context, spec: str, duration: float, workers: int,
         raise click.UsageError("--taskflow-compat needs --url: TaskFlow's workers need a broker")
     chosen = seed if seed is not None else random.SystemRandom().randrange(1, 10**6)
     folder = Path(workdir or tempfile.mkdtemp(prefix=f"flowengine-chaos-{chosen}-"))
+    if connection["url"] is None and connection["transport"] is None:
+        # The embedded transport, in the work folder: the session's processes alone share it.
+        connection.update(transport="flowengine-fs",
+                          transport_options={"data_folder": str(folder.resolve() / "fs")})
     settings = orchestra.Settings(
         spec=spec, args=loading.parse_args(factory_args),
         kwargs=parse_pairs(factory_kwargs, "factory keyword argument"),
