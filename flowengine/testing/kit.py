@@ -51,8 +51,8 @@ HEARTBEAT_INTERVAL = 1.0
 LEASE_TIMEOUT = 30 * 24 * 3600.0
 #: How far the kit moves its clock at each step while the engine notices a lost worker.
 LOSS_STEP = wb_tracking.PROOF_OF_LIFE * HEARTBEAT_INTERVAL + 0.5
-#: Steps before the kit gives up on the engine noticing a lost worker.
-LOSS_STEPS = 200
+#: Real seconds between two steps (the engine's consumer looks at leases ten times a second).
+LOSS_STEP_EVERY = 0.02
 #: Real seconds a run may take before the kit gives up on it (the default of ``run``).
 RUN_TIMEOUT = 30.0
 #: Real seconds the engine gets to react to a move of the clock (see Running.advance_until).
@@ -441,18 +441,20 @@ class TestKit:
 
     def _skip_lease(self, worker: KitWorker, atom: str) -> None:
         """Move the clock past the lost worker's proof-of-life window, a step at a time, until
-        the engine gave the call to another worker or gave up on it."""
+        the engine gave the call to another worker or gave up on it (or a run's timeout of
+        real time passed: the run fails then, saying where it stood)."""
         seen = len(self.ledger.entries())
+        deadline = time.monotonic() + self.timeout
 
         def moved_on() -> bool:
             return any(e.atom == atom and e.kind in (lg.CALL, lg.FAULT) and e.worker != worker.name
                        for e in self.ledger.entries()[seen:]) or atom not in self._running()
 
-        for _ in range(LOSS_STEPS):
+        while time.monotonic() < deadline:
             if self._closing.is_set() or moved_on():
                 return
             self.clock.advance(LOSS_STEP)
-            self._closing.wait(0.02)
+            self._closing.wait(LOSS_STEP_EVERY)
 
     def _running(self) -> set[str]:
         names: set[str] = set()
