@@ -1,7 +1,7 @@
 """Exit codes of the ``flowengine`` commands.
 
 Scripts and schedulers branch on these, so they never change meaning (3 to 5 are ``run``'s
-alone, 6 the proving commands'):
+alone, 7 the proving commands'):
 
 ====  ========================================================================================
 0     success (``run``: the flow ended SUCCESS; ``check``: the flow compiles and validates)
@@ -13,7 +13,7 @@ alone, 6 the proving commands'):
 3     ``run``: the flow failed and was reverted (REVERTED)
 4     ``run``: the flow ended in FAILURE (a revert failed, or the engine itself failed)
 5     ``run``: the flow was suspended (SIGINT/SIGTERM); resume it with ``--resume``
-6     ``rehearse``, ``chaos``: a finding: the flow is not proven safe
+7     ``rehearse``, ``chaos``: a finding: the flow is not proven safe (6 is left to ``run``)
 130   ``run``: interrupted a second time while suspending
 ====  ========================================================================================
 """
@@ -33,7 +33,7 @@ USAGE = 2
 REVERTED = 3
 FAILED = 4
 SUSPENDED = 5
-FINDINGS = 6
+FINDINGS = 7
 INTERRUPTED = 130
 
 #: Exit code of ``run`` for the state its flow ended in (anything else is ERROR).
