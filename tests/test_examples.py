@@ -22,6 +22,24 @@ NEEDS_SERVERS: frozenset[str] = frozenset()
 #: Lines each script must print, in this order (other lines may come between them). A script
 #: without an entry must still exit with status 0 and print something.
 EXPECTED_LINES: dict[str, list[str]] = {
+    "readme_booking.py": ["reserved 12A"],
+    "chaos_orders.py": ["parcel-1"],
+    "rehearse_booking.py": [
+        "== booking",
+        "every revert twice            E/R+R         E/R+R!       x/R+R        REVERTED    "
+        "FINDING",
+        "verdict: 8 runs on the serial engine, 1 finding(s): the flow is NOT proven safe",
+        "every revert twice: charge_card: revert not idempotent: its second revert changed "
+        "balance from 0 to 120",
+        "== fixed_booking",
+        "verdict: 8 runs on the serial engine, no finding: every failure point is undone "
+        "safely",
+    ],
+    "rehearse_careless.py": [
+        "verdict: 8 runs on the serial engine, 2 finding(s): the flow is NOT proven safe",
+        "fail execute of charge_card: charge_card: revert assumes its execute ran: its execute "
+        "never completed, yet its revert changed balance from None to 120",
+    ],
     "suspend_elsewhere.py": [
         "flow copy-files is RUNNING in another process: True",
         "asked, and acknowledged: True",

@@ -1,7 +1,7 @@
 """Exit codes of the ``flowengine`` commands.
 
-Scripts and schedulers branch on these, so they never change meaning (3 and up are ``run``'s
-alone):
+Scripts and schedulers branch on these, so they never change meaning (3 to 5 are ``run``'s
+alone, 7 the proving commands'):
 
 ====  ========================================================================================
 0     success (``run``: the flow ended SUCCESS; ``check``: the flow compiles and validates)
@@ -17,6 +17,7 @@ alone):
       unreachable, the disk is full): nothing more ran and nothing was reverted; the stored
       record is as its last successful write left it, so resume with ``--resume`` once the
       backend is back
+7     ``rehearse``, ``chaos``: a finding: the flow is not proven safe (6 is left to ``run``)
 130   ``run``: interrupted a second time while suspending
 ====  ========================================================================================
 """
@@ -37,6 +38,7 @@ REVERTED = 3
 FAILED = 4
 SUSPENDED = 5
 HALTED = 6
+FINDINGS = 7
 INTERRUPTED = 130
 
 #: Exit code of ``run`` for the state its flow ended in (anything else is ERROR).

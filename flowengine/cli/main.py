@@ -29,6 +29,8 @@ class Entry(NamedTuple):
 
 #: Subcommands in the order ``--help`` lists them (alphabetical, as click's own).
 COMMANDS: dict[str, Entry] = {
+    "chaos": Entry("flowengine.cli.chaos", "chaos_command",
+                   "Certify the flow MODULE:FACTORY names under chaos."),
     "check": Entry("flowengine.cli.graph", "check_command",
                    "Compile and validate the flow MODULE:FACTORY names, without running it; or "
                    "(--orphans) report the flows a jobboard lost."),
@@ -51,6 +53,8 @@ COMMANDS: dict[str, Entry] = {
                    "Print the compiled graph of the flow MODULE:FACTORY names."),
     "jobs": Entry("flowengine.cli.jobs", "jobs_group",
                   "List, post, inspect, trash and re-post jobs on a jobboard."),
+    "rehearse": Entry("flowengine.cli.rehearse", "rehearse_command",
+                      "Rehearse the reverts of the flow MODULE:FACTORY names."),
     "run": Entry("flowengine.cli.run", "run_command",
                  "Run the flow MODULE:FACTORY names (a flow factory, or a flow object)."),
     "show": Entry("flowengine.cli.flows", "show_command",

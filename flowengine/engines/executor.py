@@ -26,6 +26,7 @@ import futurist
 
 from flowengine import tracing
 from flowengine.atom import REVERT_FLOW_FAILURES, REVERT_RESULT
+from flowengine.engines import interception
 from flowengine.engines.event_loop import EventLoopThread
 from flowengine.engines.time_limits import Clock, Watchdog, limit_for, parse_time_limits, settle
 from flowengine.task import EVENT_UPDATE_PROGRESS
@@ -111,7 +112,8 @@ def execute_task(
 ) -> tuple[str, Any]:
     """Run ``pre_execute``/``execute``/``post_execute`` here and now."""
     with tracing.task_scope(task):
-        result = _run(task, task.pre_execute, lambda: task.execute(**arguments),
+        result = _run(task, task.pre_execute,
+                      interception.bound(task, interception.EXECUTE, arguments, task.execute),
                       task.post_execute, progress_callback)
     return EXECUTED, _redact(task, arguments, result)
 
@@ -126,8 +128,9 @@ def revert_task(
     """Run ``pre_revert``/``revert``/``post_revert`` here and now."""
     kwargs = _revert_kwargs(arguments, result, failures)
     with tracing.task_scope(task):
-        outcome = _run(task, task.pre_revert, lambda: task.revert(**kwargs), task.post_revert,
-                       progress_callback)
+        outcome = _run(task, task.pre_revert,
+                       interception.bound(task, interception.REVERT, kwargs, task.revert),
+                       task.post_revert, progress_callback)
     return REVERTED, _redact(task, arguments, outcome)
 
 
@@ -136,8 +139,10 @@ async def execute_task_async(
 ) -> tuple[str, Any]:
     """:func:`execute_task` for a task whose ``execute`` is ``async def``."""
     with tracing.task_scope(task):
-        result = await _run_async(task, task.pre_execute, lambda: task.execute(**arguments),
-                                  task.post_execute, progress_callback)
+        result = await _run_async(
+            task, task.pre_execute,
+            interception.bound_async(task, interception.EXECUTE, arguments, task.execute),
+            task.post_execute, progress_callback)
     return EXECUTED, _redact(task, arguments, result)
 
 
@@ -151,8 +156,10 @@ async def revert_task_async(
     """:func:`revert_task` for a task whose ``revert`` is ``async def``."""
     kwargs = _revert_kwargs(arguments, result, failures)
     with tracing.task_scope(task):
-        outcome = await _run_async(task, task.pre_revert, lambda: task.revert(**kwargs),
-                                   task.post_revert, progress_callback)
+        outcome = await _run_async(
+            task, task.pre_revert,
+            interception.bound_async(task, interception.REVERT, kwargs, task.revert),
+            task.post_revert, progress_callback)
     return REVERTED, _redact(task, arguments, outcome)
 
 

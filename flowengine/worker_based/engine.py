@@ -65,6 +65,8 @@ class WorkerBasedActionEngine(ActionEngine):
         metrics_port: also serve them on ``127.0.0.1:PORT/metrics`` from when the flow runs
             (implies ``metrics``; the endpoint is the process's and outlives the run).
         retry_clock: epoch seconds of retry waits, as on every engine (tests inject one).
+        clock: monotonic seconds of request expiries, leases, time limits and silent workers
+            (tests inject one to move them along without sleeping).
     """
 
     def __init__(

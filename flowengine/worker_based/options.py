@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -139,6 +140,9 @@ class WorkerEngineOptions:
     suspend_check_interval: float | None = None
     #: Epoch seconds of retry waits (delay/backoff); tests inject one to move time by hand.
     retry_clock: Callable[[], float] | None = None
+    #: Monotonic seconds of request expiries, leases, time limits and silent workers (the
+    #: executor's clock); tests inject one to move them along without sleeping.
+    clock: Callable[[], float] = time.monotonic
     # Secrets: kept out of the repr (and so out of logs and errors).
     signing_key: str | None = dataclasses.field(default=None, repr=False)
     signing_key_file: str | None = None
@@ -203,6 +207,7 @@ _CONVERT: dict[str, Callable[[str, Any], Any]] = {
     "metrics_port": _port,
     "suspend_check_interval": lambda n, v: _seconds(n, v, optional=False),
     "retry_clock": _callable,
+    "clock": _callable,
     "signing_key": _secret_text,
     "signing_key_file": _text,
 }

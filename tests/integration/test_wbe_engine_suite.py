@@ -63,6 +63,14 @@ EXCLUDED = {
     "test_a_backend_that_stays_down_is_not_written_again_until_the_engine_runs_again":
         _LOCAL_BACKEND_FAULTS,
     "test_a_failure_that_cannot_be_stored_halts_and_a_resume_reverts": _LOCAL_BACKEND_FAULTS,
+    **dict.fromkeys(
+        ("test_an_interceptor_sees_every_execute_and_revert",
+         "test_an_interceptor_can_make_a_call_twice",
+         "test_async_methods_go_through_the_interceptor",
+         "test_nothing_is_intercepted_once_the_block_ends"),
+        "an interceptor runs around the calls of the process it is installed in; here the "
+        "tasks run in worker processes (flowengine rehearse installs one in its own: "
+        "tests/testkit/test_rehearse.py, tests/integration/test_rehearse_brokers.py)"),
     "test_a_start_delay_is_armed_before_it_is_announced":
         "a local engine's own timer; a remote request is held by the broker client, by a clock "
         "of its own (test_a_suspended_start_delay_goes_on_with_what_is_left waits for the hold)",

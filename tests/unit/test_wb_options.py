@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import threading
 
 import pytest
 from behaviour import tasks
+from manual_clock import ManualClock  # tests/ is on sys.path (rootdir conftest)
 
 from flowengine import engines
+from flowengine import exceptions as exc
 from flowengine.worker_based import backoff as bo
 from flowengine.worker_based import extensions as ext
 from flowengine.worker_based import protocol as pr
@@ -84,3 +87,32 @@ def test_unserved_timeout_is_seconds_none_disables_it_and_reaches_the_executor()
     assert WorkerEngineOptions.from_mapping({"unserved_timeout": None}).unserved_timeout is None
     with pytest.raises(ValueError, match="'unserved_timeout' must be a positive number"):
         WorkerEngineOptions.from_mapping({"unserved_timeout": 0})
+
+
+def test_an_injected_clock_times_the_requests_of_a_worker_based_engine() -> None:
+    # Nobody serves the topic: the request waits, and fails once the injected clock (not the
+    # real one) says its transition timeout is over.
+    assert WorkerEngineOptions().executor_options()["clock"] is not None
+    clock = ManualClock()
+    engine = engines.load(tasks.Step("lonely"), engine="worker-based", transport="memory",
+                          exchange=f"clock-{id(clock)}", topics=["nobody"],
+                          transition_timeout=3600, clock=clock, events=False)
+    runs = iter(engine.run_iter())
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            for _state in runs:
+                pass
+        except BaseException as err:  # looked at below
+            errors.append(err)
+
+    runner = threading.Thread(target=run, daemon=True)
+    runner.start()
+    for _ in range(600):  # an hour of the test clock, a step at a time, until it gives up
+        runner.join(0.05)
+        if not runner.is_alive():
+            break
+        clock.advance(3601)
+    assert not runner.is_alive(), "the request never expired by the injected clock"
+    assert errors and isinstance(errors[0], exc.RequestTimeout), errors
