@@ -53,6 +53,10 @@ DEFAULT_HEARTBEAT_INTERVAL = 2.0
 DEFAULT_MAX_ATTEMPTS = 3
 #: Seconds a request may wait when workers are known but none of them runs its task class.
 DEFAULT_UNSERVED_TIMEOUT = 5.0
+#: Seconds a request sent to a flowengine worker's topic may wait untaken while nothing at all
+#: is heard from that topic (no reply, no heartbeat) before its workers are passed over and the
+#: request goes to another capable worker (see :mod:`~flowengine.worker_based.tracking`).
+DEFAULT_PICKUP_TIMEOUT = 5.0
 
 
 class EventSink:
