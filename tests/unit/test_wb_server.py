@@ -536,6 +536,15 @@ def test_message_too_large_is_refused_before_sending() -> None:
         px.encode(big)
 
 
+def test_message_too_deep_is_refused_before_sending_naming_the_bound() -> None:
+    deep: Any = []
+    for _ in range(pr.MAX_NESTING_DEPTH - 2):  # the reply's own two levels make one too many
+        deep = [deep]
+    with pytest.raises(px.MessageEncodeError, match=f"deeper than {pr.MAX_NESTING_DEPTH}"):
+        px.encode(pr.Response(pr.SUCCESS, result=deep))
+    px.encode(pr.Response(pr.SUCCESS, result=deep[0]))  # one level less travels
+
+
 def test_task_specs_resolve_to_classes_defined_where_named() -> None:
     module = sys.modules[__name__]
     names = [c.__name__ for c in wk.find_task_classes([module])]
