@@ -46,7 +46,7 @@ from flowengine.worker_based.types import TopicWorker, header
 LOG = logging.getLogger(__name__)
 
 #: Seconds the process's reply queue survives unused on brokers with queue expiry (AMQP).
-REPLY_QUEUE_EXPIRES = 600.0
+REPLY_QUEUE_EXPIRES = ext.REPLY_QUEUE_EXPIRES
 #: Seconds :meth:`Client.attach` waits for the reply consumer to be consuming.
 CONSUMER_START_TIMEOUT = 30.0
 #: Seconds between the views' housekeeping passes (expiries, leases, lost workers).

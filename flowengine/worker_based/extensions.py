@@ -37,6 +37,11 @@ EVENT_NOT_SERVED = "flowengine.not-served"
 #: announced the class but turn it away, e.g. an out-of-date announcement).
 MAX_NOT_SERVED = 20
 
+#: Seconds an engine process's reply queue survives unused on brokers with queue expiry (AMQP
+#: ``x-expires``; kombu's Redis transport too). Workers declaring it again (see
+#: ``Publisher.publish(reply=True)``) declare it alike.
+REPLY_QUEUE_EXPIRES = 600.0
+
 #: Dead letters are published with this routing key to queue ``<exchange>_<key>``.
 DEAD_LETTER_ROUTING_KEY = "flowengine.dead-letters"
 #: Dead-letter headers: why it was parked, the topic it was meant for, when, and its id.
