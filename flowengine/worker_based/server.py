@@ -263,11 +263,25 @@ class Server(ReplySender):
         LOG.info("Task %s[%s] received", clip(data.get("task_name")),
                  clip(props["correlation_id"]))
         try:
-            self._async.pick(self._endpoints, data, self._executor).submit(
+            future = self._async.pick(self._endpoints, data, self._executor).submit(
                 self._process_request, data, message)
         except RuntimeError:  # executor shut down: let another worker have it
             self._done()
             message.requeue()
+            return
+        future.add_done_callback(functools.partial(self._not_run, message))
+
+    def _not_run(self, message: Delivery, future: Any) -> None:
+        """Say so when the executor could not run a request at all (it never raises on its
+        own: _process_request settles every request): drop it rather than wedge silently."""
+        error = None if future.cancelled() else future.exception()
+        if error is None or message.acknowledged:
+            return
+        LOG.error("Rejected message %s: reason=executor-failed worker %s could not run it on "
+                  "its executor %s: %s: %s", dp.describe(message), self.worker_id,
+                  type(self._executor).__name__, type(error).__name__, clip(str(error)))
+        self._done()
+        message.reject()
 
     def _done(self) -> None:
         with self._busy_lock:
