@@ -339,7 +339,7 @@ class AttemptTracking:
                     pr.task_class_name(sub.task), sub.task.name, self._topics,
                     self.finder.workers(), now - request.created_on)))
             elif (request.current_state == pr.PENDING and sub.pickup_due is not None
-                    and now >= sub.pickup_due):
+                    and now >= sub.pickup_due and sub.revoking != request.request_id):
                 self._unclaimed(sub, request, now)
             elif request.current_state == pr.RUNNING and sub.attempt is not None:
                 attempt = sub.attempt
@@ -361,7 +361,8 @@ class AttemptTracking:
                 fail_fast = request.created_on + self._unserved_timeout
                 if fail_fast > self._clock():  # once past, only the expiry is left to wait for
                     return min(expiry, fail_fast)
-            if request.current_state == pr.PENDING and sub.pickup_due is not None:
+            if (request.current_state == pr.PENDING and sub.pickup_due is not None
+                    and sub.revoking != request.request_id):
                 return min(expiry, sub.pickup_due)
             return expiry
         if request.current_state == pr.RUNNING and sub.attempt is not None:

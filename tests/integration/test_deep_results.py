@@ -10,7 +10,6 @@ ran before it, and the worker is not passed over, shunned or re-dispatched to.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -48,15 +47,6 @@ def _flow(depth: int) -> Any:
     return lf.Flow("deep").add(
         it.Reserve("reserve", inject={"item": "widget", "quantity": 1}),
         it.Nested("nested", inject={"depth": depth}, provides="value"))
-
-
-@pytest.fixture
-def runs() -> Iterator[EngineRuns]:
-    started = EngineRuns()
-    try:
-        yield started
-    finally:
-        started.close()
 
 
 def _run(engine: Any, runs: EngineRuns) -> BaseException | None:
