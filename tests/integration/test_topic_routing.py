@@ -118,6 +118,7 @@ def _runs_on(real: WorkerProcess, stage: Stage, engine: Any) -> None:
     started = time.monotonic()
     engine.run()
     took = time.monotonic() - started
+    print(f"\n{engine.storage.flow_name}: {TASKS} tasks in {took:.2f}s")
     assert engine.storage.get_flow_state() == states.SUCCESS
     assert _ran_by(stage) == {real.pid: TASKS}, stage.ledger.dump()
     assert took < TRANSITION_TIMEOUT / 2, f"took {took:.1f}s: requests waited on a non-worker"
