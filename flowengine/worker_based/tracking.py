@@ -91,7 +91,6 @@ class AttemptTracking:
     def _headers(self, sub: Submission, request: pr.Request) -> dict[str, Any]:
         raise NotImplementedError
 
-
     # -- replies (the client's consumer thread) ---------------------------------------------
 
     def on_reply(self, data: Any, message: Delivery) -> None:
