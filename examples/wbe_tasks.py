@@ -1,5 +1,5 @@
 """Task classes for the worker-based examples (wbe_linear.py, wbe_fanout.py, wbe_progress.py,
-wbe_async.py).
+wbe_async.py, wbe_cells.py).
 
 Remote tasks live in an importable module because a worker runs only the classes it was started
 with, looks them up by their ``module.ClassName`` and builds them as ``cls(name=...)``: inputs
@@ -66,6 +66,16 @@ class CountPrimes(task.Task):
             "worker": os.environ.get(WORKER_NAME_ENV, f"pid {os.getpid()}"),
             "seconds": round(time.perf_counter() - began, 3),
         }
+
+
+# -- wbe_cells.py: work that must stay in its cell ------------------------------------------
+
+
+class ProvisionVolume(task.Task):
+    """Stands in for creating a volume on the storage of the cell the worker runs in."""
+
+    def execute(self, volume: str) -> str:
+        return f"{volume} provisioned"
 
 
 # -- wbe_progress.py: a long task reporting its progress from the worker ---------------------

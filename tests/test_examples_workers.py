@@ -188,6 +188,12 @@ def test_wbe_linear() -> None:
     )
 
 
+def test_wbe_cells() -> None:
+    output = _run("wbe_cells.py")
+    assert_in_order(output, [r"engine of cell1: SUCCESS, tasks run in cell1=6, cell2=0",
+                             r"engine of cell2: SUCCESS, tasks run in cell1=0, cell2=6"])
+
+
 def test_wbe_signed() -> None:
     output = _run("wbe_signed.py")
     assert_in_order(output, [r"reserve_stock: reserving 2 x widget",

@@ -4,7 +4,8 @@ An attempt is created WAITING (no worker yet), is DISPATCHED to a worker's topic
 RUNNING once a worker says it started it (it then holds a lease that heartbeats renew), and ends
 exactly once: FINISHED (its outcome arrived), LAPSED (its lease ran out or its worker was lost),
 TIMED_OUT (it waited past its transition timeout, or ran past its time limit), HANDED_BACK (a
-worker returned it unrun) or CANCELLED (revoked before it ran). Time is read only from the
+worker returned it unrun), PASSED_OVER (nobody took it from its topic's queue in time, so it
+was revoked and sent elsewhere) or CANCELLED (revoked before it ran). Time is read only from the
 injected clock, so every expiry is tested by moving a clock, without a broker.
 
 :meth:`Attempt.judge` says which event the clock makes due; the executor applies it.
@@ -24,6 +25,7 @@ FINISHED = "FINISHED"
 LAPSED = "LAPSED"
 TIMED_OUT = "TIMED_OUT"
 HANDED_BACK = "HANDED_BACK"
+PASSED_OVER = "PASSED_OVER"
 CANCELLED = "CANCELLED"
 
 DISPATCH = "dispatch"
@@ -33,10 +35,11 @@ FINISH = "finish"
 LAPSE = "lapse"
 TIME_OUT = "time_out"
 HAND_BACK = "hand_back"
+PASS_OVER = "pass_over"
 CANCEL = "cancel"
 
 #: States an attempt ends in.
-ENDED = frozenset({FINISHED, LAPSED, TIMED_OUT, HANDED_BACK, CANCELLED})
+ENDED = frozenset({FINISHED, LAPSED, TIMED_OUT, HANDED_BACK, PASSED_OVER, CANCELLED})
 
 _TRANSITIONS = (
     (WAITING, DISPATCH, PENDING),
@@ -47,6 +50,7 @@ _TRANSITIONS = (
     (PENDING, TIME_OUT, TIMED_OUT),
     (PENDING, LAPSE, LAPSED),  # its worker went offline or expired
     (PENDING, HAND_BACK, HANDED_BACK),
+    (PENDING, PASS_OVER, PASSED_OVER),  # not taken from a topic nothing was heard from
     (PENDING, CANCEL, CANCELLED),  # a worker dropped it unstarted, as asked
     (RUNNING, RENEW, RUNNING),
     (RUNNING, FINISH, FINISHED),

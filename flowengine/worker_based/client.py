@@ -30,6 +30,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from flowengine import exceptions as exc
+from flowengine.types.failure import Failure
 from flowengine.worker_based import backoff as bo
 from flowengine.worker_based import extensions as ext
 from flowengine.worker_based import held_publishes as hp
@@ -45,7 +46,7 @@ from flowengine.worker_based.types import TopicWorker, header
 LOG = logging.getLogger(__name__)
 
 #: Seconds the process's reply queue survives unused on brokers with queue expiry (AMQP).
-REPLY_QUEUE_EXPIRES = 600.0
+REPLY_QUEUE_EXPIRES = ext.REPLY_QUEUE_EXPIRES
 #: Seconds :meth:`Client.attach` waits for the reply consumer to be consuming.
 CONSUMER_START_TIMEOUT = 30.0
 #: Seconds between the views' housekeeping passes (expiries, leases, lost workers).
@@ -136,6 +137,7 @@ class Client:
             queue_expires=None if broker.taskflow_compat else REPLY_QUEUE_EXPIRES,
             # Replies are acknowledged on receipt and useless to any other process.
             auto_ack=True, publishers=PUBLISHERS, signing=broker.signing,
+            on_refused=self._on_refused,
         )
         # On flowengine-fs a full or read-only data folder is this broker's outage.
         self._disk = fsdisk.watch(self.proxy.connection_details.transport,
@@ -293,6 +295,28 @@ class Client:
                     data.get("state"), message.properties.get("correlation_id"))
             return
         view.on_reply(data, message)
+
+    def _on_refused(self, message: Delivery, reason: str, detail: str) -> None:
+        """An outcome nested too deeply to be read (a peer that does not bound what it sends,
+        such as a TaskFlow worker) still ends its attempt, as a FAILURE that names the bound:
+        its worker is alive and well, and waiting on the attempt would end only when its lease
+        lapsed (shunning the worker and running the task again), or never."""
+        state = message.body.get("state") if isinstance(message.body, dict) else None
+        if (message.type != pr.RESPONSE or reason != dp.REASON_TOO_DEEP
+                or state not in (pr.SUCCESS, pr.FAILURE)):
+            return
+        view = self._routes.get(message.correlation_id)
+        if view is None:
+            return
+        worker = message.headers.get(pr.HEADER_WORKER)
+        error = exc.InvalidFormat(
+            f"The {state} reply to request {message.correlation_id} from "
+            + (f"worker {str(worker)[:64]}" if worker else "a worker that does not name itself "
+               "(a TaskFlow worker)")
+            + f" was refused unread: its body {detail}, the bound "
+            f"(protocol.MAX_NESTING_DEPTH) every flowengine peer applies")
+        failure = pr.failure_to_dict(Failure.from_exception(error))
+        view.on_reply({"state": pr.FAILURE, "data": {"result": failure}}, message)
 
     def _on_notify(self, data: Any, message: Delivery) -> None:
         headers = message.headers or {}

@@ -47,7 +47,8 @@ class WorkerBasedActionEngine(ActionEngine):
     Options (as TaskFlow's, plus ``taskflow_compat``):
         exchange: the exchange workers listen on (default ``"default"``).
         url: broker URL (None: the embedded filesystem transport).
-        topics: worker topics to ask for workers (flowengine workers also announce themselves).
+        topics: the worker topics tasks may run on (asked for workers; flowengine workers also
+            announce themselves); no other topic is sent anything. None listed: any topic.
         transport, transport_options, retry_options: broker settings.
         transition_timeout: seconds a request may wait for a worker to take it (default 60).
         worker_expiry: seconds after which a silent worker is forgotten (default 60).
@@ -57,6 +58,8 @@ class WorkerBasedActionEngine(ActionEngine):
             re-dispatched (default 10; None disables leases).
         heartbeat_interval: seconds between worker heartbeats (default 2).
         max_attempts: attempts per task before it fails with WorkerLost (default 3).
+        pickup_timeout: seconds a request may wait untaken on a flowengine worker's topic that
+            sends nothing at all, before it goes to another capable worker (default 5).
         time_limits: ``{task name: seconds}`` overriding tasks' ``time_limit``.
         connect_timeout: seconds ``run()`` waits for the broker connection before it fails
             with BrokerUnreachable naming the broker (default 30).

@@ -64,7 +64,9 @@ class WorkerTaskExecutor(AttemptTracking, Leftovers, local.TaskExecutor):
     Args:
         uuid: this executor's id; its reply queue is ``<exchange>_<uuid>``.
         exchange: the exchange workers listen on.
-        topics: worker topics to ask for workers (flowengine workers also announce themselves).
+        topics: the worker topics its requests may go to (asked for workers; flowengine
+            workers also announce themselves). A worker of another topic is never sent
+            anything, as with TaskFlow; with no topic listed, any worker on the exchange may be.
         transition_timeout: seconds a request may stay WAITING/PENDING before it fails with
             RequestTimeout (None: forever).
         url, transport, transport_options, retry_options, taskflow_compat: broker settings, see
@@ -94,6 +96,10 @@ class WorkerTaskExecutor(AttemptTracking, Leftovers, local.TaskExecutor):
         connect_timeout: seconds :meth:`start` waits for the broker connection before it
             raises :class:`~flowengine.worker_based.backoff.BrokerUnreachable` naming the
             broker (each failed attempt is logged meanwhile).
+        pickup_timeout: seconds a request sent to a flowengine worker may wait untaken while
+            nothing is heard from its topic, before that topic's workers are passed over and
+            the request is revoked and sent to another capable worker, if there is one
+            (None: never).
     """
 
     runs_coroutines = True
@@ -125,6 +131,7 @@ class WorkerTaskExecutor(AttemptTracking, Leftovers, local.TaskExecutor):
         dead_letter_ttl: float = dl.DEFAULT_TTL,
         secret_args: sa.SecretArgs = sa.task_secret_args,
         connect_timeout: float = bc.CONSUMER_START_TIMEOUT,
+        pickup_timeout: float | None = ext.DEFAULT_PICKUP_TIMEOUT,
     ) -> None:
         if max_attempts < 1:
             raise ValueError(f"max_attempts must be at least 1, got {max_attempts}")
@@ -146,6 +153,7 @@ class WorkerTaskExecutor(AttemptTracking, Leftovers, local.TaskExecutor):
         self._max_attempts = max_attempts
         self._time_limits = dict(time_limits or {})
         self._unserved_timeout = unserved_timeout
+        self._pickup_timeout = pickup_timeout
         self._dead_letter_ttl = dead_letter_ttl
         self._secret_args = secret_args
         self._connect_timeout = connect_timeout
@@ -153,7 +161,8 @@ class WorkerTaskExecutor(AttemptTracking, Leftovers, local.TaskExecutor):
         self._lock = threading.RLock()
         self._ongoing: dict[str, Submission] = {}
         self._never_started: set[str] = set()
-        self.finder = WorkerFinder(worker_expiry, clock=clock, on_change=self._worker_appeared)
+        self.finder = WorkerFinder(worker_expiry, clock=clock, on_change=self._worker_appeared,
+                                   topics=self._topics)
         self._dispatch_pending = threading.Event()
         self._client: bc.Client | None = None
         #: Request ids chosen for the next first attempt of an atom (see reserve_request_id).
@@ -295,6 +304,7 @@ class WorkerTaskExecutor(AttemptTracking, Leftovers, local.TaskExecutor):
                 sub.worker.in_flight = max(sub.worker.in_flight - 1, 0)
             sub.attempts += 1
             sub.request, sub.worker, sub.suspect, sub.delayed_job = request, None, None, None
+            sub.pickup_due = None
             sub.attempt = at.Attempt(
                 f"attempt {sub.attempts} of task {sub.task.name!r} (request "
                 f"{request.request_id})", self._clock, timeout=self._transition_timeout,
@@ -332,6 +342,10 @@ class WorkerTaskExecutor(AttemptTracking, Leftovers, local.TaskExecutor):
             sub.worker, sub.topic = worker, worker.topic
             sub.workers.append(worker.identity)
             sub.future.published = True
+            if worker.flowengine and self._pickup_timeout is not None:
+                # TaskFlow workers cannot be told to drop a request sent elsewhere instead.
+                sub.pickup_due = self._clock() + self._delay_left(sub) + self._pickup_timeout
+                self._note_due(sub.pickup_due)
         # Announced before publishing, so task-sent always precedes the worker's task-received.
         self._events.emit("task-sent", **self._event_fields(sub), topic=worker.topic,
                           worker=worker.identity, action=sub.action)

@@ -37,6 +37,11 @@ EVENT_NOT_SERVED = "flowengine.not-served"
 #: announced the class but turn it away, e.g. an out-of-date announcement).
 MAX_NOT_SERVED = 20
 
+#: Seconds an engine process's reply queue survives unused on brokers with queue expiry (AMQP
+#: ``x-expires``; kombu's Redis transport too). Workers declaring it again (see
+#: ``Publisher.publish(reply=True)``) declare it alike.
+REPLY_QUEUE_EXPIRES = 600.0
+
 #: Dead letters are published with this routing key to queue ``<exchange>_<key>``.
 DEAD_LETTER_ROUTING_KEY = "flowengine.dead-letters"
 #: Dead-letter headers: why it was parked, the topic it was meant for, when, and its id.
@@ -53,6 +58,10 @@ DEFAULT_HEARTBEAT_INTERVAL = 2.0
 DEFAULT_MAX_ATTEMPTS = 3
 #: Seconds a request may wait when workers are known but none of them runs its task class.
 DEFAULT_UNSERVED_TIMEOUT = 5.0
+#: Seconds a request sent to a flowengine worker's topic may wait untaken while nothing at all
+#: is heard from that topic (no reply, no heartbeat) before its workers are passed over and the
+#: request goes to another capable worker (see :mod:`~flowengine.worker_based.tracking`).
+DEFAULT_PICKUP_TIMEOUT = 5.0
 
 
 class EventSink:

@@ -131,6 +131,7 @@ class WorkerEngineOptions:
     max_attempts: int = ext.DEFAULT_MAX_ATTEMPTS
     time_limits: Mapping[str, float] | None = None
     unserved_timeout: float | None = ext.DEFAULT_UNSERVED_TIMEOUT
+    pickup_timeout: float | None = ext.DEFAULT_PICKUP_TIMEOUT
     dead_letter_ttl: float = keeping.DEFAULT_TTL
     connect_timeout: float = bc.CONSUMER_START_TIMEOUT
     events: bool = True
@@ -184,7 +185,7 @@ class WorkerEngineOptions:
 _ENGINE_ONLY = frozenset({"events", "metrics", "metrics_port", "suspend_check_interval",
                           "retry_clock"})
 _NONE_MEANS_NONE = frozenset({"transition_timeout", "worker_expiry", "lease_timeout",
-                              "unserved_timeout"})
+                              "unserved_timeout", "pickup_timeout"})
 _CONVERT: dict[str, Callable[[str, Any], Any]] = {
     "exchange": _text,
     "url": _text,
@@ -200,6 +201,7 @@ _CONVERT: dict[str, Callable[[str, Any], Any]] = {
     "max_attempts": _positive_int,
     "time_limits": _time_limits,
     "unserved_timeout": lambda n, v: _seconds(n, v, optional=True),
+    "pickup_timeout": lambda n, v: _seconds(n, v, optional=True),
     "dead_letter_ttl": lambda n, v: _seconds(n, v, optional=False),
     "connect_timeout": lambda n, v: _seconds(n, v, optional=False),
     "events": as_bool,

@@ -106,8 +106,11 @@ class ReplySender:
         confirm: bool = True, persistent: bool = True, deadline: float | None = None,
     ) -> None:  # fmt: skip
         # The reply queue is its consumer's to declare (it exists before any request is sent).
-        # Declaring it here too would clash with the engine's queue arguments, and would bring
-        # back the queue of an engine that is gone, to fill up with replies nobody reads.
+        # On AMQP declaring it here too could clash with the engine's queue arguments; where
+        # declarations are records a server restarted empty forgets (Redis, beanstalkd), it is
+        # declared alike (see Publisher.publish), so an outcome sent before the engine bound
+        # its queue again is kept. An engine that is gone may get its queue back that way; on
+        # Redis it expires as the engine's own did.
         # A confirmed reply is in the queue before the next one is published, so replies keep
         # their order over the pool's several connections. Outcomes and progress are always
         # confirmed (the request is acknowledged after the outcome; progress must reach the
@@ -117,6 +120,5 @@ class ReplySender:
         # an outcome before RUNNING kills its reply consumer.
         self._proxy.publish(
             msg, reply_to, correlation_id=correlation_id, headers=self._headers(request_headers),
-            declare_queue=False, retry=retry, confirm=confirm, persistent=persistent,
-            deadline=deadline,
+            reply=True, retry=retry, confirm=confirm, persistent=persistent, deadline=deadline,
         )  # fmt: skip

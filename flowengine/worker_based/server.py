@@ -27,6 +27,7 @@ from flowengine.worker_based import endpoint as ep
 from flowengine.worker_based import extensions as ext
 from flowengine.worker_based import pause as ps
 from flowengine.worker_based import protocol as pr
+from flowengine.worker_based import replays as rp
 from flowengine.worker_based import secret_arguments as sa
 from flowengine.worker_based import signing as sg
 from flowengine.worker_based.broker import dispatcher as dp
@@ -70,6 +71,9 @@ class Server(ReplySender):
             :mod:`~flowengine.worker_based.signing`; default: the key in the environment).
         async_runner: Awaits the ``async def`` methods (a runner of the default concurrency
             when not given); ``capacity`` should count its slots.
+        run_requests: Where the signatures of the signed requests run are kept, so a copy is
+            refused (default, with a signing key: the topic's folder on this host, see
+            :mod:`~flowengine.worker_based.replays`; without a key: none).
 
     Raises:
         ValueError: A signing key with ``taskflow_compat`` (TaskFlow peers cannot sign).
@@ -92,6 +96,7 @@ class Server(ReplySender):
         prefetch: Callable[[], int | None] | None = None,
         signing: sg.Signing | None = None,
         async_runner: ar.AsyncRunner | None = None,
+        run_requests: rp.RunRequests | None = None,
     ) -> None:
         signing = sg.Signing.from_options() if signing is None else signing
         if signing.enabled and taskflow_compat:
@@ -126,6 +131,10 @@ class Server(ReplySender):
             on_refused=self._on_refused, paused=lambda: self.topic_pause.paused, prefetch=prefetch,
             signing=signing,
         )  # fmt: skip
+        if run_requests is None and signing.enabled:
+            run_requests = rp.RunRequests(rp.default_folder(
+                self._proxy.connection_details.uri, exchange, topic), signing.window)
+        self._run_requests = run_requests
         # A private queue for broadcasts (discovery, cancellations): workers sharing a topic
         # share its queue, so only this one reaches each of them. TaskFlow fleets keep
         # TaskFlow's topology.
@@ -254,11 +263,25 @@ class Server(ReplySender):
         LOG.info("Task %s[%s] received", clip(data.get("task_name")),
                  clip(props["correlation_id"]))
         try:
-            self._async.pick(self._endpoints, data, self._executor).submit(
+            future = self._async.pick(self._endpoints, data, self._executor).submit(
                 self._process_request, data, message)
         except RuntimeError:  # executor shut down: let another worker have it
             self._done()
             message.requeue()
+            return
+        future.add_done_callback(functools.partial(self._not_run, message))
+
+    def _not_run(self, message: Delivery, future: Any) -> None:
+        """Say so when the executor could not run a request at all (it never raises on its
+        own: _process_request settles every request): drop it rather than wedge silently."""
+        error = None if future.cancelled() else future.exception()
+        if error is None or message.acknowledged:
+            return
+        LOG.error("Rejected message %s: reason=executor-failed worker %s could not run it on "
+                  "its executor %s: %s: %s", dp.describe(message), self.worker_id,
+                  type(self._executor).__name__, type(error).__name__, clip(str(error)))
+        self._done()
+        message.reject()
 
     def _done(self) -> None:
         with self._busy_lock:
@@ -311,6 +334,13 @@ class Server(ReplySender):
                         " redelivered it", dp.describe(message), name)
             return reply(pr.EVENT, name, event_type=ext.EVENT_REDELIVERED,
                          details={"worker": self.worker_id})
+        if self._run_requests is not None and not self._run_requests.claim(headers):
+            # A copy of a signed request that ran already (pushed back, not redelivered):
+            # unanswered, since its engine has what it needs, and an answer to a copy of a
+            # request still running would tell its engine the request came back.
+            LOG.warning("Rejected message %s: reason=%s task %s: this signed request ran "
+                        "already", dp.describe(message), rp.REASON_REPLAYED, name)
+            return True
         try:
             work = pr.Request.from_dict(data)
             endpoint = self._endpoints.get(work.task_cls)

@@ -181,6 +181,11 @@ class Signing:
         """Whether a key is set."""
         return self._key is not None
 
+    @property
+    def window(self) -> float:
+        """Seconds a signature stays valid either side of the receiver's clock."""
+        return self._window
+
     def __repr__(self) -> str:
         return f"Signing({'key set' if self._key else 'no key'}, window={self._window}s)"
 

@@ -57,6 +57,8 @@ class Submission:
     attempts: int = 0
     resent: int = 0  # attempts sent again because their first holder never started them
     not_served: int = 0  # attempts handed back by a worker that does not run the class
+    rerouted: int = 0  # attempts sent elsewhere because nobody took them from their topic
+    pickup_due: float | None = None  # executor clock: look whether it was taken by then
     revoking: str | None = None  # the request id workers were asked not to start
     not_before: float | None = None  # executor clock: no worker may take it before (a delay)
     delayed_job: str | None = None  # the broker's handle of its delayed job (beanstalkd)

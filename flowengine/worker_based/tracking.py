@@ -5,6 +5,13 @@ process's broker client's consumer thread: it applies each reply (RUNNING, heart
 progress, hand-backs, outcomes) and worker announcement to the attempt it concerns, and
 judges every attempt's lifecycle (:mod:`~flowengine.worker_based.attempt`) by the clock:
 expiries, time limits and lapsed leases, re-dispatching or parking what is lost.
+
+A request sent to a flowengine worker's topic that nobody takes within ``pickup_timeout``,
+while nothing at all (no reply, no heartbeat) is heard from that topic, is not waited for: a
+worker that announces itself and never consumes (forged, or cut off from its queue) would hold
+it until its transition timeout. The topic's workers are passed over, the request is revoked
+(CANCEL) and sent to another capable worker, without counting an attempt. A busy topic is
+never passed over: the requests it runs reply and send heartbeats.
 """
 
 from __future__ import annotations
@@ -48,12 +55,15 @@ class AttemptTracking:
     _heartbeat_interval: float
     _max_attempts: int
     _unserved_timeout: float | None
+    _pickup_timeout: float | None
     _dead_letter_ttl: float
     _topics: list[str]
     _events: ext.EventSink
     _next_due: float
     _next_expiry_check: float
     finder: WorkerFinder
+    #: Asks every flowengine worker not to run these request ids (the executor's Leftovers).
+    _revoke_ids: Callable[[list[str], str], None]
 
     @property
     def client(self) -> bc.Client:
@@ -104,6 +114,8 @@ class AttemptTracking:
         if impostor is not None:
             sg.refuse_impostor(message, impostor)
             return
+        if sub.topic:
+            self.finder.heard_on(sub.topic)  # its queue is consumed
         try:
             response = pr.Response.from_dict(data)
         except Exception as err:
@@ -277,6 +289,10 @@ class AttemptTracking:
                     sub.attempt.extend(grace)
         for worker in self.finder.workers():
             self.finder.seen(worker.identity)
+        with self._lock:
+            for sub in self._ongoing.values():
+                if sub.pickup_due is not None:
+                    sub.pickup_due += grace
 
     def _note_due(self, when: float) -> None:
         """Something falls due at ``when``: the next scan must not come later."""
@@ -321,6 +337,9 @@ class AttemptTracking:
                 self._fail(sub, exc.NotFound(unserved.describe(
                     pr.task_class_name(sub.task), sub.task.name, self._topics,
                     self.finder.workers(), now - request.created_on)))
+            elif (request.current_state == pr.PENDING and sub.pickup_due is not None
+                    and now >= sub.pickup_due and sub.revoking != request.request_id):
+                self._unclaimed(sub, request, now)
             elif request.current_state == pr.RUNNING and sub.attempt is not None:
                 attempt = sub.attempt
                 verdict = attempt.judge()
@@ -341,6 +360,9 @@ class AttemptTracking:
                 fail_fast = request.created_on + self._unserved_timeout
                 if fail_fast > self._clock():  # once past, only the expiry is left to wait for
                     return min(expiry, fail_fast)
+            if (request.current_state == pr.PENDING and sub.pickup_due is not None
+                    and sub.revoking != request.request_id):
+                return min(expiry, sub.pickup_due)
             return expiry
         if request.current_state == pr.RUNNING and sub.attempt is not None:
             return sub.attempt.due()
@@ -359,6 +381,36 @@ class AttemptTracking:
             return unserved.no_worker(broker.exchange, self._topics,
                                       unserved.listed_queues(broker))
         return ""
+
+    def _unclaimed(self, sub: Submission, request: pr.Request, now: float) -> None:
+        """Nobody took the PENDING attempt within ``pickup_timeout``: unless its topic was
+        heard from meanwhile (busy, not absent), pass its workers over and send the request
+        to another capable worker, if there is one (else it goes on waiting where it is)."""
+        assert self._pickup_timeout is not None
+        bound, topic = self._pickup_timeout, sub.topic
+        sub.pickup_due = now + bound  # looked at again then, unless it moves on
+        if not self.finder.quiet_since(topic, now - bound):
+            return
+        passed = self.finder.pass_over(topic)
+        other = self.finder.get_worker_for_task(pr.task_class_name(sub.task), avoid=sub.workers)
+        if other is None or other.passed_over or sub.rerouted >= ext.MAX_NOT_SERVED:
+            LOG.debug("Task %r (request %s) waits untaken on topic %r: no other worker runs it",
+                      sub.task.name, request.request_id, topic)
+            return
+        why = (f"nobody took it from topic {topic!r} within {bound:g}s and nothing was heard "
+               f"from the topic")
+        LOG.warning("Attempt %d of task %r (request %s) is sent elsewhere: %s; its %d "
+                    "worker(s) (%s) are passed over until heard from", sub.attempts,
+                    sub.task.name, request.request_id, why, len(passed),
+                    ", ".join(w.identity for w in passed[:3]) + (", ..." if len(passed) > 3
+                                                                   else ""))
+        self._advance(sub, at.PASS_OVER)
+        sub.rerouted += 1
+        # A worker of that topic that shows up later must not run it as well: revoked first,
+        # from the dispatch thread (this one must never wait on a publish).
+        self.client.submit(lambda: self._revoke_ids([request.request_id], why))
+        self._new_attempt(sub, defer=True)
+        self._events.emit("task-retried", **self._event_fields(sub), reason=why)
 
     def _silent(self, sub: Submission, why: str) -> None:
         """The current attempt's holder stopped sending heartbeats: it is dead, frozen or cut
@@ -394,7 +446,7 @@ class AttemptTracking:
                     sub.workers[-1] if sub.workers else "?", why)
         self._events.emit("task-lost", **self._event_fields(sub), reason=why,
                           worker=sub.workers[-1] if sub.workers else None)
-        if sub.attempts - sub.resent - sub.not_served < self._max_attempts:
+        if sub.attempts - sub.resent - sub.not_served - sub.rerouted < self._max_attempts:
             self._new_attempt(sub, defer=True)
             self._events.emit("task-retried", **self._event_fields(sub), reason=why)
             return

@@ -4,12 +4,18 @@ Workers are learned from NOTIFY replies, whether answers to an engine's own NOTI
 workers are found) or announcements flowengine workers broadcast when they start and stop. Each
 worker process is tracked by its own id when it sends one (flowengine), else by its topic
 (TaskFlow, whose processes sharing a topic are indistinguishable).
+
+Only workers on the engine's own topics are kept (all of the exchange's when it lists none):
+every flowengine worker on an exchange answers the discovery broadcast and announces itself
+to every engine there, and services partition their workers by topic (cells, regions,
+hardware), so a worker of another topic must never be sent work, as with TaskFlow.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import random
 import threading
 import time
@@ -32,6 +38,9 @@ class TopicWorker:
         flowengine: whether it speaks flowengine's header extensions.
         silent: a lease it held lapsed (no heartbeat): it is sent nothing until it is heard
             from again.
+        passed_over: a request sent to its topic was not taken in time while nothing was heard
+            from the topic (a worker that announces itself and never consumes, or one cut off
+            from its queue): any other capable worker is preferred until it is heard from again.
     """
 
     topic: str
@@ -42,6 +51,7 @@ class TopicWorker:
     flowengine: bool = False
     in_flight: int = 0
     silent: bool = False
+    passed_over: bool = False
 
     def performs(self, task_cls: str) -> bool:
         """Whether it runs the named task class."""
@@ -55,6 +65,7 @@ class WorkerFinder:
         expiry: seconds after which a worker not heard from is forgotten (None or <= 0: never).
         clock: monotonic clock in seconds (injected by tests).
         on_change: called (without locks held) whenever a worker appears or comes back.
+        topics: the only topics whose workers are kept (empty: every topic).
     """
 
     def __init__(
@@ -62,11 +73,15 @@ class WorkerFinder:
         expiry: float | None = 60.0,
         clock: Callable[[], float] = time.monotonic,
         on_change: Callable[[], None] | None = None,
+        topics: Iterable[str] = (),
     ) -> None:
+        self._topics = frozenset(topics)
         self._expiry = expiry if expiry and expiry > 0 else None
         self._clock = clock
         self._on_change = on_change
         self._workers: dict[str, TopicWorker] = {}
+        #: When each topic was last heard from (a reply to a request sent there).
+        self._heard: dict[str, float] = {}
         self._lock = threading.Lock()
         self._appeared = threading.Condition(self._lock)
 
@@ -81,6 +96,10 @@ class WorkerFinder:
         with self._lock:
             return list(self._workers.values())
 
+    def serves(self, topic: str) -> bool:
+        """Whether workers of ``topic`` may be sent work (one of the topics, or none listed)."""
+        return not self._topics or topic in self._topics
+
     def add(
         self,
         topic: str,
@@ -88,8 +107,11 @@ class WorkerFinder:
         identity: str | None = None,
         capacity: int | None = None,
         flowengine: bool = False,
-    ) -> TopicWorker:
-        """Record (or refresh) a worker from a NOTIFY reply or announcement."""
+    ) -> TopicWorker | None:
+        """Record (or refresh) a worker from a NOTIFY reply or announcement; None (and nothing
+        kept) for a worker of a topic this finder does not serve."""
+        if not self.serves(topic):
+            return None
         key = identity or topic
         with self._lock:
             worker = self._workers.get(key)
@@ -101,8 +123,8 @@ class WorkerFinder:
             worker.tasks = frozenset(tasks)
             worker.topic = topic
             worker.last_seen = self._clock()
-            new = new or worker.silent
-            worker.silent = False
+            new = new or worker.silent or worker.passed_over
+            worker.silent = worker.passed_over = False
             if capacity is not None:
                 worker.capacity = capacity
             if new:
@@ -132,10 +154,10 @@ class WorkerFinder:
             return
         with self._lock:
             worker = self._workers.get(identity)
-            back = worker is not None and worker.silent
+            back = worker is not None and (worker.silent or worker.passed_over)
             if worker is not None:
                 worker.last_seen = self._clock()
-                worker.silent = False
+                worker.silent = worker.passed_over = False
                 if capacity is not None:
                     worker.capacity = capacity
         if back and self._on_change is not None:
@@ -149,6 +171,28 @@ class WorkerFinder:
             if worker is not None:
                 worker.silent = True
         return worker
+
+    def heard_on(self, topic: str) -> None:
+        """A reply came back for a request sent to ``topic``: its queue is being consumed."""
+        with self._lock:
+            self._heard[topic] = self._clock()
+            for worker in self._workers.values():
+                if worker.topic == topic:
+                    worker.passed_over = False
+
+    def quiet_since(self, topic: str, since: float) -> bool:
+        """Whether nothing was heard from ``topic`` since ``since`` (the finder's clock)."""
+        with self._lock:
+            return self._heard.get(topic, -math.inf) < since
+
+    def pass_over(self, topic: str) -> list[TopicWorker]:
+        """Prefer any other capable worker to those of ``topic`` (its requests are not taken)
+        until one of them is heard from again; return them."""
+        with self._lock:
+            passed = [w for w in self._workers.values() if w.topic == topic]
+            for worker in passed:
+                worker.passed_over = True
+        return passed
 
     def expire(self) -> list[TopicWorker]:
         """Forget workers not heard from within the expiry; return them."""
@@ -169,7 +213,8 @@ class WorkerFinder:
         return gone
 
     def get_worker_for_task(self, task_cls: str, avoid: Iterable[str] = ()) -> TopicWorker | None:
-        """Pick a worker that runs ``task_cls``: the least loaded, avoiding ``avoid`` if possible.
+        """Pick a worker that runs ``task_cls``: the least loaded, avoiding passed-over workers
+        and then ``avoid`` if possible.
 
         Load is the worker's in-flight count against its advertised capacity; ties are broken at
         random so equal workers share the work.
@@ -180,6 +225,7 @@ class WorkerFinder:
         if not capable:
             return None
         avoided = set(avoid)
+        capable = [w for w in capable if not w.passed_over] or capable
         preferred = [w for w in capable if w.identity not in avoided] or capable
         random.shuffle(preferred)
         return min(preferred, key=_load)

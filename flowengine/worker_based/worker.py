@@ -108,6 +108,26 @@ def find_task_classes(tasks: TaskSpec | Iterable[TaskSpec]) -> list[type[task_mo
     return [found[name] for name in sorted(found)]
 
 
+def _refuse_process_pool(executor: Executor | None, topic: str) -> None:
+    """Refuse a process pool as a worker's executor, in one line saying what to use instead.
+
+    A worker serves a request on the executor whole: it replies, sends heartbeats and
+    acknowledges the request over the process's broker connections, which cannot be handed to
+    another process (a process pool would fail to pickle the call, unseen, and the worker would
+    take requests and never run them). Serving tasks in child processes properly (JSON
+    arguments and results through a pipe, a time limit that kills the child and frees its
+    slot, a task limit per child) is not built: run more worker processes instead.
+
+    Raises:
+        ValueError: ``executor`` is a :class:`concurrent.futures.ProcessPoolExecutor`.
+    """
+    if isinstance(executor, cf.ProcessPoolExecutor):
+        raise ValueError(
+            f"Worker on topic '{topic}': executor={type(executor).__name__} is not supported "
+            f"(requests are served on threads of the worker's own process); give "
+            f"threads_count=N, or start more worker processes (flowengine worker --threads N)")
+
+
 class Worker:
     """Serves remote task requests on ``<exchange>_<topic>``.
 
@@ -115,7 +135,9 @@ class Worker:
         exchange: The exchange engines publish requests to.
         topic: This worker's topic; workers sharing a topic share its queue.
         tasks: Task specs, see :func:`find_task_classes`.
-        executor: Runs tasks; by default a thread pool of ``threads_count`` threads.
+        executor: Runs tasks, on threads of this process; by default a thread pool of
+            ``threads_count`` threads. A process pool is refused: requests are answered
+            over this process's broker connections.
         threads_count: Task threads (default: 5 per CPU); also the prefetch limit.
         url: Broker URL (default: the embedded filesystem transport).
         transport: Kombu transport name or class.
@@ -140,7 +162,7 @@ class Worker:
 
     Raises:
         ValueError: ``tasks`` resolve to no task class at all; a bad ``autoscale``; a bad
-            signing key; ``async_concurrency`` below 1.
+            signing key; ``async_concurrency`` below 1; a process pool as ``executor``.
         ImportError, TypeError: See :func:`find_task_classes`.
     """
 
@@ -164,6 +186,7 @@ class Worker:
         signing_key_file: str | None = None,
         async_concurrency: int | None = None,
     ) -> None:
+        _refuse_process_pool(executor, topic)
         signing = sg.Signing.from_options(signing_key, signing_key_file)
         self._exchange, self._topic = exchange, topic
         specs = _spec_list(tasks)

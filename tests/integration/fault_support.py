@@ -363,10 +363,11 @@ class _RabbitMQ(_Server):
 
 class PrivateBeanstalkd(_Server):
     """A beanstalkd of one test's own, on a free port, with its binlog in ``folder`` (so a
-    restart keeps its jobs); the shared test server is never stopped. A context manager."""
+    restart keeps its jobs; ``binlog=False``: a restart starts empty, bindings and all); the
+    shared test server is never stopped. A context manager."""
 
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
+    def __init__(self, folder: Path, binlog: bool = True) -> None:
+        self.folder, self.binlog = folder, binlog
         folder.mkdir(parents=True, exist_ok=True)
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
@@ -375,8 +376,9 @@ class PrivateBeanstalkd(_Server):
         self._process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
+        binlog = ["-b", str(self.folder)] if self.binlog else []
         self._process = subprocess.Popen(
-            ["beanstalkd", "-l", "127.0.0.1", "-p", str(self.port), "-b", str(self.folder)],
+            ["beanstalkd", "-l", "127.0.0.1", "-p", str(self.port), *binlog],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def stop(self) -> None:

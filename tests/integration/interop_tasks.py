@@ -85,3 +85,14 @@ class Ship(task.Task):
     def revert(self, receipt: str, fail: bool, result: Any = None, flow_failures: Any = None,
                **kwargs: Any) -> None:
         record("revert", self.name, result=summary(result), failures=failures(flow_failures))
+
+
+class Nested(task.Task):
+    """Returns a list nested ``depth`` levels deep (deeper than the wire allows, if asked)."""
+
+    def execute(self, depth: int) -> Any:
+        record("execute", self.name, depth=depth)
+        value: Any = []
+        for _ in range(depth - 1):
+            value = [value]
+        return value

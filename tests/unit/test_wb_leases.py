@@ -32,11 +32,18 @@ TASK_CLS = pr.task_class_name(Slow())
 
 
 class ScriptedWorker:
-    """Consumes a topic and records requests; replies only when told to."""
+    """Consumes a topic and records requests; replies only when told to.
 
-    def __init__(self, exchange: str, topic: str, identity: str) -> None:
+    ``capacity``: the free slots it advertises; ``answers_notify``: whether it answers
+    discovery (else it is known only once it :meth:`announce` s itself).
+    """
+
+    def __init__(self, exchange: str, topic: str, identity: str, capacity: int | None = None,
+                 answers_notify: bool = True) -> None:
         self.identity = identity
         self.topic = topic
+        self.capacity = capacity
+        self.answers_notify = answers_notify
         self.requests: queue.Queue[tuple[Any, Any]] = queue.Queue()
         handlers = {pr.REQUEST: dp.Handler(self._on_request),
                     pr.NOTIFY: dp.Handler(self._on_notify)}
@@ -46,11 +53,20 @@ class ScriptedWorker:
         self.requests.put((data, message))
 
     def _on_notify(self, data: Any, message: Any) -> None:
+        if self.answers_notify:
+            self.proxy.publish(pr.Notify(topic=self.topic, tasks=[TASK_CLS]),
+                               message.properties["reply_to"], headers=self.headers())
+
+    def announce(self) -> None:
+        """Tell every engine on the exchange about itself, unasked."""
         self.proxy.publish(pr.Notify(topic=self.topic, tasks=[TASK_CLS]),
-                           message.properties["reply_to"], headers=self.headers())
+                           pr.DISCOVERY_ROUTING_KEY, headers=self.headers(), declare_queue=False)
 
     def headers(self) -> dict[str, Any]:
-        return {pr.HEADER_PROTOCOL: pr.PROTOCOL_VERSION, pr.HEADER_WORKER: self.identity}
+        headers = {pr.HEADER_PROTOCOL: pr.PROTOCOL_VERSION, pr.HEADER_WORKER: self.identity}
+        if self.capacity is not None:
+            headers[pr.HEADER_CAPACITY] = self.capacity
+        return headers
 
     def reply(self, message: Any, state: str, **data: Any) -> None:
         self.proxy.publish(pr.Response(state, **data), message.properties["reply_to"],

@@ -175,6 +175,18 @@ def test_a_publish_that_recovered_by_retrying_lands_once_on_a_new_producer(
     assert queued(proxy, "work") == ["t0", "t1"]
 
 
+def test_a_reply_declares_its_consumers_queue_only_once_a_connection_was_lost(
+        proxy: px.Proxy) -> None:
+    """A broker restarted empty forgot the engine's reply queue; a worker's reply that beats the
+    engine's own reconnect must still be kept for it. Short of that, replies declare nothing:
+    an engine that is gone must not get its queue back."""
+    proxy.publish(notify(0), "engine", reply=True)  # no queue: dropped, nothing declared
+    _Refusals.remaining = 1  # the connection is lost (publishing anything): it reconnects
+    proxy.publish(notify(1), "work")
+    proxy.publish(notify(2), "engine", reply=True)
+    assert queued(proxy, "engine") == ["t2"]
+
+
 def test_a_publish_gives_up_at_its_deadline_naming_the_broker_and_the_outage(
         exchange: str) -> None:
     _Refusals.remaining = 1_000_000

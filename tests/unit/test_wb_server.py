@@ -7,6 +7,7 @@ REQUEST/NOTIFY messages and waits on queues with timeouts; nothing sleeps to syn
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import functools
 import json
 import logging
@@ -31,8 +32,10 @@ from wb_requester import TOPIC, WAIT, Requester, run_in_thread  # tests/unit is 
 from flowengine import task
 from flowengine.types.failure import Failure
 from flowengine.worker_based import backoff as bo
+from flowengine.worker_based import endpoint as ep
 from flowengine.worker_based import extensions as ext
 from flowengine.worker_based import protocol as pr
+from flowengine.worker_based import server as sv
 from flowengine.worker_based import worker as wk
 from flowengine.worker_based.broker import dispatcher as dp
 from flowengine.worker_based.broker import proxy as px
@@ -534,6 +537,49 @@ def test_message_too_large_is_refused_before_sending() -> None:
     big = pr.Response(pr.SUCCESS, result="x" * (pr.MAX_BODY_BYTES + 1))
     with pytest.raises(px.MessageEncodeError, match="bound"):
         px.encode(big)
+
+
+def test_message_too_deep_is_refused_before_sending_naming_the_bound() -> None:
+    deep: Any = []
+    for _ in range(pr.MAX_NESTING_DEPTH - 2):  # the reply's own two levels make one too many
+        deep = [deep]
+    with pytest.raises(px.MessageEncodeError, match=f"deeper than {pr.MAX_NESTING_DEPTH}"):
+        px.encode(pr.Response(pr.SUCCESS, result=deep))
+    px.encode(pr.Response(pr.SUCCESS, result=deep[0]))  # one level less travels
+
+
+def test_a_worker_refuses_a_process_pool_in_one_line() -> None:
+    with cf.ProcessPoolExecutor(2) as pool:
+        with pytest.raises(ValueError) as raised:
+            wk.Worker("ex", TOPIC, [Add], executor=pool, transport="memory")
+    message = str(raised.value)
+    assert "\n" not in message, message
+    assert f"Worker on topic '{TOPIC}': executor=ProcessPoolExecutor is not supported" in message
+    assert "threads_count=N" in message and "more worker processes" in message
+
+
+def test_a_request_its_executor_cannot_run_is_rejected_saying_why(
+    exchange: str, transport: dict[str, Any], requester: Requester,
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    """What a worker on a process pool did, unseen: the call cannot be handed to a child."""
+    caplog.set_level(logging.ERROR, logger="flowengine.worker_based.server")
+    with cf.ProcessPoolExecutor(1) as pool:
+        server = sv.Server(TOPIC, exchange, pool, [ep.Endpoint(Add)], capacity=1,
+                           **transport)
+        thread = run_in_thread(server.start)
+        try:
+            assert server.wait(WAIT)
+            requester.send(Add(name="add"), arguments={"x": 1, "y": 2})
+            deadline = time.monotonic() + WAIT
+            while "reason=executor-failed" not in caplog.text and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert "its executor ProcessPoolExecutor" in caplog.text, caplog.text
+            assert server.in_flight == 0  # the slot is free again
+        finally:
+            server.stop()
+            thread.join(WAIT)
+            server.close()
 
 
 def test_task_specs_resolve_to_classes_defined_where_named() -> None:

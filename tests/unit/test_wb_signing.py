@@ -242,7 +242,7 @@ def wire(exchange: str) -> Iterator[Any]:
 
 
 def announce(via: px.Proxy, worker: str, capacity: int) -> None:
-    via.publish(pr.Notify(topic="nowhere", tasks=[pr.task_class_name(Slow())]),
+    via.publish(pr.Notify(topic="scripted", tasks=[pr.task_class_name(Slow())]),
                 pr.DISCOVERY_ROUTING_KEY, declare_queue=False,
                 headers={pr.HEADER_PROTOCOL: pr.PROTOCOL_VERSION, pr.HEADER_WORKER: worker,
                          pr.HEADER_CAPACITY: capacity})

@@ -176,6 +176,12 @@ class BrokerTraits:
         native_delay: The broker holds a message published with header
             ``x-flowengine-delay`` until the delay ends (beanstalkd's job delay); elsewhere
             the process's broker client holds it and publishes it when due.
+        declarations_are_records: Queues and bindings are records the transport keeps
+            (kombu's virtual transports: Redis, beanstalkd, flowengine-fs, memory): declaring
+            one that exists with other arguments is no error, and a server restarted empty
+            forgets them without any client seeing an error. AMQP brokers refuse a queue
+            declared again with other arguments, and keep durable declarations across a
+            restart.
     """
 
     driver: str | None
@@ -184,6 +190,7 @@ class BrokerTraits:
     receipt_ack: bool
     priorities: bool
     native_delay: bool = False
+    declarations_are_records: bool = False
 
 
 def traits(transport_cls: Any) -> BrokerTraits:
@@ -194,7 +201,8 @@ def traits(transport_cls: Any) -> BrokerTraits:
                         heartbeats=driver == "amqp", receipt_ack=driver == "redis",
                         priorities=not virtual_transport or driver == "beanstalk"
                         or getattr(transport_cls, "orders_by_priority", False),
-                        native_delay=driver == "beanstalk")
+                        native_delay=driver == "beanstalk",
+                        declarations_are_records=virtual_transport)
 
 
 def tune(driver: str | None, options: dict[str, Any]) -> None:

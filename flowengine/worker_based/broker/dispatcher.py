@@ -90,7 +90,9 @@ class TypeDispatcher:
         max_body_bytes: Larger bodies are refused without decoding.
         max_depth: Bodies nesting deeper than this are refused.
         on_refused: Called as ``on_refused(delivery, reason, detail)`` after a message is
-            refused (e.g. to tell the sender why); errors in it are logged, never raised.
+            refused (e.g. to tell the sender why); errors in it are logged, never raised. A
+            body refused as too deep was decoded: its delivery carries it (read its top level
+            only).
         settles: Whether messages are settled here (acked, rejected, requeued); False for a
             consumer the broker settles for on delivery (no acknowledgements).
         check: Called with the delivery of each message of a known type before it is
@@ -167,7 +169,8 @@ class TypeDispatcher:
         except Exception as err:  # malformed JSON, bad encoding, recursion limit...
             return self._refuse(delivery, REASON_DECODE_ERROR, str(err))
         if pr.exceeds_depth(data, self._max_depth):
-            return self._refuse(delivery, REASON_TOO_DEEP, f"nests deeper than {self._max_depth}")
+            return self._refuse(dataclasses.replace(delivery, body=data), REASON_TOO_DEEP,
+                                f"nests deeper than {self._max_depth} levels")
         delivery = dataclasses.replace(delivery, body=data)
         if self._settles and self._wants_requeue(data, delivery):
             LOG.debug("Requeuing message %s", delivery.describe())

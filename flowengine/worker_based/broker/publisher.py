@@ -20,6 +20,7 @@ import kombu
 from kombu.exceptions import OperationalError
 
 from flowengine.worker_based import backoff as bo
+from flowengine.worker_based import extensions as ext
 from flowengine.worker_based import protocol as pr
 from flowengine.worker_based import signing as sg
 from flowengine.worker_based.broker import browsing
@@ -51,6 +52,8 @@ PUBLISH_DEADLINE = 120.0
 DECLARATION_TTL = 2.0
 #: Highest message priority queues are declared with (AMQP ``x-max-priority``).
 MAX_PRIORITY = 9
+#: Reply routing keys a publisher remembers replying to since its last reconnect.
+MAX_REPLY_KEYS = 4096
 
 
 class Publisher:
@@ -100,6 +103,10 @@ class Publisher:
         self._queues: dict[str, kombu.Queue] = {}
         # Routing key -> when its target was last declared (see DECLARATION_TTL).
         self._declared: dict[str, float] = {}
+        # Connections lost while publishing, and the count as of the last reply to each key
+        # (see publish's ``reply``).
+        self._reconnects = 0
+        self._replied: dict[str, int] = {}
         self._exchange = kombu.Exchange(
             exchange, type="direct", durable=not taskflow_compat, auto_delete=taskflow_compat
         )
@@ -156,6 +163,7 @@ class Publisher:
         confirm: bool = True,
         persistent: bool = True,
         deadline: float | None = None,
+        reply: bool = False,
     ) -> None:
         """Publish ``msg`` to each routing key; thread-safe.
 
@@ -183,6 +191,15 @@ class Publisher:
             deadline: Seconds to keep retrying through a broker outage (None:
                 :data:`PUBLISH_DEADLINE`); each retry waits a capped, jittered backoff and
                 goes out on a new connection.
+            reply: A reply to the consumer of ``<exchange>_<routing_key>`` (an engine's reply
+                queue), instead of ``declare_queue``: that queue is its consumer's to declare,
+                and is not declared here (an engine that is gone must not get it back), except
+                by the first reply to it after this publisher lost its connection, where
+                declarations are records a server restarted empty forgets (Redis, beanstalkd,
+                flowengine-fs). That reply declares it as its consumer does, so it is kept for
+                the consumer rather than dropped unrouted when it beats the consumer's own
+                reconnect. AMQP keeps durable declarations across a restart, and would refuse
+                other arguments: there only the exchange is declared.
 
         Raises:
             BrokerOutage: The broker stayed unreachable past ``deadline`` (or the retries of
@@ -216,13 +233,14 @@ class Publisher:
                 # so a retry goes out on a new connection (a broker back from an outage).
                 with self._producer_pool(confirm).acquire() as producer:
                     while pending:
-                        self._send(producer.publish, body, pending[0], declare_queue, headers,
-                                   properties)
+                        self._send(producer.publish, body, pending[0], declare_queue, reply,
+                                   headers, properties)
                         pending.pop(0)
                 return
             except errors as err:
                 # A new connection may face a broker that lost its declarations.
                 self._declared.clear()
+                self._reconnects += 1
                 if not retry:
                     raise
                 if backoff is None:
@@ -240,21 +258,29 @@ class Publisher:
                     raise BrokerOutage(str(late)) from err
 
     def _send(self, send: Callable[..., Any], body: bytes, key: str, declare_queue: bool,
-              headers: Mapping[str, Any] | None, properties: Mapping[str, Any]) -> None:
+              reply: bool, headers: Mapping[str, Any] | None,
+              properties: Mapping[str, Any]) -> None:
         # Declaring is idempotent but not free (kombu binds copies of the entities every time),
         # so each routing key's target is declared once, until a connection error.
-        wanted = key if declare_queue else ""
-        declare = None
+        declare: list[kombu.Queue | kombu.Exchange] | None = None
+        wanted = key if declare_queue and not reply else ""
         now = time.monotonic()
-        if now - self._declared.get(wanted, -math.inf) > DECLARATION_TTL:
-            declare = [self._declared_queue(key)] if declare_queue else [self._exchange]
+        if (reply and self._reconnects > self._replied.get(key, 0)
+                and self._broker.declarations_are_records):
+            # The first reply to this key since a connection was lost (see publish).
+            declare = [self._declared_queue(key, reply=True)]
+        elif now - self._declared.get(wanted, -math.inf) > DECLARATION_TTL:
+            declare = [self._declared_queue(key)] if wanted else [self._exchange]
+            self._declared[wanted] = now
         send(
             body, routing_key=key, exchange=self._exchange, declare=declare,
             content_type=dp.JSON_CONTENT_TYPE, content_encoding="utf-8",
             headers=dict(headers or {}), **properties,
         )  # fmt: skip
-        if declare is not None:
-            self._declared[wanted] = now
+        if reply and self._reconnects:
+            if len(self._replied) >= MAX_REPLY_KEYS:  # engines come and go: start afresh
+                self._replied.clear()
+            self._replied[key] = self._reconnects
 
     def _producer_pool(self, confirm: bool = True) -> pd.ProducerPool:
         confirmed = self._transport_options.get("confirm_publish", False)
@@ -272,11 +298,13 @@ class Publisher:
                 pool = self._producers[key] = pd.ProducerPool(conn, self._publishers)
             return pool
 
-    def _declared_queue(self, routing_key: str) -> kombu.Queue:
-        """The queue a publish declares for ``routing_key`` (built once; building costs)."""
+    def _declared_queue(self, routing_key: str, reply: bool = False) -> kombu.Queue:
+        """The queue a publish declares for ``routing_key`` (built once; building costs): an
+        engine's reply queue (``reply``) as its consumer declares it."""
         queue = self._queues.get(routing_key)
         if queue is None:
-            queue = self._queues[routing_key] = self._queue(routing_key)
+            expires = ext.REPLY_QUEUE_EXPIRES if reply and not self._compat else None
+            queue = self._queues[routing_key] = self._queue(routing_key, expires=expires)
         return queue
 
     def browse(self, routing_key: str, limit: int = 10_000) -> list[StoredMessage]:
