@@ -13,7 +13,7 @@ from typing import Any
 from flowengine import exceptions as exc
 from flowengine import states, tracing
 from flowengine.engines import executor as ex
-from flowengine.engines import setup_slots
+from flowengine.engines import setup_slots, stopping
 from flowengine.engines import suspend_requests as sr
 from flowengine.engines.compiler import Compilation, PatternCompiler
 from flowengine.engines.delays import RetryWaits
@@ -61,8 +61,15 @@ class ActionEngine:
         self._storage_ensured = False
         self._validated = False
         self._lock = threading.RLock()
+        self._cancel_lock = threading.Lock()
         self._statistics: dict[str, Any] = {}
         self._loop: RunLoop | None = None  # the run loop while run_iter runs
+        #: The cancel asked of this engine (see cancel), applied by the run it reaches.
+        self._cancel: stopping.CancelRequest | None = None
+        self._watch: sr.SuspendWatch | None = None  # reads requests stored while it runs
+        self._deadline_seconds = stopping.deadline_seconds(self._options.extra)
+        # The clock deadlines are stored by (epoch seconds): the retry clock tests inject.
+        self._epoch_clock = self._options.extra.get("retry_clock") or time.time
 
     # -- public properties ------------------------------------------------------------------
 
@@ -222,6 +229,10 @@ class ActionEngine:
         with self._lock:
             assert self._runtime is not None
             self._runtime.reset_all()
+            # A flow run again from the start is neither cancelled nor bounded by the
+            # deadline of its earlier run (written with the state change below).
+            self.storage.flow_meta.pop(stopping.META_CANCELLED, None)
+            self.storage.flow_meta.pop(stopping.META_DEADLINE, None)
             self._change_state(states.PENDING)
 
     def suspend(self) -> None:
@@ -262,6 +273,48 @@ class ActionEngine:
         if loop is not None:
             loop.halt(cause)
 
+    def cancel(self, reason: str = "cancelled", by: str = "engine.cancel") -> None:
+        """Cancel the flow and undo what it did (callable from any thread, before or during a
+        run).
+
+        What has not started is taken back (revoked on workers) and left as if it never ran;
+        running tasks are asked to stop (their context's ``cancel_requested``; an ``async
+        def`` task is interrupted at its next await; on workers through the broker), and are
+        waited for; then every completed atom is reverted in reverse order, no retry
+        controller retries anything, and the flow ends ``REVERTED``, ``run`` raising
+        :class:`~flowengine.exceptions.FlowCancelled`. Who asked, when and why are stored in
+        the flow detail's meta (``cancelled``). Only the first cancel counts; a flow whose
+        every atom already succeeded is left as it is.
+
+        Args:
+            reason: Why (shown by ``flowengine show``, the dashboard and events).
+            by: Who asks.
+
+        Raises:
+            ValueError: ``reason`` or ``by`` is empty.
+        """
+        self._request_cancel(stopping.CancelRequest.now(reason, by))
+
+    def _request_cancel(self, request: stopping.CancelRequest) -> None:
+        with self._cancel_lock:
+            if self._cancel is not None:
+                return
+            self._cancel = request
+        runtime = self._runtime
+        if runtime is not None and runtime.task_action.executor.runs_inline:
+            # A task running on the engine's own thread must hear it now: the loop only gets
+            # its thread back when the task returns. (Elsewhere the loop tells running tasks
+            # once it has taken back those not started.)
+            runtime.calls.signal.request(request.reason)
+        loop = self._loop
+        if loop is not None:
+            loop.cancel(request)
+
+    @property
+    def cancelled(self) -> stopping.CancelRequest | None:
+        """The cancel asked of this engine (or found stored with its flow), if any."""
+        return self._cancel
+
     def _admitted(self) -> contextlib.AbstractContextManager[None]:
         """A set-up slot: in the wide pool if the storage does I/O (see setup_slots)."""
         return setup_slots.admitted(io=sr.shared(self._backend))
@@ -276,6 +329,20 @@ class ActionEngine:
             return None
         return sr.SuspendWatch(self._backend, self.storage.flow_uuid,
                                sr.interval_of(self._options.extra))
+
+    def _act_on_marks(self, suspend_seen: bool) -> None:
+        """Do what the flow's stored marks ask, just read (any thread)."""
+        watch = self._watch
+        if suspend_seen:
+            self.suspend()
+        if watch is not None and watch.cancel is not None and self._cancel is None:
+            self._request_cancel(watch.cancel)
+
+    def _read_marks_now(self) -> None:
+        """Read the flow's marks at once (the broker said there is news) and act on them."""
+        watch = self._watch
+        if watch is not None:
+            self._act_on_marks(watch.requested(force=True))
 
     def _reach(self) -> dict[str, Any]:
         """More of ``running_on``: how else a requester can reach this engine while it runs."""
@@ -314,20 +381,32 @@ class ActionEngine:
         executor = self._runtime.task_action.executor
         final: str | None = None
         started = time.monotonic()
-        watch = self._watch_requests()
+        watch = self._watch = self._watch_requests()
+        deadline = self._deadline()
+        signal = self._runtime.calls.new_run(deadline)
         with _started(executor), AtomLogListener(self), tracing.flow_run(self):
-            self._change_state(states.RUNNING)
+            self._change_state(states.RUNNING)  # with the deadline, if it was just set
             if watch is not None:
                 self.storage.update_flow_metadata({sr.META_RUNNING_ON: {
                     **sr.running_on(type(self).__name__), **self._reach()}})
             loop = self._loop = RunLoop(self._runtime, self._statistics, timeout=timeout)
             if self.storage.unsaved is not None:  # halted while the run was starting
                 loop.halt(self.storage.unsaved)
+            self._resume_cancel()
+            with self._cancel_lock:
+                request = self._cancel
+            if request is not None:  # asked before the run started (or stored with it)
+                signal.request(request.reason)
+                loop.cancel(request)
+            if deadline is not None:
+                self._arm_deadline(deadline)
+            if watch is not None:
+                sr.POLLER.add(watch, self._act_on_marks)  # read it while atoms run long
             closed = False
             try:
                 for state in loop.run_iter():
-                    if watch is not None and watch.requested():
-                        self.suspend()
+                    if watch is not None:
+                        self._act_on_marks(watch.requested())
                     if state in META_STATES:
                         continue
                     final = state
@@ -361,6 +440,9 @@ class ActionEngine:
                         self.storage.flow_name, self.storage.flow_uuid)
                 raise
             finally:
+                if watch is not None:
+                    sr.POLLER.remove(watch)
+                self._watch = None
                 self._loop = None
                 self._statistics["active_for"] = time.monotonic() - started
                 self._forget_run()
@@ -370,11 +452,55 @@ class ActionEngine:
             except exc.StorageFailure as err:
                 self.storage.stop_writing(err)
                 raise self._halted(err) from err
+            if final == states.REVERTED and loop.cancel_applied:
+                assert loop.cancelled is not None
+                raise self._cancelled_error(loop.cancelled)
             if final not in self.NO_RERAISING_STATES:
                 failures = list(self.storage.get_execute_failures().values())
                 failures += self.storage.get_revert_failures().values()
                 Failure.reraise_if_any(failures)
 
+
+    def _deadline(self) -> float | None:
+        """When this run's flow must be done (epoch seconds by the engine's clock): the stored
+        deadline of a resumed flow, else one set now from the ``deadline`` option (stored with
+        the RUNNING state that follows)."""
+        stored = stopping.stored_deadline(self.storage.flow_meta)
+        if stored is not None or self._deadline_seconds is None:
+            return stored
+        at = self._epoch_clock() + self._deadline_seconds
+        self.storage.flow_meta[stopping.META_DEADLINE] = {"at": at,
+                                                         "seconds": self._deadline_seconds}
+        return at
+
+    def _arm_deadline(self, at: float) -> None:
+        """Cancel the flow once ``at`` has come (on the engine's timer, which tests move)."""
+        assert self._runtime is not None
+        expiry = self._runtime.timer.after(max(0.0, at - self._epoch_clock()), None)
+
+        def expired(future: cf.Future) -> None:
+            if not future.cancelled():  # not the run ending (or suspending) first
+                LOG.info("Flow %r (%s) reached its deadline; cancelling it",
+                         self.storage.flow_name, self.storage.flow_uuid)
+                self.cancel(stopping.DEADLINE_REASON, by=stopping.DEADLINE_REASON)
+
+        expiry.add_done_callback(expired)
+
+    def _resume_cancel(self) -> None:
+        """A flow stored as cancelled and not finished (its engine died while reverting) is
+        cancelled again: the resumed run goes on reverting."""
+        request = stopping.CancelRequest.from_record(
+            self.storage.flow_meta.get(stopping.META_CANCELLED))
+        if request is not None:
+            with self._cancel_lock:
+                if self._cancel is None:
+                    self._cancel = request
+
+    def _cancelled_error(self, request: stopping.CancelRequest) -> exc.FlowCancelled:
+        storage = self.storage
+        return exc.FlowCancelled(
+            f"Flow {storage.flow_name!r} ({storage.flow_uuid}) was {request}; what it had done "
+            f"was reverted", reason=request.reason, by=request.by)
 
     def _halted(self, cause: exc.StorageFailure) -> exc.RunHalted:
         storage = self.storage

@@ -58,6 +58,7 @@ PUBLIC_MODULES = [
     "flowengine.secrets",
     "flowengine.dashboard",
     "flowengine.tracing",
+    "flowengine.context",
     # jobboards and conductors (TaskFlow's modules) and their additions
     "flowengine.jobs.base",
     "flowengine.jobs.records",
