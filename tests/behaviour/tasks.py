@@ -475,6 +475,55 @@ class RendezvousThenFail(Rendezvous):
         raise Boom(f"{self.name} failed")
 
 
+# ---- atoms that read their context and stop when asked (cancel, deadline) ----------------
+
+
+#: Seconds an atom waiting to be cancelled waits at most (a test that never cancels fails).
+CANCEL_PATIENCE = 30.0
+
+
+def context_record() -> dict[str, Any]:
+    """What the running call's context says, as a ledger entry's fields."""
+    from flowengine import context
+
+    ctx = context.current()
+    return {**ctx.ids(), "request_attempt": ctx.request_attempt, "deadline": ctx.deadline,
+            "cancel_requested": ctx.cancel_requested}
+
+
+class ContextProbe(RecordingTask):
+    """Records its context in ``execute`` and in ``revert``, and logs through its logger."""
+
+    def execute(self) -> str:
+        from flowengine import context
+
+        record("execute", self.name, context=context_record())
+        context.current().logger.info("probing %s", self.name)
+        return self.name
+
+    def revert(self, *args: Any, **kwargs: Any) -> None:
+        record("revert", self.name, context=context_record())
+
+
+class UntilCancelled(RecordingTask):
+    """Meets the test at the barrier named ``barrier``, then polls its context until its flow
+    is cancelled; records what it saw and returns (or, with ``raise_it``, raises through
+    ``raise_if_cancelled``)."""
+
+    def execute(self, barrier: str, raise_it: bool = False) -> str:
+        from flowengine import context
+
+        ctx = context.current()
+        record("execute", self.name)
+        _barriers.get(barrier).wait()
+        if not ctx.wait(CANCEL_PATIENCE):
+            raise Boom(f"{self.name} was never asked to stop")
+        record("stopped", self.name, reason=ctx.cancel_reason)
+        if raise_it:
+            ctx.raise_if_cancelled()
+        return self.name
+
+
 # ---- atoms whose outcome the wire cannot carry (the integration bad-input tests) -----------------
 
 
