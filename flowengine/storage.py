@@ -397,9 +397,10 @@ class Storage:
 
     def save(
         self, atom_name: str, result: Any, state: str = states.SUCCESS,
-        progress: float | None = None,
+        progress: float | None = None, meta: Mapping[str, Any] | None = None,
     ) -> None:
-        """Store an atom's result (or failure) with its new state (and progress) in one write."""
+        """Store an atom's result (or failure) with its new state (and progress, and ``meta``
+        merged into its metadata) in one write."""
         with self._lock:
             if isinstance(result, Failure):
                 result = self.masked(result)
@@ -410,10 +411,15 @@ class Storage:
             ad.put(state, result)
             if progress is not None:
                 ad.meta[META_PROGRESS] = progress
+            if meta:
+                ad.meta.update(meta)
             if state in (states.FAILURE, states.REVERT_FAILURE) and ad.intention in (
                 states.EXECUTE, states.REVERT,
             ):
                 self._failures.setdefault(atom_name, {})[ad.intention] = result
+            elif state == states.REVERTED:
+                # Reverted after all (a failed revert run again): its revert failure is over.
+                self._failures.get(atom_name, {}).pop(states.REVERT, None)
             self._save_atom(ad)
 
     def save_retry_failure(self, retry_name: str, failed_atom_name: str, failure: Failure) -> None:

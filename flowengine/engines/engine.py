@@ -13,6 +13,7 @@ from typing import Any
 from flowengine import exceptions as exc
 from flowengine import states, tracing
 from flowengine.engines import executor as ex
+from flowengine.engines import repair as repairing
 from flowengine.engines import setup_slots, stopping
 from flowengine.engines import suspend_requests as sr
 from flowengine.engines.compiler import Compilation, PatternCompiler
@@ -54,6 +55,8 @@ class ActionEngine:
         self._given_options = dict(options or {})
         self._notifier = Notifier()
         self._atom_notifier = Notifier()
+        self._interventions = Notifier()
+        self._repairs: list[repairing.Repair] = []  # asked for, made as the next run starts
         self._retry_waits = RetryWaits(self._options.extra.get("retry_clock") or time.monotonic)
         self._storage: Storage | None = None
         self._compilation: Compilation | None = None
@@ -85,6 +88,13 @@ class ActionEngine:
         Details: ``task_name`` or ``retry_name``, its uuid, ``old_state`` and the result.
         """
         return self._atom_notifier
+
+    @property
+    def interventions(self) -> Notifier:
+        """An operator's interventions are announced here (flowengine addition): ``cancelled``
+        (details: flow_name, flow_uuid, reason, by, at) as a cancel is applied, and
+        ``repaired`` (the same, with action, atom and atoms) as a repair is made."""
+        return self._interventions
 
     @property
     def retry_waits(self) -> RetryWaits:
@@ -140,7 +150,8 @@ class ActionEngine:
             if not executor.runs_coroutines:
                 self._refuse_coroutines(compilation)
             self._runtime = Runtime(compilation, self.storage, self._atom_notifier,
-                                    executor, self._options, self._retry_waits)
+                                    executor, self._options, self._retry_waits,
+                                    self._interventions)
             self._compilation = compilation
 
     def _refuse_coroutines(self, compilation: Compilation) -> None:
@@ -180,7 +191,8 @@ class ActionEngine:
                 self._change_state(states.SUSPENDED)
                 self._storage_ensured = True
             assert self._runtime is not None
-            if self.storage.get_flow_state() == states.REVERTED:
+            # A repair asked for runs on from what is stored (a retry-from on a reverted flow).
+            if self.storage.get_flow_state() == states.REVERTED and not self._repairs:
                 self.reset()
 
     def validate(self) -> None:
@@ -310,6 +322,35 @@ class ActionEngine:
         if loop is not None:
             loop.cancel(request)
 
+    def repair(self, action: str, atom: str | None = None, reason: str | None = None,
+               by: str = "engine.repair") -> None:
+        """Repair the stored flow as its next run starts (see :mod:`flowengine.engines.repair`).
+
+        ``retry-reverts`` runs its failed reverts again; ``mark-reverted`` stores ``atom`` as
+        reverted on the operator's word; ``retry-from`` runs on from ``atom``, whose execute
+        failed. The run then finishes the flow; the repair is recorded in the flow's and the
+        atoms' metadata and announced on :attr:`interventions`. Checked now, against the flow
+        as stored: call it on an engine loaded on the stored flow, before ``run``.
+
+        Raises:
+            RepairRefused: the repair does not fit the flow's state.
+            ValueError: a bad repair (unknown action, missing atom or reason).
+        """
+        request = repairing.Repair.now(action, atom, reason, by)
+        with self._lock:
+            self.compile()
+            repairing.check(self.storage, self.compilation, request)
+            self._repairs.append(request)
+
+    def _make_repairs(self) -> None:
+        assert self._runtime is not None
+        while self._repairs:
+            request = self._repairs.pop(0)
+            changed = repairing.apply(self._runtime, request)
+            self._interventions.notify(repairing.REPAIRED, {
+                "flow_name": self.storage.flow_name, "flow_uuid": self.storage.flow_uuid,
+                **request.record(changed)})
+
     @property
     def cancelled(self) -> stopping.CancelRequest | None:
         """The cancel asked of this engine (or found stored with its flow), if any."""
@@ -374,6 +415,7 @@ class ActionEngine:
         """
         with self._lock, self._admitted():  # once, however many set-up steps there are
             self._set_up()
+            self._make_repairs()
         assert self._runtime is not None
         # A previous run halted with changes only in memory: they are what this process did,
         # and must reach the backend before anything more runs (or this run fails here).

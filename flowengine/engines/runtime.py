@@ -36,6 +36,8 @@ LOG = logging.getLogger(__name__)
 
 #: Outcome of a retry's backoff timer: the retry may now run its next attempt.
 DELAY_ELAPSED = "delay-elapsed"
+#: What the engine's ``interventions`` notifier announces as a cancel is applied.
+CANCELLED = "cancelled"
 _REVERTIBLE = frozenset((states.SUCCESS, states.FAILURE, states.REVERT_FAILURE))
 # A retry left RETRYING by an interrupted run starts its next attempt from there.
 _STARTABLE = frozenset((states.PENDING, states.RETRYING))
@@ -63,8 +65,11 @@ class Runtime:
         task_executor: ex.TaskExecutor,
         options: EngineOptions,
         waits: RetryWaits | None = None,
+        interventions: Notifier | None = None,
     ) -> None:
         self.compilation = compilation
+        #: Where an applied cancel is announced (the engine's ``interventions``).
+        self.interventions = interventions if interventions is not None else Notifier()
         self.storage = storage
         self.options = options
         self.frontier: Frontier | None = None
@@ -490,6 +495,9 @@ class Runtime:
                 if frontier is not None:
                     frontier.state_changed(atom, states.SUCCESS)
         self.reset_atoms(self.compilation.iter_atoms(), None, states.REVERT)
+        self.interventions.notify(CANCELLED, {"flow_name": self.storage.flow_name,
+                                              "flow_uuid": self.storage.flow_uuid,
+                                              **request.record()})
 
     def never_started(self, atom: Any) -> None:
         """``atom``'s execute was taken back before it started (a cancel revoked it): it is

@@ -308,9 +308,9 @@ def _mark(backend: Any, flow_uuid: str, what: str, key: str, value: dict[str, An
             refused.append(NotRunning(
                 f"flow {fd.name!r} ({fd.uuid}) is {fd.state or 'PENDING'}, not running "
                 f"anywhere: there is nothing to {what}", fd.state))
-        elif gone := _gone(fd.meta.get(META_RUNNING_ON)):
+        elif dead := gone(fd.meta.get(META_RUNNING_ON)):
             refused.append(NotRunning(
-                f"flow {fd.name!r} ({fd.uuid}) is stored as {fd.state}, but {gone}: it is not "
+                f"flow {fd.name!r} ({fd.uuid}) is stored as {fd.state}, but {dead}: it is not "
                 f"running anywhere; {instead}", fd.state))
         elif key in fd.meta:
             already.append(fd.meta[key])
@@ -339,7 +339,7 @@ def _engine(where: dict[str, Any] | None) -> str:
     return f" (its {where.get('engine')} runs in pid {where.get('pid')} on {where.get('host')})"
 
 
-def _gone(where: Any) -> str | None:
+def gone(where: Any) -> str | None:
     """Why the process recorded in ``where`` surely runs nothing (None: it may run it)."""
     if not isinstance(where, dict) or where.get("host") != socket.gethostname():
         return None  # another host's processes cannot be seen from here

@@ -524,6 +524,36 @@ class UntilCancelled(RecordingTask):
         return self.name
 
 
+# ---- atoms that fail while a fault file exists (repairs) ----------------------------------
+
+
+class RevertFailsWhile(RecordingTask):
+    """Returns its name; its ``revert`` fails while the file ``fault`` exists, and records the
+    result it was given either way."""
+
+    def execute(self, fault: str) -> str:
+        record("execute", self.name)
+        return f"{self.name}-resource"
+
+    def revert(self, fault: str, result: Any = None, flow_failures: Any = None,
+               **kwargs: Any) -> str:
+        if os.path.exists(fault):
+            record("revert-failed", self.name, result=_result_summary(result))
+            raise RevertBoom(f"{self.name} revert failed: {fault} exists")
+        record("revert", self.name, result=_result_summary(result))
+        return f"{self.name} undone"
+
+
+class FailWhile(RecordingTask):
+    """Fails its execute while the file ``fault`` exists."""
+
+    def execute(self, fault: str) -> str:
+        record("execute", self.name)
+        if os.path.exists(fault):
+            raise Boom(f"{self.name} failed: {fault} exists")
+        return self.name
+
+
 # ---- atoms whose outcome the wire cannot carry (the integration bad-input tests) -----------------
 
 
