@@ -59,6 +59,7 @@ PUBLIC_MODULES = [
     "flowengine.dashboard",
     "flowengine.tracing",
     "flowengine.context",
+    "flowengine.engines.repair",
     # jobboards and conductors (TaskFlow's modules) and their additions
     "flowengine.jobs.base",
     "flowengine.jobs.records",
