@@ -17,6 +17,9 @@ alone):
       unreachable, the disk is full): nothing more ran and nothing was reverted; the stored
       record is as its last successful write left it, so resume with ``--resume`` once the
       backend is back
+7     ``run``: the flow was cancelled (``flowengine cancel``, the dashboard, its
+      ``--deadline``) and what it did was reverted (REVERTED); ``cancel --wait`` too, once it
+      is; ``cancel`` and ``repair`` when they run the flow themselves
 130   ``run``: interrupted a second time while suspending
 ====  ========================================================================================
 """
@@ -37,6 +40,7 @@ REVERTED = 3
 FAILED = 4
 SUSPENDED = 5
 HALTED = 6
+CANCELLED = 7
 INTERRUPTED = 130
 
 #: Exit code of ``run`` for the state its flow ended in (anything else is ERROR).

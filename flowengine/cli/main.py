@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from flowengine import __version__
+from flowengine.cli.cancel import cancel_command
 from flowengine.cli.conductor import conductor_command
 from flowengine.cli.dashboard import dashboard_command
 from flowengine.cli.dead_letters import dead_letters_group
@@ -12,6 +13,7 @@ from flowengine.cli.events import events_command
 from flowengine.cli.flows import flows_command, show_command
 from flowengine.cli.graph import check_command, graph_command
 from flowengine.cli.jobs import conductors_command, jobs_group
+from flowengine.cli.repair import repair_command
 from flowengine.cli.run import run_command
 from flowengine.cli.suspend import suspend_command
 from flowengine.cli.topics import topics_command
@@ -34,6 +36,8 @@ cli.add_command(run_command)
 cli.add_command(flows_command)
 cli.add_command(show_command)
 cli.add_command(suspend_command)
+cli.add_command(cancel_command)
+cli.add_command(repair_command)
 cli.add_command(graph_command)
 cli.add_command(check_command)
 cli.add_command(dashboard_command)

@@ -68,9 +68,11 @@ def suspend_command(flow_id: str, backend_uri: str, wait_seconds: float | None,
         backend.close()
 
 
-def _wait(backend: base.Backend, flow_id: str, seconds: float) -> None:
+def wait_for_end(backend: base.Backend, flow_id: str, seconds: float) -> str | None:
+    """The stored flow's state once it stops running, or after ``seconds`` (read every
+    :data:`WAIT_POLL` seconds: the flow runs in another process, which can only be watched
+    through its store)."""
     deadline = time.monotonic() + seconds
-    state: str | None = states.RUNNING
     while True:
         conn = backend.get_connection()
         try:
@@ -78,8 +80,12 @@ def _wait(backend: base.Backend, flow_id: str, seconds: float) -> None:
         finally:
             conn.close()
         if state not in (states.RUNNING, states.SUSPENDING) or time.monotonic() >= deadline:
-            break
+            return state
         time.sleep(WAIT_POLL)
+
+
+def _wait(backend: base.Backend, flow_id: str, seconds: float) -> None:
+    state = wait_for_end(backend, flow_id, seconds)
     if state == states.SUSPENDED:
         click.echo(f"flow {flow_id} is SUSPENDED")
         raise SystemExit(exits.SUSPENDED)
