@@ -71,12 +71,15 @@ def suspend_command(flow_id: str, backend_uri: str, wait_seconds: float | None,
 def wait_for_end(backend: base.Backend, flow_id: str, seconds: float) -> str | None:
     """The stored flow's state once it stops running, or after ``seconds`` (read every
     :data:`WAIT_POLL` seconds: the flow runs in another process, which can only be watched
-    through its store)."""
+    through its store); None once it is no longer stored (a conductor deletes a consumed
+    job's logbook)."""
     deadline = time.monotonic() + seconds
     while True:
         conn = backend.get_connection()
         try:
             state = conn.get_flow_details(flow_id, lazy=True).state
+        except exc.NotFound:
+            return None
         finally:
             conn.close()
         if state not in (states.RUNNING, states.SUSPENDING) or time.monotonic() >= deadline:
