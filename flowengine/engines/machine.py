@@ -295,6 +295,9 @@ class RunLoop:
             storage.set_flow_state(st.RUNNING)  # the cancel supersedes the suspension
         runtime.timer.cancel_all()  # a retry's wait or a start delay started nothing
         runtime.start_delays.take_back_delayed()
+        # Atoms a previous run left in flight (resumed) are reverted: what they did is unknown.
+        unfinished = [atom for atom in self._next_up if atom not in self._in_flight_atoms
+                      and storage.get_atom_state(atom.name) in (st.RUNNING, st.REVERTING)]
         self._next_up = []
         try:
             runtime.cancel(request)
@@ -314,7 +317,7 @@ class RunLoop:
         # for a queued one before that was taken back.
         runtime.calls.signal.request(request.reason)
         try:
-            self._next_up = runtime.next_atoms(apply_deciders=False)
+            self._next_up = unfinished + runtime.next_atoms(apply_deciders=False)
         except exc.StorageFailure as err:
             self.halt(err)
 

@@ -199,3 +199,37 @@ def test_a_retry_waiting_to_retry_is_reverted_not_retried(
     assert tasks.names("execute") == ["before", "flaky"]
     assert tasks.names("revert") == ["flaky", "before"]
     assert engine.storage.get_atom_state("patient") == states.REVERTED
+
+
+def test_a_resumed_cancelled_flow_goes_on_reverting(engine_factory: EngineFactory) -> None:
+    # The engine applied the cancel (stored with the flow), reverted t3, then its process died
+    # with t2 still REVERTING: what a new engine finds.
+    from flowengine.persistence.backends import impl_memory
+    from flowengine.utils import persistence_utils as p_utils
+
+    backend = impl_memory.MemoryBackend()
+    flow = lf.Flow("died").add(tasks.Step("t1"), tasks.Step("t2"), tasks.Step("t3"),
+                               tasks.Step("t4"))
+    detail = p_utils.create_flow_detail(flow, backend=backend)
+    first = engine_factory(flow, flow_detail=detail, backend=backend)
+    for state in first.run_iter():
+        if first.storage.get_atom_state("t3") == states.SUCCESS:
+            first.suspend()
+    storage = first.storage
+    assert storage.get_atom_state("t4") == states.PENDING
+    storage.update_flow_metadata({META_CANCELLED: {"reason": "gone", "by": "ops",
+                                                   "at": "2026-01-01T00:00:00+00:00"}})
+    for name in ("t1", "t2", "t3"):
+        storage.set_atom_intention(name, states.REVERT)
+    storage.save("t3", "t3 undone", states.REVERTED)
+    storage.set_atom_state("t2", states.REVERTING)
+    storage.set_flow_state(states.RUNNING)
+    tasks.use_ledger(tasks.MemoryLedger())
+
+    resumed = engine_factory(flow, flow_detail=detail, backend=backend)
+    with pytest.raises(exc.FlowCancelled, match="gone"):
+        resumed.run()
+    assert tasks.names("revert") == ["t2", "t1"]
+    assert tasks.names("execute") == []
+    assert [resumed.storage.get_atom_state(n) for n in ("t1", "t2", "t3", "t4")] == [
+        states.REVERTED] * 3 + [states.PENDING]
