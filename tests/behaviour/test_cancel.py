@@ -212,7 +212,7 @@ def test_a_resumed_cancelled_flow_goes_on_reverting(engine_factory: EngineFactor
                                tasks.Step("t4"))
     detail = p_utils.create_flow_detail(flow, backend=backend)
     first = engine_factory(flow, flow_detail=detail, backend=backend)
-    for state in first.run_iter():
+    for _state in first.run_iter():
         if first.storage.get_atom_state("t3") == states.SUCCESS:
             first.suspend()
     storage = first.storage

@@ -113,6 +113,9 @@ def test_flowengine_cancel_stops_task_3_and_reverts_2_then_1(story: Any,
     assert "its engine was told through the broker, and is cancelling" in done.stdout
     assert isinstance(run.join(WAIT, details=lambda: logs(told.workers)), exc.FlowCancelled)
     told.check("the customer withdrew")
+    # Its context, in the worker process, named the worker running it.
+    [started] = told.events("s3", "execute")
+    assert started["worker"].split(":")[1] == str(started["pid"])
 
 
 def test_a_deadline_cancels_the_flow_with_no_command(story: Any, runs: EngineRuns) -> None:
