@@ -20,10 +20,10 @@ from flowengine.cli.broker import broker_kwargs
 from flowengine.cli.flow_options import backend_option, engine_options
 from flowengine.cli.loading import LoadError
 from flowengine.cli.options import operator, show_envvars
-from flowengine.cli.suspend import wait_for_end
+from flowengine.cli.suspend import tell, wait_for_end
 from flowengine.engines import suspend_requests as sr
 from flowengine.persistence.backends._uri import mask_urls
-from flowengine.worker_based.remote_control import ACTION_CANCEL, push_suspend
+from flowengine.worker_based.remote_control import ACTION_CANCEL
 
 #: Flow states with nothing left to cancel.
 _ENDED = (states.SUCCESS, states.REVERTED)
@@ -77,12 +77,7 @@ def cancel_command(ctx: click.Context, flow_id: str, reason: str, backend_uri: s
             raise SystemExit(exits.USAGE) from err
         except exc.StorageFailure as err:
             raise LoadError(f"cannot write to {mask_urls(backend_uri)}: {err}") from err
-        click.echo(asked.text)
-        pushed = push_suspend(asked.running_on, fd.uuid,
-                              {k: v for k, v in settings.items() if k != "taskflow_compat"},
-                              action=ACTION_CANCEL)
-        if pushed is not None:
-            click.echo(mask_urls(pushed))
+        tell(asked, fd.uuid, settings, action=ACTION_CANCEL)
         if wait_seconds is not None:
             _wait(backend, fd.uuid, wait_seconds)
     finally:

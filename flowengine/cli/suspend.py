@@ -22,7 +22,7 @@ from flowengine.cli.options import show_envvars
 from flowengine.engines import suspend_requests as sr
 from flowengine.persistence import base
 from flowengine.persistence.backends._uri import mask_urls
-from flowengine.worker_based.remote_control import push_suspend
+from flowengine.worker_based.remote_control import ACTION_SUSPEND, push_suspend
 
 #: Seconds between two reads of the flow's state while ``--wait`` waits.
 WAIT_POLL = 0.2
@@ -56,16 +56,22 @@ def suspend_command(flow_id: str, backend_uri: str, wait_seconds: float | None,
             raise SystemExit(exits.USAGE) from err
         except exc.StorageFailure as err:
             raise LoadError(f"cannot write to {mask_urls(backend_uri)}: {err}") from err
-        click.echo(asked.text)
-        settings = broker_kwargs(**broker)
-        del settings["taskflow_compat"]
-        pushed = push_suspend(asked.running_on, flow_id, settings)
-        if pushed is not None:
-            click.echo(mask_urls(pushed))
+        tell(asked, flow_id, broker_kwargs(**broker))
         if wait_seconds is not None:
             _wait(backend, flow_id, wait_seconds)
     finally:
         backend.close()
+
+
+def tell(asked: sr.Requested, flow_id: str, broker: dict[str, Any],
+         action: str = ACTION_SUSPEND) -> None:
+    """Say what was asked, and push it to the flow's engine through the broker the options
+    name (``broker``: the command's broker options)."""
+    click.echo(asked.text)
+    settings = {key: value for key, value in broker.items() if key != "taskflow_compat"}
+    pushed = push_suspend(asked.running_on, flow_id, settings, action=action)
+    if pushed is not None:
+        click.echo(mask_urls(pushed))
 
 
 def wait_for_end(backend: base.Backend, flow_id: str, seconds: float) -> str | None:

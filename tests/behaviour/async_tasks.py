@@ -145,3 +145,12 @@ class AsyncUntilCancelled(AsyncStep):
             tasks.record("interrupted", self.name)
             raise
         raise tasks.Boom(f"{self.name} was never interrupted")
+
+
+class AsyncContextProbe(AsyncStep):
+    """Records its context from inside an awaited ``execute``, after an await."""
+
+    async def execute(self) -> str:
+        await asyncio.sleep(0)
+        tasks.record("execute", self.name, context=tasks.context_record())
+        return self.name

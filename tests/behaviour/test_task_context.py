@@ -13,7 +13,7 @@ from flowengine import context
 from flowengine.flows import linear_flow as lf
 from tests.manual_clock import ManualClock
 
-from . import tasks
+from . import async_tasks, tasks
 from .harness import EngineFactory
 
 
@@ -87,3 +87,11 @@ def test_a_detached_context_cannot_be_cancelled() -> None:
     ctx = context.current()
     assert ctx.signal.request("no") is False
     assert ctx.cancel_requested is False
+
+
+def test_an_async_task_reads_its_context_after_an_await(engine_factory: EngineFactory) -> None:
+    engine = engine_factory.run(lf.Flow("awaited").add(async_tasks.AsyncContextProbe("probe")))
+    ctx = _context_of("execute", "probe")
+    assert (ctx["flow_uuid"], ctx["atom_name"], ctx["action"]) == (
+        engine.storage.flow_uuid, "probe", "execute")
+    assert (ctx["worker"] is not None) == engine_factory.remote
