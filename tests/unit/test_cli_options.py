@@ -63,10 +63,11 @@ def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_every_command_is_covered() -> None:
     names = {" ".join(path) for path, _ in commands()}
-    assert names == {"check", "conductor", "conductors", "dashboard", "dead-letters list",
-                     "dead-letters requeue", "events", "flows", "graph", "jobs list", "jobs post",
-                     "jobs repost", "jobs show", "jobs trash", "run", "show", "suspend",
-                     "topics list", "topics pause", "topics resume", "worker", "workers"}
+    assert names == {"cancel", "check", "conductor", "conductors", "dashboard",
+                     "dead-letters list", "dead-letters requeue", "events", "flows", "graph",
+                     "jobs cancel", "jobs list", "jobs post", "jobs repost", "jobs show",
+                     "jobs trash", "repair", "run", "show", "suspend", "topics list",
+                     "topics pause", "topics resume", "worker", "workers"}
     assert len(CASES) > 40
 
 
