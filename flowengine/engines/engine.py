@@ -353,7 +353,8 @@ class ActionEngine:
 
     @property
     def cancelled(self) -> stopping.CancelRequest | None:
-        """The cancel asked of this engine (or found stored with its flow), if any."""
+        """A cancel asked of this engine (or found stored with its flow) that no run has taken
+        up yet: a run that starts applies it, and one running applies it at once."""
         return self._cancel
 
     def _admitted(self) -> contextlib.AbstractContextManager[None]:
@@ -484,6 +485,9 @@ class ActionEngine:
             finally:
                 if watch is not None:
                     sr.POLLER.remove(watch)
+                with self._cancel_lock:
+                    if loop.cancel_seen and self._cancel is loop.cancelled:
+                        self._cancel = None  # taken up by this run: not the next one's
                 self._watch = None
                 self._loop = None
                 self._statistics["active_for"] = time.monotonic() - started

@@ -278,6 +278,11 @@ class RunLoop:
             self.cancelled = request
             self.wake()
 
+    @property
+    def cancel_seen(self) -> bool:
+        """Whether the loop took up :attr:`cancelled` (applied it, or found it too late)."""
+        return self._cancel_seen
+
     def _apply_cancel(self) -> None:
         self._cancel_seen = True
         request = self.cancelled

@@ -173,6 +173,7 @@ def test_a_flow_whose_every_atom_succeeded_is_not_cancelled(
     assert tasks.names("revert") == []
     assert engine.storage.get_flow_state() == states.SUCCESS
     assert META_CANCELLED not in engine.storage.flow_meta
+    assert engine.cancelled is None  # taken up (too late) by that run, not kept for another
 
 
 def test_a_cancel_needs_a_reason(engine_factory: EngineFactory) -> None:
