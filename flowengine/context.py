@@ -36,7 +36,7 @@ import contextvars
 import dataclasses
 import logging
 import threading
-from collections.abc import Callable, Iterator, Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 from typing import Any
 
 from flowengine import exceptions as exc
@@ -203,6 +203,14 @@ class TaskContext:
         return dataclasses.replace(self, **changes)
 
 
+def make(**fields: Any) -> TaskContext:
+    """A :class:`TaskContext` with ``fields`` (the others at their defaults), built without the
+    frozen dataclass's checked assignment of each field: an engine makes one per atom."""
+    ctx = object.__new__(TaskContext)
+    ctx.__dict__.update(fields)
+    return ctx
+
+
 class _ContextAdapter(logging.LoggerAdapter):  # type: ignore[type-arg]
     def __init__(self, logger: logging.Logger, ctx: TaskContext) -> None:
         super().__init__(logger, ctx.ids())
@@ -226,30 +234,55 @@ def _trace_ids() -> Mapping[str, str]:
     return tracing.current_ids()
 
 
-_CURRENT: contextvars.ContextVar[TaskContext | None] = contextvars.ContextVar(
+#: What may be current: a context, or what makes it when a task first asks (an engine makes
+#: the context of every call it starts, and most tasks never ask).
+Binding = TaskContext | Callable[[], TaskContext]
+
+_CURRENT: contextvars.ContextVar[Binding | None] = contextvars.ContextVar(
     "flowengine_task_context", default=None)
 _DETACHED = TaskContext()
+
+
+def _resolved(binding: Binding | None) -> TaskContext | None:
+    if binding is None or isinstance(binding, TaskContext):
+        return binding
+    return binding()
 
 
 def current() -> TaskContext:
     """The context of the ``execute``/``revert`` call running here (a detached one, with no
     ids and never cancelled, outside any)."""
-    return _CURRENT.get() or _DETACHED
+    return _resolved(_CURRENT.get()) or _DETACHED
 
 
 def active() -> TaskContext | None:
     """The context set here, or None (engines and workers use it; tasks use :func:`current`)."""
+    return _resolved(_CURRENT.get())
+
+
+def carried() -> Binding | None:
+    """What is current here, as it was set (for an executor to set it where the call runs)."""
     return _CURRENT.get()
 
 
-@contextlib.contextmanager
-def bound(ctx: TaskContext | None) -> Iterator[None]:
-    """Make ``ctx`` the current context inside the block (nothing changes for None)."""
-    if ctx is None:
-        yield
-        return
-    token = _CURRENT.set(ctx)
-    try:
-        yield
-    finally:
-        _CURRENT.reset(token)
+class bound:  # noqa: N801 - used as a function: ``with context.bound(ctx):``
+    """Make ``ctx`` (a context, or what makes it on first use) current inside the ``with``
+    block; nothing changes for None.
+
+    A class rather than a generator: engines enter one for every call they start.
+    """
+
+    __slots__ = ("_ctx", "_token")
+
+    def __init__(self, ctx: Binding | None) -> None:
+        self._ctx = ctx
+        self._token: contextvars.Token[Binding | None] | None = None
+
+    def __enter__(self) -> None:
+        if self._ctx is not None:
+            self._token = _CURRENT.set(self._ctx)
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._token is not None:
+            _CURRENT.reset(self._token)
+            self._token = None

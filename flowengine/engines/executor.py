@@ -304,11 +304,12 @@ class LocalTaskExecutor(TaskExecutor):
         limit = limit_for(task, self._limits)
         # The engine made the call's context current around this hand-over: it must be current
         # where the call runs (a pool thread, a helper thread, an asyncio task) too.
-        ctx = context.active()
         if is_async(method):
+            ctx = context.active()
             return self._awaited(task, outcome, _coroutine_in(ctx, coroutine), limit, ctx)
-        if ctx is not None:
-            call = functools.partial(_call_in, ctx, call)
+        binding = context.carried()
+        if binding is not None and not (self.runs_inline and limit is None):
+            call = functools.partial(_call_in, binding, call)  # it runs on another thread
         if limit is None:
             return self._plain(call)
         return self._bounded(task, outcome, call, limit)
@@ -397,8 +398,8 @@ class LocalTaskExecutor(TaskExecutor):
 DEFAULT_MAX_ASYNC_TASKS = 64
 
 
-def _call_in(ctx: context.TaskContext, call: Callable[[], Any]) -> Any:
-    with context.bound(ctx):
+def _call_in(binding: context.Binding, call: Callable[[], Any]) -> Any:
+    with context.bound(binding):
         return call()
 
 
