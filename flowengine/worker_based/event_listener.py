@@ -111,6 +111,10 @@ class EventListener(base.Listener):
         interventions = getattr(self._engine, "interventions", None)
         if interventions is not None:
             interventions.deregister(Notifier.ANY, self._on_intervention)
+        with self._lock:
+            watched, self._watched = self._watched, {}
+        for task in watched.values():
+            task.notifier.deregister(EVENT_UPDATE_PROGRESS, self._on_progress)
 
     def _on_intervention(self, kind: str, details: base.Details) -> None:
         """A cancel applied (``flow-cancelled``) or a repair made (``flow-repaired``)."""
@@ -118,10 +122,6 @@ class EventListener(base.Listener):
         if event_type is not None:
             self._sink.emit(event_type, **{k: v for k, v in details.items()
                                            if k in _INTERVENTION_FIELDS})
-        with self._lock:
-            watched, self._watched = self._watched, {}
-        for task in watched.values():
-            task.notifier.deregister(EVENT_UPDATE_PROGRESS, self._on_progress)
 
     def _watch_progress(self) -> None:
         """Listen to every task's progress, once the engine has compiled its flow."""
