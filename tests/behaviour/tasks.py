@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
 import pathlib
 import threading
@@ -116,6 +117,11 @@ def use_ledger(ledger: Ledger) -> Ledger:
 def record(event: str, atom: str, **data: Any) -> None:
     """Write one entry to the current ledger."""
     _ledger.append({"event": event, "atom": atom, **data})
+
+
+def clear() -> None:
+    """Forget every entry of the current ledger (in whichever process it is read)."""
+    _ledger.clear()
 
 
 def entries(event: str | None = None) -> list[dict[str, Any]]:
@@ -491,14 +497,33 @@ def context_record() -> dict[str, Any]:
             "cancel_requested": ctx.cancel_requested}
 
 
+class _LedgerHandler(logging.Handler):
+    """Writes each record's message and the ids a context logger adds to the ledger (the
+    test reads what a worker process logged as it reads what it did)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        ids = {key: getattr(record, key, None)
+               for key in ("flow_uuid", "flow_name", "atom_name", "action", "attempt")}
+        _ledger.append({"event": "log", "atom": ids["atom_name"],
+                        "message": record.getMessage(), **ids})
+
+
+#: The logger :class:`ContextProbe` adapts with its context (its records go to the ledger).
+PROBE_LOGGER = logging.getLogger("behaviour.context_probe")
+PROBE_LOGGER.addHandler(_LedgerHandler())
+PROBE_LOGGER.setLevel(logging.INFO)
+PROBE_LOGGER.propagate = False
+
+
 class ContextProbe(RecordingTask):
-    """Records its context in ``execute`` and in ``revert``, and logs through its logger."""
+    """Records its context in ``execute`` and in ``revert``, and logs through a logger its
+    context adapts."""
 
     def execute(self) -> str:
         from flowengine import context
 
         record("execute", self.name, context=context_record())
-        context.current().logger.info("probing %s", self.name)
+        context.current().adapt(PROBE_LOGGER).info("probing %s", self.name)
         return self.name
 
     def revert(self, *args: Any, **kwargs: Any) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -48,12 +47,13 @@ class Background:
         return self.error
 
 
-@pytest.fixture
-def barrier() -> Iterator[str]:
-    """The key of a two-party barrier: the running task on one side, the test on the other."""
+def started_barrier() -> str:
+    """The key of a new two-party barrier: the running task on one side, the test on the
+    other (a function, not a fixture: the suite also runs on real brokers, where fixtures of
+    this package do not reach)."""
     key = f"started-{uuid.uuid4().hex[:8]}"
     tasks.make_barrier(key, 2, timeout=tasks.CANCEL_PATIENCE)
-    yield key
+    return key
 
 
 def _meet(barrier: str) -> None:
@@ -77,7 +77,8 @@ def five_steps(barrier: str, raise_it: bool = False) -> lf.Flow:
 
 
 def test_cancel_stops_the_running_task_and_reverts_in_reverse(
-        engine_factory: EngineFactory, barrier: str) -> None:
+        engine_factory: EngineFactory) -> None:
+    barrier = started_barrier()
     engine = engine_factory(five_steps(barrier))
     run = Background(engine)
     _meet(barrier)
@@ -99,7 +100,8 @@ def test_cancel_stops_the_running_task_and_reverts_in_reverse(
 
 
 def test_a_task_that_raises_when_cancelled_is_reverted_and_never_retried(
-        engine_factory: EngineFactory, barrier: str) -> None:
+        engine_factory: EngineFactory) -> None:
+    barrier = started_barrier()
     controller = tasks.RecordingTimes(5, name="again")
     flow = lf.Flow("retried").add(tasks.Step("before"), lf.Flow("inner", retry=controller).add(
         tasks.UntilCancelled("looping", inject={"barrier": barrier, "raise_it": True})))
@@ -128,7 +130,8 @@ def test_a_cancel_before_the_run_runs_nothing(engine_factory: EngineFactory) -> 
 
 
 def test_a_queued_task_never_starts_and_is_not_reverted(
-        concurrent_engine_factory: EngineFactory, barrier: str) -> None:
+        concurrent_engine_factory: EngineFactory) -> None:
+    barrier = started_barrier()
     factory = concurrent_engine_factory
     busy = tasks.UntilCancelled("busy", inject={"barrier": barrier})
     busy.priority = 1  # dispatched first, so it takes the only thread
@@ -146,7 +149,8 @@ def test_a_queued_task_never_starts_and_is_not_reverted(
 
 
 def test_an_async_task_is_interrupted_at_its_next_await(
-        engine_factory: EngineFactory, barrier: str) -> None:
+        engine_factory: EngineFactory) -> None:
+    barrier = started_barrier()
     flow = lf.Flow("awaiting").add(
         async_tasks.AsyncStep("first"),
         async_tasks.AsyncUntilCancelled("sleeper", inject={"barrier": barrier}),
@@ -225,7 +229,7 @@ def test_a_resumed_cancelled_flow_goes_on_reverting(engine_factory: EngineFactor
     storage.save("t3", "t3 undone", states.REVERTED)
     storage.set_atom_state("t2", states.REVERTING)
     storage.set_flow_state(states.RUNNING)
-    tasks.use_ledger(tasks.MemoryLedger())
+    tasks.clear()
 
     resumed = engine_factory(flow, flow_detail=detail, backend=backend)
     with pytest.raises(exc.FlowCancelled, match="gone"):

@@ -15,13 +15,13 @@ from tests.manual_clock import ManualClock
 
 from . import tasks
 from .harness import EngineFactory
-from .test_cancel import Background, _meet, barrier, five_steps  # noqa: F401 - a fixture
+from .test_cancel import Background, _meet, five_steps, started_barrier
 
 DEADLINE = 600.0
 
 
-def test_an_expired_deadline_cancels_the_flow(engine_factory: EngineFactory,
-                                              barrier: str) -> None:  # noqa: F811
+def test_an_expired_deadline_cancels_the_flow(engine_factory: EngineFactory) -> None:
+    barrier = started_barrier()
     clock = ManualClock(start=1_000.0)
     engine = engine_factory(five_steps(barrier), deadline=DEADLINE, retry_clock=clock)
     run = Background(engine)

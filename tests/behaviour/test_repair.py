@@ -35,10 +35,10 @@ class Stored:
                             **self.options)
 
 
-@pytest.fixture
-def fault(tmp_path: pathlib.Path) -> pathlib.Path:
-    """A fault file: the task guarded by it fails while it exists."""
-    path = tmp_path / "fault"
+def fault_file(folder: pathlib.Path) -> pathlib.Path:
+    """A fault file: the task guarded by it fails while it exists (a function, not a fixture:
+    the suite also runs on real brokers, where fixtures of this package do not reach)."""
+    path = folder / "fault"
     path.touch()
     return path
 
@@ -63,7 +63,8 @@ def _interventions(engine: Any) -> list[dict[str, Any]]:
 
 
 def test_failed_reverts_run_again_then_the_rest_in_order(engine_factory: EngineFactory,
-                                                         fault: pathlib.Path) -> None:
+                                                         tmp_path: pathlib.Path) -> None:
+    fault = fault_file(tmp_path)
     stored = _failing_revert(engine_factory, fault)
     assert tasks.names("revert-failed") == ["B"]
     assert tasks.names("revert") == ["C"]
@@ -93,7 +94,8 @@ def test_failed_reverts_run_again_then_the_rest_in_order(engine_factory: EngineF
 
 
 def test_an_atom_marked_reverted_is_not_reverted_and_the_rest_are(
-        engine_factory: EngineFactory, fault: pathlib.Path) -> None:
+        engine_factory: EngineFactory, tmp_path: pathlib.Path) -> None:
+    fault = fault_file(tmp_path)
     stored = _failing_revert(engine_factory, fault)
     before = len(tasks.entries())
     engine = stored.engine()
@@ -145,7 +147,8 @@ def test_a_repair_that_does_not_fit_is_refused(engine_factory: EngineFactory, ac
 
 
 def test_retry_from_an_atom_that_did_not_fail_is_refused(engine_factory: EngineFactory,
-                                                         fault: pathlib.Path) -> None:
+                                                         tmp_path: pathlib.Path) -> None:
+    fault = fault_file(tmp_path)
     stored = _failing_revert(engine_factory, fault)
     with pytest.raises(repair.RepairRefused, match="revert of 'B' .* failed"):
         stored.engine().repair("retry-from", "C")
@@ -160,7 +163,8 @@ def test_mark_reverted_needs_a_reason() -> None:
 
 
 def test_a_flow_an_engine_still_holds_is_refused_naming_it(engine_factory: EngineFactory,
-                                                           fault: pathlib.Path) -> None:
+                                                           tmp_path: pathlib.Path) -> None:
+    fault = fault_file(tmp_path)
     stored = _failing_revert(engine_factory, fault)
     with contextlib.closing(stored.backend.get_connection()) as conn:
         conn.change_flow_meta(stored.detail.uuid, lambda fd: fd.meta.update(
@@ -172,7 +176,8 @@ def test_a_flow_an_engine_still_holds_is_refused_naming_it(engine_factory: Engin
 
 
 def test_the_python_api_repairs_a_stored_flow(engine_factory: EngineFactory,
-                                              fault: pathlib.Path) -> None:
+                                              tmp_path: pathlib.Path) -> None:
+    fault = fault_file(tmp_path)
     stored = _failing_revert(engine_factory, fault)
     fault.unlink()
     engine = repair.retry_reverts(stored.backend, stored.detail.uuid, reason="fixed",

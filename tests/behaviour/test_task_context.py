@@ -61,15 +61,21 @@ def test_the_deadline_is_in_every_call(engine_factory: EngineFactory) -> None:
     assert _context_of("execute", "probe")["deadline"] == 5_060.0
 
 
-def test_the_context_logger_carries_the_ids(engine_factory: EngineFactory,
-                                            caplog: pytest.LogCaptureFixture) -> None:
+def test_the_context_logger_carries_the_ids(engine_factory: EngineFactory) -> None:
+    engine = engine_factory.run(lf.Flow("logged").add(tasks.ContextProbe("probe")))
+    [logged] = tasks.entries("log")
+    assert logged["message"] == "[logged/probe] probing probe"
+    assert (logged["flow_uuid"], logged["flow_name"], logged["atom_name"], logged["action"],
+            logged["attempt"]) == (engine.storage.flow_uuid, "logged", "probe", "execute", 1)
+
+
+def test_the_default_context_logger_is_flowengine_task(
+        caplog: pytest.LogCaptureFixture) -> None:
+    ctx = context.TaskContext(flow_name="f", atom_name="a")
     with caplog.at_level(logging.INFO, logger=context.TASK_LOGGER):
-        engine = engine_factory.run(lf.Flow("logged").add(tasks.ContextProbe("probe")))
-    [record] = [r for r in caplog.records if r.name == context.TASK_LOGGER]
-    assert record.getMessage() == "[logged/probe] probing probe"
-    assert record.flow_uuid == engine.storage.flow_uuid  # type: ignore[attr-defined]
-    assert record.atom_name == "probe"  # type: ignore[attr-defined]
-    assert record.action == "execute"  # type: ignore[attr-defined]
+        ctx.logger.info("hello %s", "there")
+    [record] = caplog.records
+    assert (record.name, record.getMessage()) == (context.TASK_LOGGER, "[f/a] hello there")
 
 
 def test_outside_a_call_the_context_is_detached() -> None:

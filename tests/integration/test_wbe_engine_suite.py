@@ -62,6 +62,9 @@ EXCLUDED = {
     "test_a_failed_write_fails_the_atom_and_the_flow_reverts": _LOCAL_BACKEND_FAULTS,
     "test_a_backend_that_stays_down_still_reverts_then_says_so": _LOCAL_BACKEND_FAULTS,
     "test_a_failure_that_cannot_be_stored_keeps_its_own_error": _LOCAL_BACKEND_FAULTS,
+    "test_a_retry_waiting_to_retry_is_reverted_not_retried":
+        "a local engine's timer holds a retry's wait; a worker-based engine sends the next "
+        "attempt's requests carrying it (tests/unit/test_wb_stop.py stops those)",
     "test_a_start_delay_is_armed_before_it_is_announced":
         "a local engine's own timer; a remote request is held by the broker client, by a clock "
         "of its own (test_a_suspended_start_delay_goes_on_with_what_is_left waits for the hold)",
