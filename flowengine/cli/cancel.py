@@ -20,7 +20,7 @@ from flowengine.cli.broker import broker_kwargs
 from flowengine.cli.flow_options import backend_option, engine_options
 from flowengine.cli.loading import LoadError
 from flowengine.cli.options import operator, show_envvars
-from flowengine.cli.suspend import tell, wait_for_end
+from flowengine.cli.suspend import tell, wait_and_exit
 from flowengine.engines import suspend_requests as sr
 from flowengine.persistence.backends._uri import mask_urls
 from flowengine.worker_based.remote_control import ACTION_CANCEL
@@ -85,10 +85,5 @@ def cancel_command(ctx: click.Context, flow_id: str, reason: str, backend_uri: s
 
 
 def _wait(backend: Any, flow_id: str, seconds: float) -> None:
-    state = wait_for_end(backend, flow_id, seconds)
-    if state == states.REVERTED:
-        click.echo(f"flow {flow_id} is cancelled: REVERTED")
-        raise SystemExit(exits.CANCELLED)
-    click.echo(f"error: flow {flow_id} is {state}"
-               + (" (still)" if state in (states.RUNNING, states.SUSPENDING) else ""), err=True)
-    raise SystemExit(exits.FAILED if state == states.FAILURE else exits.ERROR)
+    wait_and_exit(backend, flow_id, seconds, states.REVERTED, exits.CANCELLED,
+                  f"flow {flow_id} is cancelled: REVERTED", failed=exits.FAILED)

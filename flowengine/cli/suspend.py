@@ -8,7 +8,7 @@ lets its running atoms finish and stops SUSPENDED.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
@@ -94,10 +94,18 @@ def wait_for_end(backend: base.Backend, flow_id: str, seconds: float) -> str | N
 
 
 def _wait(backend: base.Backend, flow_id: str, seconds: float) -> None:
+    wait_and_exit(backend, flow_id, seconds, states.SUSPENDED, exits.SUSPENDED,
+                  f"flow {flow_id} is SUSPENDED")
+
+
+def wait_and_exit(backend: base.Backend, flow_id: str, seconds: float, wanted: str, code: int,
+                  said: str, failed: int = exits.ERROR) -> NoReturn:
+    """Wait for the flow to end (:func:`wait_for_end`), then exit ``code`` saying ``said`` if
+    it ended ``wanted``; else say how it is and exit ``failed`` (it ended FAILURE) or 1."""
     state = wait_for_end(backend, flow_id, seconds)
-    if state == states.SUSPENDED:
-        click.echo(f"flow {flow_id} is SUSPENDED")
-        raise SystemExit(exits.SUSPENDED)
-    click.echo(f"error: flow {flow_id} is {state}"
+    if state == wanted:
+        click.echo(said)
+        raise SystemExit(code)
+    click.echo(f"error: flow {flow_id} is {state or 'no longer stored'}"
                + (" (still)" if state in (states.RUNNING, states.SUSPENDING) else ""), err=True)
-    raise SystemExit(exits.ERROR)
+    raise SystemExit(failed if state == states.FAILURE else exits.ERROR)
