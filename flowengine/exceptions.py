@@ -9,11 +9,11 @@ class derives directly from :class:`TaskFlowException` or from one of its four f
 * :class:`ExecutionFailure` -- running atoms (timeouts, invalid state transitions, lost workers).
 * :class:`DependencyFailure` -- requirements that cannot be satisfied.
 
-flowengine adds :class:`WorkerLost`, :class:`TaskTimeLimitExceeded` (both
-:class:`ExecutionFailure`), :class:`BackendError` and :class:`RunHalted` (both
-:class:`StorageFailure`); a TaskFlow program never sees the first three unless it opts into
-leases, time limits or a SQL/Redis backend, and sees :class:`RunHalted` only where TaskFlow would
-raise the write's own :class:`StorageFailure`.
+flowengine adds :class:`WorkerLost`, :class:`TaskTimeLimitExceeded`, :class:`FlowCancelled`
+(all :class:`ExecutionFailure`), :class:`BackendError` and :class:`RunHalted` (both
+:class:`StorageFailure`); a TaskFlow program never sees the first four unless it opts into
+leases, time limits, cancellation or a SQL/Redis backend, and sees :class:`RunHalted` only where
+TaskFlow would raise the write's own :class:`StorageFailure`.
 
 :class:`WrappedFailure` is, as in TaskFlow, a plain :class:`Exception`: it carries one or more
 :class:`~flowengine.types.failure.Failure` objects that cannot be re-raised as themselves.
@@ -48,6 +48,7 @@ __all__ = [
     "InvalidState",
     "WorkerLost",
     "TaskTimeLimitExceeded",
+    "FlowCancelled",
     # Dependencies.
     "DependencyFailure",
     "AmbiguousDependency",
@@ -269,6 +270,27 @@ class TaskTimeLimitExceeded(ExecutionFailure):
         message = f"Task '{atom_name}' exceeded its time limit of {time_limit:g}s"
         if elapsed is not None:
             message += f" (ran {elapsed:.3f}s)"
+        super().__init__(message, cause=cause)
+
+
+class FlowCancelled(ExecutionFailure):
+    """A flow was cancelled: its running tasks were asked to stop, and its completed work is
+    undone (flowengine addition; see ``engine.cancel`` and :mod:`flowengine.context`).
+
+    ``run()`` raises it once a cancelled flow has ended ``REVERTED``; a task's
+    ``context.current().raise_if_cancelled()`` raises it to stop its ``execute`` early.
+
+    Args:
+        message: What was cancelled, naming the flow (or the task).
+        reason: Why, as the canceller gave it (``"deadline"`` when a deadline expired).
+        by: Who asked (``"flowengine cancel"``, ``"dashboard"``, ``"deadline"``...), if known.
+        cause: The exception that caused this one, if any.
+    """
+
+    def __init__(self, message: str, reason: str | None = None, by: str | None = None,
+                 cause: BaseException | None = None) -> None:
+        self.reason = reason
+        self.by = by
         super().__init__(message, cause=cause)
 
 

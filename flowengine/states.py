@@ -170,7 +170,7 @@ ALLOWED_TASK_TRANSITIONS: frozenset[Transition] = frozenset(
         (FAILURE, REVERTING),
         (SUCCESS, REVERTING),
         (REVERTING, REVERTED),
-        (REVERTING, REVERT_FAILURE),  # terminal: nothing undoes a failed revert
+        (REVERTING, REVERT_FAILURE),  # the engine leaves it there; a repair may run it again
         (REVERTED, PENDING),
         (IGNORE, PENDING),
     }

@@ -409,6 +409,7 @@ class Storage:
                 self._secrets.note_result(self._result_mappings.get(atom_name, {}), result,
                                           item_from)
             ad = self._detail(atom_name)
+            undone = ad.revert_failure if state == states.REVERTED else None
             ad.put(state, result)
             if progress is not None:
                 ad.meta[META_PROGRESS] = progress
@@ -418,6 +419,12 @@ class Storage:
                 states.EXECUTE, states.REVERT,
             ):
                 self._failures.setdefault(atom_name, {})[ad.intention] = result
+            elif undone is not None:
+                # A failed revert that succeeded when run again (a repair): it is no longer
+                # one of the flow's failures.
+                cached = self._failures.get(atom_name, {}).get(states.REVERT)
+                if cached is not None and cached.matches(undone):
+                    del self._failures[atom_name][states.REVERT]
             self._save_atom(ad)
 
     def save_retry_failure(self, retry_name: str, failed_atom_name: str, failure: Failure) -> None:

@@ -40,6 +40,28 @@ EXPECTED_LINES: dict[str, list[str]] = {
         "fail execute of charge_card: charge_card: revert assumes its execute ran: its execute "
         "never completed, yet its revert changed balance from None to 120",
     ],
+    "cancel_flow.py": [
+        "copy_data: copying into vol-1 (flow provision, attempt 1)",
+        "operator: cancel it (the customer deleted the order)",
+        "copy_data: asked to stop (the customer deleted the order)",
+        "run raised FlowCancelled: the customer deleted the order (asked by operator)",
+        "revert order: copy_data -> attach -> create_volume",
+        "flow state: REVERTED; cancelled by operator: the customer deleted the order",
+        "copy_data: asked to stop (deadline)",
+        "with a 0.5s deadline: REVERTED (deadline); revert order: copy_data -> attach -> "
+        "create_volume",
+    ],
+    "repair_flow.py": [
+        "revert reserve_address: cannot release 10.0.0.7: the IP API is down",
+        "flow state: FAILURE; reserve_address is REVERT_FAILURE",
+        "revert reserve_address: released 10.0.0.7",
+        "revert create_server: deleted server-7",
+        "flow state: REVERTED; repaired: retry-reverts by ops (IP API restored), atoms "
+        "['reserve_address']",
+        "flow state: FAILURE; reserve_address is REVERT_FAILURE",
+        "revert create_server: deleted server-7",
+        "flow state: REVERTED; reserve_address is REVERTED",
+    ],
     "suspend_elsewhere.py": [
         "flow copy-files is RUNNING in another process: True",
         "asked, and acknowledged: True",

@@ -1,7 +1,7 @@
 """``flowengine chaos``: run a flow on real workers while killing, freezing and restarting them
 and the engine, then certify what happened.
 
-Exit codes: 0 certified, 7 not certified (:mod:`flowengine.cli.exits`), 1 the flow cannot be
+Exit codes: 0 certified, 8 not certified (:mod:`flowengine.cli.exits`), 1 the flow cannot be
 built or a process cannot start, 2 usage errors. See :mod:`flowengine.testing.chaos`.
 """
 
@@ -69,7 +69,7 @@ def chaos_command(ctx: click.Context, spec: str, duration: float, workers: int,
     recovery times and the seed that replays the schedule.
     --taskflow-compat runs TaskFlow's own workers (taskflow 6) instead, with
     FLOWENGINE_TASK_LIBRARY=taskflow, and TaskFlow's topology.
-    Exit codes: 0 certified, 7 not certified, 1 cannot build the flow or start a process,
+    Exit codes: 0 certified, 8 not certified, 1 cannot build the flow or start a process,
     2 usage errors.
     """
     from flowengine.testing import processes

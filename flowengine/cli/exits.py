@@ -17,7 +17,10 @@ alone, 7 the proving commands'):
       unreachable, the disk is full): nothing more ran and nothing was reverted; the stored
       record is as its last successful write left it, so resume with ``--resume`` once the
       backend is back
-7     ``rehearse``, ``chaos``: a finding: the flow is not proven safe (6 is left to ``run``)
+7     ``run``: the flow was cancelled (``flowengine cancel``, the dashboard, its
+      ``--deadline``) and what it did was reverted (REVERTED); ``cancel --wait`` too, once it
+      is; ``cancel`` and ``repair`` when they run the flow themselves
+8     ``rehearse``, ``chaos``: a finding: the flow is not proven safe (3 to 7 are ``run``'s)
 130   ``run``: interrupted a second time while suspending
 ====  ========================================================================================
 """
@@ -38,7 +41,8 @@ REVERTED = 3
 FAILED = 4
 SUSPENDED = 5
 HALTED = 6
-FINDINGS = 7
+CANCELLED = 7
+FINDINGS = 8
 INTERRUPTED = 130
 
 #: Exit code of ``run`` for the state its flow ended in (anything else is ERROR).

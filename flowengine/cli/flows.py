@@ -77,11 +77,45 @@ def show_command(flow_id: str, backend_uri: str, tracebacks: bool, full: bool,
     click.echo(f"  updated: {flow['updated_at'] or '-'}")
     if flow["factory"]:
         click.echo(f"  factory: {flow['factory']}")
+    for line in _interventions(fd.meta):
+        click.echo(f"  {line}")
     click.echo("")
     for line in _atom_table(atoms, None if full else fmt.VALUE_WIDTH):
         click.echo(line)
     _echo_attempts(atoms)
     _echo_failures(atoms, tracebacks)
+
+
+def _interventions(meta: dict[str, Any]) -> list[str]:
+    """What operators did to the flow, and what bounds it: its deadline, a cancel (asked, or
+    applied), its repairs."""
+    # Imported here: listing flows (and every --help) must not load the engines.
+    from flowengine.engines import repair as repairing
+    from flowengine.engines import stopping
+    from flowengine.engines import suspend_requests as sr
+
+    lines = []
+    deadline = stopping.stored_deadline(meta)
+    if deadline is not None:
+        seconds = (meta.get(stopping.META_DEADLINE) or {}).get("seconds")
+        given = f" ({seconds:g}s after it first ran)" if isinstance(seconds, int | float) else ""
+        lines.append(f"deadline: {fmt.timestamp(deadline)}{given}")
+    asked = stopping.CancelRequest.from_record(meta.get(sr.META_CANCEL_REQUEST))
+    if asked is not None and stopping.META_CANCELLED not in meta:
+        lines.append(f"cancel requested by {asked.by} at {asked.at}: {asked.reason}")
+    done = stopping.CancelRequest.from_record(meta.get(stopping.META_CANCELLED))
+    if done is not None:
+        lines.append(str(done))
+    repairs = [r for r in meta.get(repairing.META_REPAIRS) or () if isinstance(r, dict)]
+    if repairs:
+        lines.append("repairs:")
+        for record in repairs:
+            about = f" {record.get('atom')}" if record.get("atom") else ""
+            why = f": {record.get('reason')}" if record.get("reason") else ""
+            atoms = ", ".join(map(str, record.get("atoms") or ())) or "none"
+            lines.append(f"  {record.get('at')} {record.get('action')}{about} by "
+                         f"{record.get('by')}{why} (atoms: {atoms})")
+    return lines
 
 
 def _atom_table(atoms: list[dict[str, Any]], width: int | None) -> list[str]:

@@ -1,10 +1,11 @@
-"""``flowengine jobs list|post|show|trash|repost|repost-orphans`` and ``flowengine conductors``.
+"""``flowengine jobs list|post|show|cancel|trash|repost|repost-orphans``, ``flowengine conductors``.
 
 Job details are always shown with their secrets masked.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from typing import Any
@@ -13,7 +14,8 @@ import click
 
 from flowengine.cli import records
 from flowengine.cli.board_options import board_options, open_board
-from flowengine.cli.flow_options import backend_option
+from flowengine.cli.broker import broker_kwargs
+from flowengine.cli.flow_options import backend_option, engine_options
 from flowengine.cli.formatting import table, to_json, truncate
 from flowengine.cli.loading import (
     build_flow,
@@ -22,7 +24,7 @@ from flowengine.cli.loading import (
     parse_args,
     store_option,
 )
-from flowengine.cli.options import json_option, parse_pairs, show_envvars
+from flowengine.cli.options import json_option, operator, parse_pairs, show_envvars
 
 #: The owner the commands claim a job as before trashing it.
 OPERATOR = "flowengine-cli"
@@ -181,10 +183,14 @@ def show_command(board_uri: str, board_options: tuple[str, ...], job_id: str) ->
               help="A W3C traceparent (00-<trace id>-<span id>-<flags>) the conductor's span of "
                    "the job continues, e.g. a CI pipeline's; default: $TRACEPARENT, else the "
                    "current span when tracing is on.")
+@click.option("--deadline", type=click.FloatRange(min=0, min_open=True), default=None,
+              envvar="FLOWENGINE_DEADLINE", metavar="SECONDS",
+              help="The flow must be done SECONDS from now, queued or running: the conductor "
+                   "running it then cancels it (undoing what it did).")
 def post_command(board_uri: str, board_options: tuple[str, ...], backend_uri: str, spec: str,
                  store: tuple[str, ...], factory_args: tuple[str, ...],
                  factory_kwargs: tuple[str, ...], name: str | None, priority: str,
-                 traceparent: str | None) -> None:
+                 traceparent: str | None, deadline: float | None) -> None:
     """Post the flow the factory MODULE:FACTORY builds as a job; print its uuid.
 
     Conductors import the factory by name, so its module must be importable where they run.
@@ -205,7 +211,7 @@ def post_command(board_uri: str, board_options: tuple[str, ...], backend_uri: st
                                 factory_args=args, factory_kwargs=kwargs, store=given, name=name,
                                 priority=priority,
                                 details={tracing.TRACE_KEY: {tracing.TRACEPARENT: traceparent}}
-                                if traceparent else None)
+                                if traceparent else None, deadline=deadline)
             except (ValueError, ImportError) as err:
                 raise click.ClickException(f"cannot post {spec}: {err}") from err
     finally:
@@ -234,6 +240,98 @@ def _check_runnable(spec: str, target: Any, args: list[Any], kwargs: dict[str, A
     except (exc.TaskFlowException, TypeError, ValueError, NotImplementedError) as err:
         raise click.ClickException(f"cannot post {spec}: flow {flow.name!r} cannot run: "
                                    f"{type(err).__name__}: {str(err).splitlines()[0]}") from err
+
+
+@show_envvars
+@jobs_group.command("cancel")
+@board_options
+@backend_option(required=True)
+@click.argument("job_id")
+@click.option("--reason", required=True, envvar="FLOWENGINE_REASON", metavar="TEXT",
+              help="Why (stored with the job's flow; shown by show, the dashboard and events).")
+@engine_options
+@click.option("--wait", "wait_seconds", type=click.FloatRange(min=0), default=None,
+              envvar="FLOWENGINE_WAIT", metavar="SECONDS",
+              help="Wait up to SECONDS for a running job's flow to end (exit 7 once cancelled).")
+@click.pass_context
+def cancel_command(ctx: click.Context, board_uri: str, board_options: tuple[str, ...],
+                   backend_uri: str, job_id: str, reason: str, engine_name: str,
+                   topics: tuple[str, ...], wait_seconds: float | None, **broker: Any) -> None:
+    """Cancel a job's flow (JOB_ID: its uuid or the start of it) and undo what it did.
+
+    \b
+    A job a conductor runs: its flow is asked to cancel (see flowengine cancel), and the
+    conductor consumes the job once the flow is reverted. A job no conductor holds: it is
+    claimed here, its flow's reverts run here (on its stored engine, or --engine) and the
+    job is consumed. Exit codes as flowengine cancel's.
+    """
+    from flowengine import exceptions as exc
+    from flowengine import states
+    from flowengine.cli import exits, run
+    from flowengine.cli.suspend import wait_for_end
+    from flowengine.engines import suspend_requests as sr
+
+    by = operator("flowengine jobs cancel")
+    persistence = records.open_backend(backend_uri, create=False)
+    try:
+        with open_board(board_uri, board_options, persistence=persistence) as board:
+            job = _find(board, job_id)
+            flow_uuid = _flow_of(job, persistence)
+            try:
+                asked = sr.request_cancel(persistence, flow_uuid, reason, by=by)
+            except sr.NotRunning as err:
+                if err.state in (states.SUCCESS, states.REVERTED):
+                    raise click.ClickException(f"job {job.uuid}'s flow is {err.state}: it "
+                                               f"ended, there is nothing to cancel") from err
+                owner = board.find_owner(job)
+                if owner:
+                    raise click.ClickException(
+                        f"job {job.uuid} is claimed by {owner}, whose engine is not running "
+                        f"its flow ({err}): cancel again once it runs, or once the claim "
+                        f"lapses") from err
+                try:
+                    board.claim(job, OPERATOR)
+                except exc.TaskFlowException as claim_err:
+                    raise click.ClickException(f"cannot claim job {job.uuid} to cancel it: "
+                                               f"{claim_err}") from claim_err
+                click.echo(f"job {job.uuid} runs nowhere: cancelling its flow here")
+                code = run.run_stored(ctx, flow_uuid, persistence, backend_uri, engine_name,
+                                      topics, broker_kwargs(**broker), cancel=(reason, by))
+                if code == exits.CANCELLED:
+                    board.consume(job, OPERATOR)
+                    click.echo(f"consumed job {job.uuid}")
+                else:
+                    board.abandon(job, OPERATOR, counted=False)
+                ctx.exit(code)
+            click.echo(asked.text)
+            if wait_seconds is None:
+                return
+            state = wait_for_end(persistence, flow_uuid, wait_seconds)
+    finally:
+        persistence.close()
+    if state == states.REVERTED:
+        click.echo(f"job {job.uuid}'s flow is cancelled: REVERTED")
+        ctx.exit(exits.CANCELLED)
+    if state is None:
+        click.echo(f"job {job.uuid}'s flow ended, and its records were removed with the "
+                   f"consumed job (a conductor started with --keep-logbooks keeps them)")
+        return
+    click.echo(f"error: job {job.uuid}'s flow is {state}", err=True)
+    ctx.exit(exits.FAILED if state == states.FAILURE else exits.ERROR)
+
+
+def _flow_of(job: Any, persistence: Any) -> str:
+    """The uuid of the flow a job runs (``details["flow_uuid"]``, or its book's only one)."""
+    flow_uuid = (job.details or {}).get("flow_uuid")
+    if isinstance(flow_uuid, str):
+        return flow_uuid
+    with contextlib.closing(persistence.get_connection()) as conn:
+        book = conn.get_logbook(job.book_uuid)
+    flows = [fd.uuid for fd in book]
+    if len(flows) != 1:
+        raise click.ClickException(f"job {job.uuid} names no flow and its book has "
+                                   f"{len(flows)}")
+    return flows[0]
 
 
 @show_envvars

@@ -29,6 +29,10 @@ class Entry(NamedTuple):
 
 #: Subcommands in the order ``--help`` lists them (alphabetical, as click's own).
 COMMANDS: dict[str, Entry] = {
+    "cancel": Entry("flowengine.cli.cancel", "cancel_command",
+                    "Cancel FLOW_ID (its uuid, or the start of it): its running tasks are asked "
+                    "to stop, what has not started never runs, and what completed is reverted "
+                    "in reverse order."),
     "chaos": Entry("flowengine.cli.chaos", "chaos_command",
                    "Certify the flow MODULE:FACTORY names under chaos."),
     "check": Entry("flowengine.cli.graph", "check_command",
@@ -55,6 +59,8 @@ COMMANDS: dict[str, Entry] = {
                   "List, post, inspect, trash and re-post jobs on a jobboard."),
     "rehearse": Entry("flowengine.cli.rehearse", "rehearse_command",
                       "Rehearse the reverts of the flow MODULE:FACTORY names."),
+    "repair": Entry("flowengine.cli.repair", "repair_command",
+                    "Repair FLOW_ID (its uuid, or the start of it) and run it to its end here."),
     "run": Entry("flowengine.cli.run", "run_command",
                  "Run the flow MODULE:FACTORY names (a flow factory, or a flow object)."),
     "show": Entry("flowengine.cli.flows", "show_command",

@@ -7,7 +7,9 @@ option: ``FLOWENGINE_`` and the long name in capitals, dashes as underscores (``
 
 from __future__ import annotations
 
+import getpass
 import json
+import socket
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -72,3 +74,13 @@ def split_from_env(ctx: click.Context, param: click.Parameter,
     if param.name and ctx.get_parameter_source(param.name) is ParameterSource.ENVIRONMENT:
         return tuple(split_env_list(value))
     return value
+
+
+def operator(command: str) -> str:
+    """Who asks, for the records a command writes (a cancel, a repair): the user, the host and
+    the command, e.g. ``alice@ops-1 (flowengine cancel)``."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no name for this uid (a container)
+        user = "?"
+    return f"{user}@{socket.gethostname()} ({command})"

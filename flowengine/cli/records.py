@@ -75,8 +75,10 @@ def _check_exists(scheme: str, uri: str, conf: dict[str, Any]) -> None:
 
 
 @contextlib.contextmanager
-def reading(backend: base.Backend, uri: str) -> Iterator[base.Connection]:
-    """A connection whose read errors become a LoadError naming the backend."""
+def reading(backend: base.Backend, uri: str,
+            keep_open: bool = False) -> Iterator[base.Connection]:
+    """A connection whose read errors become a LoadError naming the backend (closed on
+    leaving, with the backend unless ``keep_open``)."""
     conn = backend.get_connection()
     try:
         yield conn
@@ -84,7 +86,8 @@ def reading(backend: base.Backend, uri: str) -> Iterator[base.Connection]:
         raise LoadError(f"cannot read flows from {mask_urls(uri)}: {err}") from err
     finally:
         conn.close()
-        backend.close()
+        if not keep_open:
+            backend.close()
 
 
 def iter_flows(conn: base.Connection) -> Iterator[tuple[models.LogBook, models.FlowDetail]]:

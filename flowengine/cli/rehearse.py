@@ -1,6 +1,6 @@
 """``flowengine rehearse``: fail a flow at every point and judge how it undoes its work.
 
-Exit codes: 0 no finding, 7 a finding (:mod:`flowengine.cli.exits`), 1 the flow cannot be
+Exit codes: 0 no finding, 8 a finding (:mod:`flowengine.cli.exits`), 1 the flow cannot be
 built or a run cannot be made, 2 usage errors. See :mod:`flowengine.testing.rehearsal`.
 """
 
@@ -62,7 +62,7 @@ def rehearse_command(ctx: click.Context, spec: str, engine_name: str, workers: i
     task with its revert failing, and once with every revert made twice; judges each run
     from the ledger of calls and side effects (see doc/proving.rst); prints a matrix,
     failure point by task, and a verdict.
-    Exit codes: 0 no finding, 7 a finding, 1 cannot build or run the flow, 2 usage errors.
+    Exit codes: 0 no finding, 8 a finding, 1 cannot build or run the flow, 2 usage errors.
     """
     from flowengine.testing import processes, rehearsal
 

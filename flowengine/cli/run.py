@@ -1,7 +1,8 @@
 """``flowengine run``: run a flow (or resume a stored one), watching each atom as it goes.
 
 Exit codes are :mod:`flowengine.cli.exits`': 0 success, 3 reverted, 4 FAILURE, 5 suspended,
-6 halted (its progress could not be recorded), 1 import/load errors, 2 usage errors.
+6 halted (its progress could not be recorded), 7 cancelled, 1 import/load errors, 2 usage
+errors. :func:`run_stored` runs a stored flow the same way for ``cancel`` and ``repair``.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from flowengine.cli.flow_options import backend_option, engine_options
 from flowengine.cli.options import json_option, parse_pairs, show_envvars, split_env_list
 from flowengine.cli.signals import suspend_on_signals
 from flowengine.cli.watch import RunWatcher, open_view
-from flowengine.engines import factory_policy
+from flowengine.engines import factory_policy, stopping
 from flowengine.listeners import timing
 from flowengine.persistence import base, models
 from flowengine.persistence.backends._uri import mask_urls
@@ -56,12 +57,19 @@ class Request:
     metrics_port: int | None = None
     #: Options given on the command line or in the environment (a resume keeps the others).
     explicit: frozenset[str] = frozenset()
+    #: Seconds the flow may run before it is cancelled (``--deadline``).
+    deadline: float | None = None
+    #: ``(reason, by)``: cancel the flow as the run starts (``flowengine cancel``).
+    cancel: tuple[str, str] | None = None
+    #: ``(action, atom, reason, by)``: repair the flow as the run starts (``flowengine repair``).
+    repair: tuple[str, str | None, str | None, str] | None = None
 
     def engine_options(self) -> dict[str, Any]:
         """The options ``engines.load`` gets for this request's engine."""
+        options: dict[str, Any] = {} if self.deadline is None else {"deadline": self.deadline}
         if not telemetry.is_worker_based(self.engine):
-            return {}
-        return {**self.broker, "topics": self.topics,
+            return options
+        return {**self.broker, "topics": self.topics, **options,
                 **telemetry.engine_options(self.events, self.metrics_port)}
 
 
@@ -80,6 +88,10 @@ class Request:
 @loading.allow_factories_option("with --resume, a stored flow's factory may come from any "
                                 "module outside those")
 @telemetry.telemetry_options
+@click.option("--deadline", type=click.FloatRange(min=0, min_open=True), default=None,
+              envvar="FLOWENGINE_DEADLINE", metavar="SECONDS",
+              help="Cancel the flow (undoing what it did) if it has not ended SECONDS after it "
+                   "first started; stored, so a resumed flow keeps it.")
 @click.option("--plain", is_flag=True, envvar="FLOWENGINE_PLAIN",
               help="One line per change instead of the live table (always so when stdout is "
                    "not a terminal).")
@@ -89,15 +101,16 @@ def run_command(ctx: click.Context, spec: str | None, engine_name: str, topics: 
                 backend_uri: str | None, book: str, resume_id: str | None,
                 store: tuple[str, ...], secret: tuple[str, ...], factory_args: tuple[str, ...],
                 factory_kwargs: tuple[str, ...], allow_factories: str | None,
-                events: bool | None, metrics_port: int | None, plain: bool, as_json: bool,
-                **broker: Any) -> None:
+                events: bool | None, metrics_port: int | None, deadline: float | None,
+                plain: bool, as_json: bool, **broker: Any) -> None:
     """Run the flow MODULE:FACTORY names (a flow factory, or a flow object).
 
     \b
     Exit codes: 0 SUCCESS, 3 REVERTED (the failure was undone), 4 FAILURE (a revert
     failed), 5 SUSPENDED (SIGINT/SIGTERM; resume with --resume), 6 halted (its progress
     could not be recorded: nothing was reverted; resume with --resume once the backend is
-    back), 1 cannot import, build or validate the flow, 2 usage errors.
+    back), 7 cancelled (flowengine cancel, the dashboard or --deadline; what it did was
+    reverted), 1 cannot import, build or validate the flow, 2 usage errors.
     """
     if spec is None and resume_id is None:
         raise click.UsageError("give the flow to run as MODULE:FACTORY, or --resume FLOW_ID")
@@ -114,7 +127,7 @@ def run_command(ctx: click.Context, spec: str | None, engine_name: str, topics: 
         backend=None if backend_uri is None else records.open_backend(backend_uri, create=True),
         backend_uri=backend_uri, book=book, broker=broker_kwargs(**broker), events=events,
         metrics=metrics_port is not None, topics=split_env_list(tuple(topics)),
-        metrics_port=metrics_port, explicit=stored_run.explicit_options(ctx))
+        metrics_port=metrics_port, explicit=stored_run.explicit_options(ctx), deadline=deadline)
     request.options = request.engine_options()
     policy = loading.factory_policy_of(allow_factories)
     try:
@@ -126,6 +139,30 @@ def run_command(ctx: click.Context, spec: str | None, engine_name: str, topics: 
         if request.backend is not None:
             request.backend.close()
     ctx.exit(code)
+
+
+def run_stored(ctx: click.Context, flow_id: str, backend: base.Backend, backend_uri: str,
+               engine_name: str, topics: tuple[str, ...], broker: dict[str, Any], *,
+               cancel: tuple[str, str] | None = None,
+               repair: tuple[str, str | None, str | None, str] | None = None,
+               plain: bool = True, as_json: bool = False) -> int:
+    """Run a stored flow here as ``run --resume`` does (its stored engine and broker unless
+    the command gives others), cancelled or repaired as it starts; return the exit code.
+
+    Raises:
+        RepairRefused: the repair does not fit the flow (checked before anything runs).
+    """
+    request = Request(
+        spec=None, resume_id=flow_id, engine=engine_name, options={}, store={}, args=[],
+        kwargs={}, backend=backend, backend_uri=backend_uri, book=DEFAULT_BOOK,
+        broker=broker, events=None, metrics=False, topics=split_env_list(tuple(topics)),
+        explicit=stored_run.explicit_options(ctx), cancel=cancel, repair=repair)
+    request.options = request.engine_options()
+    engine = _load(request)
+    if repair is not None:
+        engine.repair(*repair)  # refused before the flow is validated (which may reset it)
+    _validate(engine)
+    return _run(engine, request, plain=plain, as_json=as_json)
 
 
 def _load(request: Request) -> Any:
@@ -254,6 +291,8 @@ def _run(engine: Any, request: Request, *, plain: bool, as_json: bool) -> int:
     reporting: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
     if not telemetry.is_worker_based(request.engine):
         reporting = telemetry.reporting(engine, request.events, request.metrics, request.broker)
+    if request.cancel is not None:
+        engine.cancel(*request.cancel)
     with watcher, timing.EventTimeListener(engine), reporting, quiet, \
             suspend_on_signals(engine, lambda text: click.echo(text, err=True)) as stop, view:
         try:
@@ -271,6 +310,8 @@ def _run(engine: Any, request: Request, *, plain: bool, as_json: bool) -> int:
     code = exits.for_flow_state(state)
     if isinstance(error, exc.RunHalted):
         code = exits.HALTED
+    elif isinstance(error, exc.FlowCancelled):
+        code = exits.CANCELLED
     elif error is not None and state not in (states.REVERTED, states.FAILURE):
         code = exits.ERROR  # the engine failed before running any atom (broker, storage)
     outcome = Outcome(state, code, time.monotonic() - started, watcher.reverted,
@@ -296,6 +337,7 @@ def _echo_json(engine: Any, request: Request, outcome: Outcome) -> None:
         "engine": request.engine,
         "state": outcome.state,
         "halted": isinstance(outcome.error, exc.RunHalted),
+        "cancelled": storage.flow_meta.get(stopping.META_CANCELLED),
         "exit_code": outcome.code,
         "elapsed": outcome.elapsed,
         "saved": request.backend is not None,
@@ -329,11 +371,16 @@ def _echo_summary(engine: Any, request: Request, outcome: Outcome, watcher: RunW
         return
     click.echo(f"flow {storage.flow_name} ({storage.flow_uuid}): {outcome.state} after "
                f"{fmt.duration(outcome.elapsed)} (exit code {outcome.code})")
+    cancelled = stopping.CancelRequest.from_record(storage.flow_meta.get(stopping.META_CANCELLED))
+    if cancelled is not None:
+        click.echo(cancelled)
     if outcome.reverted:
         click.echo("revert order: " + " -> ".join(
             f"{name} (revert failed)" if name in outcome.revert_failed else name
             for name in outcome.reverted))
     for name, action, failure in _failures(engine):
+        if cancelled is not None and failure.check(exc.FlowCancelled):
+            continue  # a task that stopped as its flow's cancel asked
         kind = failure.exc_type_names[0] if failure.exc_type_names else "Failure"
         click.echo(f"failure: {name} ({action}) {kind}: {failure.exception_str}")
         for line in failure.pformat(traceback=True).splitlines()[1:]:

@@ -8,7 +8,7 @@ lets its running atoms finish and stops SUSPENDED.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
@@ -22,7 +22,7 @@ from flowengine.cli.options import show_envvars
 from flowengine.engines import suspend_requests as sr
 from flowengine.persistence import base
 from flowengine.persistence.backends._uri import mask_urls
-from flowengine.worker_based.remote_control import push_suspend
+from flowengine.worker_based.remote_control import ACTION_SUSPEND, push_suspend
 
 #: Seconds between two reads of the flow's state while ``--wait`` waits.
 WAIT_POLL = 0.2
@@ -56,33 +56,56 @@ def suspend_command(flow_id: str, backend_uri: str, wait_seconds: float | None,
             raise SystemExit(exits.USAGE) from err
         except exc.StorageFailure as err:
             raise LoadError(f"cannot write to {mask_urls(backend_uri)}: {err}") from err
-        click.echo(asked.text)
-        settings = broker_kwargs(**broker)
-        del settings["taskflow_compat"]
-        pushed = push_suspend(asked.running_on, flow_id, settings)
-        if pushed is not None:
-            click.echo(mask_urls(pushed))
+        tell(asked, flow_id, broker_kwargs(**broker))
         if wait_seconds is not None:
             _wait(backend, flow_id, wait_seconds)
     finally:
         backend.close()
 
 
-def _wait(backend: base.Backend, flow_id: str, seconds: float) -> None:
+def tell(asked: sr.Requested, flow_id: str, broker: dict[str, Any],
+         action: str = ACTION_SUSPEND) -> None:
+    """Say what was asked, and push it to the flow's engine through the broker the options
+    name (``broker``: the command's broker options)."""
+    click.echo(asked.text)
+    settings = {key: value for key, value in broker.items() if key != "taskflow_compat"}
+    pushed = push_suspend(asked.running_on, flow_id, settings, action=action)
+    if pushed is not None:
+        click.echo(mask_urls(pushed))
+
+
+def wait_for_end(backend: base.Backend, flow_id: str, seconds: float) -> str | None:
+    """The stored flow's state once it stops running, or after ``seconds`` (read every
+    :data:`WAIT_POLL` seconds: the flow runs in another process, which can only be watched
+    through its store); None once it is no longer stored (a conductor deletes a consumed
+    job's logbook)."""
     deadline = time.monotonic() + seconds
-    state: str | None = states.RUNNING
     while True:
         conn = backend.get_connection()
         try:
             state = conn.get_flow_details(flow_id, lazy=True).state
+        except exc.NotFound:
+            return None
         finally:
             conn.close()
         if state not in (states.RUNNING, states.SUSPENDING) or time.monotonic() >= deadline:
-            break
+            return state
         time.sleep(WAIT_POLL)
-    if state == states.SUSPENDED:
-        click.echo(f"flow {flow_id} is SUSPENDED")
-        raise SystemExit(exits.SUSPENDED)
-    click.echo(f"error: flow {flow_id} is {state}"
+
+
+def _wait(backend: base.Backend, flow_id: str, seconds: float) -> None:
+    wait_and_exit(backend, flow_id, seconds, states.SUSPENDED, exits.SUSPENDED,
+                  f"flow {flow_id} is SUSPENDED")
+
+
+def wait_and_exit(backend: base.Backend, flow_id: str, seconds: float, wanted: str, code: int,
+                  said: str, failed: int = exits.ERROR) -> NoReturn:
+    """Wait for the flow to end (:func:`wait_for_end`), then exit ``code`` saying ``said`` if
+    it ended ``wanted``; else say how it is and exit ``failed`` (it ended FAILURE) or 1."""
+    state = wait_for_end(backend, flow_id, seconds)
+    if state == wanted:
+        click.echo(said)
+        raise SystemExit(code)
+    click.echo(f"error: flow {flow_id} is {state or 'no longer stored'}"
                + (" (still)" if state in (states.RUNNING, states.SUSPENDING) else ""), err=True)
-    raise SystemExit(exits.ERROR)
+    raise SystemExit(failed if state == states.FAILURE else exits.ERROR)

@@ -116,8 +116,10 @@ def create_app(data: DashboardData, *, read_only: bool = False, token: str | Non
             "ended": ended, "ended_error": ended_error or orphans_error, "orphans": orphans,
             "error": error or trash_error or conductors_error})
 
-    def action(do: Callable[[str], str], back: Callable[[Request], str]
-               ) -> Callable[[Request], Awaitable[Response]]:
+    def action(do: Callable[..., str], back: Callable[[Request], str],
+               fields: tuple[str, ...] = ()) -> Callable[[Request], Awaitable[Response]]:
+        """A POST that calls ``do(key, *fields)``: the path's one parameter, then the form's
+        ``fields`` (empty when absent)."""
         async def endpoint(request: Request) -> Response:
             if read_only:
                 return PlainTextResponse("read-only dashboard: actions are disabled",
@@ -126,8 +128,10 @@ def create_app(data: DashboardData, *, read_only: bool = False, token: str | Non
             if refused is not None:
                 return PlainTextResponse(f"refused: {refused}", status_code=403)
             key = next(iter(request.path_params.values()))
+            form = await request.form()  # read already, for the CSRF check
+            given = [str(form.get(name) or "") for name in fields]
             try:
-                notice = await run_in_threadpool(do, key)
+                notice = await run_in_threadpool(do, key, *given)
             except ActionRefused as err:
                 notice = f"refused: {err}"
             LOG.info("dashboard action %s: %s", request.url.path, notice)
@@ -167,6 +171,12 @@ def create_app(data: DashboardData, *, read_only: bool = False, token: str | Non
               methods=["POST"]),
         Route("/flows/{uuid}/suspend",
               action(data.suspend, lambda r: r.url.path.rsplit("/", 1)[0]), methods=["POST"]),
+        Route("/flows/{uuid}/cancel",
+              action(data.cancel, lambda r: r.url.path.rsplit("/", 1)[0], ("reason",)),
+              methods=["POST"]),
+        Route("/flows/{uuid}/repair",
+              action(data.repair, lambda r: r.url.path.rsplit("/", 1)[0],
+                     ("action", "atom", "reason")), methods=["POST"]),
         Route("/workers", workers),
         Route("/dead-letters", dead_letters),
         Route("/dead-letters/{letter}/requeue", action(data.requeue, lambda r: "/dead-letters"),

@@ -24,11 +24,13 @@ from flowengine.dashboard import compiled as cp
 from flowengine.dashboard import layout, resuming, timeline
 from flowengine.dashboard.live import EventHub
 from flowengine.dashboard.masking import mask, mask_text
+from flowengine.engines import repair as repairing
+from flowengine.engines import stopping
 from flowengine.engines import suspend_requests as sr
 from flowengine.engines.factory_policy import FactoryPolicy
 from flowengine.persistence import base, models, queries
 from flowengine.persistence.secret_keeping import META_SECRETS
-from flowengine.worker_based.remote_control import push_suspend
+from flowengine.worker_based.remote_control import ACTION_CANCEL, push_suspend
 
 LOG = logging.getLogger(__name__)
 
@@ -37,6 +39,10 @@ LOG = logging.getLogger(__name__)
 ENGINE_META = resuming.ENGINE_META
 #: Flow states a flow can be resumed from.
 RESUMABLE = frozenset({states.SUSPENDED, states.FAILURE})
+#: Flow states a flow can be cancelled from (running somewhere, or stopped halfway).
+CANCELLABLE = frozenset({states.RUNNING, states.SUSPENDING, states.SUSPENDED, states.FAILURE})
+#: Who the dashboard's cancels and repairs are recorded as made by.
+BY = "dashboard"
 #: Seconds the per-topic queue depths are kept before the broker is asked again.
 TOPICS_TTL = 5.0
 #: Ended jobs the jobs page shows, most recent first.
@@ -65,6 +71,19 @@ class FlowView:
     running_on: dict[str, Any] | None = None
     #: A suspend request not yet answered (at, by).
     suspend_requested: dict[str, Any] | None = None
+    #: A cancel request not yet answered (at, by, reason).
+    cancel_requested: dict[str, Any] | None = None
+    #: The cancel applied to the flow (at, by, reason).
+    cancelled: dict[str, Any] | None = None
+    #: When its deadline expires (ISO time), if it has one.
+    deadline: str | None = None
+    #: The repairs made to it, oldest first (action, atom, reason, by, at, atoms).
+    repairs: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    #: The repairs its stored state suggests: ``retry_reverts`` (bool), ``mark_reverted`` and
+    #: ``retry_from`` (atom names); the engine checks each again when asked.
+    repairable: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: Whether it can be cancelled from here.
+    cancellable: bool = False
 
 
 class DashboardData:
@@ -134,7 +153,14 @@ class DashboardData:
             store=mask(injected, secrets), running_here=running_here,
             resumable=fd.state in RESUMABLE and not running_here,
             running_on=_record(fd.meta.get(sr.META_RUNNING_ON)),
-            suspend_requested=_record(fd.meta.get(sr.META_REQUEST)))
+            suspend_requested=_record(fd.meta.get(sr.META_REQUEST)),
+            cancel_requested=_record(fd.meta.get(sr.META_CANCEL_REQUEST)),
+            cancelled=_record(fd.meta.get(stopping.META_CANCELLED)),
+            deadline=_utc_epoch(stopping.stored_deadline(fd.meta)),
+            repairs=[mask(r) for r in fd.meta.get(repairing.META_REPAIRS) or ()
+                     if isinstance(r, dict)],
+            repairable={} if running_here else _repairable(fd),
+            cancellable=running_here or fd.state in CANCELLABLE)
 
     def _shown(self, atom: dict[str, Any], compiled: cp.Compiled | str, results: dict[str, Any],
                injected: dict[str, Any], secrets: list[str]) -> dict[str, Any]:
@@ -170,6 +196,18 @@ class DashboardData:
         if fd.state not in RESUMABLE:
             raise ActionRefused(f"flow {fd.name!r} is {fd.state}; only "
                                 f"{' or '.join(sorted(RESUMABLE))} flows can be resumed")
+        name = self._start_here(fd, lambda _engine: None)
+        return f"resuming flow {fd.name!r} on the {name} engine"
+
+    def _start_here(self, fd: models.FlowDetail, prepare: Callable[[Any], None]) -> str:
+        """Run a stored flow in this process (on its stored engine options), after
+        ``prepare(engine)``; return the engine's name.
+
+        Raises:
+            ActionRefused: it needs secrets a page cannot take, or it cannot be rebuilt, or
+                ``prepare`` refused.
+        """
+        flow_uuid = fd.uuid
         secrets = fd.meta.get(META_SECRETS)
         if secrets:
             # Secret values are never stored, and a page cannot be trusted to take them.
@@ -192,13 +230,17 @@ class DashboardData:
         except Exception as err:
             raise ActionRefused(f"flow {fd.name!r} cannot be resumed: "
                                 f"{type(err).__name__}: {mask_text(str(err))}") from err
+        try:
+            prepare(engine)
+        except (repairing.RepairRefused, ValueError) as err:
+            raise ActionRefused(mask_text(str(err))) from err
         with self._lock:
             if flow_uuid in self._running:
                 raise ActionRefused(f"flow {fd.name!r} is already running here")
             self._running[flow_uuid] = engine
         threading.Thread(target=self._run, args=(flow_uuid, engine), daemon=True,
                          name=f"flowengine-dashboard-resume-{flow_uuid[:8]}").start()
-        return f"resuming flow {fd.name!r} on the {name} engine"
+        return name
 
     def _run(self, flow_uuid: str, engine: Any) -> None:
         try:
@@ -231,6 +273,59 @@ class DashboardData:
             raise ActionRefused(str(err)) from err
         pushed = push_suspend(asked.running_on, flow_uuid, self.broker)
         return asked.text if pushed is None else f"{asked.text}; {mask_text(pushed)}"
+
+    def cancel(self, flow_uuid: str, reason: str) -> str:
+        """Cancel a flow and undo what it did, wherever it runs (see ``flowengine cancel``).
+
+        A flow this dashboard runs is cancelled directly; one running elsewhere is asked
+        through the backend (and at once through this dashboard's broker, when its
+        worker-based engine listens there); one running nowhere is cancelled here, by running
+        its reverts on its stored engine options.
+
+        Raises:
+            ActionRefused: no reason, no such flow, or it ended.
+        """
+        if not reason.strip():
+            raise ActionRefused("a cancel needs a reason")
+        with self._lock:
+            engine = self._running.get(flow_uuid)
+        if engine is not None:
+            engine.cancel(reason, by=BY)
+            return f"cancelling flow {flow_uuid}: running tasks are asked to stop"
+        try:
+            asked = sr.request_cancel(self.backend, flow_uuid, reason, by=BY)
+        except sr.NotRunning as err:
+            fd = self._load(flow_uuid)
+            if fd is None or fd.state not in CANCELLABLE:
+                raise ActionRefused(str(err)) from err
+            name = self._start_here(fd, lambda loaded: loaded.cancel(reason, by=BY))
+            return f"cancelling flow {fd.name!r} here, on the {name} engine: {err}"
+        except (sr.SuspendRefused, ValueError) as err:
+            raise ActionRefused(str(err)) from err
+        pushed = push_suspend(asked.running_on, flow_uuid, self.broker, action=ACTION_CANCEL)
+        return asked.text if pushed is None else f"{asked.text}; {mask_text(pushed)}"
+
+    def repair(self, flow_uuid: str, action: str, atom: str, reason: str) -> str:
+        """Repair a stored flow and run it to its end in this process (see
+        :mod:`flowengine.engines.repair`).
+
+        Raises:
+            ActionRefused: no such flow, an engine or conductor holds it, or the repair does
+                not fit it.
+        """
+        fd = self._load(flow_uuid)
+        if fd is None:
+            raise ActionRefused(f"no flow {flow_uuid!r}")
+        with self._lock:
+            here = flow_uuid in self._running
+        held = "this dashboard" if here else repairing.holder(fd.meta, fd.uuid, self.board)
+        if held is not None:
+            raise ActionRefused(f"flow {fd.name!r} ({fd.uuid}) is held by {held}: it cannot "
+                                f"be repaired while it runs")
+        request = (action, atom or None, reason.strip() or None, BY)
+        name = self._start_here(fd, lambda engine: engine.repair(*request))
+        return f"repairing flow {fd.name!r} ({action}{' ' + atom if atom else ''}) on the " \
+               f"{name} engine"
 
     def wait_idle(self, timeout: float) -> bool:
         """Wait until no resumed flow runs here (for tests and shutdown); False on timeout."""
@@ -403,6 +498,26 @@ class DashboardData:
         except exc.NotFound as err:
             raise ActionRefused(str(err)) from err
         return f"re-posted job {job.name!r} ({job.uuid})"
+
+
+def _utc_epoch(when: float | None) -> str | None:
+    """Seconds since the epoch as the pages show times (UTC, to the second)."""
+    if when is None:
+        return None
+    return _utc(datetime.datetime.fromtimestamp(when, datetime.UTC))
+
+
+def _repairable(fd: models.FlowDetail) -> dict[str, Any]:
+    """The repairs a flow's stored state suggests (buttons; the engine decides)."""
+    atoms = [ad for ad in fd if ad.name != records.INJECTOR]
+    failed_reverts = [ad.name for ad in atoms if ad.state == states.REVERT_FAILURE]
+    found: dict[str, Any] = {"retry_reverts": False, "mark_reverted": [], "retry_from": []}
+    if fd.state == states.FAILURE:
+        found["retry_reverts"] = bool(failed_reverts)
+        found["mark_reverted"] = failed_reverts
+    if fd.state in (states.FAILURE, states.REVERTED) and not failed_reverts:
+        found["retry_from"] = [ad.name for ad in atoms if ad.failure is not None]
+    return found
 
 
 def _utc(when: Any) -> str | None:

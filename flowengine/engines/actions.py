@@ -42,6 +42,9 @@ META_DELAYED_JOB = "delayed_job"
 #: Atom metadata key: ids of the attempts of the atom's current action a remote executor sent
 #: (the first one stored with the RUNNING or REVERTING state).
 META_ATTEMPT_IDS = "attempt_ids"
+#: Task meta key: ``[value]``, what ``execute`` returned, kept when its revert fails (the failed
+#: revert's record keeps no result), so a repair that runs the revert again passes it.
+META_REVERT_INPUT = "revert_input"
 
 
 # Values json.dumps always encodes, checked without encoding them.
@@ -122,8 +125,7 @@ class TaskAction:
     ) -> bool:
         """Store then announce ``task``'s move to ``state``; False if nothing changed.
 
-        ``meta`` is merged into the atom's metadata in the same write (a state without a
-        result only).
+        ``meta`` is merged into the atom's metadata in the same write.
         """
         storage = self._storage
         old_state = storage.get_atom_state(task.name)
@@ -228,8 +230,13 @@ class TaskAction:
 
     def schedule_reversion(self, task: Any, arguments: dict[str, Any]) -> cf.Future:
         """Mark REVERTING and submit the task's revert."""
+        # A revert run again after it failed gets what execute returned, kept for it.
+        kept = atom_meta(self._storage, task.name).get(META_REVERT_INPUT) if (
+            self._storage.get_atom_state(task.name) == states.REVERT_FAILURE) else None
         self.change_state(task, states.REVERTING, progress=0.0, meta=self._attempt_meta(task))
         result = self._storage.get(task.name)
+        if isinstance(kept, list) and kept and result is None:
+            result = kept[0]
         returned = atom_meta(self._storage, task.name).get(META_RETURNED)
         if returned and isinstance(result, Failure):
             result = returned[0]
@@ -242,13 +249,24 @@ class TaskAction:
         )
 
     def complete_reversion(self, task: Any, result: Any) -> None:
-        """Store the outcome of ``revert``."""
+        """Store the outcome of ``revert``.
+
+        A failed revert keeps what its revert was given (what execute returned) in the atom's
+        metadata, in the same write: the failure's record keeps no result, and a repair that
+        runs the revert again (:mod:`flowengine.engines.repair`) must pass it.
+        """
         if not isinstance(result, Failure):
             result = unfit_for_json(task.name, "returned from revert", result) or result
+        meta: dict[str, Any] | None = None
         if isinstance(result, Failure):
-            self.change_state(task, states.REVERT_FAILURE, result=result)
+            given = self._storage.get(task.name)  # still REVERTING: what execute returned
+            if given is not None and not isinstance(given, Failure):
+                meta = {META_REVERT_INPUT: [given]}
+            self.change_state(task, states.REVERT_FAILURE, result=result, meta=meta)
         else:
-            self.change_state(task, states.REVERTED, result=result, progress=1.0)
+            meta = ({META_REVERT_INPUT: None}
+                    if atom_meta(self._storage, task.name).get(META_REVERT_INPUT) else None)
+            self.change_state(task, states.REVERTED, result=result, progress=1.0, meta=meta)
 
 
 class RetryAction:

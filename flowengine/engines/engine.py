@@ -13,7 +13,8 @@ from typing import Any
 from flowengine import exceptions as exc
 from flowengine import states, tracing
 from flowengine.engines import executor as ex
-from flowengine.engines import setup_slots
+from flowengine.engines import repair as repairing
+from flowengine.engines import setup_slots, stopping
 from flowengine.engines import suspend_requests as sr
 from flowengine.engines.compiler import Compilation, PatternCompiler
 from flowengine.engines.delays import RetryWaits
@@ -54,6 +55,8 @@ class ActionEngine:
         self._given_options = dict(options or {})
         self._notifier = Notifier()
         self._atom_notifier = Notifier()
+        self._interventions = Notifier()
+        self._repairs: list[repairing.Repair] = []  # asked for, made as the next run starts
         self._retry_waits = RetryWaits(self._options.extra.get("retry_clock") or time.monotonic)
         self._storage: Storage | None = None
         self._compilation: Compilation | None = None
@@ -61,8 +64,15 @@ class ActionEngine:
         self._storage_ensured = False
         self._validated = False
         self._lock = threading.RLock()
+        self._cancel_lock = threading.Lock()
         self._statistics: dict[str, Any] = {}
         self._loop: RunLoop | None = None  # the run loop while run_iter runs
+        #: The cancel asked of this engine (see cancel), applied by the run it reaches.
+        self._cancel: stopping.CancelRequest | None = None
+        self._watch: sr.SuspendWatch | None = None  # reads requests stored while it runs
+        self._deadline_seconds = stopping.deadline_seconds(self._options.extra)
+        # The clock deadlines are stored by (epoch seconds): the retry clock tests inject.
+        self._epoch_clock = self._options.extra.get("retry_clock") or time.time
 
     # -- public properties ------------------------------------------------------------------
 
@@ -78,6 +88,13 @@ class ActionEngine:
         Details: ``task_name`` or ``retry_name``, its uuid, ``old_state`` and the result.
         """
         return self._atom_notifier
+
+    @property
+    def interventions(self) -> Notifier:
+        """An operator's interventions are announced here (flowengine addition): ``cancelled``
+        (details: flow_name, flow_uuid, reason, by, at) as a cancel is applied, and
+        ``repaired`` (the same, with action, atom and atoms) as a repair is made."""
+        return self._interventions
 
     @property
     def retry_waits(self) -> RetryWaits:
@@ -133,7 +150,8 @@ class ActionEngine:
             if not executor.runs_coroutines:
                 self._refuse_coroutines(compilation)
             self._runtime = Runtime(compilation, self.storage, self._atom_notifier,
-                                    executor, self._options, self._retry_waits)
+                                    executor, self._options, self._retry_waits,
+                                    self._interventions)
             self._compilation = compilation
 
     def _refuse_coroutines(self, compilation: Compilation) -> None:
@@ -173,7 +191,8 @@ class ActionEngine:
                 self._change_state(states.SUSPENDED)
                 self._storage_ensured = True
             assert self._runtime is not None
-            if self.storage.get_flow_state() == states.REVERTED:
+            # A repair asked for runs on from what is stored (a retry-from on a reverted flow).
+            if self.storage.get_flow_state() == states.REVERTED and not self._repairs:
                 self.reset()
 
     def validate(self) -> None:
@@ -222,6 +241,10 @@ class ActionEngine:
         with self._lock:
             assert self._runtime is not None
             self._runtime.reset_all()
+            # A flow run again from the start is neither cancelled nor bounded by the
+            # deadline of its earlier run (written with the state change below).
+            self.storage.flow_meta.pop(stopping.META_CANCELLED, None)
+            self.storage.flow_meta.pop(stopping.META_DEADLINE, None)
             self._change_state(states.PENDING)
 
     def suspend(self) -> None:
@@ -262,6 +285,78 @@ class ActionEngine:
         if loop is not None:
             loop.halt(cause)
 
+    def cancel(self, reason: str = "cancelled", by: str = "engine.cancel") -> None:
+        """Cancel the flow and undo what it did (callable from any thread, before or during a
+        run).
+
+        What has not started is taken back (revoked on workers) and left as if it never ran;
+        running tasks are asked to stop (their context's ``cancel_requested``; an ``async
+        def`` task is interrupted at its next await; on workers through the broker), and are
+        waited for; then every completed atom is reverted in reverse order, no retry
+        controller retries anything, and the flow ends ``REVERTED``, ``run`` raising
+        :class:`~flowengine.exceptions.FlowCancelled`. Who asked, when and why are stored in
+        the flow detail's meta (``cancelled``). Only the first cancel counts; a flow whose
+        every atom already succeeded is left as it is.
+
+        Args:
+            reason: Why (shown by ``flowengine show``, the dashboard and events).
+            by: Who asks.
+
+        Raises:
+            ValueError: ``reason`` or ``by`` is empty.
+        """
+        self._request_cancel(stopping.CancelRequest.now(reason, by))
+
+    def _request_cancel(self, request: stopping.CancelRequest) -> None:
+        with self._cancel_lock:
+            if self._cancel is not None:
+                return
+            self._cancel = request
+        runtime = self._runtime
+        if runtime is not None and runtime.task_action.executor.runs_inline:
+            # A task running on the engine's own thread must hear it now: the loop only gets
+            # its thread back when the task returns. (Elsewhere the loop tells running tasks
+            # once it has taken back those not started.)
+            runtime.calls.signal.request(request.reason)
+        loop = self._loop
+        if loop is not None:
+            loop.cancel(request)
+
+    def repair(self, action: str, atom: str | None = None, reason: str | None = None,
+               by: str = "engine.repair") -> None:
+        """Repair the stored flow as its next run starts (see :mod:`flowengine.engines.repair`).
+
+        ``retry-reverts`` runs its failed reverts again; ``mark-reverted`` stores ``atom`` as
+        reverted on the operator's word; ``retry-from`` runs on from ``atom``, whose execute
+        failed. The run then finishes the flow; the repair is recorded in the flow's and the
+        atoms' metadata and announced on :attr:`interventions`. Checked now, against the flow
+        as stored: call it on an engine loaded on the stored flow, before ``run``.
+
+        Raises:
+            RepairRefused: the repair does not fit the flow's state.
+            ValueError: a bad repair (unknown action, missing atom or reason).
+        """
+        request = repairing.Repair.now(action, atom, reason, by)
+        with self._lock:
+            self.compile()
+            repairing.check(self.storage, self.compilation, request)
+            self._repairs.append(request)
+
+    def _make_repairs(self) -> None:
+        assert self._runtime is not None
+        while self._repairs:
+            request = self._repairs.pop(0)
+            changed = repairing.apply(self._runtime, request)
+            self._interventions.notify(repairing.REPAIRED, {
+                "flow_name": self.storage.flow_name, "flow_uuid": self.storage.flow_uuid,
+                **request.record(changed)})
+
+    @property
+    def cancelled(self) -> stopping.CancelRequest | None:
+        """A cancel asked of this engine (or found stored with its flow) that no run has taken
+        up yet: a run that starts applies it, and one running applies it at once."""
+        return self._cancel
+
     def _admitted(self) -> contextlib.AbstractContextManager[None]:
         """A set-up slot: in the wide pool if the storage does I/O (see setup_slots)."""
         return setup_slots.admitted(io=sr.shared(self._backend))
@@ -276,6 +371,20 @@ class ActionEngine:
             return None
         return sr.SuspendWatch(self._backend, self.storage.flow_uuid,
                                sr.interval_of(self._options.extra))
+
+    def _act_on_marks(self, suspend_seen: bool) -> None:
+        """Do what the flow's stored marks ask, just read (any thread)."""
+        watch = self._watch
+        if suspend_seen:
+            self.suspend()
+        if watch is not None and watch.cancel is not None and self._cancel is None:
+            self._request_cancel(watch.cancel)
+
+    def _read_marks_now(self) -> None:
+        """Read the flow's marks at once (the broker said there is news) and act on them."""
+        watch = self._watch
+        if watch is not None:
+            self._act_on_marks(watch.requested(force=True))
 
     def _reach(self) -> dict[str, Any]:
         """More of ``running_on``: how else a requester can reach this engine while it runs."""
@@ -307,6 +416,7 @@ class ActionEngine:
         """
         with self._lock, self._admitted():  # once, however many set-up steps there are
             self._set_up()
+            self._make_repairs()
         assert self._runtime is not None
         # A previous run halted with changes only in memory: they are what this process did,
         # and must reach the backend before anything more runs (or this run fails here).
@@ -314,20 +424,32 @@ class ActionEngine:
         executor = self._runtime.task_action.executor
         final: str | None = None
         started = time.monotonic()
-        watch = self._watch_requests()
+        watch = self._watch = self._watch_requests()
+        deadline = self._deadline()
+        signal = self._runtime.calls.new_run(deadline)
         with _started(executor), AtomLogListener(self), tracing.flow_run(self):
-            self._change_state(states.RUNNING)
+            self._change_state(states.RUNNING)  # with the deadline, if it was just set
             if watch is not None:
                 self.storage.update_flow_metadata({sr.META_RUNNING_ON: {
                     **sr.running_on(type(self).__name__), **self._reach()}})
             loop = self._loop = RunLoop(self._runtime, self._statistics, timeout=timeout)
             if self.storage.unsaved is not None:  # halted while the run was starting
                 loop.halt(self.storage.unsaved)
+            self._resume_cancel()
+            with self._cancel_lock:
+                request = self._cancel
+            if request is not None:  # asked before the run started (or stored with it)
+                signal.request(request.reason)
+                loop.cancel(request)
+            if deadline is not None:
+                self._arm_deadline(deadline)
+            if watch is not None:
+                sr.POLLER.add(watch, self._act_on_marks)  # read it while atoms run long
             closed = False
             try:
                 for state in loop.run_iter():
-                    if watch is not None and watch.requested():
-                        self.suspend()
+                    if watch is not None:
+                        self._act_on_marks(watch.requested())
                     if state in META_STATES:
                         continue
                     final = state
@@ -361,6 +483,12 @@ class ActionEngine:
                         self.storage.flow_name, self.storage.flow_uuid)
                 raise
             finally:
+                if watch is not None:
+                    sr.POLLER.remove(watch)
+                with self._cancel_lock:
+                    if loop.cancel_seen and self._cancel is loop.cancelled:
+                        self._cancel = None  # taken up by this run: not the next one's
+                self._watch = None
                 self._loop = None
                 self._statistics["active_for"] = time.monotonic() - started
                 self._forget_run()
@@ -370,11 +498,55 @@ class ActionEngine:
             except exc.StorageFailure as err:
                 self.storage.stop_writing(err)
                 raise self._halted(err) from err
+            if final == states.REVERTED and loop.cancel_applied:
+                assert loop.cancelled is not None
+                raise self._cancelled_error(loop.cancelled)
             if final not in self.NO_RERAISING_STATES:
                 failures = list(self.storage.get_execute_failures().values())
                 failures += self.storage.get_revert_failures().values()
                 Failure.reraise_if_any(failures)
 
+
+    def _deadline(self) -> float | None:
+        """When this run's flow must be done (epoch seconds by the engine's clock): the stored
+        deadline of a resumed flow, else one set now from the ``deadline`` option (stored with
+        the RUNNING state that follows)."""
+        stored = stopping.stored_deadline(self.storage.flow_meta)
+        if stored is not None or self._deadline_seconds is None:
+            return stored
+        at = self._epoch_clock() + self._deadline_seconds
+        self.storage.flow_meta[stopping.META_DEADLINE] = {"at": at,
+                                                         "seconds": self._deadline_seconds}
+        return at
+
+    def _arm_deadline(self, at: float) -> None:
+        """Cancel the flow once ``at`` has come (on the engine's timer, which tests move)."""
+        assert self._runtime is not None
+        expiry = self._runtime.timer.after(max(0.0, at - self._epoch_clock()), None)
+
+        def expired(future: cf.Future) -> None:
+            if not future.cancelled():  # not the run ending (or suspending) first
+                LOG.info("Flow %r (%s) reached its deadline; cancelling it",
+                         self.storage.flow_name, self.storage.flow_uuid)
+                self.cancel(stopping.DEADLINE_REASON, by=stopping.DEADLINE_REASON)
+
+        expiry.add_done_callback(expired)
+
+    def _resume_cancel(self) -> None:
+        """A flow stored as cancelled and not finished (its engine died while reverting) is
+        cancelled again: the resumed run goes on reverting."""
+        request = stopping.CancelRequest.from_record(
+            self.storage.flow_meta.get(stopping.META_CANCELLED))
+        if request is not None:
+            with self._cancel_lock:
+                if self._cancel is None:
+                    self._cancel = request
+
+    def _cancelled_error(self, request: stopping.CancelRequest) -> exc.FlowCancelled:
+        storage = self.storage
+        return exc.FlowCancelled(
+            f"Flow {storage.flow_name!r} ({storage.flow_uuid}) was {request}; what it had done "
+            f"was reverted", reason=request.reason, by=request.by)
 
     def _halted(self, cause: exc.StorageFailure) -> exc.RunHalted:
         storage = self.storage

@@ -24,7 +24,8 @@ from typing import Any
 
 import futurist
 
-from flowengine import tracing
+from flowengine import context, tracing
+from flowengine import exceptions as exc
 from flowengine.atom import REVERT_FLOW_FAILURES, REVERT_RESULT
 from flowengine.engines import interception
 from flowengine.engines.event_loop import EventLoopThread
@@ -208,6 +209,9 @@ class TaskExecutor(metaclass=abc.ABCMeta):
     #: Whether ``async def`` execute/revert methods are awaited here; an engine refuses tasks
     #: with them, before anything runs, when its executor cannot.
     runs_coroutines = False
+    #: Whether calls run on the engine's own thread, one at a time (nothing ever waits in a
+    #: queue): a cancel then tells the running call at once, from the cancelling thread.
+    runs_inline = False
 
     @abc.abstractmethod
     def execute_task(
@@ -236,6 +240,15 @@ class TaskExecutor(metaclass=abc.ABCMeta):
 
     def stop(self) -> None:
         """Release resources (called when an engine run ends)."""
+
+    def stop_executions(self, reason: str) -> None:
+        """Take back the executes not started yet and ask those running to stop (their flow
+        is being cancelled); the engine then cancels their futures.
+
+        Local calls hear it through their context's signal, which the engine sets, and their
+        queued futures' cancel takes them back; an executor whose calls run elsewhere does
+        both there.
+        """
 
     def reserve_request_id(self, task_uuid: str) -> str | None:
         """The id the next request for atom ``task_uuid`` will carry, chosen now so the engine
@@ -296,8 +309,14 @@ class LocalTaskExecutor(TaskExecutor):
     def _dispatch(self, task: Any, outcome: str, method: Any, call: Callable[[], Any],
                   coroutine: Callable[[], Awaitable[Any]]) -> cf.Future:
         limit = limit_for(task, self._limits)
+        # The engine made the call's context current around this hand-over: it must be current
+        # where the call runs (a pool thread, a helper thread, an asyncio task) too.
         if is_async(method):
-            return self._awaited(task, outcome, coroutine, limit)
+            ctx = context.active()
+            return self._awaited(task, outcome, _coroutine_in(ctx, coroutine), limit, ctx)
+        binding = context.carried()
+        if binding is not None and not (self.runs_inline and limit is None):
+            call = functools.partial(_call_in, binding, call)  # it runs on another thread
         if limit is None:
             return self._plain(call)
         return self._bounded(task, outcome, call, limit)
@@ -324,28 +343,33 @@ class LocalTaskExecutor(TaskExecutor):
         settle(future, value, task.name)
 
     def _awaited(self, task: Any, outcome: str, coroutine: Callable[[], Awaitable[Any]],
-                 limit: float | None) -> cf.Future:
+                 limit: float | None, ctx: context.TaskContext | None) -> cf.Future:
         future: cf.Future = cf.Future()
         loop = self._event_loop()
-        loop.submit(self._await(future, task, outcome, coroutine, limit, loop.loop))
+        loop.submit(self._await(future, task, outcome, coroutine, limit, loop.loop, ctx))
         return future
 
     async def _await(self, future: cf.Future, task: Any, outcome: str,
                      coroutine: Callable[[], Awaitable[Any]], limit: float | None,
-                     loop: asyncio.AbstractEventLoop) -> None:
+                     loop: asyncio.AbstractEventLoop, ctx: context.TaskContext | None) -> None:
         if not future.set_running_or_notify_cancel():
             return  # cancelled (a suspension) while it waited for a slot
+        running = asyncio.current_task()
+        assert running is not None
         if limit is not None:
-            running = asyncio.current_task()
-            assert running is not None
             # Unlike a thread, a coroutine can be stopped: once the watchdog fails it, cancel it.
             future.add_done_callback(functools.partial(_cancel_soon, loop, running))
             self._watchdog.started(future, task.name, outcome, limit)
+        # A cancel of its flow interrupts it at its next await (a thread can only be told,
+        # through its context's cancel_requested).
+        stop_listening = (lambda: None) if ctx is None else ctx.signal.on_request(
+            lambda _reason: _cancel_soon(loop, running, None))
         try:
             value = await coroutine()
         except asyncio.CancelledError as err:
-            value = (outcome, Failure.from_exception(err))
+            value = (outcome, Failure.from_exception(_interrupted(task, ctx, err)))
         finally:
+            stop_listening()
             self._watchdog.finished(future)
         settle(future, value, task.name)
 
@@ -381,6 +405,35 @@ class LocalTaskExecutor(TaskExecutor):
 DEFAULT_MAX_ASYNC_TASKS = 64
 
 
+def _call_in(binding: context.Binding, call: Callable[[], Any]) -> Any:
+    with context.bound(binding):
+        return call()
+
+
+def _coroutine_in(ctx: context.TaskContext | None,
+                  coroutine: Callable[[], Awaitable[Any]]) -> Callable[[], Awaitable[Any]]:
+    """``coroutine`` with ``ctx`` current in the asyncio task that awaits it."""
+    if ctx is None:
+        return coroutine
+
+    async def bound() -> Any:
+        with context.bound(ctx):
+            return await coroutine()
+
+    return bound
+
+
+def _interrupted(task: Any, ctx: context.TaskContext | None,
+                 err: asyncio.CancelledError) -> BaseException:
+    """What an ``async def`` call cancelled at an await failed with: its flow's cancel, said
+    so, or the cancellation itself (a time limit, the loop stopping)."""
+    if ctx is not None and ctx.signal.requested:
+        return exc.FlowCancelled(
+            f"Task {task.name!r} was interrupted at an await: its flow is being cancelled "
+            f"({ctx.signal.reason})", reason=ctx.signal.reason, cause=err)
+    return err
+
+
 def _cancel_soon(loop: asyncio.AbstractEventLoop, task: asyncio.Task, _done: Any) -> None:
     if not task.done():
         try:
@@ -396,6 +449,8 @@ class SerialTaskExecutor(LocalTaskExecutor):
     watchdog, whichever is first; an ``async def`` call is awaited on the executor's loop.
     """
 
+    runs_inline = True
+
     def _plain(self, call: Callable[[], Any]) -> cf.Future:
         return _done_future(call())
 
@@ -408,8 +463,8 @@ class SerialTaskExecutor(LocalTaskExecutor):
         return future
 
     def _awaited(self, task: Any, outcome: str, coroutine: Callable[[], Awaitable[Any]],
-                 limit: float | None) -> cf.Future:
-        future = super()._awaited(task, outcome, coroutine, limit)
+                 limit: float | None, ctx: context.TaskContext | None) -> cf.Future:
+        future = super()._awaited(task, outcome, coroutine, limit, ctx)
         cf.wait([future])  # one task at a time, as for any other task
         return future
 

@@ -4,7 +4,9 @@ RESUMING -> SCHEDULING -> WAITING -> ANALYZING -> (SCHEDULING | WAITING | GAME_O
 GAME_OVER to one of SUCCESS, REVERTED, FAILURE or SUSPENDED. Each state has a handler that does
 its work and returns the next event. A write of the flow's progress that fails halts the loop
 (:meth:`RunLoop.halt`): it starts nothing more and reverts nothing, and ends in FAILURE with
-:attr:`RunLoop.halted` set. A run looks its transitions up in a table read off the
+:attr:`RunLoop.halted` set. A cancel (:meth:`RunLoop.cancel`) is its opposite: it revokes what has
+not started and reverts everything that completed, ending REVERTED with :attr:`RunLoop.cancelled`
+set. A run looks its transitions up in a table read off the
 frozen machine, as requests and attempts do, rather than driving a copy of it.
 """
 
@@ -24,6 +26,7 @@ from automaton import machines
 from flowengine import exceptions as exc
 from flowengine import states as st
 from flowengine.engines.runtime import Runtime
+from flowengine.engines.stopping import CancelRequest
 from flowengine.types.failure import Failure
 
 LOG = logging.getLogger(__name__)
@@ -123,6 +126,11 @@ class RunLoop:
         self.failures: list[Failure] = []
         #: The failed (or refused) write that halted the loop, if one did.
         self.halted: exc.StorageFailure | None = None
+        #: The cancel asked of the loop (from any thread), if one was.
+        self.cancelled: CancelRequest | None = None
+        #: Whether the loop applied it (on its own thread); False if it came too late.
+        self.cancel_applied = False
+        self._cancel_seen = False
         self._next_up: list[Any] = []
         # The rest of a batch cut short (_schedule), already deduplicated and in dispatch order,
         # with its length then: while _next_up is still exactly that list, it is not sorted
@@ -176,6 +184,8 @@ class RunLoop:
         return SCHEDULE
 
     def _schedule(self) -> str:
+        if self.cancelled is not None and not self._cancel_seen:
+            self._apply_cancel()
         if self.halted is None and self._flow_state() == st.RUNNING and self._next_up:
             # Higher priority first; sorted() is stable, so ties keep graph order. An atom can
             # be listed twice (carried over from a yielded batch and found ready again).
@@ -197,6 +207,8 @@ class RunLoop:
                     break
                 if self.halted is not None:  # halted from elsewhere while the batch went out
                     break
+                if self.cancelled is not None and not self._cancel_seen:
+                    break  # cancelled meanwhile: the rest of the batch is not started
                 # Intentions may have changed since the atom was found ready (a failure).
                 if atom in running or not self._runtime.can_start(atom):
                     continue
@@ -253,6 +265,67 @@ class RunLoop:
         self._storage.stop_writing(failure)
         self.wake()
 
+    def cancel(self, request: CancelRequest) -> None:
+        """Cancel the flow (callable from any thread): the loop applies it on its own thread.
+
+        What has not started is taken back (revoked, remotely) and left as if it never ran;
+        running executes are asked to stop through their context (the engine tells them at
+        once); every completed atom is then reverted in reverse order, and the loop ends
+        REVERTED (FAILURE if a revert fails). A halt wins over a cancel, and a flow whose
+        every atom already succeeded is not cancelled.
+        """
+        if self.cancelled is None:
+            self.cancelled = request
+            self.wake()
+
+    @property
+    def cancel_seen(self) -> bool:
+        """Whether the loop took up :attr:`cancelled` (applied it, or found it too late)."""
+        return self._cancel_seen
+
+    def _apply_cancel(self) -> None:
+        self._cancel_seen = True
+        request = self.cancelled
+        assert request is not None
+        runtime, storage = self._runtime, self._storage
+        if self.halted is not None:
+            return
+        if runtime.is_success():
+            LOG.info("Flow %r (%s) is not cancelled (%s): every atom already succeeded",
+                     storage.flow_name, storage.flow_uuid, request)
+            return
+        LOG.info("Flow %r (%s) is %s; reverting what it did", storage.flow_name,
+                 storage.flow_uuid, request)
+        if self._flow_state() == st.SUSPENDING:
+            storage.set_flow_state(st.RUNNING)  # the cancel supersedes the suspension
+        runtime.timer.cancel_all()  # a retry's wait or a start delay started nothing
+        runtime.start_delays.take_back_delayed()
+        # Atoms a previous run left in flight (resumed) are reverted: what they did is unknown.
+        unfinished = [atom for atom in self._next_up if atom not in self._in_flight_atoms
+                      and storage.get_atom_state(atom.name) in (st.RUNNING, st.REVERTING)]
+        self._next_up = []
+        try:
+            runtime.cancel(request)
+        except exc.StorageFailure as err:
+            self.halt(err)
+            return
+        self.cancel_applied = True
+        # Executes not started yet are taken back (their atoms are then left PENDING, see
+        # _complete); those running are told to stop and are waited for; reverts go on. An
+        # executor whose calls run elsewhere takes back and stops its own (first, so that
+        # taking back the futures finds them dealt with).
+        runtime.task_action.executor.stop_executions(request.reason)
+        for future, atom in list(self._in_flight.items()):
+            if storage.get_atom_state(atom.name) == st.RUNNING:
+                future.cancel()
+        # Only now are local executes told: told first, one could end and free its thread
+        # for a queued one before that was taken back.
+        runtime.calls.signal.request(request.reason)
+        try:
+            self._next_up = unfinished + runtime.next_atoms(apply_deciders=False)
+        except exc.StorageFailure as err:
+            self.halt(err)
+
     def wake(self) -> None:
         """Make a loop blocked waiting for atoms look at the flow state now (e.g. a suspension,
         which should cancel what has not started yet rather than wait for the next completion).
@@ -277,7 +350,9 @@ class RunLoop:
         if self._in_flight and finished.empty() and not inline:
             self._blocked = True
             try:
-                if not self._wake_requested:
+                # A cancel asked while the batch went out (its wake-up was spent there) is
+                # applied now: a remote task told nothing yet would keep the loop waiting.
+                if not self._wake_requested and (self.cancelled is None or self._cancel_seen):
                     self._done.append(finished.get(timeout=self._timeout))
             except queue.Empty:
                 return ANALYZE
@@ -293,6 +368,18 @@ class RunLoop:
         atom = self._in_flight.pop(future)
         self._in_flight_atoms.discard(atom)
         if future.cancelled():
+            if (self.cancel_applied and self.halted is None
+                    and self._storage.get_atom_state(atom.name) == st.RUNNING):
+                try:
+                    self._runtime.never_started(atom)
+                except exc.StorageFailure as err:
+                    self.halt(err)
+                    return False
+            frontier = self._runtime.frontier
+            if frontier is not None:
+                # It did nothing: whatever it may do now (a cancel's revert of a retry whose
+                # wait was cut short) is looked for again.
+                frontier.candidates.add(atom)
             return True
         try:
             outcome, result = future.result()
@@ -313,6 +400,9 @@ class RunLoop:
         return True
 
     def _analyze(self) -> str:
+        # A cancel first: a failure it finds is not resolved (no retry controller is asked).
+        if self.cancelled is not None and not self._cancel_seen:
+            self._apply_cancel()
         done, self._done = self._done, []
         for future in done:
             if future in self._in_flight:

@@ -14,18 +14,20 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from flowengine import context, states, tracing
 from flowengine import deciders as de
 from flowengine import retry as retry_mod
-from flowengine import states, tracing
 from flowengine.atom import Atom
 from flowengine.engines import executor as ex
 from flowengine.engines import resolution
 from flowengine.engines.actions import RetryAction, TaskAction
+from flowengine.engines.calls import CallContexts
 from flowengine.engines.compiler import FLOW, FLOW_END, TASK, Compilation
 from flowengine.engines.delays import RetryWaits
 from flowengine.engines.frontier import Frontier
 from flowengine.engines.options import EngineOptions
 from flowengine.engines.start_delays import StartDelays, start_delay
+from flowengine.engines.stopping import META_CANCELLED, CancelRequest
 from flowengine.storage import Storage
 from flowengine.types.failure import Failure
 from flowengine.types.notifier import Notifier
@@ -34,6 +36,8 @@ LOG = logging.getLogger(__name__)
 
 #: Outcome of a retry's backoff timer: the retry may now run its next attempt.
 DELAY_ELAPSED = "delay-elapsed"
+#: What the engine's ``interventions`` notifier announces as a cancel is applied.
+CANCELLED = "cancelled"
 _REVERTIBLE = frozenset((states.SUCCESS, states.FAILURE, states.REVERT_FAILURE))
 # A retry left RETRYING by an interrupted run starts its next attempt from there.
 _STARTABLE = frozenset((states.PENDING, states.RETRYING))
@@ -61,8 +65,11 @@ class Runtime:
         task_executor: ex.TaskExecutor,
         options: EngineOptions,
         waits: RetryWaits | None = None,
+        interventions: Notifier | None = None,
     ) -> None:
         self.compilation = compilation
+        #: Where an applied cancel is announced (the engine's ``interventions``).
+        self.interventions = interventions if interventions is not None else Notifier()
         self.storage = storage
         self.options = options
         self.frontier: Frontier | None = None
@@ -84,6 +91,10 @@ class Runtime:
         self._announced: set[str] = set()
         self._scope_cache: dict[tuple[str, tuple[str, ...]], list[str]] = {}
         storage.set_scope_fetcher(self.visible_providers)
+        #: The contexts of the task calls this runtime starts (see :mod:`flowengine.context`).
+        self.calls = CallContexts(storage, compilation)
+        #: The cancel this run applied: failures are no longer resolved, everything reverts.
+        self.cancelled: CancelRequest | None = None
 
     # -- visibility -------------------------------------------------------------------------
 
@@ -331,6 +342,11 @@ class Runtime:
         intention = self.storage.get_atom_intention(atom.name)
         if isinstance(atom, retry_mod.Retry):
             return self._schedule_retry(atom, intention)
+        # Current while the executor takes the call: it carries the context to where it runs.
+        with context.bound(self.calls.of(atom, intention)):
+            return self._schedule_task(atom, intention)
+
+    def _schedule_task(self, atom: Any, intention: str) -> cf.Future:
         if intention == states.REVERT:
             return self.task_action.schedule_reversion(atom, self._args(atom, revert=True))
         own_delay = start_delay(atom) > 0
@@ -455,9 +471,38 @@ class Runtime:
         if not isinstance(result, Failure):
             return None
         if outcome == ex.EXECUTED and not self.options.never_resolve:
-            self.process_failure(atom, result)
+            if self.cancelled is None:  # a cancelled flow reverts: no controller retries it
+                self.process_failure(atom, result)
             return None
         return result
+
+    # -- cancelling -------------------------------------------------------------------------
+
+    def cancel(self, request: CancelRequest) -> None:
+        """Turn the run into undoing what it did: the cancel is recorded on the flow, no
+        failure is resolved any more, and every atom is to be reverted (those that never
+        started are not: their state says so). The loop's thread calls it."""
+        self.cancelled = request
+        self.storage.update_flow_metadata({META_CANCELLED: request.record()})
+        frontier = self.frontier
+        for atom in self.compilation.iter_atoms():
+            if (isinstance(atom, retry_mod.Retry)
+                    and self.storage.get_atom_state(atom.name) == states.RETRYING):
+                # Cancelled while waiting to retry its subflow: the attempt it completed
+                # stands, and is reverted like any other.
+                self.retry_action.end_wait(atom)
+                self.storage.set_atom_state(atom.name, states.SUCCESS)
+                if frontier is not None:
+                    frontier.state_changed(atom, states.SUCCESS)
+        self.reset_atoms(self.compilation.iter_atoms(), None, states.REVERT)
+        self.interventions.notify(CANCELLED, {"flow_name": self.storage.flow_name,
+                                              "flow_uuid": self.storage.flow_uuid,
+                                              **request.record()})
+
+    def never_started(self, atom: Any) -> None:
+        """``atom``'s execute was taken back before it started (a cancel revoked it): it is
+        left as if it never ran, and is not reverted."""
+        self.reset_atoms([atom], states.PENDING, states.REVERT, force=True)
 
     def process_failure(self, atom: Any, failure: Failure) -> None:
         """Decide how ``atom``'s failure is handled and set intentions accordingly."""

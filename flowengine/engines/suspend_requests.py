@@ -1,4 +1,4 @@
-"""Suspend requests from other processes: a mark on the stored flow detail.
+"""Suspend and cancel requests from other processes: a mark on the stored flow detail.
 
 An engine runs its flow in one process; an operator's dashboard or ``flowengine suspend`` runs in
 another. They share the persistence backend, so the request travels there: the requester sets
@@ -9,6 +9,14 @@ write to storage, at most once every ``suspend_check_interval`` seconds (engine 
 no other process can reach. Seeing it, the engine calls its own ``suspend()``: running atoms
 finish, nothing new starts. Its next flow state write (SUSPENDING) replaces the stored meta with
 its own, which clears the mark.
+
+A cancel request is the same mark under :data:`META_CANCEL_REQUEST` (with who asked, when and
+why: :func:`request_cancel`); seeing it, the engine calls its own ``cancel()``. A cancel must
+reach tasks that run for long (it asks them to stop), so it cannot wait for the next atom
+transition: while a run's atoms run longer than a second, one process-wide thread
+(:class:`RequestPoller`) reads the mark of its flow once every :data:`IDLE_INTERVAL` seconds (an
+engine busy with transitions reads it itself, and is not read twice). A worker-based engine is
+also told at once through the broker (:mod:`flowengine.worker_based.remote_control`).
 
 While it runs, an engine with a shared backend records where it runs in :data:`META_RUNNING_ON`
 (host, pid, engine, start time), so a requester can tell a flow whose process is gone from one
@@ -21,16 +29,23 @@ import datetime
 import logging
 import os
 import socket
+import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
+from flowengine import states
+from flowengine.engines.stopping import CancelRequest
 from flowengine.persistence.backends._uri import seconds_option
 
 LOG = logging.getLogger(__name__)
 
 #: Flow detail meta set by a requester: ``{"at": ISO time, "by": who asked}``.
 META_REQUEST = "suspend_requested"
+#: Flow detail meta set by a canceller: ``{"at": ISO time, "by": who, "reason": why}``.
+META_CANCEL_REQUEST = "cancel_requested"
+#: Seconds between two reads of the marks of a flow whose atoms run long (see RequestPoller).
+IDLE_INTERVAL = 1.0
 #: Flow detail meta set by the engine while it runs: ``{"host", "pid", "engine", "since"}``.
 META_RUNNING_ON = "running_on"
 #: Default seconds between two reads of the mark (the serial engine runs thousands of atom
@@ -64,7 +79,7 @@ def running_on(engine: str) -> dict[str, Any]:
 
 
 class SuspendWatch:
-    """Reads a flow's suspend mark from its backend, at most once per ``interval``.
+    """Reads a flow's suspend and cancel marks from its backend, at most once per ``interval``.
 
     Args:
         backend: The persistence backend the flow is stored in.
@@ -80,35 +95,121 @@ class SuspendWatch:
         self._interval = interval
         self._clock = clock
         self._next = clock() + interval
+        self._read_at = clock()
         self._seen = False
+        self._lock = threading.Lock()
+        #: The cancel request read from the store, once one was.
+        self.cancel: CancelRequest | None = None
 
-    def requested(self) -> bool:
-        """True once the mark is seen (then never read again); a failed read is logged."""
-        if self._seen:
-            return False
-        now = self._clock()
-        if now < self._next:
-            return False
-        self._next = now + self._interval
-        try:
-            conn = self._backend.get_connection()
+    @property
+    def read_at(self) -> float:
+        """When (by its clock) the marks were last read (or the watch was made)."""
+        return self._read_at
+
+    def requested(self, force: bool = False) -> bool:
+        """True once the suspend mark is seen (then never again); a failed read is logged.
+
+        The same read sets :attr:`cancel` when the flow has a cancel request. ``force`` reads
+        now, however recently the marks were read (the broker said there is news).
+        """
+        with self._lock:
+            if self._seen and self.cancel is not None:
+                return False  # nothing left to learn
+            now = self._clock()
+            if now < self._next and not force:
+                return False
+            self._next = now + self._interval
+            self._read_at = now
             try:
-                meta = conn.get_flow_details(self._flow_uuid, lazy=True).meta
-            finally:
-                conn.close()
-        except Exception as err:  # the run must not fail for a request it may not even have
-            LOG.warning("Could not read the suspend mark of flow %s: %s", self._flow_uuid, err)
-            return False
-        if META_REQUEST not in meta:
-            return False
-        self._seen = True
+                conn = self._backend.get_connection()
+                try:
+                    meta = conn.get_flow_details(self._flow_uuid, lazy=True).meta
+                finally:
+                    conn.close()
+            except Exception as err:  # the run must not fail for a request it may not have
+                LOG.warning("Could not read the suspend and cancel marks of flow %s: %s",
+                            self._flow_uuid, err)
+                return False
+            if self.cancel is None:
+                self.cancel = CancelRequest.from_record(meta.get(META_CANCEL_REQUEST))
+                if self.cancel is not None:
+                    LOG.info("Flow %s: cancel requested by %s at %s: %s", self._flow_uuid,
+                             self.cancel.by, self.cancel.at, self.cancel.reason)
+            if self._seen or META_REQUEST not in meta:
+                return False
+            self._seen = True
         LOG.info("Flow %s: suspend requested by %s at %s", self._flow_uuid,
                  meta[META_REQUEST].get("by"), meta[META_REQUEST].get("at"))
         return True
 
 
+class RequestPoller:
+    """Reads the marks of flows whose engines wait on long-running atoms, on one thread.
+
+    An engine reads its marks between atom transitions; one whose atoms run for minutes makes
+    none, yet a cancel must reach those atoms. While registered, a watch not read for
+    ``idle`` seconds is read here, and ``on_read`` is called after each read (from this
+    thread) to act on what was found. The thread runs while any watch is registered.
+
+    Args:
+        idle: Seconds without a read after which a watch is read here.
+    """
+
+    def __init__(self, idle: float = IDLE_INTERVAL) -> None:
+        self._idle = idle
+        self._lock = threading.Condition()
+        self._watched: dict[int, tuple[SuspendWatch, Callable[[bool], None]]] = {}
+        self._thread: threading.Thread | None = None
+
+    def add(self, watch: SuspendWatch, on_read: Callable[[bool], None]) -> None:
+        """Read ``watch`` when it goes unread; ``on_read(suspend_seen)`` after each read."""
+        with self._lock:
+            self._watched[id(watch)] = (watch, on_read)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, daemon=True,
+                                                name="flowengine-request-poller")
+                self._thread.start()
+
+    def remove(self, watch: SuspendWatch) -> None:
+        """Stop reading ``watch`` (its run ended)."""
+        with self._lock:
+            self._watched.pop(id(watch), None)
+            self._lock.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                if not self._watched:
+                    self._thread = None
+                    return
+                self._lock.wait(self._idle)
+                due = [(w, on_read) for w, on_read in self._watched.values()
+                       if time.monotonic() - w.read_at >= self._idle]
+            for watch, on_read in due:
+                try:
+                    on_read(watch.requested(force=True))
+                except Exception:  # one engine's trouble must not stop the others' reads
+                    LOG.exception("Acting on the marks of a flow failed")
+
+
+#: The process's poller (engines register their watch while they run).
+POLLER = RequestPoller()
+
+
 class SuspendRefused(Exception):
-    """A suspend request that cannot reach an engine (the message says why)."""
+    """A suspend (or cancel) request that cannot reach an engine (the message says why)."""
+
+
+class NotRunning(SuspendRefused):
+    """The flow is not running anywhere (not stored RUNNING, or its process is gone).
+
+    Attributes:
+        state: The flow's stored state.
+    """
+
+    def __init__(self, message: str, state: str | None) -> None:
+        super().__init__(message)
+        self.state = state
 
 
 class Requested(NamedTuple):
@@ -145,52 +246,100 @@ def request_suspend(backend: Any, flow_uuid: str, by: str,
     Raises:
         SuspendRefused: No such flow, it is not running, or its process is gone.
     """
+    stamp = {"at": clock().isoformat(timespec="seconds"), "by": by}
+    fd, where, first = _mark(backend, flow_uuid, "suspend", META_REQUEST, stamp,
+                             (states.RUNNING,), "resume it instead (flowengine run --resume "
+                             f"{flow_uuid})")
+    if not first:
+        return Requested(
+            f"suspend of flow {fd.name!r} ({fd.uuid}) was already requested at "
+            f"{fd.meta[META_REQUEST].get('at')}: it stops once its running atoms finish"
+            f"{_engine(where)}", where, False)
+    return Requested(f"suspend requested for flow {fd.name!r} ({fd.uuid}): it stops once its "
+                     f"running atoms finish{_engine(where)}", where, True)
+
+
+def request_cancel(backend: Any, flow_uuid: str, reason: str, by: str,
+                   clock: Callable[[], datetime.datetime] = lambda: datetime.datetime.now(
+                       datetime.UTC)) -> Requested:
+    """Ask the engine running a stored flow, in whichever process, to cancel it.
+
+    Sets :data:`META_CANCEL_REQUEST` on the stored flow detail in one write transaction, only
+    while it runs (RUNNING or SUSPENDING) in a process that may still be alive.
+
+    Args:
+        backend: The persistence backend the flow is stored in (shared with its engine).
+        flow_uuid: The flow detail's uuid.
+        reason: Why (stored with the flow, shown wherever it is).
+        by: Who asks.
+        clock: The time now (aware, UTC).
+
+    Raises:
+        NotRunning: The flow is not running anywhere (cancel it by running its reverts).
+        SuspendRefused: No such flow, or the backend takes no requests.
+        ValueError: ``reason`` or ``by`` is empty.
+    """
+    request = CancelRequest.now(reason, by, clock)
+    fd, where, first = _mark(backend, flow_uuid, "cancel", META_CANCEL_REQUEST,
+                             request.record(), (states.RUNNING, states.SUSPENDING),
+                             "cancel it here instead, by running its reverts")
+    if not first:
+        earlier = CancelRequest.from_record(fd.meta[META_CANCEL_REQUEST])
+        return Requested(f"flow {fd.name!r} ({fd.uuid}) was already {earlier}: it is "
+                         f"reverting what it did{_engine(where)}", where, False)
+    return Requested(f"cancel requested for flow {fd.name!r} ({fd.uuid}): its running tasks "
+                     f"are asked to stop, then what it did is reverted{_engine(where)}",
+                     where, True)
+
+
+
+def _mark(backend: Any, flow_uuid: str, what: str, key: str, value: dict[str, Any],
+          running: tuple[str, ...], instead: str) -> tuple[Any, dict[str, Any] | None, bool]:
+    """Set ``key`` in a running flow's stored meta; return the flow detail, where it runs and
+    whether this request was the first."""
     from flowengine import exceptions as exc
 
     already: list[Any] = []
-    refused: list[str] = []
+    refused: list[NotRunning] = []
 
     def mark(fd: Any) -> None:
         # A refusal is returned, not raised: the store wraps what a change raises.
-        if fd.state != "RUNNING":
-            refused.append(f"flow {fd.name!r} ({fd.uuid}) is {fd.state or 'PENDING'}, not "
-                           "running anywhere: there is nothing to suspend")
-        elif gone := _gone(fd.meta.get(META_RUNNING_ON)):
-            refused.append(
-                f"flow {fd.name!r} ({fd.uuid}) is stored as RUNNING, but {gone}: it is not "
-                f"running anywhere; resume it instead (flowengine run --resume {fd.uuid})")
-        elif META_REQUEST in fd.meta:
-            already.append(fd.meta[META_REQUEST])
+        if fd.state not in running:
+            refused.append(NotRunning(
+                f"flow {fd.name!r} ({fd.uuid}) is {fd.state or 'PENDING'}, not running "
+                f"anywhere: there is nothing to {what}", fd.state))
+        elif dead := gone(fd.meta.get(META_RUNNING_ON)):
+            refused.append(NotRunning(
+                f"flow {fd.name!r} ({fd.uuid}) is stored as {fd.state}, but {dead}: it is not "
+                f"running anywhere; {instead}", fd.state))
+        elif key in fd.meta:
+            already.append(fd.meta[key])
         else:
-            fd.meta[META_REQUEST] = {"at": clock().isoformat(timespec="seconds"), "by": by}
+            fd.meta[key] = value
 
     conn = backend.get_connection()
     try:
         change = getattr(conn, "change_flow_meta", None)
         if change is None:
-            raise SuspendRefused(f"the {type(backend).__name__} cannot take suspend requests")
+            raise SuspendRefused(f"the {type(backend).__name__} cannot take {what} requests")
         fd = change(flow_uuid, mark)
     except exc.NotFound as err:
         raise SuspendRefused(f"no flow {flow_uuid!r} is stored in this backend") from err
     finally:
         conn.close()
     if refused:
-        raise SuspendRefused(refused[0])
+        raise refused[0]
     where = fd.meta.get(META_RUNNING_ON)
-    where = where if isinstance(where, dict) else None
-    engine = (f" (its {where.get('engine')} runs in pid {where.get('pid')} on "
-              f"{where.get('host')})" if where is not None else
-              " (no engine recorded where it runs: if its process died, nothing will answer)")
-    if already:
-        return Requested(
-            f"suspend of flow {fd.name!r} ({fd.uuid}) was already requested at "
-            f"{already[0].get('at')}: it stops once its running atoms finish{engine}",
-            where, False)
-    return Requested(f"suspend requested for flow {fd.name!r} ({fd.uuid}): it stops once its "
-                     f"running atoms finish{engine}", where, True)
+    return fd, where if isinstance(where, dict) else None, not already
 
 
-def _gone(where: Any) -> str | None:
+def _engine(where: dict[str, Any] | None) -> str:
+    if where is None:
+        return " (no engine recorded where it runs: if its process died, nothing will answer)"
+    return f" (its {where.get('engine')} runs in pid {where.get('pid')} on {where.get('host')})"
+
+
+def gone(where: Any) -> str | None:
     """Why the process recorded in ``where`` surely runs nothing (None: it may run it)."""
     if not isinstance(where, dict) or where.get("host") != socket.gethostname():
         return None  # another host's processes cannot be seen from here

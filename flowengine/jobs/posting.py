@@ -8,11 +8,13 @@ the flow factory, saved to persistence, then ``board.post(name, book, details)``
 from __future__ import annotations
 
 import contextlib
+import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from flowengine import engines, tracing
+from flowengine.engines import stopping
 from flowengine.jobs import base, endings
 from flowengine.persistence import base as persistence_base
 from flowengine.persistence import models
@@ -25,7 +27,9 @@ def post_flow(board: base.JobBoard, persistence: persistence_base.Backend,
               factory_kwargs: Mapping[str, Any] | None = None,
               store: Mapping[str, Any] | None = None, name: str | None = None,
               priority: base.JobPriority | str = base.JobPriority.NORMAL,
-              details: Mapping[str, Any] | None = None) -> base.Job:
+              details: Mapping[str, Any] | None = None,
+              deadline: float | None = None,
+              clock: Callable[[], float] = time.time) -> base.Job:
     """Save a logbook whose one flow detail is built by ``flow_factory``, and post it.
 
     Args:
@@ -40,6 +44,10 @@ def post_flow(board: base.JobBoard, persistence: persistence_base.Backend,
         details: More details for the job. With tracing on, the current trace context is
             added under :data:`flowengine.tracing.TRACE_KEY` (unless ``details`` has that key),
             so the conductor's span of the job joins the poster's trace.
+        deadline: Seconds from now the flow must be done by, wherever it waits or runs: a
+            conductor's engine cancels it (undoing what it did) once they are over. Stored
+            with the flow (see :mod:`flowengine.engines.stopping`).
+        clock: Seconds since the epoch (the deadline's start).
 
     Raises:
         ValueError: If the factory cannot be imported back by its name, or the details are not
@@ -51,6 +59,10 @@ def post_flow(board: base.JobBoard, persistence: persistence_base.Backend,
     flow_detail = models.FlowDetail(shown, str(uuid.uuid4()))
     book.add(flow_detail)
     engines.save_factory_details(flow_detail, flow_factory, factory_args, factory_kwargs)
+    if deadline is not None:
+        seconds = stopping.deadline_seconds({stopping.OPTION: deadline})
+        assert seconds is not None
+        flow_detail.meta[stopping.META_DEADLINE] = {"at": clock() + seconds, "seconds": seconds}
     all_details = {**(details or {}), "store": dict(store or {}), "flow_uuid": flow_detail.uuid}
     # The board and the details are kept with the logbook, so that a job the board loses can
     # be found (an orphan) and posted again as it was (see flowengine.jobs.orphans).

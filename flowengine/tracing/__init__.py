@@ -10,7 +10,7 @@ conductors. The engine, the worker-based executor and the worker call the hooks 
 
 from flowengine.tracing._api import enabled, flush
 from flowengine.tracing.jobs import TRACE_KEY, claimed_job, job_trace
-from flowengine.tracing.logs import TraceContextFilter
+from flowengine.tracing.logs import TraceContextFilter, current_ids
 from flowengine.tracing.propagation import SENT_AT, TRACEPARENT, TRACESTATE
 from flowengine.tracing.remote import replied, request_sent, serving
 from flowengine.tracing.runs import failure_resolved, flow_run, task_scope
@@ -20,6 +20,7 @@ __all__ = [
     "enabled",
     "flush",
     "TraceContextFilter",
+    "current_ids",
     # jobs and conductors
     "TRACE_KEY",
     "claimed_job",

@@ -40,3 +40,15 @@ class TraceContextFilter(logging.Filter):
             setattr(record, SPAN_ID, _NO_SPAN)
             setattr(record, SAMPLED, False)
         return True
+
+
+def current_ids() -> dict[str, str]:
+    """``{otelTraceID, otelSpanID}`` of the current span, or nothing when tracing is off or no
+    span is current (a task's context logger adds them to its records)."""
+    trace = _api.trace_module()
+    if trace is None or not _api.enabled():
+        return {}
+    context = trace.get_current_span().get_span_context()
+    if not context.is_valid:
+        return {}
+    return {TRACE_ID: format(context.trace_id, "032x"), SPAN_ID: format(context.span_id, "016x")}

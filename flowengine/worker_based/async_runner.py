@@ -16,6 +16,10 @@ A coroutine ends in one of four ways:
   fails a thread task that overruns;
 - a CANCEL names its request: it is cancelled and answered with the cancellation event
   (:data:`CANCELLED`), so its engine knows it stopped;
+- a STOP names its request (its flow is being cancelled, :mod:`.running_calls`): once its
+  call began it is interrupted at its next await and fails with
+  :class:`~flowengine.exceptions.FlowCancelled` (unless it catches the cancellation and
+  returns), an outcome its engine then reverts; before that, as for a CANCEL;
 - the worker stops with it still running: it is cancelled unanswered (:data:`ABANDONED`) and its
   request goes back to the broker, as a thread task's does when the stop grace runs out.
 """
@@ -116,13 +120,16 @@ class Lane:
 
 
 class _Job:
-    __slots__ = ("call", "done", "lane", "limit", "name", "request_id", "revoked", "task")
+    __slots__ = ("call", "done", "interrupted", "lane", "limit", "name", "request_id",
+                 "revoked", "started", "task")
 
     def __init__(self, request_id: str, name: str, call: Callable[[], Awaitable[Any]],
                  limit: float | None, lane: Lane, done: Done) -> None:
         self.request_id, self.name, self.call, self.limit = request_id, name, call, limit
         self.lane, self.done = lane, done
         self.revoked = False
+        self.interrupted = False
+        self.started = False  # its call began (it has a slot)
         self.task: asyncio.Task[Any] | None = None
 
 
@@ -201,11 +208,12 @@ class AsyncRunner:
         job.task = asyncio.current_task()
         outcome: Outcome = ABANDONED
         try:
-            if job.revoked:  # cancelled before it was even scheduled
+            if job.revoked or job.interrupted:  # cancelled before it was even scheduled
                 raise asyncio.CancelledError
             if self._slots is None:  # made on the loop's own thread, which alone touches it
                 self._slots = asyncio.Semaphore(self.concurrency)
             async with self._slots:
+                job.started = True
                 started = time.monotonic()
                 try:
                     async with asyncio.timeout(job.limit):
@@ -215,8 +223,16 @@ class AsyncRunner:
                                                       elapsed=time.monotonic() - started)
                     LOG.warning("%s; its coroutine was cancelled", error)
                     outcome = Failure.from_exception(error)
-        except asyncio.CancelledError:
-            outcome = CANCELLED if job.revoked else ABANDONED
+        except asyncio.CancelledError as err:
+            if job.interrupted and job.started:
+                # Its work began: the outcome is answered, and its engine reverts it.
+                outcome = Failure.from_exception(exc.FlowCancelled(
+                    f"Task {job.name!r} was interrupted at an await: its flow is being "
+                    f"cancelled", cause=err))
+            elif job.revoked or job.interrupted:
+                outcome = CANCELLED
+            else:
+                outcome = ABANDONED
         finally:
             with self._lock:
                 self._jobs.pop(job.request_id, None)
@@ -238,6 +254,20 @@ class AsyncRunner:
                 loop.call_soon_threadsafe(task.cancel)
             found.append(job.request_id)
         return found
+
+    def interrupt(self, request_ids: Iterable[str]) -> list[str]:
+        """Interrupt the coroutines of these requests (a STOP: their flow is being cancelled):
+        one whose call began ends with its outcome (a failure, unless it returns anyway), one
+        still waiting for a slot as if revoked. The ids of those there were."""
+        with self._lock:
+            jobs = [self._jobs[rid] for rid in request_ids if rid in self._jobs]
+            loop = self._loop.loop if self._loop is not None and jobs else None
+        for job in jobs:
+            job.interrupted = True  # before reading job.task, as in cancel
+            task = job.task
+            if task is not None and loop is not None:
+                loop.call_soon_threadsafe(task.cancel)
+        return [job.request_id for job in jobs]
 
     def stop(self) -> None:
         """Cancel what still runs (its requests go back to the broker) and end the threads."""

@@ -103,8 +103,9 @@ class Client:
         self._lock = threading.RLock()
         self._views: dict[int, View] = {}
         self._routes: dict[str, View] = {}
-        #: How to suspend each flow an engine of this process runs (remote_control).
-        self._suspenders: dict[str, Callable[[], None]] = {}
+        #: How to suspend (or cancel) each flow an engine of this process runs
+        #: (remote_control): called with the message's action.
+        self._suspenders: dict[str, Callable[[str], None]] = {}
         self._topics: dict[str, int] = {}
         self._asked: set[str] = set()
         self._known: dict[str, tuple[float, TopicWorker]] = {}
@@ -218,8 +219,9 @@ class Client:
         """Replies for ``request_id`` are ignored from now on."""
         self._routes.pop(request_id, None)
 
-    def take_suspends(self, flow_uuid: str, suspend: Callable[[], None] | None) -> None:
-        """SUSPEND messages for ``flow_uuid`` call ``suspend`` from now on (None: no more)."""
+    def take_suspends(self, flow_uuid: str, suspend: Callable[[str], None] | None) -> None:
+        """SUSPEND messages for ``flow_uuid`` call ``suspend(action)`` from now on (None: no
+        more); the action is ``"suspend"`` or ``"cancel"``."""
         with self._lock:
             if suspend is None:
                 self._suspenders.pop(flow_uuid, None)
@@ -232,9 +234,10 @@ class Client:
             LOG.info("Ignoring a suspend request for flow %s: no engine of this process runs it",
                      data["flow_uuid"])
             return
-        LOG.info("Suspending flow %s: asked through the broker", data["flow_uuid"])
+        action = data.get("action") or rc.ACTION_SUSPEND
+        LOG.info("Flow %s: %s asked through the broker", data["flow_uuid"], action)
         # Not on the consumer thread: suspending writes to the flow's store.
-        self.submit(suspend)
+        self.submit(functools.partial(suspend, action))
 
     def submit(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` on the client's dispatch thread (dropped once the client is closed)."""

@@ -120,8 +120,16 @@ class WorkerBasedActionEngine(ActionEngine):
         if not isinstance(executor, WorkerTaskExecutor):
             return {}
         client = self._suspends_from = executor.client
-        client.take_suspends(self.storage.flow_uuid, self.suspend)
+        client.take_suspends(self.storage.flow_uuid, self._pushed)
         return {"broker": rc.reach(client.broker, client.reply_to)}
+
+    def _pushed(self, action: str) -> None:
+        """A SUSPEND message for this flow came through the broker (its action: suspend, or
+        read the stored cancel request now)."""
+        if action == rc.ACTION_CANCEL:
+            self._read_marks_now()
+        else:
+            self.suspend()
 
     def _revoke_stale_attempts(self) -> None:
         """Have workers drop the requests a dead predecessor left queued.

@@ -21,6 +21,7 @@ from flowengine.listeners import base
 from flowengine.listeners.atoms import redacted_failure
 from flowengine.task import EVENT_UPDATE_PROGRESS, Task
 from flowengine.types.failure import Failure
+from flowengine.types.notifier import Notifier
 from flowengine.worker_based import extensions as ext
 
 if TYPE_CHECKING:
@@ -43,6 +44,10 @@ TASK_EVENTS = {
     states.REVERTED: "task-reverted",
     states.REVERT_FAILURE: "task-revert-failed",
 }
+#: Events of an operator's interventions (the engine's ``interventions`` notifier).
+INTERVENTION_EVENTS = {"cancelled": "flow-cancelled", "repaired": "flow-repaired"}
+_INTERVENTION_FIELDS = frozenset(("flow_uuid", "flow_name", "reason", "by", "at", "action",
+                                  "atom", "atoms"))
 #: Task events a worker reports for remote tasks (the engine leaves them to it).
 WORKER_REPORTED = frozenset({states.RUNNING, states.SUCCESS, states.FAILURE})
 #: Failures the engine decides for a remote task; no worker reports them.
@@ -94,16 +99,29 @@ class EventListener(base.Listener):
         waits = getattr(self._engine, "retry_waits", None)
         if waits is not None:
             waits.subscribe(self._on_wait)
+        interventions = getattr(self._engine, "interventions", None)
+        if interventions is not None:
+            interventions.register(Notifier.ANY, self._on_intervention)
 
     def deregister(self) -> None:
         super().deregister()
         waits = getattr(self._engine, "retry_waits", None)
         if waits is not None:
             waits.unsubscribe(self._on_wait)
+        interventions = getattr(self._engine, "interventions", None)
+        if interventions is not None:
+            interventions.deregister(Notifier.ANY, self._on_intervention)
         with self._lock:
             watched, self._watched = self._watched, {}
         for task in watched.values():
             task.notifier.deregister(EVENT_UPDATE_PROGRESS, self._on_progress)
+
+    def _on_intervention(self, kind: str, details: base.Details) -> None:
+        """A cancel applied (``flow-cancelled``) or a repair made (``flow-repaired``)."""
+        event_type = INTERVENTION_EVENTS.get(kind)
+        if event_type is not None:
+            self._sink.emit(event_type, **{k: v for k, v in details.items()
+                                           if k in _INTERVENTION_FIELDS})
 
     def _watch_progress(self) -> None:
         """Listen to every task's progress, once the engine has compiled its flow."""

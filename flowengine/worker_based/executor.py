@@ -24,8 +24,8 @@ import uuid as uuid_mod
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from flowengine import context, tracing
 from flowengine import exceptions as exc
-from flowengine import tracing
 from flowengine.engines import executor as local
 from flowengine.task import EVENT_UPDATE_PROGRESS
 from flowengine.types.failure import Failure
@@ -37,6 +37,7 @@ from flowengine.worker_based import dead_letters as dl
 from flowengine.worker_based import delayed_dispatch as dd
 from flowengine.worker_based import extensions as ext
 from flowengine.worker_based import protocol as pr
+from flowengine.worker_based import running_calls as rn
 from flowengine.worker_based import secret_arguments as sa
 from flowengine.worker_based import signing as sg
 from flowengine.worker_based import tracking
@@ -274,6 +275,7 @@ class WorkerTaskExecutor(AttemptTracking, Leftovers, local.TaskExecutor):
             notifier.register(EVENT_UPDATE_PROGRESS, progress_callback)
             sub.future.add_done_callback(
                 lambda _f: notifier.deregister(EVENT_UPDATE_PROGRESS, progress_callback))
+        sub.context = context.active()  # made current by the engine around this call
         sub.future.on_cancel = functools.partial(self._forget, sub)
         sub.future.on_revoke = functools.partial(self._revoke, sub)
         if sub.action == pr.EXECUTE:
@@ -291,6 +293,10 @@ class WorkerTaskExecutor(AttemptTracking, Leftovers, local.TaskExecutor):
         """Start the submission's next attempt and dispatch it (``defer``: from the client's
         dispatch thread, for callers on its consumer thread, which must never wait on a
         publish retrying through an outage)."""
+        if sub.stopping is not None and sub.request is not None:
+            # Its flow is being cancelled: the attempt handed back unrun is not sent again.
+            self._cancelled(sub, "its flow is being cancelled")
+            return
         request = pr.Request(
             sub.task, sub.uuid, sub.action, sub.arguments, timeout=self._transition_timeout,
             result=sub.result, failures=sub.failures, clock=self._clock,
@@ -409,6 +415,7 @@ class WorkerTaskExecutor(AttemptTracking, Leftovers, local.TaskExecutor):
         limit = self._time_limit(sub.task)
         if limit:
             headers[pr.HEADER_TIME_LIMIT] = limit
+        headers.update(rn.context_headers(sub.context))
         if self._lease_timeout is not None:
             headers[ext.HEADER_HEARTBEAT] = self._heartbeat_interval
             headers[ext.HEADER_LEASE] = self._lease_timeout
@@ -480,6 +487,61 @@ class WorkerTaskExecutor(AttemptTracking, Leftovers, local.TaskExecutor):
         except Exception as err:
             LOG.warning("Could not ask workers to drop request %s of task %r: %s; waiting for "
                         "it instead", request.request_id, sub.task.name, err)
+
+    def stop_executions(self, reason: str) -> None:
+        """Take back the executes not started and stop those running on workers (their flow
+        is being cancelled), see :mod:`~flowengine.worker_based.running_calls`.
+
+        One never sent, or still held back by its delay, is cancelled here. Any other gets a
+        STOP: to the worker that said it holds it, else to every flowengine worker; a worker
+        drops it unrun if it still waits there (answering that it never ran), or tells the
+        task running it. The STOP is sent again with each heartbeat or RUNNING reply the
+        request sends until it ends, and a request whose worker is lost is not sent again.
+        """
+        with self._lock:
+            subs = [s for s in self._ongoing.values()
+                    if s.action == pr.EXECUTE and s.request is not None]
+            for sub in subs:
+                assert sub.request is not None
+                sub.stopping = reason
+                # A worker's answer that it dropped it unrun is then believed, whatever the
+                # engine last heard (its RUNNING reply may precede the coroutine's start).
+                sub.revoking = sub.request.request_id
+        for sub in subs:
+            request = sub.request
+            if request is None:
+                continue
+            if request.current_state == pr.WAITING:
+                self._cancelled(sub, "it was never sent")
+            elif (sub.not_before is not None
+                  and dd.withdraw(self._client, request.request_id, sub.delayed_job)):
+                self._cancelled(sub, "it was taken back before a worker took it")
+            else:
+                self._tell_stop(sub)
+
+    def _tell_stop(self, sub: Submission, holder: str | None = None) -> None:
+        """Send a stopping submission's attempt a STOP, from the client's dispatch thread
+        (never the consumer's: a publish may retry through an outage)."""
+        request, reason = sub.request, sub.stopping
+        if request is None or reason is None or request.current_state not in (
+                pr.PENDING, pr.RUNNING):
+            return
+        if holder is None and sub.running_by is not None \
+                and sub.running_by[0] == request.request_id:
+            holder = sub.running_by[1]
+        # To the worker holding it when one said so; else to every flowengine worker.
+        key = ext.control_routing_key(holder) if holder else ext.DISCOVER_ROUTING_KEY
+        stop = rn.Stop([request.request_id], reason)
+
+        def publish() -> None:
+            try:
+                self._proxy.publish(stop, key, headers={pr.HEADER_PROTOCOL: pr.PROTOCOL_VERSION},
+                                    declare_queue=False, confirm=False, retry=False)
+            except Exception as err:  # the next heartbeat tries again
+                LOG.warning("Could not ask workers to stop request %s of task %r: %s",
+                            request.request_id, sub.task.name, err)
+
+        self.client.submit(publish)
 
     def _cancelled(self, sub: Submission, why: str) -> None:
         """The current attempt never ran and never will: cancel the submission."""

@@ -144,6 +144,8 @@ class WorkerEngineOptions:
     #: Monotonic seconds of request expiries, leases, time limits and silent workers (the
     #: executor's clock); tests inject one to move them along without sleeping.
     clock: Callable[[], float] = time.monotonic
+    #: Seconds the flow may run before it is cancelled (see :mod:`flowengine.engines.stopping`).
+    deadline: float | None = None
     # Secrets: kept out of the repr (and so out of logs and errors).
     signing_key: str | None = dataclasses.field(default=None, repr=False)
     signing_key_file: str | None = None
@@ -183,7 +185,7 @@ class WorkerEngineOptions:
 
 #: Options the engine itself uses (events and metrics), not its executor.
 _ENGINE_ONLY = frozenset({"events", "metrics", "metrics_port", "suspend_check_interval",
-                          "retry_clock"})
+                          "retry_clock", "deadline"})
 _NONE_MEANS_NONE = frozenset({"transition_timeout", "worker_expiry", "lease_timeout",
                               "unserved_timeout", "pickup_timeout"})
 _CONVERT: dict[str, Callable[[str, Any], Any]] = {
@@ -210,6 +212,7 @@ _CONVERT: dict[str, Callable[[str, Any], Any]] = {
     "suspend_check_interval": lambda n, v: _seconds(n, v, optional=False),
     "retry_clock": _callable,
     "clock": _callable,
+    "deadline": lambda n, v: _seconds(n, v, optional=False),
     "signing_key": _secret_text,
     "signing_key_file": _text,
 }

@@ -1,4 +1,5 @@
-"""Pushing a suspend request to a worker-based engine through its process's broker client.
+"""Pushing a suspend (or cancel) request to a worker-based engine through its process's broker
+client.
 
 A suspend request is stored on the flow detail (:mod:`flowengine.engines.suspend_requests`),
 which every engine reads between atom transitions. A worker-based engine can also be reached at
@@ -8,6 +9,11 @@ for the same broker publishes a SUSPEND message (``{"flow_uuid": ...}``) to that
 client hands it to the engine running that flow, which calls its own ``suspend()``. Only
 flowengine engines record a reply queue, so no TaskFlow peer ever receives one; with a signing
 key it is signed like every other message, and the client refuses an unsigned one.
+
+A cancel request travels the same way: a SUSPEND whose ``action`` is ``"cancel"`` tells the
+engine to read the cancel request stored with its flow now (who asked and why are there), rather
+than at its next read. An engine older than this refuses the field, and reads the stored
+request in its own time.
 """
 
 from __future__ import annotations
@@ -27,25 +33,34 @@ SUSPEND = "SUSPEND"
 #: Seconds a SUSPEND may wait in a queue: one its engine does not read by then is moot (the
 #: stored request stands anyway).
 EXPIRES = 60.0
+#: What a SUSPEND asks: suspend the flow, or read its stored cancel request now.
+ACTION_SUSPEND = "suspend"
+ACTION_CANCEL = "cancel"
 
 
 class Suspend(ControlMessage):
-    """``{"flow_uuid": ...}``: suspend the engine of this process that runs this flow."""
+    """``{"flow_uuid": ..., "action": "suspend" | "cancel"}``: suspend (or cancel) the engine of
+    this process that runs this flow (no ``action``: suspend)."""
 
     TYPE = SUSPEND
     SCHEMA: ClassVar[dict[str, Any]] = {
         "type": "object",
-        "properties": {"flow_uuid": {"type": "string", "minLength": 1, "maxLength": 128}},
+        "properties": {"flow_uuid": {"type": "string", "minLength": 1, "maxLength": 128},
+                       "action": {"enum": [ACTION_SUSPEND, ACTION_CANCEL]}},
         "required": ["flow_uuid"],
         "additionalProperties": False,
     }
 
-    def __init__(self, flow_uuid: str) -> None:
+    def __init__(self, flow_uuid: str, action: str = ACTION_SUSPEND) -> None:
         self.flow_uuid = flow_uuid
+        self.action = action
 
     def to_dict(self) -> dict[str, Any]:
-        """The body."""
-        return {"flow_uuid": self.flow_uuid}
+        """The body (a suspend says no action, as engines before cancel expect)."""
+        body: dict[str, Any] = {"flow_uuid": self.flow_uuid}
+        if self.action != ACTION_SUSPEND:
+            body["action"] = self.action
+        return body
 
 
 def reach(broker: Any, reply_to: str) -> dict[str, Any]:
@@ -69,8 +84,9 @@ def _same(where: Mapping[str, Any], own: Mapping[str, Any]) -> bool:
 
 
 def push_suspend(running_on: Any, flow_uuid: str, broker: Mapping[str, Any] | None,
-                 signing: sg.Signing | None = None) -> str | None:
-    """Tell the engine recorded in ``running_on`` to suspend now, through the broker.
+                 signing: sg.Signing | None = None, action: str = ACTION_SUSPEND) -> str | None:
+    """Tell the engine recorded in ``running_on`` to suspend (or cancel) now, through the
+    broker.
 
     Args:
         running_on: The flow's ``running_on`` record.
@@ -78,6 +94,8 @@ def push_suspend(running_on: Any, flow_uuid: str, broker: Mapping[str, Any] | No
         broker: The requester's broker options (``exchange``, ``url``, ``transport``,
             ``transport_options``), or None.
         signing: Signs the message (default: the key in the environment).
+        action: :data:`ACTION_SUSPEND`, or :data:`ACTION_CANCEL` (the cancel request is stored
+            with the flow already).
 
     Returns:
         What happened, one clause for a page or a terminal, or None when the engine takes
@@ -98,13 +116,14 @@ def push_suspend(running_on: Any, flow_uuid: str, broker: Mapping[str, Any] | No
     try:
         # The reply queue exists while its process runs; declaring it here could clash with
         # its arguments (AMQP), and a queue made for a process that is gone would linger.
-        proxy.publish(Suspend(flow_uuid), str(where["reply_to"]), declare_queue=False,
+        proxy.publish(Suspend(flow_uuid, action), str(where["reply_to"]), declare_queue=False,
                       expiration=EXPIRES, retry=False)
     except Exception as err:
-        LOG.warning("Could not push the suspend of flow %s: %s", flow_uuid,
+        LOG.warning("Could not push the %s of flow %s: %s", action, flow_uuid,
                     px.mask_url(str(err)))
         return ("its engine could not be told through the broker: it sees the stored request at "
                 "its next atom transition")
     finally:
         proxy.close()
-    return "its engine was told through the broker, and is suspending"
+    doing = "cancelling" if action == ACTION_CANCEL else "suspending"
+    return f"its engine was told through the broker, and is {doing}"

@@ -17,8 +17,8 @@ from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Any
 
+from flowengine import context, tracing
 from flowengine import exceptions as exc
-from flowengine import tracing
 from flowengine.types.failure import Failure
 from flowengine.worker_based import async_runner as ar
 from flowengine.worker_based import backoff as bo
@@ -28,6 +28,7 @@ from flowengine.worker_based import extensions as ext
 from flowengine.worker_based import pause as ps
 from flowengine.worker_based import protocol as pr
 from flowengine.worker_based import replays as rp
+from flowengine.worker_based import running_calls as rn
 from flowengine.worker_based import secret_arguments as sa
 from flowengine.worker_based import signing as sg
 from flowengine.worker_based.broker import dispatcher as dp
@@ -115,6 +116,7 @@ class Server(ReplySender):
         self._control = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flowengine-control")
         self._heartbeats = Heartbeats()
         self._revoked = cn.Revoked()
+        self._calls = rn.RunningCalls()
         self._async = async_runner or ar.AsyncRunner()
         self.topic_pause = ps.TopicPause(topic, self.worker_id, events, lambda: self._busy)
         handlers = {
@@ -143,6 +145,7 @@ class Server(ReplySender):
             control_handlers = {
                 pr.NOTIFY: handlers[pr.NOTIFY],
                 cn.CANCEL: dp.Handler(self._on_cancel, cn.Cancel.validate),
+                rn.STOP: dp.Handler(self._on_stop, rn.Stop.validate),
                 ps.PAUSE: dp.Handler(self.topic_pause.on_message, ps.Pause.validate),
             }
             self._control_proxy = px.Proxy(
@@ -229,6 +232,15 @@ class Server(ReplySender):
         self._async.cancel(data["request_ids"])  # those already awaited stop now
         LOG.info("Worker %s will not run %d revoked request(s) %s", self.worker_id,
                  len(data["request_ids"]), dp.describe(message))
+
+    def _on_stop(self, data: Any, message: Delivery) -> None:
+        # Their flow is being cancelled (see running_calls): one still queued here is dropped
+        # unrun when it comes, as for a CANCEL; one running is told, through its context.
+        self._revoked.add(data["request_ids"])
+        self._calls.stop(data["request_ids"], data["reason"])
+
+    def _interrupt(self, request_id: str, _reason: str) -> None:
+        self._async.interrupt([request_id])  # an awaited task: at its next await
 
     def _on_refused(self, message: Delivery, reason: str, detail: str) -> None:
         """Tell the sender of a refused REQUEST why, when it says where to reply."""
@@ -387,20 +399,30 @@ class Server(ReplySender):
             self._heartbeats.add(beating, interval, functools.partial(self._beat, beat, message))
         conclude = functools.partial(self._conclude, data, props, fields, started, reply, name,
                                      secrets)
+        request_id = props["correlation_id"]
+        # The task's context (flowengine.context), with a signal a STOP for it sets.
+        ctx = rn.context_from(headers, data, request_id, self.worker_id,
+                              self._calls.start(request_id))
         if endpoint.awaits(work.action):
             lane = self._async.lane()
             try:
                 self._async.start(
-                    props["correlation_id"], work.task_name,
-                    _masked_call(secrets, ar.call(endpoint, task, work, lane, forward)),
+                    request_id, work.task_name,
+                    _masked_call(secrets, _in_context(
+                        ctx, ar.call(endpoint, task, work, lane, forward))),
                     time_limit(headers), lane,
-                    functools.partial(self._async_done, message, beating, conclude, reply, name))
+                    functools.partial(self._async_done, message, beating, conclude, reply, name,
+                                      request_id))
             except Exception:
                 self._heartbeats.remove(beating)
+                self._calls.end(request_id)
                 raise
+            # Once the runner has it: a STOP that came meanwhile interrupts it now.
+            ctx.signal.on_request(functools.partial(self._interrupt, request_id))
             return ar.LATER
         try:
-            with sa.masking(secrets):  # whatever the task logs meanwhile is masked
+            # Whatever the task logs meanwhile is masked.
+            with sa.masking(secrets), context.bound(ctx):
                 if work.action == pr.EXECUTE:
                     result = endpoint.execute(task, work.arguments, forward)
                 else:
@@ -408,6 +430,7 @@ class Server(ReplySender):
                     result = endpoint.revert(task, work.arguments, prior, work.failures, forward)
         finally:
             self._heartbeats.remove(beating)
+            self._calls.end(request_id)
         return conclude(result)
 
     def _conclude(self, data: Mapping[str, Any], props: Mapping[str, Any],
@@ -430,9 +453,11 @@ class Server(ReplySender):
         return reply(pr.SUCCESS, name, result=result)
 
     def _async_done(self, message: Delivery, beating: object, conclude: Callable[[Any], bool],
-                    reply: Callable[..., bool], name: str, outcome: Any) -> None:
+                    reply: Callable[..., bool], name: str, request_id: str,
+                    outcome: Any) -> None:
         """An awaited request ended (on its lane): answer it and settle its message."""
         self._heartbeats.remove(beating)
+        self._calls.end(request_id)
         try:
             if outcome is ar.CANCELLED:
                 LOG.info("Cancelled task %s %s: its engine revoked it", name, dp.describe(message))
@@ -515,6 +540,15 @@ class Server(ReplySender):
                 before the channel closes (the broker redelivers the rest).
         """
         self._proxy.stop(grace)
+
+
+def _in_context(ctx: context.TaskContext, call: Callable[[], Any]) -> Callable[[], Any]:
+    """``call``'s coroutine, awaited with ``ctx`` current (in the asyncio task awaiting it)."""
+    async def bound() -> Any:
+        with context.bound(ctx):
+            return await call()
+
+    return bound
 
 
 def _masked_call(secrets: Any, call: Callable[[], Any]) -> Callable[[], Any]:

@@ -7,6 +7,7 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from flowengine.context import TaskContext
 from flowengine.types.failure import Failure
 from flowengine.worker_based import protocol as pr
 from flowengine.worker_based.attempt import Attempt
@@ -70,6 +71,8 @@ class Submission:
     topic: str = ""  # where the last attempt was published, for parking it as a dead letter
     attempt: Attempt | None = None  # the current attempt's lifecycle (leases, time limits)
     running_by: tuple[str, str | None] | None = None  # (request id, worker) that said RUNNING
+    context: TaskContext | None = None  # the call's context (its ids travel in headers)
+    stopping: str | None = None  # why its running attempt was asked to stop (a cancel)
 
     @property
     def lease_until(self) -> float | None:

@@ -82,6 +82,9 @@ class AttemptTracking:
     def _cancelled(self, sub: Submission, why: str) -> None:
         raise NotImplementedError
 
+    def _tell_stop(self, sub: Submission, holder: str | None = None) -> None:
+        raise NotImplementedError
+
     def _new_attempt(self, sub: Submission, defer: bool = False) -> None:
         raise NotImplementedError
 
@@ -131,6 +134,8 @@ class AttemptTracking:
             event_type = response.data["event_type"]
             if event_type == ext.EVENT_HEARTBEAT:
                 self._renew(sub, headers)
+                if sub.stopping is not None:  # asked to stop and still running: ask again
+                    self._tell_stop(sub, header(headers, pr.HEADER_WORKER))
             elif event_type == ext.EVENT_REDELIVERED:
                 self._handed_back(sub, request, header(headers, pr.HEADER_WORKER))
             elif event_type == ext.EVENT_NOT_SERVED:
@@ -158,6 +163,8 @@ class AttemptTracking:
             self._holder(sub, header(headers, pr.HEADER_WORKER))
             self._renew(sub, headers)
             self._note_due(self._deadline(sub, request))  # its time limit or lease
+            if sub.stopping is not None:  # it started after its flow's cancel: stop it
+                self._tell_stop(sub, header(headers, pr.HEADER_WORKER))
         elif state in (pr.SUCCESS, pr.FAILURE):
             if request.current_state == pr.PENDING:
                 # The RUNNING reply was lost or overtaken; the outcome still counts.
@@ -446,6 +453,10 @@ class AttemptTracking:
                     sub.workers[-1] if sub.workers else "?", why)
         self._events.emit("task-lost", **self._event_fields(sub), reason=why,
                           worker=sub.workers[-1] if sub.workers else None)
+        if sub.stopping is not None:
+            # Its flow is being cancelled: not sent again; what it did is reverted.
+            self._fail(sub, exc.WorkerLost(sub.task.name, sub.attempts, list(sub.workers)))
+            return
         if sub.attempts - sub.resent - sub.not_served - sub.rerouted < self._max_attempts:
             self._new_attempt(sub, defer=True)
             self._events.emit("task-retried", **self._event_fields(sub), reason=why)

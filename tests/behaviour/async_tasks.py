@@ -156,3 +156,28 @@ def wait_for_entry(event: str, atom: str, timeout: float = 10.0) -> bool:
             return False
         time.sleep(0.02)
     return True
+
+
+class AsyncUntilCancelled(AsyncStep):
+    """Meets the test at the barrier named ``barrier``, then awaits a long sleep that its
+    flow's cancel interrupts; records that it was interrupted and lets the cancellation go on."""
+
+    async def execute(self, barrier: str) -> str:  # type: ignore[override]
+        tasks.record("execute", self.name)
+        try:
+            # The cancel may come while the barrier's thread hands control back.
+            await asyncio.to_thread(tasks._barriers.get(barrier).wait)
+            await asyncio.sleep(tasks.CANCEL_PATIENCE)
+        except asyncio.CancelledError:
+            tasks.record("interrupted", self.name)
+            raise
+        raise tasks.Boom(f"{self.name} was never interrupted")
+
+
+class AsyncContextProbe(AsyncStep):
+    """Records its context from inside an awaited ``execute``, after an await."""
+
+    async def execute(self) -> str:
+        await asyncio.sleep(0)
+        tasks.record("execute", self.name, context=tasks.context_record())
+        return self.name

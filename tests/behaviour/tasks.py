@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
 import pathlib
 import threading
@@ -116,6 +117,11 @@ def use_ledger(ledger: Ledger) -> Ledger:
 def record(event: str, atom: str, **data: Any) -> None:
     """Write one entry to the current ledger."""
     _ledger.append({"event": event, "atom": atom, **data})
+
+
+def clear() -> None:
+    """Forget every entry of the current ledger (in whichever process it is read)."""
+    _ledger.clear()
 
 
 def entries(event: str | None = None) -> list[dict[str, Any]]:
@@ -473,6 +479,104 @@ class RendezvousThenFail(Rendezvous):
     def execute(self, barrier: str) -> str:
         super().execute(barrier)
         raise Boom(f"{self.name} failed")
+
+
+# ---- atoms that read their context and stop when asked (cancel, deadline) ----------------
+
+
+#: Seconds an atom waiting to be cancelled waits at most (a test that never cancels fails).
+CANCEL_PATIENCE = 30.0
+
+
+def context_record() -> dict[str, Any]:
+    """What the running call's context says, as a ledger entry's fields."""
+    from flowengine import context
+
+    ctx = context.current()
+    return {**ctx.ids(), "request_attempt": ctx.request_attempt, "deadline": ctx.deadline,
+            "cancel_requested": ctx.cancel_requested}
+
+
+class _LedgerHandler(logging.Handler):
+    """Writes each record's message and the ids a context logger adds to the ledger (the
+    test reads what a worker process logged as it reads what it did)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        ids = {key: getattr(record, key, None)
+               for key in ("flow_uuid", "flow_name", "atom_name", "action", "attempt")}
+        _ledger.append({"event": "log", "atom": ids["atom_name"],
+                        "message": record.getMessage(), **ids})
+
+
+#: The logger :class:`ContextProbe` adapts with its context (its records go to the ledger).
+PROBE_LOGGER = logging.getLogger("behaviour.context_probe")
+PROBE_LOGGER.addHandler(_LedgerHandler())
+PROBE_LOGGER.setLevel(logging.INFO)
+PROBE_LOGGER.propagate = False
+
+
+class ContextProbe(RecordingTask):
+    """Records its context in ``execute`` and in ``revert``, and logs through a logger its
+    context adapts."""
+
+    def execute(self) -> str:
+        from flowengine import context
+
+        record("execute", self.name, context=context_record())
+        context.current().adapt(PROBE_LOGGER).info("probing %s", self.name)
+        return self.name
+
+    def revert(self, *args: Any, **kwargs: Any) -> None:
+        record("revert", self.name, context=context_record())
+
+
+class UntilCancelled(RecordingTask):
+    """Meets the test at the barrier named ``barrier``, then polls its context until its flow
+    is cancelled; records what it saw and returns (or, with ``raise_it``, raises through
+    ``raise_if_cancelled``)."""
+
+    def execute(self, barrier: str, raise_it: bool = False) -> str:
+        from flowengine import context
+
+        ctx = context.current()
+        record("execute", self.name)
+        _barriers.get(barrier).wait()
+        if not ctx.wait(CANCEL_PATIENCE):
+            raise Boom(f"{self.name} was never asked to stop")
+        record("stopped", self.name, reason=ctx.cancel_reason)
+        if raise_it:
+            ctx.raise_if_cancelled()
+        return self.name
+
+
+# ---- atoms that fail while a fault file exists (repairs) ----------------------------------
+
+
+class RevertFailsWhile(RecordingTask):
+    """Returns its name; its ``revert`` fails while the file ``fault`` exists, and records the
+    result it was given either way."""
+
+    def execute(self, fault: str) -> str:
+        record("execute", self.name)
+        return f"{self.name}-resource"
+
+    def revert(self, fault: str, result: Any = None, flow_failures: Any = None,
+               **kwargs: Any) -> str:
+        if os.path.exists(fault):
+            record("revert-failed", self.name, result=_result_summary(result))
+            raise RevertBoom(f"{self.name} revert failed: {fault} exists")
+        record("revert", self.name, result=_result_summary(result))
+        return f"{self.name} undone"
+
+
+class FailWhile(RecordingTask):
+    """Fails its execute while the file ``fault`` exists."""
+
+    def execute(self, fault: str) -> str:
+        record("execute", self.name)
+        if os.path.exists(fault):
+            raise Boom(f"{self.name} failed: {fault} exists")
+        return self.name
 
 
 # ---- atoms whose outcome the wire cannot carry (the integration bad-input tests) -----------------

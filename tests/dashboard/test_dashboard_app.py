@@ -274,3 +274,53 @@ def test_the_dead_letters_page_shows_expiry_and_removed_secrets(store: base.Back
     assert page.status_code == 200 and "Expires (UTC)" in page.text
     assert "secret arguments removed: session" in page.text
     assert "s3cret-session" not in page.text
+
+
+def _suspended_plain(store: base.Backend) -> str:
+    """A stored ``plain`` flow, SUSPENDED after its first atom (it runs nowhere)."""
+    from flowengine import engines, states
+
+    engine = engines.load_from_factory(df.plain, store={"session": {"user": "ada"}},
+                                       backend=store)
+    for _state in engine.run_iter():
+        if engine.storage.get_atom_state("disk") == states.SUCCESS:
+            engine.suspend()
+    assert engine.storage.get_flow_state() == states.SUSPENDED
+    return str(engine.storage.flow_uuid)
+
+
+def test_cancel_through_the_page_reverts_a_flow_running_nowhere(store: base.Backend) -> None:
+    flow = _suspended_plain(store)
+    data = DashboardData(store, EventHub(None))
+    with TestClient(create_app(data), follow_redirects=False) as app:
+        page = app.get(f"/flows/{flow}").text
+        assert f'action="/flows/{flow}/cancel"' in page and 'id="cancel"' in page
+        token = csrf_of(app)
+        refused = app.post(f"/flows/{flow}/cancel", data={"csrf_token": token, "reason": " "})
+        assert "refused%3A+a+cancel+needs+a+reason" in refused.headers["location"]
+        done = app.post(f"/flows/{flow}/cancel",
+                        data={"csrf_token": token, "reason": "order withdrawn"})
+        assert done.status_code == 303 and "cancelling+flow" in done.headers["location"]
+        assert data.wait_idle(30.0)
+        page = app.get(f"/flows/{flow}").text
+    assert 'id="flow-state" data-state="REVERTED"' in page
+    assert "by dashboard at" in page and "order withdrawn" in page
+    assert 'id="cancel"' not in page
+
+
+def test_a_repair_of_a_flow_an_engine_holds_is_refused_by_the_page(
+        store: base.Backend) -> None:
+    import contextlib
+
+    from flowengine.engines import suspend_requests as sr
+
+    flow = _suspended_plain(store)
+    with contextlib.closing(store.get_connection()) as conn:
+        conn.change_flow_meta(flow, lambda fd: fd.meta.update(
+            {sr.META_RUNNING_ON: sr.running_on("SerialActionEngine")}))
+    with client(store) as app:
+        done = app.post(f"/flows/{flow}/repair", data={
+            "csrf_token": csrf_of(app), "action": "mark-reverted", "atom": "disk",
+            "reason": "deleted"})
+    location = urllib.parse.unquote_plus(done.headers["location"])
+    assert "refused: flow 'plain'" in location and "is held by its SerialActionEngine" in location

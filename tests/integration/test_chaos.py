@@ -25,7 +25,7 @@ EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples"
 DURATION = 25
 SEED = 7
 #: Exit code of an uncertified flow (flowengine.cli.exits.FINDINGS).
-NOT_CERTIFIED = 7
+NOT_CERTIFIED = 8
 
 
 def chaos(broker: Broker, exchange: str, workdir: pathlib.Path, *options: str,

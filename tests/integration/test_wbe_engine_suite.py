@@ -71,6 +71,9 @@ EXCLUDED = {
         "an interceptor runs around the calls of the process it is installed in; here the "
         "tasks run in worker processes (flowengine rehearse installs one in its own: "
         "tests/testkit/test_rehearse.py, tests/integration/test_rehearse_brokers.py)"),
+    "test_a_retry_waiting_to_retry_is_reverted_not_retried":
+        "a local engine's timer holds a retry's wait; a worker-based engine sends the next "
+        "attempt's requests carrying it (tests/unit/test_wb_stop.py stops those)",
     "test_a_start_delay_is_armed_before_it_is_announced":
         "a local engine's own timer; a remote request is held by the broker client, by a clock "
         "of its own (test_a_suspended_start_delay_goes_on_with_what_is_left waits for the hold)",

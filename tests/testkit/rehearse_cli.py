@@ -10,7 +10,7 @@ from collections.abc import Sequence
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 #: Exit code of a rehearsal with a finding (flowengine.cli.exits.FINDINGS).
-FINDINGS = 7
+FINDINGS = 8
 
 
 def rehearse(spec: str, *options: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:

@@ -1,5 +1,5 @@
 """``flowengine rehearse`` on the example flows: the booking flow whose refund is not idempotent
-is flagged at exactly that task and exits 7; the fixed flow and the README's flow pass. On the
+is flagged at exactly that task and exits 8; the fixed flow and the README's flow pass. On the
 serial engine, on the worker-based engine with workers in the process, and on worker processes
 (the embedded filesystem transport here; Redis and RabbitMQ in tests/integration).
 """

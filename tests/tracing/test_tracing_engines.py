@@ -184,3 +184,20 @@ def test_the_log_filter_names_the_extra_when_the_api_is_missing(
     with pytest.raises(ImportError, match=r"flowengine\[otel\]"):
         tracing.TraceContextFilter()
     assert not tracing.enabled()
+
+
+@pytest.mark.parametrize("kind", LOCAL_ENGINES)
+def test_the_context_logger_carries_the_atoms_trace_ids(
+    spans: InMemorySpanExporter, kind: str, caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    from flowengine import context
+
+    engine = engines.load(lf.Flow("logged").add(tt.ContextNote("noted")), engine=kind)
+    with caplog.at_level(logging.INFO, logger=context.TASK_LOGGER):
+        engine.run()
+    [record] = [r for r in caplog.records if r.name == context.TASK_LOGGER]
+    span = only(by_name(spans), "execute noted")
+    assert record.otelTraceID == format(span.context.trace_id, "032x")  # type: ignore[attr-defined]
+    assert record.otelSpanID == format(span.context.span_id, "016x")  # type: ignore[attr-defined]
+    assert record.atom_name == "noted"  # type: ignore[attr-defined]
+    assert record.flow_uuid == engine.storage.flow_uuid  # type: ignore[attr-defined]

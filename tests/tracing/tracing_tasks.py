@@ -17,6 +17,16 @@ class Note(task.Task):
         return value + 1
 
 
+class ContextNote(task.Task):
+    """Logs one line through its context's logger (which adds the ids and the span's)."""
+
+    def execute(self) -> str:
+        from flowengine import context
+
+        context.current().logger.info("context note %s", self.name)
+        return self.name
+
+
 class Fail(task.Task):
     """Fails with a message naming a secret argument (which a span must never show)."""
 

@@ -232,3 +232,42 @@ class Greet(task.Task):
 
 def make_greeting() -> linear_flow.Flow:
     return linear_flow.Flow("greeting").add(Greet("greet", provides="said"))
+
+
+class UntilCancelled(task.Task):
+    """Waits (up to a minute) until its flow is cancelled, then returns."""
+
+    def execute(self) -> str:
+        from flowengine import context
+
+        JOURNAL.append(f"execute {self.name}")
+        if not context.current().wait(60):
+            raise RuntimeError(f"{self.name} was never cancelled")
+        JOURNAL.append(f"stopped {self.name}")
+        return self.name
+
+    def revert(self, **kwargs: Any) -> None:
+        JOURNAL.append(f"revert {self.name}")
+
+
+def make_until_cancelled() -> linear_flow.Flow:
+    """a runs, then b waits until the flow is cancelled; c never runs."""
+    return linear_flow.Flow("until-cancelled").add(Add("a", provides="y", inject={"x": 1}),
+                                                   UntilCancelled("b"), Add("c", rebind=["y"]))
+
+
+class RevertFailsWhile(Add):
+    """Runs; its revert fails while the file ``fault`` exists."""
+
+    def revert(self, fault: str, result: Any = None, **kwargs: Any) -> None:
+        if os.path.exists(fault):
+            JOURNAL.append(f"revert-failed {self.name}")
+            raise ValueError(f"{self.name} cannot be undone while {fault} exists")
+        JOURNAL.append(f"revert {self.name} of {result}")
+
+
+def make_revert_fault(fault: str) -> linear_flow.Flow:
+    """a runs, b's revert fails while ``fault`` exists, c fails: FAILURE until repaired."""
+    return linear_flow.Flow("revert-fault").add(
+        Add("a", provides="y", inject={"x": 1}),
+        RevertFailsWhile("b", inject={"x": 10, "fault": fault}), Fail("c"))

@@ -63,11 +63,11 @@ def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_every_command_is_covered() -> None:
     names = {" ".join(path) for path, _ in commands()}
-    assert names == {"chaos", "check", "conductor", "conductors", "dashboard",
+    assert names == {"cancel", "chaos", "check", "conductor", "conductors", "dashboard",
                      "db import-taskflow", "db status", "db upgrade", "dead-letters list",
-                     "dead-letters requeue", "events", "flows", "graph", "jobs list", "jobs post",
-                     "jobs repost", "jobs repost-orphans", "jobs show", "jobs trash", "rehearse",
-                     "run", "show", "suspend",
+                     "dead-letters requeue", "events", "flows", "graph", "jobs cancel",
+                     "jobs list", "jobs post", "jobs repost", "jobs repost-orphans", "jobs show",
+                     "jobs trash", "rehearse", "repair", "run", "show", "suspend",
                      "topics list", "topics pause", "topics resume", "worker", "workers"}
     assert len(CASES) > 40
 

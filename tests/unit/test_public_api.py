@@ -59,6 +59,8 @@ PUBLIC_MODULES = [
     "flowengine.dashboard",
     "flowengine.tracing",
     "flowengine.testing",
+    "flowengine.context",
+    "flowengine.engines.repair",
     # jobboards and conductors (TaskFlow's modules) and their additions
     "flowengine.jobs.base",
     "flowengine.jobs.records",

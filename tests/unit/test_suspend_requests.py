@@ -108,7 +108,16 @@ def test_the_mark_is_read_once_per_interval(url: str) -> None:
         clock.advance(0.5)
         assert watch.requested() and len(reads) == 2
         clock.advance(5)
-        assert not watch.requested() and len(reads) == 2  # seen: never read again
+        # Seen, and said once; read on (at the interval) only for a cancel request.
+        assert not watch.requested() and len(reads) == 3 and watch.cancel is None
+        with contextlib.closing(real()) as conn:
+            conn.change_flow_meta("flow-1", lambda fd: fd.meta.update(
+                {sr.META_CANCEL_REQUEST: {"by": "op", "at": "now", "reason": "gone"}}))
+        clock.advance(0.5)
+        assert not watch.requested() and len(reads) == 4
+        assert watch.cancel is not None and watch.cancel.reason == "gone"
+        clock.advance(5)
+        assert not watch.requested() and len(reads) == 4  # both seen: never read again
 
 
 def test_requests_for_flows_not_running_are_refused_by_name(url: str) -> None:

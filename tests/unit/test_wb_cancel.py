@@ -60,7 +60,7 @@ def test_a_cancel_body_is_validated() -> None:
 class Scripted:
     """A worker of topic ``scripted`` that replies only when told to, and hears CANCELs."""
 
-    def __init__(self, exchange: str) -> None:
+    def __init__(self, exchange: str, control: dict[str, dp.Handler] | None = None) -> None:
         self.requests: queue.Queue[Any] = queue.Queue()
         self.cancels: queue.Queue[list[str]] = queue.Queue()
         self.topic = px.Proxy("scripted", exchange, {
@@ -69,7 +69,7 @@ class Scripted:
         self.control = px.Proxy(
             ext.control_routing_key("w1"), exchange,
             {cn.CANCEL: dp.Handler(lambda data, _m: self.cancels.put(data["request_ids"]),
-                                   cn.Cancel.validate)},
+                                   cn.Cancel.validate), **(control or {})},
             transport="memory", extra_routing_keys=[ext.DISCOVER_ROUTING_KEY],
             transient_queue=True)  # fmt: skip
         self.threads = [run_in_thread(p.start) for p in (self.topic, self.control)]

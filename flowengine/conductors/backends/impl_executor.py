@@ -324,6 +324,11 @@ class ExecutorConductor(base.Conductor):
                     self._notifier.notify(f"{event}_end", details)
             except exc.RunHalted:
                 raise  # nothing was reverted and nothing more written: see _dispatch_job
+            except exc.FlowCancelled as err:
+                # An operator's (or its deadline's) decision, carried out: the job is done.
+                self._log.info("Job %s was cancelled and its work reverted (consuming it): %s",
+                               job, scrub(str(err), job.details))
+                return True
             except exc.WrappedFailure as failures:
                 consume = not all(f.check(*self.NO_CONSUME_EXCEPTIONS) for f in failures)
                 self._log.warning("Job %s failed (%s failures; %s): %s", _brief(job), len(failures),
