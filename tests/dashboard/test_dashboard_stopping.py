@@ -22,6 +22,7 @@ from test_dashboard_remote_suspend import _broker_args, _flowengine
 
 from flowengine import states
 from flowengine.dashboard import DashboardData, EventHub, create_app
+from flowengine.engines.factory_policy import FactoryPolicy
 from flowengine.persistence import base
 from flowengine.persistence.queries import FlowQuery, find_flows
 from flowengine.worker_based.events import EventReceiver
@@ -69,7 +70,8 @@ def world(tmp_path_factory: pytest.TempPathFactory, redis_url: str,
                for n in (1, 2)]
     driver = chromium()
     hub = EventHub(lambda: EventReceiver(**broker))
-    data = DashboardData(store, hub, broker)
+    # It runs the flows' reverts itself (repair): it must be allowed their factories' module.
+    data = DashboardData(store, hub, broker, factories=FactoryPolicy((sf.__name__,)))
     try:
         with Site(create_app(data)) as site:
             wait_for(hub.listening.is_set, "the dashboard to follow the event stream")

@@ -37,6 +37,7 @@ from flowengine import states, tracing
 from flowengine.conductors import base
 from flowengine.conductors.claims import ClaimFence, ClaimKeeper, FencedOff
 from flowengine.conductors.fencing import FencedBackend
+from flowengine.engines import stopping
 from flowengine.engines.factory_policy import FactoryPolicy
 from flowengine.jobs import base as jobs_base
 from flowengine.jobs import endings
@@ -60,6 +61,8 @@ class _Running:
     fence: ClaimFence
     engine: Any = None
     lost: bool = False
+    #: Why its engine could not start the flow (compiling, preparing or validating failed).
+    not_started: BaseException | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -320,7 +323,12 @@ class ExecutorConductor(base.Conductor):
                                      (engine.prepare, "preparation"),
                                      (engine.validate, "validation"), (run, "running")):
                     self._notifier.notify(f"{event}_start", details)
-                    stage()
+                    try:
+                        stage()
+                    except Exception as err:
+                        if event != "running":  # kept to say how the job ended
+                            held.not_started = err
+                        raise
                     self._notifier.notify(f"{event}_end", details)
             except exc.RunHalted:
                 raise  # nothing was reverted and nothing more written: see _dispatch_job
@@ -428,24 +436,26 @@ class ExecutorConductor(base.Conductor):
         return found[0] if len(found) == 1 else None
 
     def _why(self, job: jobs_base.Job, flow_detail: Any) -> str:
-        """Why a consumed job did not succeed: the failure its flow stored, else why its engine
-        could not start it (asked again of the engine, which is still held here)."""
+        """Why a consumed job did not succeed: the failure its flow stored, its cancellation,
+        or why its engine could not start it (kept when that happened: the engine is never
+        asked again, since preparing a finished flow would reset it)."""
         if flow_detail is not None:
             failed = endings.failure_reason(flow_detail)
             if failed:
                 return failed
+            cancelled = stopping.CancelRequest.from_record(
+                flow_detail.meta.get(stopping.META_CANCELLED))
+            if cancelled is not None:
+                return f"cancelled by {cancelled.by}: {cancelled.reason}"
         with self._slots:
             held = self._running.get(job.uuid)
-        engine = held.engine if held is not None else None
-        if engine is not None:
-            try:
-                engine.validate()
-            except exc.MissingDependencies as err:
-                return (f"it could not start: MissingDependencies: it needs input(s) nothing "
-                        f"provides: {', '.join(sorted(err.missing_requirements))}")
-            except Exception as err:  # the error is the answer
-                first = str(err).splitlines()[0] if str(err) else ""
-                return f"it could not start: {type(err).__name__}: {first}"
+        err = held.not_started if held is not None else None
+        if isinstance(err, exc.MissingDependencies):
+            return (f"it could not start: MissingDependencies: it needs input(s) nothing "
+                    f"provides: {', '.join(sorted(err.missing_requirements))}")
+        if err is not None:
+            first = str(err).splitlines()[0] if str(err) else ""
+            return f"it could not start: {type(err).__name__}: {first}"
         state = flow_detail.state if flow_detail is not None else "unknown"
         return f"its flow ended {state} (see the log of conductor {self._name})"
 
