@@ -15,6 +15,7 @@ from flowengine import states, tracing
 from flowengine.engines import executor as ex
 from flowengine.engines import setup_slots
 from flowengine.engines import suspend_requests as sr
+from flowengine.engines.admission import META_COORDINATION, Admission, FlowLocks, TaskGate
 from flowengine.engines.compiler import Compilation, PatternCompiler
 from flowengine.engines.delays import RetryWaits
 from flowengine.engines.machine import META_STATES, RunLoop
@@ -63,6 +64,9 @@ class ActionEngine:
         self._lock = threading.RLock()
         self._statistics: dict[str, Any] = {}
         self._loop: RunLoop | None = None  # the run loop while run_iter runs
+        # Locks and concurrency limits (options locks, concurrency, coordination).
+        self._admission = Admission(self._options.extra)
+        self._flow_locks: FlowLocks | None = None  # while a run holds or waits for its locks
 
     # -- public properties ------------------------------------------------------------------
 
@@ -129,6 +133,7 @@ class ActionEngine:
             if self._compilation is not None:
                 return
             compilation = PatternCompiler(self._flow).compile()
+            self._admission.check(compilation.iter_atoms())
             executor = self._task_executor()
             if not executor.runs_coroutines:
                 self._refuse_coroutines(compilation)
@@ -237,6 +242,8 @@ class ActionEngine:
                 raise
             self.halt(err)
             return
+        if self._flow_locks is not None:
+            self._flow_locks.stop()  # a run still waiting for its locks starts nothing
         if self._runtime is not None:
             # A retry waiting out its delay has not started anything: stop waiting now.
             self._runtime.timer.cancel_all()
@@ -258,6 +265,8 @@ class ActionEngine:
             cause: Why its writes stopped (named by the ``RunHalted`` raised).
         """
         self.storage.stop_writing(cause)
+        if self._flow_locks is not None:
+            self._flow_locks.stop()
         loop = self._loop
         if loop is not None:
             loop.halt(cause)
@@ -307,6 +316,38 @@ class ActionEngine:
         """
         with self._lock, self._admitted():  # once, however many set-up steps there are
             self._set_up()
+        if self._admission.needed_by(self.compilation.iter_atoms()):
+            yield from self._run_admitted(timeout)
+        else:
+            yield from self._run(timeout)
+
+    def _run_admitted(self, timeout: float | None) -> Iterator[str]:
+        """A run that holds locks or limits (see :mod:`~flowengine.engines.admission`): the
+        flow's own locks first, released (and the tasks' with them) however the run ends."""
+        assert self._runtime is not None
+        self.storage.flush_unsaved()  # before the locks' waits are recorded
+        locks = self._flow_locks = FlowLocks(self._admission, self.storage, self.halt)
+        gate: TaskGate | None = None
+        try:
+            if not locks.take():  # suspended (or halted) while it waited: nothing started
+                if self.storage.unsaved is None:
+                    self._change_state(states.SUSPENDED)
+                yield states.SUSPENDED
+                return
+            gate = self._runtime.gate = TaskGate(self._admission, self.storage, locks.keys,
+                                                 self.halt)
+            yield from self._run(timeout)
+        finally:
+            self._flow_locks = None
+            self._runtime.gate = None
+            if self.storage.unsaved is None:  # a halted run writes nothing more
+                with contextlib.suppress(exc.StorageFailure):
+                    self.storage.update_flow_metadata({META_COORDINATION: None})
+            if gate is not None:
+                gate.release_all()
+            locks.release()
+
+    def _run(self, timeout: float | None) -> Iterator[str]:
         assert self._runtime is not None
         # A previous run halted with changes only in memory: they are what this process did,
         # and must reach the backend before anything more runs (or this run fails here).
