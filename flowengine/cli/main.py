@@ -13,6 +13,7 @@ from flowengine.cli.events import events_command
 from flowengine.cli.flows import flows_command, show_command
 from flowengine.cli.graph import check_command, graph_command
 from flowengine.cli.jobs import conductors_command, jobs_group
+from flowengine.cli.locks import locks_command
 from flowengine.cli.run import run_command
 from flowengine.cli.suspend import suspend_command
 from flowengine.cli.topics import topics_command
@@ -41,6 +42,7 @@ cli.add_command(dashboard_command)
 cli.add_command(conductor_command)
 cli.add_command(jobs_group)
 cli.add_command(conductors_command)
+cli.add_command(locks_command)
 cli.add_command(db_group)
 
 

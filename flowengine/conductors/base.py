@@ -35,14 +35,20 @@ class Conductor(metaclass=abc.ABCMeta):
         persistence: The persistence backend jobs' logbooks are in.
         engine: The engine kind (``serial``, ``parallel``, ``worker-based``...) or URI.
         engine_options: Passed to the engine.
+        coordination: Where the locks of jobs posted with some (``jobs post --lock``) are held:
+            a :class:`~flowengine.coordination.Coordinator`, or a jobboard conf or URI (None:
+            the board's own service, made on the first job with locks).
     """
 
     #: The kind of entity a conductor registers as.
     ENTITY_KIND = "conductor"
 
     def __init__(self, name: str, jobboard: jobs_base.JobBoard, persistence: Any = None,
-                 engine: str | None = None, engine_options: dict[str, Any] | None = None) -> None:
+                 engine: str | None = None, engine_options: dict[str, Any] | None = None,
+                 coordination: Any = None) -> None:
         self._name = name
+        self._coordination = coordination
+        self._own_coordination: Any = None  # made here from the board: closed here
         self._jobboard = jobboard
         self._persistence = persistence
         self._engine = engine
@@ -110,11 +116,27 @@ class Conductor(metaclass=abc.ABCMeta):
         store.update((flow_detail.meta or {}).get("store") or {})
         store.update((job.details or {}).get("store") or {})
         kwargs: dict[str, Any] = dict(self._engine_options)
+        kwargs.update(self._lock_options(job))
         if self._engine is not None:
             kwargs["engine"] = self._engine
         return engines.load_from_detail(
             flow_detail, store=store,
             backend=backend if backend is not None else self._persistence, **kwargs)
+
+    def _lock_options(self, job: jobs_base.Job) -> dict[str, Any]:
+        """Engine options holding the locks ``job`` was posted with (none: no options)."""
+        from flowengine import coordination
+
+        locks, on_conflict = coordination.job_locks(job.details)
+        if not locks:
+            return {}
+        with self._lock:
+            if self._coordination is None:
+                self._coordination = self._own_coordination = coordination.for_board(
+                    self._jobboard, owner=self.conductor.name)
+        return {"locks": locks, "on_conflict": on_conflict,
+                "coordination": self._coordination,
+                "lock_details": {"job": job.uuid, "job_name": job.name}}
 
     def _listeners_from_job(self, job: jobs_base.Job, engine: Any) -> list[Any]:
         """Listeners (entered around the run) to attach to ``job``'s engine; override to add."""
@@ -127,8 +149,11 @@ class Conductor(metaclass=abc.ABCMeta):
                 self._jobboard.connect()
 
     def close(self) -> None:
-        """Close the jobboard."""
+        """Close the jobboard (and the locks' service, if the conductor connected it)."""
         with self._lock:
+            if self._own_coordination is not None:
+                self._own_coordination.close()
+                self._coordination = self._own_coordination = None
             self._jobboard.close()
 
     @abc.abstractmethod

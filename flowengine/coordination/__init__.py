@@ -17,11 +17,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from flowengine.coordination.coordinator import Coordinator, LockHeld, Ticket, describe_holder
-from flowengine.coordination.service import Entry, LeaseLost, Service
+from flowengine.coordination.service import Entry, LeaseLost, Service, check_key
 
 __all__ = [
     # connecting
-    "connect", "shared", "service_for", "DEFAULT_TTL",
+    "connect", "shared", "service_for", "for_board", "board_conf", "DEFAULT_TTL",
+    # jobs posted with locks
+    "job_locks", "JOB_LOCKS", "JOB_ON_CONFLICT",
     # using
     "Coordinator", "Ticket", "Entry",
     # errors
@@ -104,3 +106,51 @@ def shared(conf: str | Mapping[str, Any] | Coordinator) -> Coordinator:
         if found is None:
             found = _SHARED[identity] = connect(conf)
         return found
+
+
+#: Job details keys (``flowengine jobs post --lock ... --on-conflict ...``).
+JOB_LOCKS = "locks"
+JOB_ON_CONFLICT = "on_conflict"
+
+_BOARD_KINDS = {"RedisJobBoard": "redis", "ZookeeperJobBoard": "zookeeper",
+                "EtcdJobBoard": "etcd"}
+
+
+def job_locks(details: Mapping[str, Any] | None) -> tuple[list[str], str]:
+    """The locks a job's details ask for and what to do when one is held (``wait`` or
+    ``reject``).
+
+    Raises:
+        ValueError: If the details' ``locks`` or ``on_conflict`` are malformed.
+    """
+    details = details or {}
+    locks = details.get(JOB_LOCKS) or []
+    if isinstance(locks, str) or not isinstance(locks, list) or not all(
+            isinstance(k, str) and k for k in locks):
+        raise ValueError(f"A job's 'locks' must be a list of lock names, not {locks!r}")
+    on_conflict = str(details.get(JOB_ON_CONFLICT) or "wait").lower()
+    if on_conflict not in ("wait", "reject"):
+        raise ValueError(f"A job's 'on_conflict' must be 'wait' or 'reject', not "
+                         f"{details.get(JOB_ON_CONFLICT)!r}")
+    return [check_key(k) for k in locks], on_conflict
+
+
+def board_conf(board: Any) -> dict[str, Any]:
+    """The conf of the service a connected or unconnected jobboard lives on (its kind, and
+    its conf keys: locks live in its namespace or path)."""
+    kind = _BOARD_KINDS.get(type(board).__name__)
+    if kind is None:
+        raise ValueError(f"Locks and limits need a Redis, ZooKeeper or etcd jobboard, not "
+                         f"{type(board).__name__}")
+    # The board keeps the conf it was made from (with the URI's parts already read).
+    conf = dict(getattr(board, "_conf", {}) or {})
+    conf.pop("board", None)
+    if conf.get("lock_ttl") is None:
+        conf["lock_ttl"] = board.options.claim_ttl
+    return {**conf, "board": kind}
+
+
+def for_board(board: Any, owner: str | None = None, events: Any = None) -> Coordinator:
+    """A connected coordinator on the service of ``board``, whose leases last the board's
+    ``lock_ttl`` conf key, else its ``claim_ttl`` (what a conductor promises for its claims)."""
+    return connect(board_conf(board), owner=owner, events=events)

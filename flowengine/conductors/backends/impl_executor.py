@@ -34,6 +34,7 @@ from flowengine import states, tracing
 from flowengine.conductors import base
 from flowengine.conductors.claims import ClaimFence, ClaimKeeper, FencedOff
 from flowengine.conductors.fencing import FencedBackend
+from flowengine.coordination import LockHeld
 from flowengine.jobs import base as jobs_base
 from flowengine.jobs.lease_clock import lease_clock
 from flowengine.jobs.masking import scrub
@@ -73,6 +74,7 @@ class ExecutorConductor(base.Conductor):
         max_simultaneous_jobs: Jobs run at once (<= 0: no limit).
         delete_logbook: Delete a consumed job's logbook from persistence.
         clock: The lease clock claims are kept and fenced with (counts host suspension).
+        coordination: Where jobs' locks are held (see :class:`~..base.Conductor`).
     """
 
     START_FINISH_EVENTS_EMITTED = ("compilation", "preparation", "validation", "running")
@@ -92,9 +94,9 @@ class ExecutorConductor(base.Conductor):
                  wait_timeout: float | None = None, log: logging.Logger | None = None,
                  max_simultaneous_jobs: int = MAX_SIMULTANEOUS_JOBS,
                  delete_logbook: bool = False,
-                 clock: Callable[[], float] = lease_clock) -> None:
+                 clock: Callable[[], float] = lease_clock, coordination: Any = None) -> None:
         super().__init__(name, jobboard, persistence=persistence, engine=engine,
-                         engine_options=engine_options)
+                         engine_options=engine_options, coordination=coordination)
         if wait_timeout is not None and not wait_timeout > 0:
             raise ValueError(f"Conductor {name}: wait_timeout must be > 0, not {wait_timeout!r}")
         self._wait_timeout = wait_timeout or self.REFRESH_PERIODICITY
@@ -260,6 +262,12 @@ class ExecutorConductor(base.Conductor):
             engine.suspend()
         try:
             consume = self._run_engine(job, engine, held)
+        except LockHeld as err:
+            # Posted with --on-conflict reject: it does not wait for the lock. Set aside,
+            # with why, for an operator to repost.
+            reason = f"rejected: {err}"
+            self._log.warning("Trashing %s: %s", job, reason)
+            return _Outcome("trash", reason=reason)
         except exc.RunHalted as err:
             if held.lost or not held.fence.held:
                 self._log.warning("Conductor %s lost the claim on %s while running it and "
@@ -305,7 +313,7 @@ class ExecutorConductor(base.Conductor):
                     self._notifier.notify(f"{event}_start", details)
                     stage()
                     self._notifier.notify(f"{event}_end", details)
-            except exc.RunHalted:
+            except (exc.RunHalted, LockHeld):
                 raise  # nothing was reverted and nothing more written: see _dispatch_job
             except exc.WrappedFailure as failures:
                 consume = not all(f.check(*self.NO_CONSUME_EXCEPTIONS) for f in failures)
