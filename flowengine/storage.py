@@ -150,8 +150,6 @@ class Storage:
             raise exceptions.StorageFailure(
                 f"Not saving {what} of flow {self.flow_name!r} ({self.flow_uuid}): writing "
                 f"stopped after an earlier write failed ({halted})", cause=halted)
-        for guard in self._guards:
-            guard(what)
         try:
             call(*args)
         except Exception as err:
@@ -210,12 +208,19 @@ class Storage:
                     f"write: {first}", cause=first) from err
             self._unsaved = None
 
+    def _guard(self, what: str) -> None:
+        # Even with no backend: a run whose lease was lost must stop, stored or not.
+        for guard in self._guards:
+            guard(what)
+
     def _save_atom(self, ad: models.AtomDetail) -> None:
+        self._guard(f"atom {ad.name!r} ({ad.uuid})")
         if self._connection is not None:
             self._write(f"atom {ad.name!r} ({ad.uuid})", self._connection.update_atom_details,
                         self._secrets.stored_atom(ad))
 
     def _save_flow(self, with_atoms: bool = True) -> None:
+        self._guard("the flow detail")
         if self._connection is not None:
             fields_only = getattr(self._connection, "update_flow_fields", None)
             if with_atoms or fields_only is None:

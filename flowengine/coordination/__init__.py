@@ -90,8 +90,22 @@ def connect(conf: str | Mapping[str, Any], ttl: float | None = None, owner: str 
             acquisitions, releases and losses (a metrics sink, the event stream).
     """
     coordinator = Coordinator(service_for(conf, ttl), owner=owner,
-                              **({"events": events} if events is not None else {}))
+                              events=events if events is not None else _default_events())
     return coordinator.connect()
+
+
+def _default_events() -> Any:
+    """Counts waits and holds in the process's Prometheus registry when prometheus-client is
+    installed (the ``metrics`` extra); else reports nothing."""
+    from flowengine.worker_based.extensions import NO_EVENTS
+
+    try:
+        import prometheus_client  # noqa: F401  (only whether it is there)
+    except ImportError:
+        return NO_EVENTS
+    from flowengine.worker_based.metrics import MetricsSink
+
+    return MetricsSink(role="coordination")
 
 
 def shared(conf: str | Mapping[str, Any] | Coordinator) -> Coordinator:

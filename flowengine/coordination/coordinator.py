@@ -68,7 +68,9 @@ def describe_holder(info: Mapping[str, Any]) -> str:
     if info.get("task"):
         parts.append(f"task {info['task']}")
     owner = info.get("owner")
-    return (" ".join(parts) + (f" of {owner}" if owner else "")).strip() or "?"
+    if not parts:
+        return str(owner or "?")
+    return " ".join(parts) + (f" of {owner}" if owner else "")
 
 
 class Ticket:
@@ -77,6 +79,7 @@ class Ticket:
     Attributes:
         key: The lock or limit.
         limit: How many may hold it at once.
+        kind: ``lock`` or ``limit`` (a concurrency limit, even of one), as shown.
         future: Done (with the ticket) once it is held; cancelled if released while waiting.
     """
 
@@ -85,6 +88,7 @@ class Ticket:
                  on_lost: Callable[[Ticket], None] | None) -> None:
         self.key = key
         self.limit = limit
+        self.kind = str(info.get("kind") or ("lock" if limit == 1 else "limit"))
         self.entry = entry
         self.info = dict(info)
         self.fence = fence
@@ -96,11 +100,8 @@ class Ticket:
         self._on_lost = on_lost
         self._released = False
         self._granted = False
-
-    @property
-    def kind(self) -> str:
-        """``lock`` (a limit of one) or ``limit``."""
-        return "lock" if self.limit == 1 else "limit"
+        self._announced_waiting = False  # a lock-waiting event was emitted for it
+        self._lost_reported = False  # a lock-lost event was emitted for it
 
     @property
     def held(self) -> bool:
@@ -209,7 +210,8 @@ class Coordinator:
     # -- asking ------------------------------------------------------------------------------
 
     def request(self, key: str, limit: int = 1, details: Mapping[str, Any] | None = None,
-                on_lost: Callable[[Ticket], None] | None = None) -> Ticket:
+                on_lost: Callable[[Ticket], None] | None = None,
+                kind: str | None = None) -> Ticket:
         """Join ``key``'s queue; the ticket's :attr:`~Ticket.future` is done once it holds it
         (at once if nobody is ahead).
 
@@ -218,6 +220,7 @@ class Coordinator:
             limit: How many may hold it at once (1: a lock).
             details: Who asks and for what (flow, job, task...), shown to others.
             on_lost: Called (on the keeper's thread) if the lease is lost while held.
+            kind: ``lock`` or ``limit``, as shown (default: ``lock`` for a limit of one).
 
         Raises:
             ValueError: If ``key`` or ``limit`` is unusable (the message says why).
@@ -228,11 +231,11 @@ class Coordinator:
             raise ValueError(f"The limit of {key!r} must be a whole number >= 1, not {limit!r}")
         if self._keeper is None:
             raise exc.JobFailure(f"Coordinator on {self.service.where} is not connected")
-        info = {**(details or {}), "owner": self.owner,
+        kind = kind or ("lock" if limit == 1 else "limit")
+        info = {**(details or {}), "owner": self.owner, "kind": kind,
                 "since": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
         sent_at = self.clock()
         entry = self.service.join(key, limit, info)
-        kind = "lock" if limit == 1 else "limit"
         fence = LeaseFence(f"the holder of {kind} {key!r}", self.ttl, self.clock, sent_at)
         ticket = Ticket(self, key, limit, entry, info, fence, on_lost)
         self._keeper.hold_lease(self._lease_name(ticket), fence,
@@ -298,16 +301,20 @@ class Coordinator:
             # Its lease ends by itself (it is no longer renewed): the next in line waits that long.
             LOG.warning("Could not leave the queue of %r on %s (it ends with its lease): %s",
                         ticket.key, self.service.where, err)
-        if was_held and ticket.held_at is not None:
+        if was_held and ticket.held_at is not None and not ticket._lost_reported:
             self.events.emit("lock-released", key=ticket.key, kind=ticket.kind,
                              limit=ticket.limit, held_for=self.clock() - ticket.held_at,
                              **_fields(ticket.info))
+        elif not was_held and ticket._announced_waiting and not ticket._granted:
+            self.events.emit("lock-abandoned", key=ticket.key, kind=ticket.kind,
+                             limit=ticket.limit, **_fields(ticket.info))
 
     def _lease_ended(self, ticket: Ticket) -> None:
         """The keeper found the ticket's lease gone (or lapsed): on the keeper's thread."""
         if ticket.future.done() and not ticket.future.cancelled():
             LOG.warning("%s lost the %s %r: %s", self.owner, ticket.kind, ticket.key,
                         ticket.fence.refusal("anything"))
+            ticket._lost_reported = True
             self.events.emit("lock-lost", key=ticket.key, kind=ticket.kind, limit=ticket.limit,
                              **_fields(ticket.info))
             ticket._lost()
@@ -400,6 +407,8 @@ class Coordinator:
                 return
             first_look = ticket.place is None
             ticket.place = place
+            if not place.holding and first_look:
+                ticket._announced_waiting = True
             if not place.holding:
                 if place.wake_in is not None:
                     when = self.clock() + place.wake_in + 0.01
@@ -421,12 +430,15 @@ class Coordinator:
                                  **_fields(ticket.info))
             return
         ticket.held_at = self.clock()
+        # Announced before its waiters hear (they may release it at once).
+        self.events.emit("lock-acquired", key=ticket.key, kind=ticket.kind, limit=ticket.limit,
+                         waited=ticket.held_at - ticket.asked_at,
+                         had_waited=ticket._announced_waiting, **_fields(ticket.info))
         try:
             ticket.future.set_result(ticket)
-        except cf.InvalidStateError:
-            return  # released (cancelled) meanwhile
-        self.events.emit("lock-acquired", key=ticket.key, kind=ticket.kind, limit=ticket.limit,
-                         waited=ticket.held_at - ticket.asked_at, **_fields(ticket.info))
+        except cf.InvalidStateError:  # released (cancelled) meanwhile
+            self.events.emit("lock-released", key=ticket.key, kind=ticket.kind,
+                             limit=ticket.limit, held_for=0.0, **_fields(ticket.info))
 
 
 def _fields(info: Mapping[str, Any]) -> dict[str, Any]:

@@ -70,7 +70,8 @@ class Coordination(Protocol):
     """What the engine needs of a coordination service."""
 
     def request(self, key: str, limit: int = 1, details: Mapping[str, Any] | None = None,
-                on_lost: Callable[[Any], None] | None = None) -> Ticket:
+                on_lost: Callable[[Any], None] | None = None,
+                kind: str | None = None) -> Ticket:
         """Join ``key``'s queue."""
 
 
@@ -179,17 +180,18 @@ class Admission:
             self._service = module.shared(self._conf)
         return self._service
 
-    def task_keys(self, task: Any, arguments: Mapping[str, Any]) -> list[tuple[str, int]]:
-        """The locks and limits ``task`` must hold to run with ``arguments``, sorted."""
-        found: dict[str, int] = {}
+    def task_keys(self, task: Any, arguments: Mapping[str, Any]) -> list[tuple[str, int, str]]:
+        """The locks and limits ``task`` must hold to run with ``arguments``, sorted: each
+        ``(key, limit, kind)``."""
+        found: dict[str, tuple[int, str]] = {}
         for template in getattr(task, "locks", ()) or ():
-            found[format_key(task, template, arguments)] = 1
+            found[format_key(task, template, arguments)] = (1, "lock")
         names = [*_class_names(task), *(format_key(task, t, arguments)
                                         for t in getattr(task, "concurrency_keys", ()) or ())]
         for name in names:
             if name in self.concurrency:
-                found[name] = self.concurrency[name]
-        return sorted(found.items())
+                found[name] = (self.concurrency[name], "limit")
+        return sorted((key, limit, kind) for key, (limit, kind) in found.items())
 
 
 class FlowLocks:
@@ -292,7 +294,7 @@ class FlowLocks:
 class _Wait:
     """One task's admission: its keys taken one after the other, in sorted order."""
 
-    def __init__(self, keys: list[tuple[str, int]]) -> None:
+    def __init__(self, keys: list[tuple[str, int, str]]) -> None:
         self.keys = keys
         self.tickets: list[Ticket] = []
         self.future: cf.Future[tuple[str, None]] = cf.Future()
@@ -330,8 +332,8 @@ class TaskGate:
             waiting = self._waits.get(task.name)
         if waiting is not None:
             return waiting.future
-        keys = [(k, n) for k, n in self._admission.task_keys(task, arguments)
-                if k not in self._flow_keys]
+        keys = [found for found in self._admission.task_keys(task, arguments)
+                if found[0] not in self._flow_keys]
         if not keys:
             return None
         wait = _Wait(keys)
@@ -358,11 +360,12 @@ class TaskGate:
             except cf.InvalidStateError:
                 pass  # cancelled meanwhile: _ended releases
             return
-        key, limit = wait.keys[len(wait.tickets)]
+        key, limit, kind = wait.keys[len(wait.tickets)]
         details = {**self._admission.details, "flow": self._storage.flow_uuid,
                    "flow_name": self._storage.flow_name, "task": task.name}
         try:
-            ticket = self._admission.service.request(key, limit, details, on_lost=self._lost)
+            ticket = self._admission.service.request(key, limit, details, on_lost=self._lost,
+                                                     kind=kind)
         except Exception as err:
             wait.future.set_exception(err)
             return

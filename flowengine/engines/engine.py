@@ -331,7 +331,10 @@ class ActionEngine:
         try:
             if not locks.take():  # suspended (or halted) while it waited: nothing started
                 if self.storage.unsaved is None:
-                    self._change_state(states.SUSPENDED)
+                    # Recorded as a run suspended before its first atom, so that whoever ran
+                    # it (a conductor) hands it back rather than taking it for finished.
+                    for state in (states.RUNNING, states.SUSPENDING, states.SUSPENDED):
+                        self._change_state(state)
                 yield states.SUSPENDED
                 return
             gate = self._runtime.gate = TaskGate(self._admission, self.storage, locks.keys,
