@@ -14,7 +14,8 @@ import click
 
 from flowengine import engines
 from flowengine import exceptions as exc
-from flowengine.cli import exits, formatting, graph_view, loading
+from flowengine.cli import exits, formatting, graph_view, loading, stored_flows
+from flowengine.cli.flow_options import backend_option
 from flowengine.cli.options import parse_pairs, show_envvars
 from flowengine.engines.compiler import FLOW, RETRY, TASK
 
@@ -51,18 +52,28 @@ def graph_command(spec: str, fmt: str, factory_args: tuple[str, ...],
 
 @show_envvars
 @click.command("check")
-@click.argument("spec", metavar=loading.SPEC_METAVAR)
+@click.argument("spec", metavar=loading.SPEC_METAVAR, required=False)
 @loading.store_option
 @loading.factory_options
+@backend_option(required=False)
 @click.pass_context
-def check_command(ctx: click.Context, spec: str, store: tuple[str, ...],
-                  factory_args: tuple[str, ...], factory_kwargs: tuple[str, ...]) -> None:
-    """Compile and validate the flow MODULE:FACTORY names, without running it.
+def check_command(ctx: click.Context, spec: str | None, store: tuple[str, ...],
+                  factory_args: tuple[str, ...], factory_kwargs: tuple[str, ...],
+                  backend_uri: str | None) -> None:
+    """Compile and validate the flow MODULE:FACTORY names, without running it; or, with
+    --backend and no MODULE:FACTORY, check that the current code can resume every unfinished
+    flow stored there.
 
     Prints OK with counts (exit 0), or the error naming the atoms at fault (exit 1):
     MissingDependencies for inputs nothing provides (give them with --store), Duplicate
-    names, cycles.
+    names, cycles. With --backend: one line per unfinished flow, OK or why it cannot be
+    resumed (its factory does not import, or now yields another shape and no migration is
+    registered: the atoms added, removed and changed); exit 1 if any cannot.
     """
+    if spec is None:
+        if backend_uri is None:
+            raise click.UsageError("give MODULE:FACTORY, or --backend to check stored flows")
+        ctx.exit(stored_flows.check_stored(backend_uri))
     flow = _load_flow(spec, factory_args, factory_kwargs)
     given = parse_pairs(store, "store value")
     engine = engines.load(flow, store=given)

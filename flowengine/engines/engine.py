@@ -13,7 +13,7 @@ from typing import Any
 from flowengine import exceptions as exc
 from flowengine import states, tracing
 from flowengine.engines import executor as ex
-from flowengine.engines import setup_slots
+from flowengine.engines import setup_slots, shapes
 from flowengine.engines import suspend_requests as sr
 from flowengine.engines.admission import META_COORDINATION, Admission, FlowLocks, TaskGate
 from flowengine.engines.compiler import Compilation, PatternCompiler
@@ -167,6 +167,9 @@ class ActionEngine:
         with self._lock, self._admitted():
             self.compile()
             if not self._storage_ensured:
+                # Before anything is written: a flow stored by code of another shape is
+                # refused unless a migration says how to go on (see shapes).
+                change, shape = shapes.check(self.storage.flow_detail, self.compilation)
                 self._change_state(states.RESUMING)
                 storage = self.storage
                 atoms = self.compilation.declared
@@ -175,6 +178,14 @@ class ActionEngine:
                     if atom.inject:
                         storage.inject_atom_args(atom.name, atom.inject,
                                                  transient=self._options.inject_transient)
+                if change is not None:
+                    migrate = shapes.migration_for(storage.flow_detail)
+                    assert migrate is not None
+                    migrate(change, storage)
+                    storage.update_flow_metadata({shapes.META_SHAPE: shape})
+                elif storage.flow_meta.get(shapes.META_SHAPE) != shape:
+                    # Stored with the flow's next write (its state, as the run starts).
+                    storage.flow_meta[shapes.META_SHAPE] = shape
                 self._change_state(states.SUSPENDED)
                 self._storage_ensured = True
             assert self._runtime is not None

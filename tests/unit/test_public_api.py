@@ -76,6 +76,7 @@ PUBLIC_MODULES = [
     "flowengine.listeners.claims",
     # locks, limits and resuming across code changes
     "flowengine.coordination",
+    "flowengine.migrations",
     "flowengine.types.entity",
     "flowengine.utils.redis_utils",
     "flowengine.utils.kazoo_utils",
