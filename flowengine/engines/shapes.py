@@ -2,7 +2,9 @@
 
 A flow's *shape* is what its code made of it: each atom's name, kind, class and version, and
 which atoms wait for which (the links between atoms, through nested flows). An engine stores
-the shape in the flow detail (metadata ``shape``) the first time it prepares the flow. An engine
+the shape in the flow detail (metadata ``shape``) the first time it prepares a flow stored with
+its factory (``engines.load_from_factory``, jobs: what another process rebuilds, perhaps with
+newer code; other flows' metadata stays what TaskFlow stores). An engine
 that later prepares the same flow detail (a resume, perhaps after a deploy) compares the shape
 its flow factory yields now with the stored one. If they differ and the flow has progress (an
 atom left PENDING), it refuses, with the difference (atoms added, removed and changed, links
@@ -204,6 +206,13 @@ def migration_for(flow_detail: Any) -> Migration | None:
             if name and name in _MIGRATIONS:
                 return _MIGRATIONS[name]
     return None
+
+
+def recorded(flow_detail: Any) -> bool:
+    """Whether ``flow_detail`` records its shape: a flow stored with its factory (another
+    process, perhaps running newer code, rebuilds it from that). Other flows are resumed by
+    the program holding their flow objects, and their metadata stays what TaskFlow stores."""
+    return _FACTORY in (flow_detail.meta or {})
 
 
 def has_progress(flow_detail: Any) -> bool:
