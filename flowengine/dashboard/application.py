@@ -101,9 +101,10 @@ def create_app(data: DashboardData, *, read_only: bool = False, token: str | Non
         found, error = await listing(data.jobs)
         trashed, trash_error = await listing(data.trash)
         alive, conductors_error = await listing(data.conductors)
+        locks, locks_error = await listing(data.locks)
         return render(request, "jobs.html", {
-            "jobs": found, "trashed": trashed, "conductors": alive,
-            "error": error or trash_error or conductors_error})
+            "jobs": found, "trashed": trashed, "conductors": alive, "locks": locks,
+            "error": error or trash_error or conductors_error, "locks_error": locks_error})
 
     def action(do: Callable[[str], str], back: Callable[[Request], str]
                ) -> Callable[[Request], Awaitable[Response]]:
@@ -177,6 +178,7 @@ def create_app(data: DashboardData, *, read_only: bool = False, token: str | Non
             yield
         finally:
             data.hub.stop()
+            data.close()
 
     app = Starlette(routes=routes, lifespan=lifespan)
     if token:

@@ -395,3 +395,51 @@ def test_a_lock_naming_something_that_is_not_an_argument_is_named(coordination_c
     with pytest.raises(ValueError, match=r"Task 'wrong': lock or key 'lb:\{lb\}' names 'lb', "
                                          r"which is not one of its arguments \(lb_id\)"):
         engine.run()
+
+
+def test_show_tells_which_locks_a_flow_holds_and_what_waits(
+        coordination_conf: str, gate: threading.Event, ran: list[str], tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from flowengine.cli.main import cli
+    from flowengine.persistence import backends
+
+    uri = f"sqlite:///{tmp_path / 'flows.db'}"
+    backend = backends.fetch(uri)
+    with contextlib.closing(backend.get_connection()) as conn:
+        conn.upgrade()
+    options = {"backend": backend, "store": GATED, "concurrency": {"RebootHost": 1}}
+    holder = _engine(coordination_conf, linear_flow.Flow("holder").add(RebootHost("reboot-a")),
+                     locks=["lb:1"], **options)
+    limited = _engine(coordination_conf, linear_flow.Flow("limited").add(RebootHost("reboot-b")),
+                      **options)
+    locked = _engine(coordination_conf, linear_flow.Flow("locked").add(Gated("step")),
+                     locks=["lb:1"], **options)
+    try:
+        runs = [_run_in_thread(holder)]
+        _wait_until(lambda: ran == ["reboot-a"], "the holder running")
+        runs += [_run_in_thread(limited), _run_in_thread(locked)]
+        _wait_until(lambda: _waiting_meta(limited, "reboot-b") and (
+            locked.storage.flow_meta.get(META_COORDINATION) or {}).get("waiting"),
+            "both others waiting")
+
+        def show(engine: Any) -> str:
+            result = CliRunner().invoke(cli, ["show", engine.storage.flow_uuid, "--backend", uri])
+            assert result.exit_code == 0, result.output
+            return result.output
+
+        assert "locks held: lb:1" in show(holder)
+        shown = show(limited)
+        [row] = [line for line in shown.splitlines() if line.startswith("reboot-b")]
+        assert row.split()[2] == "WAITING", shown
+        assert (f"limit 'RebootHost' 1 at once (held by flow holder "
+                f"{holder.storage.flow_uuid} task reboot-a of ") in row
+        assert f"waiting for lock 'lb:1' (held by flow holder {holder.storage.flow_uuid}" \
+            in show(locked)
+        gate.set()
+        for run in runs:
+            run.result(30)
+        assert "WAITING" not in show(limited) and "locks held" not in show(holder)
+    finally:
+        gate.set()
+        backend.close()
