@@ -43,6 +43,18 @@ def summary(samples: list[float]) -> dict[str, Any]:
             "p95_ms": round(p95 * 1000, 3), "max_ms": round(ordered[-1] * 1000, 3)}
 
 
+class _Heard:
+    """When a waiter's ticket was granted (its future's done callback)."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.at = 0.0
+
+    def __call__(self, _future: Any) -> None:
+        self.at = time.perf_counter()
+        self.event.set()
+
+
 def measure(conf: str, samples: int) -> dict[str, Any]:
     """The three measurements on the service ``conf`` names."""
     acquired, released, handed = [], [], []
@@ -60,15 +72,13 @@ def measure(conf: str, samples: int) -> dict[str, Any]:
             key = f"handover:{index}"
             holder = one.acquire(key)
             waiter = other.request(key)
-            got = threading.Event()
-            at: list[float] = []
-            waiter.future.add_done_callback(lambda _f: (at.append(time.perf_counter()),
-                                                        got.set()))
+            heard = _Heard()
+            waiter.future.add_done_callback(heard)
             started = time.perf_counter()
             holder.release()
-            if not got.wait(30):
+            if not heard.event.wait(30):
                 raise RuntimeError(f"the waiter never got {key!r} on {conf}")
-            handed.append(at[0] - started)
+            handed.append(heard.at - started)
             waiter.release()
     return {"acquire": summary(acquired), "release": summary(released),
             "handover": summary(handed)}
