@@ -317,8 +317,10 @@ class Server(ReplySender):
             except Exception as err:  # the next one may get through
                 LOG.debug("Could not tell the engine of %s it waits: %s", name, err)
 
+        request_id = props["correlation_id"]
+
         def give_up() -> bool:
-            if self._revoked.take(props["correlation_id"]):
+            if self._revoked.take(request_id):
                 revoked.append(True)
                 return True
             return not self._proxy.is_running
