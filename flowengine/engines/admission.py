@@ -118,6 +118,15 @@ def _limits(value: Any) -> dict[str, int]:
     if not isinstance(value, Mapping):
         raise ValueError(f"Engine option 'concurrency' must map names to limits, like "
                          f"{{'RebootHost': 3}}, not {value!r}")
+    return whole_limits("Engine option 'concurrency'", value)
+
+
+def whole_limits(what: str, value: Mapping[Any, Any]) -> dict[str, int]:
+    """``{name: N}`` with every N a whole number >= 1 (engines' and workers' limits).
+
+    Raises:
+        ValueError: ``what`` and the name whose limit is not one.
+    """
     limits: dict[str, int] = {}
     for key, limit in value.items():
         try:
@@ -125,8 +134,7 @@ def _limits(value: Any) -> dict[str, int]:
         except (TypeError, ValueError):
             number = 0
         if not isinstance(key, str) or not key or isinstance(limit, bool) or number < 1:
-            raise ValueError(f"Engine option 'concurrency': {key!r} must map to a whole number"
-                             f" >= 1, not {limit!r}")
+            raise ValueError(f"{what}: {key!r} must map to a whole number >= 1, not {limit!r}")
         limits[key] = number
     return limits
 

@@ -26,6 +26,8 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from flowengine.engines.admission import whole_limits
+
 __all__ = ["DEFAULT_INTERVAL", "TOPIC", "WAITING_FOR", "WorkerLimits", "parse_limits",
            "waiting_event"]
 
@@ -45,16 +47,7 @@ def parse_limits(values: Mapping[str, Any] | None) -> dict[str, int]:
     Raises:
         ValueError: Naming the key whose limit is not usable.
     """
-    limits: dict[str, int] = {}
-    for key, value in (values or {}).items():
-        try:
-            number = int(value)
-        except (TypeError, ValueError):
-            number = 0
-        if not isinstance(key, str) or not key or isinstance(value, bool) or number < 1:
-            raise ValueError(f"Worker limit {key!r} must be a whole number >= 1, not {value!r}")
-        limits[key] = number
-    return limits
+    return whole_limits("Worker limits", values or {})
 
 
 class WorkerLimits:

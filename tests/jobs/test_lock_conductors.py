@@ -90,6 +90,21 @@ def _waiting(conductor: Conductor) -> Callable[[], bool]:
     return lambda: "waits for lock" in conductor.output()
 
 
+def _held_and_awaited(stage: BoardStage, conductors: list[Conductor],
+                      gated_step: str) -> tuple[Conductor, Job, Conductor, Job]:
+    """A conductor holding the lock for job ``one`` (waiting in ``gated_step``), and another
+    whose job ``two`` waits for it."""
+    holder = stage.conductor(conductors, "holder")
+    stage.wait_registered(holder)
+    one = _post(stage, "one", gate=str(stage.gate), gated_step=gated_step)
+    wait_for(Path(f"{stage.gate}.waiting").exists, 60,
+             f"job one waiting in {gated_step}\n{holder.output()}")
+    waiter = stage.conductor(conductors, "waiter")
+    two = _post(stage, "two")
+    wait_for(_waiting(waiter), 60, f"the waiter waiting for the lock\n{waiter.output()}")
+    return holder, one, waiter, two
+
+
 def test_jobs_holding_one_lock_never_overlap_and_the_next_starts_at_once(
         make_stage: Callable[..., BoardStage], conductors: list[Conductor]) -> None:
     stage = make_stage(claim_ttl=10.0)
@@ -115,14 +130,7 @@ def test_jobs_holding_one_lock_never_overlap_and_the_next_starts_at_once(
 def test_a_killed_holder_frees_the_lock_within_its_lease_plus_2s(
         make_stage: Callable[..., BoardStage], conductors: list[Conductor]) -> None:
     stage = make_stage(claim_ttl=10.0)
-    holder = stage.conductor(conductors, "holder")
-    stage.wait_registered(holder)
-    one = _post(stage, "one", gate=str(stage.gate), gated_step="hold-1")
-    lock_flows_waiting = Path(f"{stage.gate}.waiting")
-    wait_for(lock_flows_waiting.exists, 60, f"job one running\n{holder.output()}")
-    waiter = stage.conductor(conductors, "waiter")
-    two = _post(stage, "two")
-    wait_for(_waiting(waiter), 60, f"the waiter waiting for the lock\n{waiter.output()}")
+    holder, one, waiter, two = _held_and_awaited(stage, conductors, "hold-1")
     holder.signal(signal.SIGKILL)
     killed_at = time.time()  # the ledger's clock
     stage.gate.touch()
@@ -139,14 +147,7 @@ def test_a_frozen_holder_woken_after_its_lease_writes_nothing(
         make_stage: Callable[..., BoardStage], conductors: list[Conductor]) -> None:
     # Claims outlive the freeze: only the lock's lease lapses.
     stage = make_stage(claim_ttl=60.0)
-    frozen = stage.conductor(conductors, "frozen")
-    stage.wait_registered(frozen)
-    one = _post(stage, "one", gate=str(stage.gate), gated_step="hold-2")
-    gate_waiting = Path(f"{stage.gate}.waiting")
-    wait_for(gate_waiting.exists, 60, f"job one waiting in hold-2\n{frozen.output()}")
-    waiter = stage.conductor(conductors, "waiter")
-    two = _post(stage, "two")
-    wait_for(_waiting(waiter), 60, f"the waiter waiting for the lock\n{waiter.output()}")
+    frozen, one, waiter, two = _held_and_awaited(stage, conductors, "hold-2")
     frozen.signal(signal.SIGSTOP)
     # The frozen holder's lease lapses and the waiter gets the lock.
     assert two.wait(timeout=60), waiter.output()
