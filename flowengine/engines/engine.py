@@ -342,11 +342,12 @@ class ActionEngine:
         gate: TaskGate | None = None
         try:
             if not locks.take():  # suspended (or halted) while it waited: nothing started
-                if self.storage.unsaved is None:
-                    # Recorded as a run suspended before its first atom, so that whoever ran
-                    # it (a conductor) hands it back rather than taking it for finished.
-                    for state in (states.RUNNING, states.SUSPENDING, states.SUSPENDED):
-                        self._change_state(state)
+                if self.storage.unsaved is not None:
+                    raise self._halted(self.storage.unsaved)
+                # Recorded as a run suspended before its first atom, so that whoever ran it
+                # (a conductor) hands it back rather than taking it for finished.
+                for state in (states.RUNNING, states.SUSPENDING, states.SUSPENDED):
+                    self._change_state(state)
                 yield states.SUSPENDED
                 return
             gate = self._runtime.gate = TaskGate(self._admission, self.storage, locks.keys,

@@ -288,6 +288,22 @@ def test_suspending_a_flow_that_waits_for_its_lock_ends_the_wait(
     assert [e.info["owner"] for e in watcher.listing()] == ["other"]
 
 
+def test_a_flow_halted_while_it_waits_for_its_lock_raises_run_halted(
+        coordination_conf: str, coordinators: Coordinators, gate: threading.Event,
+        ran: list[str]) -> None:
+    # A conductor whose claim lapsed while its job waited for the lock.
+    coordinators(owner="other").acquire("lb:1")
+    engine = _engine(coordination_conf, linear_flow.Flow("f").add(Gated("step")),
+                     store=GATED, locks=["lb:1"])
+    running = _run_in_thread(engine)
+    _wait_until(lambda: (engine.storage.flow_meta.get(META_COORDINATION) or {}).get("waiting"),
+                "the flow waiting for its lock")
+    engine.halt(exceptions.StorageFailure("its claim was lost"))
+    with pytest.raises(exceptions.RunHalted, match="its claim was lost"):
+        running.result(30)
+    assert ran == []
+
+
 def test_a_task_lock_is_named_by_its_arguments_and_held_while_it_runs(
         coordination_conf: str, coordinators: Coordinators) -> None:
     watcher = coordinators()
