@@ -66,7 +66,7 @@ def test_every_command_is_covered() -> None:
     assert names == {"check", "conductor", "conductors", "dashboard", "db import-taskflow",
                      "db status", "db upgrade", "dead-letters list",
                      "dead-letters requeue", "events", "flows", "graph", "jobs list", "jobs post",
-                     "jobs repost", "jobs show", "jobs trash", "run", "show", "suspend",
+                     "jobs repost", "jobs show", "jobs trash", "locks", "run", "show", "suspend",
                      "topics list", "topics pause", "topics resume", "worker", "workers"}
     assert len(CASES) > 40
 
