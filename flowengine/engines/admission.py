@@ -47,6 +47,8 @@ META_WAITING = "waiting_for"
 #: Flow metadata key: the locks a run holds, and what it waits for, while it runs.
 META_COORDINATION = "coordination"
 ON_CONFLICT = ("wait", "reject")
+#: The engine options admission reads (every engine understands them).
+OPTIONS = frozenset({"locks", "on_conflict", "concurrency", "coordination", "lock_details"})
 #: Progress details key a worker holding a request for a concurrency limit reports it under
 #: (see flowengine.worker_based.limits).
 PROGRESS_WAITING = "waiting_for"

@@ -110,3 +110,38 @@ def test_workers_run_at_most_their_limit_at_once_and_show_the_rest_waiting(
     assert most == 2, lines
     # Once started, none shows waiting any more.
     assert all(not _progress_details(e).get("waiting_for") for e in loaded)
+
+
+def test_a_worker_based_engine_holds_its_flow_lock_and_task_limits(
+        rabbitmq_broker: Broker, exchange: str, fleet_factory: Callable[..., WorkerFleet],
+        coordination_url: str, tmp_path: Path) -> None:
+    import os
+
+    from flowengine import coordination
+
+    ledger, gate = tmp_path / "ledger", tmp_path / "gate"
+    os.environ["LIMIT_LEDGER"], os.environ["LIMIT_GATE"] = str(ledger), str(gate)
+    fleet = fleet_factory(rabbitmq_broker, exchange,
+                          env={"LIMIT_LEDGER": str(ledger), "LIMIT_GATE": str(gate)})
+    fleet.start(TOPIC, ["limit_tasks:Reboot"])
+    import limit_tasks
+
+    engine = engines.load(linear_flow.Flow("locked").add(limit_tasks.Reboot("reboot")),
+                          store={"flow": "locked"}, locks=["lb:1"],
+                          coordination=coordination_url, concurrency={"Reboot": 1},
+                          **fleet.engine_options(TOPIC, engine="worker-based"))
+    watcher = coordination.connect(coordination_url)
+    pool = cf.ThreadPoolExecutor(max_workers=1)
+    try:
+        run = pool.submit(engine.run)
+        _wait_until(lambda: ledger.exists(), "the task running on the worker")
+        held = sorted((e.key, e.info.get("kind"), e.holding)
+                      for e in watcher.listing())
+        assert held == [("Reboot", "limit", True), ("lb:1", "lock", True)], held
+        gate.touch()
+        run.result(timeout=60)
+        assert watcher.listing() == []
+    finally:
+        gate.touch()
+        pool.shutdown(wait=True)
+        watcher.close()
