@@ -165,6 +165,7 @@ class Coordinator:
         self._keeper: ClaimKeeper | None = None
         self._lock = threading.Condition()
         self._waiting: dict[str, list[Ticket]] = {}
+        self._tickets: set[Ticket] = set()  # every ticket not released, held or waiting
         self._dirty: set[str] = set()
         self._all_dirty = False
         self._timers: dict[str, float] = {}  # key -> when (clock) to look again
@@ -188,13 +189,13 @@ class Coordinator:
         return self
 
     def close(self) -> None:
-        """Release every ticket, stop the threads and disconnect."""
+        """Release every ticket (held or waiting), stop the threads and disconnect."""
         with self._lock:
             self._closing = True
-            waiting = [t for tickets in self._waiting.values() for t in tickets]
+            tickets = list(self._tickets)
             self._lock.notify_all()
-        for ticket in waiting:
-            ticket.future.cancel()
+        for ticket in tickets:
+            ticket.release()
         if self._keeper is not None:
             self._keeper.stop()
         if self._room is not None:
@@ -244,6 +245,7 @@ class Coordinator:
         with self._lock:
             # Listed before the first look, so that a change announced meanwhile is not missed.
             self._waiting.setdefault(key, []).append(ticket)
+            self._tickets.add(ticket)
         self._look(ticket)
         return ticket
 
@@ -288,6 +290,7 @@ class Coordinator:
             if ticket._released:
                 return
             ticket._released = True
+            self._tickets.discard(ticket)
             tickets = self._waiting.get(ticket.key, [])
             if ticket in tickets:
                 tickets.remove(ticket)

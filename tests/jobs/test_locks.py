@@ -114,6 +114,14 @@ def test_a_waiter_whose_place_ended_joins_again(coordinators: Coordinators) -> N
     assert waiter.entry != old_entry
 
 
+def test_closing_a_coordinator_releases_what_it_holds(coordinators: Coordinators) -> None:
+    closing = coordinators(ttl=30.0)
+    closing.acquire("lb:1")
+    waiter = coordinators().request("lb:1")
+    closing.close()
+    _held(waiter, timeout=15.0)  # at once, not when the 30 s lease would have ended
+
+
 def test_keys_and_limits_are_checked(coordinators: Coordinators) -> None:
     coordinator = coordinators()
     with pytest.raises(ValueError, match="non-empty string"):
