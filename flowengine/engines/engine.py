@@ -183,8 +183,7 @@ class ActionEngine:
                     assert migrate is not None
                     migrate(change, storage)
                     storage.update_flow_metadata({shapes.META_SHAPE: shape})
-                elif shapes.recorded(storage.flow_detail) and \
-                        storage.flow_meta.get(shapes.META_SHAPE) != shape:
+                elif shape is not None and storage.flow_meta.get(shapes.META_SHAPE) != shape:
                     # Stored with the flow's next write (its state, as the run starts).
                     storage.flow_meta[shapes.META_SHAPE] = shape
                 self._change_state(states.SUSPENDED)

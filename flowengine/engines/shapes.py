@@ -221,8 +221,10 @@ def has_progress(flow_detail: Any) -> bool:
                if not ad.name.startswith("_"))
 
 
-def check(flow_detail: Any, compilation: Compilation) -> tuple[ShapeChange | None, Shape]:
-    """Compare the stored shape with ``compilation``'s: ``(change to migrate, new shape)``.
+def check(flow_detail: Any,
+          compilation: Compilation) -> tuple[ShapeChange | None, Shape | None]:
+    """Compare the stored shape with ``compilation``'s: ``(change to migrate, shape to
+    record)``; the shape is None for a flow that records none (see :func:`recorded`).
 
     The change is None when there is nothing to do (same shape, none stored, or no progress to
     keep consistent).
@@ -231,8 +233,10 @@ def check(flow_detail: Any, compilation: Compilation) -> tuple[ShapeChange | Non
         FlowShapeChanged: If the shape changed, the flow has progress and no migration is
             registered for it.
     """
-    now = shape_of(compilation)
     stored = (flow_detail.meta or {}).get(META_SHAPE)
+    if not stored and not recorded(flow_detail):
+        return None, None
+    now = shape_of(compilation)
     if not stored or not has_progress(flow_detail):
         return None, now
     change = difference(stored, now)
