@@ -161,6 +161,15 @@ class UpdateBalancer(task.Task):
         seen.extend((e.key, e.holding, e.info.get("task")) for e in coordinator.listing())
 
 
+class Migrate(task.Task):
+    """Counts under its hypervisor's name (a named key), whatever its class."""
+
+    concurrency_keys = ("hypervisor:{host}",)
+
+    def execute(self, host: str, seen: list[Any], coordinator: Any) -> None:
+        seen.extend((e.key, e.limit, e.info.get("kind")) for e in coordinator.listing())
+
+
 def _engine(conf: str, flow: Any, **options: Any) -> Any:
     return engines.load(flow, coordination=conf, **options)
 
@@ -321,6 +330,17 @@ def test_a_task_lock_is_named_by_its_arguments_and_held_while_it_runs(
     engine.run()
     assert seen == [("lb:7", True, "update")]
     assert watcher.listing() == []
+
+
+def test_a_task_counts_under_its_named_keys(coordination_conf: str,
+                                            coordinators: Coordinators) -> None:
+    watcher = coordinators()
+    seen: list[Any] = []
+    engine = _engine(coordination_conf, linear_flow.Flow("f").add(Migrate("migrate")),
+                     store={"host": "h1", "seen": seen, "coordinator": watcher},
+                     concurrency={"hypervisor:h1": 2, "hypervisor:h2": 1})
+    engine.run()
+    assert seen == [("hypervisor:h1", 2, "limit")]
 
 
 def test_a_task_limit_across_parallel_tasks_of_one_flow(coordination_conf: str,
