@@ -70,6 +70,9 @@ class Storage:
         # Failures keep their exc_info here; the stored copy loses it on serialization.
         self._failures: dict[str, dict[str, Failure]] = {}
         self._unsaved: exceptions.StorageFailure | None = None
+        # Checks every write must pass first (the fences of leases the run holds); a tuple,
+        # replaced whole, so a write never sees one half changed by another thread.
+        self._guards: tuple[Callable[[str], None], ...] = ()
         # Secrets: values masked in whatever is written; names whose values are never stored.
         self._secrets = SecretKeeper(flow_detail.meta.get(META_SECRETS, ()))
         for ad in self._by_name.values():
@@ -157,6 +160,20 @@ class Storage:
                 f"Could not save {what} of flow {self.flow_name!r} ({self.flow_uuid}) to "
                 f"backend {type(self._backend).__name__}: {err}") from err
 
+    def guard_writes(self, guard: Callable[[str], None]) -> Callable[[], None]:
+        """Call ``guard(what)`` before every later write; it refuses one by raising a
+        :class:`~flowengine.exceptions.StorageFailure` (which halts a running engine). Used for
+        the fences of the locks and limits a run holds. Returns what removes the guard.
+        """
+        with self._lock:
+            self._guards = (*self._guards, guard)
+
+        def remove() -> None:
+            with self._lock:
+                self._guards = tuple(g for g in self._guards if g is not guard)
+
+        return remove
+
     @property
     def unsaved(self) -> exceptions.StorageFailure | None:
         """The write failure after which this storage stopped writing, if any."""
@@ -192,12 +209,19 @@ class Storage:
                     f"write: {first}", cause=first) from err
             self._unsaved = None
 
+    def _guard(self, what: str) -> None:
+        # Even with no backend: a run whose lease was lost must stop, stored or not.
+        for guard in self._guards:
+            guard(what)
+
     def _save_atom(self, ad: models.AtomDetail) -> None:
+        self._guard(f"atom {ad.name!r} ({ad.uuid})")
         if self._connection is not None:
             self._write(f"atom {ad.name!r} ({ad.uuid})", self._connection.update_atom_details,
                         self._secrets.stored_atom(ad))
 
     def _save_flow(self, with_atoms: bool = True) -> None:
+        self._guard("the flow detail")
         if self._connection is not None:
             fields_only = getattr(self._connection, "update_flow_fields", None)
             if with_atoms or fields_only is None:

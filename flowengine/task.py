@@ -46,6 +46,13 @@ class Task(atom.Atom):
     #: addition; 0: none). Local engines keep the task PENDING meanwhile; a worker-based engine
     #: sends its request at once as a delayed dispatch. See doc/priorities.rst.
     start_delay: float = 0.0
+    #: Locks held while the task executes or reverts (flowengine addition): names, with its
+    #: arguments in braces (``("lb:{lb_id}",)``), on the engine's coordination service. See
+    #: doc/coordination.rst.
+    locks: tuple[str, ...] = ()
+    #: More names the engine's ``concurrency`` limits count the task under, besides its class's
+    #: name (flowengine addition; arguments in braces, as for :attr:`locks`).
+    concurrency_keys: tuple[str, ...] = ()
 
     def __init__(
         self,

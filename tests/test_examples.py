@@ -70,6 +70,22 @@ EXPECTED_LINES: dict[str, list[str]] = {
         "resumed here: SUCCESS, 5 steps done",
     ],
     "wbe_autoscale.py": ["task threads at start: 1", "flow SUCCESS"],
+    "locks_and_limits.py": [
+        "update-lb and delete-lb ran one after the other: True",
+        "10 reboots done, most at once: 3 (limit 3)",
+    ],
+    "resume_after_deploy.py": [
+        "reserve ran",
+        "flow SUSPENDED",
+        "code v2 resumes it:",
+        "refused: added atom 'charge' (resume_after_deploy.Step 1.0)",
+        "$ flowengine check --backend ... -> exit 1",
+        "added atom 'charge' (resume_after_deploy.Step 1.0)",
+        "with a migration registered for it:",
+        "charge ran",
+        "ship ran",
+        "flow SUCCESS",
+    ],
     "migrate_from_taskflow.py": [
         "taskflow: create_network ran",
         "taskflow: create_volume ran",

@@ -11,6 +11,7 @@ from flowengine.cli import formatting as fmt
 from flowengine.cli import records
 from flowengine.cli.flow_options import backend_option
 from flowengine.cli.options import json_option, show_envvars
+from flowengine.persistence.atom_meta import META_COORDINATION, describe_wait
 
 
 @show_envvars
@@ -77,7 +78,7 @@ def show_command(flow_id: str, backend_uri: str, tracebacks: bool, full: bool,
     click.echo(f"  updated: {flow['updated_at'] or '-'}")
     if flow["factory"]:
         click.echo(f"  factory: {flow['factory']}")
-    for line in _interventions(fd.meta):
+    for line in _coordination_lines(fd.meta) + _interventions(fd.meta):
         click.echo(f"  {line}")
     click.echo("")
     for line in _atom_table(atoms, None if full else fmt.VALUE_WIDTH):
@@ -118,9 +119,24 @@ def _interventions(meta: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _coordination_lines(meta: dict[str, Any]) -> list[str]:
+    """The locks a running flow holds, or the one it waits for (see engines/admission.py)."""
+    found = meta.get(META_COORDINATION)
+    if not isinstance(found, dict):
+        return []
+    lines = []
+    if found.get("locks"):
+        lines.append(f"locks held: {', '.join(map(str, found['locks']))}")
+    if isinstance(found.get("waiting"), dict):
+        lines.append(f"waiting for {describe_wait(found['waiting'])}")
+    return lines
+
+
 def _atom_table(atoms: list[dict[str, Any]], width: int | None) -> list[str]:
     headers = ["ATOM", "KIND", "STATE", "INTENTION", "PROGRESS", "STARTED", "DURATION", "REVERT"]
-    rows = [[atom["name"], atom["kind"], atom["state"] or "-", atom["intention"] or "-",
+    # An atom waiting for a lock or a concurrency limit is not running: shown as WAITING.
+    rows = [[atom["name"], atom["kind"],
+             "WAITING" if atom["waiting_for"] else atom["state"] or "-", atom["intention"] or "-",
              fmt.percent(atom["progress"]), atom["started_at"] or "-",
              fmt.duration(atom["duration"]), fmt.duration(atom["revert_duration"])]
             for atom in atoms]
@@ -131,6 +147,12 @@ def _atom_table(atoms: list[dict[str, Any]], width: int | None) -> list[str]:
             headers.append(title)
             for row, atom in zip(rows, atoms):
                 row.append(_listed(atom[key]))
+    if any(atom["waiting_for"] for atom in atoms):
+        from flowengine.engines.admission import describe_wait
+
+        headers.append("WAITING FOR")
+        for row, atom in zip(rows, atoms):
+            row.append(describe_wait(atom["waiting_for"]) if atom["waiting_for"] else "-")
     headers.append("RESULT")
     for row, atom in zip(rows, atoms):
         row.append(fmt.short_value(atom["result"], width))

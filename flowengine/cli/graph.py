@@ -14,7 +14,7 @@ import click
 
 from flowengine import engines
 from flowengine import exceptions as exc
-from flowengine.cli import exits, formatting, graph_view, loading
+from flowengine.cli import exits, formatting, graph_view, loading, stored_flows
 from flowengine.cli import orphans as orphan_cli
 from flowengine.cli.board_options import board_options
 from flowengine.cli.flow_options import backend_option
@@ -69,13 +69,17 @@ def check_command(ctx: click.Context, spec: str | None, store: tuple[str, ...],
                   factory_args: tuple[str, ...], factory_kwargs: tuple[str, ...],
                   orphans: bool, board_uri: str | None, board_options: tuple[str, ...],
                   backend_uri: str | None, as_json: bool) -> None:
-    """Compile and validate the flow MODULE:FACTORY names, without running it; or (--orphans)
-    report the flows a jobboard lost.
+    """Compile and validate the flow MODULE:FACTORY names, without running it; or, with
+    --backend and no MODULE:FACTORY, check that the current code can resume every unfinished
+    flow stored there; or (--orphans) report the flows a jobboard lost.
 
     Prints OK with counts (exit 0), or the error naming the atoms at fault (exit 1):
     MissingDependencies for inputs nothing provides (give them with --store), Duplicate
-    names, cycles. With --orphans: OK (exit 0), or the orphaned flows (exit 1); re-post their
-    jobs with `flowengine jobs repost-orphans`. Stored factories are never imported.
+    names, cycles. With --backend: one line per unfinished flow, OK or why it cannot be
+    resumed (its factory does not import, or now yields another shape and no migration is
+    registered: the atoms added, removed and changed); exit 1 if any cannot. With --orphans:
+    OK (exit 0), or the orphaned flows (exit 1); re-post their jobs with `flowengine jobs
+    repost-orphans`.
     """
     if orphans:
         if board_uri is None or backend_uri is None:
@@ -85,7 +89,10 @@ def check_command(ctx: click.Context, spec: str | None, store: tuple[str, ...],
         if spec is None or code:
             ctx.exit(code)
     elif spec is None:
-        raise click.UsageError("give the flow to check as MODULE:FACTORY, or --orphans")
+        if backend_uri is None:
+            raise click.UsageError("give MODULE:FACTORY, --backend to check stored flows, or "
+                                   "--orphans")
+        ctx.exit(stored_flows.check_stored(backend_uri))
     flow = _load_flow(spec, factory_args, factory_kwargs)
     given = parse_pairs(store, "store value")
     engine = engines.load(flow, store=given)

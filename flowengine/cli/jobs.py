@@ -24,7 +24,13 @@ from flowengine.cli.loading import (
     parse_args,
     store_option,
 )
-from flowengine.cli.options import json_option, operator, parse_pairs, show_envvars
+from flowengine.cli.options import (
+    json_option,
+    operator,
+    parse_pairs,
+    show_envvars,
+    split_from_env,
+)
 
 #: The owner the commands claim a job as before trashing it.
 OPERATOR = "flowengine-cli"
@@ -187,10 +193,20 @@ def show_command(board_uri: str, board_options: tuple[str, ...], job_id: str) ->
               envvar="FLOWENGINE_DEADLINE", metavar="SECONDS",
               help="The flow must be done SECONDS from now, queued or running: the conductor "
                    "running it then cancels it (undoing what it did).")
+@click.option("--lock", "locks", envvar="FLOWENGINE_LOCK", multiple=True,
+              callback=split_from_env,
+              help="A lock the job holds while it runs (a resource name, e.g. lb:1234), on the "
+                   "board's own service; jobs with the same lock never run at once. "
+                   "Repeatable.")
+@click.option("--on-conflict", envvar="FLOWENGINE_ON_CONFLICT", default="wait",
+              show_default=True, type=click.Choice(["wait", "reject"], case_sensitive=False),
+              help="When a lock is held: wait for it in line, or reject the job (refused now if "
+                   "held now; trashed, with why, if held when a conductor takes it).")
 def post_command(board_uri: str, board_options: tuple[str, ...], backend_uri: str, spec: str,
                  store: tuple[str, ...], factory_args: tuple[str, ...],
                  factory_kwargs: tuple[str, ...], name: str | None, priority: str,
-                 traceparent: str | None, deadline: float | None) -> None:
+                 traceparent: str | None, deadline: float | None, locks: tuple[str, ...],
+                 on_conflict: str) -> None:
     """Post the flow the factory MODULE:FACTORY builds as a job; print its uuid.
 
     Conductors import the factory by name, so its module must be importable where they run.
@@ -203,15 +219,18 @@ def post_command(board_uri: str, board_options: tuple[str, ...], backend_uri: st
     given = parse_pairs(store, "store value")
     # Fails here, naming the spec and what is missing, rather than in a conductor.
     _check_runnable(spec, import_target(spec), args, kwargs, given)
+    details: dict[str, Any] = {}
+    if traceparent:
+        details[tracing.TRACE_KEY] = {tracing.TRACEPARENT: traceparent}
+    if locks:
+        details.update(_lock_details(board_uri, board_options, locks, on_conflict.lower()))
     persistence = records.open_backend(backend_uri, create=True)
     try:
         with open_board(board_uri, board_options, persistence=persistence) as board:
             try:
                 job = post_flow(board, persistence, spec.replace(":", "."),
                                 factory_args=args, factory_kwargs=kwargs, store=given, name=name,
-                                priority=priority,
-                                details={tracing.TRACE_KEY: {tracing.TRACEPARENT: traceparent}}
-                                if traceparent else None, deadline=deadline)
+                                priority=priority, details=details or None, deadline=deadline)
             except (ValueError, ImportError) as err:
                 raise click.ClickException(f"cannot post {spec}: {err}") from err
     finally:
@@ -332,6 +351,33 @@ def _flow_of(job: Any, persistence: Any) -> str:
         raise click.ClickException(f"job {job.uuid} names no flow and its book has "
                                    f"{len(flows)}")
     return flows[0]
+
+
+def _lock_details(board_uri: str, board_options: tuple[str, ...], locks: tuple[str, ...],
+                  on_conflict: str) -> dict[str, Any]:
+    """The job details of ``--lock`` and ``--on-conflict``; with ``reject``, refused now if a
+    lock is held now (a conductor still rejects the job if one is held when it takes it)."""
+    from flowengine import coordination
+    from flowengine import exceptions as exc
+    from flowengine.cli.board_options import board_conf
+
+    details = {coordination.JOB_LOCKS: list(dict.fromkeys(locks)),
+               coordination.JOB_ON_CONFLICT: on_conflict}
+    try:
+        coordination.job_locks(details)
+    except ValueError as err:
+        raise click.BadParameter(str(err), param_hint="--lock") from err
+    if on_conflict != "reject":
+        return details
+    try:
+        with coordination.connect(board_conf(board_uri, board_options)) as coordinator:
+            held = [e for e in coordinator.listing() if e.key in locks and e.holding]
+    except exc.TaskFlowException as err:
+        raise click.ClickException(f"cannot check the locks: {err}") from err
+    if held:
+        who = "; ".join(f"{e.key} by {coordination.describe_holder(e.info)}" for e in held)
+        raise click.ClickException(f"not posted (--on-conflict reject): held now: {who}")
+    return details
 
 
 @show_envvars

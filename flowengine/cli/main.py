@@ -36,8 +36,10 @@ COMMANDS: dict[str, Entry] = {
     "chaos": Entry("flowengine.cli.chaos", "chaos_command",
                    "Certify the flow MODULE:FACTORY names under chaos."),
     "check": Entry("flowengine.cli.graph", "check_command",
-                   "Compile and validate the flow MODULE:FACTORY names, without running it; or "
-                   "(--orphans) report the flows a jobboard lost."),
+                   "Compile and validate the flow MODULE:FACTORY names, without running it; or, "
+                   "with --backend and no MODULE:FACTORY, check that the current code can "
+                   "resume every unfinished flow stored there; or (--orphans) report the flows "
+                   "a jobboard lost."),
     "conductor": Entry("flowengine.cli.conductor", "conductor_command",
                        "Claim jobs from the board and run them until SIGTERM or SIGINT."),
     "conductors": Entry("flowengine.cli.jobs", "conductors_command",
@@ -57,6 +59,9 @@ COMMANDS: dict[str, Entry] = {
                    "Print the compiled graph of the flow MODULE:FACTORY names."),
     "jobs": Entry("flowengine.cli.jobs", "jobs_group",
                   "List, post, inspect, trash and re-post jobs on a jobboard."),
+    "locks": Entry("flowengine.cli.locks", "locks_command",
+                   "List the locks and concurrency limits on the board's service: for each, who "
+                   "holds it and who waits for it, in the order they will get it."),
     "rehearse": Entry("flowengine.cli.rehearse", "rehearse_command",
                       "Rehearse the reverts of the flow MODULE:FACTORY names."),
     "repair": Entry("flowengine.cli.repair", "repair_command",

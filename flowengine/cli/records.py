@@ -22,7 +22,7 @@ from flowengine.cli import formatting as fmt
 from flowengine.cli.loading import LoadError
 from flowengine.persistence import atom_meta, backends, base, models
 from flowengine.persistence._record import version_string
-from flowengine.persistence.atom_meta import META_DELAYED_UNTIL, META_RETRY_DUE
+from flowengine.persistence.atom_meta import META_DELAYED_UNTIL, META_RETRY_DUE, waiting_of
 from flowengine.persistence.backends._uri import mask_urls, split_conf
 from flowengine.storage import Storage
 from flowengine.types.failure import Failure
@@ -226,6 +226,9 @@ def atom_record(ad: models.AtomDetail) -> dict[str, Any]:
         "attempt_log": attempt_log,
         "delayed_until": (_retry_due(ad.state, meta.get(META_RETRY_DUE)) if is_retry
                           else _task_due(ad.state, meta.get(META_DELAYED_UNTIL))),
+        # A lock or concurrency limit it waits for (it is not running meanwhile).
+        "waiting_for": (None if ad.state not in (states.PENDING, states.RUNNING, None)
+                        else waiting_of(meta)),
         # A retry controller that never ran has no results (its last_results raises).
         "result": ad.last_results if not is_retry or ad.results else None,
         "revert_result": ad.revert_results,

@@ -59,6 +59,24 @@ def parse_autoscale(value: str | None) -> tuple[int, int] | None:
     return most, least
 
 
+def parse_limit_options(values: tuple[str, ...]) -> dict[str, int]:
+    """``--limit`` values (``CLASS=N``, or ``N`` for the topic) as ``{key: N}``.
+
+    Raises:
+        click.BadParameter: Naming the value that is not ``[CLASS=]N`` with N >= 1.
+    """
+    from flowengine.worker_based.limits import TOPIC
+
+    found: dict[str, int] = {}
+    for value in values:
+        key, _, number = value.rpartition("=")
+        if not number.strip().isdigit() or int(number) < 1 or "=" in key:
+            raise click.BadParameter(f"{value!r} is not [CLASS=]N with N a whole number >= 1",
+                                     param_hint="--limit")
+        found[key.strip() or TOPIC] = int(number)
+    return found
+
+
 @show_envvars
 @click.command("worker")
 @broker_options
@@ -89,10 +107,19 @@ def parse_autoscale(value: str | None) -> tuple[int, int] | None:
 @click.option("--signing-key-file", envvar="FLOWENGINE_SIGNING_KEY_FILE", default=None,
               help="File holding the key engines and workers sign messages with (else "
                    "FLOWENGINE_SIGNING_KEY; never on the command line, where `ps` shows it).")
+@click.option("--limit", "limits", envvar="FLOWENGINE_LIMIT", multiple=True,
+              callback=split_from_env, metavar="[CLASS=]N",
+              help="At most N requests run at once across every worker and engine using "
+                   "--coordination: of task class CLASS (short or full name), or, with no "
+                   "CLASS, of this worker's topic. Repeatable.")
+@click.option("--coordination", envvar="FLOWENGINE_COORDINATION", default=None,
+              help="Where --limit is held: the jobboard URI of a Redis, ZooKeeper or etcd "
+                   "(redis://host:6379/0?namespace=app).")
 def worker_command(topic: str, tasks: tuple[str, ...], threads: int | None,
                    autoscale: tuple[int, int] | None, async_concurrency: int | None,
                    grace: float, events: bool,
                    metrics_port: int | None, log_level: str, signing_key_file: str | None,
+                   limits: tuple[str, ...], coordination: str | None,
                    **broker: Any) -> None:
     """Serve remote task requests until SIGTERM or SIGINT.
 
@@ -122,11 +149,15 @@ def worker_command(topic: str, tasks: tuple[str, ...], threads: int | None,
     connection = broker_kwargs(**broker)  # usage errors first
     if autoscale is not None and threads is not None:
         raise click.UsageError("--autoscale and --threads exclude each other")
+    worker_limits = parse_limit_options(limits)
+    if worker_limits and not coordination:
+        raise click.UsageError("--limit needs --coordination (the jobboard's Redis, ZooKeeper "
+                               "or etcd URI)")
     try:
         worker = Worker(topic=topic, tasks=check_task_specs(tasks), threads_count=threads,
                         autoscale=autoscale, events=events, metrics=metrics_port is not None,
                         signing_key_file=signing_key_file, async_concurrency=async_concurrency,
-                        **connection)
+                        limits=worker_limits, coordination=coordination, **connection)
     except (ValueError, TypeError) as err:
         raise click.ClickException(f"cannot start the worker: {err}") from err
     def _stop(signum: signal.Signals) -> None:

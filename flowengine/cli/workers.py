@@ -32,7 +32,8 @@ class WorkerTable:
         return self._rows.setdefault(worker, {
             "worker": worker, "topics": [], "tasks": [], "capacity": None, "free": None,
             "in_flight": None, "threads": None, "prefetch": None, "paused": None,
-            "last_heartbeat": None, "hostname": None, "pid": None, "source": []})
+            "last_heartbeat": None, "hostname": None, "pid": None, "versions": {},
+            "source": []})
 
     def _merge(self, row: dict[str, Any], topic: Any, tasks: Any, source: str) -> None:
         if isinstance(topic, str) and topic not in row["topics"]:
@@ -61,17 +62,21 @@ class WorkerTable:
                         "hostname", "pid", "async_slots"):
                 if event.get(key) is not None:
                     row[key] = event[key]
+            if isinstance(event.get("versions"), dict):
+                row["versions"] = {str(k): str(v) for k, v in event["versions"].items()}
             if event.get("type") == "worker-heartbeat":
                 row["last_heartbeat"] = event.get("timestamp")
 
     def on_notify(self, worker: str | None, topic: str, tasks: list[str],
-                  free: Any) -> None:
+                  free: Any, versions: dict[str, str] | None = None) -> None:
         """Take in a NOTIFY reply (TaskFlow workers send no id: they are named by topic)."""
         with self._lock:
             row = self._row(worker or f"taskflow@{topic}")
             self._merge(row, topic, tasks, "notify")
             if isinstance(free, int):
                 row["free"] = free
+            if versions:
+                row["versions"] = dict(versions)
 
     def live(self) -> list[dict[str, Any]]:
         """The workers heard from and not gone offline, by id."""
@@ -83,6 +88,7 @@ def _ask_topics(table: WorkerTable, topics: Iterable[str], stop: threading.Event
                 **broker: Any) -> threading.Thread:
     """Send NOTIFY to ``topics`` and record replies until ``stop`` (from a thread)."""
     from flowengine.worker_based import protocol as pr
+    from flowengine.worker_based import versions as vs
     from flowengine.worker_based.broker import dispatcher as dp
     from flowengine.worker_based.broker import proxy as px
     from flowengine.worker_based.broker.delivery import Delivery
@@ -92,7 +98,8 @@ def _ask_topics(table: WorkerTable, topics: Iterable[str], stop: threading.Event
     def on_notify(data: Any, message: Delivery) -> None:
         headers = message.headers or {}
         table.on_notify(headers.get(pr.HEADER_WORKER), data["topic"], data["tasks"],
-                        headers.get(pr.HEADER_CAPACITY))
+                        headers.get(pr.HEADER_CAPACITY),
+                        vs.decode(headers.get(vs.HEADER_TASK_VERSIONS)))
 
     def ask() -> None:
         for topic in topics:
@@ -134,12 +141,24 @@ def _capacity(row: dict[str, Any]) -> str:
     return threads or str(most)
 
 
+def _versions(row: dict[str, Any]) -> str:
+    """``VERSIONS``: one version if every class has it, else each class's (short names)."""
+    versions = row.get("versions") or {}
+    if not versions:
+        return "-"
+    if len(set(versions.values())) == 1:
+        return str(next(iter(versions.values())))
+    return ",".join(f"{name.rpartition('.')[2]}={version}"
+                    for name, version in sorted(versions.items()))
+
+
 def _print_table(rows: list[dict[str, Any]]) -> None:
     now = time.time()
-    header = ("WORKER", "TOPICS", "TASKS", "CAPACITY", "FREE", "IN-FLIGHT", "PREFETCH",
-              "PAUSED", "LAST HEARTBEAT")
+    header = ("WORKER", "TOPICS", "TASKS", "VERSIONS", "CAPACITY", "FREE", "IN-FLIGHT",
+              "PREFETCH", "PAUSED", "LAST HEARTBEAT")
     lines = [header] + [
-        (r["worker"], ",".join(r["topics"]) or "-", str(len(r["tasks"])), _capacity(r),
+        (r["worker"], ",".join(r["topics"]) or "-", str(len(r["tasks"])), _versions(r),
+         _capacity(r),
          *("-" if r[k] is None else str(r[k]) for k in ("free", "in_flight", "prefetch")),
          "-" if r["paused"] is None else ("yes" if r["paused"] else "no"),
          _age(r["last_heartbeat"], now)) for r in rows]

@@ -42,6 +42,9 @@ class Conductor(metaclass=abc.ABCMeta):
         factory_policy: Which stored flow factories jobs may name (None: the process's,
             :func:`flowengine.engines.factory_policy.current`); a job naming another is
             trashed, saying why.
+        coordination: Where the locks of jobs posted with some (``jobs post --lock``) are held:
+            a :class:`~flowengine.coordination.Coordinator`, or a jobboard conf or URI (None:
+            the board's own service, made on the first job with locks).
     """
 
     #: The kind of entity a conductor registers as.
@@ -49,9 +52,12 @@ class Conductor(metaclass=abc.ABCMeta):
 
     def __init__(self, name: str, jobboard: jobs_base.JobBoard, persistence: Any = None,
                  engine: str | None = None, engine_options: dict[str, Any] | None = None,
-                 factory_policy: FactoryPolicy | None = None) -> None:
+                 factory_policy: FactoryPolicy | None = None,
+                 coordination: Any = None) -> None:
         self._name = name
         self._factory_policy = factory_policy
+        self._coordination = coordination
+        self._own_coordination: Any = None  # made here from the board: closed here
         self._jobboard = jobboard
         self._persistence = persistence
         self._engine = engine
@@ -125,12 +131,28 @@ class Conductor(metaclass=abc.ABCMeta):
         store.update((flow_detail.meta or {}).get("store") or {})
         store.update((job.details or {}).get("store") or {})
         kwargs: dict[str, Any] = dict(self._engine_options)
+        kwargs.update(self._lock_options(job))
         if self._engine is not None:
             kwargs["engine"] = self._engine
         flow = engines.flow_from_detail(flow_detail, policy=self._factory_policy)
         return engines.load(flow, flow_detail=flow_detail, store=store,
                             backend=backend if backend is not None else self._persistence,
                             **kwargs)
+
+    def _lock_options(self, job: jobs_base.Job) -> dict[str, Any]:
+        """Engine options holding the locks ``job`` was posted with (none: no options)."""
+        from flowengine import coordination
+
+        locks, on_conflict = coordination.job_locks(job.details)
+        if not locks:
+            return {}
+        with self._lock:
+            if self._coordination is None:
+                self._coordination = self._own_coordination = coordination.for_board(
+                    self._jobboard, owner=self.conductor.name)
+        return {"locks": locks, "on_conflict": on_conflict,
+                "coordination": self._coordination,
+                "lock_details": {"job": job.uuid, "job_name": job.name}}
 
     def _listeners_from_job(self, job: jobs_base.Job, engine: Any) -> list[Any]:
         """Listeners (entered around the run) to attach to ``job``'s engine; override to add."""
@@ -143,8 +165,11 @@ class Conductor(metaclass=abc.ABCMeta):
                 self._jobboard.connect()
 
     def close(self) -> None:
-        """Close the jobboard."""
+        """Close the jobboard (and the locks' service, if the conductor connected it)."""
         with self._lock:
+            if self._own_coordination is not None:
+                self._own_coordination.close()
+                self._coordination = self._own_coordination = None
             self._jobboard.close()
 
     @abc.abstractmethod

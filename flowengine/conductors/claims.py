@@ -18,10 +18,15 @@ it) or may have lapsed (renewals failed for longer than the claim lasts, whateve
 so the conductor halts the job's engine rather than waiting for its next write. Both run on
 :func:`~flowengine.jobs.lease_clock.lease_clock`, which keeps counting while the host is
 suspended: a host woken from a long sleep does not believe it still holds its claims.
+
+Both are written for any lease, not only a job's claim: :class:`LeaseFence` and
+:meth:`ClaimKeeper.hold_lease` keep and fence the leases of resource locks and concurrency
+limits (:mod:`flowengine.coordination`) the same way, on the same thread.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from collections.abc import Callable
@@ -31,7 +36,7 @@ from flowengine.jobs import base
 from flowengine.jobs.lease_clock import lease_clock
 from flowengine.types.entity import Entity
 
-__all__ = ["ClaimFence", "ClaimKeeper", "FencedOff"]
+__all__ = ["ClaimFence", "ClaimKeeper", "FencedOff", "LeaseFence"]
 
 LOG = logging.getLogger(__name__)
 
@@ -39,11 +44,71 @@ Clock = Callable[[], float]
 
 
 class FencedOff(exc.StorageFailure):
-    """A write for a job whose claim this conductor may no longer hold was refused."""
+    """A write for a job whose claim (or a lease it ran under) this process may no longer hold
+    was refused."""
 
 
-class ClaimFence:
-    """Whether a claim is still certainly held, by the local clock.
+@dataclasses.dataclass(frozen=True)
+class _Kept:
+    fence: LeaseFence
+    renew: Callable[[], None]
+    on_lost: Callable[[], None]
+
+
+class LeaseFence:
+    """Whether a lease is still certainly held, by the local clock.
+
+    Args:
+        subject: What the lease is held for, as refusals name it (``job <uuid> (<name>)``).
+        ttl: The lease's length in seconds.
+        clock: The lease clock (injected in tests).
+        claimed_at: When the lease was requested (``clock()`` if omitted).
+        noun: What the lease is called in refusals (``claim``, ``lease``).
+    """
+
+    def __init__(self, subject: str, ttl: float, clock: Clock = lease_clock,
+                 claimed_at: float | None = None, noun: str = "lease") -> None:
+        self.subject = subject
+        self.noun = noun
+        # The service starts the lease when it receives the request, after we sent it; the
+        # margin covers the two clocks running at slightly different rates.
+        self._span = ttl - min(ttl * 0.2, 2.0)
+        self._clock = clock
+        self._valid_until = (clock() if claimed_at is None else claimed_at) + self._span
+        self._lost: str | None = None
+
+    def renewed(self, sent_at: float) -> None:
+        """The lease was renewed by a request sent at ``sent_at``."""
+        self._valid_until = max(self._valid_until, sent_at + self._span)
+
+    def lose(self, reason: str) -> None:
+        """The lease is known to be gone."""
+        self._lost = reason
+
+    @property
+    def held(self) -> bool:
+        """True while the lease is certainly held."""
+        return self._lost is None and self._clock() < self._valid_until
+
+    def refusal(self, what: str) -> FencedOff | None:
+        """The :class:`FencedOff` a write of ``what`` gets now (None while the lease is held)."""
+        if self._lost is not None:
+            why = self._lost
+        elif self._clock() >= self._valid_until:
+            why = f"its {self.noun} was not renewed in time (it may have expired)"
+        else:
+            return None
+        return FencedOff(f"Refused to store {what} of {self.subject}: {why}")
+
+    def check(self, what: str) -> None:
+        """Raise :class:`FencedOff` (naming ``what`` and the subject) unless the lease is held."""
+        refused = self.refusal(what)
+        if refused is not None:
+            raise refused
+
+
+class ClaimFence(LeaseFence):
+    """Whether a job's claim is still certainly held, by the local clock.
 
     Args:
         job: The job claimed.
@@ -54,65 +119,35 @@ class ClaimFence:
 
     def __init__(self, job: base.Job, ttl: float, clock: Clock = lease_clock,
                  claimed_at: float | None = None) -> None:
+        super().__init__(f"job {job.uuid} ({job.name})", ttl, clock, claimed_at, noun="claim")
         self.job = job
-        # The service starts the lease when it receives the request, after we sent it; the
-        # margin covers the two clocks running at slightly different rates.
-        self._span = ttl - min(ttl * 0.2, 2.0)
-        self._clock = clock
-        self._valid_until = (clock() if claimed_at is None else claimed_at) + self._span
-        self._lost: str | None = None
-
-    def renewed(self, sent_at: float) -> None:
-        """The claim was renewed by a request sent at ``sent_at``."""
-        self._valid_until = max(self._valid_until, sent_at + self._span)
-
-    def lose(self, reason: str) -> None:
-        """The claim is known to be gone."""
-        self._lost = reason
-
-    @property
-    def held(self) -> bool:
-        """True while the claim is certainly held."""
-        return self._lost is None and self._clock() < self._valid_until
-
-    def refusal(self, what: str) -> FencedOff | None:
-        """The :class:`FencedOff` a write of ``what`` gets now (None while the claim is held)."""
-        if self._lost is not None:
-            why = self._lost
-        elif self._clock() >= self._valid_until:
-            why = "its claim was not renewed in time (it may have expired)"
-        else:
-            return None
-        return FencedOff(f"Refused to store {what} of job {self.job.uuid} ({self.job.name}): "
-                         f"{why}")
-
-    def check(self, what: str) -> None:
-        """Raise :class:`FencedOff` (naming ``what`` and the job) unless the claim is held."""
-        refused = self.refusal(what)
-        if refused is not None:
-            raise refused
 
 
 class ClaimKeeper:
-    """Renews a conductor's claims and registration every ``interval`` seconds.
+    """Renews a conductor's claims and registration, and any other lease given to
+    :meth:`hold_lease`, every ``interval`` seconds.
 
     Args:
-        board: The jobboard.
+        board: The jobboard (None: a keeper of other leases only, ``interval`` required).
         owner: The conductor's name (the claims' owner).
         entity: The conductor's registration, refreshed with the claims (None: none).
         clock: The lease clock (injected in tests).
         interval: Seconds between renewals (a third of the board's ``claim_ttl`` if None).
     """
 
-    def __init__(self, board: base.JobBoard, owner: str, entity: Entity | None = None,
+    def __init__(self, board: base.JobBoard | None, owner: str, entity: Entity | None = None,
                  clock: Clock = lease_clock, interval: float | None = None) -> None:
+        if interval is None:
+            if board is None:
+                raise ValueError(f"Keeper of {owner}: a keeper without a board needs an interval")
+            interval = board.options.claim_ttl / 3
         self._board = board
         self._owner = owner
         self._entity = entity
         self._clock = clock
-        self._interval = interval if interval is not None else board.options.claim_ttl / 3
+        self._interval = interval
         self._lock = threading.Lock()
-        self._held: dict[str, tuple[ClaimFence, Callable[[base.Job], None]]] = {}
+        self._held: dict[str, _Kept] = {}
         self._next_due = clock()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -121,15 +156,38 @@ class ClaimKeeper:
              claimed_at: float | None = None) -> ClaimFence:
         """Start renewing ``job``'s claim; ``on_lost(job)`` is called (once, on the keeper's
         thread) when it is lost or may have lapsed: read ``fence.refusal`` for why."""
-        fence = ClaimFence(job, self._board.options.claim_ttl, self._clock, claimed_at)
-        with self._lock:
-            self._held[job.uuid] = (fence, on_lost)
+        board = self._board
+        if board is None:
+            raise ValueError(f"Keeper of {self._owner} has no board to renew job claims on")
+        fence = ClaimFence(job, board.options.claim_ttl, self._clock, claimed_at)
+        self.hold_lease(job.uuid, fence, lambda: board.keep_alive(job, self._owner),
+                        lambda: on_lost(job))
         return fence
+
+    def hold_lease(self, key: str, fence: LeaseFence, renew: Callable[[], None],
+                   on_lost: Callable[[], None]) -> None:
+        """Start renewing a lease by calling ``renew()``, which raises
+        :class:`~flowengine.jobs.base.ClaimLost` when the lease is gone (any other
+        :class:`~flowengine.exceptions.TaskFlowException` when it cannot tell). ``on_lost()``
+        is called once, on the keeper's thread, when it is lost or may have lapsed.
+
+        Args:
+            key: Names the lease for :meth:`release_lease` (unique among those held).
+            fence: The lease's fence, renewed and lost with it.
+            renew: Renews the lease once.
+            on_lost: Told that it is lost.
+        """
+        with self._lock:
+            self._held[key] = _Kept(fence, renew, on_lost)
 
     def release(self, job: base.Job) -> None:
         """Stop renewing ``job``'s claim."""
+        self.release_lease(job.uuid)
+
+    def release_lease(self, key: str) -> None:
+        """Stop renewing the lease held under ``key``."""
         with self._lock:
-            self._held.pop(job.uuid, None)
+            self._held.pop(key, None)
 
     def tick(self) -> float:
         """Renew everything if due; return the seconds until the next renewal."""
@@ -138,42 +196,41 @@ class ClaimKeeper:
             return self._next_due - now
         self._next_due = now + self._interval
         with self._lock:
-            held = list(self._held.values())
-        for fence, on_lost in held:
-            self._renew(fence, on_lost)
-        if self._entity is not None:
+            held = list(self._held.items())
+        for key, kept in held:
+            self._renew(key, kept)
+        if self._entity is not None and self._board is not None:
             try:
                 self._board.register_entity(self._entity)
             except exc.TaskFlowException as err:
                 LOG.warning("Could not refresh the registration of %s: %s", self._owner, err)
         return max(0.0, self._next_due - self._clock())
 
-    def _renew(self, fence: ClaimFence, on_lost: Callable[[base.Job], None]) -> None:
-        job, sent_at = fence.job, self._clock()
+    def _renew(self, key: str, kept: _Kept) -> None:
+        fence, sent_at = kept.fence, self._clock()
+        noun, subject = fence.noun, fence.subject
         try:
-            self._board.keep_alive(job, self._owner)
+            kept.renew()
         except base.ClaimLost as err:
-            LOG.warning("Conductor %s lost its claim on job %s (%s): %s", self._owner, job.uuid,
-                        job.name, err)
-            fence.lose(f"the claim was lost: {err}")
+            LOG.warning("%s lost its %s on %s: %s", self._owner, noun, subject, err)
+            fence.lose(f"the {noun} was lost: {err}")
         except exc.TaskFlowException as err:
             if fence.held:
-                # Cannot tell (the service is unreachable): held until the claim could have
+                # Cannot tell (the service is unreachable): held until the lease could have
                 # ended, and the next renewal may get through before then.
-                LOG.warning("Could not renew the claim on job %s (%s): %s", job.uuid, job.name,
-                            err)
+                LOG.warning("Could not renew the %s on %s: %s", noun, subject, err)
                 return
-            LOG.warning("Conductor %s may have lost its claim on job %s (%s): not renewed in "
-                        "time (%s)", self._owner, job.uuid, job.name, err)
-            fence.lose(f"its claim could not be renewed before it could have expired: {err}")
+            LOG.warning("%s may have lost its %s on %s: not renewed in time (%s)", self._owner,
+                        noun, subject, err)
+            fence.lose(f"its {noun} could not be renewed before it could have expired: {err}")
         else:
             fence.renewed(sent_at)
             return
-        self.release(job)
+        self.release_lease(key)
         try:
-            on_lost(job)
+            kept.on_lost()
         except Exception:
-            LOG.exception("Handling the lost claim on job %s failed", job.uuid)
+            LOG.exception("Handling the lost %s on %s failed", noun, subject)
 
     def start(self) -> None:
         """Renew now, then every interval on a daemon thread until :meth:`stop`."""

@@ -111,9 +111,11 @@ def create_app(data: DashboardData, *, read_only: bool = False, token: str | Non
         damaged, _ = await listing(data.damaged)
         ended, ended_error = await listing(data.ended)
         orphans, orphans_error = await listing(data.orphans)
+        locks, locks_error = await listing(data.locks)
         return render(request, "jobs.html", {
             "jobs": found, "trashed": trashed, "conductors": alive, "damaged": damaged,
             "ended": ended, "ended_error": ended_error or orphans_error, "orphans": orphans,
+            "locks": locks, "locks_error": locks_error,
             "error": error or trash_error or conductors_error})
 
     def action(do: Callable[..., str], back: Callable[[Request], str],
@@ -198,6 +200,7 @@ def create_app(data: DashboardData, *, read_only: bool = False, token: str | Non
             yield
         finally:
             data.hub.stop()
+            data.close()
 
     app = Starlette(routes=routes, lifespan=lifespan)
     if token:

@@ -24,8 +24,8 @@ from flowengine.dashboard import compiled as cp
 from flowengine.dashboard import layout, resuming, timeline
 from flowengine.dashboard.live import EventHub
 from flowengine.dashboard.masking import mask, mask_text
+from flowengine.engines import admission, stopping
 from flowengine.engines import repair as repairing
-from flowengine.engines import stopping
 from flowengine.engines import suspend_requests as sr
 from flowengine.engines.factory_policy import FactoryPolicy
 from flowengine.persistence import base, models, queries
@@ -84,6 +84,8 @@ class FlowView:
     repairable: dict[str, Any] = dataclasses.field(default_factory=dict)
     #: Whether it can be cancelled from here.
     cancellable: bool = False
+    #: The locks it holds (``locks``) or the one it waits for (``waiting``), while it runs.
+    coordination: dict[str, Any] | None = None
 
 
 class DashboardData:
@@ -110,6 +112,7 @@ class DashboardData:
         self._compiler = cp.Compiler(factories)
         self._running: dict[str, Any] = {}
         self._topics: tuple[float, list[dict[str, Any]]] | None = None
+        self._coordinator: Any = None  # the locks' service, connected on first look
         self._lock = threading.Lock()
 
     @property
@@ -160,13 +163,17 @@ class DashboardData:
             repairs=[mask(r) for r in fd.meta.get(repairing.META_REPAIRS) or ()
                      if isinstance(r, dict)],
             repairable={} if running_here else _repairable(fd),
-            cancellable=running_here or fd.state in CANCELLABLE)
+            cancellable=running_here or fd.state in CANCELLABLE,
+            coordination=_coordination(fd.meta.get(admission.META_COORDINATION)))
 
     def _shown(self, atom: dict[str, Any], compiled: cp.Compiled | str, results: dict[str, Any],
                injected: dict[str, Any], secrets: list[str]) -> dict[str, Any]:
         shown = {k: atom[k] for k in ("name", "uuid", "kind", "state", "intention", "progress",
                                       "started_at", "duration", "revert_duration", "attempts",
                                       "workers", "attempt_log", "delayed_until")}
+        # A task waiting for a lock or a concurrency limit: what for, and who holds it.
+        shown["waiting_for"] = (None if not atom["waiting_for"] else
+                                mask_text(admission.describe_wait(atom["waiting_for"]), secrets))
         inputs = ({} if isinstance(compiled, str)
                   else cp.inputs_of(compiled, atom["name"], results, injected))
         if not isinstance(compiled, str):
@@ -438,6 +445,31 @@ class DashboardData:
             raise ActionRefused("no jobboard: start the dashboard with --board")
         return self.board
 
+    def locks(self) -> list[dict[str, Any]] | None:
+        """The locks and concurrency limits on the board's service (None without a board):
+        for each key, who holds it and who waits, in order."""
+        if self.board is None:
+            return None
+        from flowengine import coordination
+
+        with self._lock:
+            if self._coordinator is None:
+                self._coordinator = coordination.for_board(self.board, owner="dashboard")
+            coordinator = self._coordinator
+        return [{"key": e.key, "kind": e.info.get("kind") or ("lock" if e.limit == 1
+                                                              else "limit"),
+                 "limit": e.limit, "position": e.position,
+                 "state": "held" if e.holding else "waiting",
+                 "holder": mask_text(coordination.describe_holder(e.info), []),
+                 "since": e.info.get("since")} for e in coordinator.listing()]
+
+    def close(self) -> None:
+        """Release what the dashboard connected on its own (the locks' service)."""
+        with self._lock:
+            coordinator, self._coordinator = self._coordinator, None
+        if coordinator is not None:
+            coordinator.close()
+
     def jobs(self) -> list[dict[str, Any]] | None:
         """Jobs on the board (None without one), most urgent first, with state, owner and
         attempts."""
@@ -518,6 +550,16 @@ def _repairable(fd: models.FlowDetail) -> dict[str, Any]:
     if fd.state in (states.FAILURE, states.REVERTED) and not failed_reverts:
         found["retry_from"] = [ad.name for ad in atoms if ad.failure is not None]
     return found
+
+
+def _coordination(value: Any) -> dict[str, Any] | None:
+    """The flow's locks and wait as the flow page shows them (None: neither)."""
+    if not isinstance(value, dict):
+        return None
+    waiting = value.get("waiting")
+    shown = {"locks": [str(k) for k in value.get("locks") or ()],
+             "waiting": admission.describe_wait(waiting) if isinstance(waiting, dict) else None}
+    return shown if shown["locks"] or shown["waiting"] else None
 
 
 def _utc(when: Any) -> str | None:

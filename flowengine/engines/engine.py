@@ -14,8 +14,9 @@ from flowengine import exceptions as exc
 from flowengine import states, tracing
 from flowengine.engines import executor as ex
 from flowengine.engines import repair as repairing
-from flowengine.engines import setup_slots, stopping
+from flowengine.engines import setup_slots, shapes, stopping
 from flowengine.engines import suspend_requests as sr
+from flowengine.engines.admission import META_COORDINATION, Admission, FlowLocks, TaskGate
 from flowengine.engines.compiler import Compilation, PatternCompiler
 from flowengine.engines.delays import RetryWaits
 from flowengine.engines.machine import META_STATES, RunLoop
@@ -73,6 +74,9 @@ class ActionEngine:
         self._deadline_seconds = stopping.deadline_seconds(self._options.extra)
         # The clock deadlines are stored by (epoch seconds): the retry clock tests inject.
         self._epoch_clock = self._options.extra.get("retry_clock") or time.time
+        # Locks and concurrency limits (options locks, concurrency, coordination).
+        self._admission = Admission(self._options.extra)
+        self._flow_locks: FlowLocks | None = None  # while a run holds or waits for its locks
 
     # -- public properties ------------------------------------------------------------------
 
@@ -146,6 +150,7 @@ class ActionEngine:
             if self._compilation is not None:
                 return
             compilation = PatternCompiler(self._flow).compile()
+            self._admission.check(compilation.iter_atoms())
             executor = self._task_executor()
             if not executor.runs_coroutines:
                 self._refuse_coroutines(compilation)
@@ -180,6 +185,9 @@ class ActionEngine:
         with self._lock, self._admitted():
             self.compile()
             if not self._storage_ensured:
+                # Before anything is written: a flow stored by code of another shape is
+                # refused unless a migration says how to go on (see shapes).
+                change, shape = shapes.check(self.storage.flow_detail, self.compilation)
                 self._change_state(states.RESUMING)
                 storage = self.storage
                 atoms = self.compilation.declared
@@ -188,6 +196,14 @@ class ActionEngine:
                     if atom.inject:
                         storage.inject_atom_args(atom.name, atom.inject,
                                                  transient=self._options.inject_transient)
+                if change is not None:
+                    migrate = shapes.migration_for(storage.flow_detail)
+                    assert migrate is not None
+                    migrate(change, storage)
+                    storage.update_flow_metadata({shapes.META_SHAPE: shape})
+                elif shape is not None and storage.flow_meta.get(shapes.META_SHAPE) != shape:
+                    # Stored with the flow's next write (its state, as the run starts).
+                    storage.flow_meta[shapes.META_SHAPE] = shape
                 self._change_state(states.SUSPENDED)
                 self._storage_ensured = True
             assert self._runtime is not None
@@ -260,6 +276,8 @@ class ActionEngine:
                 raise
             self.halt(err)
             return
+        if self._flow_locks is not None:
+            self._flow_locks.stop()  # a run still waiting for its locks starts nothing
         if self._runtime is not None:
             # A retry waiting out its delay has not started anything: stop waiting now.
             self._runtime.timer.cancel_all()
@@ -281,6 +299,8 @@ class ActionEngine:
             cause: Why its writes stopped (named by the ``RunHalted`` raised).
         """
         self.storage.stop_writing(cause)
+        if self._flow_locks is not None:
+            self._flow_locks.stop()
         loop = self._loop
         if loop is not None:
             loop.halt(cause)
@@ -417,6 +437,42 @@ class ActionEngine:
         with self._lock, self._admitted():  # once, however many set-up steps there are
             self._set_up()
             self._make_repairs()
+        if self._admission.needed_by(self.compilation.iter_atoms()):
+            yield from self._run_admitted(timeout)
+        else:
+            yield from self._run(timeout)
+
+    def _run_admitted(self, timeout: float | None) -> Iterator[str]:
+        """A run that holds locks or limits (see :mod:`~flowengine.engines.admission`): the
+        flow's own locks first, released (and the tasks' with them) however the run ends."""
+        assert self._runtime is not None
+        self.storage.flush_unsaved()  # before the locks' waits are recorded
+        locks = self._flow_locks = FlowLocks(self._admission, self.storage, self.halt)
+        gate: TaskGate | None = None
+        try:
+            if not locks.take():  # suspended (or halted) while it waited: nothing started
+                if self.storage.unsaved is not None:
+                    raise self._halted(self.storage.unsaved)
+                # Recorded as a run suspended before its first atom, so that whoever ran it
+                # (a conductor) hands it back rather than taking it for finished.
+                for state in (states.RUNNING, states.SUSPENDING, states.SUSPENDED):
+                    self._change_state(state)
+                yield states.SUSPENDED
+                return
+            gate = self._runtime.gate = TaskGate(self._admission, self.storage, locks.keys,
+                                                 self.halt)
+            yield from self._run(timeout)
+        finally:
+            self._flow_locks = None
+            self._runtime.gate = None
+            if self.storage.unsaved is None:  # a halted run writes nothing more
+                with contextlib.suppress(exc.StorageFailure):
+                    self.storage.update_flow_metadata({META_COORDINATION: None})
+            if gate is not None:
+                gate.release_all()
+            locks.release()
+
+    def _run(self, timeout: float | None) -> Iterator[str]:
         assert self._runtime is not None
         # A previous run halted with changes only in memory: they are what this process did,
         # and must reach the backend before anything more runs (or this run fails here).

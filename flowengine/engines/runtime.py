@@ -21,6 +21,7 @@ from flowengine.atom import Atom
 from flowengine.engines import executor as ex
 from flowengine.engines import resolution
 from flowengine.engines.actions import RetryAction, TaskAction
+from flowengine.engines.admission import ADMITTED, TaskGate
 from flowengine.engines.calls import CallContexts
 from flowengine.engines.compiler import FLOW, FLOW_END, TASK, Compilation
 from flowengine.engines.delays import RetryWaits
@@ -73,6 +74,8 @@ class Runtime:
         self.storage = storage
         self.options = options
         self.frontier: Frontier | None = None
+        #: The tasks' locks and limits while a run holds any (see engines/admission.py).
+        self.gate: TaskGate | None = None
         hook = _StateHook(self)
         self.task_action = TaskAction(storage, atom_notifier, task_executor, hook)
         # Option ``retry_clock`` (epoch seconds) moves retry waits in tests without sleeping.
@@ -348,7 +351,9 @@ class Runtime:
 
     def _schedule_task(self, atom: Any, intention: str) -> cf.Future:
         if intention == states.REVERT:
-            return self.task_action.schedule_reversion(atom, self._args(atom, revert=True))
+            arguments = self._args(atom, revert=True)
+            return (self._wait_admission(atom, arguments)
+                    or self._gated(atom, self.task_action.schedule_reversion(atom, arguments)))
         own_delay = start_delay(atom) > 0
         if not self._dispatch_delays:
             left = self.start_delays.local_wait(atom) if own_delay else 0.0
@@ -356,17 +361,23 @@ class Runtime:
                 waiting = self.timer.after(left, (DELAY_ELAPSED, None))
                 self.start_delays.armed(atom)
                 return waiting
-            return self.task_action.schedule_execution(atom, self._args(atom, revert=False),
-                                                       delayable=own_delay)
+            arguments = self._args(atom, revert=False)
+            return (self._wait_admission(atom, arguments) or self._gated(
+                atom, self.task_action.schedule_execution(atom, arguments, delayable=own_delay)))
+        if self.gate is not None:
+            admission = self._wait_admission(atom, self._args(atom, revert=False))
+            if admission is not None:
+                return admission
         retries = self.compilation.retries_around(atom)
         if not retries and not own_delay:
-            return self.task_action.schedule_execution(atom, self._args(atom, revert=False))
+            return self._gated(atom, self.task_action.schedule_execution(
+                atom, self._args(atom, revert=False)))
         unheard: list[tuple[retry_mod.Retry, float]] = []
         due, delay = self._delay_of(atom, retries, unheard) if retries else (None, 0.0)
         due, delay = self.start_delays.carried(atom, due, delay)
-        future = self.task_action.schedule_execution(atom, self._args(atom, revert=False),
-                                                     delayed_until=due, delay=delay,
-                                                     delayable=True)
+        future = self._gated(atom, self.task_action.schedule_execution(
+            atom, self._args(atom, revert=False), delayed_until=due, delay=delay,
+            delayable=True))
         if delay > 0:
             self.start_delays.delayed.add(future)  # taken back at once by a suspension
         self.start_delays.armed(atom)
@@ -374,6 +385,16 @@ class Runtime:
         for retry, left in unheard:
             self._announced.add(retry.name)
             self.retry_action.waiting(retry, left, decided=True)
+        return future
+
+    def _wait_admission(self, task: Any, arguments: dict[str, Any]) -> cf.Future | None:
+        """The future of ``task``'s wait for its locks and limits (None: it may start now)."""
+        return None if self.gate is None else self.gate.admit(task, arguments)
+
+    def _gated(self, task: Any, future: cf.Future) -> cf.Future:
+        """``task`` started as ``future``: what it holds goes if it is cancelled unstarted."""
+        if self.gate is not None:
+            self.gate.started(task, future)
         return future
 
     def _delay_of(self, task: Any, retries: list[retry_mod.Retry],
@@ -449,6 +470,13 @@ class Runtime:
 
     def complete(self, atom: Any, outcome: str, result: Any) -> Failure | None:
         """Apply an outcome; return a failure that must stop the engine, else None."""
+        if outcome == ADMITTED:
+            # A task holds the locks and limits it waited for: offer it to be started.
+            if self.gate is not None:
+                self.gate.admitted(atom)
+            assert self.frontier is not None
+            self.frontier.candidates.add(atom)
+            return None
         if outcome == DELAY_ELAPSED and not isinstance(atom, retry_mod.Retry):
             # A task's start delay is over (local engines): offer it to be started.
             self.start_delays.elapsed(atom)
@@ -468,6 +496,8 @@ class Runtime:
             result = action.complete_execution(atom, result)
         else:
             action.complete_reversion(atom, result)
+        if self.gate is not None:
+            self.gate.finished(atom)  # only now: its outcome was written under its leases
         if not isinstance(result, Failure):
             return None
         if outcome == ex.EXECUTED and not self.options.never_resolve:

@@ -54,3 +54,32 @@ def flow_updated(flow_meta: Mapping[str, Any],
     if last is not None:
         return last
     return None if stored is None else stored.replace(tzinfo=datetime.UTC).timestamp()
+
+#: Atom metadata key: what a task waits for (key, kind, limit, position, holders), while it
+#: waits for a lock or a concurrency limit (see flowengine.engines.admission).
+META_WAITING = "waiting_for"
+#: Flow metadata key: the locks a run holds, and what it waits for, while it runs.
+META_COORDINATION = "coordination"
+#: Progress details key a worker holding a request for a concurrency limit reports it under
+#: (see flowengine.worker_based.limits).
+PROGRESS_WAITING = "waiting_for"
+
+
+def waiting_of(atom_meta: Mapping[str, Any]) -> dict[str, Any] | None:
+    """What a stored atom waits for (a lock or limit), from its metadata: the engine's own
+    wait, or its worker's (reported as progress details); None when it waits for nothing."""
+    waiting = atom_meta.get(META_WAITING)
+    if isinstance(waiting, dict):
+        return waiting
+    progress = atom_meta.get("progress_details")
+    details = progress.get("details") if isinstance(progress, dict) else None
+    remote = details.get(PROGRESS_WAITING) if isinstance(details, dict) else None
+    return remote if isinstance(remote, dict) else None
+
+
+def describe_wait(waiting: Mapping[str, Any]) -> str:
+    """``lock 'lb:1' (held by ...)`` / ``limit 'RebootHost' 3 at once (held by ...)``."""
+    kind, key, limit = waiting.get("kind") or "lock", waiting.get("key"), waiting.get("limit")
+    what = f"{kind} {key!r}" + (f" {limit} at once" if kind == "limit" else "")
+    holders = waiting.get("holders") or []
+    return what + (f" (held by {'; '.join(map(str, holders))})" if holders else "")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -10,6 +11,7 @@ from flowengine import task as task_mod
 from flowengine.engines import executor as local
 from flowengine.types.failure import Failure
 from flowengine.worker_based import protocol as pr
+from flowengine.worker_based import versions
 
 #: Gets ``(event_type, details=...)`` for each event the task emits while it runs (progress and
 #: the task's own, ``task.notifier.notify(...)``): the worker sends each to the engine.
@@ -53,6 +55,16 @@ class Endpoint:
 
     def __repr__(self) -> str:
         return f"<Endpoint {self._name}>"
+
+    @functools.cached_property
+    def version(self) -> str | None:
+        """The class's version (``"2.0"``), read from an instance made once; None when the
+        class cannot be made without arguments (nothing is announced for it then)."""
+        try:
+            made = self.generate()
+        except Exception:  # a class that needs arguments: it still runs, unannounced
+            return None
+        return versions.text(made.version)
 
     def generate(self, name: str | None = None) -> task_mod.Task:
         """A fresh task instance named ``name`` (only the name travels on the wire)."""

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from flowengine import states
+from flowengine.engines import admission
 from flowengine.engines import executor as local
 from flowengine.engines.actions import META_ATTEMPT_IDS, META_DELAYED_JOB
 from flowengine.engines.engine import ActionEngine
@@ -78,7 +79,8 @@ class WorkerBasedActionEngine(ActionEngine):
         super().__init__(flow, flow_detail, backend, options)
         self._worker_executor: local.TaskExecutor | None = None
         #: The validated worker-based options (a misspelt or mistyped one fails here).
-        self.worker_options = opts = WorkerEngineOptions.from_mapping(self._options.extra)
+        self.worker_options = opts = WorkerEngineOptions.from_mapping(
+            {k: v for k, v in self._options.extra.items() if k not in admission.OPTIONS})
         # A ready-made executor may use a broker the options do not name: publish nowhere then.
         known = self._options.executor is None or opts.url or opts.transport
         self._publisher: ext.EventSink = ext.NO_EVENTS

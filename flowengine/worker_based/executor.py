@@ -41,6 +41,7 @@ from flowengine.worker_based import running_calls as rn
 from flowengine.worker_based import secret_arguments as sa
 from flowengine.worker_based import signing as sg
 from flowengine.worker_based import tracking
+from flowengine.worker_based import versions as vs
 from flowengine.worker_based.broker import proxy as px
 from flowengine.worker_based.leftovers import Leftovers
 from flowengine.worker_based.submission import RemoteFuture, Submission
@@ -332,7 +333,8 @@ class WorkerTaskExecutor(AttemptTracking, Leftovers, local.TaskExecutor):
         """Publish a WAITING attempt to the best capable worker, if one is known."""
         request = sub.request
         assert request is not None
-        worker = self.finder.get_worker_for_task(pr.task_class_name(sub.task), avoid=sub.workers)
+        worker = self.finder.get_worker_for_task(pr.task_class_name(sub.task), avoid=sub.workers,
+                                                 major=vs.major(sub.task.version))
         if worker is None:
             LOG.debug("No worker yet for %r; request %s waits", sub.task.name, request.request_id)
             if self._unserved_timeout is not None:

@@ -70,6 +70,23 @@ class _Metrics:
             labels, registry=registry)
         self.flows = prom.Counter(
             "flowengine_flows", "Flows that ended, by end state.", ("state",), registry=registry)
+        # Locks and limits (flowengine.coordination): "name" is a limit's key; locks, whose
+        # names are as many as the resources, are counted together under "".
+        coordination = ("kind", "name")
+        self.waiting = prom.Gauge(
+            "flowengine_coordination_waiting",
+            "Flows and tasks waiting for a lock or a concurrency limit now (not running).",
+            coordination, registry=registry)
+        self.holding = prom.Gauge(
+            "flowengine_coordination_held", "Locks and limit slots held now.", coordination,
+            registry=registry)
+        self.wait_seconds = prom.Histogram(
+            "flowengine_coordination_wait_seconds",
+            "Seconds from asking for a lock or limit slot to holding it.", coordination,
+            registry=registry)
+        self.lost = prom.Counter(
+            "flowengine_coordination_lost", "Locks and limit slots whose lease was lost.",
+            coordination, registry=registry)
 
 
 # Keyed by the registry itself, weakly: an id outlives its object and may be reused by the next.
@@ -112,6 +129,9 @@ class MetricsSink(ext.EventSink):
             pass
 
     def _update(self, event_type: str, fields: dict[str, object]) -> None:
+        if event_type.startswith("lock-"):
+            self._coordination(event_type, fields)
+            return
         task = str(fields.get("task_name") or "")
         if event_type == "task-started":
             self._m.in_flight.labels(self._role).inc()
@@ -137,6 +157,27 @@ class MetricsSink(ext.EventSink):
             self._m.duration.labels(self._role, task, action).observe(runtime)
         if str(fields.get("exc_type") or "").endswith(_WORKER_LOST):
             self._m.dead_letters.labels(self._role, task).inc()
+
+
+    def _coordination(self, event_type: str, fields: dict[str, object]) -> None:
+        kind = str(fields.get("kind") or "lock")
+        labels = (kind, "" if kind == "lock" else str(fields.get("key") or ""))
+        if event_type == "lock-waiting":
+            self._m.waiting.labels(*labels).inc()
+        elif event_type == "lock-acquired":
+            waited = fields.get("waited")
+            if isinstance(waited, (int, float)):
+                self._m.wait_seconds.labels(*labels).observe(waited)
+            if fields.get("had_waited"):
+                self._m.waiting.labels(*labels).dec()
+            self._m.holding.labels(*labels).inc()
+        elif event_type == "lock-released":
+            self._m.holding.labels(*labels).dec()
+        elif event_type == "lock-lost":
+            self._m.holding.labels(*labels).dec()
+            self._m.lost.labels(*labels).inc()
+        elif event_type == "lock-abandoned":
+            self._m.waiting.labels(*labels).dec()
 
 
 def start_metrics_server(port: int, addr: str = "127.0.0.1", registry: Any = None) -> Any:

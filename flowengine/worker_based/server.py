@@ -19,22 +19,26 @@ from typing import Any
 
 from flowengine import context, tracing
 from flowengine import exceptions as exc
+from flowengine import task as task_mod
 from flowengine.types.failure import Failure
 from flowengine.worker_based import async_runner as ar
 from flowengine.worker_based import backoff as bo
 from flowengine.worker_based import cancellation as cn
 from flowengine.worker_based import endpoint as ep
 from flowengine.worker_based import extensions as ext
+from flowengine.worker_based import limits as lm
 from flowengine.worker_based import pause as ps
 from flowengine.worker_based import protocol as pr
 from flowengine.worker_based import replays as rp
 from flowengine.worker_based import running_calls as rn
 from flowengine.worker_based import secret_arguments as sa
 from flowengine.worker_based import signing as sg
+from flowengine.worker_based import versions as vs
 from flowengine.worker_based.broker import dispatcher as dp
 from flowengine.worker_based.broker import proxy as px
 from flowengine.worker_based.broker.delivery import Delivery
 from flowengine.worker_based.heartbeats import Heartbeats
+from flowengine.worker_based.limits import WorkerLimits
 from flowengine.worker_based.replies import (  # noqa: F401 - OUTCOME_PUBLISH_DEADLINE re-exported
     OUTCOME_PUBLISH_DEADLINE,
     ReplySender,
@@ -75,6 +79,7 @@ class Server(ReplySender):
         run_requests: Where the signatures of the signed requests run are kept, so a copy is
             refused (default, with a signing key: the topic's folder on this host, see
             :mod:`~flowengine.worker_based.replays`; without a key: none).
+        limits: The worker's concurrency limits (see :mod:`~flowengine.worker_based.limits`).
 
     Raises:
         ValueError: A signing key with ``taskflow_compat`` (TaskFlow peers cannot sign).
@@ -98,6 +103,7 @@ class Server(ReplySender):
         signing: sg.Signing | None = None,
         async_runner: ar.AsyncRunner | None = None,
         run_requests: rp.RunRequests | None = None,
+        limits: WorkerLimits | None = None,
     ) -> None:
         signing = sg.Signing.from_options() if signing is None else signing
         if signing.enabled and taskflow_compat:
@@ -118,6 +124,10 @@ class Server(ReplySender):
         self._revoked = cn.Revoked()
         self._calls = rn.RunningCalls()
         self._async = async_runner or ar.AsyncRunner()
+        self._limits = limits if limits is not None and limits.limits else None
+        if self._limits is not None:
+            self._limits.worker_id = self.worker_id
+        self._slots: dict[int, list[Any]] = {}  # by id(message): released when it is settled
         self.topic_pause = ps.TopicPause(topic, self.worker_id, events, lambda: self._busy)
         handlers = {
             pr.NOTIFY: dp.Handler(
@@ -168,6 +178,16 @@ class Server(ReplySender):
         return list(self._endpoints)
 
     @property
+    def task_versions(self) -> dict[str, str]:
+        """The version of each task class it runs (those it can tell), as announced."""
+        return {name: endpoint.version for name, endpoint in self._endpoints.items()
+                if endpoint.version is not None}
+
+    def _notify_headers(self) -> dict[str, Any]:
+        """A NOTIFY reply's or announcement's headers: the usual ones and the versions."""
+        return {**self._headers(), vs.HEADER_TASK_VERSIONS: vs.encode(self.task_versions)}
+
+    @property
     def free_slots(self) -> int | None:
         """Task slots not running a request, or None when the capacity is unknown."""
         if self._capacity is None:
@@ -194,7 +214,7 @@ class Server(ReplySender):
     def announce(self, status: str = pr.WORKER_ONLINE) -> None:
         """Tell listening engines this worker's topic, tasks and status (best effort)."""
         notify = pr.Notify(topic=self._topic, tasks=self.task_names)
-        headers = dict(self._headers(), **{pr.HEADER_WORKER_STATUS: status})
+        headers = dict(self._notify_headers(), **{pr.HEADER_WORKER_STATUS: status})
         try:
             self._proxy.publish(
                 notify, pr.DISCOVERY_ROUTING_KEY, headers=headers, declare_queue=False,
@@ -202,7 +222,8 @@ class Server(ReplySender):
             )  # fmt: skip
             self._online = status == pr.WORKER_ONLINE
             self._events.emit(f"worker-{status}", worker=self.worker_id, topic=self._topic,
-                              tasks=self.task_names, capacity=self._capacity)
+                              tasks=self.task_names, capacity=self._capacity,
+                              versions=self.task_versions)
         except Exception as err:
             # An outage its transport reported already (a full disk) is not logged per try.
             LOG.log(logging.DEBUG if getattr(err, "reported", False) else logging.WARNING,
@@ -222,7 +243,9 @@ class Server(ReplySender):
     def _reply_notify(self, reply_to: str) -> None:
         notify = pr.Notify(topic=self._topic, tasks=self.task_names)
         try:
-            self._send(notify, reply_to)
+            # As _send, with the versions beside the (TaskFlow-shaped) body.
+            self._proxy.publish(notify, reply_to, headers=self._notify_headers(),
+                                declare_queue=False)
         except Exception as err:
             LOG.error("Worker %s could not answer NOTIFY of %r: %s", self.worker_id, reply_to, err)
 
@@ -312,7 +335,49 @@ class Server(ReplySender):
         if published is not ar.LATER:  # else the async runner settles it when it is done
             self._settle(message, bool(published))
 
+    def _take_slots(self, work: pr.WorkUnit, message: Delivery, reply: Callable[..., bool],
+                    name: str) -> bool | None:
+        """Hold the request's limit slots (waiting unstarted); None once held, else what
+        :meth:`_serve` returns: it was revoked meanwhile, or the worker is stopping."""
+        assert self._limits is not None
+        props, headers = message.properties, message.headers or {}
+        revoked: list[bool] = []
+        waited: list[bool] = []
+
+        def still_waiting(waiting_for: dict[str, Any]) -> None:
+            waited.append(bool(waiting_for))
+            try:
+                self._forward_event(props, headers, task_mod.EVENT_UPDATE_PROGRESS,
+                                    lm.waiting_event(waiting_for), retry=False)
+            except Exception as err:  # the next one may get through
+                LOG.debug("Could not tell the engine of %s it waits: %s", name, err)
+
+        request_id = props["correlation_id"]
+
+        def give_up() -> bool:
+            if self._revoked.take(request_id):
+                revoked.append(True)
+                return True
+            return not self._proxy.is_running
+
+        slots = self._limits.take(work.task_cls, work.task_name, heartbeat_interval(headers),
+                                  still_waiting, give_up)
+        if slots is None:
+            if revoked:
+                LOG.info("Not running request %s for task %s: its engine revoked it while it "
+                         "waited for a limit", dp.describe(message), name)
+                return reply(pr.EVENT, name, event_type=cn.EVENT_CANCELLED,
+                             details={"worker": self.worker_id})
+            return False  # stopping: handed back unstarted
+        if waited:
+            still_waiting({})  # it no longer waits
+        self._slots[id(message)] = slots
+        return None
+
     def _settle(self, message: Delivery, published: bool) -> None:
+        slots = self._slots.pop(id(message), None)
+        if slots is not None and self._limits is not None:
+            self._limits.release(slots)
         self._done()
         if published:
             message.ack()
@@ -369,19 +434,27 @@ class Server(ReplySender):
                     f" {self.worker_id} runs version {list(task.version)}"
                 )
         except Exception as err:
-            reason = "unknown-task" if isinstance(err, exc.NotFound) else "unusable-request"
-            if (reason == "unknown-task" and self._control_proxy is not None
+            reason = ("unknown-task" if isinstance(err, exc.NotFound) else "other-version"
+                      if isinstance(err, exc.IncompatibleVersion) else "unusable-request")
+            if (reason in ("unknown-task", "other-version") and self._control_proxy is not None
                     and from_flowengine(headers)):
                 # A worker sharing this topic runs it (a rolling deploy): the engine resends it.
-                LOG.info("Handing back request %s for task %s: not served by this worker",
-                         dp.describe(message), name)
-                return reply(pr.EVENT, name, event_type=ext.EVENT_NOT_SERVED,
-                             details={"worker": self.worker_id})
+                LOG.info("Handing back request %s for task %s: not served by this worker%s",
+                         dp.describe(message), name,
+                         f" ({err})" if reason == "other-version" else "")
+                details: dict[str, Any] = {"worker": self.worker_id}
+                if reason == "other-version":
+                    details["version"] = vs.text(task.version)
+                return reply(pr.EVENT, name, event_type=ext.EVENT_NOT_SERVED, details=details)
             LOG.warning("Rejected message %s: reason=%s task %s: %s", dp.describe(message),
                         reason, name, clip(secrets.text(str(err))))
             failure = Failure()
             return reply(pr.FAILURE, name, result=pr.failure_to_dict(
                 failure.redacted(secrets) if secrets else failure))
+        if self._limits is not None:
+            ended = self._take_slots(work, message, reply, name)
+            if ended is not None:
+                return ended
         if not reply(pr.RUNNING, name):
             return False
         secrets = sa.masker(work.arguments, sa.names(headers), task)

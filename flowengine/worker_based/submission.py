@@ -60,6 +60,7 @@ class Submission:
     not_served: int = 0  # attempts handed back by a worker that does not run the class
     rerouted: int = 0  # attempts sent elsewhere because nobody took them from their topic
     pickup_due: float | None = None  # executor clock: look whether it was taken by then
+    other_version: int = 0  # of those, by one running another version while a right one lived
     revoking: str | None = None  # the request id workers were asked not to start
     not_before: float | None = None  # executor clock: no worker may take it before (a delay)
     delayed_job: str | None = None  # the broker's handle of its delayed job (beanstalkd)

@@ -28,8 +28,10 @@ from flowengine.worker_based import cancellation as cn
 from flowengine.worker_based import client as bc
 from flowengine.worker_based import dead_letters, unserved
 from flowengine.worker_based import extensions as ext
+from flowengine.worker_based import limits as lm
 from flowengine.worker_based import protocol as pr
 from flowengine.worker_based import signing as sg
+from flowengine.worker_based import versions as vs
 from flowengine.worker_based.broker import proxy as px
 from flowengine.worker_based.broker.delivery import Delivery
 from flowengine.worker_based.submission import Submission
@@ -40,6 +42,9 @@ LOG = logging.getLogger("flowengine.worker_based.executor")
 #: Heartbeat intervals a worker holding a RUNNING attempt the broker handed out again has to
 #: show it is alive before the attempt is lost.
 PROOF_OF_LIFE = 1.5
+#: Hand-backs by workers of another version a request may have while one of its own version
+#: lives (each sent again a little later, up to a second apart).
+MAX_OTHER_VERSION = 200
 #: Seconds between looks for workers that fell silent (an engine's clock).
 _EXPIRY_CHECK_PERIOD = 1.0
 
@@ -139,7 +144,8 @@ class AttemptTracking:
             elif event_type == ext.EVENT_REDELIVERED:
                 self._handed_back(sub, request, header(headers, pr.HEADER_WORKER))
             elif event_type == ext.EVENT_NOT_SERVED:
-                self._not_served(sub, request, header(headers, pr.HEADER_WORKER))
+                self._not_served(sub, request, header(headers, pr.HEADER_WORKER),
+                                 response.data["details"].get("version"))
             elif event_type == cn.EVENT_CANCELLED:
                 # Unstarted, or an awaited coroutine the worker stopped as asked (its RUNNING
                 # reply may have come first): either way it will not finish.
@@ -148,6 +154,8 @@ class AttemptTracking:
                     by = header(headers, pr.HEADER_WORKER) or "?"
                     self._cancelled(sub, f"worker {by} dropped it unstarted, as asked")
             else:
+                if response.data["details"].get(lm.WAITING_FOR) is not None:
+                    self._still_waiting(sub, request)
                 sub.task.notifier.notify(response.data["event_type"], response.data["details"])
         elif state == pr.RUNNING:
             if sub.running_by is None or sub.running_by[0] != correlation_id:
@@ -229,22 +237,46 @@ class AttemptTracking:
         sub.resent += 1
         self._new_attempt(sub, defer=True)
 
-    def _not_served(self, sub: Submission, request: pr.Request, by: str | None) -> None:
-        """A worker sharing the topic turned the attempt away unrun: it does not run the class.
-        It is sent again without counting an attempt, to a worker that announced the class."""
+    def _not_served(self, sub: Submission, request: pr.Request, by: str | None,
+                    version: str | None = None) -> None:
+        """A worker sharing the topic turned the attempt away unrun: it does not run the class
+        (or not at this major version). It is sent again without counting an attempt, to a
+        worker that announced the class (at this version)."""
         if request.current_state != pr.PENDING:
             return  # late or duplicated: the attempt moved on
         task_cls = pr.task_class_name(sub.task)
-        if sub.not_served >= ext.MAX_NOT_SERVED:
+        major = vs.major(sub.task.version)
+        if (version is not None and sub.other_version < MAX_OTHER_VERSION
+                and self.finder.get_worker_for_task(task_cls, major=major) is not None):
+            # A rolling upgrade: workers of both versions share the topic's queue, and one of
+            # the other took it. One of its own version lives: it is sent again, a little later
+            # each time, so that while those are busy it does not bounce between the others.
+            sub.other_version += 1
+            sub.not_served += 1
+            sub.not_before = self._clock() + min(0.02 * 2 ** (sub.other_version - 1), 1.0)
+            LOG.info("Worker %s runs version %s of task class %r: sending task %r (version %s,"
+                     " request %s) again", by or "?", version, task_cls, sub.task.name,
+                     vs.text(sub.task.version), request.request_id)
+            self._new_attempt(sub, defer=True)
+            return
+        if sub.not_served >= ext.MAX_NOT_SERVED + sub.other_version:
             self._fail(sub, exc.NotFound(unserved.describe(
                 task_cls, sub.task.name, self._topics, self.finder.workers(),
-                self._clock() - request.created_on)
+                self._clock() - request.created_on, major)
                 + f"\n(handed back {sub.not_served + 1} times, the last by worker {by})"))
             return
         LOG.info("Worker %s does not run task class %r: sending task %r (request %s) again",
                  by or "?", task_cls, sub.task.name, request.request_id)
         sub.not_served += 1
         self._new_attempt(sub, defer=True)
+
+    def _still_waiting(self, sub: Submission, request: pr.Request) -> None:
+        """A worker holds the request unstarted until a concurrency limit lets it run (see
+        :mod:`~flowengine.worker_based.limits`): alive and waiting in line, so its time to
+        leave PENDING starts again."""
+        if request.current_state == pr.PENDING and sub.attempt is not None:
+            request.created_on = sub.attempt.created = self._clock()
+            self._note_due(self._deadline(sub, request))
 
     def _renew(self, sub: Submission, headers: Mapping[str, Any]) -> None:
         # Only flowengine workers send heartbeats; a TaskFlow worker's request holds no lease.
@@ -278,7 +310,8 @@ class AttemptTracking:
             return
         self.finder.add(data["topic"], data["tasks"], identity=identity,
                         capacity=header(headers, pr.HEADER_CAPACITY),
-                        flowengine=header(headers, pr.HEADER_PROTOCOL) is not None)
+                        flowengine=header(headers, pr.HEADER_PROTOCOL) is not None,
+                        versions=vs.decode(header(headers, vs.HEADER_TASK_VERSIONS)))
 
     # -- housekeeping (the client's consumer thread) ----------------------------------------
 
@@ -343,7 +376,8 @@ class AttemptTracking:
             elif request.current_state == pr.WAITING and self._unserved(request, now):
                 self._fail(sub, exc.NotFound(unserved.describe(
                     pr.task_class_name(sub.task), sub.task.name, self._topics,
-                    self.finder.workers(), now - request.created_on)))
+                    self.finder.workers(), now - request.created_on,
+                    vs.major(sub.task.version))))
             elif (request.current_state == pr.PENDING and sub.pickup_due is not None
                     and now >= sub.pickup_due and sub.revoking != request.request_id):
                 self._unclaimed(sub, request, now)

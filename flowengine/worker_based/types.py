@@ -41,6 +41,8 @@ class TopicWorker:
         passed_over: a request sent to its topic was not taken in time while nothing was heard
             from the topic (a worker that announces itself and never consumes, or one cut off
             from its queue): any other capable worker is preferred until it is heard from again.
+        versions: the version of each task class it announced (TaskFlow workers announce
+            none: they are sent any version).
     """
 
     topic: str
@@ -52,10 +54,15 @@ class TopicWorker:
     in_flight: int = 0
     silent: bool = False
     passed_over: bool = False
+    versions: dict[str, str] = dataclasses.field(default_factory=dict)
 
-    def performs(self, task_cls: str) -> bool:
-        """Whether it runs the named task class."""
-        return task_cls in self.tasks
+    def performs(self, task_cls: str, major: str | None = None) -> bool:
+        """Whether it runs the named task class (at major version ``major``, if given and it
+        announced the class's version)."""
+        if task_cls not in self.tasks:
+            return False
+        served = self.versions.get(task_cls)
+        return major is None or served is None or served.split(".")[0] == major
 
 
 class WorkerFinder:
@@ -107,6 +114,7 @@ class WorkerFinder:
         identity: str | None = None,
         capacity: int | None = None,
         flowengine: bool = False,
+        versions: dict[str, str] | None = None,
     ) -> TopicWorker | None:
         """Record (or refresh) a worker from a NOTIFY reply or announcement; None (and nothing
         kept) for a worker of a topic this finder does not serve."""
@@ -121,6 +129,9 @@ class WorkerFinder:
                 self._workers[key] = worker
                 LOG.info("Discovered worker %s (topic %r, %d tasks)", key, topic, len(worker.tasks))
             worker.tasks = frozenset(tasks)
+            if versions is not None:
+                new = new or worker.versions != versions
+                worker.versions = versions
             worker.topic = topic
             worker.last_seen = self._clock()
             new = new or worker.silent or worker.passed_over
@@ -212,16 +223,17 @@ class WorkerFinder:
             )
         return gone
 
-    def get_worker_for_task(self, task_cls: str, avoid: Iterable[str] = ()) -> TopicWorker | None:
-        """Pick a worker that runs ``task_cls``: the least loaded, avoiding passed-over workers
-        and then ``avoid`` if possible.
+    def get_worker_for_task(self, task_cls: str, avoid: Iterable[str] = (),
+                            major: str | None = None) -> TopicWorker | None:
+        """Pick a worker that runs ``task_cls`` (at major version ``major``, if given): the
+        least loaded, avoiding passed-over workers and then ``avoid`` if possible.
 
         Load is the worker's in-flight count against its advertised capacity; ties are broken at
         random so equal workers share the work.
         """
         with self._lock:
             capable = [w for w in self._workers.values()
-                       if w.performs(task_cls) and not w.silent]
+                       if w.performs(task_cls, major) and not w.silent]
         if not capable:
             return None
         avoided = set(avoid)

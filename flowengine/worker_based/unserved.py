@@ -25,14 +25,26 @@ _SHOWN = 20
 
 
 def describe(task_cls: str, task_name: str, topics: Sequence[str],
-             workers: Iterable[TopicWorker], waited: float) -> str:
-    """Why task ``task_name`` (class ``task_cls``) cannot run, naming what each topic serves."""
+             workers: Iterable[TopicWorker], waited: float, major: str | None = None) -> str:
+    """Why task ``task_name`` (class ``task_cls``, major version ``major``) cannot run, naming
+    what each topic serves (and, when the class is served at other versions, which)."""
     served: dict[str, set[str]] = {}
     counts: dict[str, int] = {}
+    offered: dict[str, list[str]] = {}
+    workers = list(workers)
     for worker in workers:
         served.setdefault(worker.topic, set()).update(worker.tasks)
         counts[worker.topic] = counts.get(worker.topic, 0) + 1
+        if worker.performs(task_cls) and task_cls in worker.versions:
+            offered.setdefault(worker.versions[task_cls], []).append(worker.identity)
     where = ", ".join(repr(t) for t in (topics or sorted(served)))
+    if major is not None and offered:
+        on_offer = "; ".join(f"version {version} by {', '.join(sorted(ids))}"
+                             for version, ids in sorted(offered.items()))
+        return (f"Task {task_name!r}: no live worker on topic(s) {where} runs version {major}.x "
+                f"of task class {task_cls!r} (waited {waited:.1f}s); on offer: {on_offer}. "
+                f"Start a worker with that version's code, or run this flow with code of a "
+                f"version on offer.")
     lines = [f"Task {task_name!r}: no live worker on topic(s) {where} runs task class "
              f"{task_cls!r} (waited {waited:.1f}s). Start a worker with --task {task_cls}, "
              f"or define the class in an importable module (not __main__)."]

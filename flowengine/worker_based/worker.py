@@ -33,6 +33,7 @@ from flowengine.worker_based import protocol as pr
 from flowengine.worker_based import server as sv
 from flowengine.worker_based import signing as sg
 from flowengine.worker_based.autoscale import AutoscalePool, Autoscaler
+from flowengine.worker_based.limits import WorkerLimits
 
 LOG = logging.getLogger(__name__)
 
@@ -159,6 +160,12 @@ class Worker:
             :mod:`~flowengine.worker_based.async_runner`). A worker serving such tasks announces
             its threads plus these slots as its capacity; its broker prefetch adds the slots to
             the threads while async calls are awaited.
+        limits: ``{key: N}``: at most N requests under each key run at once across every
+            worker and engine using ``coordination`` (a key is a task class's short or full
+            name, or ``topic`` for this worker's topic); see
+            :mod:`~flowengine.worker_based.limits`.
+        coordination: Where the limits are held: a jobboard URI or conf (Redis, ZooKeeper,
+            etcd) or a :class:`~flowengine.coordination.Coordinator`.
 
     Raises:
         ValueError: ``tasks`` resolve to no task class at all; a bad ``autoscale``; a bad
@@ -185,9 +192,12 @@ class Worker:
         signing_key: str | None = None,
         signing_key_file: str | None = None,
         async_concurrency: int | None = None,
+        limits: Mapping[str, int] | None = None,
+        coordination: Any = None,
     ) -> None:
         _refuse_process_pool(executor, topic)
         signing = sg.Signing.from_options(signing_key, signing_key_file)
+        worker_limits = WorkerLimits(limits, topic, coordination)
         self._exchange, self._topic = exchange, topic
         specs = _spec_list(tasks)
         classes = find_task_classes(specs)
@@ -235,7 +245,7 @@ class Worker:
             transport_options=transport_options, retry_options=retry_options,
             taskflow_compat=taskflow_compat, capacity=self.capacity, events=events,
             prefetch=self._prefetch if self._pool is not None or self._async_slots else None,
-            signing=signing, async_runner=self._runner,
+            signing=signing, async_runner=self._runner, limits=worker_limits,
         )  # fmt: skip
         self._ticker = None if events is ext.NO_EVENTS else ev.Ticker(
             events, "worker-heartbeat", heartbeat_interval, self._heartbeat)
@@ -243,6 +253,7 @@ class Worker:
     def _heartbeat(self) -> dict[str, Any]:
         server = self._server
         return {"worker": self.worker_id, "topic": self._topic, "tasks": server.task_names,
+                "versions": server.task_versions,
                 "capacity": self.capacity, "async_slots": self._async_slots,
                 "free": server.free_slots,
                 "in_flight": server.in_flight, "freq": self._heartbeat_interval,

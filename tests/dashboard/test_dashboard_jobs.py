@@ -1,4 +1,5 @@
-"""The jobs page on a real Redis jobboard: jobs, the trash with a re-post action, conductors."""
+"""The jobs page on a real Redis jobboard: jobs, the trash with a re-post action, conductors,
+and the locks and limits on the board's service (with the flows that hold and wait for them)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,14 @@ import uuid
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from jobs.boards import make_redis_board, wipe_redis  # tests/ is on sys.path
 
-from flowengine import states
+from flowengine import coordination, engines, states, task
 from flowengine.dashboard import DashboardData, EventHub, create_app
+from flowengine.flows import linear_flow
 from flowengine.jobs.base import Job, JobBoard
 from flowengine.persistence import base
 from flowengine.types.entity import Entity
@@ -140,3 +143,56 @@ def test_jobs_page_says_how_jobs_ended_and_lists_damaged_postings(
                      rf'ValueError: broken on purpose', page, re.S)
     assert re.search(r'data-damaged="garbage-1".*?not JSON.*?yes', page, re.S)
     assert "not a posting" not in page
+
+
+# ---- locks and limits -------------------------------------------------------------------------
+
+GATE = threading.Event()
+STARTED = threading.Event()
+
+
+class Reboot(task.Task):
+    def execute(self) -> None:
+        STARTED.set()
+        assert GATE.wait(30), "the test never opened the gate"
+
+
+def _run(engine: Any) -> threading.Thread:
+    thread = threading.Thread(target=engine.run, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_pages_show_who_holds_each_lock_and_what_waits(store: base.Backend,
+                                                       board: JobBoard) -> None:
+    GATE.clear()
+    STARTED.clear()
+    coordinator = coordination.for_board(board, owner="conductor-a")
+    options = {"backend": store, "coordination": coordinator, "concurrency": {"Reboot": 1}}
+    holder = engines.load(linear_flow.Flow("holder").add(Reboot("reboot-a")), locks=["lb:7"],
+                          **options)
+    waiter = engines.load(linear_flow.Flow("waiter").add(Reboot("reboot-b")), **options)
+    threads = [_run(holder)]
+    try:
+        assert STARTED.wait(30)
+        threads.append(_run(waiter))
+        with TestClient(create_app(DashboardData(store, EventHub(None), board=board))) as app:
+            deadline = threading.Event()
+            page = app.get("/jobs").text
+            while ">waiting</span>" not in page and not deadline.wait(0.05):  # another thread
+                page = app.get("/jobs").text
+            assert re.search(r'data-lock="lb:7" data-position="0">.*?lock.*?held.*?flow holder',
+                             page, re.S), page
+            assert re.search(r'data-lock="Reboot" data-position="1">.*?limit.*?waiting.*?'
+                             r'task reboot-b of conductor-a', page, re.S), page
+            held = app.get(f"/flows/{holder.storage.flow_uuid}").text
+            assert 'id="locks-held">holds lock lb:7</span>' in held
+            waiting = app.get(f"/flows/{waiter.storage.flow_uuid}").text
+            assert 'data-atom="reboot-b" data-state="WAITING">WAITING</span>' in waiting
+            assert re.search(r"for limit &#39;Reboot&#39; 1 at once \(held by flow holder",
+                             waiting), waiting
+    finally:
+        GATE.set()
+        for thread in threads:
+            thread.join(30)
+        coordinator.close()

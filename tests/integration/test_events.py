@@ -306,8 +306,9 @@ def test_workers_command_lists_a_live_worker(memory_setup: Setup) -> None:
     assert time.time() - row["last_heartbeat"] < WAIT
     table = CliRunner().invoke(cli, ["workers", *memory_setup.cli_args(), "--wait", "1"])
     header, line = table.stdout.splitlines()
-    assert header.split()[4:7] == ["FREE", "IN-FLIGHT", "PREFETCH"]
-    assert line.split()[4:7] == ["4", "0", "4"]
+    assert header.split()[3:8] == ["VERSIONS", "CAPACITY", "FREE", "IN-FLIGHT", "PREFETCH"]
+    assert line.split()[3:8] == ["1.0", "4", "4", "0", "4"]
+    assert set(row["versions"].values()) == {"1.0"}
 
 
 def test_workers_command_as_a_process(redis_setup: Setup) -> None:

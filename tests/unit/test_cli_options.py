@@ -67,7 +67,7 @@ def test_every_command_is_covered() -> None:
                      "db import-taskflow", "db status", "db upgrade", "dead-letters list",
                      "dead-letters requeue", "events", "flows", "graph", "jobs cancel",
                      "jobs list", "jobs post", "jobs repost", "jobs repost-orphans", "jobs show",
-                     "jobs trash", "rehearse", "repair", "run", "show", "suspend",
+                     "jobs trash", "locks", "rehearse", "repair", "run", "show", "suspend",
                      "topics list", "topics pause", "topics resume", "worker", "workers"}
     assert len(CASES) > 40
 

@@ -80,6 +80,9 @@ PUBLIC_MODULES = [
     "flowengine.conductors.backends.impl_executor",
     "flowengine.conductors.claims",
     "flowengine.listeners.claims",
+    # locks, limits and resuming across code changes
+    "flowengine.coordination",
+    "flowengine.migrations",
     "flowengine.types.entity",
     "flowengine.utils.redis_utils",
     "flowengine.utils.kazoo_utils",

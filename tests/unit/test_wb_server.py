@@ -36,6 +36,7 @@ from flowengine.worker_based import endpoint as ep
 from flowengine.worker_based import extensions as ext
 from flowengine.worker_based import protocol as pr
 from flowengine.worker_based import server as sv
+from flowengine.worker_based import versions as vs
 from flowengine.worker_based import worker as wk
 from flowengine.worker_based.broker import dispatcher as dp
 from flowengine.worker_based.broker import proxy as px
@@ -237,6 +238,29 @@ def test_version_mismatch_is_refused(worker: wk.Worker, requester: Requester) ->
     newer.version = (2, 0)
     replies = requester.outcome(requester.send(newer, arguments={"x": 1, "y": 1}))
     assert replies[0]["data"]["result"]["exc_type_names"][0].endswith("IncompatibleVersion")
+
+
+def test_a_flowengine_request_for_another_major_version_is_handed_back_unrun(
+        worker: wk.Worker, requester: Requester) -> None:
+    # A rolling upgrade: a worker of another version shares the topic's queue and runs it.
+    newer = Add(name="add")
+    newer.version = (2, 0)
+    request = requester.send(newer, arguments={"x": 1, "y": 1},
+                             headers={pr.HEADER_PROTOCOL: pr.PROTOCOL_VERSION})
+    body, _ = requester.next(request.uuid)
+    assert body == {"state": pr.EVENT, "data": {"event_type": ext.EVENT_NOT_SERVED, "details": {
+        "worker": worker.worker_id, "version": "1.0"}}}
+
+
+def test_announcements_and_notify_replies_name_the_versions_served(
+        worker: wk.Worker, requester: Requester) -> None:
+    expected = {pr.task_class_name(c): "1.0" for c in SERVED}
+    _, online = requester.notify_reply(pr.WORKER_ONLINE)
+    assert json.loads(online[vs.HEADER_TASK_VERSIONS]) == expected
+    requester.proxy.publish(pr.Notify(), TOPIC, reply_to=requester.reply_key)
+    body, headers = requester.notify_reply(None)
+    assert set(body) == {"topic", "tasks"}  # the body stays TaskFlow's
+    assert json.loads(headers[vs.HEADER_TASK_VERSIONS]) == expected
 
 
 def test_request_past_its_deadline_is_not_run(worker: wk.Worker, requester: Requester) -> None:

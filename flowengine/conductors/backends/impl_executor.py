@@ -37,6 +37,7 @@ from flowengine import states, tracing
 from flowengine.conductors import base
 from flowengine.conductors.claims import ClaimFence, ClaimKeeper, FencedOff
 from flowengine.conductors.fencing import FencedBackend
+from flowengine.coordination import LockHeld
 from flowengine.engines import stopping
 from flowengine.engines.factory_policy import FactoryPolicy
 from flowengine.jobs import base as jobs_base
@@ -90,6 +91,7 @@ class ExecutorConductor(base.Conductor):
             see :mod:`flowengine.jobs.endings`).
         clock: The lease clock claims are kept and fenced with (counts host suspension).
         factory_policy: As for the base: which stored factories jobs may name.
+        coordination: Where jobs' locks are held (see :class:`~..base.Conductor`).
     """
 
     START_FINISH_EVENTS_EMITTED = ("compilation", "preparation", "validation", "running")
@@ -110,9 +112,10 @@ class ExecutorConductor(base.Conductor):
                  max_simultaneous_jobs: int = MAX_SIMULTANEOUS_JOBS,
                  delete_logbook: bool = False,
                  clock: Callable[[], float] = lease_clock,
-                 factory_policy: FactoryPolicy | None = None) -> None:
+                 factory_policy: FactoryPolicy | None = None, coordination: Any = None) -> None:
         super().__init__(name, jobboard, persistence=persistence, engine=engine,
-                         engine_options=engine_options, factory_policy=factory_policy)
+                         engine_options=engine_options, factory_policy=factory_policy,
+                         coordination=coordination)
         if wait_timeout is not None and (isinstance(wait_timeout, bool) or not isinstance(
                 wait_timeout, (int, float)) or not wait_timeout > 0):
             raise ValueError(f"Conductor {name}: wait_timeout must be a number of seconds > 0,"
@@ -280,6 +283,12 @@ class ExecutorConductor(base.Conductor):
             engine.suspend()
         try:
             consume = self._run_engine(job, engine, held)
+        except LockHeld as err:
+            # Posted with --on-conflict reject: it does not wait for the lock. Set aside,
+            # with why, for an operator to repost.
+            reason = f"rejected: {err}"
+            self._log.warning("Trashing %s: %s", job, reason)
+            return _Outcome("trash", reason=reason)
         except exc.RunHalted as err:
             if held.lost or not held.fence.held:
                 self._log.warning("Conductor %s lost the claim on %s while running it and "
@@ -330,7 +339,7 @@ class ExecutorConductor(base.Conductor):
                             held.not_started = err
                         raise
                     self._notifier.notify(f"{event}_end", details)
-            except exc.RunHalted:
+            except (exc.RunHalted, LockHeld):
                 raise  # nothing was reverted and nothing more written: see _dispatch_job
             except exc.FlowCancelled as err:
                 # An operator's (or its deadline's) decision, carried out: the job is done.
