@@ -46,7 +46,6 @@ import sqlalchemy as sa
 from flowengine import engines, task
 from flowengine.dashboard import DashboardData, EventHub, create_app
 from flowengine.flows import linear_flow, unordered_flow
-from flowengine.listeners.timing import EventTimeListener
 from flowengine.persistence import backends, base, models
 from flowengine.persistence.backends._sql import tables
 from flowengine.persistence.queries import FlowCursor
@@ -97,8 +96,7 @@ def fill(backend: Any, count: int) -> None:
 def run_stored(backend: base.Backend, factory: Any, args: list[Any]) -> str:
     engine = engines.load_from_factory(factory, factory_args=args, backend=backend,
                                        book=models.LogBook("bench"))
-    with EventTimeListener(engine):
-        engine.run()
+    engine.run()
     return str(engine.storage.flow_uuid)
 
 

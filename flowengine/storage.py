@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from flowengine import exceptions, states
-from flowengine.persistence import atom_meta, models
+from flowengine.persistence import models
 from flowengine.persistence.secret_keeping import META_SECRETS, SecretKeeper
 from flowengine.providers import TRANSIENT, Provider, ProviderIndex, ScopeFetcher, item_from
 from flowengine.retry import History
@@ -347,11 +347,12 @@ class Storage:
 
     def set_atom_state(self, atom_name: str, state: str, progress: float | None = None,
                        meta: Mapping[str, Any] | None = None) -> None:
-        """Set and store the named atom's state (and, in the same write, its progress and
-        ``meta`` merged into its metadata)."""
+        """Set and store the named atom's state (and, in the same write, when it entered it,
+        its progress and ``meta`` merged into its metadata)."""
         with self._lock:
             ad = self._detail(atom_name)
             ad.state = state
+            _entered(ad, state)
             if progress is not None:
                 ad.meta[META_PROGRESS] = progress
             if meta:
@@ -424,8 +425,8 @@ class Storage:
         self, atom_name: str, result: Any, state: str = states.SUCCESS,
         progress: float | None = None, meta: Mapping[str, Any] | None = None,
     ) -> None:
-        """Store an atom's result (or failure) with its new state (and progress, and ``meta``
-        merged into its metadata) in one write."""
+        """Store an atom's result (or failure) with its new state (when it entered it, its
+        progress, and ``meta`` merged into its metadata) in one write."""
         with self._lock:
             if isinstance(result, Failure):
                 result = self.masked(result)
@@ -435,6 +436,7 @@ class Storage:
             ad = self._detail(atom_name)
             undone = ad.revert_failure if state == states.REVERTED else None
             ad.put(state, result)
+            _entered(ad, state)
             if progress is not None:
                 ad.meta[META_PROGRESS] = progress
             if meta:
@@ -473,6 +475,7 @@ class Storage:
         with self._lock:
             ad = self._detail(retry_name)
             ad.state = state
+            _entered(ad, state)
             ad.results = []
             self._save_atom(ad)
 
@@ -534,6 +537,7 @@ class Storage:
             if ad.state == state:
                 return
             ad.reset(state)
+            _entered(ad, state)
             if not keep_failures:
                 self._failures[atom_name] = {}
             self._save_atom(ad)
@@ -716,9 +720,10 @@ class Storage:
     # -- flow state -------------------------------------------------------------------------
 
     def set_flow_state(self, state: str) -> None:
-        """Set and store the flow's state."""
+        """Set and store the flow's state (and, in the same write, when it entered it)."""
         with self._lock:
             self._flow_detail.state = state
+            _entered(self._flow_detail, state)
             self._save_flow(with_atoms=False)
 
     def get_flow_state(self) -> str:
@@ -731,8 +736,6 @@ class Storage:
             old_state = self.get_flow_state()
             if not states.check_flow_transition(old_state, state):
                 return False, old_state
-            # When it happened, in the same write (see flowengine.persistence.atom_meta).
-            self._flow_detail.meta[atom_meta.stamp_key(state)] = time.time()
             self.set_flow_state(state)
             return True, old_state
 
@@ -759,3 +762,7 @@ class Storage:
                 for ad in self._by_name.values() if isinstance(ad, models.RetryDetail)]
 
 
+def _entered(detail: models.FlowDetail | models.AtomDetail, state: str) -> None:
+    """Note when ``detail`` entered ``state``, for the write that stores the state: every engine
+    records it, outside ``meta`` (see :mod:`flowengine.persistence.state_times`)."""
+    detail.times[state] = time.time()

@@ -67,7 +67,7 @@ def show_command(flow_id: str, backend_uri: str, tracebacks: bool, full: bool,
     backend = records.open_backend(backend_uri, create=False)
     with records.reading(backend, backend_uri) as conn:
         fd = records.find_flow(conn, flow_id, backend_uri)
-        flow = records.flow_summary(None, fd)
+        flow = records.flow_summary(None, fd, records.book_written(conn, fd))
         atoms = [records.atom_record(ad) for ad in records.atoms_of(fd)]
     flow["meta"] = fd.meta
     if as_json:

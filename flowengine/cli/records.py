@@ -7,6 +7,7 @@ way and ``--json`` prints exactly what the text output is made from.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import os
 import time
 import urllib.parse
@@ -20,7 +21,7 @@ from flowengine import exceptions as exc
 from flowengine import states
 from flowengine.cli import formatting as fmt
 from flowengine.cli.loading import LoadError
-from flowengine.persistence import atom_meta, backends, base, models
+from flowengine.persistence import backends, base, models, state_times
 from flowengine.persistence._record import version_string
 from flowengine.persistence.atom_meta import META_DELAYED_UNTIL, META_RETRY_DUE, waiting_of
 from flowengine.persistence.backends._uri import mask_urls, split_conf
@@ -125,21 +126,37 @@ def atoms_of(fd: models.FlowDetail) -> list[models.AtomDetail]:
     (backends return them in any order): by their first recorded state change, atoms that
     never ran last, by name."""
     atoms = [ad for ad in fd if ad.name != INJECTOR]
-    never = float("inf")
-    return sorted(atoms, key=lambda ad: (atom_meta.first_stamp(ad.meta) or never, ad.name))
+
+    def ran(ad: models.AtomDetail) -> tuple[float, str]:
+        first = state_times.first_entry(ad)
+        return (float("inf") if first is None else first, ad.name)
+
+    return sorted(atoms, key=ran)
 
 
-def _stamps(meta: dict[str, Any]) -> dict[str, float]:
-    return atom_meta.stamps(meta)
+def last_update(book: models.LogBook | None, fd: models.FlowDetail,
+                written: datetime.datetime | None = None) -> float | None:
+    """The flow's "updated" time: see :func:`flowengine.persistence.state_times.updated`
+    (``written``: when its logbook was last written, when ``book`` is not given)."""
+    return state_times.updated(fd, book.updated_at if book is not None else written)
 
 
-def last_update(book: models.LogBook | None, fd: models.FlowDetail) -> float | None:
-    """The flow's "updated" time: see :func:`flowengine.persistence.atom_meta.flow_updated`."""
-    return atom_meta.flow_updated(fd.meta, book.updated_at if book is not None else None)
+def book_written(conn: base.Connection, fd: models.FlowDetail) -> datetime.datetime | None:
+    """When the logbook holding ``fd`` was last written, for a flow with no recorded state
+    change (its "updated" time then); None, without reading anything, for any other flow."""
+    if state_times.updated(fd) is not None:
+        return None
+    for book in conn.get_logbooks(lazy=True):
+        if any(found.uuid == fd.uuid
+               for found in conn.get_flows_for_book(book.uuid, lazy=True)):
+            return book.updated_at
+    return None
 
 
-def flow_summary(book: models.LogBook | None, fd: models.FlowDetail) -> dict[str, Any]:
-    """One line of ``flows``: the flow, its logbook, atom counts by state, last update."""
+def flow_summary(book: models.LogBook | None, fd: models.FlowDetail,
+                 written: datetime.datetime | None = None) -> dict[str, Any]:
+    """One line of ``flows``: the flow, its logbook, atom counts by state, last update
+    (``written``: see :func:`last_update`)."""
     atoms = atoms_of(fd)
     counts = Counter(ad.state or states.PENDING for ad in atoms)
     factory = fd.meta.get("factory")
@@ -151,7 +168,7 @@ def flow_summary(book: models.LogBook | None, fd: models.FlowDetail) -> dict[str
         "book_uuid": None if book is None else book.uuid,
         "atoms": len(atoms),
         "atom_states": {s: counts[s] for s in sorted(counts, key=_state_rank)},
-        "updated_at": fmt.timestamp(last_update(book, fd)),
+        "updated_at": fmt.timestamp(last_update(book, fd, written)),
         "factory": factory.get("name") if isinstance(factory, dict) else None,
     }
 
@@ -180,30 +197,32 @@ def _span(stamps: dict[str, float], start: str, ends: tuple[str, ...]) -> float 
     return ended - began
 
 
-def durations(meta: dict[str, Any]) -> tuple[float | None, float | None]:
-    """How long an atom's last execute and last revert took, from its timing metadata."""
-    stamps = _stamps(meta)
-    execute_time = _span(stamps, states.RUNNING, _EXECUTE_ENDS)
-    revert_time = _span(stamps, states.REVERTING, _REVERT_ENDS)
+def durations(ad: models.AtomDetail) -> tuple[float | None, float | None]:
+    """How long an atom's last execute and last revert took, from when it entered each state
+    (else the ``duration`` a :class:`~flowengine.listeners.timing.DurationListener` stored)."""
+    times = state_times.entered(ad)
+    execute_time = _span(times, states.RUNNING, _EXECUTE_ENDS)
+    revert_time = _span(times, states.REVERTING, _REVERT_ENDS)
     if execute_time is None and revert_time is None:
-        execute_time = meta.get("duration")
+        execute_time = ad.meta.get("duration")
     return execute_time, revert_time
 
 
 def atom_record(ad: models.AtomDetail) -> dict[str, Any]:
     """Everything ``show`` tells about one atom, as data.
 
-    Timings come from the ``<STATE>-timestamp`` and ``duration`` metadata the timing listeners
-    record (``flowengine run`` attaches them); attempts and workers from the ``attempt_log``,
+    Timings (``started_at``, durations, and ``times``: when it last entered each state, seconds
+    since the epoch) come from what every engine records with each state change (see
+    :mod:`flowengine.persistence.state_times`); attempts and workers from the ``attempt_log``,
     ``attempts`` and ``worker``/``workers`` metadata the worker-based engine records;
     ``delayed_until`` (ISO 8601) for a retry controller waiting out its delay or a task whose
     request waits out a delayed dispatch. Missing ones are
     None.
     """
     meta = dict(ad.meta)
-    stamps = _stamps(meta)
+    times = state_times.entered(ad)
     is_retry = isinstance(ad, models.RetryDetail)
-    execute_time, revert_time = durations(meta)
+    execute_time, revert_time = durations(ad)
     attempt_log = meta.get(ATTEMPT_LOG) if isinstance(meta.get(ATTEMPT_LOG), list) else None
     workers = meta.get("workers")
     if workers is None and attempt_log:
@@ -218,7 +237,7 @@ def atom_record(ad: models.AtomDetail) -> dict[str, Any]:
         "intention": ad.intention,
         "version": version_string(ad.version),
         "progress": meta.get("progress"),
-        "started_at": fmt.timestamp(stamps.get(states.RUNNING)),
+        "started_at": fmt.timestamp(times.get(states.RUNNING)),
         "duration": execute_time,
         "revert_duration": revert_time,
         "attempts": len(ad.results or ()) if is_retry else meta.get("attempts"),
@@ -235,6 +254,7 @@ def atom_record(ad: models.AtomDetail) -> dict[str, Any]:
         "failure": failure_record(ad.failure),
         "revert_failure": failure_record(ad.revert_failure),
         "meta": meta,
+        "times": times,
     }
 
 

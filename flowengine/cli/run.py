@@ -26,7 +26,6 @@ from flowengine.cli.options import json_option, parse_pairs, show_envvars, split
 from flowengine.cli.signals import suspend_on_signals
 from flowengine.cli.watch import RunWatcher, open_view
 from flowengine.engines import factory_policy, stopping
-from flowengine.listeners import timing
 from flowengine.persistence import base, models
 from flowengine.persistence.backends._uri import mask_urls
 from flowengine.secrets import Secret
@@ -293,7 +292,7 @@ def _run(engine: Any, request: Request, *, plain: bool, as_json: bool) -> int:
         reporting = telemetry.reporting(engine, request.events, request.metrics, request.broker)
     if request.cancel is not None:
         engine.cancel(*request.cancel)
-    with watcher, timing.EventTimeListener(engine), reporting, quiet, \
+    with watcher, reporting, quiet, \
             suspend_on_signals(engine, lambda text: click.echo(text, err=True)) as stop, view:
         try:
             for _state in engine.run_iter():

@@ -91,10 +91,11 @@ class RunWatcher:
         self._tasks: list[Any] = []
         for atom in engine.compilation.iter_atoms():
             kind = engine.compilation.kind(atom)
-            meta = details[atom.name].meta if atom.name in details else {}
-            execute_time, revert_time = records.durations(meta)
+            ad = details.get(atom.name)
+            execute_time, revert_time = records.durations(ad) if ad is not None else (None, None)
             self._atoms[atom.name] = AtomStatus(
-                atom.name, kind, storage.get_atom_state(atom.name), meta.get("progress"),
+                atom.name, kind, storage.get_atom_state(atom.name),
+                ad.meta.get("progress") if ad is not None else None,
                 duration=revert_time if revert_time is not None else execute_time)
             if kind == compiler.TASK:
                 self._tasks.append(atom)

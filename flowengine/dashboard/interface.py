@@ -133,6 +133,10 @@ class DashboardData:
             except exc.NotFound:
                 return None
 
+    def _written(self, fd: models.FlowDetail) -> datetime.datetime | None:
+        with contextlib.closing(self.backend.get_connection()) as conn:
+            return records.book_written(conn, fd)
+
     def flow(self, flow_uuid: str) -> FlowView | None:
         """Everything the flow page shows, or None when no flow has that uuid."""
         fd = self._load(flow_uuid)
@@ -145,7 +149,7 @@ class DashboardData:
         results = {a["name"]: a["result"] for a in stored}
         secrets = _secret_values(compiled, stored, results, injected)
         atoms = [self._shown(a, compiled, results, injected, secrets) for a in stored]
-        summary = mask(records.flow_summary(None, fd), secrets)
+        summary = mask(records.flow_summary(None, fd, self._written(fd)), secrets)
         with self._lock:
             running_here = flow_uuid in self._running
         return FlowView(

@@ -3,9 +3,10 @@
 Two sources make the bars. Events the dashboard heard while the flow ran give each attempt its
 own bar: queued (``task-sent``) then running on a worker, ending in its outcome, a lost attempt
 ending ``LOST``; a retry controller's wait before an attempt (``task-delayed`` until
-``task-delay-ended``) is a ``wait`` bar. Stored timestamps (``<STATE>-timestamp`` metadata) give
-one execute bar and one revert bar per atom, with the attempts the engine logged named on it;
-they are what a page opened after the dashboard started missing the run can show.
+``task-delay-ended``) is a ``wait`` bar. The stored times (when each atom entered each state,
+which every engine records: see :mod:`flowengine.persistence.state_times`) give one execute bar
+and one revert bar per atom, with the attempts the engine logged named on it; they are what a
+page opened after the run (or a dashboard started after it) can show.
 """
 
 from __future__ import annotations
@@ -135,12 +136,11 @@ def _open_bar(row: Row, action: str, attempt: int | None) -> Bar | None:
 
 
 def from_records(atoms: Iterable[Mapping[str, Any]]) -> dict[str, Row]:
-    """Rows by atom uuid from stored atom records (see ``cli.records.atom_record``)."""
+    """Rows by atom uuid from stored atom records (see ``cli.records.atom_record``: ``times``
+    is when the atom last entered each state)."""
     rows: dict[str, Row] = {}
     for atom in atoms:
-        meta = atom.get("meta") or {}
-        stamps = {k[:-len("-timestamp")]: v for k, v in meta.items()
-                  if k.endswith("-timestamp") and isinstance(v, (int, float))}
+        stamps: Mapping[str, float] = atom.get("times") or {}
         log = [a for a in atom.get("attempt_log") or () if isinstance(a, Mapping)]
         bars = []
         for action, begin, ends in (("execute", "RUNNING", _EXECUTE_ENDS),

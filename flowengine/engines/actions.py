@@ -14,7 +14,6 @@ from flowengine import exceptions as exc
 from flowengine import states
 from flowengine.engines import executor as ex
 from flowengine.engines.delays import RetryWait, RetryWaits
-from flowengine.persistence import atom_meta as meta_keys
 from flowengine.persistence.atom_meta import (  # noqa: F401 - the engines' names for them
     META_DELAYED_UNTIL,
     META_RETRY_DUE,
@@ -74,12 +73,6 @@ def atom_meta(storage: Storage, atom_name: str) -> dict[str, Any]:
     return detail.meta if detail is not None else {}
 
 
-
-def stamp(state: str, meta: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """``meta`` plus when ``state`` was entered: every engine records it with the state (see
-    :mod:`flowengine.persistence.atom_meta`), so timings need no listener."""
-    return {**(meta or {}), meta_keys.stamp_key(state): time.time()}
-
 class TaskAction:
     """Changes task states and hands tasks to the task executor."""
 
@@ -134,12 +127,11 @@ class TaskAction:
                 if meta:  # sent again after a resume: the new request's id, nothing to announce
                     storage.update_atom_metadata(task.name, meta)
                 return False
-        stamped = stamp(state, meta)
         if state in _TASK_RESULT_STATES:
             storage.save(task.name, None if result is NO_RESULT else result, state,
-                         progress=progress, meta=stamped)
+                         progress=progress, meta=meta)
         else:
-            storage.set_atom_state(task.name, state, progress=progress, meta=stamped)
+            storage.set_atom_state(task.name, state, progress=progress, meta=meta)
         self._announce(task, state, old_state, result)
         if progress is not None:
             task.update_progress(progress)
@@ -348,15 +340,14 @@ class RetryAction:
         storage = self._storage
         old_state = storage.get_atom_state(retry.name)
         if state in _RETRY_RESULT_STATES:
-            storage.save(retry.name, None if result is NO_RESULT else result, state,
-                         meta=stamp(state))
+            storage.save(retry.name, None if result is NO_RESULT else result, state)
             if state == states.REVERTED:
                 # A reverted controller starts its next use with an empty history.
                 storage.cleanup_retry_history(retry.name, state)
         else:
             if state == old_state:
                 return False
-            storage.set_atom_state(retry.name, state, meta=stamp(state))
+            storage.set_atom_state(retry.name, state)
         self._announce(retry, state, old_state, result)
         return True
 

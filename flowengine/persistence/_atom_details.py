@@ -56,6 +56,9 @@ class AtomDetail(NamedRecord, metaclass=abc.ABCMeta):
         revert_failure: The failure ``revert`` raised, or ``None``.
         meta: Free-form metadata (progress, for example).
         version: The atom's version (tuple or string) when the detail was written.
+        times: When the atom last entered each state, ``{state: seconds since the epoch}``,
+            recorded by the engines with each state change. A flowengine field: not part of
+            :meth:`to_dict` nor of :meth:`pformat` (see :mod:`flowengine.persistence.state_times`).
     """
 
     def __init__(self, name: str, uuid: str) -> None:
@@ -68,6 +71,7 @@ class AtomDetail(NamedRecord, metaclass=abc.ABCMeta):
         self.revert_failure: Failure | None = None
         self.meta: dict[str, Any] = {}
         self.version: Any = None
+        self.times: dict[str, float] = {}
 
     @property
     def last_results(self) -> Any:
@@ -93,11 +97,12 @@ class AtomDetail(NamedRecord, metaclass=abc.ABCMeta):
         self.revert_results = ad.revert_results
         self.revert_failure = ad.revert_failure
         self.version = ad.version
+        self.times = ad.times
         return self
 
     @abc.abstractmethod
     def merge(self, other: AtomDetail, deep_copy: bool = False) -> AtomDetail:
-        """Take ``other``'s state, intention, failures, meta and version.
+        """Take ``other``'s state, intention, failures, meta, version and times.
 
         Subclasses decide how results are merged and call this for the rest.
 
@@ -118,6 +123,8 @@ class AtomDetail(NamedRecord, metaclass=abc.ABCMeta):
             self.meta = copy.deepcopy(other.meta) if deep_copy else other.meta
         if self.version != other.version:
             self.version = copy.deepcopy(other.version) if deep_copy else other.version
+        if self.times != other.times:
+            self.times = dict(other.times)
         return self
 
     @abc.abstractmethod
@@ -133,7 +140,10 @@ class AtomDetail(NamedRecord, metaclass=abc.ABCMeta):
         """Return a shallow copy that shares result objects (copying them is unsafe)."""
 
     def to_dict(self) -> dict[str, Any]:
-        """Return this detail as a dict, failures as :meth:`Failure.to_dict` dicts."""
+        """Return this detail as a dict, failures as :meth:`Failure.to_dict` dicts.
+
+        TaskFlow's keys only: :attr:`times` is kept by each backend in a place of its own.
+        """
         return {
             "failure": self.failure.to_dict() if self.failure else None,
             "revert_failure": self.revert_failure.to_dict() if self.revert_failure else None,
@@ -179,6 +189,7 @@ class AtomDetail(NamedRecord, metaclass=abc.ABCMeta):
         clone = copy.copy(self)
         clone.meta = dict(self.meta)
         clone.version = copy.copy(self.version)
+        clone.times = dict(self.times)
         return clone
 
 

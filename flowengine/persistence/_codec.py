@@ -4,6 +4,11 @@ The record layouts are TaskFlow's (what its ``to_dict`` methods and file backend
 directory written by TaskFlow's ``dir`` backend can be read: a logbook is
 ``LogBook.to_dict(marshal_time=True)``, a flow detail is ``FlowDetail.to_dict()``, an atom detail
 is ``{"atom": AtomDetail.to_dict(), "type": "TASK_DETAIL" | "RETRY_DETAIL"}``.
+
+When each state was entered (the details' ``times``, a flowengine field) is not part of those
+records: a backend that keeps it in the record's own file adds it under :data:`TIMES` beside
+TaskFlow's keys (:func:`with_times`), where TaskFlow's readers never look; the decoders read it
+back from there when present.
 """
 
 from __future__ import annotations
@@ -14,12 +19,14 @@ from collections.abc import Iterator
 from typing import Any
 
 from flowengine import exceptions as exc
-from flowengine.persistence import models
+from flowengine.persistence import models, state_times
 from flowengine.persistence.base import CorruptRecord
 
 BOOK = "logbook"
 FLOW = "flow detail"
 ATOM = "atom detail"
+#: The key of a flow or atom record (the top level, beside TaskFlow's keys) holding ``times``.
+TIMES = "times"
 
 # What a damaged or foreign record makes the decoders raise (Failure.from_dict included).
 _DECODE_ERRORS = (KeyError, TypeError, ValueError, AttributeError, IndexError, exc.InvalidFormat)
@@ -38,6 +45,12 @@ def flow_record(fd: models.FlowDetail) -> dict[str, Any]:
 def atom_record(ad: models.AtomDetail) -> dict[str, Any]:
     """Return the record an atom detail is stored as (its data and its type name)."""
     return {"atom": ad.to_dict(), "type": models.atom_detail_type(ad)}
+
+
+def with_times(record: dict[str, Any], times: dict[str, float]) -> dict[str, Any]:
+    """``record`` (a flow or atom record) with ``times`` beside TaskFlow's keys; unchanged
+    (TaskFlow's record exactly) when there are none."""
+    return {**record, TIMES: dict(times)} if times else record
 
 
 @contextlib.contextmanager
@@ -77,7 +90,9 @@ def decode_flow(where: str, uuid: str, data: Any) -> models.FlowDetail:
     """Rebuild a flow detail from its record."""
     with decoding(where, FLOW, uuid):
         _check_uuid(data, uuid)
-        return models.FlowDetail.from_dict(data)
+        fd = models.FlowDetail.from_dict(data)
+        fd.times = state_times.recorded(data.get(TIMES))
+        return fd
 
 
 def decode_atom(where: str, uuid: str, data: Any) -> models.AtomDetail:
@@ -86,7 +101,9 @@ def decode_atom(where: str, uuid: str, data: Any) -> models.AtomDetail:
         if not isinstance(data, dict):
             raise TypeError(f"expected a JSON object, found {type(data).__name__}")
         _check_uuid(data["atom"], uuid)
-        return models.atom_detail_class(data["type"]).from_dict(data["atom"])
+        ad = models.atom_detail_class(data["type"]).from_dict(data["atom"])
+        ad.times = state_times.recorded(data.get(TIMES))
+        return ad
 
 
 def dumps(value: Any, where: str, kind: str, uuid: str) -> str:

@@ -186,7 +186,7 @@ class RecordStore(abc.ABC):
         return None
 
 
-def _changed(before: dict[str, object], after: dict[str, object]) -> bool:
+def _changed(before: object, after: object) -> bool:
     try:
         return before != after
     except Exception:
@@ -369,10 +369,10 @@ class StoreConnection(base.Connection):
                 added.append(ad)
                 existing[ad.uuid] = ad
                 continue
-            before = current.to_dict()
+            before = (current.to_dict(), dict(current.times))
             current.merge(ad)
             # Rewriting every unchanged atom on each flow update costs a write per atom.
-            if _changed(before, current.to_dict()):
+            if _changed(before, (current.to_dict(), current.times)):
                 s.put_atom(current, fd.uuid, new=False)
         # All at once: an engine adds every atom of its flow in one update.
         s.insert_atoms(added, fd.uuid)

@@ -195,6 +195,9 @@ class FlowDetail(NamedRecord):
     Attributes:
         state: The flow's state (a :mod:`flowengine.states` constant) or ``None``.
         meta: Free-form metadata (JSON values when a file or SQL backend stores it).
+        times: When the flow last entered each state, ``{state: seconds since the epoch}``,
+            recorded by the engines with each state change. A flowengine field: not part of
+            :meth:`to_dict` nor of :meth:`pformat` (see :mod:`flowengine.persistence.state_times`).
     """
 
     def __init__(self, name: str, uuid: str) -> None:
@@ -202,6 +205,7 @@ class FlowDetail(NamedRecord):
         self._atomdetails_by_id: dict[str, AtomDetail] = {}
         self.state: str | None = None
         self.meta: dict[str, Any] = {}
+        self.times: dict[str, float] = {}
 
     def add(self, ad: AtomDetail) -> None:
         """Add an atom detail, replacing any with the same uuid (not saved until a backend saves).
@@ -216,7 +220,7 @@ class FlowDetail(NamedRecord):
         return self._atomdetails_by_id.get(ad_uuid)
 
     def update(self, fd: FlowDetail) -> FlowDetail:
-        """Make this flow detail share ``fd``'s state, metadata and atom details.
+        """Make this flow detail share ``fd``'s state, metadata, times and atom details.
 
         Args:
             fd: The flow detail to take everything from; updating from itself does nothing.
@@ -229,10 +233,11 @@ class FlowDetail(NamedRecord):
         self._atomdetails_by_id = fd._atomdetails_by_id
         self.state = fd.state
         self.meta = fd.meta
+        self.times = fd.times
         return self
 
     def merge(self, fd: FlowDetail, deep_copy: bool = False) -> FlowDetail:
-        """Take ``fd``'s state and meta where they differ; its atom details are not merged.
+        """Take ``fd``'s state, meta and times where they differ; its atom details are not merged.
 
         Args:
             fd: The flow detail to merge from; merging a flow detail with itself does nothing.
@@ -245,6 +250,8 @@ class FlowDetail(NamedRecord):
             return self
         if self.meta != fd.meta:
             self.meta = _copier(deep_copy)(fd.meta)
+        if self.times != fd.times:
+            self.times = dict(fd.times)
         self.state = fd.state
         return self
 
@@ -257,10 +264,14 @@ class FlowDetail(NamedRecord):
         clone = copy.copy(self)
         clone._atomdetails_by_id = dict(self._atomdetails_by_id) if retain_contents else {}
         clone.meta = dict(self.meta)
+        clone.times = dict(self.times)
         return clone
 
     def to_dict(self) -> dict[str, Any]:
-        """Return this flow detail (without its atom details) as a dict."""
+        """Return this flow detail (without its atom details) as a dict.
+
+        TaskFlow's keys only: :attr:`times` is kept by each backend in a place of its own.
+        """
         return {"name": self.name, "meta": self.meta, "state": self.state, "uuid": self.uuid}
 
     @classmethod

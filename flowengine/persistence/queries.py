@@ -17,7 +17,7 @@ import datetime
 from collections.abc import Iterable
 from typing import Any
 
-from flowengine.persistence import atom_meta, base, models
+from flowengine.persistence import base, models, state_times
 
 __all__ = ["FlowCursor", "FlowPage", "FlowQuery", "FlowRow", "find_flows"]
 
@@ -166,9 +166,9 @@ def _scan(conn: base.Connection) -> Iterable[FlowRow]:
 
 
 def _row(fd: models.FlowDetail, book: models.LogBook) -> FlowRow:
-    # The flow's "updated" time as everywhere (atom_meta.flow_updated), as the SQL backend
-    # keeps it: the time of the flow record's last write, naive UTC.
-    updated = atom_meta.flow_updated(fd.meta, book.updated_at)
+    # The flow's "updated" time as everywhere (state_times.updated), naive UTC as the SQL
+    # backend keeps it in the flow row's updated_at.
+    updated = state_times.updated(fd, book.updated_at)
     when = (None if updated is None else datetime.datetime.fromtimestamp(updated, datetime.UTC)
             .replace(tzinfo=None))
     return FlowRow(fd.uuid, fd.name, fd.state, book.uuid, book.name, when)

@@ -90,7 +90,9 @@ class SecretKeeper:
             return ad
         data = ad.to_dict()
         data.update({key: self.masker.value(data[key]) for key in _VALUE_FIELDS})
-        return type(ad).from_dict(data)
+        stored = type(ad).from_dict(data)
+        stored.times = dict(ad.times)  # not a value, and not part of to_dict()
+        return stored
 
     def stored_flow(self, flow_detail: models.FlowDetail,
                     with_atoms: bool = True) -> models.FlowDetail:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .rename import rename_source
+from .taskflow_unit_tests import flowengine_source
 
 EXAMPLES = Path(__import__("taskflow").__file__).parent / "examples"
 
@@ -66,8 +67,11 @@ def run_example(name: str, lib: str, timeout: float = 120) -> Outcome:
         # Examples that draw random numbers draw the same ones on both libraries.
         (Path(scratch) / "sitecustomize.py").write_text("import random\nrandom.seed(0)\n")
         # Scratch files (``persistence_example``'s database) go to this run's own directory.
+        # flowengine from the checkout under test (a worktree on PYTHONPATH), not whichever
+        # one the virtualenv's editable install points at.
+        path = [scratch, flowengine_source()] if lib == "flowengine" else [scratch]
         env = {**os.environ, "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1",
-               "PYTHONPATH": scratch, "TMPDIR": scratch}
+               "PYTHONPATH": os.pathsep.join(path), "TMPDIR": scratch}
         done = subprocess.run([sys.executable, str(examples / f"{name}.py")], cwd=scratch,
                               env=env, capture_output=True, text=True, timeout=timeout)
     return Outcome(done.returncode, done.stdout, done.stderr)

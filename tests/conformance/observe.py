@@ -134,10 +134,6 @@ def _records(lib: types.SimpleNamespace, backend: Any, fd_uuid: str) -> dict[str
     for ad in conn.get_flow_details(fd_uuid):
         record = ad.to_dict()
         record.pop("uuid")
-        # When each state was entered: flowengine's engines record it (extra meta keys, which
-        # TaskFlow programs ignore); the times differ from run to run anyway.
-        record["meta"] = {key: value for key, value in record["meta"].items()
-                          if not key.endswith("-timestamp")}
         for key in ("failure", "revert_failure"):
             if record[key]:
                 record[key] = {k: record[key][k] for k in ("exception_str", "exc_type_names")}

@@ -97,7 +97,7 @@ def copy_tests(target: Path, lib: str) -> Path:
     return package
 
 
-def _flowengine_path() -> str:
+def flowengine_source() -> str:
     """The directory the child imports flowengine from: ``$FLOWENGINE_SOURCE``, or the one this
     process imported it from (a checkout on ``PYTHONPATH`` wins over the editable install)."""
     import flowengine
@@ -115,7 +115,7 @@ def run(lib: str, modules: tuple[str, ...] = MODULES) -> Run:
                 "--continue-on-collection-errors", f"--junitxml={report}",
                 *(str(root / PACKAGE / "tests" / "unit" / module) for module in modules)]
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-            filter(None, [_flowengine_path(), os.environ.get("PYTHONPATH")])))
+            filter(None, [flowengine_source(), os.environ.get("PYTHONPATH")])))
         started = time.monotonic()
         try:
             done = subprocess.run([sys.executable, str(RUNNER), *args], cwd=root, env=env,

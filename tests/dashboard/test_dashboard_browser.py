@@ -31,7 +31,6 @@ from jobs.boards import make_redis_board, wipe_redis
 
 from flowengine import engines, states
 from flowengine.dashboard import DashboardData, EventHub, create_app
-from flowengine.listeners.timing import EventTimeListener
 from flowengine.persistence import base, models
 from flowengine.types.entity import Entity
 from flowengine.worker_based import dead_letters, protocol
@@ -115,11 +114,7 @@ def test_flow_page_opened_mid_run_follows_the_atoms_to_the_end(world: World) -> 
         topics=[TOPIC], **world.broker)
     flow = str(engine.storage.flow_uuid)
 
-    def run() -> None:
-        with EventTimeListener(engine):
-            engine.run()
-
-    runner = threading.Thread(target=run, daemon=True)
+    runner = threading.Thread(target=engine.run, daemon=True)
     runner.start()
     driver = world.driver
     try:

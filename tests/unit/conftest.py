@@ -1,4 +1,5 @@
-"""Fixtures for unit tests that drive a real worker over an in-process transport."""
+"""Fixtures for unit tests: a real worker over an in-process transport, and a store of each
+backend kind."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from timed_stores import BACKENDS, TimedStore, open_store
 from wb_requester import Requester  # tests/unit is on sys.path (pytest rootdir insertion)
 
 
@@ -31,3 +33,13 @@ def requester(exchange: str, transport: dict[str, Any]) -> Iterator[Requester]:
     requester = Requester(exchange, transport)
     yield requester
     requester.close()
+
+
+@pytest.fixture(params=BACKENDS)
+def timed_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[TimedStore]:
+    """A fresh store of each backend kind: memory, dir, SQLite and PostgreSQL."""
+    store = open_store(request.param, request, tmp_path)
+    try:
+        yield store
+    finally:
+        store.backend.close()

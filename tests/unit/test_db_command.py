@@ -19,6 +19,7 @@ from collections.abc import Iterator
 
 import pytest
 import sqlalchemy as sa
+import timed_stores  # tests/unit is on sys.path
 from click.testing import CliRunner, Result
 from taskflow.persistence import backends as tf_backends
 from taskflow.persistence import models as tf_models
@@ -159,6 +160,59 @@ def test_an_old_flowengine_store_is_refused_in_one_line_until_db_upgrade(sql_url
     assert shown.exit_code == exits.OK, shown.output
     atoms = json.loads(shown.stdout)["atoms"]
     assert [(a["name"], a["state"], a["result"]) for a in atoms] == [("step", "SUCCESS", 42)]
+
+
+def make_version_3(url: str) -> None:
+    """The database a flowengine whose schema stopped at version 3 left: one flow whose times
+    its engines wrote into meta, under '<STATE>-timestamp'."""
+    with raw(url) as engine, engine.begin() as conn:
+        table = tables.define(sa.MetaData()).schema
+        table.create(conn)
+        for migration in migrations.MIGRATIONS[:3]:
+            migration.apply(conn)
+            conn.execute(sa.insert(table).values(version=migration.version,
+                                                 description=migration.description))
+        old = tables.define(sa.MetaData(), version=3)
+        assert "times" not in old.atomdetails.c and "times" not in old.flowdetails.c
+        conn.execute(sa.insert(old.logbooks).values(uuid="old-book", name="old", meta="{}"))
+        conn.execute(sa.insert(old.flowdetails).values(
+            uuid="old-flow", parent_uuid="old-book", name="nightly", state="SUCCESS",
+            meta=json.dumps(timed_stores.OLD_FLOW_META)))
+        for name, meta in timed_stores.OLD_ATOMS.items():
+            conn.execute(sa.insert(old.atomdetails).values(
+                uuid=f"old-{name}", parent_uuid="old-flow", name=name, atom_type="TASK_DETAIL",
+                state="SUCCESS", intention="EXECUTE", version='"1.0"', results=json.dumps(name),
+                meta=json.dumps(meta)))
+
+
+def test_an_upgraded_store_keeps_its_times_and_stores_new_ones_apart(sql_url: str) -> None:
+    make_version_3(sql_url)
+    status = invoke("db", "status", "--backend", sql_url)
+    assert status.exit_code == exits.ERROR
+    assert "to apply: schema version 4: times columns" in status.stdout
+    upgraded = invoke("db", "upgrade", "--backend", sql_url)
+    assert upgraded.exit_code == exits.OK, upgraded.output
+    assert "applied schema version 4: times columns" in upgraded.stdout
+    shown = json.loads(invoke("show", "old-flow", "--json", "--backend", sql_url).stdout)
+    timed_stores.assert_old_timings(shown["atoms"], shown["flow"])
+    [listed] = map(json.loads, invoke("flows", "--json", "--backend", sql_url).stdout.splitlines())
+    assert listed["updated_at"] == shown["flow"]["updated_at"]
+    # The old rows stay as they were; new state changes fill the new columns, never meta.
+    store = timed_stores.TimedStore("sql", sql_url)
+    try:
+        flow_uuid = store.run("serial")
+    finally:
+        store.backend.close()
+    with raw(sql_url) as engine, engine.connect() as conn:
+        rows = {row.name: row for row in conn.execute(
+            sa.text("SELECT name, meta, times FROM atomdetails"))}
+    assert rows["first"].times is None
+    assert json.loads(rows["first"].meta) == timed_stores.OLD_ATOMS["first"]
+    for name in timed_stores.ORDER:
+        assert json.loads(rows[name].meta) == {"progress": 1.0}
+        assert set(json.loads(rows[name].times)) == {"RUNNING", "SUCCESS"}
+    new = json.loads(invoke("show", flow_uuid, "--json", "--backend", sql_url).stdout)
+    assert all(atom["started_at"] and atom["duration"] is not None for atom in new["atoms"])
 
 
 def test_a_taskflow_database_is_refused_in_one_line_naming_the_import(sql_url: str) -> None:

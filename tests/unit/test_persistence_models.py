@@ -255,3 +255,25 @@ def test_pformat_describes_the_tree() -> None:
     text = book.pformat()
     for expected in ("LogBook: 'jobs'", "FlowDetail: 'flow'", "TaskDetail: 't'", "1.0", "50.00%"):
         assert expected in text
+
+
+def test_times_travel_with_copy_merge_and_update_but_not_to_dict() -> None:
+    fd = models.FlowDetail("f", "fu")
+    fd.times = {states.RUNNING: 1.0}
+    ad = models.RetryDetail("r", "ru")
+    ad.times = {states.RUNNING: 2.0, states.SUCCESS: 3.0}
+    fd.add(ad)
+    assert "times" not in fd.to_dict() and "times" not in ad.to_dict()
+    assert models.FlowDetail.from_dict(fd.to_dict()).times == {}
+    assert models.RetryDetail.from_dict(ad.to_dict()).times == {}
+    copied = ad.copy()
+    assert copied.times == ad.times and copied.times is not ad.times
+    assert fd.copy().times == {states.RUNNING: 1.0}
+    other = models.RetryDetail("r", "ru")
+    assert other.merge(ad).times == ad.times
+    other.times[states.FAILURE] = 4.0
+    assert states.FAILURE not in ad.times  # merged times are a copy
+    stored = models.FlowDetail("f", "fu")
+    assert stored.merge(fd).times == fd.times
+    assert models.TaskDetail("t", "tu").update(models.TaskDetail("t", "tu")).times == {}
+    assert "times" not in fd.pformat() and "times" not in ad.pformat()

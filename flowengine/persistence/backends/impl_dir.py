@@ -8,6 +8,9 @@ The layout is TaskFlow's ``dir`` backend layout, so a directory TaskFlow wrote c
     <path>/flow_details/<flow uuid>/<atom uuid>   symlink: the flow holds that atom detail
     <path>/atom_details/<atom uuid>/metadata      the atom detail record
 
+When each state was entered (the details' ``times``) is written in the record's own file, under
+a ``times`` key beside TaskFlow's keys: TaskFlow reads the keys it knows and ignores it.
+
 Several processes (and threads) may share a directory: every file is replaced atomically (a
 temporary file, fsync, then ``os.replace``), so a reader never sees half a record, and each
 operation holds an ``flock`` on ``<path>/.flowengine-lock`` (shared to read, exclusive to write),
@@ -171,12 +174,14 @@ class _DirSession(Session):
         self._write(_BOOKS, _codec.BOOK, book.uuid, _codec.book_record(book))
 
     def put_flow(self, fd: models.FlowDetail, book_uuid: str | None, new: bool) -> None:
-        self._write(_FLOWS, _codec.FLOW, fd.uuid, _codec.flow_record(fd))
+        record = _codec.with_times(_codec.flow_record(fd), fd.times)
+        self._write(_FLOWS, _codec.FLOW, fd.uuid, record)
         if book_uuid is not None:
             self._link(_BOOKS, book_uuid, _FLOWS, fd.uuid)
 
     def put_atom(self, ad: models.AtomDetail, flow_uuid: str | None, new: bool) -> None:
-        self._write(_ATOMS, _codec.ATOM, ad.uuid, _codec.atom_record(ad))
+        record = _codec.with_times(_codec.atom_record(ad), ad.times)
+        self._write(_ATOMS, _codec.ATOM, ad.uuid, record)
         if flow_uuid is not None:
             self._link(_FLOWS, flow_uuid, _ATOMS, ad.uuid)
 

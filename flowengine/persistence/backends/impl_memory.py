@@ -2,6 +2,9 @@
 
 Useful for tests and for flows that never need resuming. Records are stored as copies, so
 changing a model after saving it does not change what is stored, and loading returns new objects.
+When each state was entered (the details' ``times``) is kept in tables of its own beside the
+records, so the records, and the tree TaskFlow programs walk (``MemoryBackend.memory``), are
+TaskFlow's exactly.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ _MISSING = object()
 
 
 class _Tables:
-    """The records, as JSON-friendly dicts, and which record contains which."""
+    """The records, as JSON-friendly dicts, which record contains which, and their times."""
 
     def __init__(self) -> None:
         self.books: dict[str, Any] = {}
@@ -32,9 +35,13 @@ class _Tables:
         # Children as dicts used as ordered sets, so they keep the order they were added in.
         self.book_flows: dict[str, Any] = {}
         self.flow_atoms: dict[str, Any] = {}
+        # Flow and atom details' times by uuid (a flow or atom without any has no entry).
+        self.flow_times: dict[str, Any] = {}
+        self.atom_times: dict[str, Any] = {}
 
     def all(self) -> tuple[dict[str, Any], ...]:
-        return (self.books, self.flows, self.atoms, self.book_flows, self.flow_atoms)
+        return (self.books, self.flows, self.atoms, self.book_flows, self.flow_atoms,
+                self.flow_times, self.atom_times)
 
 
 class _MemorySession(Session):
@@ -77,11 +84,19 @@ class _MemorySession(Session):
 
     def get_flow(self, uuid: str) -> models.FlowDetail | None:
         data = self._t.flows.get(uuid)
-        return None if data is None else _codec.decode_flow(self._where, uuid, self._copy(data))
+        if data is None:
+            return None
+        fd = _codec.decode_flow(self._where, uuid, self._copy(data))
+        fd.times = dict(self._t.flow_times.get(uuid, {}))
+        return fd
 
     def get_atom(self, uuid: str) -> models.AtomDetail | None:
         data = self._t.atoms.get(uuid)
-        return None if data is None else _codec.decode_atom(self._where, uuid, self._copy(data))
+        if data is None:
+            return None
+        ad = _codec.decode_atom(self._where, uuid, self._copy(data))
+        ad.times = dict(self._t.atom_times.get(uuid, {}))
+        return ad
 
     def books(self, skip: Skip = None) -> list[models.LogBook]:
         return decode_all(list(self._t.books), self.get_book, skip)
@@ -98,20 +113,30 @@ class _MemorySession(Session):
 
     def put_flow(self, fd: models.FlowDetail, book_uuid: str | None, new: bool) -> None:
         self._set(self._t.flows, fd.uuid, self._copy(_codec.flow_record(fd)))
+        self._set_times(self._t.flow_times, fd.uuid, fd.times)
         if book_uuid is not None:
             self._link(self._t.book_flows, book_uuid, fd.uuid)
 
     def put_atom(self, ad: models.AtomDetail, flow_uuid: str | None, new: bool) -> None:
         self._set(self._t.atoms, ad.uuid, self._copy(_codec.atom_record(ad)))
+        self._set_times(self._t.atom_times, ad.uuid, ad.times)
         if flow_uuid is not None:
             self._link(self._t.flow_atoms, flow_uuid, ad.uuid)
+
+    def _set_times(self, table: dict[str, Any], uuid: str, times: dict[str, float]) -> None:
+        if times:
+            self._set(table, uuid, dict(times))
+        else:
+            self._pop(table, uuid)
 
     def delete_book(self, uuid: str) -> None:
         self._pop(self._t.books, uuid)
         for flow_uuid in self._pop(self._t.book_flows, uuid):
             self._pop(self._t.flows, flow_uuid)
+            self._pop(self._t.flow_times, flow_uuid)
             for atom_uuid in self._pop(self._t.flow_atoms, flow_uuid):
                 self._pop(self._t.atoms, atom_uuid)
+                self._pop(self._t.atom_times, atom_uuid)
 
     def clear(self) -> None:
         for table in self._t.all():

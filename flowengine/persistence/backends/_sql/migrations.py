@@ -6,8 +6,9 @@ database's write lock, so two processes upgrading at once apply each step once. 
 version is newer than :data:`LATEST` was written by a later flowengine: it is refused, never
 changed.
 
-To change the schema, append a :class:`Migration`; never edit one that was released. Once a
-change alters columns, freeze the table definitions step 1 creates inside ``_create_tables``.
+To change the schema, append a :class:`Migration`; never edit one that was released. A column
+added to an existing table is named in ``tables.ADDED`` with its version, so step 1 still creates
+the tables of version 1 and the step adding it finds them without it.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ class Migration:
 
 
 def _create_tables(conn: sa.Connection) -> None:
-    tables = schema.define(sa.MetaData())
+    tables = schema.define(sa.MetaData(), version=1)
     for table in (tables.logbooks, tables.flowdetails, tables.atomdetails):
         table.create(conn)
 
@@ -60,10 +61,30 @@ def _index_updated(conn: sa.Connection) -> None:
              tables.flowdetails.c.uuid).create(conn)
 
 
+def _add_columns(version: int) -> Callable[[sa.Connection], None]:
+    """The step adding the columns ``tables.ADDED`` says ``version`` added, typed as the
+    current table definitions type them on the connection's database."""
+
+    def apply(conn: sa.Connection) -> None:
+        tables = schema.define(sa.MetaData())
+        quote = conn.dialect.identifier_preparer.quote
+        for (table_name, column_name), added in schema.ADDED.items():
+            if added != version:
+                continue
+            column = getattr(tables, table_name).c[column_name]
+            kind = column.type.compile(dialect=conn.dialect)
+            conn.execute(sa.text(f"ALTER TABLE {quote(table_name)} ADD COLUMN"
+                                 f" {quote(column_name)} {kind}"))
+
+    return apply
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "logbooks, flowdetails and atomdetails tables", _create_tables),
     Migration(2, "indexes on flowdetails.parent_uuid and atomdetails.parent_uuid", _index_parents),
     Migration(3, "index on flowdetails (updated_at, uuid)", _index_updated),
+    Migration(4, "times columns on flowdetails and atomdetails (when each state was entered)",
+              _add_columns(4)),
 )
 
 #: The schema version this code reads and writes.

@@ -8,7 +8,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from flowengine.persistence import _codec, models
+from flowengine.persistence import _codec, models, state_times
 from flowengine.persistence._store import Session, Skip, decode_all
 from flowengine.persistence.backends._sql.tables import Tables
 
@@ -22,7 +22,7 @@ _CHUNK = 500
 @functools.lru_cache(maxsize=8)
 def _replace_statement(table: sa.Table) -> sa.Update:
     """``UPDATE atomdetails ... WHERE uuid = :b_uuid``, built once (building costs per save)."""
-    columns = ("name", "state", "intention", "atom_type", "updated_at", *_ATOM_JSON)
+    columns = ("name", "state", "intention", "atom_type", "updated_at", "times", *_ATOM_JSON)
     return (
         sa.update(table)
         .where(table.c.uuid == sa.bindparam("b_uuid"))
@@ -50,7 +50,23 @@ def atom_values(ad: models.AtomDetail, where: str) -> dict[str, Any]:
     for column in _ATOM_JSON:
         value = data[column]
         values[column] = None if value is None else _codec.dumps(value, where, _codec.ATOM, ad.uuid)
+    values["times"] = _times_text(ad.times, where, _codec.ATOM, ad.uuid)
     return values
+
+
+def _times_text(times: dict[str, float], where: str, kind: str, uuid: str) -> str | None:
+    # NULL when none were recorded: what an upgraded database holds for older records.
+    return _codec.dumps(times, where, kind, uuid) if times else None
+
+
+def _flow_updated(fd: models.FlowDetail) -> dict[str, datetime.datetime]:
+    """The ``updated_at`` a flow row is written with: its last state change (naive UTC), the
+    flow's "updated" time everywhere (see ``state_times.updated``); none recorded: nothing,
+    and the column takes the time of the write."""
+    when = state_times.updated(fd)
+    if when is None:
+        return {}
+    return {"updated_at": datetime.datetime.fromtimestamp(when, datetime.UTC).replace(tzinfo=None)}
 
 
 def replace_atom_sql(table: sa.Table, dialect: Any, ad: models.AtomDetail,
@@ -112,7 +128,9 @@ class SQLSession(Session):
         with _codec.decoding(self._where, _codec.FLOW, uuid):
             meta = self._loads(row.meta, _codec.FLOW, uuid)
             data = {"uuid": uuid, "name": row.name, "state": row.state, "meta": meta}
-            return models.FlowDetail.from_dict(data)
+            fd = models.FlowDetail.from_dict(data)
+            fd.times = self._times(row, _codec.FLOW, uuid)
+            return fd
 
     def _atom(self, row: sa.Row[Any]) -> models.AtomDetail:
         uuid = row.uuid
@@ -121,7 +139,12 @@ class SQLSession(Session):
             data["intention"] = row.intention
             for column in _ATOM_JSON:
                 data[column] = self._loads(getattr(row, column), _codec.ATOM, uuid)
-            return models.atom_detail_class(row.atom_type).from_dict(data)
+            ad = models.atom_detail_class(row.atom_type).from_dict(data)
+            ad.times = self._times(row, _codec.ATOM, uuid)
+            return ad
+
+    def _times(self, row: sa.Row[Any], kind: str, uuid: str) -> dict[str, float]:
+        return state_times.recorded(self._loads(row.times, kind, uuid))
 
     def get_book(self, uuid: str) -> models.LogBook | None:
         rows = self._select(self._t.logbooks, self._t.logbooks.c.uuid == uuid)
@@ -172,6 +195,8 @@ class SQLSession(Session):
             "name": fd.name,
             "state": fd.state,
             "meta": self._dumps(fd.meta, _codec.FLOW, fd.uuid),
+            "times": _times_text(fd.times, self._where, _codec.FLOW, fd.uuid),
+            **_flow_updated(fd),
         }
         if new:
             values["parent_uuid"] = book_uuid

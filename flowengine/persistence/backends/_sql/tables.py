@@ -3,6 +3,10 @@
 Table and column names follow TaskFlow's schema, so queries operators wrote against it still read
 naturally; JSON values (metadata, results, failures, versions) are stored as JSON text in ``Text``
 columns on every database, never as pickles or driver-specific JSON types.
+
+Columns flowengine adds to TaskFlow's tables are named in :data:`ADDED` with the schema version
+that added them: :func:`define` leaves them out of the tables of an older version, which is what
+the migration creating the tables makes (the later migrations add them).
 """
 
 from __future__ import annotations
@@ -34,8 +38,17 @@ class Tables(NamedTuple):
     schema: sa.Table
 
 
-def define(metadata: sa.MetaData) -> Tables:
-    """Define the current tables (without the indexes migrations add) in ``metadata``."""
+#: Columns added after the tables were first created: (table, column) -> the schema version
+#: that added it. ``times``: when the flow or atom entered each state (JSON text).
+ADDED: dict[tuple[str, str], int] = {
+    ("flowdetails", "times"): 4,
+    ("atomdetails", "times"): 4,
+}
+
+
+def define(metadata: sa.MetaData, version: int | None = None) -> Tables:
+    """Define the tables (without the indexes migrations add) in ``metadata``: the current
+    ones, or those of schema ``version`` (without the columns later versions add)."""
     logbooks = sa.Table(
         "logbooks",
         metadata,
@@ -79,6 +92,10 @@ def define(metadata: sa.MetaData) -> Tables:
         sa.Column("created_at", sa.DateTime, default=_utcnow),
         sa.Column("updated_at", sa.DateTime, default=_utcnow, onupdate=_utcnow),
     )
+    for table in (flowdetails, atomdetails):
+        for (name, column), added in ADDED.items():
+            if name == table.name and (version is None or version >= added):
+                table.append_column(sa.Column(column, sa.Text))
     schema = sa.Table(
         SCHEMA_TABLE,
         metadata,
