@@ -15,9 +15,9 @@ from flowengine.persistence import backends, base, models
 PASSWORD = "hunter2-very-secret"
 
 
-def open_store(path: Path) -> base.Backend:
-    """A SQLite backend at ``path``, created and upgraded."""
-    backend = backends.fetch(f"sqlite:///{path}")
+def open_store(path: Path | str) -> base.Backend:
+    """A SQLite backend at ``path`` (or the backend a URI string names), created and upgraded."""
+    backend = backends.fetch(path if isinstance(path, str) else f"sqlite:///{path}")
     with contextlib.closing(backend.get_connection()) as conn:
         conn.upgrade()
     return backend
