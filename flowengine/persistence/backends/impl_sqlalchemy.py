@@ -69,7 +69,7 @@ class _SQLStore(RecordStore):
         original = getattr(err, "orig", None)
         code = getattr(original, "sqlstate", None)
         if isinstance(err, sa_exc.DBAPIError) and self.engine.dialect.name in ("mysql", "mariadb"):
-            args = getattr(original, "args", ())
+            args: tuple[object, ...] = getattr(original, "args", ())
             return bool(args) and args[0] in _RETRYABLE_MYSQL_CODES
         return isinstance(err, sa_exc.DBAPIError) and code in _RETRYABLE_PG_CODES
 

@@ -11,7 +11,7 @@ flow listing's keyset pages order by them), and the tables are InnoDB in ``utf8m
 from __future__ import annotations
 
 import datetime
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import mysql
@@ -29,7 +29,7 @@ _KIND = 32
 _JSON = sa.Text().with_variant(mysql.LONGTEXT(), "mysql", "mariadb")
 _TIME = sa.DateTime().with_variant(mysql.DATETIME(fsp=6), "mysql", "mariadb")
 #: MySQL's table options (other databases ignore them).
-_MYSQL = {"mysql_engine": "InnoDB", "mysql_charset": "utf8mb4"}
+_MYSQL: dict[str, Any] = {"mysql_engine": "InnoDB", "mysql_charset": "utf8mb4"}
 
 
 def _utcnow() -> datetime.datetime:
