@@ -106,6 +106,19 @@ def kill_rabbit(n: int) -> None:
     _wait_closed(RABBIT_PORTS[n])
 
 
+def rabbit_queue_types(prefix: str, node: int = 2) -> dict[str, str]:
+    """Queue name -> type (``quorum``, ``classic``) of the queues named ``prefix*``, as node
+    ``node`` tells (``rabbitmqctl list_queues``)."""
+    env = {**os.environ, "RABBITMQ_CTL_ERL_ARGS": "-kernel inet_dist_use_interface {127,0,0,1}",
+           "ERL_EPMD_ADDRESS": "127.0.0.1"}
+    done = subprocess.run(["rabbitmqctl", "-n", f"fe-c{node}@localhost", "-q", "list_queues",
+                           "name", "type", "--no-table-headers"], capture_output=True, text=True,
+                          timeout=60, env=env, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stdout + done.stderr
+    found = (line.split("\t") for line in done.stdout.splitlines() if "\t" in line)
+    return {name: kind for name, kind in found if name.startswith(prefix)}
+
+
 def _wait_closed(port: int, patience: float = 30.0) -> None:
     deadline = time.monotonic() + patience
     while answers(port):

@@ -142,6 +142,7 @@ class Proxy(Publisher):
         self._virtual = self._broker.settles_anywhere
         self._heartbeat = ((self._url_heartbeat or CONSUMER_HEARTBEAT) if self._broker.heartbeats
                            else 0.0)
+        self._global_qos = not (self._kind.quorum and not transient_queue)
         # See BrokerTraits.receipt_ack for why only where the broker works per unacked message.
         self._auto_ack = auto_ack and self._broker.receipt_ack
         self._dispatcher = dp.TypeDispatcher(
@@ -290,9 +291,11 @@ class Proxy(Publisher):
             )
             # The channel's limit (its one consumer's): RabbitMQ applies a later change of a
             # per-consumer limit to new consumers only, and the limit changes as pools grow.
+            # Quorum queues refuse a consumer on a channel with a global limit, so there the
+            # consumer's own limit is set, and changing it means consuming anew.
             limit = self._prefetch_limit()
             if limit is not None:
-                consumer.qos(prefetch_count=limit, apply_global=True)
+                consumer.qos(prefetch_count=limit, apply_global=self._global_qos)
             # Not ``with consumer``: a paused consumer must not take anything, not even
             # between consuming and cancelling.
             consuming = self._follow_pause(consumer, consuming=False)
@@ -327,7 +330,7 @@ class Proxy(Publisher):
                     consuming = self._follow_pause(consumer, consuming)
                     if self._prefetch_limit() != limit:
                         limit = self._prefetch_limit()
-                        consumer.qos(prefetch_count=limit or 0, apply_global=True)
+                        consuming = self._change_prefetch(consumer, limit, consuming)
             except errors:
                 raise  # the connection is gone, and its consumer with it
             except BaseException:
@@ -358,6 +361,17 @@ class Proxy(Publisher):
         if normal is None:
             return None
         return max(normal - len(self._held_over), 1)
+
+    def _change_prefetch(self, consumer: kombu.Consumer, limit: int | None,
+                         consuming: bool) -> bool:
+        """Apply a new prefetch ``limit``; whether the own queue is consumed afterwards."""
+        consumer.qos(prefetch_count=limit or 0, apply_global=self._global_qos)
+        if not self._global_qos and consuming:
+            # A per-consumer limit reaches only consumers started after it: consume anew.
+            # What the old consumer delivered stays the channel's, settled as before.
+            consumer.cancel()
+            consumer.consume()
+        return consuming
 
     def _follow_pause(self, consumer: kombu.Consumer, consuming: bool) -> bool:
         """Consume the own queue or not, as ``paused`` says; whether it is consumed now."""

@@ -1,0 +1,157 @@
+"""A three-node RabbitMQ cluster loses the node everything is connected to, mid-flow.
+
+Real ``flowengine worker`` processes and two engines of the test process are given the cluster as a
+``;`` list of node URLs (node 1 first, so all of them connect there), which makes their queues
+quorum queues. While each flow's gated tasks run on the workers, node 1 is killed with SIGKILL; then
+the gates open, so every outcome is published after the node died. Each flow must end in SUCCESS,
+what completed before the kill and what started after it must have run once (the ledger the tasks
+write says so), the event stream must go on delivering, and the time from the kill to the first task
+of the flows' next step is reported as the recovery time. Quorum-queue facts (declarations, the
+delivery limit's dead-letter path, no global prefetch) are checked against the same cluster.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import cluster_servers as cs
+import fault_tasks as ft
+import kombu
+import pytest
+from event_collector import Collector
+from fault_support import WAIT, EngineRuns, Stage, logs
+from wbe_harness import Broker, WorkerFleet
+
+from flowengine import engines, states
+from flowengine.flows import linear_flow as lf
+from flowengine.flows import unordered_flow as uf
+from flowengine.worker_based import dead_letters as dl
+from flowengine.worker_based import protocol as pr
+from flowengine.worker_based.broker import proxy as px
+from flowengine.worker_based.events import EventReceiver
+
+pytestmark = [pytest.mark.integration, pytest.mark.cluster, pytest.mark.timeout(240)]
+
+TOPIC = "cluster"
+TASKS = [ft.__name__]
+FLOWS = ("a", "b")
+
+
+@pytest.fixture
+def restored(cluster: None) -> Iterator[None]:
+    """Every node runs before and after the test (a killed node is started again)."""
+    cs.restore()
+    try:
+        yield
+    finally:
+        cs.restore()
+
+
+def _gated_flow(name: str) -> Any:
+    return lf.Flow(name).add(
+        ft.Step(f"{name}-first"),
+        uf.Flow(f"{name}-during").add(ft.Gate(f"{name}-g1", provides="r1"),
+                                      ft.Gate(f"{name}-g2", provides="r2")),
+        ft.Use(f"{name}-u1", rebind={"value": "r1"}),
+        ft.Use(f"{name}-u2", rebind={"value": "r2"}),
+        ft.Step(f"{name}-last"),
+    )
+
+
+def test_losing_the_node_everyone_uses_ends_every_flow_in_success_running_each_atom_once(
+        restored: None, exchange: str, fleet_factory: Any, stage: Stage,
+        runs: EngineRuns) -> None:
+    broker = Broker("rabbitmq-cluster", cs.rabbit_urls(first=1))
+    fleet: WorkerFleet = fleet_factory(broker, exchange, env=stage.env)
+    workers = fleet.start(TOPIC, TASKS, count=2, threads=2)
+    collector = Collector(EventReceiver(exchange, url=broker.url))
+    try:
+        loaded = {name: engines.load(_gated_flow(name), engine="worker-based",
+                                     **fleet.engine_options(TOPIC, transition_timeout=4 * WAIT,
+                                                            heartbeat_interval=0.5,
+                                                            lease_timeout=5.0))
+                  for name in FLOWS}
+        started = {name: runs.start(engine, name) for name, engine in loaded.items()}
+        gates = [f"{name}-g{i}" for name in FLOWS for i in (1, 2)]
+        for gate in gates:
+            stage.ledger.wait_for(gate, ft.EXECUTE_START)
+        assert cs.rabbit_queue_types(exchange)[f"{exchange}_{TOPIC}"] == "quorum"
+
+        cs.kill_rabbit(1)
+        killed = time.time()
+        for gate in gates:
+            stage.gates.open(gate)
+
+        for name, engine in loaded.items():
+            assert started[name].join(4 * WAIT, lambda: logs(workers)) is None, logs(workers)
+            assert engine.storage.get_flow_state() == states.SUCCESS
+            # What completed before the kill, and what started after it, ran once. The gated
+            # tasks were running when their workers' node died: the broker gave their requests
+            # to a worker again, which handed them back to their engines, so they may have run
+            # twice (at least once, as through a single broker's restart).
+            for atom in (f"{name}-first", f"{name}-u1", f"{name}-u2", f"{name}-last"):
+                assert len(stage.ledger.starts(atom)) == 1, stage.ledger.dump()
+            for atom in (f"{name}-g1", f"{name}-g2"):
+                assert stage.ledger.ends(atom), stage.ledger.dump()
+            for i in (1, 2):
+                assert [e["value"] for e in stage.ledger.ends(f"{name}-u{i}")] == [
+                    engine.storage.fetch(f"r{i}")]
+        recovered = min(e["t"] for name in FLOWS for i in (1, 2)
+                        for e in stage.ledger.starts(f"{name}-u{i}"))
+        # The event stream was read through the kill: the flows' ends arrived after it.
+        ended = collector.wait_for(lambda events: sum(
+            e["type"] == "flow-succeeded" for e in events) >= len(FLOWS))
+        assert any(e["type"] == "flow-succeeded" and e.get("local_received", 0) > killed
+                   for e in ended)
+    finally:
+        collector.close()
+    assert all(w.alive for w in workers), logs(workers)
+    cs.report("rabbitmq node kill -9 (next task started)", recovered - killed,
+              nodes=3, workers=len(workers), flows=len(FLOWS))
+
+
+def test_quorum_queues_take_no_priority_argument_and_dead_letter_past_the_delivery_limit(
+        cluster: None, exchange: str) -> None:
+    url = cs.rabbit_urls()
+    topic = f"limited-{uuid.uuid4().hex[:6]}"
+    proxy = px.Proxy(topic, exchange, url=url, transport_options={"delivery_limit": 2})
+    letters = dl.DeadLetters(exchange, url=url)
+    try:
+        assert proxy.queue_kind.quorum and proxy.queue_kind.delivery_limit == 2
+        # A request published with a priority is accepted: quorum queues are declared without
+        # x-max-priority (RabbitMQ refuses it on them) and the property is only a hint.
+        proxy.publish(_Request(), topic, correlation_id="req-1", priority=5,
+                      headers={"x-flowengine-request-id": "req-1"})
+        # Three deliveries given back: the third is past the limit of two.
+        with kombu.Connection(url) as conn, conn.channel() as channel:
+            queue = kombu.Queue(f"{exchange}_{topic}", channel=channel, no_declare=True)
+            for _ in range(3):
+                message = _get(queue)
+                message.requeue()
+        found = letters.list()
+        assert [(letter.id, letter.topic) for letter in found] == [("req-1", topic)]
+        assert "delivery limit" in found[0].reason
+    finally:
+        letters.close()
+        proxy.delete_own_queue()
+        proxy.close()
+
+
+class _Request(pr.Message):
+    TYPE = pr.REQUEST
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"task_cls": "t.T", "task_name": "t", "task_version": [1, 0],
+                "action": "execute", "arguments": {}}
+
+
+def _get(queue: kombu.Queue) -> Any:
+    deadline = time.monotonic() + WAIT
+    while (message := queue.get(no_ack=False)) is None:
+        assert time.monotonic() < deadline, "no message came back"
+        time.sleep(0.05)  # the broker requeues it: nothing to wait on
+    return message
+
