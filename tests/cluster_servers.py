@@ -140,9 +140,8 @@ def redis_master_port() -> int:
 def kill_redis(port: int) -> None:
     """``kill -9`` the Redis server on ``port`` (found through its own INFO)."""
     info = _redis_command(port, "INFO", "server")
-    pid = next(int(line.split(":")[1]) for line in str(info).splitlines()
-               if line.startswith("process_id:"))
-    os.kill(pid, 9)
+    assert isinstance(info, dict), info
+    os.kill(int(info["process_id"]), 9)
     _wait_closed(port)
 
 
