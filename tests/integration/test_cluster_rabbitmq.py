@@ -12,9 +12,13 @@ delivery limit's dead-letter path, no global prefetch) are checked against the s
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import cluster_servers as cs
@@ -155,3 +159,15 @@ def _get(queue: kombu.Queue) -> Any:
         time.sleep(0.05)  # the broker requeues it: nothing to wait on
     return message
 
+
+
+def test_the_cluster_example_runs_a_flow_on_quorum_queues(cluster: None) -> None:
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, PYTHONPATH=str(root), PYTHONIOENCODING="utf-8")
+    proc = subprocess.run([sys.executable, str(root / "examples" / "wbe_cluster.py"),
+                           cs.rabbit_urls()], cwd=root, env=env, capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.splitlines()
+    assert "result tracking: trk-rsv-widget-2" in lines and "flow state: SUCCESS" in lines
+    assert "topic queue: quorum" in lines and lines[-1] == "worker stopped: True"
