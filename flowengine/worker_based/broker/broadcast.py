@@ -99,15 +99,18 @@ class Broadcast:
             durable=False, exclusive=True, auto_delete=True, max_length=BROADCAST_MAX_LENGTH,
         )  # fmt: skip
         announce: list[Callable[[], None]] = [ready] if ready is not None else []
+        listened: list[bool] = []
         lost = self._conn.connection_errors + self._conn.channel_errors + (OperationalError,)
         delay, pause = 0.0, threading.Event()
         while not stop():
             try:
-                for document in self._listen_once(own, stop, announce, poll):
+                for document in self._listen_once(own, stop, announce, listened, poll):
                     delay = 0.0
                     yield document
                 return
             except lost as err:
+                if not listened:  # never reached the broker: the caller says so
+                    raise
                 # The exclusive queue went with the connection: a new one is declared on the
                 # next connection (the next node of a cluster's URL list, if this one died).
                 LOG.warning("Lost the broadcast on %s (%s); listening again", self.where, err)
@@ -115,8 +118,10 @@ class Broadcast:
                 delay = min(max(delay * 2, poll), RELISTEN_MAX_DELAY)
 
     def _listen_once(self, own: kombu.Queue, stop: Callable[[], bool],
-                     announce: list[Callable[[], None]], poll: float) -> Iterator[Any]:
-        """Listen on one connection until ``stop()``; its errors propagate."""
+                     announce: list[Callable[[], None]], listened: list[bool],
+                     poll: float) -> Iterator[Any]:
+        """Listen on one connection until ``stop()`` (noting in ``listened`` that it did);
+        its errors propagate."""
         received: collections.deque[Any] = collections.deque()
 
         def _refused(message: Any, err: Exception) -> None:
@@ -136,6 +141,8 @@ class Broadcast:
                 with consumer:
                     while not stop():
                         px.drain_once(conn, poll, errors, self.where)
+                        if not listened:
+                            listened.append(True)
                         if announce:
                             announce.pop()()
                         while received:
