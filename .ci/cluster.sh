@@ -206,24 +206,32 @@ start_mariadb() {
         GRANT ALL PRIVILEGES ON *.* TO 'flowengine'@'127.0.0.1';"
 }
 
+# Ends process $1 (SIGTERM, then SIGKILL after 30 s) and returns once it is gone, so its ports
+# and data folder are free for the next start.
+end_pid() {
+    local pid=$1
+    kill "$pid" 2>/dev/null || return 0
+    for _ in $(seq 1 60); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.5; done
+    kill -9 "$pid" 2>/dev/null || true
+    for _ in $(seq 1 20); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.5; done
+}
+
+pid_of() { [ -f "$1" ] && head -n 1 "$1" || true; }
+
 stop_all() {
+    local pids=()
     for n in 1 2 3; do
-        local pidfile="$base/rabbitmq/fe-c$n.pid"
-        port_open $((5680 + n)) && { timeout 60 bash -c "$(declare -f rabbit_env rabbitctl); base=$base; rabbitctl $n stop" >/dev/null 2>&1 || true; }
-        [ -f "$pidfile" ] && kill -9 "$(cat "$pidfile")" 2>/dev/null || true
-        rm -f "$pidfile"
+        pids+=("$(pid_of "$base/rabbitmq/fe-c$n.pid")" "$(pid_of "$base/zookeeper/zk$n/pid")"
+               "$(pid_of "$base/etcd/fe-e$n.pid")")
     done
+    pids+=("$(pid_of "$base/mariadb/mariadb.pid")")
     for port in 26391 26392 26393 6391 6392; do
-        redis-cli -h 127.0.0.1 -p "$port" shutdown nosave >/dev/null 2>&1 || true
+        pids+=("$(redis-cli -h 127.0.0.1 -p "$port" info server 2>/dev/null \
+                  | sed -n 's/^process_id:\([0-9]*\).*/\1/p')")
     done
-    for n in 1 2 3; do
-        [ -f "$base/zookeeper/zk$n/pid" ] && kill "$(cat "$base/zookeeper/zk$n/pid")" 2>/dev/null || true
-        [ -f "$base/etcd/fe-e$n.pid" ] && kill "$(cat "$base/etcd/fe-e$n.pid")" 2>/dev/null || true
-    done
-    [ -f "$base/mariadb/mariadb.pid" ] && kill "$(cat "$base/mariadb/mariadb.pid")" 2>/dev/null || true
-    for port in 5681 5682 5683 2191 2192 2193 2391 2392 2393 3316; do
-        for _ in $(seq 1 60); do port_open "$port" || break; sleep 0.5; done
-    done
+    for pid in "${pids[@]}"; do [ -n "$pid" ] && end_pid "$pid" & done
+    wait
+    rm -f "$base"/rabbitmq/*.pid
 }
 
 case "$action" in

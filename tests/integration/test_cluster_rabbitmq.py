@@ -17,21 +17,19 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import cluster_flows as cf
 import cluster_servers as cs
 import fault_tasks as ft
 import kombu
 import pytest
+from cluster_flows import restored
 from event_collector import Collector
-from fault_support import WAIT, EngineRuns, Stage, logs
+from fault_support import WAIT, EngineRuns, Stage
 from wbe_harness import Broker, WorkerFleet
 
-from flowengine import engines, states
-from flowengine.flows import linear_flow as lf
-from flowengine.flows import unordered_flow as uf
 from flowengine.worker_based import dead_letters as dl
 from flowengine.worker_based import protocol as pr
 from flowengine.worker_based.broker import proxy as px
@@ -41,28 +39,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.cluster, pytest.mark.timeout(
 
 TOPIC = "cluster"
 TASKS = [ft.__name__]
-FLOWS = ("a", "b")
-
-
-@pytest.fixture
-def restored(cluster: None) -> Iterator[None]:
-    """Every node runs before and after the test (a killed node is started again)."""
-    cs.restore()
-    try:
-        yield
-    finally:
-        cs.restore()
-
-
-def _gated_flow(name: str) -> Any:
-    return lf.Flow(name).add(
-        ft.Step(f"{name}-first"),
-        uf.Flow(f"{name}-during").add(ft.Gate(f"{name}-g1", provides="r1"),
-                                      ft.Gate(f"{name}-g2", provides="r2")),
-        ft.Use(f"{name}-u1", rebind={"value": "r1"}),
-        ft.Use(f"{name}-u2", rebind={"value": "r2"}),
-        ft.Step(f"{name}-last"),
-    )
+__all__ = ["restored"]
 
 
 def test_losing_the_node_everyone_uses_ends_every_flow_in_success_running_each_atom_once(
@@ -73,48 +50,27 @@ def test_losing_the_node_everyone_uses_ends_every_flow_in_success_running_each_a
     workers = fleet.start(TOPIC, TASKS, count=2, threads=2)
     collector = Collector(EventReceiver(exchange, url=broker.url))
     try:
-        loaded = {name: engines.load(_gated_flow(name), engine="worker-based",
-                                     **fleet.engine_options(TOPIC, transition_timeout=4 * WAIT,
-                                                            heartbeat_interval=0.5,
-                                                            lease_timeout=5.0))
-                  for name in FLOWS}
-        started = {name: runs.start(engine, name) for name, engine in loaded.items()}
-        gates = [f"{name}-g{i}" for name in FLOWS for i in (1, 2)]
-        for gate in gates:
-            stage.ledger.wait_for(gate, ft.EXECUTE_START)
+        loaded, started = cf.start_gated_flows(fleet, TOPIC, stage, runs)
         assert cs.rabbit_queue_types(exchange)[f"{exchange}_{TOPIC}"] == "quorum"
 
         cs.kill_rabbit(1)
         killed = time.time()
-        for gate in gates:
+        for gate in cf.gates():
             stage.gates.open(gate)
-
-        for name, engine in loaded.items():
-            assert started[name].join(4 * WAIT, lambda: logs(workers)) is None, logs(workers)
-            assert engine.storage.get_flow_state() == states.SUCCESS
-            # What completed before the kill, and what started after it, ran once. The gated
-            # tasks were running when their workers' node died: the broker gave their requests
-            # to a worker again, which handed them back to their engines, so they may have run
-            # twice (at least once, as through a single broker's restart).
-            for atom in (f"{name}-first", f"{name}-u1", f"{name}-u2", f"{name}-last"):
-                assert len(stage.ledger.starts(atom)) == 1, stage.ledger.dump()
-            for atom in (f"{name}-g1", f"{name}-g2"):
-                assert stage.ledger.ends(atom), stage.ledger.dump()
-            for i in (1, 2):
-                assert [e["value"] for e in stage.ledger.ends(f"{name}-u{i}")] == [
-                    engine.storage.fetch(f"r{i}")]
-        recovered = min(e["t"] for name in FLOWS for i in (1, 2)
-                        for e in stage.ledger.starts(f"{name}-u{i}"))
+        # What completed before the kill, and what started after it, ran once. The gated
+        # tasks were running when their workers' node died: the broker gave their requests
+        # to a worker again, which handed them back to their engines, so they may have run
+        # twice (at least once, as through a single broker's restart).
+        recovered = cf.check_gated_flows(loaded, started, stage, workers)
         # The event stream was read through the kill: the flows' ends arrived after it.
         ended = collector.wait_for(lambda events: sum(
-            e["type"] == "flow-succeeded" for e in events) >= len(FLOWS))
+            e["type"] == "flow-succeeded" for e in events) >= len(cf.FLOWS))
         assert any(e["type"] == "flow-succeeded" and e.get("local_received", 0) > killed
                    for e in ended)
     finally:
         collector.close()
-    assert all(w.alive for w in workers), logs(workers)
     cs.report("rabbitmq node kill -9 (next task started)", recovered - killed,
-              nodes=3, workers=len(workers), flows=len(FLOWS))
+              nodes=3, workers=len(workers), flows=len(cf.FLOWS))
 
 
 def test_quorum_queues_take_no_priority_argument_and_dead_letter_past_the_delivery_limit(

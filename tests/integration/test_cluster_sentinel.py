@@ -13,18 +13,16 @@ The time from the kill to the first task of the flows' next step is reported.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from typing import Any
 
+import cluster_flows as cf
 import cluster_servers as cs
 import fault_tasks as ft
 import pytest
-from fault_support import WAIT, EngineRuns, Stage, logs, wait_until
+from cluster_flows import restored
+from fault_support import WAIT, EngineRuns, Stage, wait_until
 from wbe_harness import Broker, WorkerFleet
 
-from flowengine import engines, states
-from flowengine.flows import linear_flow as lf
-from flowengine.flows import unordered_flow as uf
 from flowengine.worker_based import protocol as pr
 from flowengine.worker_based.broker import proxy as px
 
@@ -32,29 +30,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.cluster, pytest.mark.timeout(
 
 TOPIC = "sentinel"
 TASKS = [ft.__name__]
-FLOWS = ("a", "b")
+__all__ = ["restored"]
 OPTIONS = {"master_name": cs.MASTER_NAME}
-
-
-@pytest.fixture
-def restored(cluster: None) -> Iterator[None]:
-    """Every server runs before and after the test (a killed master comes back as a replica)."""
-    cs.restore()
-    try:
-        yield
-    finally:
-        cs.restore()
-
-
-def _gated_flow(name: str) -> Any:
-    return lf.Flow(name).add(
-        ft.Step(f"{name}-first"),
-        uf.Flow(f"{name}-during").add(ft.Gate(f"{name}-g1", provides="r1"),
-                                      ft.Gate(f"{name}-g2", provides="r2")),
-        ft.Use(f"{name}-u1", rebind={"value": "r1"}),
-        ft.Use(f"{name}-u2", rebind={"value": "r2"}),
-        ft.Step(f"{name}-last"),
-    )
 
 
 def test_a_sentinel_failover_mid_flow_ends_every_flow_in_success(
@@ -68,41 +45,22 @@ def test_a_sentinel_failover_mid_flow_ends_every_flow_in_success(
         broker, exchange, env=stage.env, url=cs.sentinel_url(),
         worker_args=["--transport-option", f"master_name={cs.MASTER_NAME}"])
     workers = fleet.start(TOPIC, TASKS, count=2, threads=2)
-    loaded = {name: engines.load(_gated_flow(name), engine="worker-based",
-                                 **fleet.engine_options(TOPIC, transport_options=OPTIONS,
-                                                        transition_timeout=4 * WAIT,
-                                                        heartbeat_interval=0.5,
-                                                        lease_timeout=5.0))
-              for name in FLOWS}
-    started = {name: runs.start(engine, name) for name, engine in loaded.items()}
-    gates = [f"{name}-g{i}" for name in FLOWS for i in (1, 2)]
-    for gate in gates:
-        stage.ledger.wait_for(gate, ft.EXECUTE_START)
+    loaded, started = cf.start_gated_flows(fleet, TOPIC, stage, runs,
+                                           transport_options=OPTIONS)
 
     cs.kill_redis(master)
     killed = time.time()
-    for gate in gates:
+    for gate in cf.gates():
         stage.gates.open(gate)
     promoted = wait_until(lambda: (port := cs.redis_master_port()) != master and port,
                           WAIT, "the Sentinels to promote the replica")
     promoted_at = time.time()
 
-    for name, engine in loaded.items():
-        assert started[name].join(4 * WAIT, lambda: logs(workers)) is None, logs(workers)
-        assert engine.storage.get_flow_state() == states.SUCCESS
-        for atom in (f"{name}-first", f"{name}-u1", f"{name}-u2", f"{name}-last"):
-            assert len(stage.ledger.starts(atom)) == 1, stage.ledger.dump()
-        for i in (1, 2):
-            assert stage.ledger.ends(f"{name}-g{i}"), stage.ledger.dump()
-            assert [e["value"] for e in stage.ledger.ends(f"{name}-u{i}")] == [
-                engine.storage.fetch(f"r{i}")]
-    assert all(w.alive for w in workers), logs(workers)
-    recovered = min(e["t"] for name in FLOWS for i in (1, 2)
-                    for e in stage.ledger.starts(f"{name}-u{i}"))
+    recovered = cf.check_gated_flows(loaded, started, stage, workers)
     cs.report("redis sentinel failover: replica promoted", promoted_at - killed,
               promoted=promoted)
     cs.report("redis sentinel failover (next task started)", recovered - killed,
-              workers=len(workers), flows=len(FLOWS))
+              workers=len(workers), flows=len(cf.FLOWS))
 
 
 def test_messages_through_the_sentinels_are_delivered_highest_priority_first(
