@@ -80,10 +80,26 @@ def problem() -> str | None:
 
 
 def restore() -> None:
-    """Start whatever member is down (the script's idempotent ``start``)."""
+    """Start whatever member is down (the script's idempotent ``start``), and return once the
+    Redis master has its replica in sync again (a master that came back after a failover is
+    made a replica by the Sentinels, and then copies the new master's data)."""
     done = subprocess.run(["bash", str(SCRIPT), "start"], capture_output=True, text=True,
                           timeout=420, stdin=subprocess.DEVNULL)
     assert done.returncode == 0, f"{SCRIPT} start failed: {done.stdout}{done.stderr}"
+    deadline = time.monotonic() + 60.0
+    while not _replica_in_sync():
+        assert time.monotonic() < deadline, "the Redis replica did not come back in sync"
+        time.sleep(0.2)  # the Sentinels and the servers get there on their own
+
+
+def _replica_in_sync() -> bool:
+    try:
+        info = _redis_command(redis_master_port(), "INFO", "replication")
+    except (OSError, AssertionError):
+        return False
+    assert isinstance(info, dict), info
+    replica = info.get("slave0")
+    return isinstance(replica, dict) and replica.get("state") == "online"
 
 
 def stop_if_started() -> None:

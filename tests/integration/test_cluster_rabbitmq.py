@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -27,11 +28,12 @@ import kombu
 import pytest
 from cluster_flows import restored
 from event_collector import Collector
-from fault_support import WAIT, EngineRuns, Stage
+from fault_support import WAIT, EngineRuns, Stage, wait_until
 from wbe_harness import Broker, WorkerFleet
 
 from flowengine.worker_based import dead_letters as dl
 from flowengine.worker_based import protocol as pr
+from flowengine.worker_based.broker import dispatcher as dp
 from flowengine.worker_based.broker import proxy as px
 from flowengine.worker_based.events import EventReceiver
 
@@ -127,3 +129,31 @@ def test_the_cluster_example_runs_a_flow_on_quorum_queues(cluster: None) -> None
     lines = proc.stdout.splitlines()
     assert "result tracking: trk-rsv-widget-2" in lines and "flow state: SUCCESS" in lines
     assert "topic queue: quorum" in lines and lines[-1] == "worker stopped: True"
+
+
+def test_a_quorum_queue_consumer_follows_a_prefetch_that_grows(cluster: None,
+                                                                exchange: str) -> None:
+    # Quorum queues refuse a channel-wide (global) prefetch, and a per-consumer one reaches
+    # only consumers started after it: a worker whose pool grows consumes anew.
+    limit = [1]
+    held: list[Any] = []
+    proxy = px.Proxy("growing", exchange, url=cs.rabbit_urls(),
+                     type_handlers={pr.REQUEST: dp.Handler(
+                         lambda _data, delivery: held.append(delivery), manual_ack=True)},
+                     prefetch=lambda: limit[0])
+    consumer = threading.Thread(target=proxy.start, daemon=True)
+    try:
+        for number in range(4):
+            proxy.publish(_Request(), "growing", correlation_id=f"req-{number}")
+        consumer.start()
+        wait_until(lambda: len(held) == 1, WAIT, "the first delivery")
+        limit[0] = 3
+        # Three more: the first is still held by the consumer the limit was not raised for.
+        wait_until(lambda: len(held) == 4, WAIT, "three more deliveries under a prefetch of 3")
+        for delivery in held:
+            delivery.ack()
+    finally:
+        proxy.stop()
+        proxy.wait_stopped(WAIT)
+        proxy.delete_own_queue()
+        proxy.close()
