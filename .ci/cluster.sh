@@ -9,8 +9,9 @@
 #   MariaDB    3316, user flowengine / password flowengine-secret (may create databases)
 #
 # State lives under $FLOWENGINE_CLUSTER_DIR (default /tmp/flowengine-cluster). `start` starts
-# whatever is not running (so a test that killed a member runs it again to bring it back); `stop`
-# stops everything and `wipe` removes the state too. Sized small: the machine is shared.
+# whatever is not running (so a test that killed a member runs it again to bring it back), or only
+# the services named after it (`start rabbitmq redis zookeeper etcd mariadb`); `stop` stops
+# everything and `wipe` removes the state too. Sized small: the machine is shared.
 set -euo pipefail
 base="${FLOWENGINE_CLUSTER_DIR:-/tmp/flowengine-cluster}"
 mkdir -p "$base"
@@ -235,7 +236,15 @@ stop_all() {
 }
 
 case "$action" in
-    start) start_mariadb; start_redis; start_etcd; start_zookeeper; start_rabbitmq
+    start) shift || true
+           services=("$@")
+           [ ${#services[@]} -gt 0 ] || services=(mariadb redis etcd zookeeper rabbitmq)
+           for service in "${services[@]}"; do
+               case "$service" in
+                   mariadb|redis|etcd|zookeeper|rabbitmq) "start_$service";;
+                   *) echo "unknown service: $service" >&2; exit 2;;
+               esac
+           done
            echo "cluster up: rabbitmq 5681-5683, redis 6391/6392 + sentinels 26391-26393," \
                 "zookeeper 2191-2193, etcd 2391-2393, mariadb 3316";;
     stop) stop_all;;

@@ -4,8 +4,10 @@ Three RabbitMQ nodes, Redis with a replica and three Sentinels, three ZooKeeper 
 etcd members and MariaDB, all on 127.0.0.1 and on ports of their own (the shared single servers
 of ``.ci/services.sh`` are never touched). :data:`CLUSTER` starts them once per test process when
 one does not answer (and :func:`stop_if_started` stops them again at the end of the session);
-``make test-cluster`` starts them before and stops them after the suite. Tests that kill a member
-bring it back with :func:`restore`, which runs the script's idempotent ``start`` again.
+``make test-cluster`` starts them before and stops them after the suite. A test that kills a
+member brings its service back whole with :func:`restore` before it starts, not after: a member
+left down is what the clients of the other tests fail over from anyway, and ``make
+test-cluster`` stops everything at the end.
 """
 
 from __future__ import annotations
@@ -79,13 +81,16 @@ def problem() -> str | None:
     return f"nothing answers on port(s) {silent}" if silent else None
 
 
-def restore() -> None:
-    """Start whatever member is down (the script's idempotent ``start``), and return once the
-    Redis master has its replica in sync again (a master that came back after a failover is
+def restore(*services: str) -> None:
+    """Start whatever member of ``services`` (``rabbitmq``, ``redis``, ``zookeeper``, ``etcd``,
+    ``mariadb``; none: all) is down, with the script's idempotent ``start``. With Redis, return
+    once the master has its replica in sync again (a master that came back after a failover is
     made a replica by the Sentinels, and then copies the new master's data)."""
-    done = subprocess.run(["bash", str(SCRIPT), "start"], capture_output=True, text=True,
-                          timeout=420, stdin=subprocess.DEVNULL)
+    done = subprocess.run(["bash", str(SCRIPT), "start", *services], capture_output=True,
+                          text=True, timeout=420, stdin=subprocess.DEVNULL)
     assert done.returncode == 0, f"{SCRIPT} start failed: {done.stdout}{done.stderr}"
+    if services and "redis" not in services:
+        return
     deadline = time.monotonic() + 60.0
     while not _replica_in_sync():
         assert time.monotonic() < deadline, "the Redis replica did not come back in sync"
@@ -238,7 +243,7 @@ def mariadb_restarted() -> Iterator[None]:
         yield
     finally:
         began = time.monotonic()
-        restore()
+        restore("mariadb")
         report("mariadb restart (server back)", time.monotonic() - began)
 
 

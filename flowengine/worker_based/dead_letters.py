@@ -81,8 +81,10 @@ class _Replay(pr.Message):
         return self._body
 
 
-def _describe(stored: px.StoredMessage) -> DeadLetter:
+def _describe(stored: px.StoredMessage, exchange: str = "") -> DeadLetter:
     headers = stored.headers
+    if _broker_dead(stored):  # not taken in yet: what the broker says stands in
+        headers = {**headers, **_broker_death(headers, exchange)}
     try:
         body = stored.json()
     except ValueError:
@@ -113,16 +115,21 @@ def _broker_dead(stored: px.StoredMessage) -> bool:
             and ext.HEADER_DEAD_REASON not in stored.headers)
 
 
+def _broker_death(headers: Mapping[str, Any], exchange: str) -> dict[str, Any]:
+    """Why and from which topic the broker dead-lettered a request, as dead-letter headers."""
+    queue = str(headers.get(BROKER_DEATH_QUEUE) or "")
+    reason = str(headers.get(BROKER_DEATH_REASON))
+    return {ext.HEADER_DEAD_REASON: _BROKER_REASONS.get(reason, f"dead-lettered by the broker: "
+                                                                f"{reason}"),
+            ext.HEADER_DEAD_TOPIC: queue.removeprefix(f"{exchange}_")}
+
+
 def _adopted_headers(stored: px.StoredMessage, exchange: str, now: float,
                      ttl: float) -> dict[str, Any]:
     """The headers a broker dead-lettered request is parked again with."""
     headers = dict(stored.headers)
-    queue = str(headers.get(BROKER_DEATH_QUEUE) or "")
-    reason = str(headers.get(BROKER_DEATH_REASON))
+    headers.update(_broker_death(headers, exchange))
     headers.update({
-        ext.HEADER_DEAD_REASON: _BROKER_REASONS.get(reason, f"dead-lettered by the broker: "
-                                                            f"{reason}"),
-        ext.HEADER_DEAD_TOPIC: queue.removeprefix(f"{exchange}_"),
         ext.HEADER_DEAD_AT: now,
         ext.HEADER_DEAD_WORKERS: [],
         keeping.HEADER_DEAD_EXPIRES: now + ttl,
@@ -207,7 +214,8 @@ class DeadLetters:
     def list(self) -> list[DeadLetter]:
         """Every parked request, oldest first (expired ones are swept out; the others stay)."""
         self._adopt()
-        letters = [_describe(m) for m in self._proxy.browse(ext.DEAD_LETTER_ROUTING_KEY)]
+        letters = [_describe(m, self._exchange)
+                   for m in self._proxy.browse(ext.DEAD_LETTER_ROUTING_KEY)]
         now = self._clock()
         live = []
         for letter in letters:
@@ -227,7 +235,7 @@ class DeadLetters:
     def discard(self, letter_id: str) -> bool:
         """Delete a parked request for good; False if there is no such id."""
         return self._proxy.take(ext.DEAD_LETTER_ROUTING_KEY,
-                                lambda m: _describe(m).id == letter_id) is not None
+                                lambda m: _describe(m, self._exchange).id == letter_id) is not None
 
     def requeue(self, letter_id: str) -> DeadLetter:
         """Send one parked request back to its topic.
@@ -240,10 +248,11 @@ class DeadLetters:
         now = self._clock()
         stored = self._proxy.take(
             ext.DEAD_LETTER_ROUTING_KEY,
-            lambda m: _describe(m).id == letter_id and not keeping.expired(m.headers, now))
+            lambda m: (_describe(m, self._exchange).id == letter_id
+                       and not keeping.expired(m.headers, now)))
         if stored is None:
             raise exc.NotFound(f"No dead letter with id {letter_id!r}")
-        letter = _describe(stored)
+        letter = _describe(stored, self._exchange)
         if not letter.topic or letter.removed_arguments:
             # Put back as it was: an operator may still resume its flow, or discard it.
             self._proxy.publish(_Replay(stored.json()), ext.DEAD_LETTER_ROUTING_KEY,

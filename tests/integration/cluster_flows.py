@@ -10,7 +10,6 @@ have been handed out again), and each use got the result its engine stored.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import cluster_servers as cs
@@ -27,14 +26,15 @@ from flowengine.flows import unordered_flow as uf
 FLOWS = ("a", "b")
 
 
-@pytest.fixture
-def restored(cluster: None) -> Iterator[None]:
-    """Every member runs before and after the test (a killed one is started again)."""
-    cs.restore()
-    try:
-        yield
-    finally:
-        cs.restore()
+def restored(service: str) -> Any:
+    """A fixture: every member of ``service`` runs when the test starts (one an earlier test
+    killed is started again)."""
+
+    @pytest.fixture
+    def whole(cluster: None) -> None:
+        cs.restore(service)
+
+    return whole
 
 
 def gated_flow(name: str) -> Any:

@@ -26,7 +26,6 @@ import cluster_servers as cs
 import fault_tasks as ft
 import kombu
 import pytest
-from cluster_flows import restored
 from event_collector import Collector
 from fault_support import WAIT, EngineRuns, Stage, wait_until
 from wbe_harness import Broker, WorkerFleet
@@ -41,7 +40,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.cluster, pytest.mark.timeout(
 
 TOPIC = "cluster"
 TASKS = [ft.__name__]
-__all__ = ["restored"]
+restored = cf.restored("rabbitmq")
 
 
 def test_losing_the_node_everyone_uses_ends_every_flow_in_success_running_each_atom_once(
@@ -93,7 +92,8 @@ def test_quorum_queues_take_no_priority_argument_and_dead_letter_past_the_delive
             for _ in range(3):
                 message = _get(queue)
                 message.requeue()
-        found = letters.list()
+        # Quorum queues dead-letter in the background: wait for the letter to arrive.
+        found = wait_until(letters.list, WAIT, "the dead letter")
         assert [(letter.id, letter.topic) for letter in found] == [("req-1", topic)]
         assert "delivery limit" in found[0].reason
     finally:

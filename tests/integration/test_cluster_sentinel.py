@@ -19,7 +19,6 @@ import cluster_flows as cf
 import cluster_servers as cs
 import fault_tasks as ft
 import pytest
-from cluster_flows import restored
 from fault_support import WAIT, EngineRuns, Stage, wait_until
 from wbe_harness import Broker, WorkerFleet
 
@@ -30,7 +29,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.cluster, pytest.mark.timeout(
 
 TOPIC = "sentinel"
 TASKS = [ft.__name__]
-__all__ = ["restored"]
+restored = cf.restored("redis")
 OPTIONS = {"master_name": cs.MASTER_NAME}
 
 

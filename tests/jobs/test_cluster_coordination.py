@@ -94,20 +94,21 @@ def _redis_sentinel(workdir: Path) -> Board:
 
 
 BOARDS = {"zookeeper": _zookeeper, "etcd": _etcd, "redis-sentinel": _redis_sentinel}
+#: The cluster script's name of each board's service.
+SERVICES = {"zookeeper": "zookeeper", "etcd": "etcd", "redis-sentinel": "redis"}
 
 
 @pytest.fixture(params=sorted(BOARDS))
 def board(request: pytest.FixtureRequest, cluster: None,
           tmp_path: Path) -> Iterator[tuple[str, Board]]:
-    """``(kind, (stage, kill the leader, records check))``; every member runs again after."""
-    cs.restore()
+    """``(kind, (stage, kill the leader, records check))``, every member of the service running
+    when the test starts (the one it kills stays down: see ``cluster_servers``)."""
+    cs.restore(SERVICES[request.param])
     made = BOARDS[request.param](tmp_path)
-    stage = made[0]
     try:
         yield request.param, made
     finally:
-        cs.restore()
-        stage.close()
+        made[0].close()
 
 
 def test_losing_the_leader_while_a_conductor_holds_a_job_ends_it_in_success(
