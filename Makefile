@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint typecheck unit bench clean
+.PHONY: run test test-cluster lint typecheck unit bench clean
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,7 +27,15 @@ unit: $(STAMP)
 # --durations: CI's log ends with the 30 slowest tests (where the time goes); every test also
 # has a time limit (pyproject.toml), so a hang ends the run with every thread's stack.
 test: lint typecheck
-	$(BIN)/pytest -q --durations=30 tests
+	$(BIN)/pytest -q --durations=30 -m "not cluster" tests
+
+# The cluster suite: clustered RabbitMQ, Redis behind Sentinels, ZooKeeper and etcd ensembles and
+# MariaDB (.ci/cluster.sh starts them on 127.0.0.1, apart from the shared servers), then stopped
+# and wiped whatever the tests did. A few minutes; doc/deployment.rst has what they measure.
+test-cluster: $(STAMP)
+	bash .ci/cluster.sh start
+	status=0; $(BIN)/pytest -q --durations=10 -m cluster tests || status=$$?; \
+	bash .ci/cluster.sh wipe; exit $$status
 
 # Every benchmark script, each writing its JSON to benchmarks/results/<script>.json (progress on
 # stderr); the folder is in .gitignore. A script that fails leaves no result file, the

@@ -187,3 +187,43 @@ def wheelhouse(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
     import fresh_venv
 
     return fresh_venv.build_wheelhouse(tmp_path_factory.mktemp("wheelhouse"))
+
+
+# ---- the cluster suite's servers (`.ci/cluster.sh`, `make test-cluster`) -------------------------
+# Clustered RabbitMQ, Redis behind Sentinels, ZooKeeper and etcd ensembles, and MariaDB, apart
+# from the shared servers above (see tests/cluster_servers.py). Tests that use them are marked
+# `cluster`; the MariaDB fixture gives each test a database of its own, dropped after it.
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[None]:
+    """Every member of the cluster suite's servers answers (started once if needed, and then
+    stopped at the end of the session)."""
+    import cluster_servers
+
+    cluster_servers.CLUSTER.require("The cluster suite's servers (.ci/cluster.sh)",
+                                    cluster_servers.problem)
+    try:
+        yield
+    finally:
+        cluster_servers.stop_if_started()
+
+
+@pytest.fixture
+def mariadb_database_url(cluster: None) -> Iterator[str]:
+    """A ``mysql://`` URL of a fresh, empty MariaDB database, dropped after the test."""
+    import cluster_servers
+    import sqlalchemy as sa
+
+    name = f"test_{uuid.uuid4().hex[:12]}"
+    # No pool: a test may restart the server between the two statements.
+    admin = sa.create_engine(cluster_servers.MARIADB_URL.replace("mysql://", "mysql+pymysql://"),
+                             poolclass=sa.pool.NullPool)
+    with admin.begin() as conn:
+        conn.execute(sa.text(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4"))
+    try:
+        yield f"{cluster_servers.MARIADB_URL}/{name}"
+    finally:
+        with admin.begin() as conn:
+            conn.execute(sa.text(f"DROP DATABASE IF EXISTS `{name}`"))
+        admin.dispose()

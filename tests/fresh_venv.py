@@ -11,6 +11,7 @@ can import it.
 
 from __future__ import annotations
 
+import configparser
 import os
 import shutil
 import subprocess
@@ -18,8 +19,17 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-#: The extras of setup.cfg a user installs on their own (``test`` is the developers').
-EXTRAS = ("redis", "postgresql", "metrics", "zookeeper", "etcd", "beanstalk", "dashboard", "otel")
+
+
+def _user_extras() -> tuple[str, ...]:
+    parser = configparser.ConfigParser()
+    parser.read(ROOT / "setup.cfg")
+    return tuple(name for name in parser["options.extras_require"] if name != "test")
+
+
+#: The extras of setup.cfg a user installs on their own (``test`` is the developers'), read
+#: from setup.cfg, so a new extra is tested on its own the day it is added.
+EXTRAS = _user_extras()
 #: Wheels the wheelhouse also holds: the OpenTelemetry SDK (an application of the ``otel``
 #: extra brings its own) and what ``pip install -e .`` needs to build (pyproject.toml).
 ALSO = ("opentelemetry-sdk", "setuptools>=61", "wheel")

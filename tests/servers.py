@@ -73,6 +73,11 @@ class LocalServers:
         return [program for program in self.programs
                 if not (glob.glob(program) if "/" in program else shutil.which(program))]
 
+    @property
+    def started(self) -> bool:
+        """Whether this process ran the script, and it started the servers."""
+        return self._ran and self._outcome is None
+
     def start(self) -> str | None:
         """Run the script the first time only; None if it started the servers, else why not.
 

@@ -17,7 +17,8 @@ EXAMPLES = ROOT / "examples"
 Runs = dict[str, "concurrent.futures.Future[subprocess.CompletedProcess[str]]"]
 
 #: Scripts that need servers (a broker, a database); they are exercised by integration tests.
-NEEDS_SERVERS: frozenset[str] = frozenset()
+#: wbe_cluster.py needs the cluster suite's RabbitMQ (tests/integration/test_cluster_rabbitmq.py).
+NEEDS_SERVERS: frozenset[str] = frozenset({"wbe_cluster.py"})
 
 #: Lines each script must print, in this order (other lines may come between them). A script
 #: without an entry must still exit with status 0 and print something.

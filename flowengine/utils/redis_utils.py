@@ -13,6 +13,8 @@ from typing import Any
 try:
     import redis
     from redis import sentinel
+    from redis.backoff import ExponentialBackoff
+    from redis.retry import Retry
 except ImportError as err:  # pragma: no cover - depends on the installed extras
     raise ImportError("The Redis jobboard needs the redis client: "
                       "pip install 'flowengine[redis]'") from err
@@ -24,6 +26,13 @@ except ImportError:  # pragma: no cover - depends on the installed redis-py
     _maint = None
 
 __all__ = ["CLIENT_CONF_TRANSFERS", "RedisClient", "is_server_new_enough", "make_client"]
+
+
+#: Retries (capped exponential backoff, about 10 s in all) of a command whose connection to the
+#: master failed, on a client that finds the master through Sentinels: each retry connects anew,
+#: asking the Sentinels, so a command sent during a failover reaches the promoted replica.
+SENTINEL_RETRIES = 24
+SENTINEL_RETRY_CAP = 0.5
 
 
 def _flag(value: Any) -> bool:
@@ -63,7 +72,8 @@ def _sentinel_address(text: str) -> tuple[str, int]:
 
 def make_client(conf: dict[str, Any]) -> redis.Redis:
     """The client ``conf`` describes (``sentinel``: a master name found through sentinels at
-    ``host:port`` and ``sentinel_fallbacks``)."""
+    ``host:port`` and ``sentinel_fallbacks``, or at every ``host:port`` of ``hosts``, as a board
+    URI such as ``redis://s1:26379,s2:26379,s3:26379/0?sentinel=mymaster`` gives them)."""
     client_conf = {key: convert(conf[key]) for key, convert in CLIENT_CONF_TRANSFERS
                    if conf.get(key) is not None}
     if not _flag(client_conf.get("ssl", False)):
@@ -75,11 +85,17 @@ def make_client(conf: dict[str, Any]) -> redis.Redis:
             enabled=False)
     if conf.get("sentinel"):
         sentinels = [(client_conf.pop("host", "127.0.0.1"), client_conf.pop("port", 26379))]
+        listed = [h.strip() for h in str(conf.get("hosts") or "").split(",") if h.strip()]
+        if len(listed) > 1:
+            sentinels = [_sentinel_address(h) for h in listed]
         sentinels += [_sentinel_address(f) for f in conf.get("sentinel_fallbacks") or ()]
         sentinel_kwargs = conf.get("sentinel_kwargs")
         if sentinel_kwargs is not None and not _flag(sentinel_kwargs.get("ssl", False)):
             sentinel_kwargs = {k: v for k, v in sentinel_kwargs.items()
                                if not k.startswith("ssl_")}
+        client_conf.setdefault("retry", Retry(ExponentialBackoff(cap=SENTINEL_RETRY_CAP,
+                                                                 base=0.05), SENTINEL_RETRIES))
+        client_conf.setdefault("retry_on_error", [redis.ConnectionError, redis.TimeoutError])
         watcher = sentinel.Sentinel(sentinels, sentinel_kwargs=sentinel_kwargs, **client_conf)
         master: redis.Redis = watcher.master_for(conf["sentinel"])
         return master

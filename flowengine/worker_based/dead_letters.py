@@ -1,10 +1,13 @@
 """Dead letters: requests parked after their last attempt was lost (beanstalkd's *bury*).
 
-They wait, durable, in queue ``<exchange>_flowengine.dead-letters`` with the reason and the
-workers that held them in headers. An operator lists them and requeues one (*kick*): the
-original REQUEST goes back to its worker topic under a fresh deadline. A letter keeps no
-secret argument and expires (see :mod:`~flowengine.worker_based.dead_letter_keeping`); whether
-a requeue should happen at all is :mod:`~flowengine.worker_based.requeue_rules`' to say.
+They wait, durable, in queue ``<exchange>_flowengine.dead-letters`` with the reason and the workers
+that held them in headers. RabbitMQ's quorum topic queues send a request there themselves once it
+was delivered more often than their delivery limit; such a letter is taken in (its secret arguments
+removed, the reason and topic read from the broker's ``x-first-death-*`` headers) the first time
+dead letters are listed. An operator lists them and requeues one (*kick*): the original REQUEST goes
+back to its worker topic under a fresh deadline. A letter keeps no secret argument and expires (see
+:mod:`~flowengine.worker_based.dead_letter_keeping`); whether a requeue should happen at all is
+:mod:`~flowengine.worker_based.requeue_rules`' to say.
 """
 
 from __future__ import annotations
@@ -29,6 +32,12 @@ __all__ = ["DEFAULT_TTL", "DeadLetter", "DeadLetters", "park", "removed_message"
 LOG = logging.getLogger(__name__)
 #: Seconds a dead letter is kept unless the engine's ``dead_letter_ttl`` says otherwise.
 DEFAULT_TTL = keeping.DEFAULT_TTL
+#: Headers RabbitMQ puts on a message it dead-lettered itself: why, and from which queue.
+BROKER_DEATH_REASON = "x-first-death-reason"
+BROKER_DEATH_QUEUE = "x-first-death-queue"
+#: What the broker's reasons mean, as a dead letter's reason.
+_BROKER_REASONS = {"delivery_limit": "delivery limit reached: the broker gave it up after "
+                                     "delivering it that many times"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,8 +81,10 @@ class _Replay(pr.Message):
         return self._body
 
 
-def _describe(stored: px.StoredMessage) -> DeadLetter:
+def _describe(stored: px.StoredMessage, exchange: str = "") -> DeadLetter:
     headers = stored.headers
+    if _broker_dead(stored):  # not taken in yet: what the broker says stands in
+        headers = {**headers, **_broker_death(headers, exchange)}
     try:
         body = stored.json()
     except ValueError:
@@ -96,6 +107,37 @@ def _describe(stored: px.StoredMessage) -> DeadLetter:
 
 def _text(value: Any) -> str | None:
     return value if isinstance(value, str) and value else None
+
+
+def _broker_dead(stored: px.StoredMessage) -> bool:
+    """Whether the broker dead-lettered ``stored`` itself (it was never parked by an engine)."""
+    return (BROKER_DEATH_REASON in stored.headers
+            and ext.HEADER_DEAD_REASON not in stored.headers)
+
+
+def _broker_death(headers: Mapping[str, Any], exchange: str) -> dict[str, Any]:
+    """Why and from which topic the broker dead-lettered a request, as dead-letter headers."""
+    queue = str(headers.get(BROKER_DEATH_QUEUE) or "")
+    reason = str(headers.get(BROKER_DEATH_REASON))
+    return {ext.HEADER_DEAD_REASON: _BROKER_REASONS.get(reason, f"dead-lettered by the broker: "
+                                                                f"{reason}"),
+            ext.HEADER_DEAD_TOPIC: queue.removeprefix(f"{exchange}_")}
+
+
+def _adopted_headers(stored: px.StoredMessage, exchange: str, now: float,
+                     ttl: float) -> dict[str, Any]:
+    """The headers a broker dead-lettered request is parked again with."""
+    headers = dict(stored.headers)
+    headers.update(_broker_death(headers, exchange))
+    headers.update({
+        ext.HEADER_DEAD_AT: now,
+        ext.HEADER_DEAD_WORKERS: [],
+        keeping.HEADER_DEAD_EXPIRES: now + ttl,
+    })
+    # What the broker added, and a signature that covered other headers.
+    return {k: v for k, v in headers.items()
+            if not k.startswith(("x-death", "x-first-death-", "x-last-death-",
+                                 "x-delivery-count")) and k not in sg.SIGNATURE_HEADERS}
 
 
 def park(proxy: px.Proxy, request: pr.Request, headers: Mapping[str, Any], reason: str,
@@ -155,10 +197,25 @@ class DeadLetters:
                                signing=sg.Signing.from_options() if signing is None else signing)
         self._deadline = deadline
         self._clock = clock
+        self._exchange = exchange
+
+    def _adopt(self) -> None:
+        """Park again, as an engine would, what the broker dead-lettered itself: without its
+        secret arguments, with a reason, a topic and an expiry."""
+        now = self._clock()
+        while (stored := self._proxy.take(ext.DEAD_LETTER_ROUTING_KEY, _broker_dead)) is not None:
+            headers = _adopted_headers(stored, self._exchange, now, DEFAULT_TTL)
+            body = keeping.kept_body(stored.json(), sa.names(stored.headers))
+            self._proxy.publish(_Replay(body), ext.DEAD_LETTER_ROUTING_KEY,
+                                reply_to=stored.properties.get("reply_to"),
+                                correlation_id=stored.properties.get("correlation_id"),
+                                headers=headers, expiration=DEFAULT_TTL)
 
     def list(self) -> list[DeadLetter]:
         """Every parked request, oldest first (expired ones are swept out; the others stay)."""
-        letters = [_describe(m) for m in self._proxy.browse(ext.DEAD_LETTER_ROUTING_KEY)]
+        self._adopt()
+        letters = [_describe(m, self._exchange)
+                   for m in self._proxy.browse(ext.DEAD_LETTER_ROUTING_KEY)]
         now = self._clock()
         live = []
         for letter in letters:
@@ -178,7 +235,7 @@ class DeadLetters:
     def discard(self, letter_id: str) -> bool:
         """Delete a parked request for good; False if there is no such id."""
         return self._proxy.take(ext.DEAD_LETTER_ROUTING_KEY,
-                                lambda m: _describe(m).id == letter_id) is not None
+                                lambda m: _describe(m, self._exchange).id == letter_id) is not None
 
     def requeue(self, letter_id: str) -> DeadLetter:
         """Send one parked request back to its topic.
@@ -191,10 +248,11 @@ class DeadLetters:
         now = self._clock()
         stored = self._proxy.take(
             ext.DEAD_LETTER_ROUTING_KEY,
-            lambda m: _describe(m).id == letter_id and not keeping.expired(m.headers, now))
+            lambda m: (_describe(m, self._exchange).id == letter_id
+                       and not keeping.expired(m.headers, now)))
         if stored is None:
             raise exc.NotFound(f"No dead letter with id {letter_id!r}")
-        letter = _describe(stored)
+        letter = _describe(stored, self._exchange)
         if not letter.topic or letter.removed_arguments:
             # Put back as it was: an operator may still resume its flow, or discard it.
             self._proxy.publish(_Replay(stored.json()), ext.DEAD_LETTER_ROUTING_KEY,

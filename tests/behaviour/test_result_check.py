@@ -32,6 +32,8 @@ _NO_BACKEND = "none"  # the engine keeps state in memory only
 def _uri(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> str | None:
     if kind == "postgresql":
         return str(request.getfixturevalue("postgres_schema_url"))
+    if kind == "mariadb":
+        return str(request.getfixturevalue("mariadb_database_url"))
     return {"memory": "memory://", "dir": f"dir://{tmp_path}/records",
             "sqlite": f"sqlite:///{tmp_path}/records.db"}.get(kind)
 

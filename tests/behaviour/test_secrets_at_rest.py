@@ -85,7 +85,8 @@ def store_values() -> dict[str, Any]:
 # ---- the backends, and everything they hold ------------------------------------------------
 
 
-@pytest.fixture(params=["memory", "dir", "sqlite", "postgresql"])
+@pytest.fixture(params=["memory", "dir", "sqlite", "postgresql",
+                        pytest.param("mariadb", marks=pytest.mark.cluster)])
 def backend_uri(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "memory":
         return "memory://"
@@ -93,6 +94,8 @@ def backend_uri(request: pytest.FixtureRequest, tmp_path: Path) -> str:
         return f"dir://{tmp_path}/records"
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path}/records.db"
+    if request.param == "mariadb":
+        return str(request.getfixturevalue("mariadb_database_url"))
     return str(request.getfixturevalue("postgres_schema_url"))
 
 

@@ -1,4 +1,5 @@
-"""Fixtures of the dashboard tests: a SQLite store, and one holding two finished flows."""
+"""Fixtures of the dashboard tests: a SQLite store (or a MariaDB one, with the cluster suite),
+and one holding two finished flows."""
 
 from __future__ import annotations
 
@@ -12,10 +13,13 @@ from dashboard_store import open_store, store_run
 from flowengine.persistence import base
 
 
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[base.Backend]:
-    """An empty SQLite store."""
-    backend = open_store(tmp_path / "flows.db")
+@pytest.fixture(params=["sqlite", pytest.param("mariadb", marks=pytest.mark.cluster)])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[base.Backend]:
+    """An empty store: a SQLite file, or a MariaDB database (the pages' queries must mean the
+    same there, keyset pages included)."""
+    where = (request.getfixturevalue("mariadb_database_url") if request.param == "mariadb"
+             else tmp_path / "flows.db")
+    backend = open_store(where)
     yield backend
     backend.close()
 

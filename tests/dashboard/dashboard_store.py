@@ -17,9 +17,9 @@ PASSWORD = "hunter2-very-secret"
 FACTORIES = FactoryPolicy.from_names("dashboard_flows")
 
 
-def open_store(path: Path) -> base.Backend:
-    """A SQLite backend at ``path``, created and upgraded."""
-    backend = backends.fetch(f"sqlite:///{path}")
+def open_store(path: Path | str) -> base.Backend:
+    """A SQLite backend at ``path`` (or the backend a URI string names), created and upgraded."""
+    backend = backends.fetch(path if isinstance(path, str) else f"sqlite:///{path}")
     with contextlib.closing(backend.get_connection()) as conn:
         conn.upgrade()
     return backend

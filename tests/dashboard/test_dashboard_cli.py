@@ -36,11 +36,12 @@ def serving(store: base.Backend, tmp_path: Path, *options: str,
     """``flowengine dashboard`` on the store, in its own process (``env`` added to its
     environment); its URL and log."""
     port = free_port()
-    database = store.engine.url.database  # type: ignore[attr-defined]
+    # The store's own URL (SQLite file or MariaDB database), password included.
+    database = store.engine.url.render_as_string(hide_password=False)  # type: ignore[attr-defined]
     queues = tmp_path / f"queues-{port}"
     queues.mkdir()
     command = [sys.executable, "-m", "flowengine.cli.main", "dashboard", "--backend",
-               f"sqlite:///{database}", "--port", str(port), "--transport", "flowengine-fs",
+               database, "--port", str(port), "--transport", "flowengine-fs",
                "--transport-option", f"data_folder={queues}", *options]
     log = tmp_path / f"dashboard-{port}.log"
     with open(log, "wb") as out:

@@ -14,14 +14,16 @@ from flowengine.persistence import backends, base, models
 from flowengine.persistence.queries import FlowCursor, FlowQuery, find_flows
 
 
-@pytest.fixture(params=["sqlite", "memory", "postgresql"])
+@pytest.fixture(params=["sqlite", "memory", "postgresql",
+                        pytest.param("mariadb", marks=pytest.mark.cluster)])
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[base.Backend]:
     if request.param == "sqlite":
         found = open_store(tmp_path / "q.db")
     elif request.param == "memory":
         found = backends.fetch("memory://")
-    else:  # a real server: the SQL queries must mean the same on PostgreSQL
-        found = backends.fetch(request.getfixturevalue("postgres_schema_url"))
+    else:  # a real server: the SQL queries must mean the same on PostgreSQL and MariaDB
+        found = backends.fetch(request.getfixturevalue(
+            "mariadb_database_url" if request.param == "mariadb" else "postgres_schema_url"))
         with contextlib.closing(found.get_connection()) as conn:
             conn.upgrade()
     book = models.LogBook("book")

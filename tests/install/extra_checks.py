@@ -61,8 +61,8 @@ def modules(installed: list[str]) -> None:
           + ", ".join(sorted(set(needing.values()))))
 
 
-_EXTRAS = ("redis", "postgresql", "metrics", "zookeeper", "etcd", "beanstalk", "dashboard",
-           "otel")
+_EXTRAS = ("redis", "postgresql", "mysql", "metrics", "zookeeper", "etcd", "beanstalk",
+           "dashboard", "otel", "testing")
 
 
 @contextlib.contextmanager
@@ -257,6 +257,43 @@ def wait_for(probe: Callable[[], str | None], what: str, proc: subprocess.Popen[
     return answer
 
 
+def mysql() -> None:
+    """A ``mysql://`` store URL resolves to the extra's driver (no server needed to see it)."""
+    from flowengine.persistence.backends._sql import engine
+
+    url = engine.normalize_url("mysql://flows@127.0.0.1:3306/flows")
+    if url.get_driver_name() != "pymysql":
+        fail(f"mysql:// resolves to driver {url.get_driver_name()!r}, not PyMySQL")
+    import pymysql  # noqa: F401  (installed by the extra)
+
+    print("mysql: mysql:// uses PyMySQL")
+
+
+def testkit() -> None:
+    """The test kit runs a flow with a failure injected and judges its reverts."""
+    from flowengine import task
+    from flowengine.flows import linear_flow
+    from flowengine.testing import TestKit
+
+    class Reserve(task.Task):
+        def execute(self) -> str:
+            return "reserved"
+
+        def revert(self, **kwargs: object) -> None:
+            pass
+
+    class Charge(task.Task):
+        def execute(self) -> str:
+            return "charged"
+
+    with TestKit() as kit:
+        kit.fail_execute("charge")
+        outcome = kit.run(linear_flow.Flow("booking").add(Reserve("reserve"), Charge("charge")))
+        if outcome.state != "REVERTED":
+            fail(f"the test kit's flow ended {outcome.state}, not REVERTED")
+    print("testkit: a failed charge reverted")
+
+
 CHECKS: dict[str, Callable[..., None]] = {
     "modules": lambda *extras: modules(list(extras)),
     "workers": workers,
@@ -267,6 +304,8 @@ CHECKS: dict[str, Callable[..., None]] = {
     "otel": otel,
     "missing": missing,
     "demo": demo,
+    "mysql": mysql,
+    "testkit": testkit,
 }
 
 if __name__ == "__main__":

@@ -31,6 +31,8 @@ CASES: dict[str, tuple[tuple[str, ...], list[list[str]]]] = {
     "beanstalk": ((), [["modules", "beanstalk"], ["workers", "{beanstalk_url}"]]),
     "dashboard": ((), [["modules", "dashboard"], ["dashboard"]]),
     "otel": (("opentelemetry-sdk",), [["modules", "otel"], ["otel"]]),
+    "mysql": ((), [["modules", "mysql"], ["mysql"]]),
+    "testing": ((), [["modules", "testing"], ["testkit"]]),
 }
 SERVER_FIXTURES = ("redis_url", "postgres_schema_url", "zookeeper_hosts", "beanstalk_url")
 

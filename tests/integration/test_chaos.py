@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 from wbe_harness import Broker, delete_exchange
 
-pytestmark = pytest.mark.integration
+# Each run is 25 s of chaos, then the flows settle and are judged: 60-120 s on a loaded machine.
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(400)]
 
 EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples"
 #: Seconds of chaos in CI; the seed fixes the schedule (every kind of fault in its first four).

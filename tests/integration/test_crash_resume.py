@@ -338,10 +338,12 @@ def fork_server() -> Iterator[ForkServer]:
         server.close()
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+@pytest.fixture(params=["sqlite", "postgresql", pytest.param("mariadb", marks=pytest.mark.cluster)])
 def uri(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path}/flows.db"
+    if request.param == "mariadb":
+        return str(request.getfixturevalue("mariadb_database_url"))
     url: str = request.getfixturevalue("postgres_schema_url")
     return url
 

@@ -1,13 +1,13 @@
 """``flowengine run`` loses its database mid-flow: it halts, fakes no rollback, and a resume is
 right.
 
-A real ``flowengine run`` process runs four steps that write an execution ledger; while step 3
-runs the database goes away (a private PostgreSQL server stopped, or the tmpfs holding a SQLite
-file filled by a runaway writer), then step 3 ends. The run must halt with exit code 6, say that
-its progress could not be recorded, revert nothing, and leave the stored record as it was (the
-flow RUNNING, steps 1 and 2 SUCCESS, step 3 RUNNING). Once the database is back, ``flowengine
-run --resume`` finishes the flow: step 3 again (its end was never recorded), then step 4, and
-steps 1 and 2 never again.
+A real ``flowengine run`` process runs four steps that write an execution ledger; while step 3 runs
+the database goes away (a private PostgreSQL server stopped, the cluster suite's MariaDB restarted,
+or the tmpfs holding a SQLite file filled by a runaway writer), then step 3 ends. The run must halt
+with exit code 6, say that its progress could not be recorded, revert nothing, and leave the stored
+record as it was (the flow RUNNING, steps 1 and 2 SUCCESS, step 3 RUNNING). Once the database is
+back, ``flowengine run --resume`` finishes the flow: step 3 again (its end was never recorded), then
+step 4, and steps 1 and 2 never again.
 """
 
 from __future__ import annotations
@@ -74,7 +74,8 @@ def _sqlite_on_tmpfs(tmp_path: Path) -> Iterator[tuple[str, Tmpfs]]:
         mounted.unmount()
 
 
-@pytest.fixture(params=["postgresql-stopped", "sqlite-disk-full"])
+@pytest.fixture(params=["postgresql-stopped", "sqlite-disk-full",
+                        pytest.param("mariadb-restarted", marks=pytest.mark.cluster)])
 def lost_database(request: pytest.FixtureRequest,
                   tmp_path: Path) -> Iterator[tuple[str, contextlib.AbstractContextManager[None]]]:
     """``(backend URI, a context in which the database is gone)``."""
@@ -90,6 +91,11 @@ def lost_database(request: pytest.FixtureRequest,
                 server.start()
 
         yield server.url, stopped()
+    elif request.param == "mariadb-restarted":
+        import cluster_servers
+
+        url = request.getfixturevalue("mariadb_database_url")
+        yield url, cluster_servers.mariadb_restarted()
     else:
         with _sqlite_on_tmpfs(tmp_path) as (uri, mounted):
             yield uri, mounted.full()

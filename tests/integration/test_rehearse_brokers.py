@@ -7,7 +7,8 @@ import pytest
 from testkit.rehearse_cli import check_booking, rehearse  # tests/ is on sys.path
 from wbe_harness import Broker, delete_exchange
 
-pytestmark = pytest.mark.integration
+# A rehearsal runs the flow a dozen times on real workers: 20-60 s on a loaded machine.
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 
 @pytest.mark.parametrize("fixed", [False, True], ids=["buggy", "fixed"])

@@ -104,10 +104,15 @@ def test_redis_urls_and_the_redis_name_get_flowengines_transport() -> None:
     lean_tls = tr.lean(stock_tls)
     assert lean_tls.get_transport_cls() is tr.Transport and lean_tls.ssl == stock_tls.ssl
     assert lean_tls.ssl  # kombu's default for rediss:// without options
+    # Sentinel URLs: the same channel over kombu's Sentinel one, every Sentinel kept.
+    sentinels = tr.lean(kombu.Connection("sentinel://127.0.0.1:26379;sentinel://127.0.0.1:26380",
+                                         transport_options={"master_name": "mymaster"}))
+    assert sentinels.get_transport_cls() is tr.SentinelTransport
+    assert sentinels.alt == ["sentinel://127.0.0.1:26379", "sentinel://127.0.0.1:26380"]
+    assert issubclass(tr.SentinelTransport.Channel, kombu_redis.SentinelChannel)
 
 
 @pytest.mark.parametrize("url, transport", [
-    ("sentinel://127.0.0.1:26379", None),
     ("redis+socket:///tmp/redis.sock", None),
     ("amqp://guest:guest@127.0.0.1:5672//", None),
     ("localhost", "memory"),

@@ -11,6 +11,10 @@ import json
 import pytest
 from rehearse_cli import FINDINGS, check_booking, flagged, matrix, rehearse
 
+# Each runs `flowengine rehearse` (a dozen runs of a flow, real worker processes in some):
+# 5-40 s on a loaded machine.
+pytestmark = pytest.mark.timeout(300)
+
 SEAT = ["--store", "seat=12A"]
 
 

@@ -17,10 +17,12 @@ from flowengine.persistence.backends._sql.engine import normalize_url
 from flowengine.persistence.base import IncompatibleSchema
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+@pytest.fixture(params=["sqlite", "postgresql", pytest.param("mariadb", marks=pytest.mark.cluster)])
 def sql_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path}/schema.db"
+    if request.param == "mariadb":
+        return str(request.getfixturevalue("mariadb_database_url"))
     url: str = request.getfixturevalue("postgres_schema_url")
     return url
 

@@ -1,11 +1,15 @@
 """The etcd requests the etcd jobboard makes, over an etcd3gw client, with errors it names.
 
 etcd3gw's helpers drop the answer's revision and encode text as Latin-1, so reads and
-transactions go through its ``post`` directly; leases use its :class:`etcd3gw.Lease`.
+transactions go through its ``post`` directly; leases use its :class:`etcd3gw.Lease`. A board URI
+naming several members (``etcd://h1:2379,h2:2379,h3:2379/path``) gets :class:`MembersClient`,
+which sends a request that cannot reach its member to the next one.
 """
 
 from __future__ import annotations
 
+import threading
+import urllib.parse
 from typing import Any
 
 from flowengine import exceptions as exc
@@ -20,7 +24,7 @@ except ImportError as err:  # pragma: no cover - depends on the installed extras
 
 from flowengine.jobs.backends import _etcd_keys as keys
 
-__all__ = ["CLIENT_CONF", "EtcdStore", "make_client"]
+__all__ = ["CLIENT_CONF", "EtcdStore", "MembersClient", "make_client"]
 
 #: Conf keys passed on to :class:`etcd3gw.Etcd3Client`, with their converters (TaskFlow's).
 CLIENT_CONF = (("host", str), ("port", int), ("protocol", str), ("ca_cert", str),
@@ -31,11 +35,83 @@ DEFAULT_TIMEOUT = 10.0
 
 def make_client(conf: dict[str, Any]) -> etcd3gw.Etcd3Client:
     """The etcd3gw client ``conf`` describes (``host``, ``port``, ``protocol``, TLS files,
-    ``timeout``, ``api_path``)."""
+    ``timeout``, ``api_path``; ``hosts``, a comma list of ``host:port``, for several members).
+
+    Raises:
+        ValueError: A member of ``hosts`` that is not ``host:port``.
+    """
     kwargs: dict[str, Any] = {key: convert(conf[key]) for key, convert in CLIENT_CONF
                               if conf.get(key) is not None}
     kwargs.setdefault("timeout", DEFAULT_TIMEOUT)
+    members = [member.strip() for member in str(conf.get("hosts") or "").split(",")
+               if member.strip()]
+    if len(members) > 1:
+        kwargs.pop("host", None)
+        kwargs.pop("port", None)
+        return MembersClient([_member(text) for text in members], **kwargs)
     return etcd3gw.Etcd3Client(**kwargs)
+
+
+def _member(text: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"An etcd member must be given as host:port, not {text!r}")
+    return host.strip("[]"), int(port)
+
+
+class MembersClient(etcd3gw.Etcd3Client):
+    """An etcd3gw client over several members of one cluster.
+
+    Requests go to one member; one that cannot reach it (refused, timed out: the member died or
+    is cut off) is sent to the next member, and so on round the list once, and the member that
+    answered is used from then on (the board's watch follows it on its next reconnect). Which
+    member leads does not matter: every member forwards writes to the leader.
+
+    Args:
+        members: ``(host, port)`` of each member (kept as :attr:`endpoints`).
+        **kwargs: As for :class:`etcd3gw.Etcd3Client` (``protocol``, TLS files, ``timeout``).
+    """
+
+    def __init__(self, members: list[tuple[str, int]], **kwargs: Any) -> None:
+        host, port = members[0]
+        super().__init__(host=host, port=port, **kwargs)
+        self.endpoints = list(members)
+        self._current = 0
+        self._switch = threading.Lock()
+
+    def post(self, url: str, *args: Any, json: Any = None, **kwargs: Any) -> Any:
+        """POST ``url`` (made by :meth:`get_url`, for whichever member) to the current member,
+        or to the next ones."""
+        parts = urllib.parse.urlsplit(url)
+        path = urllib.parse.urlunsplit(("", "", parts.path, parts.query, ""))
+        for turn in range(len(self.endpoints)):
+            current = self.base_url
+            try:
+                return super().post(current + path, *args, json=json, **kwargs)
+            except (etcd_exc.ConnectionFailedError, etcd_exc.ConnectionTimeoutError):
+                if turn == len(self.endpoints) - 1:
+                    raise
+                self._next_member(current)
+        raise AssertionError("unreachable: the last member's failure is raised")
+
+    def _discover_api_path(self) -> None:
+        # The first request asks a member for the gateway's API path: any member will do.
+        for turn in range(len(self.endpoints)):
+            current = self.base_url
+            try:
+                super()._discover_api_path()
+                return
+            except (etcd_exc.ConnectionFailedError, etcd_exc.ConnectionTimeoutError):
+                if turn == len(self.endpoints) - 1:
+                    raise
+                self._next_member(current)
+
+    def _next_member(self, failed: str) -> None:
+        with self._switch:
+            if self.base_url != failed:  # another thread moved on already
+                return
+            self._current = (self._current + 1) % len(self.endpoints)
+            self.host, self.port = self.endpoints[self._current]
 
 
 class EtcdStore:

@@ -13,6 +13,12 @@ Layout under the ``namespace`` (conf key; default ``flowengine``):
 =============================  ==============================================================
 
 Every operation is one Lua script (:mod:`._redis_scripts`), so it is atomic on the server.
+Behind Sentinels (conf ``sentinel``: the master's name) a post returns only once a replica has
+it too (``WAIT``; conf ``min_replicas``, default 1 there, and ``replica_timeout`` seconds, default
+2): Redis replicates asynchronously, and a failover would otherwise lose a job its poster was
+told was posted. A claim the promoted replica never received is gone after a failover: its
+holder's next keep-alive finds so (:class:`~..base.ClaimLost`), it stops before its next atom,
+and another conductor claims the job.
 Waiting is pushed: a thread follows the channel and wakes waiters; a claim that ends by expiry
 is not announced by Redis (without keyspace notifications), so waiters also sleep until the end
 of the soonest lease they know of, which is a timer set from the claim's own TTL, not polling.
@@ -101,6 +107,9 @@ class RedisJobBoard(base.NotifyingJobBoard):
         self._following = threading.Event()
         self._stop_channel = ""
         self._connected = False
+        self._min_replicas = int(self._conf.get("min_replicas",
+                                                1 if self._conf.get("sentinel") else 0))
+        self._replica_timeout = float(self._conf.get("replica_timeout", 2.0))
 
     def _location(self) -> str:
         return self._ns
@@ -411,6 +420,19 @@ class RedisJobBoard(base.NotifyingJobBoard):
                                  f" {job_uuid}: {err}") from err
         return _text(status), _text(value)
 
+    def _replicated(self, what: str) -> None:
+        """Wait until ``min_replicas`` replicas have every write so far, or raise."""
+        if self._min_replicas <= 0:
+            return
+        with self._talking(what) as client:
+            copies = int(client.wait(self._min_replicas, int(self._replica_timeout * 1000)))
+        if copies < self._min_replicas:
+            raise exc.JobFailure(
+                f"Jobboard '{self.name}' could not {what} safely: {copies} of the "
+                f"{self._min_replicas} replica(s) it waits for had it after "
+                f"{self._replica_timeout:g}s, so a failover could lose it (it may be on the "
+                f"board: look before posting again)")
+
     def _refused(self, status: str, value: str, job: base.Job, who: str, action: str) -> None:
         if status == "missing":
             raise exc.NotFound(f"Cannot {action} job {job.uuid} ({job.name}): it is not on board"
@@ -430,6 +452,7 @@ class RedisJobBoard(base.NotifyingJobBoard):
         with self._lock:
             # Listed at once by this board, before its own announcement comes back.
             self._cache.setdefault(posting["uuid"], posting)
+        self._replicated(f"post job {posting['uuid']} ({name})")
         job = self._job(posting)
         if book is not None:
             job._book = book

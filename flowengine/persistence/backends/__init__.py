@@ -13,7 +13,7 @@ name such as ``"memory"`` or ``"dir"``). The URI's scheme picks the backend:
 ``file:///path``, ``dir:///path``      :class:`~.impl_dir.DirBackend` (JSON files)
 ``sqlite://``, ``sqlite:///path``      :class:`~.impl_sqlalchemy.SQLAlchemyBackend`
 ``postgresql://...``                   :class:`~.impl_sqlalchemy.SQLAlchemyBackend`
-``mysql://...``                        :class:`~.impl_sqlalchemy.SQLAlchemyBackend`
+``mysql://...``, ``mariadb://...``     :class:`~.impl_sqlalchemy.SQLAlchemyBackend`
 =====================================  =================================================
 
 A dialect suffix (``postgresql+psycopg://``) is allowed. Query parameters become configuration
@@ -47,6 +47,7 @@ _BUILTIN = {
     "postgresql": "flowengine.persistence.backends.impl_sqlalchemy:SQLAlchemyBackend",
     "postgres": "flowengine.persistence.backends.impl_sqlalchemy:SQLAlchemyBackend",
     "mysql": "flowengine.persistence.backends.impl_sqlalchemy:SQLAlchemyBackend",
+    "mariadb": "flowengine.persistence.backends.impl_sqlalchemy:SQLAlchemyBackend",
 }
 
 

@@ -1,10 +1,11 @@
 """A backend that keeps records in a SQL database through SQLAlchemy 2.x.
 
-SQLite (a file: the embedded default; several processes may share it) and PostgreSQL (through
-psycopg 3: ``pip install 'flowengine[postgresql]'``) are tested; other SQLAlchemy databases may
-work. The schema is versioned: :meth:`Connection.upgrade` creates it or brings an older one
-forward, and a schema newer than this code is refused with
-:class:`~flowengine.persistence.base.IncompatibleSchema`. See ``doc/persistence.rst``.
+SQLite (a file: the embedded default; several processes may share it), PostgreSQL (through psycopg
+3: ``pip install 'flowengine[postgresql]'``) and MySQL/MariaDB (through PyMySQL: ``pip install
+'flowengine[mysql]'``) are tested; other SQLAlchemy databases may work. The schema is versioned:
+:meth:`Connection.upgrade` creates it or brings an older one forward, and a schema newer than this
+code is refused with :class:`~flowengine.persistence.base.IncompatibleSchema`. See
+``doc/persistence.rst``.
 """
 
 from __future__ import annotations
@@ -40,6 +41,9 @@ LOG = logging.getLogger(__name__)
 
 # PostgreSQL SQLSTATEs a retried transaction can get past: serialization failure, deadlock.
 _RETRYABLE_PG_CODES = frozenset({"40001", "40P01"})
+# ... and MySQL's error numbers for a deadlock (1213) and a lost race to insert (1062 is an
+# IntegrityError already).
+_RETRYABLE_MYSQL_CODES = frozenset({1213})
 _CONNECT_ERRORS = (sa_exc.OperationalError, sa_exc.InterfaceError, sa_exc.TimeoutError)
 
 
@@ -65,7 +69,11 @@ class _SQLStore(RecordStore):
     def is_conflict(self, err: BaseException) -> bool:
         if isinstance(err, sa_exc.IntegrityError):
             return True  # two writers inserted one new record; the retry updates it instead
-        code = getattr(getattr(err, "orig", None), "sqlstate", None)
+        original = getattr(err, "orig", None)
+        code = getattr(original, "sqlstate", None)
+        if isinstance(err, sa_exc.DBAPIError) and self.engine.dialect.name in ("mysql", "mariadb"):
+            args: tuple[object, ...] = getattr(original, "args", ())
+            return bool(args) and args[0] in _RETRYABLE_MYSQL_CODES
         return isinstance(err, sa_exc.DBAPIError) and code in _RETRYABLE_PG_CODES
 
     @contextlib.contextmanager
@@ -168,12 +176,13 @@ class SQLAlchemyBackend(base.Backend):
     Configuration keys (all but ``connection`` optional):
 
     * ``connection``: the database URL, e.g. ``sqlite:////var/lib/app/flows.db``,
-      ``postgresql://user:password@host/db`` (``postgresql+psycopg://`` is the same).
+      ``postgresql://user:password@host/db`` (``postgresql+psycopg://`` is the same),
+      ``mysql://user:password@host/db`` or ``mariadb://...`` (PyMySQL; ``mysql+pymysql://``).
     * ``busy_timeout`` (seconds, default 30): how long a SQLite writer waits for another.
-    * ``lock_timeout`` (seconds, default 30; 0 waits forever): how long a PostgreSQL statement
-      waits for a lock another transaction holds (a row read ``FOR UPDATE``, say).
+    * ``lock_timeout`` (seconds, default 30; 0 waits forever): how long a PostgreSQL, MySQL or
+      MariaDB statement waits for a lock another transaction holds (a row read ``FOR UPDATE``).
     * ``statement_timeout`` (seconds, default 120; 0 means no limit): how long any PostgreSQL
-      statement may run before the server cancels it.
+      or MariaDB statement may run before the server cancels it.
     * ``max_retries`` (default 0): extra attempts to connect when validating, with backoff.
     * ``idle_timeout``, ``max_pool_size``, ``max_overflow``, ``pool_timeout``,
       ``connect_timeout``, ``isolation_level``, ``echo``, ``engine_args``: engine and pool

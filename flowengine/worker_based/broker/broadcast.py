@@ -5,11 +5,13 @@ from __future__ import annotations
 import collections
 import contextlib
 import logging
+import threading
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import kombu
+from kombu.exceptions import OperationalError
 
 from flowengine.worker_based.broker import dispatcher as dp
 from flowengine.worker_based.broker import proxy as px
@@ -21,6 +23,8 @@ LOG = logging.getLogger(__name__)
 BROADCAST_TTL = 60.0
 #: Most documents a listener's queue holds on brokers that bound queues (AMQP: oldest dropped).
 BROADCAST_MAX_LENGTH = 10_000
+#: Longest pause, in seconds, between a listener's attempts to reach the broker again.
+RELISTEN_MAX_DELAY = 2.0
 
 
 class Broadcast:
@@ -28,9 +32,11 @@ class Broadcast:
 
     Publishing declares the exchange only, so documents nobody listens for go nowhere. Each
     listener reads through its own exclusive, auto-delete queue, which it unbinds and deletes
-    when it stops. Documents are not persistent and expire after :data:`BROADCAST_TTL` seconds;
-    on the ``flowengine-fs`` transport a listener killed with SIGKILL leaves its queue folder
-    bound (expired documents in it are dropped only when read).
+    when it stops. Documents are not persistent and expire after :data:`BROADCAST_TTL` seconds.
+    A listener whose connection is lost (its broker node died) listens again through a new
+    queue on whichever node of the URL list answers; documents published meanwhile are not
+    received. On the ``flowengine-fs`` transport a listener killed with SIGKILL leaves its queue
+    folder bound (expired documents in it are dropped only when read).
 
     Args:
         exchange: The fanout exchange's name.
@@ -58,8 +64,8 @@ class Broadcast:
         try:
             if self._publishing is None:
                 conn = self._conn.clone()
-                conn.ensure_connection(max_retries=1, interval_start=0, interval_step=0.2,
-                                       interval_max=0.2)
+                conn.ensure_connection(max_retries=_each_node(conn), interval_start=0,
+                                       interval_step=0.2, interval_max=0.2)
                 self._publishing = (conn, kombu.Producer(conn.channel(), self._exchange))
             producer = self._publishing[1]
             for document in documents:
@@ -88,18 +94,42 @@ class Broadcast:
                 subscription is made), i.e. when documents published from then on will arrive.
             poll: Seconds between looks at ``stop``.
         """
-        received: collections.deque[Any] = collections.deque()
         own = kombu.Queue(
             f"{self._exchange.name}.{uuid.uuid4().hex}", self._exchange, routing_key="",
             durable=False, exclusive=True, auto_delete=True, max_length=BROADCAST_MAX_LENGTH,
         )  # fmt: skip
+        announce: list[Callable[[], None]] = [ready] if ready is not None else []
+        listened: list[bool] = []
+        lost = self._conn.connection_errors + self._conn.channel_errors + (OperationalError,)
+        delay, pause = 0.0, threading.Event()
+        while not stop():
+            try:
+                for document in self._listen_once(own, stop, announce, listened, poll):
+                    delay = 0.0
+                    yield document
+                return
+            except lost as err:
+                if not listened:  # never reached the broker: the caller says so
+                    raise
+                # The exclusive queue went with the connection: a new one is declared on the
+                # next connection (the next node of a cluster's URL list, if this one died).
+                LOG.warning("Lost the broadcast on %s (%s); listening again", self.where, err)
+                pause.wait(delay)
+                delay = min(max(delay * 2, poll), RELISTEN_MAX_DELAY)
+
+    def _listen_once(self, own: kombu.Queue, stop: Callable[[], bool],
+                     announce: list[Callable[[], None]], listened: list[bool],
+                     poll: float) -> Iterator[Any]:
+        """Listen on one connection until ``stop()`` (noting in ``listened`` that it did);
+        its errors propagate."""
+        received: collections.deque[Any] = collections.deque()
 
         def _refused(message: Any, err: Exception) -> None:
             LOG.warning("Dropped a broadcast document on %s that is not JSON: %s", self.where, err)
 
         with self._conn.clone() as conn:
-            conn.ensure_connection(max_retries=1, interval_start=0, interval_step=0.2,
-                                   interval_max=0.2)
+            conn.ensure_connection(max_retries=_each_node(conn), interval_start=0,
+                                   interval_step=0.2, interval_max=0.2)
             errors = conn.connection_errors + conn.channel_errors
             channel = conn.channel()
             consumer = kombu.Consumer(
@@ -111,9 +141,10 @@ class Broadcast:
                 with consumer:
                     while not stop():
                         px.drain_once(conn, poll, errors, self.where)
-                        if ready is not None:
-                            announce, ready = ready, None
-                            announce()
+                        if not listened:
+                            listened.append(True)
+                        if announce:
+                            announce.pop()()
                         while received:
                             yield received.popleft()
             finally:
@@ -124,3 +155,8 @@ class Broadcast:
                     bound = own(channel)
                     bound.delete()
                     bound.unbind_from(self._exchange, routing_key="")
+
+
+def _each_node(conn: kombu.Connection) -> int:
+    """Retries that try each URL of a failover list once (one retry for a single URL)."""
+    return max(1, len(conn.alt))

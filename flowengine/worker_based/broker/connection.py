@@ -30,10 +30,11 @@ from flowengine.worker_based.broker import (
 LOG = logging.getLogger("flowengine.worker_based.broker.proxy")
 
 #: The URL schemes doc/workers.rst describes, named when a URL has none of kombu's.
-DOCUMENTED_SCHEMES = ("amqp", "amqps", "redis", "rediss", "beanstalk", "flowengine-fs", "memory")
+DOCUMENTED_SCHEMES = ("amqp", "amqps", "redis", "rediss", "sentinel", "beanstalk",
+                      "flowengine-fs", "memory")
 #: Transport names (URL schemes) served by flowengine's Redis transport
-#: (:func:`~flowengine.worker_based.broker.transport_redis.lean`).
-REDIS_SCHEMES = frozenset({"redis", "rediss"})
+#: (:func:`~flowengine.worker_based.broker.transport_redis.lean`), Sentinel's included.
+REDIS_SCHEMES = frozenset({"redis", "rediss", "sentinel"})
 
 #: Seconds a message a Redis consumer took stays unsettled before Redis hands it out again
 #: (kombu's ``visibility_timeout``, one hour by default; ``transport_options`` may set it).
@@ -119,6 +120,72 @@ def drain_once(conn: kombu.Connection, timeout: float, errors: tuple[type[BaseEx
     except Exception as err:
         LOG.warning("Dropped a message on %s: reason=%s %s: %s", where, dp.REASON_DECODE_ERROR,
                     type(err).__name__, str(err)[:200])
+
+
+#: Transport options flowengine reads itself (kombu's transports ignore them): the type of the
+#: durable queues declared on an AMQP broker, and how often a quorum queue delivers one message
+#: before handing it to the dead-letter queue.
+QUEUE_TYPE_OPTION = "queue_type"
+DELIVERY_LIMIT_OPTION = "delivery_limit"
+QUEUE_TYPES = ("classic", "quorum")
+#: Deliveries of one request a quorum topic queue makes before it dead-letters it. A request
+#: that kills the worker it is delivered to comes back redelivered, and flowengine workers hand
+#: those back to their engine instead of running them; the limit is the broker's backstop for
+#: what keeps coming back (TaskFlow peers, workers stopping over and over).
+DEFAULT_DELIVERY_LIMIT = 20
+
+
+@dataclasses.dataclass(frozen=True)
+class QueueKind:
+    """How a publisher declares its durable queues (see :func:`queue_kind`).
+
+    Attributes:
+        quorum: RabbitMQ quorum queues (replicated on a majority of the cluster's nodes) instead
+            of classic ones (which live on one node and are lost with it).
+        delivery_limit: Deliveries a quorum topic queue makes of one message before it moves
+            it to the dead-letter queue (None: no limit).
+    """
+
+    quorum: bool = False
+    delivery_limit: int | None = None
+
+
+def queue_kind(url: str | None, driver: str | None, options: dict[str, Any],
+               taskflow_compat: bool) -> QueueKind:
+    """The queue type ``options`` ask for (transport option ``queue_type``), or the default:
+    quorum queues on an AMQP broker named by several node URLs (``amqp://a;amqp://b``), classic
+    queues otherwise.
+
+    Raises:
+        ValueError: An unknown queue type, a delivery limit that is not a positive integer, or
+            quorum queues where they cannot be (not AMQP, or ``taskflow_compat``, whose peers
+            declare the queues transient).
+    """
+    wanted = options.get(QUEUE_TYPE_OPTION)
+    if wanted is None:
+        quorum = driver == "amqp" and ";" in (url or "") and not taskflow_compat
+    elif wanted in QUEUE_TYPES:
+        quorum = wanted == "quorum"
+    else:
+        raise ValueError(f"Transport option {QUEUE_TYPE_OPTION!r} must be one of "
+                         f"{', '.join(QUEUE_TYPES)}, not {wanted!r}")
+    if quorum and driver != "amqp":
+        raise ValueError(f"Quorum queues are RabbitMQ's (AMQP); transport {driver!r} has none "
+                         f"(transport option {QUEUE_TYPE_OPTION!r})")
+    if quorum and taskflow_compat:
+        raise ValueError("Quorum queues cannot be used with taskflow_compat (TaskFlow peers "
+                         "declare every queue non-durable and auto-deleted)")
+    if not quorum:
+        return QueueKind()
+    limit = options.get(DELIVERY_LIMIT_OPTION, DEFAULT_DELIVERY_LIMIT)
+    try:
+        count = None if limit in (None, 0, "0", "none") else int(limit)
+    except (TypeError, ValueError):
+        count = -1
+    if count is not None and count < 1:
+        raise ValueError(f"Transport option {DELIVERY_LIMIT_OPTION!r} must be a whole number "
+                         f"of deliveries >= 1 (0: none), not {limit!r}")
+    return QueueKind(quorum=True, delivery_limit=count)
 
 
 class BrokerOutage(OperationalError):

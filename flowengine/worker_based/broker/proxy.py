@@ -142,6 +142,9 @@ class Proxy(Publisher):
         self._virtual = self._broker.settles_anywhere
         self._heartbeat = ((self._url_heartbeat or CONSUMER_HEARTBEAT) if self._broker.heartbeats
                            else 0.0)
+        self._global_qos = not (self._kind.quorum and not transient_queue)
+        #: The owner's prefetch when the consumer's limit was last set (see _prefetch_changed).
+        self._qos_normal: int | None = None
         # See BrokerTraits.receipt_ack for why only where the broker works per unacked message.
         self._auto_ack = auto_ack and self._broker.receipt_ack
         self._dispatcher = dp.TypeDispatcher(
@@ -290,9 +293,12 @@ class Proxy(Publisher):
             )
             # The channel's limit (its one consumer's): RabbitMQ applies a later change of a
             # per-consumer limit to new consumers only, and the limit changes as pools grow.
+            # Quorum queues refuse a consumer on a channel with a global limit, so there the
+            # consumer's own limit is set, and changing it means consuming anew.
             limit = self._prefetch_limit()
+            self._qos_normal = self._normal_prefetch()
             if limit is not None:
-                consumer.qos(prefetch_count=limit, apply_global=True)
+                consumer.qos(prefetch_count=limit, apply_global=self._global_qos)
             # Not ``with consumer``: a paused consumer must not take anything, not even
             # between consuming and cancelling.
             consuming = self._follow_pause(consumer, consuming=False)
@@ -325,9 +331,9 @@ class Proxy(Publisher):
                     self._flush_settlements()
                     _call_hook(self._on_wait)
                     consuming = self._follow_pause(consumer, consuming)
-                    if self._prefetch_limit() != limit:
+                    if self._prefetch_changed(limit):
                         limit = self._prefetch_limit()
-                        consumer.qos(prefetch_count=limit or 0, apply_global=True)
+                        self._change_prefetch(consumer, limit, consuming)
             except errors:
                 raise  # the connection is gone, and its consumer with it
             except BaseException:
@@ -349,15 +355,42 @@ class Proxy(Publisher):
         return self._prefetch_limit()
 
     def _prefetch_limit(self) -> int | None:
+        normal = self._normal_prefetch()
+        if normal is None:
+            return None
+        return max(normal - len(self._held_over), 1)
+
+    def _normal_prefetch(self) -> int | None:
+        """The prefetch the owner asks for, before what earlier connections still hold."""
         normal = self._prefetch_count
         if self._prefetch is not None:
             try:
                 normal = self._prefetch()
             except Exception:  # the owner's bug must not stop the consumer
                 LOG.exception("Proxy prefetch %r raised", self._prefetch)
-        if normal is None:
-            return None
-        return max(normal - len(self._held_over), 1)
+        return normal
+
+    def _prefetch_changed(self, limit: int | None) -> bool:
+        """Whether the consumer's prefetch ``limit`` should change now."""
+        wanted = self._prefetch_limit()
+        if wanted == limit or self._global_qos:
+            return wanted != limit
+        # A per-consumer limit changes only by consuming anew (two round trips): when the pool
+        # changed size, and once what a lost connection delivered is all settled, not at each
+        # of those settlements. Until then the limit may be a little low or, just after a pool
+        # grew, the old consumer's deliveries still running may briefly exceed it.
+        return not self._held_over or self._normal_prefetch() != self._qos_normal
+
+    def _change_prefetch(self, consumer: kombu.Consumer, limit: int | None,
+                         consuming: bool) -> None:
+        """Apply a new prefetch ``limit`` to ``consumer`` (consuming anew if it must)."""
+        consumer.qos(prefetch_count=limit or 0, apply_global=self._global_qos)
+        self._qos_normal = self._normal_prefetch()
+        if not self._global_qos and consuming:
+            # A per-consumer limit reaches only consumers started after it: consume anew.
+            # What the old consumer delivered stays the channel's, settled as before.
+            consumer.cancel()
+            consumer.consume()
 
     def _follow_pause(self, consumer: kombu.Consumer, consuming: bool) -> bool:
         """Consume the own queue or not, as ``paused`` says; whether it is consumed now."""

@@ -31,8 +31,10 @@ from flowengine.worker_based.broker.connection import (
     BrokerOutage,
     BrokerTraits,
     ConnectionDetails,
+    QueueKind,
     StoredMessage,
     connect,
+    queue_kind,
     traits,
     tune,
     without_heartbeat,
@@ -66,7 +68,9 @@ class Publisher:
         transport_options: Kombu transport options (``data_folder`` for ``flowengine-fs``).
         retry_options: See :class:`~flowengine.worker_based.backoff.RetryOptions`.
         taskflow_compat: Declare exactly as TaskFlow (non-durable, auto-delete, transient
-            messages) so TaskFlow peers can share the exchange; default is durable and persistent.
+            messages) so TaskFlow peers can share the exchange; default is durable and persistent
+            (on RabbitMQ, quorum queues when ``url`` names several nodes or transport option
+            ``queue_type`` says ``quorum``: see :func:`~.connection.queue_kind`).
         publishers: Most publishing connections open at once (per confirm mode).
         signing: Signs what this publisher publishes (see
             :mod:`~flowengine.worker_based.signing`); None: nothing.
@@ -91,9 +95,14 @@ class Publisher:
         self._broker = traits(self._conn.get_transport_cls())
         #: The heartbeat the URL asked for (0: none); only a consume loop sends heartbeats.
         self._conn, self._url_heartbeat = without_heartbeat(self._conn)
+        self._kind: QueueKind = queue_kind(url, self._broker.driver, self._transport_options,
+                                           taskflow_compat)
         # Message priority is an AMQP queue feature; TaskFlow's declarations have none, and a
-        # broker refuses a queue redeclared with different arguments.
-        self._priorities = not taskflow_compat and self._broker.priorities
+        # broker refuses a queue redeclared with different arguments. Quorum queues refuse
+        # x-max-priority; RabbitMQ 4 orders their messages in two levels by the priority
+        # property alone (above 4: first), which earlier versions ignore.
+        self._priorities = not taskflow_compat and self._broker.priorities and not self._kind.quorum
+        self._message_priorities = self._priorities or self._kind.quorum
         tune(self._broker.driver, self._transport_options)
         # Publishing pools: [confirmed, unconfirmed]; they differ only where the transport
         # has publisher confirms (AMQP), otherwise both are the same pool.
@@ -132,6 +141,11 @@ class Publisher:
             options=dict(self._transport_options),
         )
 
+    @property
+    def queue_kind(self) -> QueueKind:
+        """How this publisher declares its durable queues (classic or quorum)."""
+        return self._kind
+
     def _queue(
         self, routing_key: str, extra: Iterable[str] = (), expires: float | None = None,
         transient: bool = False,
@@ -143,11 +157,24 @@ class Publisher:
             options["max_priority"] = MAX_PRIORITY
         if expires is not None:
             options["expires"] = expires
+        if self._kind.quorum and not transient:
+            options["queue_arguments"] = self._quorum_arguments(routing_key, expires)
         keys = [routing_key, *extra]
         if len(keys) == 1:
             return kombu.Queue(name, self._exchange, routing_key=routing_key, **options)
         bindings = [kombu.binding(self._exchange, routing_key=key) for key in keys]
         return kombu.Queue(name, bindings=bindings, **options)
+
+    def _quorum_arguments(self, routing_key: str, expires: float | None) -> dict[str, Any]:
+        arguments: dict[str, Any] = {"x-queue-type": "quorum"}
+        # Topic queues only: a reply queue (it expires) is read by its one engine, and the
+        # dead-letter queue is browsed by taking and giving back, which counts deliveries.
+        if (self._kind.delivery_limit is not None and expires is None
+                and routing_key != ext.DEAD_LETTER_ROUTING_KEY):
+            arguments.update({"x-delivery-limit": self._kind.delivery_limit,
+                              "x-dead-letter-exchange": self._exchange_name,
+                              "x-dead-letter-routing-key": ext.DEAD_LETTER_ROUTING_KEY})
+        return arguments
 
     def publish(
         self,
@@ -220,7 +247,7 @@ class Publisher:
             properties["delivery_mode"] = 2 if persistent else 1
         if expiration is not None:
             properties["expiration"] = expiration
-        if priority is not None and self._priorities:
+        if priority is not None and self._message_priorities:
             properties["priority"] = max(0, min(int(priority), MAX_PRIORITY))
         if self._signing is not None:
             headers = self._signing.sign(body, properties, headers)
@@ -270,7 +297,7 @@ class Publisher:
             # The first reply to this key since a connection was lost (see publish).
             declare = [self._declared_queue(key, reply=True)]
         elif now - self._declared.get(wanted, -math.inf) > DECLARATION_TTL:
-            declare = [self._declared_queue(key)] if wanted else [self._exchange]
+            declare = [*self._declared_queues(key)] if wanted else [self._exchange]
             self._declared[wanted] = now
         send(
             body, routing_key=key, exchange=self._exchange, declare=declare,
@@ -306,6 +333,15 @@ class Publisher:
             expires = ext.REPLY_QUEUE_EXPIRES if reply and not self._compat else None
             queue = self._queues[routing_key] = self._queue(routing_key, expires=expires)
         return queue
+
+    def _declared_queues(self, routing_key: str) -> list[kombu.Queue]:
+        """What a publish to ``routing_key`` declares: its queue, and the dead-letter queue a
+        quorum queue's delivery limit moves messages to (the broker drops a dead letter that
+        no queue is bound to receive)."""
+        queue = self._declared_queue(routing_key)
+        if "x-delivery-limit" in (getattr(queue, "queue_arguments", None) or {}):
+            return [self._declared_queue(ext.DEAD_LETTER_ROUTING_KEY), queue]
+        return [queue]
 
     def browse(self, routing_key: str, limit: int = 10_000) -> list[StoredMessage]:
         """Copies of the messages waiting in ``<exchange>_<routing_key>``, oldest first.

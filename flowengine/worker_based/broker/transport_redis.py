@@ -37,9 +37,13 @@ It also reads message priority as AMQP does, highest first
 ``redis://`` and ``rediss://`` URLs (and ``transport="redis"``) get this transport only through
 :func:`lean`, which flowengine's :class:`~.proxy.Proxy` and
 :class:`~.broadcast.Broadcast` call; kombu's alias table is left alone, so
-other kombu users in the process keep kombu's stock transport. Sentinel (``sentinel://``) and
-Unix socket (``redis+socket://``) URLs keep kombu's transport, as does a connection that failed
-over to the next URL of a ``;`` list (kombu resolves that URL's scheme again).
+other kombu users in the process keep kombu's stock transport. Redis Sentinel URLs
+(``sentinel://host:26379;sentinel://host2:26379``, every Sentinel of the group, with transport
+option ``master_name``) get :class:`SentinelTransport`, the same channel over kombu's Sentinel
+one: each new connection asks the Sentinels which server is the master now, so after a failover
+consumers and publishers reconnect to the promoted replica. Unix socket (``redis+socket://``)
+URLs keep kombu's transport, as does a connection that failed over to the next URL of a ``;``
+list of ``redis://`` URLs (kombu resolves that URL's scheme again).
 """
 
 from __future__ import annotations
@@ -63,7 +67,7 @@ except ImportError as err:
 #: Seconds a channel routes by its copy of an exchange's binding table before reading it again.
 BINDING_CACHE_TTL = 1.0
 #: The transport names (URL schemes) :func:`lean` replaces.
-STOCK_NAMES = frozenset({"redis", "rediss"})
+STOCK_NAMES = frozenset({"redis", "rediss", "sentinel"})
 
 # (deadline on the channel's clock, routing key -> the queues bound with it)
 _Routes = tuple[float, dict[str, frozenset[str]]]
@@ -165,6 +169,24 @@ class Transport(kombu_redis.Transport):
     orders_by_priority = True
 
 
+class SentinelChannel(Channel, kombu_redis.SentinelChannel):
+    """:class:`Channel` on kombu's Sentinel channel (which finds the master through Sentinels)."""
+
+    from_transport_options = Channel.from_transport_options + (  # type: ignore[assignment]
+        "master_name", "min_other_sentinels", "sentinel_kwargs", "sentinel_fanout_compat")
+
+
+class SentinelTransport(Transport):
+    """:class:`Transport` for a master found through Redis Sentinels (``sentinel://`` URLs)."""
+
+    Channel = SentinelChannel
+    default_port = 26379  # type: ignore[assignment]  # kombu declares None
+
+
+#: The transports :func:`lean` puts in place of kombu's, by transport name (URL scheme).
+_LEAN = {"redis": Transport, "rediss": Transport, "sentinel": SentinelTransport}
+
+
 def lean(conn: kombu.Connection) -> kombu.Connection:
     """``conn`` on :class:`Transport` if kombu would use its stock Redis transport, else ``conn``.
 
@@ -173,6 +195,7 @@ def lean(conn: kombu.Connection) -> kombu.Connection:
     ``transport_options`` dict. Its ``as_uri()`` names the class instead of the scheme, so take
     URIs for display from ``conn``.
     """
-    if conn.transport_cls in STOCK_NAMES and not conn.uri_prefix:
-        return conn.clone(transport=Transport)
+    lean_transport = _LEAN.get(conn.transport_cls) if isinstance(conn.transport_cls, str) else None
+    if lean_transport is not None and not conn.uri_prefix:
+        return conn.clone(transport=lean_transport)
     return conn

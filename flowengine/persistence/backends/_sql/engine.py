@@ -5,7 +5,9 @@ never block the writer), a busy timeout (a writer waits for another instead of f
 and write transactions that take the write lock when they begin (``BEGIN IMMEDIATE``), because a
 transaction that reads first and upgrades to writing later can fail with "database is locked"
 without waiting at all. PostgreSQL connections get a lock timeout and a statement timeout, so a
-lock another transaction keeps fails a save instead of blocking it forever.
+lock another transaction keeps fails a save instead of blocking it forever. MySQL and MariaDB
+(through PyMySQL) get the same two bounds where the server has them: ``innodb_lock_wait_timeout``
+on both, ``max_statement_time`` on MariaDB (MySQL's ``max_execution_time`` covers reads only).
 """
 
 from __future__ import annotations
@@ -86,13 +88,15 @@ class SQLOptions:
         max_pool_size: Pool size (server databases).
         max_overflow: Connections allowed beyond the pool (server databases).
         pool_timeout: Seconds to wait for a pooled connection (server databases).
-        connect_timeout: Seconds to wait for a server connection (PostgreSQL).
-        isolation_level: Transaction isolation (``READ COMMITTED`` on PostgreSQL by default).
+        connect_timeout: Seconds to wait for a server connection (PostgreSQL, MySQL, MariaDB).
+        isolation_level: Transaction isolation (``READ COMMITTED`` on PostgreSQL, MySQL and
+            MariaDB by default).
         busy_timeout: Seconds a SQLite writer waits for another writer before failing.
-        lock_timeout: Seconds a PostgreSQL statement waits for a lock (a row another transaction
-            holds ``FOR UPDATE``, say) before failing; 0 waits forever.
-        statement_timeout: Seconds any PostgreSQL statement may run before it is cancelled;
-            0 means no limit.
+        lock_timeout: Seconds a PostgreSQL, MySQL or MariaDB statement waits for a lock (a row
+            another transaction holds ``FOR UPDATE``, say) before failing; 0 waits forever
+            (MySQL counts whole seconds).
+        statement_timeout: Seconds any PostgreSQL or MariaDB statement may run before it is
+            cancelled; 0 means no limit.
         max_retries: Extra attempts :meth:`validate` makes to connect, with backoff.
         engine_args: Further ``create_engine`` arguments, overriding the ones above.
     """
@@ -143,14 +147,26 @@ class SQLOptions:
         )
 
 
+#: The driver a bare scheme means: the one the extra of that database installs.
+_DEFAULT_DRIVERS = {"postgresql": "postgresql+psycopg", "postgres": "postgresql+psycopg",
+                    "mysql": "mysql+pymysql", "mariadb": "mariadb+pymysql"}
+#: The extra that installs each database's driver.
+_EXTRAS = {"postgresql": "postgresql", "mysql": "mysql", "mariadb": "mysql"}
+
+
 def normalize_url(connection: str) -> sa.URL:
-    """Parse a database URL, choosing psycopg 3 for a bare ``postgresql://`` (or ``postgres://``)."""
+    """Parse a database URL, choosing the driver of its extra for a bare scheme: psycopg 3 for
+    ``postgresql://`` (or ``postgres://``), PyMySQL for ``mysql://`` and ``mariadb://``."""
     try:
         url = sa.make_url(connection)
     except sa_exc.ArgumentError as err:
         raise ValueError(f"Not a database URL: {mask_urls(connection)!r}") from err
-    if url.drivername in ("postgresql", "postgres"):
-        url = url.set(drivername="postgresql+psycopg")
+    driver = _DEFAULT_DRIVERS.get(url.drivername)
+    if driver is not None:
+        url = url.set(drivername=driver)
+    if url.get_backend_name() in ("mysql", "mariadb") and "charset" not in url.query:
+        # Four-byte UTF-8: MySQL's ``utf8`` is three bytes and refuses emoji in a result.
+        url = url.update_query_dict({"charset": "utf8mb4"})
     return url
 
 
@@ -211,6 +227,24 @@ def _on_postgresql_connect(lock_timeout: float, statement_timeout: float) -> Any
     return on_connect
 
 
+def _on_mysql_connect(lock_timeout: float, statement_timeout: float) -> Any:
+    # innodb_lock_wait_timeout counts whole seconds from 1 (0 would mean "fail at once", where
+    # PostgreSQL's 0 means "wait forever": the longest wait the server allows stands in for it).
+    lock_wait = max(1, round(lock_timeout)) if lock_timeout else 1073741824
+
+    def on_connect(dbapi_conn: Any, record: Any) -> None:
+        cursor = dbapi_conn.cursor()
+        try:
+            cursor.execute("SET SESSION innodb_lock_wait_timeout = %s", (lock_wait,))
+            cursor.execute("SELECT VERSION()")
+            if "mariadb" in str(cursor.fetchone()[0]).lower():
+                cursor.execute("SET SESSION max_statement_time = %s", (statement_timeout,))
+        finally:
+            cursor.close()
+
+    return on_connect
+
+
 def _on_sqlite_begin(conn: sa.Connection) -> None:
     write = conn.get_execution_options().get(WRITE_OPTION, False)
     conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
@@ -257,7 +291,7 @@ def create_engine(options: SQLOptions) -> sa.Engine:
         ):
             if getattr(options, name) is not None:
                 args[key] = getattr(options, name)
-        if backend == "postgresql":
+        if backend in ("postgresql", "mysql", "mariadb"):
             args["connect_args"] = {"connect_timeout": options.connect_timeout}
     isolation = options.isolation_level or _DEFAULT_ISOLATION.get(backend)
     if isolation:
@@ -268,7 +302,7 @@ def create_engine(options: SQLOptions) -> sa.Engine:
         # Connections must not cross fork(): the child starts with an empty pool.
         os.register_at_fork(after_in_child=_forget_pool_in_child(weakref.ref(engine)))
     except (ImportError, sa_exc.NoSuchModuleError) as err:
-        extra = "postgresql" if backend == "postgresql" else None
+        extra = _EXTRAS.get(backend)
         hint = f"pip install 'flowengine[{extra}]'" if extra else "install its DB-API driver"
         raise ImportError(
             f"{describe(url)}: the database driver is not installed ({err}); {hint}"
@@ -281,4 +315,7 @@ def create_engine(options: SQLOptions) -> sa.Engine:
         # blocks an engine forever; with them the engine gets an error naming the record.
         event.listen(engine, "connect",
                      _on_postgresql_connect(options.lock_timeout, options.statement_timeout))
+    elif backend in ("mysql", "mariadb"):
+        event.listen(engine, "connect",
+                     _on_mysql_connect(options.lock_timeout, options.statement_timeout))
     return engine

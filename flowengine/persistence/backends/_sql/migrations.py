@@ -2,7 +2,9 @@
 
 The database records every applied step as a row of ``flowengine_schema`` (version, description,
 when). :func:`upgrade` applies the missing steps, in order, in one transaction that holds the
-database's write lock, so two processes upgrading at once apply each step once. A database whose
+database's write lock, so two processes upgrading at once apply each step once. MySQL and MariaDB
+commit every DDL statement on its own, so there a named lock (``GET_LOCK``) held for the whole
+upgrade makes a second upgrader wait and then find the steps applied. A database whose
 version is newer than :data:`LATEST` was written by a later flowengine: it is refused, never
 changed.
 
@@ -24,6 +26,9 @@ from flowengine.persistence.base import IncompatibleSchema
 
 # An arbitrary constant: the PostgreSQL advisory lock that serialises concurrent upgrades.
 _PG_UPGRADE_LOCK = 0x666C6F77
+#: MySQL's named lock for the same, and how long (seconds) an upgrade waits for it.
+_MYSQL_UPGRADE_LOCK = "flowengine_schema_upgrade"
+_MYSQL_LOCK_WAIT = 120
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,8 +169,28 @@ def upgrade(conn: sa.Connection, where: str, url: str) -> list[Migration]:
     Raises:
         IncompatibleSchema: If the schema is newer than this code, or foreign.
     """
+    if conn.dialect.name in ("mysql", "mariadb"):
+        return _upgrade_holding_named_lock(conn, where, url)
     if conn.dialect.name == "postgresql":
         conn.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": _PG_UPGRADE_LOCK})
+    return _apply_missing(conn, where, url)
+
+
+def _upgrade_holding_named_lock(conn: sa.Connection, where: str, url: str) -> list[Migration]:
+    # A session lock, not a transaction's: released below whatever happens, since the pool
+    # keeps the session (and would keep the lock) after the connection is given back.
+    got = conn.execute(sa.text("SELECT GET_LOCK(:name, :wait)"),
+                       {"name": _MYSQL_UPGRADE_LOCK, "wait": _MYSQL_LOCK_WAIT}).scalar()
+    if got != 1:
+        raise IncompatibleSchema(f"{where}: another process held the schema upgrade lock for "
+                                 f"{_MYSQL_LOCK_WAIT}s; the schema was left as it was")
+    try:
+        return _apply_missing(conn, where, url)
+    finally:
+        conn.execute(sa.text("SELECT RELEASE_LOCK(:name)"), {"name": _MYSQL_UPGRADE_LOCK})
+
+
+def _apply_missing(conn: sa.Connection, where: str, url: str) -> list[Migration]:
     version = check(conn, where, url)
     table = schema.define(sa.MetaData()).schema
     if version == 0:
