@@ -361,6 +361,20 @@ class _RabbitMQ(_Server):
         _run(["rabbitmqctl", "start_app"], self.env)
 
 
+def rabbitmq_queue(queue: str) -> tuple[int, int] | None:
+    """``(ready, unacknowledged)`` messages of the test RabbitMQ's queue ``queue`` (None: no
+    such queue), from ``rabbitmqctl``: AMQP tells how many messages are ready, not how many
+    consumers hold."""
+    listed = _run(["rabbitmqctl", "list_queues", "-q", "--no-table-headers", "name",
+                   "messages_ready", "messages_unacknowledged"], _RabbitMQ.env)
+    listed.check_returncode()
+    for line in listed.stdout.splitlines():
+        name, ready, unacked = line.split("\t")
+        if name == queue:
+            return int(ready), int(unacked)
+    return None
+
+
 class PrivateBeanstalkd(_Server):
     """A beanstalkd of one test's own, on a free port, with its binlog in ``folder`` (so a
     restart keeps its jobs; ``binlog=False``: a restart starts empty, bindings and all); the

@@ -14,9 +14,14 @@ from __future__ import annotations
 
 import contextlib
 import json
+import subprocess
 import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
 
 import fault_tasks as ft
+from wbe_harness import HERE, subprocess_env
 
 from flowengine import engines, retry
 from flowengine.flows import linear_flow as lf
@@ -32,6 +37,11 @@ def make_flow() -> uf.Flow:
     return uf.Flow("resume-revokes").add(*(ft.Gate(name) for name in GATES))
 
 
+def make_held_flow() -> uf.Flow:
+    """One :class:`fault_tasks.Gate` task, ``held``."""
+    return uf.Flow("held").add(ft.Gate("held"))
+
+
 #: The wait before the second attempt of :func:`make_delayed_flow` (seconds).
 DELAY = 600.0
 
@@ -40,6 +50,16 @@ def make_delayed_flow() -> lf.Flow:
     """A :class:`fault_tasks.FailsFirst` task whose retry waits :data:`DELAY` before attempt 2."""
     return lf.Flow("resume-delayed", retry=retry.Times(3, name="r", provides="attempt",
                                                        delay=DELAY)).add(ft.FailsFirst("flaky"))
+
+
+def start(uri: str, book: str, options: Mapping[str, Any], err: Path,
+          env: Mapping[str, str], factory: str = "make_flow") -> subprocess.Popen[str]:
+    """Start this program on a new flow of ``factory`` in logbook ``book`` of the store at
+    ``uri`` (its first line names the flow; its stderr goes to ``err``)."""
+    return subprocess.Popen(
+        [sys.executable, str(HERE / "resume_child.py"), uri, book, json.dumps(dict(options)),
+         factory], stdout=subprocess.PIPE, stderr=err.open("w"), text=True,
+        env=subprocess_env(env))
 
 
 def main(argv: list[str]) -> int:

@@ -16,10 +16,7 @@ before storing it, the worker drops it unrun when its delay ends (the CANCEL of 
 from __future__ import annotations
 
 import contextlib
-import json
 import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,7 +25,7 @@ import fault_tasks as ft
 import pytest
 import resume_child
 from fault_support import WAIT, EngineRuns, Stage, wait_until
-from wbe_harness import HERE, Broker, WorkerFleet, subprocess_env
+from wbe_harness import Broker, WorkerFleet
 
 from flowengine import engines, states
 from flowengine.engines.actions import META_ATTEMPT_IDS
@@ -39,17 +36,10 @@ pytestmark = pytest.mark.integration
 TOPIC = "resume-revokes"
 
 
-def _start_engine(uri: str, book: str, options: dict[str, Any], out: Path,
-                  env: dict[str, str], *factory: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, str(HERE / "resume_child.py"), uri, book, json.dumps(options),
-         *factory], stdout=subprocess.PIPE, stderr=out.open("w"), text=True,
-        env=subprocess_env(env))
-
-
 @contextlib.contextmanager
 def _engine_child(broker: Broker, fleet: WorkerFleet, stage: Stage, tmp_path: Path,
-                  *factory: str) -> Iterator[tuple[Any, dict[str, Any], Any, Any, Any]]:
+                  factory: str = "make_flow",
+                  ) -> Iterator[tuple[Any, dict[str, Any], Any, Any, Any]]:
     """A one-thread worker, and an engine process running a new flow of ``resume_child``
     (``factory``: which flow); yields the worker, the engine options, the backend, its
     connection and the engine process."""
@@ -61,8 +51,8 @@ def _engine_child(broker: Broker, fleet: WorkerFleet, stage: Stage, tmp_path: Pa
         conn.upgrade()
         book = models.LogBook(f"resume-{broker.name}")
         conn.save_logbook(book)
-        child = _start_engine(uri, book.uuid, options, tmp_path / "engine.err", stage.env,
-                              *factory)
+        child = resume_child.start(uri, book.uuid, options, tmp_path / "engine.err", stage.env,
+                                   factory)
         yield worker, options, backend, conn, child
 
 
