@@ -177,7 +177,7 @@ def test_a_board_session_is_certified_with_the_recovery_of_each_conductor_fault(
         3, "replay", uri, PREFIX, conductors, tmp_path / "workers.jsonl",
         [applied(sc.KILL_CONDUCTOR, 10.0, 100), applied(sc.RESTART_CONDUCTOR, 20.0, 200),
          applied(sc.FREEZE_CONDUCTOR, 30.0, 300), applied(sc.KILL_CONDUCTOR, 40.0, 400)],
-        jobs=[posted(1), posted(2), posted(3)], location="redis://board (jobs under x)")
+        jobs=[posted(1), posted(2), posted(3)], board=("redis://board", "x"))
     assert certificate.passed, certificate.text()
     assert [(r.affected, r.seconds) for r in certificate.recoveries] == [
         (1, 7.0), (1, 0.5), (1, 8.0), (0, 0.0)]
@@ -187,7 +187,8 @@ def test_a_board_session_is_certified_with_the_recovery_of_each_conductor_fault(
     assert data["conductor_worst_recovery"] == 8.0 and data["jobs"]["posted"] == 3
     text = certificate.text()
     assert "conductor faults: recovery worst 8.00s, median 7.00s" in text
-    assert "3 posted, ended 3 SUCCESS; left on the board 0, trashed 0, lost 0" in text
+    assert ("jobs on redis://board under x: 3 posted, ended 3 SUCCESS; left on the board 0, "
+            "trashed 0, lost 0") in text
     assert "CERTIFIED: every job consumed" in text
 
 
@@ -211,7 +212,7 @@ def test_jobs_left_trashed_or_lost_and_atoms_run_again_unrecorded_are_findings(
               posted(4, trashed="abandoned or orphaned 3 times", ending="TRASHED"),
               posted(5, ending=None), posted(6, ending="FAILED")]
     certificate = ct.certify(4, "replay", uri, PREFIX, conductors, workers, [], jobs=census,
-                             location="zk")
+                             board=("zookeeper://zk/flowengine", "x"))
     assert not certificate.passed
     jobs = certificate.jobs
     assert jobs is not None and not jobs.passed

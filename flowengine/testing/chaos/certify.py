@@ -104,7 +104,9 @@ class Jobs:
     """What became of the jobs of a session on a jobboard.
 
     Attributes:
-        location: The board, and where on it the session's jobs were.
+        board: The board (its URI, the password left out).
+        under: Where on it the session's jobs were (a Redis namespace, the name of a
+            ZooKeeper or etcd path: see :func:`.jobs.own_location`).
         posted: Jobs posted.
         ended: How many ended each way (the endings recorded: SUCCESS, REVERTED, FAILED,
             TRASHED).
@@ -114,7 +116,8 @@ class Jobs:
         halted: Runs a conductor halted, reverting nothing, once its claim was lost.
     """
 
-    location: str
+    board: str
+    under: str
     posted: int
     ended: dict[str, int]
     left: list[str]
@@ -207,9 +210,9 @@ class Certificate:
             ends = ", ".join(f"{n} {state}" for state, n in sorted(jobs.ended.items()))
             lines += [
                 f"conductor faults: recovery worst {_seconds(worst)}, median {_seconds(median)}",
-                f"jobs on {jobs.location}: {jobs.posted} posted, ended {ends or 'none'}; "
-                f"left on the board {len(jobs.left)}, trashed {len(jobs.trashed)}, "
-                f"lost {len(jobs.lost)}",
+                f"jobs on {jobs.board} under {jobs.under}: {jobs.posted} posted, ended "
+                f"{ends or 'none'}; left on the board {len(jobs.left)}, trashed "
+                f"{len(jobs.trashed)}, lost {len(jobs.lost)}",
                 f"runs halted by a lost claim (nothing reverted): {jobs.halted}",
             ]
         lines += [
@@ -457,7 +460,7 @@ def _in_flight(engine: Sequence[Mapping[str, Any]], t: float) -> set[str]:
     return {atom for atom, st in state.items() if st in (states.RUNNING, states.REVERTING)}
 
 
-def _jobs(census: Sequence[jb.JobState], location: str,
+def _jobs(census: Sequence[jb.JobState], board: tuple[str, str],
           log: Sequence[Mapping[str, Any]]) -> Jobs:
     ended: dict[str, int] = {}
     left, trashed, lost = [], [], []
@@ -474,12 +477,13 @@ def _jobs(census: Sequence[jb.JobState], location: str,
             ended[job.ending] = ended.get(job.ending, 0) + 1
     halted = sum(1 for ln in log
                  if ln["event"] == "job-released" and ln.get("error") == "RunHalted")
-    return Jobs(location, len(census), ended, left, trashed, lost, halted)
+    return Jobs(*board, len(census), ended, left, trashed, lost, halted)
 
 
 def certify(seed: int, replay: str, backend: str, prefix: str, engine_log: Path,
             workers_log: Path, applied: Iterable[Applied],
-            jobs: Sequence[jb.JobState] | None = None, location: str = "") -> Certificate:
+            jobs: Sequence[jb.JobState] | None = None,
+            board: tuple[str, str] = ("", "")) -> Certificate:
     """Read everything a chaos run left and judge it.
 
     Args:
@@ -490,7 +494,7 @@ def certify(seed: int, replay: str, backend: str, prefix: str, engine_log: Path,
         workers_log: The workers' log.
         applied: The faults applied.
         jobs: Where every job posted ended up (None: no jobboard).
-        location: The board and where on it the jobs were.
+        board: The board (its URI, the password left out) and where on it the jobs were.
     """
     engine = read_lines(engine_log)
     workers = read_lines(workers_log)
@@ -520,7 +524,7 @@ def certify(seed: int, replay: str, backend: str, prefix: str, engine_log: Path,
     restarts = [a.t for a in applied
                 if a.fault.kind == sc.RESTART_ENGINE or a.fault.on_conductor]
     recoveries = [_recovery(a, engine, workers, restarts) for a in applied]
-    judged = None if jobs is None else _jobs(jobs, location, engine)
+    judged = None if jobs is None else _jobs(jobs, board, engine)
     return Certificate(seed, replay, len(details), ended, hung, failed, lost, reran,
                        _duplicates(workers), late, recoveries, judged,
                        _unrecorded(workers, recorded))

@@ -300,7 +300,8 @@ class Session:
                              settings.lease_timeout,
                              conductors=board.conductors if board else 0,
                              claim_ttl=board.claim_ttl if board else 0.0)
-        where = (f"{board.conductors} conductors on {self._board_shown()}, " if board else "")
+        where = (f"{board.conductors} conductors on {self._board_uri()} (jobs under "
+                 f"{self.prefix}), " if board else "")
         self.say(f"chaos: {settings.duration:g}s, {settings.workers} "
                  f"{'TaskFlow ' if settings.taskflow else ''}workers, {where}seed "
                  f"{settings.seed}, {len(faults)} faults scheduled; work folder {self.dir}")
@@ -308,11 +309,11 @@ class Session:
             return self._run_engine(faults)
         return self._run_board(board, faults)
 
-    def _board_shown(self) -> str:
+    def _board_uri(self) -> str:
         from flowengine.persistence.backends._uri import mask_urls
 
         assert self.settings.board is not None
-        return f"{mask_urls(self.settings.board.uri)} (jobs under {self.prefix})"
+        return mask_urls(self.settings.board.uri)
 
     def _run_engine(self, faults: list[sc.Fault]) -> ct.Certificate:
         settings = self.settings
@@ -361,7 +362,7 @@ class Session:
             persistence.close()
         return ct.certify(settings.seed, settings.replay(), settings.store_uri, self.prefix,
                           self.dir / CONDUCTORS_LOG, self.dir / WORKERS_LOG, self._applied,
-                          jobs=census, location=self._board_shown())
+                          jobs=census, board=(self._board_uri(), self.prefix))
 
     def _play(self, faults: list[sc.Fault]) -> None:
         began = time.monotonic()
