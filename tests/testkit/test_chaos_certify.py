@@ -134,9 +134,11 @@ def test_hung_failed_lost_and_rerun_work_is_reported(tmp_path: Path) -> None:
 
 
 def posted(number: int, on_board: bool = False, owner: str | None = None,
-           trashed: str | None = None, ending: str | None = "SUCCESS") -> jb.JobState:
+           trashed: str | None = None, ending: str | None = "SUCCESS",
+           flow_state: str | None = "SUCCESS") -> jb.JobState:
     return jb.JobState(jb.Posted(f"job-{number}", f"{PREFIX}-{number}", f"book-{number}", number),
-                       on_board=on_board, owner=owner, trashed=trashed, ending=ending)
+                       on_board=on_board, owner=owner, trashed=trashed, ending=ending,
+                       flow_state=flow_state)
 
 
 def claimed(pid: int, claim: str, flow: str, t: float) -> dict[str, Any]:
@@ -177,12 +179,16 @@ def test_a_board_session_is_certified_with_the_recovery_of_each_conductor_fault(
         3, "replay", uri, PREFIX, conductors, tmp_path / "workers.jsonl",
         [applied(sc.KILL_CONDUCTOR, 10.0, 100), applied(sc.RESTART_CONDUCTOR, 20.0, 200),
          applied(sc.FREEZE_CONDUCTOR, 30.0, 300), applied(sc.KILL_CONDUCTOR, 40.0, 400)],
-        jobs=[posted(1), posted(2), posted(3)], board=("redis://board", "x"))
+        jobs=[posted(1), posted(2), posted(3, ending=None)], board=("redis://board", "x"))
     assert certificate.passed, certificate.text()
     assert [(r.affected, r.seconds) for r in certificate.recoveries] == [
         (1, 7.0), (1, 0.5), (1, 8.0), (0, 0.0)]
     assert ct._statistics(certificate.conductor_recoveries) == (8.0, 7.0)
     assert certificate.jobs is not None and certificate.jobs.halted == 1
+    # Its conductor killed between consuming it and recording how it ended: its flow says.
+    assert certificate.jobs.unrecorded == [
+        f"job {PREFIX}-3 (job-3) was consumed with its flow SUCCESS, and no conductor "
+        f"recorded its ending"]
     data = certificate.to_json()
     assert data["conductor_worst_recovery"] == 8.0 and data["jobs"]["posted"] == 3
     text = certificate.text()
@@ -210,7 +216,7 @@ def test_jobs_left_trashed_or_lost_and_atoms_run_again_unrecorded_are_findings(
     census = [posted(1), posted(2, on_board=True, owner="conductor-2", ending=None),
               posted(3, on_board=True, ending=None),
               posted(4, trashed="abandoned or orphaned 3 times", ending="TRASHED"),
-              posted(5, ending=None), posted(6, ending="FAILED")]
+              posted(5, ending=None, flow_state="RUNNING"), posted(6, ending="FAILED")]
     certificate = ct.certify(4, "replay", uri, PREFIX, conductors, workers, [], jobs=census,
                              board=("zookeeper://zk/flowengine", "x"))
     assert not certificate.passed
@@ -219,8 +225,8 @@ def test_jobs_left_trashed_or_lost_and_atoms_run_again_unrecorded_are_findings(
     assert jobs.left == [f"job {PREFIX}-2 (job-2) still on the board, claimed by conductor-2",
                          f"job {PREFIX}-3 (job-3) still on the board, unclaimed"]
     assert jobs.trashed == [f"job {PREFIX}-4 (job-4): abandoned or orphaned 3 times"]
-    assert jobs.lost == [f"job {PREFIX}-5 (job-5) is gone from the board and no conductor "
-                         f"recorded its ending"]
+    assert jobs.lost == [f"job {PREFIX}-5 (job-5) is gone from the board, no conductor "
+                         f"recorded its ending, and its flow is RUNNING"]
     assert jobs.ended == {"SUCCESS": 1, "TRASHED": 1, "FAILED": 1}
     assert certificate.late == ["flow f1 atom ship: request r2 (attempt 2) started on pid 7 "
                                 "1.00s after the atom was recorded done"]

@@ -112,8 +112,11 @@ class Jobs:
             TRASHED).
         left: Jobs still on the board at the end (claimed by a conductor, or not).
         trashed: Jobs in the board's trash, with why.
-        lost: Jobs gone from the board with no ending recorded.
+        lost: Jobs gone from the board with no ending recorded, their flow not ended.
         halted: Runs a conductor halted, reverting nothing, once its claim was lost.
+        unrecorded: Jobs consumed with their flow SUCCESS or REVERTED whose ending was not
+            recorded (their conductor was killed in between): counted as ended, by their
+            flow's state.
     """
 
     board: str
@@ -124,6 +127,7 @@ class Jobs:
     trashed: list[str]
     lost: list[str]
     halted: int
+    unrecorded: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def passed(self) -> bool:
@@ -214,6 +218,7 @@ class Certificate:
                 f"{ends or 'none'}; left on the board {len(jobs.left)}, trashed "
                 f"{len(jobs.trashed)}, lost {len(jobs.lost)}",
                 f"runs halted by a lost claim (nothing reverted): {jobs.halted}",
+                f"jobs consumed whose ending was not recorded: {len(jobs.unrecorded)}",
             ]
         lines += [
             f"completed atoms run again: {len(self.reran)}",
@@ -463,21 +468,27 @@ def _in_flight(engine: Sequence[Mapping[str, Any]], t: float) -> set[str]:
 def _jobs(census: Sequence[jb.JobState], board: tuple[str, str],
           log: Sequence[Mapping[str, Any]]) -> Jobs:
     ended: dict[str, int] = {}
-    left, trashed, lost = [], [], []
+    left, trashed, lost, unrecorded = [], [], [], []
     for job in census:
         shown = f"job {job.posted.name} ({job.posted.uuid})"
+        outcome = job.ending
         if job.on_board:
             left.append(f"{shown} still on the board, "
                         + (f"claimed by {job.owner}" if job.owner else "unclaimed"))
         elif job.trashed is not None:
             trashed.append(f"{shown}: {job.trashed}")
-        elif job.ending is None:
-            lost.append(f"{shown} is gone from the board and no conductor recorded its ending")
-        if job.ending is not None:
-            ended[job.ending] = ended.get(job.ending, 0) + 1
+        elif outcome is None and job.flow_state in _GOOD_ENDINGS:
+            outcome = job.flow_state
+            unrecorded.append(f"{shown} was consumed with its flow {job.flow_state}, and no "
+                              f"conductor recorded its ending")
+        elif outcome is None:
+            lost.append(f"{shown} is gone from the board, no conductor recorded its ending, "
+                        f"and its flow is {job.flow_state or 'gone'}")
+        if outcome is not None:
+            ended[outcome] = ended.get(outcome, 0) + 1
     halted = sum(1 for ln in log
                  if ln["event"] == "job-released" and ln.get("error") == "RunHalted")
-    return Jobs(*board, len(census), ended, left, trashed, lost, halted)
+    return Jobs(*board, len(census), ended, left, trashed, lost, halted, unrecorded)
 
 
 def certify(seed: int, replay: str, backend: str, prefix: str, engine_log: Path,

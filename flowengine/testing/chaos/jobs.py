@@ -67,6 +67,7 @@ class JobState:
         ending: The ending its conductor recorded (``SUCCESS``, ``REVERTED``, ``FAILED``,
             ``TRASHED``; None: none).
         reason: The ending's reason.
+        flow_state: Its flow's stored state (None: its logbook is gone).
     """
 
     posted: Posted
@@ -75,12 +76,13 @@ class JobState:
     trashed: str | None = None
     ending: str | None = None
     reason: str = ""
+    flow_state: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         """As JSON data."""
         return {**dataclasses.asdict(self.posted), "on_board": self.on_board,
                 "owner": self.owner, "trashed": self.trashed, "ending": self.ending,
-                "reason": self.reason}
+                "reason": self.reason, "flow_state": self.flow_state}
 
 
 class Poster:
@@ -169,11 +171,14 @@ def census(board: JobBoard, persistence: persistence_base.Backend,
     with contextlib.closing(persistence.get_connection()) as conn:
         for job in posted:
             try:
-                ending = endings.ending_of(conn.get_logbook(job.book, lazy=True))
+                book = conn.get_logbook(job.book)
             except exc.NotFound:
-                ending = None
+                book = None
+            ending = endings.ending_of(book) if book is not None else None
+            flows = [str(detail.state) for detail in book] if book is not None else []
             found.append(JobState(job, on_board=job.uuid in owners, owner=owners.get(job.uuid),
                                   trashed=trash.get(job.uuid),
                                   ending=ending.outcome if ending is not None else None,
-                                  reason=ending.reason if ending is not None else ""))
+                                  reason=ending.reason if ending is not None else "",
+                                  flow_state=flows[0] if len(flows) == 1 else None))
     return found
