@@ -6,11 +6,10 @@ REVERTED, none left claimed, trashed or lost, no completed atom run again, every
 recovered.
 
 CI runs each for 25 seconds of chaos (the 120-second run is made by hand; doc/proving.rst gives
-its figures). The engines' lease on a worker's request (10 s) outlasts a conductor's freeze
-(the 5 s claim and up to 3 s more): with a shorter one, a thawed conductor sends again what its
-lapsed lease lost before it notices it lost its claim, and the certificate says so (see
-doc/proving.rst). Each session's work folder is in the test's tmp_path, quoted on failure;
-what the session left on the board and the broker is removed.
+its figures), with the tool's defaults: a conductor's freeze (past its 5 s claim) outlasts its
+engines' 5 s lease on a worker's request, so it wakes with its running requests' leases lapsed
+and must send none of them again. Each session's work folder is in the test's tmp_path, quoted
+on failure; what the session left on the board and the broker is removed.
 """
 
 from __future__ import annotations
@@ -63,7 +62,7 @@ def chaos(broker_url: str, board: str, workdir: pathlib.Path,
             [sys.executable, "-m", "flowengine.cli.main", "chaos", "chaos_orders:order_flow",
              "--duration", str(DURATION), "--workers", "3", "--seed", str(SEED),
              "--url", broker_url, "--exchange", exchange, "--board", board,
-             "--conductors", "3", "--claim-ttl", "5", "--lease-timeout", "10",
+             "--conductors", "3",
              "--workdir", str(workdir), "--settle", str(SETTLE), "--json"],
             cwd=EXAMPLES, capture_output=True, text=True, timeout=DURATION + SETTLE + 180)
     finally:

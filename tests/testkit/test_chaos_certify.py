@@ -194,7 +194,7 @@ def test_a_board_session_is_certified_with_the_recovery_of_each_conductor_fault(
     text = certificate.text()
     assert "conductor faults: recovery worst 8.00s, median 7.00s" in text
     assert ("jobs on redis://board under x: 3 posted, ended 3 SUCCESS; left on the board 0, "
-            "trashed 0, lost 0") in text
+            "trashed 0, lost 0, overwritten after they ended 0") in text
     assert "CERTIFIED: every job consumed" in text
 
 
@@ -216,7 +216,8 @@ def test_jobs_left_trashed_or_lost_and_atoms_run_again_unrecorded_are_findings(
     census = [posted(1), posted(2, on_board=True, owner="conductor-2", ending=None),
               posted(3, on_board=True, ending=None),
               posted(4, trashed="abandoned or orphaned 3 times", ending="TRASHED"),
-              posted(5, ending=None, flow_state="RUNNING"), posted(6, ending="FAILED")]
+              posted(5, ending=None, flow_state="RUNNING"), posted(6, ending="FAILED"),
+              posted(7, ending="SUCCESS", flow_state="PENDING")]
     certificate = ct.certify(4, "replay", uri, PREFIX, conductors, workers, [], jobs=census,
                              board=("zookeeper://zk/flowengine", "x"))
     assert not certificate.passed
@@ -227,7 +228,10 @@ def test_jobs_left_trashed_or_lost_and_atoms_run_again_unrecorded_are_findings(
     assert jobs.trashed == [f"job {PREFIX}-4 (job-4): abandoned or orphaned 3 times"]
     assert jobs.lost == [f"job {PREFIX}-5 (job-5) is gone from the board, no conductor "
                          f"recorded its ending, and its flow is RUNNING"]
-    assert jobs.ended == {"SUCCESS": 1, "TRASHED": 1, "FAILED": 1}
+    assert jobs.ended == {"SUCCESS": 2, "TRASHED": 1, "FAILED": 1}
+    # Its conductor recorded SUCCESS; a conductor that had lost the claim wrote after it.
+    assert jobs.overwritten == [f"job {PREFIX}-7 (job-7) ended SUCCESS, yet its flow is "
+                                f"stored PENDING: a write landed after it ended"]
     assert certificate.late == ["flow f1 atom ship: request r2 (attempt 2) started on pid 7 "
                                 "1.00s after the atom was recorded done"]
     assert certificate.reran == [
@@ -237,4 +241,5 @@ def test_jobs_left_trashed_or_lost_and_atoms_run_again_unrecorded_are_findings(
     assert certificate.unrecorded == 1
     text = certificate.text()
     assert "JOB LEFT: job" in text and "JOB TRASHED: job" in text and "JOB LOST: job" in text
+    assert "JOB OVERWRITTEN: job" in text
     assert "RAN AGAIN: flow f1 atom ship: request r3" in text and "NOT CERTIFIED" in text

@@ -117,6 +117,8 @@ class Jobs:
         unrecorded: Jobs consumed with their flow SUCCESS or REVERTED whose ending was not
             recorded (their conductor was killed in between): counted as ended, by their
             flow's state.
+        overwritten: Jobs that ended one way while their flow is stored another (a write
+            landed after the job ended: a conductor that had lost its claim made it).
     """
 
     board: str
@@ -128,12 +130,13 @@ class Jobs:
     lost: list[str]
     halted: int
     unrecorded: list[str] = dataclasses.field(default_factory=list)
+    overwritten: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def passed(self) -> bool:
         """Whether every job ended well."""
         return (self.posted > 0 and not self.left and not self.trashed and not self.lost
-                and set(self.ended) <= _GOOD_ENDINGS)
+                and not self.overwritten and set(self.ended) <= _GOOD_ENDINGS)
 
     def to_json(self) -> dict[str, Any]:
         """As JSON data."""
@@ -216,7 +219,8 @@ class Certificate:
                 f"conductor faults: recovery worst {_seconds(worst)}, median {_seconds(median)}",
                 f"jobs on {jobs.board} under {jobs.under}: {jobs.posted} posted, ended "
                 f"{ends or 'none'}; left on the board {len(jobs.left)}, trashed "
-                f"{len(jobs.trashed)}, lost {len(jobs.lost)}",
+                f"{len(jobs.trashed)}, lost {len(jobs.lost)}, overwritten after they ended "
+                f"{len(jobs.overwritten)}",
                 f"runs halted by a lost claim (nothing reverted): {jobs.halted}",
                 f"jobs consumed whose ending was not recorded: {len(jobs.unrecorded)}",
             ]
@@ -235,6 +239,7 @@ class Certificate:
             lines += [f"  JOB LEFT: {j}" for j in self.jobs.left]
             lines += [f"  JOB TRASHED: {j}" for j in self.jobs.trashed]
             lines += [f"  JOB LOST: {j}" for j in self.jobs.lost]
+            lines += [f"  JOB OVERWRITTEN: {j}" for j in self.jobs.overwritten]
         lines += [f"  HUNG: {h}" for h in self.hung]
         lines += [f"  FAILED: {f}" for f in self.failed]
         lines += [f"  RAN AGAIN: {r}" for r in self.reran]
@@ -468,10 +473,13 @@ def _in_flight(engine: Sequence[Mapping[str, Any]], t: float) -> set[str]:
 def _jobs(census: Sequence[jb.JobState], board: tuple[str, str],
           log: Sequence[Mapping[str, Any]]) -> Jobs:
     ended: dict[str, int] = {}
-    left, trashed, lost, unrecorded = [], [], [], []
+    left, trashed, lost, unrecorded, overwritten = [], [], [], [], []
     for job in census:
         shown = f"job {job.posted.name} ({job.posted.uuid})"
         outcome = job.ending
+        if outcome in _GOOD_ENDINGS and job.flow_state != outcome:
+            overwritten.append(f"{shown} ended {outcome}, yet its flow is stored "
+                               f"{job.flow_state or 'nowhere'}: a write landed after it ended")
         if job.on_board:
             left.append(f"{shown} still on the board, "
                         + (f"claimed by {job.owner}" if job.owner else "unclaimed"))
@@ -488,7 +496,8 @@ def _jobs(census: Sequence[jb.JobState], board: tuple[str, str],
             ended[outcome] = ended.get(outcome, 0) + 1
     halted = sum(1 for ln in log
                  if ln["event"] == "job-released" and ln.get("error") == "RunHalted")
-    return Jobs(*board, len(census), ended, left, trashed, lost, halted, unrecorded)
+    return Jobs(*board, len(census), ended, left, trashed, lost, halted, unrecorded,
+                overwritten)
 
 
 def certify(seed: int, replay: str, backend: str, prefix: str, engine_log: Path,
