@@ -26,7 +26,7 @@ import boards
 import pytest
 from servers import require_module
 
-# 25 s of chaos, up to 60 s for the jobs to end, every process started and stopped.
+# 25 s of chaos, the jobs given up to 60 s to end: about 50 s each on a loaded 2-core machine.
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples"
