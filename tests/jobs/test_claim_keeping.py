@@ -158,18 +158,32 @@ def test_a_fenced_backend_refuses_writes_but_not_reads() -> None:
     assert conn.get_logbook(book.uuid).uuid == book.uuid
 
 
+class GatedJob:
+    """A job of three steps on a board with 2 s claims, its step 2 waiting for ``gate``."""
+
+    def __init__(self, board_factory: BoardFactory, tmp_path: Path) -> None:
+        self.board = board_factory(claim_ttl=2.0)
+        self.persistence = impl_memory.MemoryBackend({})
+        self.ledger, self.gate = tmp_path / "ledger", tmp_path / "gate"
+        self.job = post_flow(self.board, self.persistence, jobs_flows.steps,
+                             store={"ledger": str(self.ledger), "gate": str(self.gate),
+                                    "gated_step": "step-2"})
+        self.endings: list[str] = []
+
+    def watch(self, conductor: ExecutorConductor) -> None:
+        """Keep how the conductor ends jobs in :attr:`endings`."""
+        for event in ("job_consumed", "job_abandoned", "job_trashed"):
+            conductor.notifier.register(event, lambda e, details: self.endings.append(e))
+
+
 def test_a_conductor_past_its_claim_starts_no_further_atom(board_factory: BoardFactory,
                                                            tmp_path: Path) -> None:
-    board = board_factory(claim_ttl=2.0)
-    persistence = impl_memory.MemoryBackend({})
-    ledger, gate = tmp_path / "ledger", tmp_path / "gate"
-    job = post_flow(board, persistence, jobs_flows.steps,
-                    store={"ledger": str(ledger), "gate": str(gate), "gated_step": "step-2"})
+    staged = GatedJob(board_factory, tmp_path)
+    board, persistence, job = staged.board, staged.persistence, staged.job
+    ledger, gate, endings = staged.ledger, staged.gate, staged.endings
     clock = ManualClock()
     conductor = BlockingConductor("frozen", board, persistence=persistence, clock=clock)
-    endings: list[str] = []
-    for event in ("job_consumed", "job_abandoned", "job_trashed"):
-        conductor.notifier.register(event, lambda e, details: endings.append(e))
+    staged.watch(conductor)
     thread = threading.Thread(target=conductor.run, kwargs={"max_dispatches": 1})
     thread.start()
     jobs_flows.wait_for_file(Path(f"{gate}.waiting"))
@@ -192,19 +206,15 @@ def test_a_conductor_does_not_claim_again_a_job_it_still_runs(board_factory: Boa
     meanwhile, both runs were the same job to it: the first one's end took the second one's
     record with it, and the second was trashed ('dispatching it failed') with its flow left
     RUNNING (``flowengine chaos --board`` found it)."""
-    board = board_factory(claim_ttl=2.0)
-    persistence = impl_memory.MemoryBackend({})
-    ledger, gate = tmp_path / "ledger", tmp_path / "gate"
-    job = post_flow(board, persistence, jobs_flows.steps,
-                    store={"ledger": str(ledger), "gate": str(gate), "gated_step": "step-2"})
+    staged = GatedJob(board_factory, tmp_path)
+    board, persistence, job = staged.board, staged.persistence, staged.job
+    ledger, gate, endings = staged.ledger, staged.gate, staged.endings
     clock = ManualClock()
     # Room for two jobs, one thread to run them: a second run of the job waits for the first.
     conductor = NonBlockingConductor("woken", board, persistence=persistence, clock=clock,
                                      max_simultaneous_jobs=2,
                                      executor_factory=lambda: ThreadPoolExecutor(max_workers=1))
-    endings: list[str] = []
-    for event in ("job_consumed", "job_abandoned", "job_trashed"):
-        conductor.notifier.register(event, lambda e, details: endings.append(e))
+    staged.watch(conductor)
     thread = threading.Thread(target=conductor.run, kwargs={"max_dispatches": 2})
     thread.start()
     try:
