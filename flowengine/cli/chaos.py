@@ -16,9 +16,14 @@ from typing import Any
 import click
 
 from flowengine.cli import exits, loading
+from flowengine.cli.board_options import board_options
 from flowengine.cli.broker import broker_kwargs, broker_options
 from flowengine.cli.options import json_option, parse_pairs, show_envvars
 from flowengine.cli.rehearse import own_exchange
+
+#: Seconds a conductor's claim lasts unless told otherwise (TaskFlow's 30 would make every
+#: conductor fault a half-minute stall).
+DEFAULT_CLAIM_TTL = 5.0
 
 
 @show_envvars
@@ -48,6 +53,16 @@ from flowengine.cli.rehearse import own_exchange
               type=click.Path(file_okay=False),
               help="Work folder for the store, the logs and each process's output (default: "
                    "a new temporary folder, kept).")
+@board_options(required=False)
+@click.option("--conductors", envvar="FLOWENGINE_CONDUCTORS", type=click.IntRange(min=1),
+              default=3, show_default=True,
+              help="Conductor processes (slots the faults strike), with --board.")
+@click.option("--claim-ttl", envvar="FLOWENGINE_CLAIM_TTL", type=click.FloatRange(min=1.0),
+              default=None,
+              help="Seconds a conductor's claim lasts (a freeze lasts past it), with --board "
+                   "[default: the board option claim_ttl, else 5].")
+@click.option("--max-jobs", envvar="FLOWENGINE_MAX_JOBS", type=click.IntRange(min=1), default=4,
+              show_default=True, help="Jobs each conductor runs at once, with --board.")
 @broker_options
 @loading.store_option
 @loading.factory_options
@@ -56,6 +71,8 @@ from flowengine.cli.rehearse import own_exchange
 def chaos_command(ctx: click.Context, spec: str, duration: float, workers: int,
                   seed: int | None, concurrency: int, settle: float, lease_timeout: float,
                   threads: int, backend_uri: str | None, workdir: str | None,
+                  board_uri: str | None, board_options: tuple[str, ...], conductors: int,
+                  claim_ttl: float | None, max_jobs: int,
                   store: tuple[str, ...], factory_args: tuple[str, ...],
                   factory_kwargs: tuple[str, ...], as_json: bool, **broker: Any) -> None:
     """Certify the flow MODULE:FACTORY names under chaos.
@@ -67,6 +84,11 @@ def chaos_command(ctx: click.Context, spec: str, duration: float, workers: int,
     store), on a seeded schedule. Certifies that every flow ended SUCCESS or REVERTED, that no
     completed atom ran again and that every fault recovered; prints the worst and median
     recovery times and the seed that replays the schedule.
+    --board posts the flows as jobs on that jobboard (under a location of the session's own)
+    instead, run by --conductors conductor processes, which the schedule kills, freezes
+    (SIGSTOP past the claim) and restarts as well as the workers; the certificate then also
+    says that every job was consumed with its flow SUCCESS or REVERTED, none left on the board
+    (claimed or not), trashed or lost.
     --taskflow-compat runs TaskFlow's own workers (taskflow 6) instead, with
     FLOWENGINE_TASK_LIBRARY=taskflow, and TaskFlow's topology.
     Exit codes: 0 certified, 8 not certified, 1 cannot build the flow or start a process,
@@ -82,6 +104,17 @@ def chaos_command(ctx: click.Context, spec: str, duration: float, workers: int,
     taskflow = bool(connection["taskflow_compat"])
     if taskflow and not connection["url"]:
         raise click.UsageError("--taskflow-compat needs --url: TaskFlow's workers need a broker")
+    board = None
+    if board_uri is not None:
+        if taskflow:
+            raise click.UsageError("--board runs flowengine's conductors: it cannot be given "
+                                   "with --taskflow-compat")
+        options = parse_pairs(board_options, "board option")
+        options["claim_ttl"] = float(claim_ttl if claim_ttl is not None
+                                     else options.get("claim_ttl", DEFAULT_CLAIM_TTL))
+        board = orchestra.Board(board_uri, options, conductors, max_jobs)
+    elif board_options or claim_ttl is not None:
+        raise click.UsageError("--board-option and --claim-ttl need --board")
     chosen = seed if seed is not None else random.SystemRandom().randrange(1, 10**6)
     folder = Path(workdir or tempfile.mkdtemp(prefix=f"flowengine-chaos-{chosen}-"))
     if connection["url"] is None and connection["transport"] is None:
@@ -94,7 +127,7 @@ def chaos_command(ctx: click.Context, spec: str, duration: float, workers: int,
         store=parse_pairs(store, "store value"), duration=duration, workers=workers,
         seed=chosen, broker=processes.BrokerOptions(**connection), workdir=folder,
         backend=backend_uri, concurrency=concurrency, settle=settle,
-        lease_timeout=lease_timeout, threads=threads, taskflow=taskflow)
+        lease_timeout=lease_timeout, threads=threads, taskflow=taskflow, board=board)
     try:
         certificate = orchestra.Session(settings, lambda line: click.echo(line, err=True)).run()
     except (RuntimeError, ValueError) as err:

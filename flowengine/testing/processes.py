@@ -89,10 +89,12 @@ class Child:
         log_dir: Where its output goes.
         env: Extra environment.
         ready: A file it creates once it serves (None: ready at once).
+        cwd: Its working directory (None: this process's).
     """
 
     def __init__(self, name: str, argv: list[str], log_dir: Path,
-                 env: Mapping[str, str] | None = None, ready: Path | None = None) -> None:
+                 env: Mapping[str, str] | None = None, ready: Path | None = None,
+                 cwd: Path | None = None) -> None:
         self.name, self.argv, self.ready_file = name, argv, ready
         self.log_path = log_dir / f"{name}.log"
         environment = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
@@ -102,7 +104,7 @@ class Child:
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(argv, env=environment, stdin=subprocess.DEVNULL,
                                          stdout=log, stderr=subprocess.STDOUT,
-                                         start_new_session=True)
+                                         start_new_session=True, cwd=cwd)
         self.pid = self.proc.pid
         self.frozen = False
 

@@ -15,6 +15,7 @@ from flowengine.engines import admission
 from flowengine.engines import executor as local
 from flowengine.engines.actions import META_ATTEMPT_IDS, META_DELAYED_JOB
 from flowengine.engines.engine import ActionEngine
+from flowengine.exceptions import StorageFailure
 from flowengine.secrets import Secret
 from flowengine.types.notifier import Notifier, register_deregister
 from flowengine.worker_based import extensions as ext
@@ -165,17 +166,35 @@ class WorkerBasedActionEngine(ActionEngine):
 
     def _remember_attempt(self, atom_uuid: str, request_id: str) -> None:
         """Store the id of an attempt sent again (a lost worker, a hand-back) with its atom,
-        before it is published, so a resumed engine can revoke it as well."""
-        try:
-            detail = self.storage.flow_detail.find(atom_uuid)
-            if detail is None:
+        before it is published, so a resumed engine can revoke it as well.
+
+        If the engine can no longer record its progress (it was halted: a conductor's claim
+        lapsed, the store is gone; or this very write is refused), the attempt is not sent:
+        its atom fails with the storage failure, which the halting engine writes nowhere.
+        Sent, it would be work no record holds, perhaps of an atom another conductor has
+        completed meanwhile.
+        """
+        refused = self.storage.unsaved
+        if refused is None:
+            try:
+                detail = self.storage.flow_detail.find(atom_uuid)
+                if detail is None:
+                    return
+                ids = [i for i in detail.meta.get(META_ATTEMPT_IDS) or () if isinstance(i, str)]
+                self.storage.update_atom_metadata(
+                    detail.name, {META_ATTEMPT_IDS: (ids + [request_id])[-_MAX_ATTEMPT_IDS:]})
                 return
-            ids = [i for i in detail.meta.get(META_ATTEMPT_IDS) or () if isinstance(i, str)]
-            self.storage.update_atom_metadata(
-                detail.name, {META_ATTEMPT_IDS: (ids + [request_id])[-_MAX_ATTEMPT_IDS:]})
-        except Exception:  # a bookkeeping write must not break the run
-            LOG.warning("Could not store request %s of atom %s", request_id, atom_uuid,
-                        exc_info=True)
+            except StorageFailure as err:
+                refused = err
+            except Exception:  # a bookkeeping write must not break the run
+                LOG.warning("Could not store request %s of atom %s", request_id, atom_uuid,
+                            exc_info=True)
+                return
+        LOG.warning("Not sending request %s of atom %s again: the flow's progress can no "
+                    "longer be recorded (%s)", request_id, atom_uuid, refused)
+        executor = self._worker_executor
+        if isinstance(executor, WorkerTaskExecutor):
+            executor.refuse(request_id, refused)
 
     def _serve_metrics(self, port: int) -> None:
         from flowengine.worker_based.metrics import start_metrics_server

@@ -357,6 +357,8 @@ class WorkerTaskExecutor(AttemptTracking, Leftovers, local.TaskExecutor):
         # Announced before publishing, so task-sent always precedes the worker's task-received.
         self._events.emit("task-sent", **self._event_fields(sub), topic=worker.topic,
                           worker=worker.identity, action=sub.action)
+        if sub.future.done():  # refused as it was announced (see refuse): it goes nowhere
+            return
         headers = self._headers(sub, request)
         tracing.request_sent(headers, sub.uuid, request_id=request.request_id,
                              attempt=request.attempt, task_name=sub.task.name,
@@ -544,6 +546,14 @@ class WorkerTaskExecutor(AttemptTracking, Leftovers, local.TaskExecutor):
                             request.request_id, sub.task.name, err)
 
         self.client.submit(publish)
+
+    def refuse(self, request_id: str, error: Exception) -> None:
+        """Give up attempt ``request_id`` as it is about to be sent (its engine cannot record
+        it): it is never published, and its atom fails with ``error``."""
+        with self._lock:
+            sub = self._ongoing.get(request_id)
+        if sub is not None:
+            self._fail(sub, error)
 
     def _cancelled(self, sub: Submission, why: str) -> None:
         """The current attempt never ran and never will: cancel the submission."""

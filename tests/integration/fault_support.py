@@ -49,6 +49,8 @@ import fault_tasks
 import kombu
 from wbe_harness import REPO, Broker, WorkerFleet, WorkerProcess, subprocess_env
 
+from flowengine.testing import ledger as lg
+
 T = TypeVar("T")
 
 #: Seconds the tests allow for what should take a fraction of that (bounded waits, not sleeps).
@@ -72,18 +74,29 @@ def wait_until(predicate: Callable[[], T], timeout: float, what: str,
 # ---- the ledger and the gates --------------------------------------------------------------------
 
 
+_EVENTS = {line: event for event, line in fault_tasks.LINES.items()}
+
+
+def _event(entry: lg.Entry) -> dict[str, Any]:
+    """A ledger line as the event the tests match: ``{"atom", "event", "pid", "t", ...}``."""
+    return {"atom": entry.atom, "event": _EVENTS[(entry.kind, entry.action)],
+            "pid": int(str(entry.worker).rpartition(":")[2]), "t": entry.t, **entry.details}
+
+
 @dataclasses.dataclass
 class Ledger:
-    """Reads what :mod:`fault_tasks` wrote (complete lines only), oldest first."""
+    """Reads what :mod:`fault_tasks` wrote (complete lines only), oldest first: the events as
+    dicts, or :attr:`kit` for flowengine.testing's queries and assertions over the same lines.
+    """
 
     path: Path
+    kit: lg.FileLedger = dataclasses.field(init=False)
+
+    def __post_init__(self) -> None:
+        self.kit = lg.FileLedger(self.path)
 
     def lines(self) -> list[dict[str, Any]]:
-        try:
-            text = self.path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            return []
-        return [json.loads(line) for line in text.split("\n")[:-1] if line]
+        return [_event(e) for e in self.kit.entries() if (e.kind, e.action) in _EVENTS]
 
     def events(self, atom: str | None = None, event: str | None = None) -> list[dict[str, Any]]:
         return [line for line in self.lines()
@@ -109,6 +122,11 @@ class Ledger:
 
         return wait_until(found, timeout, f"{count} x {event} of {atom!r} in the ledger",
                           details=self.dump)
+
+    def assert_ran_once(self, atom: str) -> None:
+        """``atom``'s execute started once (flowengine.testing's judgement) and ended once."""
+        self.kit.assert_ran_once(atom)
+        assert len(self.ends(atom)) == 1, (atom, self.dump())
 
     def dump(self) -> str:
         return "--- ledger\n" + "\n".join(json.dumps(line) for line in self.lines())

@@ -1,10 +1,13 @@
 """Tasks the fault-injection tests run on ``flowengine worker`` processes.
 
-Every task writes what it does to a ledger the engine never touches: one JSON line per event
-(``{"atom", "event", "pid", "t", ...}``), appended with a single ``O_APPEND`` write and
-``fsync``'d before the task goes on, so a line written just before a SIGKILL is in the file
-afterwards and lines of concurrent tasks never interleave. The ledger's path comes from
-``FAULT_LEDGER``; tests count executions from it, never from the engine's own records.
+Every task writes what it does to a ledger the engine never touches: flowengine.testing's
+:class:`~flowengine.testing.ledger.FileLedger`, the ledger ``flowengine rehearse`` shares with
+its worker processes (JSON lines appended under an exclusive lock, each written whole before the
+task goes on, so a line written just before a SIGKILL is in the file afterwards). A task's
+``execute`` or ``revert`` is a ``call`` line when it starts and a ``return`` line when it ends,
+with the atom, the action, ``host:pid`` as the worker, and what else the task says as details.
+The ledger's path comes from ``FAULT_LEDGER``; tests count executions from it, never from the
+engine's own records (``fault_support.Ledger`` reads it).
 
 Behaviour comes from the class and the request's arguments only (workers build a task from its
 class and name), and each class is module-level so ``--task fault_tasks`` serves them all.
@@ -12,14 +15,15 @@ class and name), and each class is module-level so ``--task fault_tasks`` serves
 
 from __future__ import annotations
 
-import json
 import os
 import signal
+import socket
 import time
 from pathlib import Path
 from typing import Any
 
 from flowengine import task
+from flowengine.testing import ledger as lg
 
 #: Environment of worker processes: the ledger file, the gate directory, the "cured" marker.
 LEDGER_ENV = "FAULT_LEDGER"
@@ -31,23 +35,34 @@ EXECUTE_END = "execute-end"
 REVERT_START = "revert-start"
 REVERT_END = "revert-end"
 
+#: The ledger line kind and action of each event.
+LINES = {EXECUTE_START: (lg.CALL, "execute"), EXECUTE_END: (lg.RETURN, "execute"),
+         REVERT_START: (lg.CALL, "revert"), REVERT_END: (lg.RETURN, "revert")}
+
 #: Seconds a gated task waits for its gate before it gives up (a test that failed never opens it).
 GATE_TIMEOUT = 120.0
 #: Seconds between looks at the gate directory.
 GATE_POLL = 0.01
 
+_ledgers: dict[str, lg.FileLedger] = {}
 
-def record(atom: str, event: str, durable: bool = True, **data: Any) -> None:
-    """Append one event to the ledger; ``durable`` makes it survive more than a process crash."""
-    line = json.dumps({"atom": atom, "event": event, "pid": os.getpid(), "t": time.time(),
-                       **data}) + "\n"
-    fd = os.open(os.environ[LEDGER_ENV], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, line.encode())
-        if durable:
-            os.fsync(fd)
-    finally:
-        os.close(fd)
+
+def ledger() -> lg.FileLedger:
+    """This process's handle on the ledger ``FAULT_LEDGER`` names (one per process, so each
+    reads only what was added since its last line)."""
+    path = os.environ[LEDGER_ENV]
+    found = _ledgers.get(path)
+    if found is None:
+        found = _ledgers.setdefault(path, lg.FileLedger(path))
+    return found
+
+
+def record(atom: str, event: str, **details: Any) -> None:
+    """Append one event to the ledger (``details``: what else the task says)."""
+    kind, action = LINES[event]
+    ledger().append(kind, atom=atom, action=action,
+                    outcome=lg.RETURNED if kind == lg.RETURN else None,
+                    worker=f"{socket.gethostname()}:{os.getpid()}", details=details)
 
 
 def gate_path(atom: str, pid: int | None = None) -> Path:
@@ -131,8 +146,8 @@ class KillsItsWorker(_Recorded):
 
 
 class Noop(task.Task):
-    """Records its ``n`` (no fsync: nothing kills these workers) and returns it."""
+    """Records its ``n`` and returns it."""
 
     def execute(self, n: int) -> int:
-        record(self.name, EXECUTE_END, durable=False, n=n)
+        record(self.name, EXECUTE_END, n=n)
         return n

@@ -56,8 +56,7 @@ def _load(fleet: WorkerFleet, flow: Any, **options: Any) -> Any:
 
 def _once_each(stage: Stage, atoms: list[str]) -> None:
     for atom in atoms:
-        starts, ends = stage.ledger.starts(atom), stage.ledger.ends(atom)
-        assert (len(starts), len(ends)) == (1, 1), (atom, stage.ledger.dump())
+        stage.ledger.assert_ran_once(atom)
 
 
 # ---- 1. kill -9 ----------------------------------------------------------------------------------

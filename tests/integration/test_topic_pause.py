@@ -87,7 +87,7 @@ def test_a_paused_topic_takes_nothing_new_and_resume_takes_the_backlog(
         assert client.outcome(running, TIMEOUT).state == pr.SUCCESS
         client.drain(1.0)  # free slots, a backlog and a second: still nothing taken
         assert not [m for m in client.received if m.correlation_id in waiting], client.received
-        assert stage.ledger.path.read_text().count('"n"') == 0
+        assert [e for e in stage.ledger.lines() if "n" in e] == []  # no Noop ran
 
         _topics(broker, exchange, "resume", "paused")
         assert events.next("topic-resumed")["worker"] == paused["worker"]

@@ -1,14 +1,14 @@
 """Conductor processes (``flowengine conductor``) and a private Redis, for the fault tests.
 
-Every process started here is stopped by pid when the test ends, whatever the test did to it.
+A conductor process is handled by flowengine.testing's :class:`~flowengine.testing.processes.
+Child`, the handle ``flowengine chaos`` kills, freezes and restarts its processes with. Every
+process started here is stopped by pid when the test ends, whatever the test did to it.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from flowengine.testing import processes
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -39,40 +41,33 @@ def wait_for(check: Any, timeout: float, what: str) -> None:
         time.sleep(0.02)
 
 
-class Conductor:
-    """One ``flowengine conductor`` process, logging to ``<dir>/<name>.log``."""
+class Conductor(processes.Child):
+    """One ``flowengine conductor`` process in ``workdir``, logging to ``<workdir>/<name>.log``
+    (``freeze``, ``thaw``, ``kill`` and ``signal`` by pid come with the handle)."""
 
     def __init__(self, name: str, board_uri: str, board_options: dict[str, Any],
                  backend_uri: str, workdir: Path, *extra: str) -> None:
-        self.name = name
-        self.log = workdir / f"{name}.log"
         argv = [sys.executable, "-m", "flowengine.cli.main", "conductor", "--board", board_uri,
                 "--backend", backend_uri, "--name", name, "--max-jobs", "1", *extra]
         for key, value in board_options.items():
             argv += ["--board-option", f"{key}={value}"]
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-            [str(HERE), str(ROOT), os.environ.get("PYTHONPATH", "")])}
-        with open(self.log, "wb") as out:
-            self.process = subprocess.Popen(argv, cwd=workdir, env=env, stdout=out,
-                                            stderr=subprocess.STDOUT,
-                                            stdin=subprocess.DEVNULL)
+        path = os.pathsep.join(filter(None, [str(HERE), str(ROOT),
+                                             os.environ.get("PYTHONPATH")]))
+        super().__init__(name, argv, workdir, env={"PYTHONPATH": path}, cwd=workdir)
 
     @property
-    def pid(self) -> int:
-        return self.process.pid
+    def process(self) -> subprocess.Popen[bytes]:
+        """The process (``poll``, ``wait``)."""
+        return self.proc
 
     def output(self) -> str:
-        return self.log.read_text(errors="replace") if self.log.exists() else ""
+        """Everything it wrote so far."""
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
-    def signal(self, signum: int) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(self.pid, signum)
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.signal(signal.SIGCONT)
-            self.signal(signal.SIGKILL)
-        self.process.wait(10)
+    def stop(self, timeout: float = 0.0) -> int:
+        """Killed at once, frozen or not: the test is over."""
+        self.kill()
+        return self.proc.returncode
 
 
 @pytest.fixture

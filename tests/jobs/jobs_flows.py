@@ -1,13 +1,17 @@
 """Flow factories the conductor tests post as jobs (imported by name by the conductors).
 
-Tasks record each execution in a ledger file (``store["ledger"]``: one line per execution) so
-tests, and the fault tests' separate processes, can count how often each atom ran. A task can
-wait for a file to appear (``store["gate"]``), so a test decides when the flow goes on.
+Tasks record each execution in a ledger file (``store["ledger"]``), so tests, and the fault
+tests' separate processes, can count how often each atom ran: flowengine.testing's
+:class:`~flowengine.testing.ledger.FileLedger`, one ``call`` line per execution (or revert)
+once its step is done, with ``host:pid`` as the worker; the test kit's queries and assertions
+read it. A task can wait for a file to appear (``store["gate"]``), so a test decides when the
+flow goes on.
 """
 
 from __future__ import annotations
 
 import os
+import socket
 import threading
 import time
 from pathlib import Path
@@ -16,38 +20,53 @@ from typing import Any
 from flowengine import exceptions as exc
 from flowengine import task
 from flowengine.flows import linear_flow
+from flowengine.testing import ledger as lg
+
+#: What a revert's entry is called in :func:`ledger_entries` (``revert:step-1``).
+REVERT = "revert:"
+
+_ledgers: dict[str, lg.FileLedger] = {}
 
 
-def _record(ledger: str | None, name: str) -> None:
+def kit_ledger(ledger: str | Path) -> lg.FileLedger:
+    """This process's handle on the ledger file (one per file, so each reads only what was
+    added since)."""
+    path = str(ledger)
+    found = _ledgers.get(path)
+    if found is None:
+        found = _ledgers.setdefault(path, lg.FileLedger(path))
+    return found
+
+
+def _record(ledger: str | None, name: str, action: str = "execute") -> None:
     if ledger:
-        with open(ledger, "a", encoding="utf-8") as out:
-            out.write(f"{name} {os.getpid()} {time.time()}\n")
-            out.flush()
-            os.fsync(out.fileno())
+        kit_ledger(ledger).append(lg.CALL, atom=name, action=action,
+                                  worker=f"{socket.gethostname()}:{os.getpid()}")
+
+
+def _named(entry: lg.Entry) -> tuple[str, int]:
+    shown = f"{REVERT}{entry.atom}" if entry.action == "revert" else str(entry.atom)
+    return shown, int(str(entry.worker).rpartition(":")[2])
 
 
 def ledger_entries(ledger: Path) -> list[tuple[str, int]]:
-    """``(task name, pid)`` of each execution, in order."""
+    """``(task name, pid)`` of each execution, in order (a revert as ``revert:<name>``)."""
     if not ledger.exists():
         return []
-    return [(line.split()[0], int(line.split()[1]))
-            for line in ledger.read_text().splitlines() if line.strip()]
+    return [_named(e) for e in kit_ledger(ledger).calls()]
 
 
 def recorded_at(ledger: Path, name: str, pid: int) -> float:
     """When (epoch seconds) process ``pid`` recorded its execution of ``name``."""
-    for line in ledger.read_text().splitlines():
-        fields = line.split()
-        if fields[:2] == [name, str(pid)]:
-            return float(fields[2])
+    for entry in kit_ledger(ledger).calls():
+        if _named(entry) == (name, pid):
+            return entry.t
     raise AssertionError(f"{name} was not recorded by process {pid}")
 
 
 def ledger_lines(ledger: Path) -> list[str]:
     """The names of the tasks executed, in order."""
-    if not ledger.exists():
-        return []
-    return [line.split()[0] for line in ledger.read_text().splitlines() if line.strip()]
+    return [name for name, _ in ledger_entries(ledger)]
 
 
 def wait_for_file(path: Path, timeout: float = 20.0) -> None:
@@ -78,7 +97,7 @@ class UndoableStep(Step):
     """A :class:`Step` whose revert is recorded too, as ``revert:<name>``."""
 
     def revert(self, ledger: str | None = None, **kwargs: Any) -> None:
-        _record(ledger, f"revert:{self.name}")
+        _record(ledger, self.name, action="revert")
 
 
 class Crash(task.Task):

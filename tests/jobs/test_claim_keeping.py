@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from flowengine import exceptions as exc
 from flowengine import states
 from flowengine.conductors.backends.impl_blocking import BlockingConductor
 from flowengine.conductors.backends.impl_executor import ExecutorConductor
+from flowengine.conductors.backends.impl_nonblocking import NonBlockingConductor
 from flowengine.conductors.claims import ClaimFence, ClaimKeeper, FencedOff
 from flowengine.conductors.fencing import FencedBackend
 from flowengine.jobs import base
@@ -156,18 +158,32 @@ def test_a_fenced_backend_refuses_writes_but_not_reads() -> None:
     assert conn.get_logbook(book.uuid).uuid == book.uuid
 
 
+class GatedJob:
+    """A job of three steps on a board with 2 s claims, its step 2 waiting for ``gate``."""
+
+    def __init__(self, board_factory: BoardFactory, tmp_path: Path) -> None:
+        self.board = board_factory(claim_ttl=2.0)
+        self.persistence = impl_memory.MemoryBackend({})
+        self.ledger, self.gate = tmp_path / "ledger", tmp_path / "gate"
+        self.job = post_flow(self.board, self.persistence, jobs_flows.steps,
+                             store={"ledger": str(self.ledger), "gate": str(self.gate),
+                                    "gated_step": "step-2"})
+        self.endings: list[str] = []
+
+    def watch(self, conductor: ExecutorConductor) -> None:
+        """Keep how the conductor ends jobs in :attr:`endings`."""
+        for event in ("job_consumed", "job_abandoned", "job_trashed"):
+            conductor.notifier.register(event, lambda e, details: self.endings.append(e))
+
+
 def test_a_conductor_past_its_claim_starts_no_further_atom(board_factory: BoardFactory,
                                                            tmp_path: Path) -> None:
-    board = board_factory(claim_ttl=2.0)
-    persistence = impl_memory.MemoryBackend({})
-    ledger, gate = tmp_path / "ledger", tmp_path / "gate"
-    job = post_flow(board, persistence, jobs_flows.steps,
-                    store={"ledger": str(ledger), "gate": str(gate), "gated_step": "step-2"})
+    staged = GatedJob(board_factory, tmp_path)
+    board, persistence, job = staged.board, staged.persistence, staged.job
+    ledger, gate, endings = staged.ledger, staged.gate, staged.endings
     clock = ManualClock()
     conductor = BlockingConductor("frozen", board, persistence=persistence, clock=clock)
-    endings: list[str] = []
-    for event in ("job_consumed", "job_abandoned", "job_trashed"):
-        conductor.notifier.register(event, lambda e, details: endings.append(e))
+    staged.watch(conductor)
     thread = threading.Thread(target=conductor.run, kwargs={"max_dispatches": 1})
     thread.start()
     jobs_flows.wait_for_file(Path(f"{gate}.waiting"))
@@ -181,3 +197,41 @@ def test_a_conductor_past_its_claim_starts_no_further_atom(board_factory: BoardF
         [flow_detail] = list(conn.get_logbook(job.book_uuid))
         step2 = next(ad for ad in flow_detail if ad.name == "step-2")
         assert step2.state == states.RUNNING  # its result was refused, so it will run again
+
+
+def test_a_conductor_does_not_claim_again_a_job_it_still_runs(board_factory: BoardFactory,
+                                                               tmp_path: Path) -> None:
+    """Its claim lapsed while its engine still ran the job (frozen, then woken): the job is
+    the next conductor's, and not this one's again until that run has ended. Claimed again
+    meanwhile, both runs were the same job to it: the first one's end took the second one's
+    record with it, and the second was trashed ('dispatching it failed') with its flow left
+    RUNNING (``flowengine chaos --board`` found it)."""
+    staged = GatedJob(board_factory, tmp_path)
+    board, persistence, job = staged.board, staged.persistence, staged.job
+    ledger, gate, endings = staged.ledger, staged.gate, staged.endings
+    clock = ManualClock()
+    # Room for two jobs, one thread to run them: a second run of the job waits for the first.
+    conductor = NonBlockingConductor("woken", board, persistence=persistence, clock=clock,
+                                     max_simultaneous_jobs=2,
+                                     executor_factory=lambda: ThreadPoolExecutor(max_workers=1))
+    staged.watch(conductor)
+    thread = threading.Thread(target=conductor.run, kwargs={"max_dispatches": 2})
+    thread.start()
+    try:
+        jobs_flows.wait_for_file(Path(f"{gate}.waiting"))
+        # The manual clock stands still, so no renewal is sent: the service ends the claim
+        # after 2 s of real time (the freeze), and the conductor's waiting is pushed that news.
+        threading.Event().wait(2.0 + 1.0)
+        clock.advance(2.0)  # woken: its own clock says the claim may have lapsed
+        gate.touch()
+        assert conductor.wait(30), "the conductor did not finish its two dispatches"
+    finally:
+        conductor.stop()
+        thread.join(30)
+    assert endings == ["job_consumed"], endings
+    assert list(board.iter_trash()) == []
+    with contextlib.closing(persistence.get_connection()) as conn:
+        [flow_detail] = list(conn.get_logbook(job.book_uuid))
+        assert flow_detail.state == states.SUCCESS
+    # The first run's step 2 ran to its end (its outcome refused); the second ran it again.
+    assert jobs_flows.ledger_lines(ledger) == ["step-1", "step-2", "step-2", "step-3"]

@@ -6,7 +6,6 @@ Real ``flowengine conductor`` processes share a SQLite file and a ZooKeeper boar
 
 from __future__ import annotations
 
-import signal
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -63,11 +62,11 @@ def test_a_conductor_whose_session_expired_comes_back(
         conductor = stage.conductor(conductors, "sleeper")
         stage.wait_registered(conductor)
         registrations = stage.board.entity_path + "/conductor"  # type: ignore[attr-defined]
-        conductor.signal(signal.SIGSTOP)
+        conductor.freeze()
         # Its ephemeral registration node goes only when ZooKeeper ends the session.
         wait_for(lambda: not watcher.get_children(registrations), 30,
                  "the frozen conductor's session ending")
-        conductor.signal(signal.SIGCONT)
+        conductor.thaw()
         wait_for(lambda: "lost its ZooKeeper session" in conductor.output(), 30,
                  f"the conductor noticing\n{conductor.output()}")
         stage.wait_registered(conductor)  # a new session, registered again

@@ -11,6 +11,7 @@ from flowengine import exceptions as exc
 from flowengine import states
 from flowengine.persistence import backends, models
 from flowengine.testing.chaos import certify as ct
+from flowengine.testing.chaos import jobs as jb
 from flowengine.testing.chaos import schedule as sc
 from flowengine.types.failure import Failure
 
@@ -127,3 +128,118 @@ def test_hung_failed_lost_and_rerun_work_is_reported(tmp_path: Path) -> None:
                            "3.00s after the atom was recorded done"]
     text = certificate.text()
     assert "HUNG: flow hung" in text and "NOT RECOVERED" in text and "NOT CERTIFIED" in text
+
+
+# ---- sessions on a jobboard: conductors' claims, and where every job ended up ---------------
+
+
+def posted(number: int, on_board: bool = False, owner: str | None = None,
+           trashed: str | None = None, ending: str | None = "SUCCESS",
+           flow_state: str | None = "SUCCESS") -> jb.JobState:
+    return jb.JobState(jb.Posted(f"job-{number}", f"{PREFIX}-{number}", f"book-{number}", number),
+                       on_board=on_board, owner=owner, trashed=trashed, ending=ending,
+                       flow_state=flow_state)
+
+
+def claimed(pid: int, claim: str, flow: str, t: float) -> dict[str, Any]:
+    return {"event": "job-claimed", "pid": pid, "claim": claim, "flow": flow, "t": t}
+
+
+def stepped(pid: int, claim: str, flow: str, t: float, state: str = "SUCCESS",
+            atom: str = "a", ids: list[str] | None = None) -> dict[str, Any]:
+    return {"event": "atom", "pid": pid, "claim": claim, "flow": flow, "t": t, "state": state,
+            "atom": atom, "atom_uuid": f"{flow}-{atom}", "ids": ids or []}
+
+
+def released(pid: int, claim: str, flow: str, t: float, state: str,
+             error: str | None = None) -> dict[str, Any]:
+    return {"event": "job-released", "pid": pid, "claim": claim, "flow": flow, "t": t,
+            "state": state, "error": error}
+
+
+def test_a_board_session_is_certified_with_the_recovery_of_each_conductor_fault(
+        tmp_path: Path) -> None:
+    uri = store(tmp_path, [(f"f{n}", states.SUCCESS, [atom("a", states.SUCCESS)])
+                           for n in (1, 2, 3)])
+    conductors = log(tmp_path / "conductors.jsonl", [
+        claimed(100, "A", "f1", 1.0), stepped(100, "A", "f1", 2.0, "RUNNING"),
+        claimed(200, "C", "f2", 3.0), stepped(200, "C", "f2", 4.0, "RUNNING", atom="b"),
+        claimed(300, "D", "f3", 5.0),
+        # pid 100 is killed at 10: its job is claimed again by pid 200, which moves it on.
+        claimed(200, "B", "f1", 16.0), stepped(200, "B", "f1", 17.0),
+        released(200, "B", "f1", 17.5, "SUCCESS"),
+        # pid 200 is told to stop at 20: it ends the flow it runs itself.
+        stepped(200, "C", "f2", 20.4, atom="b"), released(200, "C", "f2", 20.5, "SUCCESS"),
+        # pid 300 is frozen at 30 past its claim: woken, it halts; pid 100's successor, pid
+        # 400, takes the job over (its own steps under the old claim do not count).
+        stepped(300, "D", "f3", 36.5), released(300, "D", "f3", 37.0, "RUNNING", "RunHalted"),
+        claimed(400, "E", "f3", 37.5), stepped(400, "E", "f3", 38.0),
+        released(400, "E", "f3", 38.5, "SUCCESS")])
+    certificate = ct.certify(
+        3, "replay", uri, PREFIX, conductors, tmp_path / "workers.jsonl",
+        [applied(sc.KILL_CONDUCTOR, 10.0, 100), applied(sc.RESTART_CONDUCTOR, 20.0, 200),
+         applied(sc.FREEZE_CONDUCTOR, 30.0, 300), applied(sc.KILL_CONDUCTOR, 40.0, 400)],
+        jobs=[posted(1), posted(2), posted(3, ending=None)], board=("redis://board", "x"))
+    assert certificate.passed, certificate.text()
+    assert [(r.affected, r.seconds) for r in certificate.recoveries] == [
+        (1, 7.0), (1, 0.5), (1, 8.0), (0, 0.0)]
+    assert ct._statistics(certificate.conductor_recoveries) == (8.0, 7.0)
+    assert certificate.jobs is not None and certificate.jobs.halted == 1
+    # Its conductor killed between consuming it and recording how it ended: its flow says.
+    assert certificate.jobs.unrecorded == [
+        f"job {PREFIX}-3 (job-3) was consumed with its flow SUCCESS, and no conductor "
+        f"recorded its ending"]
+    data = certificate.to_json()
+    assert data["conductor_worst_recovery"] == 8.0 and data["jobs"]["posted"] == 3
+    text = certificate.text()
+    assert "conductor faults: recovery worst 8.00s, median 7.00s" in text
+    assert ("jobs on redis://board under x: 3 posted, ended 3 SUCCESS; left on the board 0, "
+            "trashed 0, lost 0, overwritten after they ended 0") in text
+    assert "CERTIFIED: every job consumed" in text
+
+
+def test_jobs_left_trashed_or_lost_and_atoms_run_again_unrecorded_are_findings(
+        tmp_path: Path) -> None:
+    uri = store(tmp_path, [("f1", states.SUCCESS, [atom("ship", states.SUCCESS)])])
+    conductors = log(tmp_path / "conductors.jsonl", [
+        claimed(100, "A", "f1", 1.0),
+        stepped(100, "A", "f1", 1.5, "RUNNING", atom="ship", ids=["r1"]),
+        stepped(100, "A", "f1", 2.0, atom="ship", ids=["r1", "r2"]),
+        released(100, "A", "f1", 2.1, "SUCCESS")])
+    workers = log(tmp_path / "workers.jsonl", [
+        # r2: recorded, a stale request a thawed worker started late (at-least-once);
+        # r3: recorded by no engine, started after the atom was done (a conductor that had
+        # lost its claim sent it): the atom ran again.
+        {"event": "task-started", "pid": 7, "request_id": rid, "atom_uuid": "f1-ship",
+         "flow_uuid": "f1", "task_name": "ship", "action": "execute", "attempt": 2, "t": t}
+        for rid, t in (("r2", 3.0), ("r3", 4.0))])
+    census = [posted(1), posted(2, on_board=True, owner="conductor-2", ending=None),
+              posted(3, on_board=True, ending=None),
+              posted(4, trashed="abandoned or orphaned 3 times", ending="TRASHED"),
+              posted(5, ending=None, flow_state="RUNNING"), posted(6, ending="FAILED"),
+              posted(7, ending="SUCCESS", flow_state="PENDING")]
+    certificate = ct.certify(4, "replay", uri, PREFIX, conductors, workers, [], jobs=census,
+                             board=("zookeeper://zk/flowengine", "x"))
+    assert not certificate.passed
+    jobs = certificate.jobs
+    assert jobs is not None and not jobs.passed
+    assert jobs.left == [f"job {PREFIX}-2 (job-2) still on the board, claimed by conductor-2",
+                         f"job {PREFIX}-3 (job-3) still on the board, unclaimed"]
+    assert jobs.trashed == [f"job {PREFIX}-4 (job-4): abandoned or orphaned 3 times"]
+    assert jobs.lost == [f"job {PREFIX}-5 (job-5) is gone from the board, no conductor "
+                         f"recorded its ending, and its flow is RUNNING"]
+    assert jobs.ended == {"SUCCESS": 2, "TRASHED": 1, "FAILED": 1}
+    # Its conductor recorded SUCCESS; a conductor that had lost the claim wrote after it.
+    assert jobs.overwritten == [f"job {PREFIX}-7 (job-7) ended SUCCESS, yet its flow is "
+                                f"stored PENDING: a write landed after it ended"]
+    assert certificate.late == ["flow f1 atom ship: request r2 (attempt 2) started on pid 7 "
+                                "1.00s after the atom was recorded done"]
+    assert certificate.reran == [
+        "flow f1 atom ship: request r3 (attempt 2) started on pid 7 2.00s after the atom was "
+        "recorded done; no engine recorded sending it (one that could no longer record its "
+        "progress sent it)"]
+    assert certificate.unrecorded == 1
+    text = certificate.text()
+    assert "JOB LEFT: job" in text and "JOB TRASHED: job" in text and "JOB LOST: job" in text
+    assert "JOB OVERWRITTEN: job" in text
+    assert "RAN AGAIN: flow f1 atom ship: request r3" in text and "NOT CERTIFIED" in text

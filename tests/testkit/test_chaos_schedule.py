@@ -34,3 +34,24 @@ def test_bad_settings_are_refused() -> None:
         sc.schedule(1, 20, 0, 5.0)
     with pytest.raises(ValueError, match="too short for any fault"):
         sc.schedule(1, 1, 3, 5.0)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_with_conductors_they_are_killed_frozen_past_the_claim_and_restarted(seed: int) -> None:
+    faults = sc.schedule(seed, 40, 3, 5.0, conductors=2, claim_ttl=4.0)
+    assert {f.kind for f in faults[:6]} == set(sc.BOARD_KINDS)
+    assert sc.RESTART_ENGINE not in {f.kind for f in faults}  # the conductors are the engines
+    assert all(0 <= f.slot < 2 for f in faults if f.on_conductor)
+    assert all(f.hold > 4.0 for f in faults if f.kind == sc.FREEZE_CONDUCTOR)
+    assert all(f.hold > 5.0 for f in faults if f.kind == sc.FREEZE_WORKER)
+    assert faults[-1].kind == sc.KILL_WORKER
+
+
+def test_conductors_leave_a_schedule_without_them_as_it_was() -> None:
+    # The figures doc/proving.rst gives for sessions without a board replay with their seeds.
+    assert sc.schedule(2029, 120, 3, 5.0, conductors=0, claim_ttl=9.0) == \
+        sc.schedule(2029, 120, 3, 5.0)
+    assert sc.schedule(7, 40, 3, 5.0, conductors=3, claim_ttl=5.0) == \
+        sc.schedule(7, 40, 3, 5.0, conductors=3, claim_ttl=5.0)
+    assert str(sc.Fault(1.0, sc.FREEZE_CONDUCTOR, 1, 6.5)) == \
+        "   1.0s  freeze-conductor (conductor slot 1) for 6.5s"

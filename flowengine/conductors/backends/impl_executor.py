@@ -197,7 +197,15 @@ class ExecutorConductor(base.Conductor):
         def ready() -> bool:
             if self._stopped.is_set():
                 return True
-            candidates[:] = list(self._jobboard.iterjobs(only_unclaimed=True, ensure_fresh=True))
+            with self._slots:
+                running = set(self._running)
+            # A job whose run here has not ended yet (its claim lapsed while it ran: frozen,
+            # cut off) is the next conductor's, not this one's again: two runs of one job
+            # here would be one to this conductor, and the first one's end would take the
+            # second one's record (and claim) with it.
+            candidates[:] = [job for job in self._jobboard.iterjobs(only_unclaimed=True,
+                                                                    ensure_fresh=True)
+                             if job.uuid not in running]
             return bool(candidates)
 
         try:
@@ -378,6 +386,7 @@ class ExecutorConductor(base.Conductor):
             with self._slots:
                 self._running.pop(job.uuid, None)
                 self._slots.notify_all()
+            self._jobboard.wake_waiters()  # a job skipped while this run went on may be free
 
     def _finish(self, job: jobs_base.Job, outcome: _Outcome) -> None:
         if self._keeper is not None:

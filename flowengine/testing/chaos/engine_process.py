@@ -9,7 +9,9 @@ instance that has not ended, then goes on starting new ones. Once the drain file
 starts no more and exits when the running ones end.
 
 Everything it sees goes to its log (JSON lines, one ``write`` each): ``engine-start``,
-``flow-start`` / ``flow-resume``, every ``atom`` state change, ``flow-end`` with the state.
+``flow-start`` / ``flow-resume`` (with the ids of the requests the stored record says were
+sent, :func:`recorded_requests`), every ``atom`` state change (stored first, then logged, with
+the ids of the atom's requests recorded so far), ``flow-end`` with the state.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from flowengine import engines, states
+from flowengine.engines.actions import META_ATTEMPT_IDS
 from flowengine.persistence import backends, models
 from flowengine.types.notifier import Notifier
 
@@ -74,6 +77,30 @@ class Log:
     def __call__(self, event: str, **fields: Any) -> None:
         line = {"event": event, "t": time.time(), "pid": os.getpid(), **fields}
         os.write(self._fd, (json.dumps(line, default=repr) + "\n").encode("utf-8"))
+
+
+def recorded_requests(flow_detail: models.FlowDetail) -> dict[str, list[str]]:
+    """The ids of the requests each atom's record says were sent (atom uuid -> ids).
+
+    An engine stores a request's id with its atom before it publishes the request, so the
+    certificate can tell a request some engine recorded (and may have sent before its atom
+    completed) from one an engine sent without being able to record it. A resumed run
+    overwrites them: read them as it starts, and with every atom change.
+    """
+    found = {}
+    for atom in flow_detail:
+        ids = [i for i in (atom.meta or {}).get(META_ATTEMPT_IDS) or () if isinstance(i, str)]
+        if ids:
+            found[atom.uuid] = ids
+    return found
+
+
+def atom_requests(flow_detail: models.FlowDetail, atom_uuid: str | None) -> list[str]:
+    """The request ids recorded with one atom (see :func:`recorded_requests`)."""
+    atom = flow_detail.find(atom_uuid) if atom_uuid else None
+    if atom is None:
+        return []
+    return [i for i in (atom.meta or {}).get(META_ATTEMPT_IDS) or () if isinstance(i, str)]
 
 
 def _factory(name: str) -> Any:
@@ -138,18 +165,22 @@ class Runner:
         engine = engines.load(flow, store=self._store(instance), flow_detail=detail,
                               backend=self.backend, **self._options())
         uuid = engine.storage.flow_uuid
-        engine.atom_notifier.register(Notifier.ANY, self._atom_logger(uuid))
+        engine.atom_notifier.register(Notifier.ANY, self._atom_logger(engine))
         with self._changed:
             self._running.add(uuid)
-        self.log("flow-resume" if resumed else "flow-start", flow=uuid, instance=instance)
+        self.log("flow-resume" if resumed else "flow-start", flow=uuid, instance=instance,
+                 recorded=recorded_requests(engine.storage.flow_detail))
         threading.Thread(target=self._run, args=(engine, uuid), daemon=True,
                          name=f"chaos-flow-{instance}").start()
 
-    def _atom_logger(self, uuid: str) -> Any:
+    def _atom_logger(self, engine: Any) -> Any:
+        storage = engine.storage
+
         def logged(state: str, details: dict[str, Any]) -> None:
-            self.log("atom", flow=uuid, state=state,
+            atom_uuid = details.get("task_uuid") or details.get("retry_uuid")
+            self.log("atom", flow=storage.flow_uuid, state=state,
                      atom=details.get("task_name") or details.get("retry_name"),
-                     atom_uuid=details.get("task_uuid") or details.get("retry_uuid"))
+                     atom_uuid=atom_uuid, ids=atom_requests(storage.flow_detail, atom_uuid))
         return logged
 
     def _run(self, engine: Any, uuid: str) -> None:
