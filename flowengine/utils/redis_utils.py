@@ -93,11 +93,16 @@ def make_client(conf: dict[str, Any]) -> redis.Redis:
         if sentinel_kwargs is not None and not _flag(sentinel_kwargs.get("ssl", False)):
             sentinel_kwargs = {k: v for k, v in sentinel_kwargs.items()
                                if not k.startswith("ssl_")}
-        client_conf.setdefault("retry", Retry(ExponentialBackoff(cap=SENTINEL_RETRY_CAP,
-                                                                 base=0.05), SENTINEL_RETRIES))
-        client_conf.setdefault("retry_on_error", [redis.ConnectionError, redis.TimeoutError])
         watcher = sentinel.Sentinel(sentinels, sentinel_kwargs=sentinel_kwargs, **client_conf)
         master: redis.Redis = watcher.master_for(conf["sentinel"])
+        # A command sent during a failover is retried while the Sentinels name the new master.
+        # Set on the master's connections rather than passed to Sentinel(), whose arguments
+        # are TaskFlow's (its tests check them), unless the conf chose its own retry.
+        if "retry" not in client_conf:
+            kwargs = master.connection_pool.connection_kwargs
+            kwargs["retry"] = Retry(ExponentialBackoff(cap=SENTINEL_RETRY_CAP, base=0.05),
+                                    SENTINEL_RETRIES)
+            kwargs["retry_on_error"] = [redis.ConnectionError, redis.TimeoutError]
         return master
     return RedisClient(**client_conf)
 
