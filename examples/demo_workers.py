@@ -36,6 +36,7 @@ from worker_processes import TRANSPORT, WorkerProcess, listening_executor, worke
 from flowengine import engines, exceptions, task
 from flowengine.flows import graph_flow
 from flowengine.persistence import backends, models
+from flowengine.persistence.base import IncompatibleSchema
 from flowengine.types import notifier
 from flowengine.worker_based.executor import WorkerTaskExecutor
 
@@ -43,8 +44,10 @@ EXCHANGE = "demo"
 TOPIC = "provisioning"
 WORKER_NAMES = ("worker-1", "worker-2")
 THREADS_PER_WORKER = 2
-#: Where the runs are stored, for ``flowengine dashboard`` (kept after the demo ends).
-STORE = f"sqlite:///{tempfile.gettempdir()}/flowengine-demo.db"
+#: Where the runs are stored, for ``flowengine dashboard`` (kept after the demo ends);
+#: ``FLOWENGINE_DEMO_STORE`` names another store (the tests give each run its own).
+STORE = os.environ.get("FLOWENGINE_DEMO_STORE",
+                       f"sqlite:///{tempfile.gettempdir()}/flowengine-demo.db")
 
 console = Console(highlight=False, soft_wrap=True)
 STYLES = {
@@ -237,3 +240,8 @@ if __name__ == "__main__":
     except KeyboardInterrupt:
         console.print("[red]interrupted[/]")
         sys.exit(130)
+    except IncompatibleSchema as exc:
+        # A store kept from a newer flowengine: say so and leave it as it is.
+        console.print(f"[red]{exc}[/]\nset FLOWENGINE_DEMO_STORE to another store"
+                      " (sqlite:///PATH) or delete that file")
+        sys.exit(1)

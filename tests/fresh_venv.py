@@ -67,7 +67,8 @@ def build_wheelhouse(dest: Path) -> Path:
 
 def pip_env(wheels: Path, env: dict[str, str] | None = None) -> dict[str, str]:
     """``env`` (default: this process's) for pip commands that install from ``wheels`` only."""
-    return {**(os.environ if env is None else env), "PIP_NO_INDEX": "1",
+    # Without PYTHONPATH: pip would take a source tree on it for an installed flowengine.
+    return {**(clean_env() if env is None else env), "PIP_NO_INDEX": "1",
             "PIP_FIND_LINKS": str(wheels), "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
 
 
@@ -79,8 +80,9 @@ def make_venv(path: Path, wheels: Path, *requirements: str) -> Path:
     """
     run([sys.executable, "-m", "venv", "--without-pip", str(path)])
     python = path / "bin" / "python"
+    # --ignore-installed: nothing outside the venv may stand in for what it must hold.
     run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-compile",
-         *requirements], env=pip_env(wheels))
+         "--ignore-installed", *requirements], env=pip_env(wheels))
     return python
 
 

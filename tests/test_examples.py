@@ -7,6 +7,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -272,6 +273,8 @@ def _scripts() -> list[str]:
 
 def _run(script: str) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, PYTHONIOENCODING="utf-8", NO_COLOR="1")
+    # demo_workers.py's store: its own per run, not one kept from another flowengine version.
+    env["FLOWENGINE_DEMO_STORE"] = f"sqlite:///{tempfile.mkdtemp(prefix='demo-store-')}/demo.db"
     env.pop("FORCE_COLOR", None)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     return subprocess.run(

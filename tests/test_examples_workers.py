@@ -14,6 +14,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -30,6 +31,9 @@ pytestmark = pytest.mark.integration
 
 def _env() -> dict[str, str]:
     env = dict(os.environ, PYTHONIOENCODING="utf-8", NO_COLOR="1", PYTHONUNBUFFERED="1")
+    # Each run its own store: one kept in the shared temporary folder may come from another
+    # flowengine version.
+    env["FLOWENGINE_DEMO_STORE"] = f"sqlite:///{tempfile.mkdtemp(prefix='demo-store-')}/demo.db"
     env.pop("FORCE_COLOR", None)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     return env
