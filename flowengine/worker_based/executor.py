@@ -15,6 +15,7 @@ preferably to another worker; after ``max_attempts`` the atom fails with
 from __future__ import annotations
 
 import concurrent.futures as cf
+import dataclasses
 import functools
 import logging
 import math
@@ -57,6 +58,17 @@ REPLY_QUEUE_EXPIRES = bc.REPLY_QUEUE_EXPIRES
 CONSUMER_START_TIMEOUT = bc.CONSUMER_START_TIMEOUT
 HOUSEKEEPING_PERIOD = bc.HOUSEKEEPING_PERIOD
 NOTIFY_PERIOD = bc.NOTIFY_PERIOD
+
+
+@dataclasses.dataclass(frozen=True)
+class _AttemptSnapshot:
+    """An attempt in flight, as :meth:`WorkerTaskExecutor.attempts` shows it."""
+
+    task_name: str
+    request_id: str
+    state: str
+    lease_until: float | None
+    worker: str | None
 
 
 class WorkerTaskExecutor(AttemptTracking, Leftovers, local.TaskExecutor):
@@ -160,6 +172,7 @@ class WorkerTaskExecutor(AttemptTracking, Leftovers, local.TaskExecutor):
         self._secret_args = secret_args
         self._connect_timeout = connect_timeout
         self._events = events
+        self._looked_at = 0  # attempts the housekeeping looked at (see statistics)
         self._lock = threading.RLock()
         self._ongoing: dict[str, Submission] = {}
         self._never_started: set[str] = set()
@@ -222,6 +235,26 @@ class WorkerTaskExecutor(AttemptTracking, Leftovers, local.TaskExecutor):
             self._fail(sub, exc.RequestTimeout(
                 f"Request for task {sub.task.name!r} was still {state} when its executor "
                 f"stopped"))
+
+    @property
+    def events(self) -> ext.EventSink:
+        """Where this executor reports what happens to its attempts (task-sent, -moved,
+        -retried, -lost)."""
+        return self._events
+
+    @property
+    def statistics(self) -> dict[str, int]:
+        """Counters: ``attempts_looked_at``, attempts the housekeeping examined (it looks
+        only when a deadline falls due, so thousands in flight cost nothing meanwhile)."""
+        return {"attempts_looked_at": self._looked_at}
+
+    def attempts(self) -> list[_AttemptSnapshot]:
+        """The attempts in flight now, one per submission (a snapshot)."""
+        with self._lock:
+            subs = list(self._ongoing.values())
+        return [_AttemptSnapshot(s.task.name, s.request.request_id, s.request.current_state,
+                                s.lease_until, s.workers[-1] if s.workers else None)
+                for s in subs if s.request is not None]
 
     def wait_for_workers(self, workers: int = 1, timeout: float | None = None) -> int:
         """Block until ``workers`` workers are known; return how many are still missing."""

@@ -66,6 +66,7 @@ class AttemptTracking:
     _events: ext.EventSink
     _next_due: float
     _next_expiry_check: float
+    _looked_at: int
     finder: WorkerFinder
     #: Asks every flowengine worker not to run these request ids (the executor's Leftovers).
     _revoke_ids: Callable[[list[str], str], None]
@@ -360,6 +361,7 @@ class AttemptTracking:
                 return
             self._next_due = math.inf
             subs = list(self._ongoing.values())
+        self._looked_at += len(subs)
         for sub in subs:
             request = sub.request
             if request is None:
