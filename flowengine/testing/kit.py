@@ -39,7 +39,7 @@ from flowengine.testing.clock import ManualClock
 from flowengine.testing.skipping import WaitSkipper
 from flowengine.testing.workers import Fleet, KitWorker
 from flowengine.types.notifier import Notifier
-from flowengine.worker_based import tracking as wb_tracking
+from flowengine.worker_based.engine_side import lifecycle as wb_lifecycle
 
 #: Engines the kit runs: the worker-based one (the default), or a local one.
 ENGINES = ("worker-based", "serial", "parallel")
@@ -50,7 +50,7 @@ HEARTBEAT_INTERVAL = 1.0
 #: proof-of-life window instead (see the module docstring).
 LEASE_TIMEOUT = 30 * 24 * 3600.0
 #: How far the kit moves its clock at each step while the engine notices a lost worker.
-LOSS_STEP = wb_tracking.PROOF_OF_LIFE * HEARTBEAT_INTERVAL + 0.5
+LOSS_STEP = wb_lifecycle.PROOF_OF_LIFE * HEARTBEAT_INTERVAL + 0.5
 #: Real seconds between two steps (the engine's consumer looks at leases ten times a second).
 LOSS_STEP_EVERY = 0.02
 #: Real seconds a run may take before the kit gives up on it (the default of ``run``).

@@ -154,6 +154,12 @@ class Client:
         """How many views are attached."""
         return len(self._views)
 
+    def wait_drained(self, timeout: float | None = None) -> bool:
+        """Block until the reply consumer has handled whatever reached the process's reply
+        queue before this call (a whole consume cycle and the views' housekeeping); False on
+        timeout."""
+        return self.proxy.wait_drained(timeout)
+
     # -- views ------------------------------------------------------------------------------
 
     def attach(self, view: View, topics: list[str],

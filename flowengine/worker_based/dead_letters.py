@@ -17,7 +17,7 @@ import datetime
 import logging
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 from flowengine import exceptions as exc
 from flowengine.worker_based import dead_letter_keeping as keeping
@@ -67,6 +67,18 @@ class DeadLetter:
             if when is not None:
                 data[f"{key}_iso"] = datetime.datetime.fromtimestamp(when, datetime.UTC).isoformat()
         return data
+
+
+class Parkable(Protocol):
+    """A request that can be parked: its body and its attempt's id (a
+    :class:`~flowengine.worker_based.protocol.Request` is one)."""
+
+    @property
+    def request_id(self) -> str:
+        """The id of the attempt it was sent as."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The REQUEST body."""
 
 
 class _Replay(pr.Message):
@@ -140,7 +152,7 @@ def _adopted_headers(stored: px.StoredMessage, exchange: str, now: float,
                                  "x-delivery-count")) and k not in sg.SIGNATURE_HEADERS}
 
 
-def park(proxy: px.Proxy, request: pr.Request, headers: Mapping[str, Any], reason: str,
+def park(proxy: px.Proxy, request: Parkable, headers: Mapping[str, Any], reason: str,
          topic: str, workers: list[str], reply_to: str, ttl: float = DEFAULT_TTL,
          clock: Callable[[], float] = time.time) -> None:
     """Bury ``request`` (sent with ``headers``) as a dead letter, with why and where.

@@ -102,6 +102,11 @@ class WorkerBasedActionEngine(ActionEngine):
         #: The broker client handing this engine SUSPEND messages while it runs.
         self._suspends_from: Any = None
 
+    @property
+    def worker_executor(self) -> local.TaskExecutor:
+        """The executor that sends this engine's tasks to workers (made on first use)."""
+        return self._task_executor()
+
     def run_iter(self, timeout: float | None = None) -> Iterator[str]:
         if self._metrics_port is not None:
             self._serve_metrics(self._metrics_port)

@@ -1,20 +1,31 @@
 """WorkerTaskExecutor: runs an engine's tasks on remote workers and hands back futures.
 
 One *submission* (an atom's execute or revert) may take several *attempts*. Each attempt is a
-:class:`~flowengine.worker_based.protocol.Request` with its own id, sent as the message's
-``correlation_id`` (TaskFlow workers echo it as they echo anything), so a late reply from an
-earlier attempt can never complete a later one. Requests wait in WAITING until a capable worker
-is known and are published the moment one appears; replies are consumed as they arrive.
+:class:`~flowengine.worker_based.engine_side.lifecycle.Attempt` value with its own id, sent as
+the message's ``correlation_id`` (TaskFlow workers echo it as they echo anything), so a late
+reply from an earlier attempt can never complete a later one. Requests wait in WAITING until a
+capable worker is known and are published the moment one appears; replies are consumed as they
+arrive.
 
-A RUNNING attempt on a flowengine worker holds a lease the worker's heartbeats renew. When it
-lapses (worker killed, frozen or cut off) the submission is re-dispatched as a new attempt,
-preferably to another worker; after ``max_attempts`` the atom fails with
+Everything that happens to an attempt (a reply, a worker's news, the clock) is an event for
+:func:`~flowengine.worker_based.engine_side.lifecycle.step`, which says what the attempt
+becomes and what to do; this class keeps the attempts in flight and does it. A RUNNING attempt
+on a flowengine worker holds a lease the worker's heartbeats renew. When it lapses (worker
+killed, frozen or cut off) the submission is re-dispatched as a new attempt, preferably to
+another worker; after ``max_attempts`` the atom fails with
 :class:`~flowengine.exceptions.WorkerLost` and the request is parked as a dead letter.
+
+A request sent to a flowengine worker's topic that nobody takes within ``pickup_timeout``,
+while nothing at all (no reply, no heartbeat) is heard from that topic, is not waited for: a
+worker that announces itself and never consumes (forged, or cut off from its queue) would hold
+it until its transition timeout. The topic's workers are passed over, the request is revoked
+(CANCEL) and sent to another capable worker, without counting an attempt.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
+import dataclasses
 import functools
 import logging
 import math
@@ -26,45 +37,100 @@ from typing import Any
 
 from flowengine import context, tracing
 from flowengine import exceptions as exc
+from flowengine.context import TaskContext
 from flowengine.engines import executor as local
 from flowengine.task import EVENT_UPDATE_PROGRESS
 from flowengine.types.failure import Failure
-from flowengine.worker_based import attempt as at
 from flowengine.worker_based import backoff as bo
-from flowengine.worker_based import cancellation as cn
 from flowengine.worker_based import client as bc
 from flowengine.worker_based import dead_letters as dl
 from flowengine.worker_based import delayed_dispatch as dd
 from flowengine.worker_based import extensions as ext
 from flowengine.worker_based import protocol as pr
-from flowengine.worker_based import running_calls as rn
 from flowengine.worker_based import secret_arguments as sa
 from flowengine.worker_based import signing as sg
-from flowengine.worker_based import tracking
+from flowengine.worker_based import unserved
 from flowengine.worker_based import versions as vs
-from flowengine.worker_based.broker import proxy as px
-from flowengine.worker_based.leftovers import Leftovers
-from flowengine.worker_based.submission import RemoteFuture, Submission
-from flowengine.worker_based.tracking import AttemptTracking
-from flowengine.worker_based.types import WorkerFinder
+from flowengine.worker_based.broker.delivery import Delivery
+from flowengine.worker_based.engine_side import lifecycle as lc
+from flowengine.worker_based.engine_side import outgoing
+from flowengine.worker_based.engine_side.replies import Progress, read
+from flowengine.worker_based.types import TopicWorker, WorkerFinder, header
 
 LOG = logging.getLogger(__name__)
 
 # The process's client owns the reply queue, its consumer and the discovery rounds now; the
 # names stay where TaskFlow-era code looks for them.
-PROOF_OF_LIFE = tracking.PROOF_OF_LIFE
+PROOF_OF_LIFE = lc.PROOF_OF_LIFE
 REPLY_QUEUE_EXPIRES = bc.REPLY_QUEUE_EXPIRES
 CONSUMER_START_TIMEOUT = bc.CONSUMER_START_TIMEOUT
 HOUSEKEEPING_PERIOD = bc.HOUSEKEEPING_PERIOD
 NOTIFY_PERIOD = bc.NOTIFY_PERIOD
+#: Seconds between looks for workers that fell silent (an engine's clock).
+_EXPIRY_CHECK_PERIOD = 1.0
 
 
-class WorkerTaskExecutor(AttemptTracking, Leftovers, local.TaskExecutor):
+class RemoteFuture(cf.Future):
+    """The engine's handle on a submission.
+
+    Before the request is published, :meth:`cancel` cancels it at once. After that a worker may
+    already run it, and cancelling would let it run unobserved (a "ghost"): :meth:`cancel` then
+    asks the workers to drop it (``on_revoke``) and returns False, and the future is cancelled
+    later, by :meth:`revoked`, only once it is certain the request never ran.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.published = False
+        self.on_cancel: Callable[[], None] | None = None
+        self.on_revoke: Callable[[], None] | None = None
+
+    def cancel(self) -> bool:
+        if self.published:
+            if self.on_revoke is not None and not self.done():
+                self.on_revoke()
+            return False
+        cancelled = super().cancel()
+        if cancelled and self.on_cancel is not None:
+            self.on_cancel()
+        return cancelled
+
+    def revoked(self) -> bool:
+        """Cancel a published submission that is known never to have run."""
+        return super().cancel()
+
+
+@dataclasses.dataclass(eq=False)
+class _Submission:
+    """One atom's execute or revert: what every attempt at it sends, and where it stands."""
+
+    task: Any
+    uuid: str
+    body: pr.WorkUnit
+    future: RemoteFuture
+    attempt: lc.Attempt
+    context: TaskContext | None = None
+    on_delayed_job: Callable[[str], None] | None = None
+    delayed_job: str | None = None  # the broker's handle of its delayed job (beanstalkd)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Parked:
+    """A request as a dead letter is made of (see :func:`~.dead_letters.park`)."""
+
+    body: pr.WorkUnit
+    request_id: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.body.to_dict()
+
+
+class WorkerTaskExecutor(local.TaskExecutor):
     """Executes tasks on workers reached through a broker (flowengine workers await ``async
     def`` methods, see :mod:`~flowengine.worker_based.async_runner`).
 
     Args:
-        uuid: this executor's id; its reply queue is ``<exchange>_<uuid>``.
+        uuid: this executor's id (its flow's; events carry it).
         exchange: the exchange workers listen on.
         topics: the worker topics its requests may go to (asked for workers; flowengine
             workers also announce themselves). A worker of another topic is never sent
@@ -146,30 +212,32 @@ class WorkerTaskExecutor(AttemptTracking, Leftovers, local.TaskExecutor):
                                  retry_options=retry_options, taskflow_compat=taskflow_compat,
                                  signing=sg.Signing.from_options(signing_key, signing_key_file))
         self._topics = list(topics)
-        self._transition_timeout = transition_timeout
+        self._policy = lc.Policy(timeout=transition_timeout, lease_timeout=lease_timeout,
+                                 heartbeat_interval=heartbeat_interval,
+                                 max_attempts=max_attempts, unserved_timeout=unserved_timeout,
+                                 pickup_timeout=pickup_timeout)
         self._clock = clock
-        self._next_expiry_check = -math.inf
-        self._next_due = math.inf  # the earliest expiry, time limit or lease end in flight
-        self._lease_timeout = lease_timeout
-        self._heartbeat_interval = heartbeat_interval
-        self._max_attempts = max_attempts
         self._time_limits = dict(time_limits or {})
-        self._unserved_timeout = unserved_timeout
-        self._pickup_timeout = pickup_timeout
         self._dead_letter_ttl = dead_letter_ttl
         self._secret_args = secret_args
         self._connect_timeout = connect_timeout
         self._events = events
         self._lock = threading.RLock()
-        self._ongoing: dict[str, Submission] = {}
+        #: The submissions in flight, by the request id of their current attempt.
+        self._ongoing: dict[str, _Submission] = {}
         self._never_started: set[str] = set()
+        self._next_due = math.inf  # the earliest expiry, time limit or lease end in flight
+        self._next_expiry_check = -math.inf
+        self._looked_at = 0  # attempts the housekeeping looked at (see statistics)
         self.finder = WorkerFinder(worker_expiry, clock=clock, on_change=self._worker_appeared,
                                    topics=self._topics)
         self._dispatch_pending = threading.Event()
         self._client: bc.Client | None = None
         #: Request ids chosen for the next first attempt of an atom (see reserve_request_id).
         self._reserved: dict[str, str] = {}
-        Leftovers.__init__(self)
+        #: What a dead predecessor left: request ids to revoke, delayed jobs to delete.
+        self._stale: list[str] = []
+        self._stale_jobs: list[str] = []
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -180,8 +248,21 @@ class WorkerTaskExecutor(AttemptTracking, Leftovers, local.TaskExecutor):
         return client if client is not None else bc.client_for(self._broker)
 
     @property
-    def _proxy(self) -> px.Proxy:
-        return self.client.proxy
+    def events(self) -> ext.EventSink:
+        """Where this executor reports what happens to its attempts (task-sent, -moved,
+        -retried, -lost)."""
+        return self._events
+
+    @property
+    def statistics(self) -> dict[str, int]:
+        """Counters: ``attempts_looked_at``, attempts the housekeeping examined (it looks
+        only when a deadline falls due, so thousands in flight cost nothing meanwhile)."""
+        return {"attempts_looked_at": self._looked_at}
+
+    def attempts(self) -> list[lc.Attempt]:
+        """The attempts in flight now, one per submission (values: a snapshot)."""
+        with self._lock:
+            return [sub.attempt for sub in self._ongoing.values()]
 
     def start(self) -> None:
         """Attach to the process's broker client (starting it on first use).
@@ -218,14 +299,41 @@ class WorkerTaskExecutor(AttemptTracking, Leftovers, local.TaskExecutor):
         if client is not None:
             client.detach(self, self._topics, routed)
         for sub in leftovers:
-            state = sub.request.current_state if sub.request else pr.WAITING
-            self._fail(sub, exc.RequestTimeout(
+            state = sub.attempt.state
+            self._apply(sub, lc.Abandoned("stopped", exc.RequestTimeout(
                 f"Request for task {sub.task.name!r} was still {state} when its executor "
-                f"stopped"))
+                f"stopped")))
 
     def wait_for_workers(self, workers: int = 1, timeout: float | None = None) -> int:
         """Block until ``workers`` workers are known; return how many are still missing."""
         return self.finder.wait_for_workers(workers, timeout)
+
+    # -- what a dead predecessor left -------------------------------------------------------
+
+    def revoke_at_start(self, request_ids: Iterable[str]) -> None:
+        """Ask every flowengine worker, as this executor starts, not to run ``request_ids``:
+        requests a dead engine left queued, which a resumed one sends again as new attempts.
+
+        A worker that takes one of them later settles it unrun (see
+        :mod:`~flowengine.worker_based.cancellation`); one already running is not stopped.
+        """
+        self._stale.extend(request_ids)
+
+    def delete_at_start(self, jobs: Iterable[str]) -> None:
+        """Delete, as this executor starts, the delayed jobs (stored handles) a dead engine
+        left waiting in the broker."""
+        self._stale_jobs.extend(jobs)
+
+    def _take_back_leftovers(self) -> None:
+        jobs, self._stale_jobs = self._stale_jobs, []
+        if jobs:
+            # Before the CANCEL: a job deleted here can never reach a worker that missed it.
+            LOG.info("Deleted %d of %d delayed request(s) a previous run left",
+                     dd.delete_jobs(jobs), len(jobs))
+        stale, self._stale = self._stale, []
+        if stale:
+            outgoing.revoke(self.client.proxy, stale,
+                            "its engine's process died; the flow is resumed")
 
     # -- submitting -------------------------------------------------------------------------
 
@@ -242,11 +350,11 @@ class WorkerTaskExecutor(AttemptTracking, Leftovers, local.TaskExecutor):
         (see :mod:`~flowengine.worker_based.delayed_dispatch`). ``on_delayed_job`` is given the
         broker's handle of the delayed job once it is put (beanstalkd), on whichever thread
         puts it."""
-        sub = Submission(task, task_uuid, pr.EXECUTE, arguments, pr.NO_RESULT, None,
-                         RemoteFuture(),
-                         not_before=self._clock() + delay if delay > 0 else None,
-                         on_delayed_job=on_delayed_job)
-        return self._submit(sub, progress_callback)
+        # A new run of the atom: whatever an earlier, never-started one left is moot.
+        self._never_started.discard(task_uuid)
+        not_before = self._clock() + delay if delay > 0 else None
+        return self._submit(task, task_uuid, pr.WorkUnit.of(task, pr.EXECUTE, arguments),
+                            progress_callback, not_before, on_delayed_job)
 
     def revert_task(
         self,
@@ -265,168 +373,226 @@ class WorkerTaskExecutor(AttemptTracking, Leftovers, local.TaskExecutor):
             done: cf.Future = cf.Future()
             done.set_result((pr.ACTION_TO_EVENT[pr.REVERT], None))
             return done
-        return self._submit(Submission(task, task_uuid, pr.REVERT, arguments, result, failures,
-                                       RemoteFuture()), progress_callback)
+        body = pr.WorkUnit.of(task, pr.REVERT, arguments, result, failures)
+        return self._submit(task, task_uuid, body, progress_callback)
 
-    def _submit(self, sub: Submission,
-                progress_callback: local.ProgressCallback | None) -> cf.Future:
+    def _submit(self, task: Any, task_uuid: str, body: pr.WorkUnit,
+                progress_callback: local.ProgressCallback | None,
+                not_before: float | None = None,
+                on_delayed_job: Callable[[str], None] | None = None) -> cf.Future:
+        future = RemoteFuture()
         if progress_callback is not None:
             # Progress EVENTs are re-emitted on the local task's notifier, as TaskFlow does.
-            notifier = sub.task.notifier
+            notifier = task.notifier
             notifier.register(EVENT_UPDATE_PROGRESS, progress_callback)
-            sub.future.add_done_callback(
+            future.add_done_callback(
                 lambda _f: notifier.deregister(EVENT_UPDATE_PROGRESS, progress_callback))
-        sub.context = context.active()  # made current by the engine around this call
-        sub.future.on_cancel = functools.partial(self._forget, sub)
-        sub.future.on_revoke = functools.partial(self._revoke, sub)
-        if sub.action == pr.EXECUTE:
-            # A new run of the atom: whatever an earlier, never-started one left is moot.
-            self._never_started.discard(sub.uuid)
-        self._new_attempt(sub)
-        return sub.future
+        # The first attempt's id was stored with the atom's state (reserve_request_id).
+        request_id = self._reserved.pop(task_uuid, None) or uuid_mod.uuid4().hex
+        attempt = lc.first(request_id, task.name, body.action, self._policy, self._clock(),
+                           time_limit=self._time_limit(task), not_before=not_before)
+        sub = _Submission(task, task_uuid, body, future, attempt,
+                          context=context.active(),  # made current by the engine around this
+                          on_delayed_job=on_delayed_job)
+        future.on_cancel = functools.partial(self._apply, sub, lc.Abandoned("cancelled"))
+        future.on_revoke = functools.partial(self._revoke, sub)
+        self._track(sub)
+        self._dispatch(sub)
+        return future
 
-    def _forget(self, sub: Submission) -> None:
+    def _track(self, sub: _Submission) -> None:
         with self._lock:
-            if sub.request is not None:
-                self._untrack(sub.request.request_id)
-
-    def _new_attempt(self, sub: Submission, defer: bool = False) -> None:
-        """Start the submission's next attempt and dispatch it (``defer``: from the client's
-        dispatch thread, for callers on its consumer thread, which must never wait on a
-        publish retrying through an outage)."""
-        if sub.stopping is not None and sub.request is not None:
-            # Its flow is being cancelled: the attempt handed back unrun is not sent again.
-            self._cancelled(sub, "its flow is being cancelled")
-            return
-        request = pr.Request(
-            sub.task, sub.uuid, sub.action, sub.arguments, timeout=self._transition_timeout,
-            result=sub.result, failures=sub.failures, clock=self._clock,
-            attempt=sub.attempts + 1,
-            # The first attempt's id was stored with the atom's state (reserve_request_id).
-            request_id=self._reserved.pop(sub.uuid, None) if sub.attempts == 0 else None)
-        with self._lock:
-            if sub.request is not None:
-                self._untrack(sub.request.request_id)
-            if sub.worker is not None:
-                sub.worker.in_flight = max(sub.worker.in_flight - 1, 0)
-            sub.attempts += 1
-            sub.request, sub.worker, sub.suspect, sub.delayed_job = request, None, None, None
-            sub.pickup_due = None
-            sub.attempt = at.Attempt(
-                f"attempt {sub.attempts} of task {sub.task.name!r} (request "
-                f"{request.request_id})", self._clock, timeout=self._transition_timeout,
-                lease_timeout=self._lease_timeout, time_limit=self._time_limit(sub.task))
-            self._ongoing[request.request_id] = sub
-            self.client.route(request.request_id, self)
-            # A delayed request's timeouts count from when it may be taken.
-            delay = self._delay_left(sub)
-            request.created_on += delay
-            sub.attempt.created += delay
-        if request.timeout is not None:
-            self._note_due(request.created_on + request.timeout)  # its expiry
-        if defer:
-            self.client.submit(functools.partial(self._dispatch, sub))
-        else:
-            self._dispatch(sub)
-
-    def _dispatch(self, sub: Submission) -> None:
-        """Publish a WAITING attempt to the best capable worker, if one is known."""
-        request = sub.request
-        assert request is not None
-        worker = self.finder.get_worker_for_task(pr.task_class_name(sub.task), avoid=sub.workers,
-                                                 major=vs.major(sub.task.version))
-        if worker is None:
-            LOG.debug("No worker yet for %r; request %s waits", sub.task.name, request.request_id)
-            if self._unserved_timeout is not None:
-                self._note_due(request.created_on + self._unserved_timeout)
-            return
-        with self._lock:
-            if (request.current_state != pr.WAITING or sub.request is not request
-                    or sub.future.done()):
-                return
-            request.transition(pr.PENDING)
-            self._advance(sub, at.DISPATCH)
-            worker.in_flight += 1
-            sub.worker, sub.topic = worker, worker.topic
-            sub.workers.append(worker.identity)
-            sub.future.published = True
-            if worker.flowengine and self._pickup_timeout is not None:
-                # TaskFlow workers cannot be told to drop a request sent elsewhere instead.
-                sub.pickup_due = self._clock() + self._delay_left(sub) + self._pickup_timeout
-                self._note_due(sub.pickup_due)
-        # Announced before publishing, so task-sent always precedes the worker's task-received.
-        self._events.emit("task-sent", **self._event_fields(sub), topic=worker.topic,
-                          worker=worker.identity, action=sub.action)
-        if sub.future.done():  # refused as it was announced (see refuse): it goes nowhere
-            return
-        headers = self._headers(sub, request)
-        tracing.request_sent(headers, sub.uuid, request_id=request.request_id,
-                             attempt=request.attempt, task_name=sub.task.name,
-                             topic=worker.topic)
-        publish = functools.partial(self._publish, sub, request, worker.topic, headers)
-        delay = self._delay_left(sub)
-        if delay <= 0:
-            publish()
-            return
-        if pr.HEADER_DEADLINE in headers:
-            headers[pr.HEADER_DEADLINE] += delay
-        sub.delayed_job = dd.dispatch_later(self.client, request.request_id, delay, headers,
-                                            publish)
-        if sub.delayed_job is not None and sub.on_delayed_job is not None:
-            sub.on_delayed_job(sub.delayed_job)
-
-    def _delay_left(self, sub: Submission) -> float:
-        return 0.0 if sub.not_before is None else max(0.0, sub.not_before - self._clock())
-
-    def _publish(self, sub: Submission, request: pr.Request, topic: str,
-                 headers: dict[str, Any]) -> None:
-        try:
-            # Unconfirmed: a confirm costs a broker round trip per request. A request the
-            # broker loses is not lost silently: it fails after transition_timeout.
-            self._proxy.publish(request, topic, reply_to=self.client.reply_to,
-                                correlation_id=request.request_id, headers=headers,
-                                priority=getattr(sub.task, "priority", 0), confirm=False,
-                                # Through an outage, as long as the request may wait anyway.
-                                deadline=self._transition_timeout)
-        except Exception as err:
-            LOG.warning("Publishing request %s for %r to topic %r failed: %s",
-                        request.request_id, sub.task.name, topic, err)
-            self._finish(sub, Failure())
-
-    def _event_fields(self, sub: Submission) -> dict[str, Any]:
-        request = sub.request
-        return {"flow_uuid": self._uuid, "atom_uuid": sub.uuid, "task_name": sub.task.name,
-                "request_id": request.request_id if request else None, "attempt": sub.attempts}
+            self._ongoing[sub.attempt.request_id] = sub
+            self.client.route(sub.attempt.request_id, self)
+        self._note_due(lc.due(sub.attempt, self._clock()))
 
     def _time_limit(self, task: Any) -> float | None:
         limit = self._time_limits.get(task.name, getattr(task, "time_limit", None))
         return float(limit) if limit else None
 
-    def _headers(self, sub: Submission, request: pr.Request) -> dict[str, Any]:
-        headers: dict[str, Any] = {
-            pr.HEADER_PROTOCOL: pr.PROTOCOL_VERSION,
-            pr.HEADER_REQUEST_ID: request.request_id,
-            pr.HEADER_ATTEMPT: request.attempt,
-            pr.HEADER_ATOM_UUID: request.uuid,
-            pr.HEADER_FLOW_UUID: self._uuid,
-            pr.HEADER_TASK_NAME: sub.task.name,
-            pr.HEADER_ORIGIN: pr.origin(),
-        }
-        if self._transition_timeout is not None:
-            # Wall clock, for the worker: a request still queued after this is void, so one
-            # the engine already failed never runs later as a ghost.
-            headers[pr.HEADER_DEADLINE] = time.time() + self._transition_timeout
-        limit = self._time_limit(sub.task)
-        if limit:
-            headers[pr.HEADER_TIME_LIMIT] = limit
-        headers.update(rn.context_headers(sub.context))
-        if self._lease_timeout is not None:
-            headers[ext.HEADER_HEARTBEAT] = self._heartbeat_interval
-            headers[ext.HEADER_LEASE] = self._lease_timeout
-        secret = sa.for_request(self._secret_args(sub.task), request.arguments)
-        if secret:
-            headers[sa.HEADER_SECRET_ARGS] = secret
-        return headers
+    # -- the lifecycle, carried out -----------------------------------------------------------
+
+    def _apply(self, sub: _Submission, event: lc.Event, request_id: str | None = None) -> None:
+        """Apply ``event`` to ``sub``'s current attempt (only if it is ``request_id``, when
+        given) and do what the lifecycle says."""
+        now = self._clock()
+        with self._lock:
+            before = sub.attempt
+            if request_id is not None and before.request_id != request_id:
+                return  # about an attempt that has been replaced since
+            after, effects = lc.step(before, event, now)
+            if after is not before:
+                sub.attempt = after
+                if after.ended:
+                    self._untrack(before.request_id)
+                elif before.state == lc.WAITING and after.state == lc.PENDING:
+                    sub.future.published = True
+                self._account(before, after)
+                due = lc.due(after, now)
+                if due < self._next_due:
+                    self._next_due = due
+        for effect in effects:
+            self._carry_out(sub, before, effect, now)
+
+    def _account(self, before: lc.Attempt, after: lc.Attempt) -> None:
+        """Keep the workers' in-flight counts (lock held): the least loaded gets the next."""
+        held_before = before.worker if before.state in (lc.PENDING, lc.RUNNING) else None
+        held_after = after.worker if after.state in (lc.PENDING, lc.RUNNING) else None
+        if held_before == held_after:
+            return
+        gone = self.finder.get(held_before)
+        if gone is not None:
+            gone.in_flight = max(gone.in_flight - 1, 0)
+        taken = self.finder.get(held_after)
+        if taken is not None:
+            taken.in_flight += 1
+
+    def _carry_out(self, sub: _Submission, before: lc.Attempt, effect: lc.Effect,
+                   now: float) -> None:
+        attempt = sub.attempt
+        if isinstance(effect, lc.Announce):
+            self._events.emit(effect.event_type, **self._event_fields(sub, before),
+                              **effect.fields)
+        elif isinstance(effect, lc.Complete):
+            self._complete(sub, effect.result)
+        elif isinstance(effect, lc.Fail):
+            self._fail(sub, before, effect.error)
+        elif isinstance(effect, lc.Expire):
+            self._fail(sub, before, exc.RequestTimeout(effect.message + self._why_waiting(before)))
+        elif isinstance(effect, lc.Unserved):
+            self._fail(sub, before, exc.NotFound(unserved.describe(
+                pr.task_class_name(sub.task), sub.task.name, self._topics, self.finder.workers(),
+                now - before.created, vs.major(sub.task.version)) + effect.note))
+        elif isinstance(effect, lc.Cancel):
+            LOG.info("Cancelled %s: %s", before.describe(), effect.why)
+            sub.future.revoked()
+        elif isinstance(effect, lc.Retry):
+            self._next_attempt(sub)
+            if effect.reason is not None:
+                self._events.emit("task-retried", **self._event_fields(sub, sub.attempt),
+                                  reason=effect.reason)
+        elif isinstance(effect, lc.Park):
+            self._park(sub, before, effect.reason)
+        elif isinstance(effect, lc.Withdraw):
+            # From the dispatch thread: this one may be the consumer, which must never wait
+            # on a publish retrying through an outage.
+            self.client.submit(functools.partial(outgoing.revoke, self.client.proxy,
+                                                 [before.request_id], effect.why))
+        elif isinstance(effect, lc.TellStop):
+            reason = attempt.stopping or before.stopping or ""
+            self.client.submit(functools.partial(outgoing.stop, self.client.proxy,
+                                                 before.request_id, sub.task.name, reason,
+                                                 effect.holder))
+        elif isinstance(effect, lc.Silence):
+            worker = self.finder.silence(effect.worker)
+            if worker is not None:
+                LOG.warning("Worker %s (topic %r) is sent nothing until it is heard from "
+                            "again: %s", worker.identity, worker.topic, effect.why)
+        elif isinstance(effect, lc.CheckPickup):
+            self._check_pickup(sub, attempt, effect.topic, now)
+
+    def _complete(self, sub: _Submission, result: Any) -> None:
+        if not sub.future.done():
+            sub.future.set_result((pr.ACTION_TO_EVENT[sub.body.action], result))
+
+    def _fail(self, sub: _Submission, before: lc.Attempt, error: Exception) -> None:
+        # Attempts turned away by workers that do not run the class never ran either.
+        if (sub.body.action == pr.EXECUTE and before.number - before.tally.not_served == 1
+                and before.waiting):
+            # Sent nowhere, or never picked up before its timeout: it did nothing.
+            self._never_started.add(sub.uuid)
+        self._complete(sub, Failure.from_exception(error))
+
+    def _next_attempt(self, sub: _Submission) -> None:
+        """Send the submission again as a new attempt, from the client's dispatch thread
+        (callers may be on its consumer thread, which must never wait on a publish retrying
+        through an outage)."""
+        with self._lock:
+            if not sub.attempt.ended:
+                return
+            sub.attempt = lc.follow(sub.attempt, uuid_mod.uuid4().hex, self._clock())
+        self._track(sub)
+        self.client.submit(functools.partial(self._dispatch, sub))
+
+    def _event_fields(self, sub: _Submission, attempt: lc.Attempt) -> dict[str, Any]:
+        return {"flow_uuid": self._uuid, "atom_uuid": sub.uuid, "task_name": sub.task.name,
+                "request_id": attempt.request_id, "attempt": attempt.number}
+
+    def _untrack(self, request_id: str) -> None:
+        """Stop tracking attempt ``request_id`` (and routing its replies here; lock held)."""
+        self._ongoing.pop(request_id, None)
+        client = self._client
+        if client is not None:
+            client.unroute(request_id)
+            client.held.withdraw(request_id)  # a delayed request held for it is moot
+
+    def _note_due(self, when: float) -> None:
+        """Something falls due at ``when``: the next scan must not come later."""
+        with self._lock:
+            if when < self._next_due:
+                self._next_due = when
+
+    # -- dispatching ------------------------------------------------------------------------
+
+    def _dispatch(self, sub: _Submission) -> None:
+        """Publish a WAITING attempt to the best capable worker, if one is known."""
+        attempt = sub.attempt
+        if attempt.state != lc.WAITING or sub.future.done():
+            return
+        worker = self.finder.get_worker_for_task(pr.task_class_name(sub.task),
+                                                 avoid=attempt.tally.workers,
+                                                 major=vs.major(sub.task.version))
+        if worker is None:
+            LOG.debug("No worker yet for %r; request %s waits", sub.task.name,
+                      attempt.request_id)
+            return
+        self._apply(sub, lc.Sent(worker.identity, worker.topic, worker.flowengine),
+                    attempt.request_id)
+        sent = sub.attempt
+        if sent.request_id != attempt.request_id or sent.state != lc.PENDING:
+            return  # it moved on meanwhile (cancelled, or already sent)
+        secret = sa.for_request(self._secret_args(sub.task), sub.body.arguments)
+        headers = outgoing.request_headers(sent, self._uuid, sub.uuid, sub.context, secret)
+        tracing.request_sent(headers, sub.uuid, request_id=sent.request_id,
+                             attempt=sent.number, task_name=sub.task.name, topic=worker.topic)
+        publish = functools.partial(self._publish, sub, sent, worker.topic, headers)
+        now = self._clock()
+        delay = 0.0 if sent.not_before is None else sent.not_before - now
+        if delay <= 0:
+            publish()
+            return
+        if pr.HEADER_DEADLINE in headers:
+            headers[pr.HEADER_DEADLINE] += delay
+        sub.delayed_job = dd.dispatch_later(self.client, sent.request_id, delay, headers,
+                                            publish)
+        if sub.delayed_job is not None and sub.on_delayed_job is not None:
+            sub.on_delayed_job(sub.delayed_job)
+
+    def _publish(self, sub: _Submission, attempt: lc.Attempt, topic: str,
+                 headers: dict[str, Any]) -> None:
+        try:
+            # Unconfirmed: a confirm costs a broker round trip per request. A request the
+            # broker loses is not lost silently: it fails after transition_timeout.
+            self.client.proxy.publish(
+                sub.body, topic, reply_to=self.client.reply_to,
+                correlation_id=attempt.request_id, headers=headers,
+                priority=getattr(sub.task, "priority", 0), confirm=False,
+                # Through an outage, as long as the request may wait anyway.
+                deadline=self._policy.timeout)
+        except Exception as err:
+            LOG.warning("Publishing request %s for %r to topic %r failed: %s",
+                        attempt.request_id, sub.task.name, topic, err)
+            self._apply(sub, lc.Unsendable(Failure()), attempt.request_id)
+
+    def refuse(self, request_id: str, error: Exception) -> None:
+        """Give up attempt ``request_id`` as it is about to be sent (its engine cannot record
+        it): it is never published, and its atom fails with ``error``."""
+        with self._lock:
+            sub = self._ongoing.get(request_id)
+        if sub is not None:
+            # Called while the attempt is announced (task-sent), before it is published:
+            # ended here, _dispatch finds it no longer PENDING and publishes nothing.
+            self._apply(sub, lc.Abandoned("its engine cannot record it", error), request_id)
 
     def _worker_appeared(self) -> None:
         if not self._ongoing:
@@ -442,55 +608,22 @@ class WorkerTaskExecutor(AttemptTracking, Leftovers, local.TaskExecutor):
         """Publish the requests that wait for a worker (one appeared)."""
         self._dispatch_pending.clear()
         with self._lock:
-            waiting = [s for s in self._ongoing.values()
-                       if s.request is not None and s.request.current_state == pr.WAITING]
+            waiting = [s for s in self._ongoing.values() if s.attempt.state == lc.WAITING]
         for sub in waiting:
             self._dispatch(sub)
 
-    # -- completing -------------------------------------------------------------------------
+    # -- revoking and stopping ----------------------------------------------------------------
 
-    def _settle(self, sub: Submission) -> pr.Request | None:
-        """End the current attempt's tracking; None if it had ended already."""
-        with self._lock:
-            request = sub.request
-            if request is None or self._untrack(request.request_id) is None:
-                return None
-            if sub.worker is not None:
-                sub.worker.in_flight = max(sub.worker.in_flight - 1, 0)
-        if request.current_state not in (pr.SUCCESS, pr.FAILURE):
-            request.transition_and_log_error(pr.FAILURE, logger=LOG)
-        return request
+    def _taken_back(self, sub: _Submission) -> bool:
+        """Whether a delayed attempt was withdrawn before any worker could take it."""
+        attempt = sub.attempt
+        return (attempt.state == lc.PENDING and not attempt.revoking
+                and attempt.not_before is not None
+                and dd.withdraw(self._client, attempt.request_id, sub.delayed_job))
 
-    def _finish(self, sub: Submission, result: Any) -> None:
-        """Complete a submission exactly once."""
-        if self._settle(sub) is not None and not sub.future.done():
-            sub.future.set_result((pr.ACTION_TO_EVENT[sub.action], result))
-
-    def _revoke(self, sub: Submission) -> None:
+    def _revoke(self, sub: _Submission) -> None:
         """The engine is suspending: keep the current attempt from starting if it still waits."""
-        with self._lock:
-            request = sub.request
-            if request is None or sub.revoking == request.request_id:
-                return
-            state = request.current_state
-            if state not in pr.WAITING_STATES:
-                return  # running (or done): it is waited for
-            sub.revoking = request.request_id
-        if state == pr.WAITING:  # a new attempt no worker was found for: it went nowhere
-            self._cancelled(sub, "it was never sent")
-            return
-        if sub.not_before is not None and dd.withdraw(self._client, request.request_id,
-                                                       sub.delayed_job):
-            self._cancelled(sub, "it was taken back before a worker took it")
-            return
-        try:
-            # Every flowengine worker hears it (TaskFlow workers do not; theirs are waited for).
-            self._proxy.publish(cn.Cancel([request.request_id]), ext.DISCOVER_ROUTING_KEY,
-                                headers={pr.HEADER_PROTOCOL: pr.PROTOCOL_VERSION},
-                                declare_queue=False, confirm=False)
-        except Exception as err:
-            LOG.warning("Could not ask workers to drop request %s of task %r: %s; waiting for "
-                        "it instead", request.request_id, sub.task.name, err)
+        self._apply(sub, lc.Revoke(self._taken_back(sub)), sub.attempt.request_id)
 
     def stop_executions(self, reason: str) -> None:
         """Take back the executes not started and stop those running on workers (their flow
@@ -503,82 +636,169 @@ class WorkerTaskExecutor(AttemptTracking, Leftovers, local.TaskExecutor):
         request sends until it ends, and a request whose worker is lost is not sent again.
         """
         with self._lock:
-            subs = [s for s in self._ongoing.values()
-                    if s.action == pr.EXECUTE and s.request is not None]
-            for sub in subs:
-                assert sub.request is not None
-                sub.stopping = reason
-                # A worker's answer that it dropped it unrun is then believed, whatever the
-                # engine last heard (its RUNNING reply may precede the coroutine's start).
-                sub.revoking = sub.request.request_id
+            subs = [s for s in self._ongoing.values() if s.body.action == pr.EXECUTE]
         for sub in subs:
-            request = sub.request
-            if request is None:
-                continue
-            if request.current_state == pr.WAITING:
-                self._cancelled(sub, "it was never sent")
-            elif (sub.not_before is not None
-                  and dd.withdraw(self._client, request.request_id, sub.delayed_job)):
-                self._cancelled(sub, "it was taken back before a worker took it")
-            else:
-                self._tell_stop(sub)
+            self._apply(sub, lc.Stop(reason, self._taken_back(sub)), sub.attempt.request_id)
 
-    def _tell_stop(self, sub: Submission, holder: str | None = None) -> None:
-        """Send a stopping submission's attempt a STOP, from the client's dispatch thread
-        (never the consumer's: a publish may retry through an outage)."""
-        request, reason = sub.request, sub.stopping
-        if request is None or reason is None or request.current_state not in (
-                pr.PENDING, pr.RUNNING):
-            return
-        if holder is None and sub.running_by is not None \
-                and sub.running_by[0] == request.request_id:
-            holder = sub.running_by[1]
-        # To the worker holding it when one said so; else to every flowengine worker.
-        key = ext.control_routing_key(holder) if holder else ext.DISCOVER_ROUTING_KEY
-        stop = rn.Stop([request.request_id], reason)
+    # -- replies and worker news (the client's consumer thread) -------------------------------
 
-        def publish() -> None:
-            try:
-                self._proxy.publish(stop, key, headers={pr.HEADER_PROTOCOL: pr.PROTOCOL_VERSION},
-                                    declare_queue=False, confirm=False, retry=False)
-            except Exception as err:  # the next heartbeat tries again
-                LOG.warning("Could not ask workers to stop request %s of task %r: %s",
-                            request.request_id, sub.task.name, err)
-
-        self.client.submit(publish)
-
-    def refuse(self, request_id: str, error: Exception) -> None:
-        """Give up attempt ``request_id`` as it is about to be sent (its engine cannot record
-        it): it is never published, and its atom fails with ``error``."""
+    def on_reply(self, data: Any, message: Delivery) -> None:
+        """Apply a RESPONSE for one of this executor's attempts (the client's consumer)."""
+        correlation_id = message.correlation_id
+        headers = message.headers or {}
+        self.finder.seen(header(headers, pr.HEADER_WORKER), header(headers, pr.HEADER_CAPACITY))
         with self._lock:
-            sub = self._ongoing.get(request_id)
-        if sub is not None:
-            self._fail(sub, error)
-
-    def _cancelled(self, sub: Submission, why: str) -> None:
-        """The current attempt never ran and never will: cancel the submission."""
-        request = self._settle(sub)
-        if request is None:
+            sub = self._ongoing.get(correlation_id)
+        if sub is None:
+            # A reply to an attempt that already finished or lapsed (late, duplicate, or from
+            # a worker that woke up): applying it would complete an atom twice.
+            # A late outcome is worth a line; a RUNNING or progress reply may trail the outcome
+            # it precedes (flowengine workers send them unconfirmed), which is routine.
+            level = logging.INFO if data.get("state") in (pr.SUCCESS, pr.FAILURE) else logging.DEBUG
+            LOG.log(level, "Ignoring %s reply for unknown or finished request %s",
+                    data.get("state"), correlation_id)
             return
-        LOG.info("Cancelled attempt %d of task %r (request %s): %s", sub.attempts,
-                 sub.task.name, request.request_id, why)
-        sub.future.revoked()
+        attempt = sub.attempt
+        runner = None if attempt.runner is None else (correlation_id, attempt.runner)
+        impostor = sg.foreign_sender(runner, correlation_id, headers, data)
+        if impostor is not None:
+            sg.refuse_impostor(message, impostor)
+            return
+        if attempt.topic:
+            self.finder.heard_on(attempt.topic)  # its queue is consumed
+        try:
+            event = read(data, headers)
+        except Exception as err:
+            # Valid by schema yet undecodable: fail the attempt rather than wait on it forever.
+            LOG.warning("Undecodable %s reply for request %s of task %r: %s",
+                        data.get("state"), correlation_id, sub.task.name, err)
+            event = lc.Broken(exc.InvalidFormat(
+                f"The {data.get('state')} reply for task {sub.task.name!r} (request "
+                f"{correlation_id}) could not be decoded: {err}"))
+        if event is None:
+            LOG.warning("Ignoring reply in state %s for request %s", data.get("state"),
+                        correlation_id)
+            return
+        if isinstance(event, Progress):
+            if event.waiting:
+                self._apply(sub, lc.Waiting(), correlation_id)
+            sub.task.notifier.notify(event.event_type, event.details)
+            return
+        if isinstance(event, lc.NotServed) and event.version is not None:
+            alive = self.finder.get_worker_for_task(pr.task_class_name(sub.task),
+                                                    major=vs.major(sub.task.version))
+            event = dataclasses.replace(event, right_version_alive=alive is not None)
+        self._apply(sub, event, correlation_id)
 
-    def _fail(self, sub: Submission, error: Exception) -> None:
-        request = sub.request
-        # Attempts turned away by workers that do not run the class never ran either.
-        if (sub.action == pr.EXECUTE and sub.attempts - sub.not_served == 1
-                and request is not None
-                and request.current_state in pr.WAITING_STATES):
-            # Sent nowhere, or never picked up before its timeout: it did nothing.
-            self._never_started.add(sub.uuid)
-        self._finish(sub, Failure.from_exception(error))
+    def on_notify(self, data: Any, message: Delivery) -> None:
+        """Learn of a worker (or its going offline) from an announcement or NOTIFY reply."""
+        headers = message.headers or {}
+        identity = header(headers, pr.HEADER_WORKER)
+        if header(headers, pr.HEADER_WORKER_STATUS) == pr.WORKER_OFFLINE:
+            if identity:
+                gone = self.finder.remove(identity)
+                if gone is not None:
+                    self._orphaned([gone], "went offline")
+            return
+        self.finder.add(data["topic"], data["tasks"], identity=identity,
+                        capacity=header(headers, pr.HEADER_CAPACITY),
+                        flowengine=header(headers, pr.HEADER_PROTOCOL) is not None,
+                        versions=vs.decode(header(headers, vs.HEADER_TASK_VERSIONS)))
 
-    def _untrack(self, request_id: str) -> Submission | None:
-        """Stop tracking attempt ``request_id`` (and routing its replies here)."""
-        sub = self._ongoing.pop(request_id, None)
-        client = self._client
-        if client is not None:
-            client.unroute(request_id)
-            client.held.withdraw(request_id)  # a delayed request held for it is moot
-        return sub
+    def _orphaned(self, workers: list[TopicWorker], why: str) -> None:
+        ids = {w.identity for w in workers}
+        with self._lock:
+            # By the identity of the attempt's holder, which a RUNNING reply may have moved
+            # to a worker this executor has not discovered yet.
+            held = [s for s in self._ongoing.values() if s.attempt.worker in ids]
+        for sub in held:
+            attempt = sub.attempt
+            self._apply(sub, lc.Lost(f"its worker {attempt.worker} {why}"), attempt.request_id)
+
+    # -- housekeeping (the client's consumer thread) ----------------------------------------
+
+    def resumed(self, outage: float) -> None:
+        """The process's broker connection is back after ``outage`` seconds.
+
+        Its own disconnection does not count against the workers: every running attempt's
+        lease and every worker's liveness start afresh, with time for the heartbeats and
+        outcomes that waited in the reply queue to be drained before any lease is judged.
+        """
+        with self._lock:
+            subs = list(self._ongoing.values())
+        for sub in subs:
+            self._apply(sub, lc.Resumed(outage), sub.attempt.request_id)
+        for worker in self.finder.workers():
+            self.finder.seen(worker.identity)
+
+    def on_wait(self) -> None:
+        """Expire overdue requests and lapsed leases, forget silent workers (runs periodically)."""
+        now = self._clock()
+        if now < self._next_due and now < self._next_expiry_check:
+            # The usual pass (the client looks at thousands of engines ten times a second):
+            # nothing is due. _next_due is only ever lowered under the lock; a value read
+            # just before it was lowered is seen on the next pass, one period later.
+            return
+        if now >= self._next_expiry_check:
+            self._next_expiry_check = now + _EXPIRY_CHECK_PERIOD
+            gone = self.finder.expire()
+            if gone:
+                self._orphaned(gone, "expired")
+        with self._lock:
+            # Scanning every request in flight costs while thousands are; scan only when the
+            # earliest deadline (noted as each one is set) has come.
+            if now < self._next_due:
+                return
+            self._next_due = math.inf
+            subs = list(self._ongoing.values())
+        self._looked_at += len(subs)
+        tick = lc.Tick(workers_known=self.finder.total_workers > 0)
+        for sub in subs:
+            attempt = sub.attempt
+            self._note_due(lc.due(attempt, now))
+            self._apply(sub, tick, attempt.request_id)
+
+    def _why_waiting(self, attempt: lc.Attempt) -> str:
+        if attempt.state == lc.WAITING and self.finder.total_workers == 0:
+            broker = self.client.broker
+            return unserved.no_worker(broker.exchange, self._topics,
+                                      unserved.listed_queues(broker))
+        return ""
+
+    def _check_pickup(self, sub: _Submission, attempt: lc.Attempt, topic: str,
+                      now: float) -> None:
+        """Nobody took the PENDING attempt within ``pickup_timeout``: unless its topic was
+        heard from meanwhile (busy, not absent), pass its workers over and send the request
+        to another capable worker, if there is one (else it goes on waiting where it is)."""
+        bound = self._policy.pickup_timeout or 0.0
+        if not self.finder.quiet_since(topic, now - bound):
+            return
+        passed = self.finder.pass_over(topic)
+        other = self.finder.get_worker_for_task(pr.task_class_name(sub.task),
+                                                avoid=attempt.tally.workers)
+        if other is None or other.passed_over or attempt.tally.rerouted >= lc.MAX_NOT_SERVED:
+            LOG.debug("Task %r (request %s) waits untaken on topic %r: no other worker runs it",
+                      sub.task.name, attempt.request_id, topic)
+            return
+        LOG.warning("%s is sent elsewhere: nobody took it from topic %r within %gs and nothing "
+                    "was heard from the topic; its %d worker(s) (%s) are passed over until "
+                    "heard from", attempt.describe().capitalize(), topic, bound, len(passed),
+                    ", ".join(w.identity for w in passed[:3])
+                    + (", ..." if len(passed) > 3 else ""))
+        self._apply(sub, lc.PassOver(), attempt.request_id)
+
+    def _park(self, sub: _Submission, attempt: lc.Attempt, reason: str) -> None:
+        """Publish the request as a dead letter an operator can list and requeue."""
+        secret = sa.for_request(self._secret_args(sub.task), sub.body.arguments)
+        headers = outgoing.request_headers(attempt, self._uuid, sub.uuid, sub.context, secret)
+        topic = attempt.topic
+        worker = self.finder.get(attempt.worker)
+        if worker is not None:
+            topic = worker.topic
+        try:
+            dl.park(self.client.proxy, _Parked(sub.body, attempt.request_id), headers, reason,
+                    topic, list(attempt.tally.workers), reply_to=self.client.reply_to,
+                    ttl=self._dead_letter_ttl)
+        except Exception as err:
+            LOG.error("Could not park request %s of task %r as a dead letter: %s",
+                      attempt.request_id, sub.task.name, err)

@@ -60,7 +60,7 @@ DEFAULT_MAX_ATTEMPTS = 3
 DEFAULT_UNSERVED_TIMEOUT = 5.0
 #: Seconds a request sent to a flowengine worker's topic may wait untaken while nothing at all
 #: is heard from that topic (no reply, no heartbeat) before its workers are passed over and the
-#: request goes to another capable worker (see :mod:`~flowengine.worker_based.tracking`).
+#: request goes to another capable worker (see :mod:`~flowengine.worker_based.executor`).
 DEFAULT_PICKUP_TIMEOUT = 5.0
 
 

@@ -224,9 +224,15 @@ class Notify(Message):
             _check(_NOTIFY_SENDER, data, "Notify message sender data")
 
 
-@dataclasses.dataclass(frozen=True)
-class WorkUnit:
-    """A validated REQUEST body, decoded for the worker."""
+@dataclasses.dataclass(frozen=True, repr=False)
+class WorkUnit(Message):
+    """A REQUEST body as a plain value: what an engine sends and a worker decodes.
+
+    Build one from a task with :meth:`of`; :meth:`Request.from_dict` decodes one from a
+    validated body. Its :meth:`to_dict` is TaskFlow's REQUEST body exactly.
+    """
+
+    TYPE: ClassVar[str] = REQUEST
 
     task_cls: str
     task_name: str
@@ -236,9 +242,39 @@ class WorkUnit:
     result: Any = NO_RESULT
     failures: dict[str, Failure] | None = None
 
+    @classmethod
+    def of(cls, task: Any, action: str, arguments: Mapping[str, Any], result: Any = NO_RESULT,
+           failures: Mapping[str, Failure] | None = None) -> WorkUnit:
+        """The body of a request to run ``task``'s ``action`` with ``arguments`` (on revert,
+        with what its execute gave, ``result``, and the flow's ``failures``)."""
+        if action not in ACTION_TO_EVENT:
+            raise ValueError(f"Request for task '{task.name}' has unknown action '{action}'")
+        return cls(task_class_name(task), task.name, list(task.version), action,
+                   dict(arguments), result, dict(failures) if failures else None)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The REQUEST body; Failures become v1 failure dicts."""
+        body: dict[str, Any] = {
+            "task_cls": self.task_cls,
+            "task_name": self.task_name,
+            "task_version": self.task_version,
+            "action": self.action,
+            "arguments": self.arguments,
+        }
+        if self.result is not NO_RESULT:
+            if isinstance(self.result, Failure):
+                body["result"] = ["failure", failure_to_dict(self.result)]
+            else:
+                body["result"] = ["success", self.result]
+        if self.failures:
+            body["failures"] = {name: failure_to_dict(f) for name, f in self.failures.items()}
+        return body
+
 
 class Request(Message):
-    """One attempt at running a task remotely, as the engine tracks it.
+    """One attempt at running a task remotely: TaskFlow's face over a :class:`WorkUnit` body
+    and the request lifecycle (flowengine's executor tracks attempts with
+    :mod:`~flowengine.worker_based.engine_side.lifecycle` instead).
 
     Created WAITING; ``transition_timeout`` (``timeout``) only runs while it is WAITING or
     PENDING, measured with ``clock`` so tests can move time without sleeping.
@@ -284,12 +320,11 @@ class Request(Message):
         request_id: str | None = None,
         attempt: int = 1,
     ) -> None:
-        if action not in ACTION_TO_EVENT:
-            raise ValueError(f"Request for task '{task.name}' has unknown action '{action}'")
+        self.body = WorkUnit.of(task, action, arguments, result, failures)
         self.task = task
         self.uuid = uuid
         self.action = action
-        self.arguments = dict(arguments)
+        self.arguments = self.body.arguments
         self.result = result
         self.failures = dict(failures) if failures else {}
         self.timeout = timeout
@@ -359,21 +394,7 @@ class Request(Message):
 
     def to_dict(self) -> dict[str, Any]:
         """The REQUEST body; Failures become v1 failure dicts."""
-        body: dict[str, Any] = {
-            "task_cls": task_class_name(self.task),
-            "task_name": self.task.name,
-            "task_version": list(self.task.version),
-            "action": self.action,
-            "arguments": self.arguments,
-        }
-        if self.result is not NO_RESULT:
-            if isinstance(self.result, Failure):
-                body["result"] = ["failure", failure_to_dict(self.result)]
-            else:
-                body["result"] = ["success", self.result]
-        if self.failures:
-            body["failures"] = {name: failure_to_dict(f) for name, f in self.failures.items()}
-        return body
+        return self.body.to_dict()
 
     @classmethod
     def validate(cls, data: Any) -> None:

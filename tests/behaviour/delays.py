@@ -19,7 +19,7 @@ WAIT = 30.0
 
 def broker_times_delays(engine: Any) -> bool:
     """Whether ``engine`` sends delayed requests to a broker that times them itself."""
-    executor = getattr(engine, "_worker_executor", None)
+    executor = getattr(engine, "worker_executor", None)
     return executor is not None and bool(executor.client.proxy.traits.native_delay)
 
 

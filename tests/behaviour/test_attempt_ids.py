@@ -24,7 +24,20 @@ from .harness import InProcessWorker
 
 
 def _flow() -> linear_flow.Flow:
-    return linear_flow.Flow("ids").add(tasks.Step("a"), tasks.Step("b"))
+    return linear_flow.Flow("ids").add(tasks.ContextProbe("a"), tasks.ContextProbe("b"))
+
+
+def _spy_revokes(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    """The request ids each worker-based executor is asked to revoke as it starts."""
+    revoked: list[list[str]] = []
+    revoke = wex.WorkerTaskExecutor.revoke_at_start
+
+    def spy(self: wex.WorkerTaskExecutor, request_ids: Any) -> None:
+        revoked.append(list(request_ids))
+        revoke(self, request_ids)
+
+    monkeypatch.setattr(wex.WorkerTaskExecutor, "revoke_at_start", spy)
+    return revoked
 
 
 def test_the_request_id_is_stored_with_the_running_state_in_one_write(
@@ -43,18 +56,12 @@ def test_the_request_id_is_stored_with_the_running_state_in_one_write(
         writes.append(("meta", name, dict(update)))
         update_meta(self, name, update)
 
-    sent: dict[str, str] = {}
-    headers = wex.WorkerTaskExecutor._headers
-
-    def spy_headers(self: Any, sub: Any, request: Any) -> dict[str, Any]:
-        sent[sub.task.name] = request.request_id
-        return headers(self, sub, request)
-
     monkeypatch.setattr(Storage, "set_atom_state", spy_state)
     monkeypatch.setattr(Storage, "update_atom_metadata", spy_meta)
-    monkeypatch.setattr(wex.WorkerTaskExecutor, "_headers", spy_headers)
     engine = engines.load(_flow(), engine="worker-based", **behaviour_worker.engine_options())
     engine.run()
+    # The id of the request each task ran under, as its worker set it in the task's context.
+    sent = {e["atom"]: e["context"]["request_id"] for e in tasks.entries("execute")}
 
     running = [meta for kind, state, meta in writes if kind == "state" and state == states.RUNNING]
     assert [meta[META_ATTEMPT_IDS] for meta in running] == [[sent["a"]], [sent["b"]]]
@@ -81,9 +88,7 @@ def test_a_run_revokes_what_a_dead_predecessor_left_in_flight(
     first.prepare()
     # As a killed engine leaves it: "a" stored RUNNING with the id of the request it sent.
     first.storage.set_atom_state("a", states.RUNNING, meta={META_ATTEMPT_IDS: ["dead-a"]})
-    revoked: list[list[str]] = []
-    monkeypatch.setattr(wex.WorkerTaskExecutor, "_revoke_ids",
-                        lambda self, ids, why: revoked.append(list(ids)))
+    revoked = _spy_revokes(monkeypatch)
 
     resumed = engines.load(_flow(), flow_detail=detail, backend=backend, engine="worker-based",
                            **behaviour_worker.engine_options())
@@ -98,9 +103,7 @@ def test_a_run_revokes_what_a_dead_predecessor_left_in_flight(
 def test_a_run_after_a_clean_end_revokes_nothing(
     behaviour_worker: InProcessWorker, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    revoked: list[list[str]] = []
-    monkeypatch.setattr(wex.WorkerTaskExecutor, "_revoke_ids",
-                        lambda self, ids, why: revoked.append(list(ids)))
+    revoked = _spy_revokes(monkeypatch)
     engine = engines.load(_flow(), engine="worker-based", **behaviour_worker.engine_options())
     engine.run()
     engine.reset()
@@ -115,7 +118,7 @@ def test_an_attempt_sent_again_is_stored_with_the_first(
     engine.prepare()
     storage = engine.storage
     storage.set_atom_state("a", states.RUNNING, meta={META_ATTEMPT_IDS: ["first"]})
-    events = engine._task_executor()._events  # what the executor reports each request sent to
+    events = engine.worker_executor.events  # what the executor reports each request sent to
     uuid = storage.get_atom_uuid("a")
 
     events.emit("task-sent", atom_uuid=uuid, request_id="first", attempt=1, action="execute")

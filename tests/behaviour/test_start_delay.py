@@ -54,7 +54,7 @@ def _end_wait(engine, clock: ManualClock, seconds: float, old_job: object = None
     holds delays itself: ``old_job`` is the handle of an earlier run's job, taken back, which
     is not the one to kick)."""
     native = delays.broker_times_delays(engine)
-    executor = getattr(engine, "_worker_executor", None)
+    executor = getattr(engine, "worker_executor", None)
     if executor is not None and not native:
         # The client holds the request, due by the clock when it was held: it must be held
         # before the clock moves (announced is not enough: a worker may not be known yet).

@@ -55,7 +55,7 @@ def test_a_suspension_from_elsewhere_while_requests_go_out_revokes_them(
         # thread suspends the engine, and the batch goes on once it has. The worker is known
         # first, so the batch is sent rather than left waiting for a worker.
         if not suspended.is_set():
-            assert engine._worker_executor.wait_for_workers(1, WAIT) == 0
+            assert engine.worker_executor.wait_for_workers(1, WAIT) == 0
             helper = threading.Thread(target=engine.suspend)
             helper.start()
             helper.join(WAIT)
@@ -100,8 +100,5 @@ def _resumed_runs_each_once(engine: Any, stage: Stage) -> None:
 def _sent(engine: Any) -> int:
     """How many of the engine's attempts in flight have gone to a worker (the engine's own
     bookkeeping: nothing outside its process tells a sent request from one it holds)."""
-    executor = engine._worker_executor
-    with executor._lock:
-        requests = [sub.request for sub in executor._ongoing.values()]
-    return sum(1 for request in requests
-               if request is not None and request.current_state != pr.WAITING)
+    return sum(1 for attempt in engine.worker_executor.attempts()
+               if attempt.state != pr.WAITING)

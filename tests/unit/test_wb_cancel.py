@@ -125,7 +125,7 @@ def test_cancelling_a_queued_request_asks_workers_to_drop_it_and_ends_when_one_d
     done: queue.Queue[Any] = queue.Queue()
     future.add_done_callback(done.put)
     assert done.get(timeout=WAIT) is future and future.cancelled()
-    assert not executor._ongoing
+    assert not executor.attempts()
     assert scripted.cancels.empty()
 
 
@@ -136,8 +136,7 @@ def test_a_request_that_started_is_waited_for(
     message = scripted.requests.get(timeout=WAIT)
     scripted.reply(message, pr.RUNNING)
     # The RUNNING reply must land before the cancel: wait until the executor saw it.
-    sub = next(iter(executor._ongoing.values()))
-    assert _eventually(lambda: sub.request is not None and sub.request.current_state == pr.RUNNING)
+    assert _eventually(lambda: [a.state for a in executor.attempts()] == [pr.RUNNING])
     assert not future.cancel()
     scripted.reply(message, pr.SUCCESS, result="finished")
     assert future.result(timeout=WAIT) == (EXECUTED, "finished")
@@ -158,7 +157,7 @@ def test_an_awaited_call_a_worker_stopped_as_asked_is_cancelled_after_its_runnin
     done: queue.Queue[Any] = queue.Queue()
     future.add_done_callback(done.put)
     assert done.get(timeout=WAIT) is future and future.cancelled()
-    assert not executor._ongoing
+    assert not executor.attempts()
 
 
 def test_a_revoked_request_nobody_confirms_is_cancelled_once_it_expires(

@@ -109,27 +109,14 @@ def worker(exchange: str) -> Any:
 
 
 class DrainCycles:
-    """Counts the executor's consumer drain cycles, so a test can wait for replies to land."""
+    """Lets a test wait until the replies sent so far have landed (the client's consumer)."""
 
     def __init__(self, executor: WorkerTaskExecutor) -> None:
-        self._cycles = 0
-        self._cond = threading.Condition()
-        original = executor._proxy._on_wait
-
-        def counted() -> None:
-            if original is not None:
-                original()
-            with self._cond:
-                self._cycles += 1
-                self._cond.notify_all()
-
-        executor._proxy._on_wait = counted
+        self._executor = executor
 
     def settle(self) -> None:
         """Return once a whole drain cycle began after this call (so it saw prior replies)."""
-        with self._cond:
-            target = self._cycles + 2
-            assert self._cond.wait_for(lambda: self._cycles >= target, timeout=WAIT)
+        assert self._executor.client.wait_drained(WAIT)
 
 
 def make_executor(exchange: str, clock: ManualClock, **options: Any) -> WorkerTaskExecutor:
@@ -157,7 +144,7 @@ def test_a_silent_worker_loses_its_lease_and_the_request_is_sent_again(
         clock.now += 4.0
         worker.reply(message, pr.EVENT, event_type=ext.EVENT_HEARTBEAT, details={})
         executor.cycles.settle()
-        assert next(iter(executor._ongoing.values())).lease_until == clock.now + 5.0
+        assert executor.attempts()[0].lease_until == clock.now + 5.0
         clock.now += 4.9
         executor.on_wait()
         assert worker.requests.empty()
@@ -265,7 +252,7 @@ def test_an_unpublished_request_can_be_cancelled_but_a_published_one_cannot(
         executor.finder.clear()
         waiting = executor.execute_task(Slow(name="unsent"), "atom-6", {})
         assert waiting.cancel()
-        assert all(s.task.name != "unsent" for s in executor._ongoing.values())
+        assert all(a.task_name != "unsent" for a in executor.attempts())
     finally:
         executor.stop()
 
@@ -435,22 +422,14 @@ def test_requests_in_flight_are_scanned_only_when_a_deadline_falls_due(
     # housekeeping round would cost the consumer thread; nothing is due before the earliest
     # deadline.
     executor = make_executor(exchange, clock, transition_timeout=30.0)
-    looked_at: list[str] = []
-    deadline = executor._deadline
-
-    def counted(sub: Any, request: Any) -> float:
-        looked_at.append(sub.task.name)
-        return deadline(sub, request)
-
-    executor._deadline = counted  # type: ignore[method-assign]
     try:
         futures = [executor.execute_task(Slow(name=f"w{i}"), f"atom-w{i}", {}) for i in range(50)]
         for _ in range(10):
             executor.on_wait()
-        assert looked_at == [], "nothing was due yet"
+        assert executor.statistics["attempts_looked_at"] == 0, "nothing was due yet"
         clock.now += 31.0
         executor.on_wait()
-        assert len(looked_at) == 50
+        assert executor.statistics["attempts_looked_at"] == 50
         assert all(f.result(timeout=WAIT)[1].check(exc.RequestTimeout) for f in futures)
     finally:
         executor.stop()

@@ -65,9 +65,8 @@ def _running(worker: Stoppable, executor: WorkerTaskExecutor, name: str) -> tupl
     future = executor.execute_task(Slow(name=name), f"atom-{name}", {})
     message = worker.requests.get(timeout=WAIT)
     worker.reply(message, pr.RUNNING)
-    sub = next(iter(executor._ongoing.values()))
-    assert _eventually(lambda: sub.request is not None
-                       and sub.request.current_state == pr.RUNNING), "no RUNNING reply seen"
+    assert _eventually(lambda: [a.state for a in executor.attempts()] == [pr.RUNNING]), \
+        "no RUNNING reply seen"
     return future, message
 
 

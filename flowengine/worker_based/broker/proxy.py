@@ -165,6 +165,11 @@ class Proxy(Publisher):
         self._settle_lock = threading.Lock()
         self._held: dict[int, Any] = {}
         self._settlements: queue.SimpleQueue[tuple[Any, str]] = queue.SimpleQueue()
+        #: Consume cycles (drain, settlements, ``on_wait``) completed, and threads waiting for
+        #: more (see :meth:`wait_drained`); the condition is touched only while one waits.
+        self._cycles = 0
+        self._cycle_waiters = 0
+        self._cycled = threading.Condition(threading.Lock())
 
     @property
     def dispatcher(self) -> dp.TypeDispatcher:
@@ -330,6 +335,10 @@ class Proxy(Publisher):
                         conn.heartbeat_check()
                     self._flush_settlements()
                     _call_hook(self._on_wait)
+                    self._cycles += 1
+                    if self._cycle_waiters:
+                        with self._cycled:
+                            self._cycled.notify_all()
                     consuming = self._follow_pause(consumer, consuming)
                     if self._prefetch_changed(limit):
                         limit = self._prefetch_limit()
@@ -437,6 +446,18 @@ class Proxy(Publisher):
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the proxy is consuming; False on timeout."""
         return self._running.wait(timeout)
+
+    def wait_drained(self, timeout: float | None = None) -> bool:
+        """Block until a whole consume cycle (a drain, the settlements queued meanwhile and the
+        ``on_wait`` hook) began after this call and ended, so whatever reached the queue before
+        the call has been handled; False on timeout."""
+        with self._cycled:
+            target = self._cycles + 2
+            self._cycle_waiters += 1
+            try:
+                return self._cycled.wait_for(lambda: self._cycles >= target, timeout)
+            finally:
+                self._cycle_waiters -= 1
 
     def wait_stopped(self, timeout: float | None = None) -> bool:
         """Block until :meth:`start` has returned; False on timeout."""
