@@ -129,8 +129,11 @@ class _SQLStore(RecordStore):
         self._schema_ok = True
 
     def upgrade(self) -> list[str]:
-        with self._transaction(True) as conn:
-            applied = migrations.upgrade(conn, self.description, self.url)
+        with self._serial, self.engine.connect() as conn:
+            if self._sqlite:
+                conn.execution_options(**{WRITE_OPTION: True})
+            with migrations.upgrade_lock(conn, self.description), conn.begin():
+                applied = migrations.upgrade(conn, self.description, self.url)
         if applied:
             LOG.info("%s: applied schema migrations %s", self.description,
                      [migration.version for migration in applied])

@@ -15,8 +15,9 @@ the tables of version 1 and the step adding it finds them without it.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import sqlalchemy as sa
 
@@ -160,8 +161,8 @@ def check(conn: sa.Connection, where: str, url: str) -> int:
 
 
 def upgrade(conn: sa.Connection, where: str, url: str) -> list[Migration]:
-    """Apply the missing migrations on ``conn`` (inside a write transaction; arguments as for
-    :func:`current_version`).
+    """Apply the missing migrations on ``conn`` (inside a write transaction, begun within
+    :func:`upgrade_lock`; arguments as for :func:`current_version`).
 
     Returns:
         The migrations applied (none when the schema was current).
@@ -169,25 +170,38 @@ def upgrade(conn: sa.Connection, where: str, url: str) -> list[Migration]:
     Raises:
         IncompatibleSchema: If the schema is newer than this code, or foreign.
     """
-    if conn.dialect.name in ("mysql", "mariadb"):
-        return _upgrade_holding_named_lock(conn, where, url)
     if conn.dialect.name == "postgresql":
         conn.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": _PG_UPGRADE_LOCK})
     return _apply_missing(conn, where, url)
 
 
-def _upgrade_holding_named_lock(conn: sa.Connection, where: str, url: str) -> list[Migration]:
-    # A session lock, not a transaction's: released below whatever happens, since the pool
-    # keeps the session (and would keep the lock) after the connection is given back.
+@contextlib.contextmanager
+def upgrade_lock(conn: sa.Connection, where: str) -> Iterator[None]:
+    """Hold MySQL's or MariaDB's schema upgrade lock on ``conn`` (outside any transaction)
+    until the upgrade's transaction has committed; on other databases, nothing (PostgreSQL's
+    lock is the transaction's, taken by :func:`upgrade`; SQLite writes one at a time).
+
+    MySQL commits each ALTER TABLE on its own, so a transaction's lock would not last; and a
+    lock released before the version row commits lets the next process, which cannot see
+    that row yet, apply the same migration again. So a session's named lock, released only
+    after the commit.
+    """
+    if conn.dialect.name not in ("mysql", "mariadb"):
+        yield
+        return
     got = conn.execute(sa.text("SELECT GET_LOCK(:name, :wait)"),
                        {"name": _MYSQL_UPGRADE_LOCK, "wait": _MYSQL_LOCK_WAIT}).scalar()
+    conn.commit()  # ends the statement's own transaction; the session keeps the lock
     if got != 1:
         raise IncompatibleSchema(f"{where}: another process held the schema upgrade lock for "
                                  f"{_MYSQL_LOCK_WAIT}s; the schema was left as it was")
     try:
-        return _apply_missing(conn, where, url)
+        yield
     finally:
+        # Released whatever happens: the pool keeps the session (and would keep the lock)
+        # after the connection is given back.
         conn.execute(sa.text("SELECT RELEASE_LOCK(:name)"), {"name": _MYSQL_UPGRADE_LOCK})
+        conn.commit()
 
 
 def _apply_missing(conn: sa.Connection, where: str, url: str) -> list[Migration]:
