@@ -1,7 +1,8 @@
 """The engine side of the worker protocol: what an engine's process does with remote tasks.
 
 :mod:`.lifecycle` is one attempt (one delivery of one atom's execute or revert to a worker) as
-a value and its transition function; :mod:`.attempts` keeps a process's executors' attempts
-and carries out what each transition says. The face engines use is TaskFlow's
-:class:`~flowengine.worker_based.executor.WorkerTaskExecutor`.
+a value and its transition function; :mod:`.replies` reads a worker's reply as a lifecycle
+event; :mod:`.outgoing` builds a request's headers and sends revocations and stops. The
+executor, TaskFlow's :class:`~flowengine.worker_based.executor.WorkerTaskExecutor`, keeps an
+engine's attempts in flight and carries out what each transition says.
 """
