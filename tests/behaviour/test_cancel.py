@@ -188,7 +188,7 @@ def test_a_cancel_needs_a_reason(engine_factory: EngineFactory) -> None:
 
 def test_a_retry_waiting_to_retry_is_reverted_not_retried(
         local_engine_factory: EngineFactory) -> None:
-    from tests.manual_clock import ManualClock
+    from manual_clock import ManualClock
 
     clock = ManualClock()
     controller = retry.Times(3, name="patient", delay=60.0)

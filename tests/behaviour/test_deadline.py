@@ -4,6 +4,7 @@ is cancelled with reason "deadline"; it is stored, so a resumed flow keeps it.""
 from __future__ import annotations
 
 import pytest
+from manual_clock import ManualClock
 
 from flowengine import exceptions as exc
 from flowengine import states
@@ -11,7 +12,6 @@ from flowengine.engines.stopping import META_CANCELLED, META_DEADLINE
 from flowengine.flows import linear_flow as lf
 from flowengine.persistence.backends import impl_memory
 from flowengine.utils import persistence_utils as p_utils
-from tests.manual_clock import ManualClock
 
 from . import tasks
 from .harness import EngineFactory

@@ -8,10 +8,10 @@ import logging
 from typing import Any
 
 import pytest
+from manual_clock import ManualClock
 
 from flowengine import context
 from flowengine.flows import linear_flow as lf
-from tests.manual_clock import ManualClock
 
 from . import async_tasks, tasks
 from .harness import EngineFactory

@@ -55,3 +55,13 @@ def test_a_kombu_import_outside_the_broker_package_is_found(tmp_path: pathlib.Pa
     (tmp_path / "quiet.py").write_text("import json\nfrom . import kombu_names\n")
     (tmp_path / "rogue.py").write_text(source)
     assert kombu_importers(tmp_path, tmp_path / "broker") == ["rogue.py"]
+
+
+def test_no_test_imports_the_tests_folder_as_a_package() -> None:
+    # `make test` puts each test's folder and tests/ itself on sys.path (rootdir conftests),
+    # not the checkout: `from tests.x import y` imports only when PYTHONPATH names the
+    # checkout, as it does in a developer's shell and not in CI.
+    tests = PACKAGE.parent / "tests"
+    offenders = [str(path.relative_to(tests)) for path in sorted(tests.rglob("*.py"))
+                 if "tests" in _imported_roots(ast.parse(path.read_text(), str(path)))]
+    assert offenders == []
