@@ -26,6 +26,14 @@ def known_defect(reason: str) -> pytest.MarkDecorator:
     return pytest.mark.xfail(strict=True, raises=DefectShown, reason=reason)
 
 
+def intermittent_defect(reason: str) -> pytest.MarkDecorator:
+    """Mark a test that *sometimes* fails because of the defect ``reason`` names: its runs
+    that pass count as passes (the mark is not strict), its runs that fail count only when
+    the failure is the defect's own (:class:`DefectShown`). For a defect not yet understood
+    well enough to make it fail every time; the reason says how often it was seen."""
+    return pytest.mark.xfail(strict=False, raises=DefectShown, reason=reason)
+
+
 @contextlib.contextmanager
 def shown() -> Iterator[None]:
     """The checks that see the defect: an ``AssertionError`` inside becomes :class:`DefectShown`."""
