@@ -77,12 +77,17 @@ class _SQLStore(RecordStore):
         return isinstance(err, sa_exc.DBAPIError) and code in _RETRYABLE_PG_CODES
 
     @contextlib.contextmanager
-    def _transaction(self, write: bool) -> Iterator[sa.Connection]:
+    def _connection(self, write: bool) -> Iterator[sa.Connection]:
+        """A connection of this store's, one at a time (SQLite: a writing one if ``write``)."""
         with self._serial, self.engine.connect() as conn:
             if write and self._sqlite:
                 conn.execution_options(**{WRITE_OPTION: True})
-            with conn.begin():
-                yield conn
+            yield conn
+
+    @contextlib.contextmanager
+    def _transaction(self, write: bool) -> Iterator[sa.Connection]:
+        with self._connection(write) as conn, conn.begin():
+            yield conn
 
     @contextlib.contextmanager
     def session(self, write: bool) -> Iterator[Session]:
@@ -129,11 +134,9 @@ class _SQLStore(RecordStore):
         self._schema_ok = True
 
     def upgrade(self) -> list[str]:
-        with self._serial, self.engine.connect() as conn:
-            if self._sqlite:
-                conn.execution_options(**{WRITE_OPTION: True})
-            with migrations.upgrade_lock(conn, self.description), conn.begin():
-                applied = migrations.upgrade(conn, self.description, self.url)
+        with self._connection(True) as conn, \
+                migrations.upgrade_lock(conn, self.description), conn.begin():
+            applied = migrations.upgrade(conn, self.description, self.url)
         if applied:
             LOG.info("%s: applied schema migrations %s", self.description,
                      [migration.version for migration in applied])
