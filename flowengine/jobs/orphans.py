@@ -25,6 +25,7 @@ import contextlib
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
+from flowengine import exceptions as exc
 from flowengine import states
 from flowengine.jobs import endings
 from flowengine.jobs.records import JobPriority
@@ -113,7 +114,13 @@ def find_orphans(board: JobBoard, persistence: persistence_base.Backend) -> list
             if endings.board_of(book) != board.identity or book.uuid in pointed \
                     or endings.ending_of(book) is not None:
                 continue
-            found += _orphans_of(book, list(conn.get_flows_for_book(book.uuid, lazy=True)))
+            try:
+                flows = list(conn.get_flows_for_book(book.uuid, lazy=True))
+            except exc.NotFound:
+                # Deleted since it was listed (a conductor with delete_logbook=True finishing
+                # its job): a flow that is gone is not orphaned.
+                continue
+            found += _orphans_of(book, flows)
     return sorted(found, key=lambda o: (o.book_name, o.flow_uuid))
 
 

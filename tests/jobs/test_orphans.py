@@ -144,6 +144,36 @@ def test_repost_orphans_says_when_a_flow_id_names_no_orphan(stage: BoardStage) -
     assert result.exit_code == 0 and "reposted flow 'steps'" in result.output
 
 
+class _DeletedOnceListed:
+    """A store whose logbooks vanish right after they are listed, as they do when a conductor
+    with ``delete_logbook=True`` finishes a job while ``find_orphans`` reads the store."""
+
+    def __init__(self, persistence: Any) -> None:
+        self._persistence = persistence
+
+    def get_connection(self) -> Any:
+        conn = self._persistence.get_connection()
+        listed = conn.get_logbooks
+
+        def get_logbooks(lazy: bool = False) -> list[Any]:
+            books = list(listed(lazy=lazy))
+            for book in books:
+                conn.destroy_logbook(book.uuid)
+            return books
+
+        conn.get_logbooks = get_logbooks
+        return conn
+
+
+def test_a_logbook_deleted_while_orphans_are_sought_is_not_an_orphan(stage: BoardStage) -> None:
+    job = stage.post(jobs_flows.steps)
+    stage.board.claim(job, "someone")
+    stage.board.consume(job, "someone")  # an orphan, until its logbook goes
+    assert [o.flow_uuid for o in orphans.find_orphans(stage.board, stage.persistence)] == \
+        [job.details["flow_uuid"]]
+    assert orphans.find_orphans(stage.board, _DeletedOnceListed(stage.persistence)) == []
+
+
 def _json_lines(output: str) -> list[dict[str, Any]]:
     """The rows a ``--json`` command printed, one JSON object per line."""
     return [json.loads(line) for line in output.splitlines() if line.strip()]
