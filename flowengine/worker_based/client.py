@@ -41,7 +41,7 @@ from flowengine.worker_based.broker import proxy as px
 from flowengine.worker_based.broker import transport_fs_disk as fsdisk
 from flowengine.worker_based.broker.delivery import Delivery
 from flowengine.worker_based.broker_spec import Broker
-from flowengine.worker_based.types import TopicWorker, header
+from flowengine.worker_based.types import TopicWorker, header, protocol_version
 
 LOG = logging.getLogger(__name__)
 
@@ -337,7 +337,8 @@ class Client:
                 self._known[identity] = (time.monotonic(), TopicWorker(
                     data["topic"], frozenset(data["tasks"]), identity,
                     capacity=header(headers, pr.HEADER_CAPACITY),
-                    flowengine=header(headers, pr.HEADER_PROTOCOL) is not None))
+                    flowengine=header(headers, pr.HEADER_PROTOCOL) is not None,
+                    protocol=protocol_version(header(headers, pr.HEADER_PROTOCOL))))
             views = list(self._views.values())
         for view in views:
             view.on_notify(data, message)

@@ -282,7 +282,8 @@ class WorkerTaskExecutor(local.TaskExecutor):
         self._client = client
         for worker in known:
             self.finder.add(worker.topic, worker.tasks, identity=worker.identity,
-                            capacity=worker.capacity, flowengine=worker.flowengine)
+                            capacity=worker.capacity, flowengine=worker.flowengine,
+                            protocol=worker.protocol)
         self._take_back_leftovers()
 
     def reserve_request_id(self, task_uuid: str) -> str | None:
@@ -680,10 +681,12 @@ class WorkerTaskExecutor(local.TaskExecutor):
                         correlation_id)
             return
         if isinstance(event, Progress):
-            if event.waiting:
-                self._apply(sub, lc.Waiting(), correlation_id)
+            if event.waiting_for is not None:
+                self._apply(sub, lc.Waiting(holding=bool(event.waiting_for)), correlation_id)
             sub.task.notifier.notify(event.event_type, event.details)
             return
+        if isinstance(event, lc.HandedBack) and attempt.state == lc.PENDING:
+            event = dataclasses.replace(event, quiet_start=self.finder.quiet_starts(attempt.topic))
         if isinstance(event, lc.NotServed) and event.version is not None:
             alive = self.finder.get_worker_for_task(pr.task_class_name(sub.task),
                                                     major=vs.major(sub.task.version))
@@ -703,7 +706,8 @@ class WorkerTaskExecutor(local.TaskExecutor):
         self.finder.add(data["topic"], data["tasks"], identity=identity,
                         capacity=header(headers, pr.HEADER_CAPACITY),
                         flowengine=header(headers, pr.HEADER_PROTOCOL) is not None,
-                        versions=vs.decode(header(headers, vs.HEADER_TASK_VERSIONS)))
+                        versions=vs.decode(header(headers, vs.HEADER_TASK_VERSIONS)),
+                        protocol=header(headers, pr.HEADER_PROTOCOL))
 
     def _orphaned(self, workers: list[TopicWorker], why: str) -> None:
         ids = {w.identity for w in workers}

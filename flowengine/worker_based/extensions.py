@@ -27,6 +27,16 @@ EVENT_HEARTBEAT = "flowengine.heartbeat"
 #: unseen by the engine's attempt count.
 EVENT_REDELIVERED = "flowengine.redelivered"
 
+#: A worker that gives a request of a protocol-2 engine back to the broker unstarted (it is
+#: stopping) first says so with a RESPONSE in state EVENT of this type, details ``{"worker":
+#: <its id>}``: the engine then knows that the hand-back of it that follows cost no attempt
+#: (a short task sends no RUNNING reply, so nothing else tells it from one that started).
+EVENT_RETURNED = "flowengine.returned"
+#: Seconds a task of a protocol-2 engine runs before its worker says RUNNING (one that ends
+#: sooner sends its outcome alone); never later than its first heartbeat, nor than half the
+#: time left before the request's deadline.
+RUNNING_AFTER = 0.2
+
 #: A flowengine worker (not in ``taskflow_compat`` mode) that receives a flowengine request for
 #: a task class it does not run (workers sharing a topic share its queue, and during a rolling
 #: deploy they run different task lists) acknowledges it and answers with a RESPONSE in state

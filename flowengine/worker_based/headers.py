@@ -11,7 +11,11 @@ import os
 import socket
 
 # Header extensions (flowengine peers only; every value is a str, int or float).
-PROTOCOL_VERSION = 1
+#: 2: an engine takes a short task's outcome as its only reply (no RUNNING first), and a
+#: worker says when it gives a request back unstarted (see extensions.EVENT_RETURNED).
+PROTOCOL_VERSION = 2
+#: The first protocol version whose engines take an outcome without a RUNNING reply first.
+QUIET_START_PROTOCOL = 2
 HEADER_PROTOCOL = "x-flowengine-protocol"  # int: the sender speaks flowengine protocol N
 HEADER_REQUEST_ID = "x-flowengine-request-id"  # str: unique per attempt, echoed in replies
 HEADER_ATTEMPT = "x-flowengine-attempt"  # int: 1 for the first attempt

@@ -1,4 +1,8 @@
-"""The worker's heartbeats: one thread renews every running request's lease at its interval."""
+"""The worker's heartbeats: one thread renews every running request's lease at its interval.
+
+The same thread says RUNNING for a request whose engine takes a short task's outcome alone
+(protocol 2): its first beat comes after a short threshold, and says RUNNING instead.
+"""
 
 from __future__ import annotations
 
@@ -16,7 +20,7 @@ class Heartbeats:
     """Sends every running request's heartbeats from one thread, each at its own interval."""
 
     def __init__(self) -> None:
-        self._due: dict[Any, tuple[float, float, Callable[[], None]]] = {}
+        self._due: dict[Any, tuple[float, float | None, Callable[[], None]]] = {}
         self._cond = threading.Condition()
         self._sending = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -26,10 +30,15 @@ class Heartbeats:
         # cost the task threads the GIL once per task.
         self._wake_at = -math.inf
 
-    def add(self, key: Any, interval: float, beat: Callable[[], None]) -> None:
-        """Call ``beat`` every ``interval`` seconds until :meth:`remove` (first in one interval)."""
+    def add(self, key: Any, interval: float | None, beat: Callable[[], None],
+            first: float | None = None) -> None:
+        """Call ``beat`` every ``interval`` seconds until :meth:`remove`, the first time after
+        ``first`` seconds (default: one interval); ``interval`` None: once, after ``first``."""
         with self._cond:
-            due = time.monotonic() + interval
+            wait = first if first is not None else interval
+            if wait is None:
+                raise ValueError("A beat needs an interval or a first delay")
+            due = time.monotonic() + wait
             self._due[key] = (due, interval, beat)
             if self._thread is None:
                 self._thread = threading.Thread(
@@ -53,12 +62,15 @@ class Heartbeats:
                 beats = []
                 for key, (due, interval, beat) in list(self._due.items()):
                     if due <= now:
-                        self._due[key] = (now + interval, interval, beat)
+                        if interval is None:  # once: kept until it is sent (see remove)
+                            self._due[key] = (math.inf, interval, beat)
+                        else:
+                            self._due[key] = (now + interval, interval, beat)
                         beats.append((key, beat))
                 if not beats:
-                    next_due = min((due for due, _, _ in self._due.values()), default=None)
-                    self._wake_at = math.inf if next_due is None else next_due
-                    self._cond.wait(None if next_due is None else next_due - now)
+                    next_due = min((due for due, _, _ in self._due.values()), default=math.inf)
+                    self._wake_at = next_due
+                    self._cond.wait(None if next_due == math.inf else next_due - now)
                     self._wake_at = -math.inf
                     continue
             for key, beat in beats:

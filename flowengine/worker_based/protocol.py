@@ -45,6 +45,7 @@ from flowengine.worker_based.headers import (
     HEADER_WORKER,
     HEADER_WORKER_STATUS,
     PROTOCOL_VERSION,
+    QUIET_START_PROTOCOL,
     WORKER_OFFLINE,
     WORKER_ONLINE,
     origin,
@@ -67,13 +68,14 @@ from flowengine.worker_based.request_machine import (
 __all__ = [  # TaskFlow programs import these names from here
     "ACTION_TO_EVENT", "ANNOUNCEMENT_TTL", "DISCOVERY_ROUTING_KEY", "EVENT", "EXECUTE",
     "EXPIRES_AFTER", "FAILURE", "HEADER_ATOM_UUID", "HEADER_ATTEMPT", "HEADER_CAPACITY",
-    "HEADER_DEADLINE", "HEADER_FLOW_UUID", "HEADER_ORIGIN", "HEADER_PROTOCOL", "HEADER_REQUEST_ID",
-    "HEADER_TASK_NAME", "HEADER_TIME_LIMIT", "HEADER_WORKER", "HEADER_WORKER_STATUS", "MACHINE",
-    "MAX_BODY_BYTES", "MAX_NESTING_DEPTH", "Message", "NOTIFY", "NOTIFY_PERIOD", "NO_RESULT",
-    "Notify", "PENDING", "PROTOCOL_VERSION", "QUEUE_EXPIRE_TIMEOUT", "REQUEST", "REQUEST_TIMEOUT",
-    "RESPONSE", "REVERT", "RUNNING", "Request", "Response", "STOP_TIMER_STATES", "SUCCESS",
-    "WAITING", "WAITING_STATES", "WORKER_OFFLINE", "WORKER_ONLINE", "WorkUnit", "build_a_machine",
-    "exceeds_depth", "failure_to_dict", "make_an_event", "origin", "task_class_name",
+    "HEADER_DEADLINE", "HEADER_FLOW_UUID", "HEADER_ORIGIN", "HEADER_PROTOCOL",
+    "HEADER_REQUEST_ID", "HEADER_TASK_NAME", "HEADER_TIME_LIMIT", "HEADER_WORKER",
+    "HEADER_WORKER_STATUS", "MACHINE", "MAX_BODY_BYTES", "MAX_NESTING_DEPTH", "Message", "NOTIFY",
+    "NOTIFY_PERIOD", "NO_RESULT", "Notify", "PENDING", "PROTOCOL_VERSION", "QUEUE_EXPIRE_TIMEOUT",
+    "QUIET_START_PROTOCOL", "REQUEST", "REQUEST_TIMEOUT", "RESPONSE", "REVERT", "RUNNING",
+    "Request", "Response", "STOP_TIMER_STATES", "SUCCESS", "WAITING", "WAITING_STATES",
+    "WORKER_OFFLINE", "WORKER_ONLINE", "WorkUnit", "build_a_machine", "exceeds_depth",
+    "failure_to_dict", "make_an_event", "origin", "task_class_name",
 ]
 
 LOG = logging.getLogger(__name__)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 import uuid
 from collections.abc import Mapping
 from typing import Any
@@ -74,3 +75,22 @@ def heartbeat_interval(headers: Mapping[str, Any]) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
         return None
     return max(float(value), MIN_HEARTBEAT_INTERVAL)
+
+
+def quiet_start(headers: Mapping[str, Any]) -> bool:
+    """Whether the engine that sent a request takes its outcome without a RUNNING reply first
+    (flowengine protocol 2 and later; never a TaskFlow engine)."""
+    value = headers.get(pr.HEADER_PROTOCOL)
+    return (isinstance(value, int) and not isinstance(value, bool)
+            and value >= pr.QUIET_START_PROTOCOL)
+
+
+def running_after(headers: Mapping[str, Any], interval: float | None) -> float:
+    """Seconds a quietly started request runs before its worker says RUNNING: the short
+    threshold, no later than its first heartbeat would be, nor than half the time left before
+    its deadline (its engine must hear of it before it would give up on it)."""
+    after = ext.RUNNING_AFTER if interval is None else min(ext.RUNNING_AFTER, interval)
+    deadline = headers.get(pr.HEADER_DEADLINE)
+    if isinstance(deadline, (int, float)) and not isinstance(deadline, bool):
+        after = min(after, max((deadline - time.time()) / 2, 0.0))
+    return after

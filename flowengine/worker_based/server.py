@@ -52,6 +52,8 @@ from flowengine.worker_based.request_reading import (
     heartbeat_interval,
     major,
     make_worker_id,  # noqa: F401 - re-exported
+    quiet_start,
+    running_after,
     time_limit,
 )
 
@@ -141,7 +143,7 @@ class Server(ReplySender):
             taskflow_compat=taskflow_compat, prefetch_count=capacity,
             on_connected=lambda: self._submit_control(self.announce),
             on_refused=self._on_refused, paused=lambda: self.topic_pause.paused, prefetch=prefetch,
-            signing=signing,
+            signing=signing, on_requeue=self._say_returned,
         )  # fmt: skip
         if run_requests is None and signing.enabled:
             run_requests = rp.RunRequests(rp.default_folder(
@@ -302,9 +304,26 @@ class Server(ReplySender):
                 self._process_request, data, message)
         except RuntimeError:  # executor shut down: let another worker have it
             self._done()
+            self._say_returned(message)
             message.requeue()
             return
         future.add_done_callback(functools.partial(self._not_run, message))
+
+    def _say_returned(self, message: Delivery) -> None:
+        """Tell the engine of a request given back to the broker unstarted that it was (its
+        hand-back by the worker that takes it next then costs no attempt); for engines that
+        take a short task's outcome alone (protocol 2), which cannot tell otherwise."""
+        props, headers = message.properties, message.headers or {}
+        if (message.type != pr.REQUEST or not quiet_start(headers)
+                or not props.get("reply_to") or not props.get("correlation_id")):
+            return
+        try:
+            # Confirmed before the request goes back: the hand-back cannot overtake it.
+            self._forward_event(props, headers, ext.EVENT_RETURNED, {"worker": self.worker_id},
+                                retry=False)
+        except Exception as err:  # then its hand-back counts as an attempt: no worse
+            LOG.debug("Could not tell the engine that request %s goes back unstarted: %s",
+                      dp.describe(message), err)
 
     def _not_run(self, message: Delivery, future: Any) -> None:
         """Say so when the executor could not run a request at all (it never raises on its
@@ -336,9 +355,10 @@ class Server(ReplySender):
             self._settle(message, bool(published))
 
     def _take_slots(self, work: pr.WorkUnit, message: Delivery, reply: Callable[..., bool],
-                    name: str) -> bool | None:
-        """Hold the request's limit slots (waiting unstarted); None once held, else what
-        :meth:`_serve` returns: it was revoked meanwhile, or the worker is stopping."""
+                    name: str) -> Any:
+        """Hold the request's limit slots (waiting unstarted): :data:`_HELD` (or
+        :data:`_HELD_AFTER_WAIT` if it had to wait) once held, else what :meth:`_serve`
+        returns: it was revoked meanwhile, or the worker is stopping."""
         assert self._limits is not None
         props, headers = message.properties, message.headers or {}
         revoked: list[bool] = []
@@ -368,11 +388,13 @@ class Server(ReplySender):
                          "waited for a limit", dp.describe(message), name)
                 return reply(pr.EVENT, name, event_type=cn.EVENT_CANCELLED,
                              details={"worker": self.worker_id})
+            self._say_returned(message)
             return False  # stopping: handed back unstarted
+        self._slots[id(message)] = slots
         if waited:
             still_waiting({})  # it no longer waits
-        self._slots[id(message)] = slots
-        return None
+            return _HELD_AFTER_WAIT
+        return _HELD
 
     def _settle(self, message: Delivery, published: bool) -> None:
         slots = self._slots.pop(id(message), None)
@@ -451,11 +473,17 @@ class Server(ReplySender):
             failure = Failure()
             return reply(pr.FAILURE, name, result=pr.failure_to_dict(
                 failure.redacted(secrets) if secrets else failure))
+        # An engine of protocol 2 takes a short task's outcome as its only reply: RUNNING is
+        # said only once the task outlives a short threshold (by the heartbeat thread). Not
+        # after a wait for a limit: its engine was told it waits, and must hear it started.
+        quiet = self._control_proxy is not None and quiet_start(headers)
         if self._limits is not None:
-            ended = self._take_slots(work, message, reply, name)
-            if ended is not None:
-                return ended
-        if not reply(pr.RUNNING, name):
+            held = self._take_slots(work, message, reply, name)
+            if held is _HELD_AFTER_WAIT:
+                quiet = False
+            elif held is not _HELD:
+                return held
+        if not quiet and not reply(pr.RUNNING, name):
             return False
         secrets = sa.masker(work.arguments, sa.names(headers), task)
         fields = dict(event_fields(data, message), worker=self.worker_id)
@@ -464,12 +492,16 @@ class Server(ReplySender):
         forward = functools.partial(self._forward_event, props, headers)
         interval = heartbeat_interval(headers)
         beating = object()  # delivery tags repeat across reconnects; this key cannot
-        if interval is not None:
+        if quiet or interval is not None:
             # The engine's lease on this attempt lasts only as long as heartbeats keep coming.
             # A late heartbeat is harmless; progress (forward) must precede the outcome.
-            beat = functools.partial(self._forward_event, props, headers, ext.EVENT_HEARTBEAT, {},
-                                     confirm=not from_flowengine(headers), retry=False)
-            self._heartbeats.add(beating, interval, functools.partial(self._beat, beat, message))
+            heartbeat = None if interval is None else functools.partial(
+                self._forward_event, props, headers, ext.EVENT_HEARTBEAT, {},
+                confirm=not from_flowengine(headers), retry=False)
+            pulse = _Pulse(functools.partial(reply, pr.RUNNING, name) if quiet else None,
+                           heartbeat)
+            self._heartbeats.add(beating, interval, functools.partial(self._beat, pulse, message),
+                                 first=running_after(headers, interval) if quiet else None)
         conclude = functools.partial(self._conclude, data, props, fields, started, reply, name,
                                      secrets)
         request_id = props["correlation_id"]
@@ -613,6 +645,29 @@ class Server(ReplySender):
                 before the channel closes (the broker redelivers the rest).
         """
         self._proxy.stop(grace)
+
+
+#: What :meth:`Server._take_slots` returns once a request holds its limit slots.
+_HELD = object()
+_HELD_AFTER_WAIT = object()
+
+
+class _Pulse:
+    """A running request's beats: RUNNING first when it was not said before it started (its
+    engine takes a short task's outcome alone), then heartbeats (if its engine asked)."""
+
+    __slots__ = ("_running", "_heartbeat")
+
+    def __init__(self, running: Callable[[], Any] | None,
+                 heartbeat: Callable[[], None] | None) -> None:
+        self._running, self._heartbeat = running, heartbeat
+
+    def __call__(self) -> None:
+        running, self._running = self._running, None
+        if running is not None:
+            running()
+        elif self._heartbeat is not None:
+            self._heartbeat()
 
 
 def _in_context(ctx: context.TaskContext, call: Callable[[], Any]) -> Callable[[], Any]:

@@ -22,6 +22,8 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from flowengine.worker_based.headers import QUIET_START_PROTOCOL
+
 LOG = logging.getLogger(__name__)
 
 
@@ -43,6 +45,7 @@ class TopicWorker:
             from its queue): any other capable worker is preferred until it is heard from again.
         versions: the version of each task class it announced (TaskFlow workers announce
             none: they are sent any version).
+        protocol: the flowengine protocol version it speaks (0: a TaskFlow worker).
     """
 
     topic: str
@@ -55,6 +58,12 @@ class TopicWorker:
     silent: bool = False
     passed_over: bool = False
     versions: dict[str, str] = dataclasses.field(default_factory=dict)
+    protocol: int = 0
+
+    @property
+    def quiet_start(self) -> bool:
+        """Whether it sends no RUNNING reply for a short task (flowengine protocol 2)."""
+        return self.protocol >= QUIET_START_PROTOCOL
 
     def performs(self, task_cls: str, major: str | None = None) -> bool:
         """Whether it runs the named task class (at major version ``major``, if given and it
@@ -115,6 +124,7 @@ class WorkerFinder:
         capacity: int | None = None,
         flowengine: bool = False,
         versions: dict[str, str] | None = None,
+        protocol: Any = None,
     ) -> TopicWorker | None:
         """Record (or refresh) a worker from a NOTIFY reply or announcement; None (and nothing
         kept) for a worker of a topic this finder does not serve."""
@@ -133,6 +143,8 @@ class WorkerFinder:
                 new = new or worker.versions != versions
                 worker.versions = versions
             worker.topic = topic
+            worker.protocol = (protocol_version(protocol) if protocol is not None
+                               else int(flowengine))
             worker.last_seen = self._clock()
             new = new or worker.silent or worker.passed_over
             worker.silent = worker.passed_over = False
@@ -190,6 +202,13 @@ class WorkerFinder:
             for worker in self._workers.values():
                 if worker.topic == topic:
                     worker.passed_over = False
+
+    def quiet_starts(self, topic: str) -> bool:
+        """Whether a worker of ``topic`` may run a request without a RUNNING reply first (a
+        flowengine protocol 2 worker, or an unknown one: it is assumed to)."""
+        with self._lock:
+            workers = [w for w in self._workers.values() if w.topic == topic]
+        return not workers or any(w.quiet_start for w in workers)
 
     def quiet_since(self, topic: str, since: float) -> bool:
         """Whether nothing was heard from ``topic`` since ``since`` (the finder's clock)."""
@@ -264,6 +283,16 @@ def _load(worker: TopicWorker) -> tuple[float, int]:
         return (0.5, worker.in_flight)
     slots = worker.capacity + worker.in_flight
     return (worker.in_flight / slots if slots else 1.0, worker.in_flight)
+
+
+def protocol_version(value: Any) -> int:
+    """The protocol version a ``x-flowengine-protocol`` header value says (0: no header, a
+    TaskFlow peer; 1 for a value that is not a positive whole number)."""
+    if value is None:
+        return 0
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    return 1
 
 
 def header(headers: Any, name: str) -> Any:

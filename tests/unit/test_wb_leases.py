@@ -322,6 +322,15 @@ def hand_back(worker: ScriptedWorker, message: Any, by: str = "worker-2") -> Non
         headers=dict(worker.headers(), **{pr.HEADER_WORKER: by}))  # fmt: skip
 
 
+def say_returned(worker: ScriptedWorker, message: Any) -> None:
+    """What a stopping worker says of a request it gives back to the broker unstarted."""
+    worker.proxy.publish(
+        pr.Response(pr.EVENT, event_type=ext.EVENT_RETURNED,
+                    details={"worker": worker.identity}),
+        message.properties["reply_to"], correlation_id=message.properties["correlation_id"],
+        headers=worker.headers())  # fmt: skip
+
+
 def test_a_started_attempt_handed_back_after_a_redelivery_counts_as_lost(
     exchange: str, clock: ManualClock, worker: ScriptedWorker
 ) -> None:
@@ -382,11 +391,13 @@ def test_a_running_attempt_handed_back_is_kept_if_its_worker_proves_it_is_alive(
 def test_an_unstarted_attempt_handed_back_is_sent_again_without_using_up_an_attempt(
     exchange: str, clock: ManualClock, worker: ScriptedWorker
 ) -> None:
-    # A stopping worker gives back what it prefetched and never ran: no attempt was lost.
+    # A stopping worker gives back what it prefetched and never ran, and says so: no attempt
+    # was lost.
     executor = make_executor(exchange, clock, max_attempts=1)
     try:
         future = executor.execute_task(Slow(name="prefetched"), "atom-10", {})
         _data, first = worker.next_request()
+        say_returned(worker, first)
         hand_back(worker, first)
         _data, second = worker.next_request()
         assert second.headers[pr.HEADER_ATTEMPT] == 2
@@ -408,9 +419,51 @@ def test_unstarted_hand_backs_are_bounded_too(
         future = executor.execute_task(Slow(name="bounced"), "atom-11", {})
         for _ in range(2):  # one free resend (max_attempts), then the hand-back counts
             _data, message = worker.next_request()
+            say_returned(worker, message)
             hand_back(worker, message)
         _outcome, failure = future.result(timeout=WAIT)
         assert failure.check(exc.WorkerLost)
+    finally:
+        executor.stop()
+
+
+def test_an_attempt_nobody_said_started_may_have_run_when_it_is_handed_back(
+    exchange: str, clock: ManualClock, worker: ScriptedWorker
+) -> None:
+    # A short task's worker sends no RUNNING reply: a request that killed it at once looks
+    # PENDING to the engine. Handed back, it costs an attempt once its holder fails to prove it
+    # is alive (as a RUNNING one would), so it cannot go round the topic uncounted.
+    executor = make_executor(exchange, clock, max_attempts=1)
+    try:
+        future = executor.execute_task(Slow(name="quiet"), "atom-12", {})
+        _data, message = worker.next_request()
+        hand_back(worker, message)
+        executor.cycles.settle()  # type: ignore[attr-defined]
+        [attempt] = executor.attempts()
+        assert attempt.state == pr.RUNNING and attempt.suspect is not None
+        clock.now += PROOF_OF_LIFE * HEARTBEAT_INTERVAL + 0.1
+        executor.on_wait()
+        _outcome, failure = future.result(timeout=WAIT)
+        assert failure.check(exc.WorkerLost)
+        assert worker.requests.empty(), "not sent again: max_attempts=1 was used up"
+    finally:
+        executor.stop()
+
+
+def test_an_alive_holder_of_a_quiet_attempt_keeps_it_after_a_hand_back(
+    exchange: str, clock: ManualClock, worker: ScriptedWorker
+) -> None:
+    executor = make_executor(exchange, clock, max_attempts=1)
+    try:
+        future = executor.execute_task(Slow(name="short"), "atom-13", {})
+        _data, message = worker.next_request()
+        hand_back(worker, message)
+        worker.reply(message, pr.RUNNING)  # outlived the threshold: alive after all
+        executor.cycles.settle()  # type: ignore[attr-defined]
+        clock.now += PROOF_OF_LIFE * HEARTBEAT_INTERVAL + 0.1
+        executor.on_wait()
+        worker.reply(message, pr.SUCCESS, result="once")
+        assert future.result(timeout=WAIT) == (EXECUTED, "once")
     finally:
         executor.stop()
 

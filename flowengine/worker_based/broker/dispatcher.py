@@ -100,6 +100,8 @@ class TypeDispatcher:
             authentication logs its own refusals, rate-limited).
         settler: How handlers' :meth:`Delivery.ack` and friends settle (a consumer that
             settles on its own thread routes them there); default: at once.
+        on_requeue: Called with the delivery of a message a requeue filter gives back, before
+            it goes back (errors are logged, never raised).
     """
 
     def __init__(
@@ -112,8 +114,10 @@ class TypeDispatcher:
         settles: bool = True,
         check: Callable[[Delivery], tuple[str, str] | None] | None = None,
         settler: dv.Settler = settle,
+        on_requeue: Callable[[Delivery], None] | None = None,
     ) -> None:
         self._settler = settler
+        self._on_requeue = on_requeue
         self._check = check
         self._on_refused = on_refused
         self._settles = settles
@@ -174,6 +178,11 @@ class TypeDispatcher:
         delivery = dataclasses.replace(delivery, body=data)
         if self._settles and self._wants_requeue(data, delivery):
             LOG.debug("Requeuing message %s", delivery.describe())
+            if self._on_requeue is not None:
+                try:
+                    self._on_requeue(delivery)
+                except Exception:
+                    LOG.exception("Requeue hook failed for message %s", delivery.describe())
             return settle(message, "requeue")
         if handler.validator is not None:
             try:

@@ -96,6 +96,8 @@ class Proxy(Publisher):
             and comes back as they settle (Celery's consumer does the same).
         signing: Signs what this proxy publishes and checks what it consumes (see
             :mod:`~flowengine.worker_based.signing`); None: neither.
+        on_requeue: Called with a message the consumer gives back unprocessed because it is
+            stopping, before it goes back (see :class:`~.dispatcher.TypeDispatcher`).
     """
 
     def __init__(
@@ -121,6 +123,7 @@ class Proxy(Publisher):
         paused: Callable[[], bool] | None = None,
         prefetch: Callable[[], int | None] | None = None,
         signing: sg.Signing | None = None,
+        on_requeue: Callable[[Delivery], None] | None = None,
     ) -> None:
         if queue_expires is not None and taskflow_compat:
             raise ValueError(f"Queue of topic '{topic}': queue_expires needs taskflow_compat off")
@@ -151,6 +154,7 @@ class Proxy(Publisher):
             type_handlers, requeue_filters=[lambda _data, _message: not self.is_running],
             on_refused=on_refused, settles=not self._auto_ack,
             check=signing.check if signing is not None else None, settler=self._settle,
+            on_requeue=on_requeue,
         )
         self._running = threading.Event()
         self._stopped = threading.Event()

@@ -13,8 +13,13 @@ and it never does any of it: it returns the new value and the *effects* its owne
 (publish, complete the future, send a CANCEL...). Time is only what ``now`` says, so every
 timeout, lease and retry is tested by passing numbers, without a broker or a thread.
 
-A short task sends no RUNNING reply (issue 33): its outcome, or its first heartbeat, moves a
-PENDING attempt on, as a RUNNING reply would have.
+A short task sends no RUNNING reply to an engine that speaks flowengine protocol 2: its
+outcome, or its RUNNING reply once it outlives a short threshold, moves a PENDING attempt on
+(so does a heartbeat). A PENDING attempt may therefore have started. When the broker hands it
+out again (its holder died or was cut off) it is treated as a RUNNING one whose holder must
+prove it is alive, unless its worker said it holds it unstarted (waiting for a limit, or given
+back as the worker stopped): a request that kills its workers at once still costs an attempt
+each time, as it did when every task said RUNNING first.
 """
 
 from __future__ import annotations
@@ -138,6 +143,8 @@ class Attempt:
         stopping: Why its flow asked it to stop (None: not asked).
         suspect: Why it may be lost, until a heartbeat says otherwise.
         runner: The worker whose RUNNING reply it got (replies from others are refused).
+        unstarted: Its worker said it holds it unstarted (waiting for a limit, or given back
+            as that worker stopped): a hand-back of it then costs no attempt.
     """
 
     request_id: str
@@ -161,6 +168,7 @@ class Attempt:
     stopping: str | None = None
     suspect: str | None = None
     runner: str | None = None
+    unstarted: bool = False
 
     @property
     def ended(self) -> bool:
@@ -239,7 +247,17 @@ class Beat:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Waiting:
-    """Its worker holds it unstarted until a concurrency limit lets it run."""
+    """Its worker holds it unstarted until a concurrency limit lets it run (``holding``), or
+    no longer (it is about to start)."""
+
+    holding: bool = True
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Returned:
+    """Worker ``by`` gives it back to the broker unstarted (it is stopping)."""
+
+    by: str | None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -260,9 +278,11 @@ class Broken:
 @dataclasses.dataclass(frozen=True, slots=True)
 class HandedBack:
     """Worker ``by`` returned it unrun: the broker redelivered it, so its holder died or was
-    cut off holding it."""
+    cut off holding it. ``quiet_start``: its holder may have started it without saying so
+    (a worker of its topic sends no RUNNING reply for short tasks)."""
 
     by: str | None
+    quiet_start: bool = False
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -336,7 +356,7 @@ class Abandoned:
     error: Exception | None = None
 
 
-Event: TypeAlias = (Sent | Unsendable | Started | Beat | Waiting | Finished | Broken
+Event: TypeAlias = (Sent | Unsendable | Started | Beat | Waiting | Returned | Finished | Broken
                     | HandedBack | NotServed | Dropped | Tick | PassOver | Lost | Revoke | Stop
                     | Resumed | Abandoned)
 
@@ -504,7 +524,7 @@ def _start(attempt: Attempt, worker: str | None, flowengine: bool, now: float,
     if said and attempt.runner is None and worker:
         changes["runner"] = worker
     if attempt.state == PENDING:
-        changes.update(state=RUNNING, started=now, pickup_due=None)
+        changes.update(state=RUNNING, started=now, pickup_due=None, unstarted=False)
         # Only flowengine workers send heartbeats: a TaskFlow worker's request holds no lease.
         lease = attempt.policy.lease_timeout if flowengine else None
         changes["lease_until"] = None if lease is None else now + lease
@@ -554,7 +574,13 @@ def _waiting(attempt: Attempt, event: Waiting, now: float) -> Step:
     if attempt.state != PENDING:
         return attempt, _NOTHING
     # Alive and waiting in line: its time to leave PENDING starts again.
-    return dataclasses.replace(attempt, created=now), _NOTHING
+    return dataclasses.replace(attempt, created=now, unstarted=event.holding), _NOTHING
+
+
+def _returned(attempt: Attempt, event: Returned, now: float) -> Step:
+    if attempt.state != PENDING:
+        return attempt, _NOTHING
+    return dataclasses.replace(attempt, unstarted=True), _NOTHING
 
 
 def _finished(attempt: Attempt, event: Finished, now: float) -> Step:
@@ -575,16 +601,22 @@ def _handed_back(attempt: Attempt, event: HandedBack, now: float) -> Step:
     why = (f"the broker redelivered it to worker {event.by or '?'}: its worker {holder} died "
            f"or was cut off holding it")
     policy = attempt.policy
-    if attempt.state == RUNNING and policy.lease_timeout is not None:
+    started = attempt.state == RUNNING or (event.quiet_start and not attempt.unstarted)
+    if started and policy.lease_timeout is not None:
         # The holder may still be running it (a long task Redis handed out again, a worker
-        # whose connection blipped): one that is alive proves it with its next heartbeat,
-        # which renews the lease; one that is gone lets the lease lapse soon.
+        # whose connection blipped, a short task not done yet): one that is alive proves it
+        # with its next heartbeat or RUNNING reply, which renews the lease; one that is gone
+        # (or that the request killed) lets the lease lapse soon.
         until = now + PROOF_OF_LIFE * policy.heartbeat_interval
         lease = until if attempt.lease_until is None else min(attempt.lease_until, until)
         LOG.debug("%s came back from the broker; its lease now ends unless worker %s sends a "
                   "heartbeat", attempt.describe().capitalize(), holder)
-        return dataclasses.replace(attempt, lease_until=lease, suspect=why), _NOTHING
-    if attempt.state == RUNNING or attempt.tally.resent >= policy.max_attempts:
+        suspected = dataclasses.replace(attempt, lease_until=lease, suspect=why)
+        if attempt.state == PENDING:  # it started unannounced, as far as anyone can tell
+            suspected = dataclasses.replace(suspected, state=RUNNING, started=now,
+                                            pickup_due=None)
+        return suspected, _NOTHING
+    if started or attempt.tally.resent >= policy.max_attempts:
         return _lapse(attempt, why)
     # It never started (no RUNNING reply precedes the hand-back), so sending it again costs no
     # attempt: a graceful worker stop gives back requests it prefetched. Bounded all the same,
@@ -761,7 +793,7 @@ def _lapse(attempt: Attempt, why: str) -> Step:
 
 _HANDLERS: dict[type, Callable[[Attempt, Any, float], Step]] = {
     Sent: _sent, Unsendable: _unsendable, Started: _started, Beat: _beat, Waiting: _waiting,
-    Finished: _finished, Broken: _broken, HandedBack: _handed_back, NotServed: _not_served,
-    Dropped: _dropped, Tick: _tick, PassOver: _pass_over, Lost: _lost, Revoke: _revoke,
-    Stop: _stop, Resumed: _resumed, Abandoned: _abandoned,
+    Returned: _returned, Finished: _finished, Broken: _broken, HandedBack: _handed_back,
+    NotServed: _not_served, Dropped: _dropped, Tick: _tick, PassOver: _pass_over, Lost: _lost,
+    Revoke: _revoke, Stop: _stop, Resumed: _resumed, Abandoned: _abandoned,
 }

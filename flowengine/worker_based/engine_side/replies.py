@@ -21,12 +21,13 @@ from flowengine.worker_based.engine_side import lifecycle as lc
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Progress:
-    """A progress EVENT for the local task's notifier; ``waiting``: its worker holds the
-    request unstarted until a concurrency limit lets it run."""
+    """A progress EVENT for the local task's notifier; ``waiting_for``: what its worker holds
+    the request unstarted for (a concurrency limit; empty: no longer, it starts), None when
+    it says nothing of that."""
 
     event_type: str
     details: dict[str, Any]
-    waiting: bool
+    waiting_for: Any
 
 
 def read(data: Mapping[str, Any], headers: Mapping[str, Any]) -> lc.Event | Progress | None:
@@ -49,8 +50,10 @@ def read(data: Mapping[str, Any], headers: Mapping[str, Any]) -> lc.Event | Prog
         return lc.Beat(worker)
     if event_type == ext.EVENT_REDELIVERED:
         return lc.HandedBack(worker)
+    if event_type == ext.EVENT_RETURNED:
+        return lc.Returned(worker)
     if event_type == ext.EVENT_NOT_SERVED:
         return lc.NotServed(worker, details.get("version"))
     if event_type == cn.EVENT_CANCELLED:
         return lc.Dropped(worker)
-    return Progress(event_type, details, details.get(lm.WAITING_FOR) is not None)
+    return Progress(event_type, details, details.get(lm.WAITING_FOR))
