@@ -717,7 +717,9 @@ class WorkerTaskExecutor(local.TaskExecutor):
             held = [s for s in self._ongoing.values() if s.attempt.worker in ids]
         for sub in held:
             attempt = sub.attempt
-            self._apply(sub, lc.Lost(f"its worker {attempt.worker} {why}"), attempt.request_id)
+            quiet = attempt.state == lc.PENDING and self.finder.quiet_starts(attempt.topic)
+            self._apply(sub, lc.Lost(f"its worker {attempt.worker} {why}", quiet_start=quiet),
+                        attempt.request_id)
 
     # -- housekeeping (the client's consumer thread) ----------------------------------------
 

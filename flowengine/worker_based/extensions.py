@@ -34,7 +34,8 @@ EVENT_REDELIVERED = "flowengine.redelivered"
 EVENT_RETURNED = "flowengine.returned"
 #: Seconds a task of a protocol-2 engine runs before its worker says RUNNING (one that ends
 #: sooner sends its outcome alone); never later than its first heartbeat, nor than half the
-#: time left before the request's deadline.
+#: time left before the request's deadline. Only for a task whose last run on that worker
+#: ended within it: others say RUNNING at once.
 RUNNING_AFTER = 0.2
 
 #: A flowengine worker (not in ``taskflow_compat`` mode) that receives a flowengine request for

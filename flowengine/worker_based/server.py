@@ -123,6 +123,7 @@ class Server(ReplySender):
         # Discovery is answered off the task threads, so a busy worker still answers at once.
         self._control = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flowengine-control")
         self._heartbeats = Heartbeats()
+        self._short_runs = _ShortRuns()
         self._revoked = cn.Revoked()
         self._calls = rn.RunningCalls()
         self._async = async_runner or ar.AsyncRunner()
@@ -476,7 +477,12 @@ class Server(ReplySender):
         # An engine of protocol 2 takes a short task's outcome as its only reply: RUNNING is
         # said only once the task outlives a short threshold (by the heartbeat thread). Not
         # after a wait for a limit: its engine was told it waits, and must hear it started.
-        quiet = self._control_proxy is not None and quiet_start(headers)
+        # Nor for a task this worker has not seen end that soon: a worker that freezes or dies
+        # while running it must leave its engine a lease to see lapse, which a RUNNING reply
+        # sent later would never have started.
+        runs_key = (work.task_cls, work.action)
+        quiet = (self._control_proxy is not None and quiet_start(headers)
+                 and self._short_runs.known_short(runs_key))
         if self._limits is not None:
             held = self._take_slots(work, message, reply, name)
             if held is _HELD_AFTER_WAIT:
@@ -503,7 +509,7 @@ class Server(ReplySender):
             self._heartbeats.add(beating, interval, functools.partial(self._beat, pulse, message),
                                  first=running_after(headers, interval) if quiet else None)
         conclude = functools.partial(self._conclude, data, props, fields, started, reply, name,
-                                     secrets)
+                                     secrets, runs_key)
         request_id = props["correlation_id"]
         # The task's context (flowengine.context), with a signal a STOP for it sets.
         ctx = rn.context_from(headers, data, request_id, self.worker_id,
@@ -540,11 +546,12 @@ class Server(ReplySender):
 
     def _conclude(self, data: Mapping[str, Any], props: Mapping[str, Any],
                   fields: dict[str, Any], started: float, reply: Callable[..., bool], name: str,
-                  secrets: Any, result: Any) -> bool:
+                  secrets: Any, runs_key: tuple[str, str], result: Any) -> bool:
         """Log, announce and publish a finished request's outcome; True once published."""
         if isinstance(result, Failure) and secrets:
             result = result.redacted(secrets)  # before it is logged, evented or sent
         runtime = time.monotonic() - started
+        self._short_runs.ran(runs_key, runtime)
         # Neither the result nor the exception's text: either may hold a secret.
         LOG.info("Task %s[%s] %s in %.3fs", clip(data.get("task_name")),
                  clip(props["correlation_id"]),
@@ -650,6 +657,25 @@ class Server(ReplySender):
 #: What :meth:`Server._take_slots` returns once a request holds its limit slots.
 _HELD = object()
 _HELD_AFTER_WAIT = object()
+
+
+class _ShortRuns:
+    """Which tasks (class and action) last ended on this worker within
+    :data:`~flowengine.worker_based.extensions.RUNNING_AFTER`: only those start quietly for a
+    protocol-2 engine. One entry per task class the worker runs and action, so it stays small."""
+
+    __slots__ = ("_short",)
+
+    def __init__(self) -> None:
+        self._short: dict[tuple[str, str], bool] = {}
+
+    def known_short(self, key: tuple[str, str]) -> bool:
+        """Whether ``key``'s last run here ended within the threshold (False if it never ran)."""
+        return self._short.get(key, False)
+
+    def ran(self, key: tuple[str, str], seconds: float) -> None:
+        """Note that a run of ``key`` took ``seconds``."""
+        self._short[key] = seconds < ext.RUNNING_AFTER
 
 
 class _Pulse:

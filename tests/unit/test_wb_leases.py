@@ -314,6 +314,61 @@ def test_a_worker_going_offline_loses_the_attempts_it_holds(
         executor.stop()
 
 
+def _go_offline(worker: ScriptedWorker) -> None:
+    offline = dict(worker.headers(), **{pr.HEADER_WORKER_STATUS: pr.WORKER_OFFLINE})
+    worker.proxy.publish(pr.Notify(topic=worker.topic, tasks=[TASK_CLS]),
+                         pr.DISCOVERY_ROUTING_KEY, headers=offline, declare_queue=False)
+
+
+def test_a_quiet_attempt_whose_worker_goes_offline_is_kept_by_the_worker_that_runs_it(
+    exchange: str, clock: ManualClock, worker: ScriptedWorker
+) -> None:
+    # Sent to worker-1, taken from the shared queue by worker-2, which says nothing yet (a
+    # short task): worker-1 going offline must not send it again while worker-2 runs it.
+    executor = make_executor(exchange, clock, max_attempts=3)
+    try:
+        future = executor.execute_task(Slow(name="quiet"), "atom-14", {})
+        _data, message = worker.next_request()
+        _go_offline(worker)
+        executor.cycles.settle()  # type: ignore[attr-defined]
+        [attempt] = executor.attempts()
+        assert attempt.state == pr.RUNNING and attempt.suspect is not None
+        worker.proxy.publish(pr.Response(pr.SUCCESS, result="once"),
+                             message.properties["reply_to"],
+                             correlation_id=message.properties["correlation_id"],
+                             headers=dict(worker.headers(), **{pr.HEADER_WORKER: "worker-2"}))
+        assert future.result(timeout=WAIT) == (EXECUTED, "once")
+        assert worker.requests.empty(), "sent once"
+    finally:
+        executor.stop()
+
+
+def test_a_quiet_attempt_no_worker_proves_it_runs_is_lost_with_its_worker(
+    exchange: str, clock: ManualClock, worker: ScriptedWorker
+) -> None:
+    executor = make_executor(exchange, clock, max_attempts=2)
+    try:
+        future = executor.execute_task(Slow(name="gone"), "atom-15", {})
+        _data, message = worker.next_request()
+        _go_offline(worker)
+        executor.cycles.settle()  # type: ignore[attr-defined]
+        clock.now += PROOF_OF_LIFE * HEARTBEAT_INTERVAL - 0.1
+        executor.on_wait()
+        assert worker.requests.empty(), "not before its holder had time to say it runs it"
+        clock.now += 0.2
+        executor.on_wait()
+        # Sent again once the worker is known again (it is the only one).
+        worker.proxy.publish(pr.Notify(topic=worker.topic, tasks=[TASK_CLS]),
+                             pr.DISCOVERY_ROUTING_KEY, headers=worker.headers(),
+                             declare_queue=False)
+        _data, again = worker.next_request()
+        assert again.headers[pr.HEADER_ATTEMPT] == 2
+        worker.reply(again, pr.SUCCESS, result="again")
+        assert future.result(timeout=WAIT) == (EXECUTED, "again")
+    finally:
+        executor.stop()
+
+
 def hand_back(worker: ScriptedWorker, message: Any, by: str = "worker-2") -> None:
     """What a worker does with a request the broker redelivered to it: return it unrun."""
     worker.proxy.publish(

@@ -2,7 +2,8 @@
 
 An engine of flowengine protocol 2 takes a short task's outcome as its only reply: the worker
 says RUNNING only once the task outlives a short threshold (``extensions.RUNNING_AFTER``, moved
-here to make "short" and "long" certain), never later than its first heartbeat. TaskFlow
+here to make "short" and "long" certain), never later than its first heartbeat, and at once
+for a task it has not seen end within the threshold last time. TaskFlow
 engines, engines of protocol 1 and workers in TaskFlow-compatibility mode keep RUNNING first.
 A worker that gives such a request back to the broker unstarted says so first.
 """
@@ -74,17 +75,47 @@ def states(requester: Requester, request: pr.Request) -> list[str]:
     return [body["state"] for body in requester.outcome(request)]
 
 
+def _seen_short(requester: Requester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run Held once, short: the worker says RUNNING first (it has not seen Held end short),
+    and notes it ends short."""
+    monkeypatch.setattr(ext, "RUNNING_AFTER", WAIT * 3)  # nothing here outlives it
+    GATE.set()
+    assert states(requester, requester.send(Held(name="first"), headers=QUIET)) == [
+        pr.RUNNING, pr.SUCCESS]
+    GATE.clear()
+
+
 def test_a_short_task_of_a_protocol_2_engine_sends_its_outcome_alone(
     worker: wk.Worker, requester: Requester, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(ext, "RUNNING_AFTER", WAIT * 3)  # nothing here outlives it
+    _seen_short(requester, monkeypatch)
     GATE.set()
     assert states(requester, requester.send(Held(name="short"), headers=QUIET)) == [pr.SUCCESS]
+
+
+def test_a_task_whose_last_run_was_long_says_running_at_once_again(
+    worker: wk.Worker, requester: Requester, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _seen_short(requester, monkeypatch)
+    monkeypatch.setattr(ext, "RUNNING_AFTER", 0.01)
+    request = requester.send(Held(name="long"), headers=QUIET)
+    assert requester.next(request.uuid)[0]["state"] == pr.RUNNING  # from the heartbeat thread
+    GATE.set()
+    assert states(requester, request) == [pr.SUCCESS]
+    # Seen long now: a worker that froze at its start must have said RUNNING, so it says so
+    # before the task runs (here the gate is shut: the task cannot have run yet).
+    GATE.clear()
+    monkeypatch.setattr(ext, "RUNNING_AFTER", WAIT * 3)
+    request = requester.send(Held(name="again"), headers=QUIET)
+    assert requester.next(request.uuid)[0]["state"] == pr.RUNNING
+    GATE.set()
+    assert states(requester, request) == [pr.SUCCESS]
 
 
 def test_a_task_that_outlives_the_threshold_says_running_before_its_outcome(
     worker: wk.Worker, requester: Requester, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    _seen_short(requester, monkeypatch)
     monkeypatch.setattr(ext, "RUNNING_AFTER", 0.01)
     request = requester.send(Held(name="long"), headers=QUIET)
     body, headers = requester.next(request.uuid)  # while the task is still held
@@ -97,7 +128,7 @@ def test_a_task_that_outlives_the_threshold_says_running_before_its_outcome(
 def test_running_comes_no_later_than_the_first_heartbeat_and_heartbeats_follow(
     worker: wk.Worker, requester: Requester, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(ext, "RUNNING_AFTER", WAIT * 3)
+    _seen_short(requester, monkeypatch)
     request = requester.send(Held(name="beating"),
                              headers={**QUIET, ext.HEADER_HEARTBEAT: 0.01})
     assert requester.next(request.uuid)[0]["state"] == pr.RUNNING

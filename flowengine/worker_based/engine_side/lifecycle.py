@@ -318,9 +318,12 @@ class PassOver:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Lost:
-    """Its worker is gone (expired, went offline): ``why``."""
+    """Its worker is gone (expired, went offline): ``why``. ``quiet_start``: another worker of
+    its topic may run it without having said so yet (a worker of its topic sends no RUNNING
+    reply for short tasks)."""
 
     why: str
+    quiet_start: bool = False
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -718,6 +721,17 @@ def _lost(attempt: Attempt, event: Lost, now: float) -> Step:
     if attempt.not_before is not None and attempt.not_before > now:
         # Still in its delay, held by no worker: any worker of the topic may take it when due.
         return attempt, _NOTHING
+    policy = attempt.policy
+    if (attempt.state == PENDING and event.quiet_start and not attempt.unstarted
+            and policy.lease_timeout is not None):
+        # The worker it was sent to is gone, but workers of a topic share its queue: another
+        # one may be running it and say so only once it outlives the short threshold. It is
+        # treated as running there, with a holder that must prove it is alive; if none does,
+        # it is lost as a running attempt would have been.
+        until = now + PROOF_OF_LIFE * policy.heartbeat_interval
+        why = f"its lease lapsed: {event.why}, and no other worker said it runs it"
+        return dataclasses.replace(attempt, state=RUNNING, started=now, pickup_due=None,
+                                   lease_until=until, suspect=why), _NOTHING
     return _lapse(attempt, event.why)
 
 
