@@ -25,6 +25,12 @@ NEEDS_SERVERS: frozenset[str] = frozenset({"wbe_cluster.py"})
 #: without an entry must still exit with status 0 and print something.
 EXPECTED_LINES: dict[str, list[str]] = {
     "readme_booking.py": ["reserved 12A"],
+    "engine_options.py": [
+        "serial: hello",
+        "parallel: hello",
+        "refused: Unknown serial engine option(s): 'nevr_resolve' (did you mean "
+        "'never_resolve'?)",
+    ],
     "chaos_orders.py": ["parcel-1"],
     "rehearse_booking.py": [
         "== booking",

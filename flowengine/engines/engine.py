@@ -17,6 +17,7 @@ from flowengine.engines import repair as repairing
 from flowengine.engines import setup_slots, shapes, stopping
 from flowengine.engines import suspend_requests as sr
 from flowengine.engines.admission import META_COORDINATION, Admission, FlowLocks, TaskGate
+from flowengine.engines.admission import OPTIONS as ADMISSION_OPTIONS
 from flowengine.engines.compiler import Compilation, PatternCompiler
 from flowengine.engines.delays import RetryWaits
 from flowengine.engines.machine import META_STATES, RunLoop
@@ -46,13 +47,19 @@ class ActionEngine:
                                   states.ANALYZING))
     #: End states after which no failure is re-raised.
     NO_RERAISING_STATES = frozenset((states.SUSPENDED, states.SUCCESS))
+    #: The engine's name in messages about its options.
+    KIND = "action"
+    #: The options it reads beyond :class:`EngineOptions`' fields; any other that TaskFlow
+    #: does not know either is refused, with the nearest known name.
+    EXTRA_OPTIONS = frozenset({"retry_clock", "time_limits", "max_async_tasks",
+                               stopping.OPTION, sr.OPTION, *ADMISSION_OPTIONS})
 
     def __init__(self, flow: Any, flow_detail: Any, backend: Any,
                  options: Mapping[str, Any] | None) -> None:
         self._flow = flow
         self._flow_detail = flow_detail
         self._backend = backend
-        self._options = EngineOptions.from_mapping(options)
+        self._options = EngineOptions.from_mapping(options, self.KIND, self.EXTRA_OPTIONS)
         self._given_options = dict(options or {})
         self._notifier = Notifier()
         self._atom_notifier = Notifier()
@@ -630,6 +637,8 @@ class SerialActionEngine(ActionEngine):
             a time limit runs on a helper thread, so the engine can stop waiting for it.
     """
 
+    KIND = "serial"
+
 
 #: Executor names the parallel engine accepts; TaskFlow's green-thread names run on threads.
 _THREAD_EXECUTORS = frozenset(("thread", "threads", "threaded",
@@ -647,6 +656,8 @@ class ParallelActionEngine(ActionEngine):
             thread (they take no pool thread); default 64.
         time_limits: ``{task name: seconds}`` overriding the tasks' ``time_limit``.
     """
+
+    KIND = "parallel"
 
     def __init__(self, flow: Any, flow_detail: Any, backend: Any,
                  options: Mapping[str, Any] | None) -> None:

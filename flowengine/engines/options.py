@@ -3,11 +3,29 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+import difflib
+from collections.abc import Collection, Mapping
 from typing import Any
 
 _TRUE = {"1", "true", "yes", "on", "y"}
 _FALSE = {"0", "false", "no", "off", "n", ""}
+
+#: The options TaskFlow's engines read (any of them). Every engine accepts them, and ignores
+#: those it has no use for, as TaskFlow does: a program can switch engines by name alone.
+TASKFLOW_OPTIONS = frozenset({
+    "defer_reverts", "never_resolve", "inject_transient", "gather_statistics", "executor",
+    "max_workers", "url", "exchange", "topics", "transport", "transport_options",
+    "retry_options", "transition_timeout", "worker_expiry", "polling_interval",
+})
+
+
+def unknown_options(kind: str, unknown: Collection[str], known: Collection[str]) -> ValueError:
+    """The error for options ``unknown`` to a ``kind`` engine, each with the nearest of
+    ``known`` when one is close."""
+    hints = [f"{name!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
+             for name in sorted(unknown)
+             for close in [difflib.get_close_matches(name, sorted(known), n=1)]]
+    return ValueError(f"Unknown {kind} engine option(s): {', '.join(hints)}")
 
 
 def as_bool(name: str, value: Any) -> bool:
@@ -62,9 +80,26 @@ class EngineOptions:
     extra: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     @classmethod
-    def from_mapping(cls, options: Mapping[str, Any] | None) -> EngineOptions:
-        """Validate a mapping of options (as given to ``engines.load``)."""
+    def from_mapping(cls, options: Mapping[str, Any] | None, kind: str = "action",
+                     extra: Collection[str] | None = None) -> EngineOptions:
+        """Validate a mapping of options (as given to ``engines.load``).
+
+        Args:
+            options: The options.
+            kind: The engine's name, for messages.
+            extra: The options beyond this record's fields that the engine reads (None: any
+                is kept in ``extra`` unchecked).
+
+        Raises:
+            ValueError: A bad value, or (with ``extra``) an option neither the engine nor
+                TaskFlow knows, with the nearest known name.
+        """
         options = dict(options or {})
+        if extra is not None:
+            known = {f.name for f in dataclasses.fields(cls)} - {"extra"} | set(extra)
+            unknown = set(options) - known - TASKFLOW_OPTIONS
+            if unknown:
+                raise unknown_options(kind, unknown, known)
         return cls(
             defer_reverts=as_bool("defer_reverts", options.pop("defer_reverts", False)),
             never_resolve=as_bool("never_resolve", options.pop("never_resolve", False)),

@@ -15,6 +15,7 @@ from flowengine.engines import admission
 from flowengine.engines import executor as local
 from flowengine.engines.actions import META_ATTEMPT_IDS, META_DELAYED_JOB
 from flowengine.engines.engine import ActionEngine
+from flowengine.engines.options import TASKFLOW_OPTIONS
 from flowengine.exceptions import StorageFailure
 from flowengine.secrets import Secret
 from flowengine.types.notifier import Notifier, register_deregister
@@ -25,7 +26,7 @@ from flowengine.worker_based import secret_arguments as sa
 from flowengine.worker_based.event_listener import EventListener, PlacementSink
 from flowengine.worker_based.events import EventPublisher, combine
 from flowengine.worker_based.executor import WorkerTaskExecutor
-from flowengine.worker_based.options import WorkerEngineOptions
+from flowengine.worker_based.options import WorkerEngineOptions, option_names
 
 LOG = logging.getLogger(__name__)
 
@@ -74,14 +75,21 @@ class WorkerBasedActionEngine(ActionEngine):
             (tests inject one to move them along without sleeping).
     """
 
+    KIND = "worker-based"
+    EXTRA_OPTIONS = admission.OPTIONS | option_names()
+
     def __init__(
         self, flow: Any, flow_detail: Any, backend: Any, options: Mapping[str, Any] | None
     ) -> None:
         super().__init__(flow, flow_detail, backend, options)
         self._worker_executor: local.TaskExecutor | None = None
-        #: The validated worker-based options (a misspelt or mistyped one fails here).
+        #: The validated worker-based options (a mistyped one fails here).
+        # TaskFlow's options it has no use for (gather_statistics...) are ignored, as TaskFlow
+        # ignores them.
+        names = option_names()
         self.worker_options = opts = WorkerEngineOptions.from_mapping(
-            {k: v for k, v in self._options.extra.items() if k not in admission.OPTIONS})
+            {k: v for k, v in self._options.extra.items()
+             if k not in admission.OPTIONS and (k in names or k not in TASKFLOW_OPTIONS)})
         # A ready-made executor may use a broker the options do not name: publish nowhere then.
         known = self._options.executor is None or opts.url or opts.transport
         self._publisher: ext.EventSink = ext.NO_EVENTS

@@ -9,12 +9,11 @@ default, as in TaskFlow.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from flowengine.engines.options import as_bool
+from flowengine.engines.options import as_bool, unknown_options
 from flowengine.worker_based import backoff as bo
 from flowengine.worker_based import client as bc
 from flowengine.worker_based import dead_letter_keeping as keeping
@@ -168,19 +167,21 @@ class WorkerEngineOptions:
             ValueError: An unknown option (with the nearest known name), or a bad value;
                 the message names the option.
         """
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(options) - known)
+        known = option_names()
+        unknown = set(options) - known
         if unknown:
-            hints = [f"{name!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
-                     for name in unknown
-                     for close in [difflib.get_close_matches(name, known, n=1)]]
-            raise ValueError(f"Unknown worker-based engine option(s): {', '.join(hints)}")
+            raise unknown_options("worker-based", unknown, known)
         values: dict[str, Any] = {}
         for name, value in options.items():
             if value is None and name not in _NONE_MEANS_NONE:
                 continue  # the default, as in TaskFlow
             values[name] = _CONVERT[name](name, value) if value is not None else None
         return cls(**values)
+
+
+def option_names() -> frozenset[str]:
+    """The names of :class:`WorkerEngineOptions`."""
+    return frozenset(f.name for f in dataclasses.fields(WorkerEngineOptions))
 
 
 #: Options the engine itself uses (events and metrics), not its executor.

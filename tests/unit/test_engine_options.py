@@ -1,0 +1,58 @@
+"""Engine options on every engine: a misspelt one is refused with the nearest name, TaskFlow's
+names and ``None`` values keep working, and an option another engine reads is accepted."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from behaviour import tasks  # tests/ is on sys.path (rootdir conftest)
+
+from flowengine import engines, states
+from flowengine.engines.options import TASKFLOW_OPTIONS, EngineOptions
+
+
+@pytest.mark.parametrize("engine", ["serial", "parallel", "worker-based"])
+@pytest.mark.parametrize(("given", "nearest"), [
+    ("nevr_resolve", "never_resolve"),
+    ("defer_revert", "defer_reverts"),
+    ("deadlin", "deadline"),
+    ("time_limit", "time_limits"),
+])  # fmt: skip
+def test_a_misspelt_option_is_refused_on_every_engine_naming_its_nearest_name(
+    engine: str, given: str, nearest: str,
+) -> None:
+    remote = {"transport": "memory", "topics": ["t"]} if engine == "worker-based" else {}
+    with pytest.raises(ValueError, match=rf"Unknown {engine} engine option\(s\): '{given}' "
+                                         rf"\(did you mean '{nearest}'\?\)"):
+        engines.load(tasks.Step("s"), engine=engine, **remote, **{given: True})
+
+
+def test_every_misspelt_option_is_named_at_once() -> None:
+    with pytest.raises(ValueError, match=r"'max_worker' \(did you mean 'max_workers'\?\), "
+                                         r"'nope'"):
+        engines.load(tasks.Step("s"), engine="parallel", max_worker=2, nope=1)
+
+
+@pytest.mark.parametrize("engine", ["serial", "parallel"])
+def test_taskflow_options_with_none_values_load_and_run(engine: str) -> None:
+    # What a TaskFlow program may pass, worker-based options included: one program, any engine.
+    options: dict[str, Any] = dict.fromkeys(TASKFLOW_OPTIONS - {"inject_transient"})
+    options["gather_statistics"] = True
+    loaded = engines.load(tasks.Step("s"), engine=engine, **options)
+    loaded.run()
+    assert loaded.storage.get_flow_state() == states.SUCCESS
+
+
+def test_the_worker_based_engine_ignores_taskflow_options_it_has_no_use_for() -> None:
+    engine = engines.load(tasks.Step("s"), engine="worker-based", transport="memory",
+                          topics=["t"], gather_statistics=False, polling_interval=1)
+    assert engine.options["gather_statistics"] is False  # kept, as given
+
+
+def test_the_local_engines_read_the_options_they_accept() -> None:
+    engine = engines.load(tasks.Step("s"), engine="serial", deadline=30, time_limits={"s": 2},
+                          suspend_check_interval=0, max_async_tasks=4, locks=[])
+    assert engine.options["deadline"] == 30
+    options = EngineOptions.from_mapping({"anything": 1})  # no engine named: unchecked
+    assert options.extra == {"anything": 1}
