@@ -13,7 +13,6 @@ from __future__ import annotations
 import concurrent.futures as cf
 import functools
 import threading
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -39,19 +38,8 @@ class Held(task.Task):
 
 @pytest.fixture
 def transport() -> dict[str, Any]:
+    # The memory broker only (conftest's exchange and requester use it).
     return {"transport": "memory"}
-
-
-@pytest.fixture
-def exchange() -> str:
-    return f"quiet-{uuid.uuid4().hex[:8]}"
-
-
-@pytest.fixture
-def requester(exchange: str, transport: dict[str, Any]) -> Iterator[Requester]:
-    made = Requester(exchange, transport)
-    yield made
-    made.close()
 
 
 def _serve(exchange: str, transport: dict[str, Any],
