@@ -82,7 +82,7 @@ class RemoteFuture(cf.Future):
     def __init__(self) -> None:
         super().__init__()
         self.published = False
-        self.on_cancel: Callable[[], None] | None = None
+        self.on_cancel: Callable[[], object] | None = None
         self.on_revoke: Callable[[], None] | None = None
 
     def cancel(self) -> bool:
@@ -413,14 +413,14 @@ class WorkerTaskExecutor(local.TaskExecutor):
 
     # -- the lifecycle, carried out -----------------------------------------------------------
 
-    def _apply(self, sub: _Submission, event: lc.Event, request_id: str | None = None) -> None:
+    def _apply(self, sub: _Submission, event: lc.Event, request_id: str | None = None) -> bool:
         """Apply ``event`` to ``sub``'s current attempt (only if it is ``request_id``, when
-        given) and do what the lifecycle says."""
+        given) and do what the lifecycle says; whether this call changed the attempt."""
         now = self._clock()
         with self._lock:
             before = sub.attempt
             if request_id is not None and before.request_id != request_id:
-                return  # about an attempt that has been replaced since
+                return False  # about an attempt that has been replaced since
             after, effects = lc.step(before, event, now)
             if after is not before:
                 sub.attempt = after
@@ -434,6 +434,7 @@ class WorkerTaskExecutor(local.TaskExecutor):
                     self._next_due = due
         for effect in effects:
             self._carry_out(sub, before, effect, now)
+        return after is not before
 
     def _account(self, before: lc.Attempt, after: lc.Attempt) -> None:
         """Keep the workers' in-flight counts (lock held): the least loaded gets the next."""
@@ -547,8 +548,12 @@ class WorkerTaskExecutor(local.TaskExecutor):
             LOG.debug("No worker yet for %r; request %s waits", sub.task.name,
                       attempt.request_id)
             return
-        self._apply(sub, lc.Sent(worker.identity, worker.topic, worker.flowengine),
-                    attempt.request_id)
+        if not self._apply(sub, lc.Sent(worker.identity, worker.topic, worker.flowengine),
+                           attempt.request_id):
+            # Sent meanwhile by another thread (the engine's submit and a pass over the
+            # waiting requests when a worker appears can both find it WAITING): published
+            # once, by that one.
+            return
         sent = sub.attempt
         if sent.request_id != attempt.request_id or sent.state != lc.PENDING:
             return  # it moved on meanwhile (cancelled, or already sent)

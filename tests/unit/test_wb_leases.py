@@ -314,6 +314,34 @@ def test_a_worker_going_offline_loses_the_attempts_it_holds(
         executor.stop()
 
 
+def test_a_request_found_waiting_by_two_threads_at_once_is_published_once(
+    exchange: str, clock: ManualClock, worker: ScriptedWorker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The engine's submit and the pass over waiting requests a worker's arrival starts can
+    # both find an attempt WAITING. Here the pass runs right after the submit looked (inside
+    # its choice of a worker): the request must still go out once.
+    executor = make_executor(exchange, clock, max_attempts=3)
+    choose = executor.finder.get_worker_for_task
+    interleaved: list[bool] = []
+
+    def choose_while_the_other_thread_sends(*args: Any, **kwargs: Any) -> Any:
+        if not interleaved:
+            interleaved.append(True)
+            executor.dispatch_waiting()  # the other thread, finding it WAITING too
+        return choose(*args, **kwargs)
+
+    monkeypatch.setattr(executor.finder, "get_worker_for_task",
+                        choose_while_the_other_thread_sends)
+    try:
+        future = executor.execute_task(Slow(name="once"), "atom-16", {})
+        _data, message = worker.next_request()
+        worker.reply(message, pr.SUCCESS, result="once")
+        assert future.result(timeout=WAIT) == (EXECUTED, "once")
+        assert interleaved and worker.requests.empty(), "published twice"
+    finally:
+        executor.stop()
+
+
 def _go_offline(worker: ScriptedWorker) -> None:
     offline = dict(worker.headers(), **{pr.HEADER_WORKER_STATUS: pr.WORKER_OFFLINE})
     worker.proxy.publish(pr.Notify(topic=worker.topic, tasks=[TASK_CLS]),
