@@ -576,13 +576,17 @@ class WorkerTaskExecutor(local.TaskExecutor):
 
     def _publish(self, sub: _Submission, attempt: lc.Attempt, topic: str,
                  headers: dict[str, Any]) -> None:
+        proxy = self.client.proxy
         try:
-            # Unconfirmed: a confirm costs a broker round trip per request. A request the
-            # broker loses is not lost silently: it fails after transition_timeout.
-            self.client.proxy.publish(
+            # Unconfirmed on one broker: a confirm costs a round trip per request, and a
+            # request the broker loses is not lost silently (it fails after
+            # transition_timeout). Confirmed on quorum queues: a cluster drops an unconfirmed
+            # publish while a queue elects a new leader after a node died, which a confirm
+            # turns into a nack that is sent again.
+            proxy.publish(
                 sub.body, topic, reply_to=self.client.reply_to,
                 correlation_id=attempt.request_id, headers=headers,
-                priority=getattr(sub.task, "priority", 0), confirm=False,
+                priority=getattr(sub.task, "priority", 0), confirm=proxy.queue_kind.quorum,
                 # Through an outage, as long as the request may wait anyway.
                 deadline=self._policy.timeout)
         except Exception as err:

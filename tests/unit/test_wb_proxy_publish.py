@@ -14,6 +14,7 @@ from typing import Any
 
 import kombu
 import pytest
+from amqp.exceptions import MessageNacked
 from kombu.exceptions import ConnectionError as KombuConnectionError
 from kombu.exceptions import OperationalError
 from kombu.transport import memory
@@ -29,9 +30,10 @@ NO_DELAY = {"interval_start": 0.0}
 
 
 class _Refusals:
-    """How many of the next messages the flaky transport refuses."""
+    """How many of the next messages the flaky transport refuses, and how."""
 
     remaining = 0
+    error: type[Exception] = KombuConnectionError
     lock = threading.Lock()
 
 
@@ -42,7 +44,7 @@ class FlakyChannel(memory.Channel):
             if refuse:
                 _Refusals.remaining -= 1
         if refuse:
-            raise KombuConnectionError("refused by the test")
+            raise _Refusals.error("refused by the test")
         super()._put(queue, message, **kwargs)
 
 
@@ -212,6 +214,18 @@ def test_a_publish_retries_until_the_broker_is_back(exchange: str) -> None:
         proxy.publish(notify(0), "work", deadline=WAIT)
         assert queued(proxy, "work") == ["t0"] and _Refusals.remaining == 0
     finally:
+        proxy.close()
+
+
+def test_a_nacked_publish_is_sent_again(exchange: str) -> None:
+    # RabbitMQ nacks what a quorum queue cannot take (electing a leader after a node died).
+    _Refusals.remaining, _Refusals.error = 2, MessageNacked
+    proxy = px.Proxy("me", exchange, transport=FlakyTransport, retry_options=NO_DELAY)
+    try:
+        proxy.publish(notify(0), "work", deadline=WAIT)
+        assert queued(proxy, "work") == ["t0"] and _Refusals.remaining == 0
+    finally:
+        _Refusals.error = KombuConnectionError
         proxy.close()
 
 

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import kombu
+from amqp.exceptions import MessageNacked
 from kombu.exceptions import OperationalError
 
 from flowengine.worker_based import backoff as bo
@@ -252,7 +253,10 @@ class Publisher:
         if self._signing is not None:
             headers = self._signing.sign(body, properties, headers)
         pending = list(keys)
-        errors = self._conn.connection_errors + self._conn.channel_errors + (OperationalError,)
+        # A nack (RabbitMQ could not take the message: a quorum queue electing its leader
+        # after a node died) is retried like a lost connection.
+        errors = (self._conn.connection_errors + self._conn.channel_errors
+                  + (OperationalError, MessageNacked))
         backoff: bo.Backoff | None = None
         while True:
             try:
