@@ -96,7 +96,7 @@ class EngineOptions:
         """
         options = dict(options or {})
         if extra is not None:
-            known = {f.name for f in dataclasses.fields(cls)} - {"extra"} | set(extra)
+            known = _FIELDS | set(extra)
             unknown = set(options) - known - TASKFLOW_OPTIONS
             if unknown:
                 raise unknown_options(kind, unknown, known)
@@ -115,3 +115,7 @@ class EngineOptions:
                  for f in dataclasses.fields(self) if f.name != "extra"}
         found.update(self.extra)
         return found
+
+
+#: The options :class:`EngineOptions` holds in fields of their own.
+_FIELDS = frozenset(f.name for f in dataclasses.fields(EngineOptions)) - {"extra"}

@@ -26,7 +26,7 @@ from flowengine.worker_based import secret_arguments as sa
 from flowengine.worker_based.event_listener import EventListener, PlacementSink
 from flowengine.worker_based.events import EventPublisher, combine
 from flowengine.worker_based.executor import WorkerTaskExecutor
-from flowengine.worker_based.options import WorkerEngineOptions, option_names
+from flowengine.worker_based.options import OPTION_NAMES, WorkerEngineOptions
 
 LOG = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ class WorkerBasedActionEngine(ActionEngine):
     """
 
     KIND = "worker-based"
-    EXTRA_OPTIONS = admission.OPTIONS | option_names()
+    EXTRA_OPTIONS = admission.OPTIONS | OPTION_NAMES
 
     def __init__(
         self, flow: Any, flow_detail: Any, backend: Any, options: Mapping[str, Any] | None
@@ -86,10 +86,9 @@ class WorkerBasedActionEngine(ActionEngine):
         #: The validated worker-based options (a mistyped one fails here).
         # TaskFlow's options it has no use for (gather_statistics...) are ignored, as TaskFlow
         # ignores them.
-        names = option_names()
         self.worker_options = opts = WorkerEngineOptions.from_mapping(
             {k: v for k, v in self._options.extra.items()
-             if k not in admission.OPTIONS and (k in names or k not in TASKFLOW_OPTIONS)})
+             if k not in admission.OPTIONS and (k in OPTION_NAMES or k not in TASKFLOW_OPTIONS)})
         # A ready-made executor may use a broker the options do not name: publish nowhere then.
         known = self._options.executor is None or opts.url or opts.transport
         self._publisher: ext.EventSink = ext.NO_EVENTS

@@ -167,10 +167,9 @@ class WorkerEngineOptions:
             ValueError: An unknown option (with the nearest known name), or a bad value;
                 the message names the option.
         """
-        known = option_names()
-        unknown = set(options) - known
+        unknown = set(options) - OPTION_NAMES
         if unknown:
-            raise unknown_options("worker-based", unknown, known)
+            raise unknown_options("worker-based", unknown, OPTION_NAMES)
         values: dict[str, Any] = {}
         for name, value in options.items():
             if value is None and name not in _NONE_MEANS_NONE:
@@ -179,9 +178,8 @@ class WorkerEngineOptions:
         return cls(**values)
 
 
-def option_names() -> frozenset[str]:
-    """The names of :class:`WorkerEngineOptions`."""
-    return frozenset(f.name for f in dataclasses.fields(WorkerEngineOptions))
+#: The names of :class:`WorkerEngineOptions`' fields.
+OPTION_NAMES = frozenset(f.name for f in dataclasses.fields(WorkerEngineOptions))
 
 
 #: Options the engine itself uses (events and metrics), not its executor.

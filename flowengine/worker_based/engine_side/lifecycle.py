@@ -610,15 +610,9 @@ def _handed_back(attempt: Attempt, event: HandedBack, now: float) -> Step:
         # whose connection blipped, a short task not done yet): one that is alive proves it
         # with its next heartbeat or RUNNING reply, which renews the lease; one that is gone
         # (or that the request killed) lets the lease lapse soon.
-        until = now + PROOF_OF_LIFE * policy.heartbeat_interval
-        lease = until if attempt.lease_until is None else min(attempt.lease_until, until)
         LOG.debug("%s came back from the broker; its lease now ends unless worker %s sends a "
                   "heartbeat", attempt.describe().capitalize(), holder)
-        suspected = dataclasses.replace(attempt, lease_until=lease, suspect=why)
-        if attempt.state == PENDING:  # it started unannounced, as far as anyone can tell
-            suspected = dataclasses.replace(suspected, state=RUNNING, started=now,
-                                            pickup_due=None)
-        return suspected, _NOTHING
+        return _to_prove_alive(attempt, why, now), _NOTHING
     if started or attempt.tally.resent >= policy.max_attempts:
         return _lapse(attempt, why)
     # It never started (no RUNNING reply precedes the hand-back), so sending it again costs no
@@ -728,10 +722,8 @@ def _lost(attempt: Attempt, event: Lost, now: float) -> Step:
         # one may be running it and say so only once it outlives the short threshold. It is
         # treated as running there, with a holder that must prove it is alive; if none does,
         # it is lost as a running attempt would have been.
-        until = now + PROOF_OF_LIFE * policy.heartbeat_interval
         why = f"its lease lapsed: {event.why}, and no other worker said it runs it"
-        return dataclasses.replace(attempt, state=RUNNING, started=now, pickup_due=None,
-                                   lease_until=until, suspect=why), _NOTHING
+        return _to_prove_alive(attempt, why, now), _NOTHING
     return _lapse(attempt, event.why)
 
 
@@ -788,6 +780,18 @@ def _again(attempt: Attempt, ending: str, reason: str | None = None) -> Step:
     if attempt.stopping is not None:
         return _end(attempt, CANCELLED), [Cancel("its flow is being cancelled")]
     return _end(attempt, ending), [Retry(reason)]
+
+
+def _to_prove_alive(attempt: Attempt, why: str, now: float) -> Attempt:
+    """``attempt`` as a RUNNING one (a PENDING one may have started unannounced) whose holder
+    must prove it is alive within :data:`PROOF_OF_LIFE` heartbeat intervals, or it is lost
+    for ``why``."""
+    until = now + PROOF_OF_LIFE * attempt.policy.heartbeat_interval
+    lease = until if attempt.lease_until is None else min(attempt.lease_until, until)
+    suspected = dataclasses.replace(attempt, lease_until=lease, suspect=why)
+    if attempt.state == PENDING:
+        suspected = dataclasses.replace(suspected, state=RUNNING, started=now, pickup_due=None)
+    return suspected
 
 
 def _lapse(attempt: Attempt, why: str) -> Step:
