@@ -310,13 +310,15 @@ class RetryAction:
             self._waits.announce(RetryWait(retry.name, self._attempt(retry, decided), due,
                                            seconds))
 
-    def end_wait(self, retry: Retry, decided: bool = False) -> None:
+    def end_wait(self, retry: Retry, decided: bool = False, announce: bool = True) -> None:
         """The wait is over: forget its due time (so nothing shows it delayed) and say so
-        (``decided``: the attempt it came before was decided already, see :meth:`waiting`)."""
+        (``decided``: the attempt it came before was decided already, see :meth:`waiting`;
+        ``announce`` False: only forget it, as nobody was told it began)."""
         if self.due(retry) is None:
             return
         self._storage.update_atom_metadata(retry.name, {META_RETRY_DUE: None})
-        self._waits.announce(RetryWait(retry.name, self._attempt(retry, decided), None, 0.0))
+        if announce:
+            self._waits.announce(RetryWait(retry.name, self._attempt(retry, decided), None, 0.0))
 
     def _announce(self, retry: Retry, state: str, old_state: str, result: Any) -> None:
         self._on_state(retry, state)

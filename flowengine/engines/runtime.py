@@ -417,7 +417,7 @@ class Runtime:
             if left <= 0:
                 self._end_carried_wait(retry)
                 continue
-            if retry.name not in self._announced:  # a resumed run: the wait goes on
+            if retry.name not in self._announced:  # heard of once the request is out
                 unheard.append((retry, left))
             self._carrying.setdefault(task.name, []).append(retry)
             if left > delay:
@@ -425,8 +425,10 @@ class Runtime:
         return due, delay
 
     def _end_carried_wait(self, retry: retry_mod.Retry) -> None:
+        heard = retry.name in self._announced
         self._announced.discard(retry.name)
-        self.retry_action.end_wait(retry, decided=True)
+        # A wait nobody heard begin (no request carried it) ends unheard as well.
+        self.retry_action.end_wait(retry, decided=True, announce=heard)
 
     def _schedule_retry(self, retry: retry_mod.Retry, intention: str) -> cf.Future:
         if intention == states.REVERT:
@@ -451,11 +453,11 @@ class Runtime:
             return future
         if wait > 0 and self._dispatch_delays:
             # The controller decides the next attempt now; the subflow's first requests carry
-            # what is left of the wait as their delay (see _delay_of): no engine timer. A
-            # hearer moving time now ends the wait first: the requests go out undelayed.
+            # what is left of the wait as their delay (see _delay_of): no engine timer. The
+            # wait is heard of once the first of them is sent or held (_schedule), not before:
+            # a hearer that moves time between the delay's reckoning and its hold would leave
+            # the request held for a whole delay counted from the moved time.
             LOG.debug("Retry %r sends attempt %d delayed %.3fs", retry.name, attempt, wait)
-            self.retry_action.waiting(retry, wait)
-            self._announced.add(retry.name)
             outcome = self.retry_action.execute(retry, self._args(retry, revert=False))
             if isinstance(outcome[1], Failure):
                 self._end_carried_wait(retry)  # no attempt follows to carry it

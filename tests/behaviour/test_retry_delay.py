@@ -23,8 +23,10 @@ from manual_clock import ManualClock  # tests/ is on sys.path (rootdir conftest)
 
 from flowengine import retry, states
 from flowengine.engines.actions import META_RETRY_DUE
+from flowengine.engines.delays import DelayTimer
 from flowengine.flows import linear_flow as lf
 from flowengine.flows import unordered_flow as uf
+from flowengine.worker_based import delayed_dispatch as dd
 from flowengine.worker_based import held_publishes
 
 from . import delays, tasks
@@ -233,22 +235,52 @@ def test_a_resumed_flow_waits_out_what_is_left_of_the_delay(engine_factory):
     engine = suspended_during_a_wait(engine_factory, delay=1000.0)
     due = stored_due(engine)
     announced: list[float | None] = []
-    engine.retry_waits.subscribe(lambda wait: announced.append(wait.due))
-    seen = []
-    for state in engine.run_iter():
-        seen.append(state)
-        if state == states.WAITING and states.SUSPENDING not in seen:
-            # The resumed engine is waiting, and attempt 2 has not started (on the worker-based
-            # engine its controller ran, and its task's request waits as a delayed dispatch).
-            assert flaky_attempts() == [1]
+    started_then: list[list[int]] = []
+
+    def suspend_once_heard(wait):
+        announced.append(wait.due)
+        if wait.due is not None:
+            # The resumed engine waits, and attempt 2 has not started (on the worker-based
+            # engine its controller ran, and its task's request is held as a delayed dispatch).
+            started_then.append(flaky_attempts())
             engine.suspend()
-            seen.append(states.SUSPENDING)
-    assert states.SUSPENDING in seen, seen
+
+    engine.retry_waits.subscribe(suspend_once_heard)
+    engine.run()
+    assert started_then == [[1]]
     assert engine.storage.get_flow_state() == states.SUSPENDED
     assert flaky_attempts() == [1]
     # Resuming did not start the wait over, and said it went on.
     assert stored_due(engine) == due
     assert announced == [due]
+
+
+def test_a_wait_is_heard_only_once_it_is_armed(engine_factory, monkeypatch):
+    # A hearer on another thread may move time the moment it hears of a wait (the test above
+    # moves it inside the announcement). Heard before its request was held, a worker-based
+    # engine's wait would be reckoned before the move and held from after it: a whole delay
+    # longer, by a clock a test moves once (CI saw that request expire after 15s).
+    order: list[str] = []
+    arm = DelayTimer.after
+    later = dd.dispatch_later
+
+    def timer_after(timer, seconds, value):
+        if seconds > 0:
+            order.append("armed")
+        return arm(timer, seconds, value)
+
+    def dispatch_later(*args, **kwargs):
+        order.append("armed")
+        return later(*args, **kwargs)
+
+    monkeypatch.setattr(DelayTimer, "after", timer_after)
+    monkeypatch.setattr(dd, "dispatch_later", dispatch_later)
+    engine = engine_factory(retried_once(0.01))
+    engine.retry_waits.subscribe(
+        lambda wait: order.append("heard" if wait.due is not None else "ended"))
+    engine.run()
+    assert flaky_attempts() == [1, 2]
+    assert order[:2] == ["armed", "heard"], order
 
 
 @pytest.mark.parametrize("resumed", [False, True], ids=["first-run", "resumed"])
