@@ -41,15 +41,28 @@ def otel() -> tuple[ModuleType, ModuleType]:
     return _modules
 
 
+def imported(name: str) -> ModuleType | None:
+    """Module ``name`` if it was imported to its end, else None.
+
+    A module another thread is still importing is in ``sys.modules`` before its names are:
+    read then, it raises AttributeError ("partially initialized module"). A conductor's threads
+    hit that when one imported the API (a job carrying a trace) as another looked for it.
+    """
+    module = sys.modules.get(name)
+    if module is None or getattr(getattr(module, "__spec__", None), "_initializing", False):
+        return None
+    return module
+
+
 def trace_module() -> ModuleType | None:
     """``opentelemetry.trace`` if the application imported it, else None."""
-    return sys.modules.get("opentelemetry.trace")
+    return imported("opentelemetry.trace")
 
 
 def tracer() -> Any | None:
     """flowengine's tracer from the configured provider, or None when tracing is off."""
     global _cached
-    trace = sys.modules.get("opentelemetry.trace")
+    trace = imported("opentelemetry.trace")
     if trace is None:
         return None
     provider = trace.get_tracer_provider()
@@ -71,7 +84,7 @@ def enabled() -> bool:
 def flush(timeout: float = 5.0) -> None:
     """Export the spans the configured provider still buffers (before a process ends without
     running its exit handlers, as the worker command does)."""
-    trace = sys.modules.get("opentelemetry.trace")
+    trace = imported("opentelemetry.trace")
     if trace is None:
         return
     force_flush = getattr(trace.get_tracer_provider(), "force_flush", None)

@@ -72,8 +72,24 @@ def chaos(broker_url: str, board: str, workdir: pathlib.Path,
     except ValueError:
         raise AssertionError(f"no certificate:\n{proc.stdout}\n{proc.stderr}") from None
     wipe(certificate["jobs"]["under"])
-    assert proc.returncode == 0 and certificate["passed"], (certificate, proc.stderr)
+    assert proc.returncode == 0 and certificate["passed"], (
+        f"not certified: {why_not(certificate)}\n{proc.stderr[-3000:]}")
     return certificate
+
+
+def why_not(certificate: dict[str, Any]) -> dict[str, Any]:
+    """What a certificate holds against the run, alone (the whole one is long enough for a
+    test report to cut off the part that matters)."""
+    jobs = certificate.get("jobs") or {}
+    held = {key: certificate.get(key) for key in ("hung", "failed", "reran", "lost_work", "late")
+            if certificate.get(key)}
+    held.update({f"jobs.{key}": jobs[key] for key in ("left", "trashed", "lost", "overwritten")
+                 if jobs.get(key)})
+    held["ended"] = certificate.get("ended")
+    held["jobs.ended"] = jobs.get("ended")
+    held["unrecovered"] = [fault for fault in certificate.get("faults", [])
+                           if fault.get("recovery") is None]
+    return held
 
 
 def assert_certified(certificate: dict[str, Any]) -> None:
