@@ -78,6 +78,8 @@ EXPECTED_LINES: dict[str, list[str]] = {
         "resumed here: SUCCESS, 5 steps done",
     ],
     "wbe_autoscale.py": ["task threads at start: 1", "flow SUCCESS"],
+    "wbe_short_tasks.py": ["default: quiet starts off, total 20, flow SUCCESS",
+                           "quiet_start=True: quiet starts on, total 20, flow SUCCESS"],
     "locks_and_limits.py": [
         "update-lb and delete-lb ran one after the other: True",
         "10 reboots done, most at once: 3 (limit 3)",

@@ -63,6 +63,8 @@ class WorkerBasedActionEngine(ActionEngine):
         max_attempts: attempts per task before it fails with WorkerLost (default 3).
         pickup_timeout: seconds a request may wait untaken on a flowengine worker's topic that
             sends nothing at all, before it goes to another capable worker (default 5).
+        quiet_start: short tasks reply with their outcome alone, no RUNNING first (default
+            None: on RabbitMQ and other AMQP brokers, off elsewhere; see doc/workers.rst).
         time_limits: ``{task name: seconds}`` overriding tasks' ``time_limit``.
         connect_timeout: seconds ``run()`` waits for the broker connection before it fails
             with BrokerUnreachable naming the broker (default 30).

@@ -168,6 +168,13 @@ class WorkerTaskExecutor(local.TaskExecutor):
             nothing is heard from its topic, before that topic's workers are passed over and
             the request is revoked and sent to another capable worker, if there is one
             (None: never).
+        quiet_start: let a flowengine worker answer a short task with its outcome alone, no
+            RUNNING reply first (protocol 2: one message less per task). Such an attempt shows
+            PENDING while it runs, so a worker killed or frozen in those first moments is found
+            by the broker handing its request back, not by a lease. None (the default): only
+            where the broker does that at once, when the worker's connection drops or misses
+            its heartbeats (AMQP); elsewhere (Redis hands it back after its visibility
+            timeout, 30s) workers say RUNNING first.
     """
 
     runs_coroutines = True
@@ -200,6 +207,7 @@ class WorkerTaskExecutor(local.TaskExecutor):
         secret_args: sa.SecretArgs = sa.task_secret_args,
         connect_timeout: float = bc.CONSUMER_START_TIMEOUT,
         pickup_timeout: float | None = ext.DEFAULT_PICKUP_TIMEOUT,
+        quiet_start: bool | None = None,
     ) -> None:
         if max_attempts < 1:
             raise ValueError(f"max_attempts must be at least 1, got {max_attempts}")
@@ -217,6 +225,7 @@ class WorkerTaskExecutor(local.TaskExecutor):
                                  max_attempts=max_attempts, unserved_timeout=unserved_timeout,
                                  pickup_timeout=pickup_timeout)
         self._clock = clock
+        self._quiet_start = quiet_start
         self._time_limits = dict(time_limits or {})
         self._dead_letter_ttl = dead_letter_ttl
         self._secret_args = secret_args
@@ -558,7 +567,8 @@ class WorkerTaskExecutor(local.TaskExecutor):
         if sent.request_id != attempt.request_id or sent.state != lc.PENDING:
             return  # it moved on meanwhile (cancelled, or already sent)
         secret = sa.for_request(self._secret_args(sub.task), sub.body.arguments)
-        headers = outgoing.request_headers(sent, self._uuid, sub.uuid, sub.context, secret)
+        headers = outgoing.request_headers(sent, self._uuid, sub.uuid, sub.context, secret,
+                                           quiet_start=self.quiet_starts)
         tracing.request_sent(headers, sub.uuid, request_id=sent.request_id,
                              attempt=sent.number, task_name=sub.task.name, topic=worker.topic)
         publish = functools.partial(self._publish, sub, sent, worker.topic, headers)
@@ -573,6 +583,21 @@ class WorkerTaskExecutor(local.TaskExecutor):
                                             publish)
         if sub.delayed_job is not None and sub.on_delayed_job is not None:
             sub.on_delayed_job(sub.delayed_job)
+
+    @property
+    def quiet_starts(self) -> bool:
+        """Whether this engine's requests let short tasks reply with their outcome alone:
+        option ``quiet_start``, or by default whether the broker is an AMQP one (which hands
+        back at once what a dead or frozen worker held). Known once the executor started."""
+        if self._quiet_start is not None:
+            return self._quiet_start
+        # The broker must hand back promptly what a worker dead or frozen in a short task's
+        # first moments held: no lease covers an attempt that has not said it runs.
+        return bool(self.client.proxy.traits.heartbeats)
+
+    def _quiet_on(self, topic: str) -> bool:
+        """Whether an attempt sent to ``topic`` may be running without having said so."""
+        return self.quiet_starts and self.finder.quiet_starts(topic)
 
     def _publish(self, sub: _Submission, attempt: lc.Attempt, topic: str,
                  headers: dict[str, Any]) -> None:
@@ -695,7 +720,7 @@ class WorkerTaskExecutor(local.TaskExecutor):
             sub.task.notifier.notify(event.event_type, event.details)
             return
         if isinstance(event, lc.HandedBack) and attempt.state == lc.PENDING:
-            event = dataclasses.replace(event, quiet_start=self.finder.quiet_starts(attempt.topic))
+            event = dataclasses.replace(event, quiet_start=self._quiet_on(attempt.topic))
         if isinstance(event, lc.NotServed) and event.version is not None:
             alive = self.finder.get_worker_for_task(pr.task_class_name(sub.task),
                                                     major=vs.major(sub.task.version))
@@ -726,7 +751,7 @@ class WorkerTaskExecutor(local.TaskExecutor):
             held = [s for s in self._ongoing.values() if s.attempt.worker in ids]
         for sub in held:
             attempt = sub.attempt
-            quiet = attempt.state == lc.PENDING and self.finder.quiet_starts(attempt.topic)
+            quiet = attempt.state == lc.PENDING and self._quiet_on(attempt.topic)
             self._apply(sub, lc.Lost(f"its worker {attempt.worker} {why}", quiet_start=quiet),
                         attempt.request_id)
 
@@ -805,7 +830,8 @@ class WorkerTaskExecutor(local.TaskExecutor):
     def _park(self, sub: _Submission, attempt: lc.Attempt, reason: str) -> None:
         """Publish the request as a dead letter an operator can list and requeue."""
         secret = sa.for_request(self._secret_args(sub.task), sub.body.arguments)
-        headers = outgoing.request_headers(attempt, self._uuid, sub.uuid, sub.context, secret)
+        headers = outgoing.request_headers(attempt, self._uuid, sub.uuid, sub.context, secret,
+                                           quiet_start=self.quiet_starts)
         topic = attempt.topic
         worker = self.finder.get(attempt.worker)
         if worker is not None:

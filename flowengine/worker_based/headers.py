@@ -16,6 +16,9 @@ import socket
 PROTOCOL_VERSION = 2
 #: The first protocol version whose engines take an outcome without a RUNNING reply first.
 QUIET_START_PROTOCOL = 2
+#: What an engine that wants a RUNNING reply before every outcome puts on its requests (its
+#: option ``quiet_start`` off): workers then say RUNNING at once, as TaskFlow's do.
+RUNNING_FIRST_PROTOCOL = 1
 HEADER_PROTOCOL = "x-flowengine-protocol"  # int: the sender speaks flowengine protocol N
 HEADER_REQUEST_ID = "x-flowengine-request-id"  # str: unique per attempt, echoed in replies
 HEADER_ATTEMPT = "x-flowengine-attempt"  # int: 1 for the first attempt

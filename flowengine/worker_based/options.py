@@ -131,6 +131,9 @@ class WorkerEngineOptions:
     time_limits: Mapping[str, float] | None = None
     unserved_timeout: float | None = ext.DEFAULT_UNSERVED_TIMEOUT
     pickup_timeout: float | None = ext.DEFAULT_PICKUP_TIMEOUT
+    #: Short tasks reply with their outcome alone (None: where the broker hands back at once
+    #: what a dead or frozen worker held, see the executor).
+    quiet_start: bool | None = None
     dead_letter_ttl: float = keeping.DEFAULT_TTL
     connect_timeout: float = bc.CONSUMER_START_TIMEOUT
     events: bool = True
@@ -186,7 +189,7 @@ OPTION_NAMES = frozenset(f.name for f in dataclasses.fields(WorkerEngineOptions)
 _ENGINE_ONLY = frozenset({"events", "metrics", "metrics_port", "suspend_check_interval",
                           "retry_clock", "deadline"})
 _NONE_MEANS_NONE = frozenset({"transition_timeout", "worker_expiry", "lease_timeout",
-                              "unserved_timeout", "pickup_timeout"})
+                              "unserved_timeout", "pickup_timeout", "quiet_start"})
 _CONVERT: dict[str, Callable[[str, Any], Any]] = {
     "exchange": _text,
     "url": _text,
@@ -203,6 +206,7 @@ _CONVERT: dict[str, Callable[[str, Any], Any]] = {
     "time_limits": _time_limits,
     "unserved_timeout": lambda n, v: _seconds(n, v, optional=True),
     "pickup_timeout": lambda n, v: _seconds(n, v, optional=True),
+    "quiet_start": as_bool,
     "dead_letter_ttl": lambda n, v: _seconds(n, v, optional=False),
     "connect_timeout": lambda n, v: _seconds(n, v, optional=False),
     "events": as_bool,

@@ -353,7 +353,7 @@ def test_a_quiet_attempt_whose_worker_goes_offline_is_kept_by_the_worker_that_ru
 ) -> None:
     # Sent to worker-1, taken from the shared queue by worker-2, which says nothing yet (a
     # short task): worker-1 going offline must not send it again while worker-2 runs it.
-    executor = make_executor(exchange, clock, max_attempts=3)
+    executor = make_executor(exchange, clock, max_attempts=3, quiet_start=True)
     try:
         future = executor.execute_task(Slow(name="quiet"), "atom-14", {})
         _data, message = worker.next_request()
@@ -374,7 +374,7 @@ def test_a_quiet_attempt_whose_worker_goes_offline_is_kept_by_the_worker_that_ru
 def test_a_quiet_attempt_no_worker_proves_it_runs_is_lost_with_its_worker(
     exchange: str, clock: ManualClock, worker: ScriptedWorker
 ) -> None:
-    executor = make_executor(exchange, clock, max_attempts=2)
+    executor = make_executor(exchange, clock, max_attempts=2, quiet_start=True)
     try:
         future = executor.execute_task(Slow(name="gone"), "atom-15", {})
         _data, message = worker.next_request()
@@ -391,6 +391,30 @@ def test_a_quiet_attempt_no_worker_proves_it_runs_is_lost_with_its_worker(
                              declare_queue=False)
         _data, again = worker.next_request()
         assert again.headers[pr.HEADER_ATTEMPT] == 2
+        worker.reply(again, pr.SUCCESS, result="again")
+        assert future.result(timeout=WAIT) == (EXECUTED, "again")
+    finally:
+        executor.stop()
+
+
+def test_without_quiet_starts_an_attempt_whose_worker_goes_offline_is_sent_again_at_once(
+    exchange: str, clock: ManualClock, worker: ScriptedWorker
+) -> None:
+    # The memory transport's default (as Redis's): workers say RUNNING first, so a PENDING
+    # attempt is not running anywhere and needs no proof of life before it goes elsewhere.
+    executor = make_executor(exchange, clock, max_attempts=2)
+    try:
+        future = executor.execute_task(Slow(name="loud"), "atom-16", {})
+        _data, message = worker.next_request()
+        assert message.headers[pr.HEADER_PROTOCOL] == 1  # RUNNING first, please
+        _go_offline(worker)
+        executor.cycles.settle()  # type: ignore[attr-defined]
+        [attempt] = executor.attempts()
+        assert (attempt.state, attempt.number) == (pr.WAITING, 2)  # lost at once: no proof awaited
+        worker.proxy.publish(pr.Notify(topic=worker.topic, tasks=[TASK_CLS]),
+                             pr.DISCOVERY_ROUTING_KEY, headers=worker.headers(),
+                             declare_queue=False)
+        _data, again = worker.next_request()
         worker.reply(again, pr.SUCCESS, result="again")
         assert future.result(timeout=WAIT) == (EXECUTED, "again")
     finally:
@@ -516,7 +540,7 @@ def test_an_attempt_nobody_said_started_may_have_run_when_it_is_handed_back(
     # A short task's worker sends no RUNNING reply: a request that killed it at once looks
     # PENDING to the engine. Handed back, it costs an attempt once its holder fails to prove it
     # is alive (as a RUNNING one would), so it cannot go round the topic uncounted.
-    executor = make_executor(exchange, clock, max_attempts=1)
+    executor = make_executor(exchange, clock, max_attempts=1, quiet_start=True)
     try:
         future = executor.execute_task(Slow(name="quiet"), "atom-12", {})
         _data, message = worker.next_request()
@@ -536,7 +560,7 @@ def test_an_attempt_nobody_said_started_may_have_run_when_it_is_handed_back(
 def test_an_alive_holder_of_a_quiet_attempt_keeps_it_after_a_hand_back(
     exchange: str, clock: ManualClock, worker: ScriptedWorker
 ) -> None:
-    executor = make_executor(exchange, clock, max_attempts=1)
+    executor = make_executor(exchange, clock, max_attempts=1, quiet_start=True)
     try:
         future = executor.execute_task(Slow(name="short"), "atom-13", {})
         _data, message = worker.next_request()

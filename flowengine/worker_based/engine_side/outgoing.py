@@ -16,6 +16,7 @@ from typing import Any
 from flowengine.context import TaskContext
 from flowengine.worker_based import cancellation as cn
 from flowengine.worker_based import extensions as ext
+from flowengine.worker_based import headers as hd
 from flowengine.worker_based import protocol as pr
 from flowengine.worker_based import running_calls as rn
 from flowengine.worker_based import secret_arguments as sa
@@ -28,12 +29,14 @@ _PROTOCOL = {pr.HEADER_PROTOCOL: pr.PROTOCOL_VERSION}
 
 
 def request_headers(attempt: lc.Attempt, flow_uuid: str, atom_uuid: str,
-                    context: TaskContext | None, secret: list[str]) -> dict[str, Any]:
+                    context: TaskContext | None, secret: list[str],
+                    quiet_start: bool = True) -> dict[str, Any]:
     """The headers of ``attempt``'s request: its ids, origin, deadline, time limit, lease,
-    the task's context and the names of its secret arguments."""
+    the task's context and the names of its secret arguments (``quiet_start`` False: its
+    worker must say RUNNING before the outcome, whatever the task's length)."""
     policy = attempt.policy
     headers: dict[str, Any] = {
-        pr.HEADER_PROTOCOL: pr.PROTOCOL_VERSION,
+        pr.HEADER_PROTOCOL: pr.PROTOCOL_VERSION if quiet_start else hd.RUNNING_FIRST_PROTOCOL,
         pr.HEADER_REQUEST_ID: attempt.request_id,
         pr.HEADER_ATTEMPT: attempt.number,
         pr.HEADER_ATOM_UUID: atom_uuid,
