@@ -588,7 +588,7 @@ class WorkerTaskExecutor(local.TaskExecutor):
     def quiet_starts(self) -> bool:
         """Whether this engine's requests let short tasks reply with their outcome alone:
         option ``quiet_start``, or by default whether the broker is an AMQP one (which hands
-        back at once what a dead or frozen worker held). Known once the executor started."""
+        back at once what a dead or frozen worker held)."""
         if self._quiet_start is not None:
             return self._quiet_start
         # The broker must hand back promptly what a worker dead or frozen in a short task's
