@@ -3,6 +3,13 @@
 The engine running a job gets this wrapper instead of the conductor's backend, so that every
 record it stores (an atom's RUNNING state before dispatch, its result, the flow's state) is
 refused once the conductor may have lost the job's claim. Reads pass through.
+
+The fence is looked at again once a write returns. A conductor frozen (or just slow) between the
+first look and the write may have lost the claim meanwhile: its write has landed, stale, and
+cannot be taken back by this check, but the caller is told the claim is gone as if the write
+had been refused, so that nothing follows it. The engine writes an atom's RUNNING state before
+it sends the atom's request; without the second look, a conductor that woke past its claim sent
+a request of a job another conductor had finished (a chaos run saw the task run again).
 """
 
 from __future__ import annotations
@@ -36,8 +43,11 @@ class _FencedConnection:
         fence = self._fence
 
         def fenced(record: Any = None, *args: Any, **kwargs: Any) -> Any:
-            fence.check(f"{name.replace('_', ' ')} {getattr(record, 'name', '')!r}".strip())
-            return attribute(*(() if record is None else (record,)), *args, **kwargs)
+            what = f"{name.replace('_', ' ')} {getattr(record, 'name', '')!r}".strip()
+            fence.check(what)
+            written = attribute(*(() if record is None else (record,)), *args, **kwargs)
+            fence.check(what)  # still held once it landed: else nothing may follow it
+            return written
 
         return fenced
 

@@ -158,6 +158,49 @@ def test_a_fenced_backend_refuses_writes_but_not_reads() -> None:
     assert conn.get_logbook(book.uuid).uuid == book.uuid
 
 
+class FreezingBackend:
+    """A backend whose flow writes take ``freeze`` seconds of ``clock``: a conductor frozen
+    after its fence check, before its write reached the store."""
+
+    def __init__(self, backend: impl_memory.MemoryBackend, clock: ManualClock,
+                 freeze: float) -> None:
+        self._backend, self._clock, self._freeze = backend, clock, freeze
+
+    def get_connection(self) -> Any:
+        connection = self._backend.get_connection()
+        clock, freeze = self._clock, self._freeze
+
+        class Freezing:
+            def __getattr__(self, name: str) -> Any:
+                return getattr(connection, name)
+
+            def update_flow_details(self, flow_detail: Any) -> Any:
+                clock.advance(freeze)
+                return connection.update_flow_details(flow_detail)
+
+        return Freezing()
+
+
+def test_a_write_the_claim_lapsed_during_is_refused_once_it_lands() -> None:
+    # The write itself cannot be taken back (a fencing token checked by the store would be
+    # needed), but its caller must hear the claim is gone: the engine writes an atom's
+    # RUNNING state and then sends its request, which must not go out.
+    clock = ManualClock()
+    backend = impl_memory.MemoryBackend({})
+    book = models.LogBook("b")
+    book.add(models.FlowDetail("f", "fd-1"))
+    with contextlib.closing(backend.get_connection()) as conn:
+        conn.save_logbook(book)
+    fence = ClaimFence(_job(), ttl=10.0, clock=clock)
+    conn = FencedBackend(FreezingBackend(backend, clock, freeze=60.0), fence).get_connection()
+    flow_detail = book.find("fd-1")
+    flow_detail.state = states.RUNNING
+    with pytest.raises(FencedOff, match="update flow details 'f'.*not renewed in time"):
+        conn.update_flow_details(flow_detail)
+    with contextlib.closing(backend.get_connection()) as plain:
+        assert plain.get_logbook(book.uuid).find("fd-1").state == states.RUNNING  # it landed
+
+
 class GatedJob:
     """A job of three steps on a board with 2 s claims, its step 2 waiting for ``gate``."""
 
