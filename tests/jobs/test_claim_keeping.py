@@ -56,6 +56,16 @@ def _job() -> FakeJob:
     return FakeJob(None, "job")  # type: ignore[arg-type]
 
 
+def _stored_book() -> tuple[impl_memory.MemoryBackend, models.LogBook]:
+    """A memory backend holding a book with one flow detail, ``f`` (uuid ``fd-1``)."""
+    backend = impl_memory.MemoryBackend({})
+    book = models.LogBook("b")
+    book.add(models.FlowDetail("f", "fd-1"))
+    with contextlib.closing(backend.get_connection()) as conn:
+        conn.save_logbook(book)
+    return backend, book
+
+
 def test_a_fence_holds_until_the_claim_could_have_ended() -> None:
     clock = ManualClock()
     fence = ClaimFence(_job(), ttl=30.0, clock=clock)
@@ -143,11 +153,7 @@ def test_claims_are_judged_on_a_clock_that_counts_host_suspension() -> None:
 
 def test_a_fenced_backend_refuses_writes_but_not_reads() -> None:
     clock = ManualClock()
-    backend = impl_memory.MemoryBackend({})
-    book = models.LogBook("b")
-    book.add(models.FlowDetail("f", "fd-1"))
-    with contextlib.closing(backend.get_connection()) as conn:
-        conn.save_logbook(book)
+    backend, book = _stored_book()
     fence = ClaimFence(_job(), ttl=10.0, clock=clock)
     fenced = FencedBackend(backend, fence)
     conn = fenced.get_connection()
@@ -186,11 +192,7 @@ def test_a_write_the_claim_lapsed_during_is_refused_once_it_lands() -> None:
     # needed), but its caller must hear the claim is gone: the engine writes an atom's
     # RUNNING state and then sends its request, which must not go out.
     clock = ManualClock()
-    backend = impl_memory.MemoryBackend({})
-    book = models.LogBook("b")
-    book.add(models.FlowDetail("f", "fd-1"))
-    with contextlib.closing(backend.get_connection()) as conn:
-        conn.save_logbook(book)
+    backend, book = _stored_book()
     fence = ClaimFence(_job(), ttl=10.0, clock=clock)
     conn = FencedBackend(FreezingBackend(backend, clock, freeze=60.0), fence).get_connection()
     flow_detail = book.find("fd-1")
