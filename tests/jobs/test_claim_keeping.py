@@ -244,6 +244,27 @@ def test_a_conductor_past_its_claim_starts_no_further_atom(board_factory: BoardF
         assert step2.state == states.RUNNING  # its result was refused, so it will run again
 
 
+def test_a_conductor_that_stopped_trusting_a_claim_the_board_still_holds_hands_it_back(
+        board_factory: BoardFactory, tmp_path: Path) -> None:
+    # Its fence lapsed by its own clock (a frozen or starved conductor) while the board still
+    # has its claim: the run halts, and the claim must not outlive it with nobody running
+    # the job (on ZooKeeper it would last as long as the conductor's session).
+    staged = GatedJob(board_factory, tmp_path)
+    board, persistence, job = staged.board, staged.persistence, staged.job
+    clock = ManualClock()
+    conductor = BlockingConductor("starved", board, persistence=persistence, clock=clock)
+    thread = threading.Thread(target=conductor.run, kwargs={"max_dispatches": 1})
+    thread.start()
+    jobs_flows.wait_for_file(Path(f"{staged.gate}.waiting"))
+    assert board.find_owner(job) == "starved"
+    clock.advance(2.0)  # its fence lapses; no renewal happened by its clock
+    staged.gate.touch()
+    assert conductor.wait(20)
+    thread.join()
+    assert staged.endings == []
+    assert board.find_owner(job) is None  # handed back, not left to lapse (or never to)
+
+
 def test_a_conductor_does_not_claim_again_a_job_it_still_runs(board_factory: BoardFactory,
                                                                tmp_path: Path) -> None:
     """Its claim lapsed while its engine still ran the job (frozen, then woken): the job is

@@ -388,10 +388,24 @@ class ExecutorConductor(base.Conductor):
                 self._slots.notify_all()
             self._jobboard.wake_waiters()  # a job skipped while this run went on may be free
 
+    def _let_go(self, job: jobs_base.Job) -> None:
+        """Hand back a claim this conductor stopped trusting (its run halted), in case the
+        board still holds it: its fence lapses by the local clock, which a slow write or a
+        starved renewal can outrun while the board still has the claim. Left alone, that
+        claim would outlive the run (on ZooKeeper, for as long as this conductor's session
+        lives) with nobody running the job. Taken over by another, the board refuses."""
+        try:
+            self._jobboard.abandon(job, self._name, counted=False)
+        except (exc.JobFailure, exc.NotFound):
+            return  # another conductor holds it, or nobody does: as expected
+        self._log.info("Conductor %s handed back its claim on %s, which the board still held",
+                       self._name, _brief(job))
+
     def _finish(self, job: jobs_base.Job, outcome: _Outcome) -> None:
         if self._keeper is not None:
             self._keeper.release(job)
         if outcome.action == "lost":
+            self._let_go(job)
             return
         board, who = self._jobboard, self._name
         ending = {"job": job, "conductor": self, "persistence": self._persistence}
