@@ -5,3 +5,16 @@ engine: serially, on threads, or on remote worker processes. See ``doc/`` for th
 """
 
 __version__ = "0.1.0"
+
+
+def _default_hooks() -> None:
+    # What every engine attaches unless told otherwise: the atom log, then tracing. Put here,
+    # in the package's face, because the engines import neither (see flowengine.hooks).
+    from flowengine import hooks
+    from flowengine.listeners.atoms import AtomLogHook
+    from flowengine.tracing import TracingHook
+
+    hooks.defaults.extend([AtomLogHook(), TracingHook()])
+
+
+_default_hooks()

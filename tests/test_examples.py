@@ -24,6 +24,12 @@ NEEDS_SERVERS: frozenset[str] = frozenset({"wbe_cluster.py"})
 #: Lines each script must print, in this order (other lines may come between them). A script
 #: without an entry must still exit with status 0 and print something.
 EXPECTED_LINES: dict[str, list[str]] = {
+    "engine_hooks.py": [
+        "hooks: ['AtomLogHook', 'TracingHook', 'Timing']",
+        "calls: ['reserve', 'reserve', 'reserve']",
+        "decisions: ['RETRY by again']",
+        "without the atom log: ['reserve']",
+    ],
     "readme_booking.py": ["reserved 12A"],
     "engine_options.py": [
         "serial: hello",
@@ -254,6 +260,14 @@ def _check_main_job_reverts(output: str) -> None:
                                             order.index("fetch_image"))
 
 
+def _check_hooks(output: str) -> None:
+    part1, part2 = output.split("decisions:", 1)
+    # The defaults stayed on the first engine (its atom log wrote lines); the second had only
+    # the example's hook, so no atom log line follows.
+    assert "flowengine.atoms: atom=reserve state=FAILURE" in part1, output
+    assert "flowengine.atoms" not in part2, output
+
+
 def _check_pool_grew(output: str) -> None:
     assert "(the pool grew: True)" in output, output
 
@@ -264,6 +278,7 @@ def _check_parallelism(output: str) -> None:
 
 
 EXTRA_CHECKS: dict[str, Callable[[str], None]] = {
+    "engine_hooks.py": _check_hooks,
     "graph_inferred.py": _check_graph_order,
     "main_job.py": _check_main_job_reverts,
     "parallel_map_reduce.py": _check_parallelism,

@@ -11,7 +11,8 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from flowengine import exceptions as exc
-from flowengine import states, tracing
+from flowengine import hooks as hk
+from flowengine import states
 from flowengine.engines import executor as ex
 from flowengine.engines import repair as repairing
 from flowengine.engines import setup_slots, shapes, stopping
@@ -23,7 +24,6 @@ from flowengine.engines.delays import RetryWaits
 from flowengine.engines.machine import META_STATES, RunLoop
 from flowengine.engines.options import EngineOptions, as_optional_int
 from flowengine.engines.runtime import Runtime
-from flowengine.listeners.atoms import AtomLogListener
 from flowengine.secrets import secret_sources
 from flowengine.storage import Storage
 from flowengine.types.failure import Failure
@@ -61,6 +61,9 @@ class ActionEngine:
         self._backend = backend
         self._options = EngineOptions.from_mapping(options, self.KIND, self.EXTRA_OPTIONS)
         self._given_options = dict(options or {})
+        #: What attaches to this engine (see :mod:`flowengine.hooks`): option ``hooks``, else
+        #: the process's defaults as they are now.
+        self.hooks = hk.Hooks(hk.defaults if self._options.hooks is None else self._options.hooks)
         self._notifier = Notifier()
         self._atom_notifier = Notifier()
         self._interventions = Notifier()
@@ -145,7 +148,7 @@ class ActionEngine:
     def _local_options(self) -> dict[str, Any]:
         """The options of the local executors: ``time_limits`` and ``max_async_tasks``."""
         extra = self._options.extra
-        return {"time_limits": extra.get("time_limits"),
+        return {"time_limits": extra.get("time_limits"), "hooks": self.hooks,
                 "max_async_tasks": as_optional_int("max_async_tasks",
                                                    extra.get("max_async_tasks"))}
 
@@ -163,7 +166,7 @@ class ActionEngine:
                 self._refuse_coroutines(compilation)
             self._runtime = Runtime(compilation, self.storage, self._atom_notifier,
                                     executor, self._options, self._retry_waits,
-                                    self._interventions)
+                                    self._interventions, self.hooks)
             self._compilation = compilation
 
     def _refuse_coroutines(self, compilation: Compilation) -> None:
@@ -490,7 +493,7 @@ class ActionEngine:
         watch = self._watch = self._watch_requests()
         deadline = self._deadline()
         signal = self._runtime.calls.new_run(deadline)
-        with _started(executor), AtomLogListener(self), tracing.flow_run(self):
+        with _started(executor), self.hooks.run(self):
             self._change_state(states.RUNNING)  # with the deadline, if it was just set
             if watch is not None:
                 self.storage.update_flow_metadata({sr.META_RUNNING_ON: {

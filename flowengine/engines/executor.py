@@ -24,12 +24,13 @@ from typing import Any
 
 import futurist
 
-from flowengine import context, tracing
+from flowengine import context
 from flowengine import exceptions as exc
 from flowengine.atom import REVERT_FLOW_FAILURES, REVERT_RESULT
 from flowengine.engines import interception
 from flowengine.engines.event_loop import EventLoopThread
 from flowengine.engines.time_limits import Clock, Watchdog, limit_for, parse_time_limits, settle
+from flowengine.hooks import Hooks
 from flowengine.task import EVENT_UPDATE_PROGRESS
 from flowengine.types.failure import Failure
 
@@ -108,11 +109,16 @@ def _revert_kwargs(arguments: Mapping[str, Any], result: Any,
     return kwargs
 
 
+#: The hooks a local call is made within (see :meth:`flowengine.hooks.Hooks.call`).
+_NO_HOOKS = Hooks()
+
+
 def execute_task(
-    task: Any, arguments: Mapping[str, Any], progress_callback: ProgressCallback | None = None
+    task: Any, arguments: Mapping[str, Any], progress_callback: ProgressCallback | None = None,
+    hooks: Hooks = _NO_HOOKS,
 ) -> tuple[str, Any]:
-    """Run ``pre_execute``/``execute``/``post_execute`` here and now."""
-    with tracing.task_scope(task):
+    """Run ``pre_execute``/``execute``/``post_execute`` here and now, within ``hooks``."""
+    with hooks.call(task):
         result = _run(task, task.pre_execute,
                       interception.bound(task, interception.EXECUTE, arguments, task.execute),
                       task.post_execute, progress_callback)
@@ -125,10 +131,11 @@ def revert_task(
     result: Any,
     failures: Mapping[str, Failure],
     progress_callback: ProgressCallback | None = None,
+    hooks: Hooks = _NO_HOOKS,
 ) -> tuple[str, Any]:
-    """Run ``pre_revert``/``revert``/``post_revert`` here and now."""
+    """Run ``pre_revert``/``revert``/``post_revert`` here and now, within ``hooks``."""
     kwargs = _revert_kwargs(arguments, result, failures)
-    with tracing.task_scope(task):
+    with hooks.call(task):
         outcome = _run(task, task.pre_revert,
                        interception.bound(task, interception.REVERT, kwargs, task.revert),
                        task.post_revert, progress_callback)
@@ -136,10 +143,11 @@ def revert_task(
 
 
 async def execute_task_async(
-    task: Any, arguments: Mapping[str, Any], progress_callback: ProgressCallback | None = None
+    task: Any, arguments: Mapping[str, Any], progress_callback: ProgressCallback | None = None,
+    hooks: Hooks = _NO_HOOKS,
 ) -> tuple[str, Any]:
     """:func:`execute_task` for a task whose ``execute`` is ``async def``."""
-    with tracing.task_scope(task):
+    with hooks.call(task):
         result = await _run_async(
             task, task.pre_execute,
             interception.bound_async(task, interception.EXECUTE, arguments, task.execute),
@@ -153,10 +161,11 @@ async def revert_task_async(
     result: Any,
     failures: Mapping[str, Failure],
     progress_callback: ProgressCallback | None = None,
+    hooks: Hooks = _NO_HOOKS,
 ) -> tuple[str, Any]:
     """:func:`revert_task` for a task whose ``revert`` is ``async def``."""
     kwargs = _revert_kwargs(arguments, result, failures)
-    with tracing.task_scope(task):
+    with hooks.call(task):
         outcome = await _run_async(
             task, task.pre_revert,
             interception.bound_async(task, interception.REVERT, kwargs, task.revert),
@@ -270,12 +279,15 @@ class LocalTaskExecutor(TaskExecutor):
         time_limits: ``{task name: seconds}`` overriding tasks' ``time_limit``.
         max_async_tasks: ``async def`` calls awaited at the same time (on one loop thread).
         clock: monotonic clock of the time limits (tests inject one).
+        hooks: What each call is made within (its engine's hooks; None: nothing).
     """
 
     runs_coroutines = True
 
     def __init__(self, time_limits: Mapping[str, float] | None = None,
-                 max_async_tasks: int | None = None, clock: Clock = time.monotonic) -> None:
+                 max_async_tasks: int | None = None, clock: Clock = time.monotonic,
+                 hooks: Hooks | None = None) -> None:
+        self._hooks = hooks if hooks is not None else _NO_HOOKS
         if max_async_tasks is not None and max_async_tasks < 1:
             raise ValueError(f"max_async_tasks must be at least 1, got {max_async_tasks}")
         self._limits = parse_time_limits(time_limits)
@@ -382,8 +394,9 @@ class LocalTaskExecutor(TaskExecutor):
     ) -> cf.Future:
         return self._dispatch(
             task, EXECUTED, task.execute,
-            functools.partial(execute_task, task, arguments, progress_callback),
-            functools.partial(execute_task_async, task, arguments, progress_callback))
+            functools.partial(execute_task, task, arguments, progress_callback, self._hooks),
+            functools.partial(execute_task_async, task, arguments, progress_callback,
+                              self._hooks))
 
     def revert_task(
         self,
@@ -396,9 +409,10 @@ class LocalTaskExecutor(TaskExecutor):
     ) -> cf.Future:
         return self._dispatch(
             task, REVERTED, task.revert,
-            functools.partial(revert_task, task, arguments, result, failures, progress_callback),
+            functools.partial(revert_task, task, arguments, result, failures, progress_callback,
+                              self._hooks),
             functools.partial(revert_task_async, task, arguments, result, failures,
-                              progress_callback))
+                              progress_callback, self._hooks))
 
 
 #: Default number of ``async def`` calls one local executor awaits at the same time.
@@ -479,10 +493,11 @@ class ParallelThreadTaskExecutor(LocalTaskExecutor):
 
     def __init__(self, executor: cf.Executor | None = None, max_workers: int | None = None,
                  time_limits: Mapping[str, float] | None = None,
-                 max_async_tasks: int | None = None, clock: Clock = time.monotonic) -> None:
+                 max_async_tasks: int | None = None, clock: Clock = time.monotonic,
+                 hooks: Hooks | None = None) -> None:
         if max_workers is not None and max_workers < 1:
             raise ValueError(f"max_workers must be at least 1, got {max_workers}")
-        super().__init__(time_limits, max_async_tasks, clock)
+        super().__init__(time_limits, max_async_tasks, clock, hooks)
         self._given = executor
         self._max_workers = max_workers
         self._pool: cf.Executor | None = executor

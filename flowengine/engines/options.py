@@ -7,6 +7,8 @@ import difflib
 from collections.abc import Collection, Mapping
 from typing import Any
 
+from flowengine.hooks import Hook
+
 _TRUE = {"1", "true", "yes", "on", "y"}
 _FALSE = {"0", "false", "no", "off", "n", ""}
 
@@ -59,6 +61,21 @@ def as_optional_int(name: str, value: Any, minimum: int = 1) -> int | None:
     return number
 
 
+def as_hooks(value: Any) -> tuple[Hook, ...] | None:
+    """Accept None (the process's defaults) or an iterable of :class:`~flowengine.hooks.Hook`."""
+    if value is None:
+        return None
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+        raise ValueError(f"Engine option 'hooks' must be a list of flowengine.hooks.Hook, "
+                         f"got {value!r}")
+    found = tuple(value)
+    for hook in found:
+        if not isinstance(hook, Hook):
+            raise ValueError(f"Engine option 'hooks' must hold flowengine.hooks.Hook objects, "
+                             f"not {hook!r}")
+    return found
+
+
 @dataclasses.dataclass(frozen=True)
 class EngineOptions:
     """Options every action engine understands; engine-specific ones stay in ``extra``.
@@ -69,6 +86,8 @@ class EngineOptions:
         inject_transient: atoms' ``inject`` values are kept in memory only (not stored).
         executor: the parallel engine's executor (an Executor, or "threads").
         max_workers: the parallel engine's thread count.
+        hooks: what attaches to the engine (see :mod:`flowengine.hooks`); None: the
+            process's defaults.
         extra: every other option, for engines that understand them.
     """
 
@@ -77,6 +96,7 @@ class EngineOptions:
     inject_transient: bool = True
     executor: Any = None
     max_workers: int | None = None
+    hooks: tuple[Hook, ...] | None = None
     extra: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     @classmethod
@@ -106,6 +126,7 @@ class EngineOptions:
             inject_transient=as_bool("inject_transient", options.pop("inject_transient", True)),
             executor=options.pop("executor", None),
             max_workers=as_optional_int("max_workers", options.pop("max_workers", None)),
+            hooks=as_hooks(options.pop("hooks", None)),
             extra=options,
         )
 

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from flowengine import context, states, tracing
+from flowengine import context, states
 from flowengine import deciders as de
 from flowengine import retry as retry_mod
 from flowengine.atom import Atom
@@ -29,6 +29,7 @@ from flowengine.engines.frontier import Frontier
 from flowengine.engines.options import EngineOptions
 from flowengine.engines.start_delays import StartDelays, start_delay
 from flowengine.engines.stopping import META_CANCELLED, CancelRequest
+from flowengine.hooks import Hooks
 from flowengine.storage import Storage
 from flowengine.types.failure import Failure
 from flowengine.types.notifier import Notifier
@@ -67,8 +68,11 @@ class Runtime:
         options: EngineOptions,
         waits: RetryWaits | None = None,
         interventions: Notifier | None = None,
+        hooks: Hooks | None = None,
     ) -> None:
         self.compilation = compilation
+        #: The engine's hooks, told how each failure is resolved.
+        self.hooks = hooks if hooks is not None else Hooks()
         #: Where an applied cancel is announced (the engine's ``interventions``).
         self.interventions = interventions if interventions is not None else Notifier()
         self.storage = storage
@@ -539,8 +543,8 @@ class Runtime:
     def process_failure(self, atom: Any, failure: Failure) -> None:
         """Decide how ``atom``'s failure is handled and set intentions accordingly."""
         strategy = resolution.determine(self, atom, failure, self.options.defer_reverts)
-        tracing.failure_resolved(self.storage.get_atom_uuid(atom.name), strategy.strategy,
-                                 strategy.retry)
+        self.hooks.failure_resolved(self.storage.get_atom_uuid(atom.name), strategy.strategy,
+                                    strategy.retry)
         LOG.debug("Resolving failure of %r with %s: %s", atom.name, strategy,
                   self.storage.masked(failure))
         strategy.apply(self)

@@ -1,10 +1,12 @@
 """The atom log: one INFO line per atom state change, on the ``flowengine.atoms`` logger.
 
-Every engine attaches an :class:`AtomLogListener` while it runs. The line names the flow, the
-atom, the change, the attempt and worker (for atoms that ran remotely) and, when the atom
-finished, how long it took; a failure adds its type and message, with the atom's secret
-arguments and URL passwords masked. The library never configures logging: with no handler or
-level set for ``flowengine.atoms`` the line goes where the application's logging sends INFO.
+Every engine attaches an :class:`AtomLogListener` while it runs, through the
+:class:`AtomLogHook` among the process's default hooks (see :mod:`flowengine.hooks`). The line
+names the flow, the atom, the change, the attempt and worker (for atoms that ran remotely) and,
+when the atom finished, how long it took; a failure adds its type and message, with the atom's
+secret arguments and URL passwords masked. The library never configures logging: with no
+handler or level set for ``flowengine.atoms`` the line goes where the application's logging
+sends INFO.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
-from flowengine import states
+from flowengine import hooks, states
 from flowengine.listeners import base
 from flowengine.persistence.backends._uri import mask_urls
 from flowengine.types.failure import Failure
@@ -24,7 +26,7 @@ from flowengine.types.failure import Failure
 if TYPE_CHECKING:
     from flowengine.engines.engine import ActionEngine
 
-__all__ = ["LOGGER_NAME", "AtomLogListener", "Placement", "redacted_failure"]
+__all__ = ["LOGGER_NAME", "AtomLogHook", "AtomLogListener", "Placement", "redacted_failure"]
 
 #: The logger the atom log is written to.
 LOGGER_NAME = "flowengine.atoms"
@@ -111,3 +113,11 @@ class AtomLogListener(base.Listener):
         self._log.log(self._level, storage.masker.text(" ".join(parts)), extra={
             "flow_uuid": storage.flow_uuid, "atom": name, "atom_uuid": atom_uuid,
             "atom_state": state, "attempt": attempt, "worker": worker, "duration": duration})
+
+
+class AtomLogHook(hooks.Hook):
+    """Attaches an :class:`AtomLogListener` to each run of an engine (one of the process's
+    default hooks: see :mod:`flowengine.hooks`)."""
+
+    def run(self, engine: ActionEngine) -> AtomLogListener:
+        return AtomLogListener(engine)

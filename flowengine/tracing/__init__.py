@@ -5,7 +5,9 @@ extra installs the API; the SDK and exporters are the application's choice), fre
 See ``doc/tracing.rst`` for the spans, their attributes and the setup with a collector.
 
 The public names are for applications (the logging filter), services posting jobs and
-conductors. The engine, the worker-based executor and the worker call the hooks below.
+conductors. Engines trace through :class:`TracingHook`, one of the process's default engine
+hooks (see :mod:`flowengine.hooks`); the worker-based executor and the worker call the
+functions below.
 """
 
 from flowengine.tracing._api import enabled, flush
@@ -13,7 +15,7 @@ from flowengine.tracing.jobs import TRACE_KEY, claimed_job, job_trace
 from flowengine.tracing.logs import TraceContextFilter, current_ids
 from flowengine.tracing.propagation import SENT_AT, TRACEPARENT, TRACESTATE
 from flowengine.tracing.remote import replied, request_sent, serving
-from flowengine.tracing.runs import failure_resolved, flow_run, task_scope
+from flowengine.tracing.runs import TracingHook, failure_resolved, flow_run, task_scope
 
 __all__ = [
     # applications
@@ -29,7 +31,8 @@ __all__ = [
     "SENT_AT",
     "TRACEPARENT",
     "TRACESTATE",
-    # hooks the engines and workers call
+    # the engines' hook, and what the workers call
+    "TracingHook",
     "failure_resolved",
     "flow_run",
     "replied",

@@ -15,7 +15,7 @@ import time
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from flowengine import states
+from flowengine import hooks, states
 from flowengine.listeners import base
 from flowengine.listeners.atoms import redacted_failure
 from flowengine.persistence.backends._uri import mask_urls
@@ -241,3 +241,18 @@ class FlowTrace(base.Listener):
 
 def _describe(error: BaseException) -> str:
     return mask_urls(f"{type(error).__name__}: {error}")
+
+
+class TracingHook(hooks.Hook):
+    """Traces engine runs: a span per run and atom, current while a task runs here, and how
+    failures were resolved (one of the process's default hooks: see :mod:`flowengine.hooks`;
+    free while tracing is off)."""
+
+    def run(self, engine: ActionEngine) -> contextlib.AbstractContextManager[Any]:
+        return flow_run(engine)
+
+    def call(self, task: Any) -> contextlib.AbstractContextManager[Any]:
+        return task_scope(task)
+
+    def failure_resolved(self, atom_uuid: str, decision: object, retry: Any) -> None:
+        failure_resolved(atom_uuid, decision, retry)

@@ -20,7 +20,7 @@ LAYERS: list[set[str]] = [
     {"__version__", "exceptions", "logging", "secrets", "states", "types", "utils"},
     {"atom", "context", "deciders", "flow", "flows", "providers", "retry", "task"},
     {"persistence", "storage"},
-    {"engines"},
+    {"engines", "hooks"},
     {"formatters", "listeners", "migrations", "tracing"},
     {"worker_based"},
     {"conductors", "coordination", "jobs"},
@@ -32,10 +32,6 @@ DEBTS: dict[tuple[str, str], str] = {
     ("utils", "persistence"): "utils.persistence_utils is TaskFlow's module of that name, kept "
                               "for programs that import it",
     ("context", "tracing"): "a task's context carries the current trace (imported lazily)",
-    ("engines", "listeners"): "the engine attaches AtomLogListener itself (issue 26 point 3: "
-                              "one hook list)",
-    ("engines", "tracing"): "the engine and its executors open spans themselves (issue 26 "
-                            "point 3: one hook list)",
 }
 
 

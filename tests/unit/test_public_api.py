@@ -30,6 +30,7 @@ PUBLIC_MODULES = [
     "flowengine.flows.graph_flow",
     "flowengine.deciders",
     "flowengine.engines",
+    "flowengine.hooks",
     "flowengine.states",
     "flowengine.exceptions",
     "flowengine.formatters",

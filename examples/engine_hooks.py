@@ -1,0 +1,77 @@
+"""Engine hooks: attach your own code to every run, task call and failure decision.
+
+A hook times each local task call (on the thread that runs it) and writes down how the run's
+failures were resolved. Part 1 adds it to the process's defaults for one engine: the atom log
+and tracing stay, and log the failed first try, its revert and the retry. Part 2 runs another
+engine with the hook alone: it still sees the call, and no atom log line appears.
+
+Run: python examples/engine_hooks.py
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from flowengine import engines, hooks, retry, task
+from flowengine.flows import linear_flow
+
+
+class Reserve(task.Task):
+    """Reserves a seat; the first try in this process finds the booking system busy."""
+
+    tries = 0
+
+    def execute(self) -> str:
+        Reserve.tries += 1
+        if Reserve.tries == 1:
+            raise ConnectionError("the booking system is busy")
+        return "12A"
+
+
+class Timing(hooks.Hook):
+    """Writes down how long each task call took, and each failure's resolution."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, float]] = []
+        self.decisions: list[str] = []
+
+    @contextlib.contextmanager
+    def _timed(self, name: str) -> Iterator[None]:
+        began = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.calls.append((name, time.perf_counter() - began))
+
+    def call(self, task: Any) -> contextlib.AbstractContextManager[None]:
+        return self._timed(task.name)
+
+    def failure_resolved(self, atom_uuid: str, decision: object, retry: Any) -> None:
+        self.decisions.append(f"{decision} by {retry.name if retry else 'nobody'}")
+
+
+def flow() -> linear_flow.Flow:
+    return linear_flow.Flow("booking", retry=retry.Times(2, name="again")).add(Reserve("reserve"))
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s", stream=sys.stdout)
+    timing = Timing()
+    engine = engines.load(flow(), hooks=[*hooks.defaults, timing])
+    print("hooks:", [type(hook).__name__ for hook in engine.hooks])
+    engine.run()
+    print("calls:", [name for name, _seconds in timing.calls])
+    print("decisions:", timing.decisions)
+
+    alone = Timing()
+    engines.run(flow(), engine="parallel", hooks=[alone])
+    print("without the atom log:", [name for name, _seconds in alone.calls])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,169 @@
+"""Engine hooks: one ordered list through which logging, tracing and the like attach to engines.
+
+An engine holds an ordered list of :class:`Hook` objects, :attr:`ActionEngine.hooks
+<flowengine.engines.engine.ActionEngine.hooks>`, and calls them at three points; a hook
+overrides the ones it needs:
+
+* :meth:`Hook.run`: a context manager entered around each run (``run()``/``run_iter()``), from
+  before the flow's RUNNING state until its atoms are done; the flow's end state is stored just
+  after it is left. A hook usually registers listeners on the engine's notifiers here (see
+  :class:`~flowengine.listeners.base.Listener`).
+* :meth:`Hook.call`: a context manager entered around each task call a local executor makes,
+  on the thread (or in the asyncio task) that runs it.
+* :meth:`Hook.failure_resolved`: what was decided about an atom's failure (retry, revert).
+
+Hooks are entered in list order and left in reverse, so an earlier hook's listeners hear each
+state change first. A hook that raises is logged, naming it, and left out of that run or call:
+it never breaks the engine.
+
+The engines import none of the modules that attach this way. Every engine starts with the
+process's :data:`defaults` (the atom log and tracing, which :mod:`flowengine` puts there as the
+package is imported); the engine option ``hooks`` replaces them for one engine, and an
+application may change the defaults, before it loads engines (take the atom log out, add a
+hook of its own).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from flowengine.atom import Atom
+    from flowengine.engines.engine import ActionEngine
+
+__all__ = ["Hook", "Hooks", "defaults"]
+
+LOG = logging.getLogger(__name__)
+
+
+class Hook:
+    """One thing attached to engines; every method does nothing unless overridden."""
+
+    def run(self, engine: ActionEngine) -> contextlib.AbstractContextManager[object] | None:
+        """What to enter around one run of ``engine`` (None: nothing)."""
+        return None
+
+    def call(self, task: Atom) -> contextlib.AbstractContextManager[object] | None:
+        """What to enter around one local call of ``task``'s execute or revert, where it runs
+        (None: nothing)."""
+        return None
+
+    def failure_resolved(self, atom_uuid: str, decision: object, retry: Atom | None) -> None:
+        """An atom's failure was resolved: ``decision`` is RETRY, REVERT or REVERT_ALL, by
+        the retry controller ``retry`` (None: no controller decided)."""
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__module__}.{type(self).__qualname__}>"
+
+
+class Hooks:
+    """An engine's ordered hooks, and how the engine calls them.
+
+    Args:
+        hooks: The hooks, in the order they are entered.
+
+    Raises:
+        TypeError: One of ``hooks`` is not a :class:`Hook`.
+    """
+
+    def __init__(self, hooks: Iterable[Hook] = ()) -> None:
+        self._hooks: list[Hook] = []
+        self._calls: tuple[Hook, ...] = ()
+        self._resolves: tuple[Hook, ...] = ()
+        self.extend(hooks)
+
+    def __iter__(self) -> Iterator[Hook]:
+        return iter(list(self._hooks))
+
+    def __len__(self) -> int:
+        return len(self._hooks)
+
+    def __repr__(self) -> str:
+        return f"Hooks({self._hooks!r})"
+
+    def insert(self, index: int, hook: Hook) -> None:
+        """Put ``hook`` at ``index`` (0: entered first)."""
+        if not isinstance(hook, Hook):
+            raise TypeError(f"An engine hook must be a flowengine.hooks.Hook, not {hook!r}")
+        self._hooks.insert(index, hook)
+        self._sorted()
+
+    def append(self, hook: Hook) -> None:
+        """Put ``hook`` last (entered after the others)."""
+        self.insert(len(self._hooks), hook)
+
+    def extend(self, hooks: Iterable[Hook]) -> None:
+        """Put each of ``hooks`` last, in order."""
+        for hook in hooks:
+            self.append(hook)
+
+    def remove(self, hook: Hook) -> None:
+        """Take ``hook`` out (ValueError if it is not in)."""
+        self._hooks.remove(hook)
+        self._sorted()
+
+    def _sorted(self) -> None:
+        # Which hooks take part in the per-call points, worked out once per change rather than
+        # once per task call.
+        self._calls = tuple(h for h in self._hooks if type(h).call is not Hook.call)
+        self._resolves = tuple(h for h in self._hooks
+                               if type(h).failure_resolved is not Hook.failure_resolved)
+
+    @contextlib.contextmanager
+    def run(self, engine: ActionEngine) -> Iterator[None]:
+        """Enter every hook's :meth:`Hook.run` for one run of ``engine``, in order."""
+        with contextlib.ExitStack() as stack:
+            for hook in list(self._hooks):
+                try:
+                    entered = hook.run(engine)
+                    if entered is not None:
+                        stack.enter_context(entered)
+                except Exception:
+                    LOG.exception("Engine hook %r failed as a run of flow %r started; the run "
+                                  "goes on without it", hook, engine.storage.flow_name)
+            yield
+
+    def call(self, task: Atom) -> contextlib.AbstractContextManager[object]:
+        """What a local executor enters around one call of ``task``."""
+        calls = self._calls
+        if not calls:
+            return _NOTHING
+        if len(calls) == 1:
+            return _entered(calls[0], task)
+        return self._all_calls(calls, task)
+
+    @contextlib.contextmanager
+    def _all_calls(self, calls: tuple[Hook, ...], task: Atom) -> Iterator[None]:
+        with contextlib.ExitStack() as stack:
+            for hook in calls:
+                stack.enter_context(_entered(hook, task))
+            yield
+
+    def failure_resolved(self, atom_uuid: str, decision: object, retry: Atom | None) -> None:
+        """Tell every hook how an atom's failure was resolved."""
+        for hook in self._resolves:
+            try:
+                hook.failure_resolved(atom_uuid, decision, retry)
+            except Exception:
+                LOG.exception("Engine hook %r failed on the resolution (%s) of atom %s's "
+                              "failure", hook, decision, atom_uuid)
+
+
+_NOTHING: contextlib.AbstractContextManager[object] = contextlib.nullcontext()
+
+
+def _entered(hook: Hook, task: Atom) -> contextlib.AbstractContextManager[object]:
+    try:
+        entered = hook.call(task)
+    except Exception:
+        LOG.exception("Engine hook %r failed around a call of task %r; the call goes on "
+                      "without it", hook, task.name)
+        entered = None
+    return entered if entered is not None else _NOTHING
+
+
+#: The hooks every engine starts with, in order (the engine option ``hooks`` replaces them).
+defaults = Hooks()

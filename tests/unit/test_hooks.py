@@ -1,0 +1,157 @@
+"""Engine hooks (flowengine.hooks): one ordered list through which the atom log, tracing and
+an application's own additions attach to engines.
+
+Every engine starts with the process's defaults (the atom log and tracing); the ``hooks`` option
+replaces them. A hook is entered around each run, around each local task call on the thread that
+runs it, and told how each failure was resolved; a hook that raises is logged and left out, and
+the run goes on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from flowengine import engines, hooks, retry, states, task
+from flowengine.flows import linear_flow
+from flowengine.listeners.atoms import LOGGER_NAME, AtomLogHook
+from flowengine.tracing import TracingHook
+
+
+class Spy(hooks.Hook):
+    """Writes down every point it is called at, in one log shared with other spies."""
+
+    def __init__(self, name: str, log: list[tuple[Any, ...]]) -> None:
+        self.name, self.log = name, log
+
+    @contextlib.contextmanager
+    def _around_run(self, engine: Any) -> Iterator[None]:
+        self.log.append((self.name, "enter", engine.storage.flow_name))
+        try:
+            yield
+        finally:
+            self.log.append((self.name, "exit", engine.storage.get_flow_state()))
+
+    def run(self, engine: Any) -> contextlib.AbstractContextManager[None]:
+        return self._around_run(engine)
+
+    @contextlib.contextmanager
+    def _around_call(self, atom: Any) -> Iterator[None]:
+        self.log.append((self.name, "call", atom.name, threading.current_thread().name))
+        yield
+
+    def call(self, atom: Any) -> contextlib.AbstractContextManager[None]:
+        return self._around_call(atom)
+
+    def failure_resolved(self, atom_uuid: str, decision: object, retry: Any) -> None:
+        self.log.append((self.name, "resolved", atom_uuid, str(decision),
+                         None if retry is None else retry.name))
+
+
+class Broken(hooks.Hook):
+    def run(self, engine: Any) -> None:
+        raise RuntimeError("hook broken at run")
+
+    def call(self, atom: Any) -> None:
+        raise RuntimeError("hook broken at call")
+
+    def failure_resolved(self, atom_uuid: str, decision: object, retry: Any) -> None:
+        raise RuntimeError("hook broken at resolution")
+
+
+def _retried_flow() -> tuple[linear_flow.Flow, list[int]]:
+    """A flow whose task fails its first call; the list counts its calls."""
+    calls: list[int] = []
+
+    def flaky() -> str:
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("first time")
+        return "ok"
+
+    flow = linear_flow.Flow("retried", retry=retry.Times(2, name="r"))
+    return flow.add(task.FunctorTask(flaky, name="flaky")), calls
+
+
+def test_every_engine_starts_with_the_atom_log_and_tracing() -> None:
+    assert [type(hook) for hook in hooks.defaults] == [AtomLogHook, TracingHook]
+    for kind in ("serial", "parallel", "worker-based"):
+        engine = engines.load(task.FunctorTask(lambda: None), engine=kind,
+                              **({"transport": "memory"} if kind == "worker-based" else {}))
+        assert [type(hook) for hook in engine.hooks] == [AtomLogHook, TracingHook]
+
+
+@pytest.mark.parametrize("kind", ["serial", "parallel"])
+def test_hooks_are_entered_in_order_around_each_run_call_and_resolution(kind: str) -> None:
+    log: list[tuple[Any, ...]] = []
+    flow, _flaky = _retried_flow()
+    engine = engines.load(flow, engine=kind, hooks=[Spy("first", log), Spy("second", log)])
+    engine.run()
+    uuid = engine.storage.get_atom_uuid("flaky")
+    points = [entry[:2] for entry in log]
+    assert points[:2] == [("first", "enter"), ("second", "enter")]
+    assert points[-2:] == [("second", "exit"), ("first", "exit")]
+    # Left once the atoms are done; the end state is stored just after.
+    assert log[-1] == ("first", "exit", states.RUNNING)
+    assert engine.storage.get_flow_state() == states.SUCCESS
+    calls = [entry for entry in log if entry[1] == "call"]
+    # execute (fails), revert, execute again: each call within both hooks, in order.
+    assert [c[:3] for c in calls] == [("first", "call", "flaky"), ("second", "call", "flaky")] * 3
+    # Entered where the call runs: the engine's thread (serial) or a pool thread.
+    engine_thread = threading.current_thread().name
+    assert all((c[3] == engine_thread) == (kind == "serial") for c in calls)
+    resolved = [entry for entry in log if entry[1] == "resolved"]
+    assert resolved == [("first", "resolved", uuid, str(retry.RETRY), "r"),
+                        ("second", "resolved", uuid, str(retry.RETRY), "r")]
+
+
+def test_a_hook_that_raises_is_logged_and_left_out(caplog: pytest.LogCaptureFixture) -> None:
+    log: list[tuple[Any, ...]] = []
+    flow, flaky = _retried_flow()
+    engine = engines.load(flow, hooks=[Broken(), Spy("spy", log)])
+    with caplog.at_level(logging.ERROR, logger="flowengine.hooks"):
+        engine.run()
+    assert engine.storage.get_flow_state() == states.SUCCESS and len(flaky) == 2
+    assert ("spy", "exit", states.RUNNING) in log  # the others still ran
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("failed as a run of flow 'retried' started" in m for m in messages)
+    assert any("failed around a call of task 'flaky'" in m for m in messages)
+    assert any("failed on the resolution" in m for m in messages)
+
+
+def test_without_hooks_nothing_attaches(caplog: pytest.LogCaptureFixture) -> None:
+    flow, _flaky = _retried_flow()
+    with caplog.at_level(logging.INFO, logger=LOGGER_NAME):
+        engines.run(flow, hooks=[])
+    assert [r for r in caplog.records if r.name == LOGGER_NAME] == []
+    flow, _flaky = _retried_flow()
+    with caplog.at_level(logging.INFO, logger=LOGGER_NAME):
+        engines.run(flow)  # the defaults: the atom log says what happened
+    assert any(r.name == LOGGER_NAME for r in caplog.records)
+
+
+def test_an_engines_list_can_change_before_it_runs() -> None:
+    log: list[tuple[Any, ...]] = []
+    flow, _flaky = _retried_flow()
+    engine = engines.load(flow)
+    atom_log = next(hook for hook in engine.hooks if isinstance(hook, AtomLogHook))
+    engine.hooks.remove(atom_log)
+    engine.hooks.insert(0, Spy("mine", log))
+    engine.run()
+    assert [type(hook) for hook in engine.hooks] == [Spy, TracingHook]
+    assert ("mine", "exit", states.RUNNING) in log
+    assert [type(hook) for hook in hooks.defaults] == [AtomLogHook, TracingHook]  # untouched
+
+
+def test_a_hook_must_be_a_hook() -> None:
+    with pytest.raises(ValueError, match="must hold flowengine.hooks.Hook objects, not 'log'"):
+        engines.load(task.FunctorTask(lambda: None), hooks=["log"])
+    with pytest.raises(ValueError, match="must be a list of flowengine.hooks.Hook"):
+        engines.load(task.FunctorTask(lambda: None), hooks="log")
+    with pytest.raises(TypeError, match="must be a flowengine.hooks.Hook, not 3"):
+        hooks.Hooks().append(3)  # type: ignore[arg-type]
