@@ -126,7 +126,7 @@ def test_other_transports_are_left_alone(url: str, transport: Any) -> None:
 def test_kombu_itself_keeps_its_stock_redis_transport(url: str, exchange: str) -> None:
     proxy = px.Proxy("me", exchange, url=url)
     try:
-        assert proxy._conn.get_transport_cls() is tr.Transport
+        assert proxy.transport_class is tr.Transport
         assert kombu.Connection(url).get_transport_cls() is kombu_redis.Transport
     finally:
         proxy.close()

@@ -47,20 +47,20 @@ def test_a_queue_kind_that_cannot_be_is_refused_by_name(driver: str, options: di
 
 def test_quorum_declarations_take_no_priority_and_dead_letter_topic_queues_only() -> None:
     publisher = Publisher("orders", url=CLUSTER)
-    topic = publisher._queue("billing")
+    topic = publisher.queue_for("billing")
     assert topic.max_priority is None
     assert topic.queue_arguments == {
         "x-queue-type": "quorum", "x-delivery-limit": DEFAULT_DELIVERY_LIMIT,
         "x-dead-letter-exchange": "orders", "x-dead-letter-routing-key": "flowengine.dead-letters"}
-    assert publisher._queue("engine-reply", expires=600.0).queue_arguments == {
+    assert publisher.queue_for("engine-reply", expires=600.0).queue_arguments == {
         "x-queue-type": "quorum"}
-    assert publisher._queue("flowengine.dead-letters").queue_arguments == {
+    assert publisher.queue_for("flowengine.dead-letters").queue_arguments == {
         "x-queue-type": "quorum"}
     # A private queue that vanishes with its consumer stays classic (quorum queues are durable).
-    assert not publisher._queue("control", transient=True).queue_arguments
+    assert not publisher.queue_for("control", transient=True).queue_arguments
     # Publishing to a topic declares the dead-letter queue too: the broker drops a dead letter
     # no queue is bound to receive.
-    assert [q.name for q in publisher._declared_queues("billing")] == [
+    assert [q.name for q in publisher.declarations("billing")] == [
         "orders_flowengine.dead-letters", "orders_billing"]
     classic = Publisher("orders", url="amqp://guest:guest@rabbit1//")
-    assert classic._queue("billing").max_priority == 9
+    assert classic.queue_for("billing").max_priority == 9

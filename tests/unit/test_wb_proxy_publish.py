@@ -83,7 +83,7 @@ def queued(proxy: px.Proxy, key: str) -> list[str]:
 
 def test_publishes_reuse_one_producer_and_its_channel(proxy: px.Proxy) -> None:
     proxy.publish(notify(0), "work")
-    pool = proxy._producer_pool()
+    pool = proxy.producers()
     producer = producer_of(pool)
     channel = producer.channel
     for n in range(1, 20):
@@ -153,7 +153,7 @@ def test_acquire_waits_while_every_producer_is_in_use() -> None:
 
 def test_a_producer_whose_publish_failed_is_closed_and_replaced(proxy: px.Proxy) -> None:
     proxy.publish(notify(0), "work")
-    pool = proxy._producer_pool()
+    pool = proxy.producers()
     failed = producer_of(pool)
     _Refusals.remaining = 1
     with pytest.raises(KombuConnectionError):
@@ -169,7 +169,7 @@ def test_a_publish_that_recovered_by_retrying_lands_once_on_a_new_producer(
     # Each retry goes out on a new connection: the failed one may be dead for good (a broker
     # back from an outage is reached only through a new one).
     proxy.publish(notify(0), "work")
-    pool = proxy._producer_pool()
+    pool = proxy.producers()
     producer = producer_of(pool)
     _Refusals.remaining = 2
     proxy.publish(notify(1), "work")
@@ -236,7 +236,7 @@ def test_a_publish_whose_retries_ran_out_drops_its_producer(exchange: str) -> No
     try:
         with pytest.raises(OperationalError, match="refused by the test"):
             proxy.publish(notify(0), "work")
-        assert proxy._producer_pool().size == 0
+        assert proxy.producers().size == 0
         _Refusals.remaining = 0
         proxy.publish(notify(1), "work")
         assert queued(proxy, "work") == ["t1"]
@@ -246,13 +246,13 @@ def test_a_publish_whose_retries_ran_out_drops_its_producer(exchange: str) -> No
 
 def test_close_closes_idle_producers_and_a_later_publish_opens_new_ones(proxy: px.Proxy) -> None:
     proxy.publish(notify(0), "work")
-    old_pool = proxy._producer_pool()
+    old_pool = proxy.producers()
     old = producer_of(old_pool)
     proxy.close()
     assert not old.connection.connected and old_pool.size == 0
     proxy.publish(notify(1), "work")
-    assert proxy._producer_pool() is not old_pool
-    assert producer_of(proxy._producer_pool()) is not old
+    assert proxy.producers() is not old_pool
+    assert producer_of(proxy.producers()) is not old
     assert queued(proxy, "work") == ["t0", "t1"]
 
 
@@ -274,10 +274,10 @@ def test_confirmed_and_unconfirmed_publishes_have_separate_pools_only_with_confi
                           transport_options={"confirm_publish": True})
     plain = px.Proxy("me", exchange, transport="memory")
     try:
-        assert confirming._producer_pool(True) is not confirming._producer_pool(False)
-        unconfirmed = producer_of(confirming._producer_pool(False))
+        assert confirming.producers(True) is not confirming.producers(False)
+        unconfirmed = producer_of(confirming.producers(False))
         assert unconfirmed.connection.transport_options["confirm_publish"] is False
-        assert plain._producer_pool(True) is plain._producer_pool(False)
+        assert plain.producers(True) is plain.producers(False)
     finally:
         confirming.close()
         plain.close()
@@ -291,7 +291,7 @@ def test_a_limit_below_one_is_refused() -> None:
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 def test_a_forked_child_starts_with_empty_pools(proxy: px.Proxy) -> None:
     proxy.publish(notify(0), "work")
-    pool = proxy._producer_pool()
+    pool = proxy.producers()
     assert pool.size == 1
     pid = os.fork()
     if pid == 0:  # the child: report through the exit code, never return into pytest

@@ -478,7 +478,7 @@ def test_consumer_reconnects_after_a_connection_error(
         # Only this proxy's consumer fails: the patch is class-wide, and a consumer thread another
         # test left winding down must not take the one failure.
         if failures and threading.current_thread() is thread:
-            raise proxy._conn.connection_errors[0](str(failures.pop()))
+            raise proxy.connection_errors[0](str(failures.pop()))
         return real_drain(self, **kwargs)
 
     monkeypatch.setattr(kombu.Connection, "drain_events", flaky_drain)
@@ -498,22 +498,22 @@ def test_auto_ack_is_for_redis_only(transport: dict[str, Any], tmp_path: Path) -
     # in flight come back after a lost connection (tests/integration covers Redis).
     options = {"transport_options": {"data_folder": str(tmp_path)}} if not transport else {}
     proxy = px.Proxy(TOPIC, "auto", auto_ack=True, **transport, **options)
-    assert proxy._auto_ack is False
+    assert proxy.acks_on_receipt is False
     amqp = px.Proxy(TOPIC, "auto", url="amqp://guest:guest@127.0.0.1:1//", auto_ack=True)
-    assert amqp._auto_ack is False  # never connects: the decision is made up front
+    assert amqp.acks_on_receipt is False  # never connects: the decision is made up front
 
 
 def test_taskflow_compat_uses_taskflows_declarations() -> None:
     compat = px.Proxy(TOPIC, "tf", transport="memory", taskflow_compat=True)
-    queue_ = compat._queue(TOPIC)
+    queue_ = compat.queue_for(TOPIC)
     assert queue_.name == f"tf_{TOPIC}" and queue_.routing_key == TOPIC
     assert (queue_.durable, queue_.auto_delete) == (False, True)
     assert (queue_.exchange.type, queue_.exchange.durable, queue_.exchange.auto_delete) == (
         "direct", False, True,
     )  # fmt: skip
-    durable = px.Proxy(TOPIC, "fe", transport="memory")._queue(TOPIC)
+    durable = px.Proxy(TOPIC, "fe", transport="memory").queue_for(TOPIC)
     assert (durable.durable, durable.auto_delete, durable.exchange.durable) == (True, False, True)
-    expiring = px.Proxy(TOPIC, "fe", transport="memory")._queue(TOPIC, expires=60)
+    expiring = px.Proxy(TOPIC, "fe", transport="memory").queue_for(TOPIC, expires=60)
     assert expiring.expires == 60  # kombu sends it as x-expires
     with pytest.raises(ValueError, match="queue_expires"):
         px.Proxy(TOPIC, "tf", transport="memory", taskflow_compat=True, queue_expires=60)
@@ -684,11 +684,12 @@ def test_a_refused_login_is_never_retried(refused: Exception) -> None:
 
 def test_redis_consumers_hand_back_unsettled_messages_in_seconds_not_an_hour() -> None:
     # Nothing connects until a proxy is used, so no server is needed here.
-    default = px.Proxy(TOPIC, "fe", url="redis://127.0.0.1:6379/0")
-    assert default._transport_options["visibility_timeout"] == px.REDIS_VISIBILITY_TIMEOUT
+    default = px.Proxy(TOPIC, "fe", url="redis://127.0.0.1:6379/0").connection_details.options
+    assert default["visibility_timeout"] == px.REDIS_VISIBILITY_TIMEOUT
     # ... and a consumer killed during a hand-out does not stall the others for minutes.
-    assert default._transport_options["unacked_mutex_expire"] == px.REDIS_RESTORE_LOCK_EXPIRE
+    assert default["unacked_mutex_expire"] == px.REDIS_RESTORE_LOCK_EXPIRE
     chosen = px.Proxy(TOPIC, "fe", url="redis://127.0.0.1:6379/0",
                       transport_options={"visibility_timeout": 5})
-    assert chosen._transport_options["visibility_timeout"] == 5
-    assert "visibility_timeout" not in px.Proxy(TOPIC, "fe", transport="memory")._transport_options
+    assert chosen.connection_details.options["visibility_timeout"] == 5
+    memory = px.Proxy(TOPIC, "fe", transport="memory").connection_details.options
+    assert "visibility_timeout" not in memory

@@ -363,6 +363,13 @@ class Proxy(Publisher):
             self._held.clear()
 
     @property
+    def acks_on_receipt(self) -> bool:
+        """Whether the broker forgets a delivery as it hands it out (Redis, when the owner
+        asked for ``auto_ack``: see :class:`BrokerTraits` ``receipt_ack``); settling is then
+        a no-op."""
+        return self._auto_ack
+
+    @property
     def prefetch_limit(self) -> int | None:
         """The prefetch limit the consumer should have now (None: no limit)."""
         return self._prefetch_limit()
@@ -420,7 +427,7 @@ class Proxy(Publisher):
         return wanted
 
     def _own_queue(self) -> kombu.Queue:
-        return self._queue(self._topic, self._extra_routing_keys, self._queue_expires,
+        return self.queue_for(self._topic, self._extra_routing_keys, self._queue_expires,
                            transient=self._transient_queue)
 
     def delete_own_queue(self) -> None:

@@ -143,14 +143,28 @@ class Publisher:
         )
 
     @property
+    def transport_class(self) -> type:
+        """The kombu transport class this publisher's connections use."""
+        return type(self._conn.transport)
+
+    @property
+    def connection_errors(self) -> tuple[type[BaseException], ...]:
+        """What this publisher's transport raises when a connection or channel is lost."""
+        return tuple(self._conn.connection_errors + self._conn.channel_errors)
+
+    @property
     def queue_kind(self) -> QueueKind:
         """How this publisher declares its durable queues (classic or quorum)."""
         return self._kind
 
-    def _queue(
+    def queue_for(
         self, routing_key: str, extra: Iterable[str] = (), expires: float | None = None,
         transient: bool = False,
     ) -> kombu.Queue:
+        """The queue ``<exchange>_<routing_key>`` as this publisher declares it (durable or
+        TaskFlow's transient one, priorities, quorum arguments), bound to ``routing_key`` and
+        the ``extra`` keys; ``expires``: seconds unused before the broker deletes it;
+        ``transient``: non-durable and auto-deleted whatever the topology."""
         name = f"{self._exchange_name}_{routing_key}"
         options: dict[str, Any] = {"durable": not (self._compat or transient),
                                    "auto_delete": self._compat or transient}
@@ -262,7 +276,7 @@ class Publisher:
             try:
                 # Each attempt on a producer of its own: one whose publish raised is closed,
                 # so a retry goes out on a new connection (a broker back from an outage).
-                with self._producer_pool(confirm).acquire() as producer:
+                with self.producers(confirm).acquire() as producer:
                     while pending:
                         self._send(producer.publish, body, pending[0], declare_queue, reply,
                                    headers, properties)
@@ -301,7 +315,7 @@ class Publisher:
             # The first reply to this key since a connection was lost (see publish).
             declare = [self._declared_queue(key, reply=True)]
         elif now - self._declared.get(wanted, -math.inf) > DECLARATION_TTL:
-            declare = [*self._declared_queues(key)] if wanted else [self._exchange]
+            declare = [*self.declarations(key)] if wanted else [self._exchange]
             self._declared[wanted] = now
         send(
             body, routing_key=key, exchange=self._exchange, declare=declare,
@@ -313,7 +327,10 @@ class Publisher:
                 self._replied.clear()
             self._replied[key] = self._reconnects
 
-    def _producer_pool(self, confirm: bool = True) -> pd.ProducerPool:
+    def producers(self, confirm: bool = True) -> pd.ProducerPool:
+        """The producers publishes of this confirm mode take turns on (made on first use; a
+        new pool after :meth:`close`). Confirmed and unconfirmed publishes have pools of their
+        own only where the transport has publisher confirms (AMQP)."""
         confirmed = self._transport_options.get("confirm_publish", False)
         key = bool(confirm or not confirmed)
         pool = self._producers.get(key)  # the common case takes no lock
@@ -335,10 +352,10 @@ class Publisher:
         queue = self._queues.get(routing_key)
         if queue is None:
             expires = ext.REPLY_QUEUE_EXPIRES if reply and not self._compat else None
-            queue = self._queues[routing_key] = self._queue(routing_key, expires=expires)
+            queue = self._queues[routing_key] = self.queue_for(routing_key, expires=expires)
         return queue
 
-    def _declared_queues(self, routing_key: str) -> list[kombu.Queue]:
+    def declarations(self, routing_key: str) -> list[kombu.Queue]:
         """What a publish to ``routing_key`` declares: its queue, and the dead-letter queue a
         quorum queue's delivery limit moves messages to (the broker drops a dead letter that
         no queue is bound to receive)."""
@@ -353,12 +370,12 @@ class Publisher:
         Each is taken and given back (requeued), so the queue is unchanged; meant for operator
         tools on quiet queues (dead letters), not for queues that consumers drain.
         """
-        return browsing.visit(self._conn, self._queue(routing_key), lambda _m: False, limit)
+        return browsing.visit(self._conn, self.queue_for(routing_key), lambda _m: False, limit)
 
     def take(self, routing_key: str, wanted: Callable[[StoredMessage], bool],
              limit: int = 10_000) -> StoredMessage | None:
         """Remove and return the first waiting message ``wanted`` accepts (others stay)."""
-        found = browsing.visit(self._conn, self._queue(routing_key), wanted, limit,
+        found = browsing.visit(self._conn, self.queue_for(routing_key), wanted, limit,
                                remove_first_match=True)
         return found[0] if found else None
 
