@@ -29,8 +29,8 @@ _PROTOCOL = {pr.HEADER_PROTOCOL: pr.PROTOCOL_VERSION}
 
 
 def request_headers(attempt: lc.Attempt, flow_uuid: str, atom_uuid: str,
-                    context: TaskContext | None, secret: list[str],
-                    quiet_start: bool = True) -> dict[str, Any]:
+                    context: TaskContext | None, secret: list[str], *,
+                    quiet_start: bool) -> dict[str, Any]:
     """The headers of ``attempt``'s request: its ids, origin, deadline, time limit, lease,
     the task's context and the names of its secret arguments (``quiet_start`` False: its
     worker must say RUNNING before the outcome, whatever the task's length)."""
