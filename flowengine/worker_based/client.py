@@ -63,6 +63,15 @@ MIN_ROUND_GAP = 0.5
 RECENT = 2 * NOTIFY_PERIOD + 1.0
 #: Seconds a client with no view attached stays open (warm) before it closes.
 LINGER = 5.0
+#: Seconds between looks at whether the broker still holds the requests sent and not taken
+#: yet, where it can lose one a worker took (see
+#: :meth:`~flowengine.worker_based.broker.publisher.Publisher.held`: kombu's Redis transport
+#: records a delivery apart from taking it off the queue, so a worker killed in between loses
+#: the request, which no lease covers); also how long a request is sent before it is looked for.
+HELD_CHECK_PERIOD = 5.0
+#: Looks in a row that must miss a request before it is judged lost (one look can fall between
+#: a worker taking it and recording it).
+HELD_MISSES = 2
 #: Publishing connections of a client: a publish takes well under a millisecond, so a few
 #: serve a process's every engine, and sockets stay bounded whatever the number of flows.
 PUBLISHERS = 4
@@ -90,6 +99,13 @@ class View(Protocol):
     def resumed(self, outage: float) -> None:
         """The client reconnected after ``outage`` seconds without its broker."""
 
+    def unheld_suspects(self) -> list[tuple[str, str]]:
+        """Its requests sent at least :data:`HELD_CHECK_PERIOD` ago that no worker said it
+        runs, as ``(request id, topic)``."""
+
+    def unheld(self, request_id: str, why: str) -> None:
+        """The broker no longer holds request ``request_id`` (:data:`HELD_MISSES` looks)."""
+
 
 class Client:
     """One broker's reply queue, publishers and known workers, shared by a process's engines.
@@ -116,6 +132,14 @@ class Client:
         self._retired = False
         self._timer_pending = False
         self._cursor = 0
+        # Whether the broker can lose a request a worker took (None: not known yet), when to
+        # look next, the looks in a row that missed each request, and whether one is under way.
+        self._loses_takes: bool | None = None
+        self._next_held_check = 0.0
+        self._misses: dict[str, int] = {}
+        self._looking = False
+        #: How many times the broker was asked which of the views' requests it still holds.
+        self.looks = 0
         self._thread: threading.Thread | None = None
         self._consumer_error: Exception | None = None
         #: Delayed requests held until due where the broker has no delays of its own.
@@ -371,6 +395,9 @@ class Client:
             self._round(force=True)
         with self._lock:
             views = list(self._views.values())
+        if now >= self._next_held_check:
+            self._next_held_check = now + HELD_CHECK_PERIOD
+            self._look_for_unheld(views)
         if len(views) > HOUSEKEEPING_BATCH:
             # Thousands of engines: each pass looks at a slice of them in turn, so the
             # consumer thread keeps its time for replies (timeouts need no finer grain).
@@ -382,6 +409,55 @@ class Client:
                 view.on_wait()
             except Exception:  # one engine's bug must not stop the others' replies
                 LOG.exception("Housekeeping of %r raised; the others go on", view)
+
+    def _look_for_unheld(self, views: list[View]) -> None:
+        """Ask the broker, on the dispatch thread, whether it still holds the views' requests
+        that were sent a while ago and that no worker said it runs (where it can lose one)."""
+        if self._loses_takes is None:
+            self._loses_takes = self.proxy.traits.driver == "redis"
+        if not self._loses_takes or self._looking:
+            return
+        suspects: list[tuple[str, str, View]] = []
+        for view in views:
+            try:
+                suspects += [(rid, topic, view) for rid, topic in view.unheld_suspects()]
+            except Exception:  # one engine's bug must not stop the others' looks
+                LOG.exception("Listing the unanswered requests of %r raised", view)
+        current = {rid for rid, _topic, _view in suspects}
+        self._misses = {rid: n for rid, n in self._misses.items() if rid in current}
+        if suspects:
+            self._looking = True
+            self.submit(functools.partial(self._judge_unheld, suspects))
+
+    def _judge_unheld(self, suspects: list[tuple[str, str, View]]) -> None:
+        """Count a miss for each of ``suspects`` the broker no longer holds; tell its view
+        after :data:`HELD_MISSES` looks in a row."""
+        try:
+            by_topic: dict[str, list[tuple[str, View]]] = {}
+            for rid, topic, view in suspects:
+                by_topic.setdefault(topic, []).append((rid, view))
+            for topic, entries in by_topic.items():
+                try:
+                    held = self.proxy.held(topic, [rid for rid, _view in entries])
+                except Exception as err:  # the broker is away: nothing can be judged now
+                    LOG.debug("Could not ask %s which requests it holds: %s", self.broker, err)
+                    return
+                if held is None:
+                    continue
+                for rid, view in entries:
+                    misses = 0 if rid in held else self._misses.get(rid, 0) + 1
+                    if misses == 0 or misses >= HELD_MISSES:
+                        self._misses.pop(rid, None)
+                    else:
+                        self._misses[rid] = misses
+                    if misses >= HELD_MISSES:
+                        view.unheld(rid, f"the broker no longer holds its request (looked "
+                                         f"{misses} times, {HELD_CHECK_PERIOD:g}s apart): the "
+                                         f"worker that took it from topic {topic!r} may have "
+                                         f"died before recording it")
+        finally:
+            self.looks += 1
+            self._looking = False
 
     def _disk_outage(self) -> bool:
         """Whether the flowengine-fs data folder is unwritable: nothing is judged meanwhile

@@ -798,6 +798,26 @@ class WorkerTaskExecutor(local.TaskExecutor):
             self._note_due(lc.due(attempt, now))
             self._apply(sub, tick, attempt.request_id)
 
+    def unheld_suspects(self) -> list[tuple[str, str]]:
+        """Its requests sent at least :data:`~.client.HELD_CHECK_PERIOD` ago that no worker
+        said it runs: ``(request id, topic)`` (the client asks the broker whether it still
+        holds them)."""
+        now = self._clock()
+        with self._lock:
+            return [(s.attempt.request_id, s.attempt.topic) for s in self._ongoing.values()
+                    if s.attempt.state == lc.PENDING and not s.attempt.revoking
+                    and s.attempt.not_before is None and s.delayed_job is None
+                    and now - s.attempt.created >= bc.HELD_CHECK_PERIOD]
+
+    def unheld(self, request_id: str, why: str) -> None:
+        """The broker no longer holds request ``request_id`` (its worker died taking it, or
+        the broker lost it): the attempt is lost, as with a lost worker."""
+        with self._lock:
+            sub = self._ongoing.get(request_id)
+        if sub is not None:
+            self._apply(sub, lc.Lost(why, quiet_start=self._quiet_on(sub.attempt.topic),
+                                     unheld=True), request_id)
+
     def _why_waiting(self, attempt: lc.Attempt) -> str:
         if attempt.state == lc.WAITING and self.finder.total_workers == 0:
             broker = self.client.broker

@@ -161,9 +161,6 @@ def _queued_on(redis_url: str, queue: str, needle: str) -> bool:
         client.close()
 
 
-@defect("After a Redis outage that lost the broker's data, a request the engine still holds as "
-        "PENDING (its RUNNING reply and outcome were lost with the data) is never sent again "
-        "nor revoked: the flow waits out transition_timeout and fails with RequestTimeout")
 def test_a_request_whose_replies_redis_lost_is_sent_again(
     private_redis: PrivateRedis, exchange: str, fleet_factory: Callable[..., WorkerFleet],
     stage: Stage, tmp_path: Path,
@@ -178,14 +175,13 @@ def test_a_request_whose_replies_redis_lost_is_sent_again(
     the flow must still end SUCCESS within the transition timeout (the work may run twice:
     the outcome of the first run was lost, as doc/reliability.rst allows for data loss).
 
-    Today the engine never sends it again: only a RUNNING attempt holds a lease, the pickup
-    check passes over a silent topic only when another topic can take the request, and the
-    reconnect after the outage extends leases but does not ask about requests the broker may
-    have lost. The flow waits out ``transition_timeout`` and the engine fails with
-    ``RequestTimeout`` (as a ``data-lost`` run of ``test_outage_private_redis.py`` once did,
-    after 120 s). Once a PENDING request the broker may have lost is sent again (revoking
-    the first, or after a lease of its own), the worker runs it again and the flow succeeds
-    well within the 30 s.
+    Only a RUNNING attempt holds a lease, so this was once a known defect: the engine waited
+    out ``transition_timeout`` and failed with ``RequestTimeout`` (as a ``data-lost`` run of
+    ``test_outage_private_redis.py`` once did, after 120 s). The engine's broker client now
+    asks Redis every few seconds whether it still holds the requests sent a while ago that no
+    worker said it runs; this one it no longer holds, twice in a row, so the attempt is lost
+    and sent again (``test_lost_takes.py`` shows the same for a request a dying worker took),
+    the worker runs it again and the flow succeeds well within the 30 s.
     """
     broker = Broker("redis", private_redis.url)
     fleet = fleet_factory(broker, exchange, env=stage.env)

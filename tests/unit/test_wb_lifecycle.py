@@ -181,6 +181,23 @@ def test_a_lost_attempt_is_sent_again_until_max_attempts_then_parked_and_failed(
     assert attempt.tally.workers == ("w1", "w2", "w3")
 
 
+def test_a_request_the_broker_no_longer_holds_is_lost_only_while_pending() -> None:
+    # Judged while PENDING; by the time the verdict is applied a worker may have said it runs
+    # it (then the broker held it after all: the RUNNING attempt keeps going).
+    clock = ManualClock()
+    unheld = lc.Lost("the broker no longer holds its request", unheld=True)
+    ended, effects = lc.step(sent(clock), unheld, clock.now)
+    assert ended.ending == lc.LOST and kinds(effects) == ["Announce", "Retry"]
+    attempt = running(clock)
+    assert lc.step(attempt, unheld, clock.now) == (attempt, [])
+    # A quiet start's PENDING attempt may be running unannounced: its holder must prove it.
+    suspected, effects = lc.step(sent(clock), lc.Lost("gone", quiet_start=True, unheld=True),
+                                 clock.now)
+    assert (suspected.state, suspected.suspect, effects) == (lc.RUNNING, "its lease lapsed: "
+                                                             "gone, and no other worker said "
+                                                             "it runs it", [])
+
+
 def test_a_request_handed_back_unstarted_is_sent_again_without_counting_an_attempt() -> None:
     clock = ManualClock()
     ended, effects = lc.step(sent(clock), lc.HandedBack("w2"), clock.now)

@@ -13,7 +13,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any
 
 import kombu
@@ -57,6 +57,9 @@ DECLARATION_TTL = 2.0
 MAX_PRIORITY = 9
 #: Reply routing keys a publisher remembers replying to since its last reconnect.
 MAX_REPLY_KEYS = 4096
+#: Most messages :meth:`Publisher.held` reads (waiting in the queue and unsettled, together);
+#: past this it does not tell.
+HELD_LIMIT = 20_000
 
 
 class Publisher:
@@ -371,6 +374,30 @@ class Publisher:
         tools on quiet queues (dead letters), not for queues that consumers drain.
         """
         return browsing.visit(self._conn, self.queue_for(routing_key), lambda _m: False, limit)
+
+    def held(self, routing_key: str, request_ids: Collection[str],
+             limit: int = HELD_LIMIT) -> set[str] | None:
+        """Which of ``request_ids`` the broker still holds for queue ``<exchange>_<routing_key>``:
+        waiting there, or delivered to a consumer and not settled yet. None where the transport
+        cannot tell (only flowengine's Redis transport can: its deliveries are recorded apart
+        from the queue, so a consumer that dies between taking a message and recording it
+        loses it), or the queue holds more than ``limit`` messages.
+
+        Raises:
+            Whatever the transport raises when the broker cannot be reached.
+        """
+        if not request_ids or self._broker.driver != "redis":
+            return None
+        # Imported here: it needs the redis extra, which only Redis users install.
+        from flowengine.worker_based.broker import transport_redis
+
+        if not issubclass(self.transport_class, transport_redis.Transport):
+            return None
+        with self._conn.clone() as conn:
+            channel = conn.default_channel
+            if not isinstance(channel, transport_redis.Channel):
+                return None
+            return channel.held(self.queue_for(routing_key).name, request_ids, limit)
 
     def take(self, routing_key: str, wanted: Callable[[StoredMessage], bool],
              limit: int = 10_000) -> StoredMessage | None:

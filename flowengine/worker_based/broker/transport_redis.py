@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 import kombu
@@ -104,6 +104,33 @@ class Channel(kombu_redis.Channel):
             self, client: Any = None) -> contextlib.AbstractContextManager[Any]:
         # Called for every command: a plain context manager costs less than kombu's generator.
         return contextlib.nullcontext(client if client else self._create_client())
+
+    # -- what the broker still holds --------------------------------------------------------
+
+    def held(self, queue: str, needles: Collection[str], limit: int) -> set[str] | None:
+        """Which of ``needles`` (request ids) a message waiting in ``queue`` (any of its
+        priority lists) or delivered and not yet settled (kombu's unacked hash, every
+        queue's) holds; None if the queue is longer than ``limit``: too long to read."""
+        client = self._create_client()
+        keys = list(dict.fromkeys(self._q_for_pri(queue, pri) for pri in self.priority_steps))
+        with client.pipeline(transaction=False) as pipe:
+            for key in keys:
+                pipe.llen(key)
+            pipe.hlen(self.unacked_key)
+            lengths = pipe.execute()
+        if sum(lengths) > limit:
+            return None
+        # kombu's key prefix client prefixes LLEN and HLEN, not LRANGE and HVALS.
+        prefix = self.global_keyprefix or ""
+        with client.pipeline(transaction=False) as pipe:
+            for key in keys:
+                pipe.lrange(prefix + key, 0, -1)
+            pipe.hvals(prefix + self.unacked_key)
+            stored = [entry for entries in pipe.execute() for entry in entries]
+        wanted = {needle: needle.encode() for needle in needles}
+        return {needle for needle, raw in wanted.items()
+                if any(raw in (entry if isinstance(entry, bytes) else entry.encode())
+                       for entry in stored)}
 
     # -- priorities ---------------------------------------------------------------------------
 

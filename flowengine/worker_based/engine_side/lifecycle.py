@@ -320,10 +320,12 @@ class PassOver:
 class Lost:
     """Its worker is gone (expired, went offline): ``why``. ``quiet_start``: another worker of
     its topic may run it without having said so yet (a worker of its topic sends no RUNNING
-    reply for short tasks)."""
+    reply for short tasks). ``unheld``: the broker no longer holds its request, as seen while
+    it was PENDING (news for a PENDING attempt only: one that said it runs since is held)."""
 
     why: str
     quiet_start: bool = False
+    unheld: bool = False
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -710,7 +712,7 @@ def _pass_over(attempt: Attempt, event: PassOver, now: float) -> Step:
 
 
 def _lost(attempt: Attempt, event: Lost, now: float) -> Step:
-    if attempt.state not in (PENDING, RUNNING):
+    if attempt.state not in (PENDING, RUNNING) or (event.unheld and attempt.state != PENDING):
         return attempt, _NOTHING
     if attempt.not_before is not None and attempt.not_before > now:
         # Still in its delay, held by no worker: any worker of the topic may take it when due.
