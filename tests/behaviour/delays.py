@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from flowengine import exceptions as exc
 from flowengine.engines.actions import META_DELAYED_JOB
 
 #: Seconds to wait for a job's handle to be stored.
@@ -24,9 +25,14 @@ def broker_times_delays(engine: Any) -> bool:
 
 
 def delayed_job(engine: Any, atom: str) -> object:
-    """The handle of the delayed job stored with ``atom`` (None if none)."""
+    """The handle of the delayed job stored with ``atom`` (None if none, or if the engine, on
+    another thread, has not stored its atoms yet)."""
     storage = engine.storage
-    return storage.flow_detail.find(storage.get_atom_uuid(atom)).meta.get(META_DELAYED_JOB)
+    try:
+        detail = storage.flow_detail.find(storage.get_atom_uuid(atom))
+    except exc.NotFound:  # a run starting on another thread has not prepared its atoms yet
+        return None
+    return None if detail is None else detail.meta.get(META_DELAYED_JOB)
 
 
 def kick_delayed_job(engine: Any, atom: str, old_job: object = None) -> None:
