@@ -391,10 +391,9 @@ class Publisher:
         # Imported here: it needs the redis extra, which only Redis users install.
         from flowengine.worker_based.broker import transport_redis
 
-        if not issubclass(self.transport_class, transport_redis.Transport):
-            return None
-        with self._conn.clone() as conn:
-            channel = conn.default_channel
+        # On a kept publishing connection: a look every few seconds need not open its own.
+        with self.producers(confirm=False).acquire() as producer:
+            channel = producer.channel
             if not isinstance(channel, transport_redis.Channel):
                 return None
             return channel.held(self.queue_for(routing_key).name, request_ids, limit)

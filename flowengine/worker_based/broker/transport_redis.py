@@ -126,11 +126,10 @@ class Channel(kombu_redis.Channel):
             for key in keys:
                 pipe.lrange(prefix + key, 0, -1)
             pipe.hvals(prefix + self.unacked_key)
-            stored = [entry for entries in pipe.execute() for entry in entries]
-        wanted = {needle: needle.encode() for needle in needles}
-        return {needle for needle, raw in wanted.items()
-                if any(raw in (entry if isinstance(entry, bytes) else entry.encode())
-                       for entry in stored)}
+            stored = [entry if isinstance(entry, bytes) else entry.encode()
+                      for entries in pipe.execute() for entry in entries]
+        return {needle for needle in needles
+                if any(needle.encode() in entry for entry in stored)}
 
     # -- priorities ---------------------------------------------------------------------------
 
