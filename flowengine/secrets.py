@@ -60,9 +60,8 @@ def secret_sources(flow: Any) -> set[str]:
     """The stored names the atoms of ``flow`` (at any depth) read into their ``secret_args``."""
     names: set[str] = set()
     for atom in _atoms(flow):
-        rebind = getattr(atom, "rebind", None) or {}
-        for arg in getattr(atom, "secret_args", ()):
-            names.add(rebind.get(arg, arg))
+        for arg in atom.secret_args:
+            names.add(atom.rebind.get(arg, arg))
     return names
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 from flowengine import exceptions as exc
 from flowengine import states
+from flowengine.atom import Atom
 from flowengine.engines import executor as ex
 from flowengine.engines.delays import RetryWait, RetryWaits
 from flowengine.persistence.atom_meta import (  # noqa: F401 - the engines' names for them
@@ -20,6 +21,7 @@ from flowengine.persistence.atom_meta import (  # noqa: F401 - the engines' name
 )
 from flowengine.retry import EXECUTE_REVERT_HISTORY, REVERT_FLOW_FAILURES, Retry
 from flowengine.storage import Storage
+from flowengine.task import Task
 from flowengine.types.failure import Failure
 from flowengine.types.notifier import Notifier
 
@@ -87,7 +89,7 @@ class TaskAction:
         # in memory so that this engine's revert still receives it.
         self._kept: dict[str, Any] = {}
 
-    def _announce(self, task: Any, state: str, old_state: str, result: Any) -> None:
+    def _announce(self, task: Task, state: str, old_state: str, result: Any) -> None:
         self._on_state(task, state)
         details = {
             "task_name": task.name,
@@ -103,7 +105,7 @@ class TaskAction:
         """Where tasks run."""
         return self._executor
 
-    def reset_state(self, task: Any, state: str, keep_failures: bool = False) -> None:
+    def reset_state(self, task: Task, state: str, keep_failures: bool = False) -> None:
         """Forget the task's results and move it to ``state`` (PENDING or IGNORE)."""
         old_state = self._storage.get_atom_state(task.name)
         self._kept.pop(task.name, None)
@@ -113,7 +115,7 @@ class TaskAction:
         self._announce(task, state, old_state, NO_RESULT)
 
     def change_state(
-        self, task: Any, state: str, progress: float | None = None, result: Any = NO_RESULT,
+        self, task: Task, state: str, progress: float | None = None, result: Any = NO_RESULT,
         meta: Mapping[str, Any] | None = None,
     ) -> bool:
         """Store then announce ``task``'s move to ``state``; False if nothing changed.
@@ -137,14 +139,14 @@ class TaskAction:
             task.update_progress(progress)
         return True
 
-    def _attempt_meta(self, task: Any) -> dict[str, Any] | None:
+    def _attempt_meta(self, task: Task) -> dict[str, Any] | None:
         """The id the executor gives the first attempt of the action starting now (remote
         executors), stored with the state that starts it: a process resuming after a crash
         can revoke what its predecessor left queued, at no extra write."""
         request_id = self._executor.reserve_request_id(self._storage.get_atom_uuid(task.name))
         return None if request_id is None else {META_ATTEMPT_IDS: [request_id]}
 
-    def _on_update_progress(self, task: Any, event_type: str, details: dict[str, Any]) -> None:
+    def _on_update_progress(self, task: Task, event_type: str, details: dict[str, Any]) -> None:
         # Runs on the task's thread; a failure to record progress must not fail the task.
         details = dict(details)
         progress = details.pop("progress", None)
@@ -157,7 +159,7 @@ class TaskAction:
         except Exception:
             LOG.exception("Failed to store progress %s of task %r", progress, task.name)
 
-    def schedule_execution(self, task: Any, arguments: dict[str, Any],
+    def schedule_execution(self, task: Task, arguments: dict[str, Any],
                            delayed_until: float | None = None, delay: float = 0.0,
                            delayable: bool = False) -> cf.Future:
         """Mark RUNNING (stored before the work starts) and submit the task.
@@ -181,11 +183,11 @@ class TaskAction:
         progress = functools.partial(self._on_update_progress, task)
         if delay <= 0:
             return self._executor.execute_task(task, uuid, arguments, progress_callback=progress)
-        return self._executor.execute_task(  # type: ignore[call-arg]
+        return self._executor.execute_task(
             task, uuid, arguments, progress_callback=progress, delay=delay,
             on_delayed_job=functools.partial(self._store_delayed_job, task))
 
-    def _store_delayed_job(self, task: Any, job: str) -> None:
+    def _store_delayed_job(self, task: Task, job: str) -> None:
         """Store the handle of ``task``'s delayed job as soon as it is put (on the thread that
         put it), so that an engine resuming after a crash can delete the job."""
         try:
@@ -194,7 +196,7 @@ class TaskAction:
             LOG.warning("Could not store delayed job %s of task %r", job, task.name,
                         exc_info=True)
 
-    def complete_execution(self, task: Any, result: Any) -> Any:
+    def complete_execution(self, task: Task, result: Any) -> Any:
         """Store the outcome of ``execute``; return it.
 
         A result that lacks a name the task provides fails the task; what it returned is kept
@@ -220,7 +222,7 @@ class TaskAction:
             self.change_state(task, states.SUCCESS, result=result, progress=1.0)
         return result
 
-    def schedule_reversion(self, task: Any, arguments: dict[str, Any]) -> cf.Future:
+    def schedule_reversion(self, task: Task, arguments: dict[str, Any]) -> cf.Future:
         """Mark REVERTING and submit the task's revert."""
         # A revert run again after it failed gets what execute returned, kept for it.
         kept = atom_meta(self._storage, task.name).get(META_REVERT_INPUT) if (
@@ -240,7 +242,7 @@ class TaskAction:
             progress_callback=functools.partial(self._on_update_progress, task),
         )
 
-    def complete_reversion(self, task: Any, result: Any) -> None:
+    def complete_reversion(self, task: Task, result: Any) -> None:
         """Store the outcome of ``revert``.
 
         A failed revert keeps what its revert was given (what execute returned) in the atom's
@@ -394,7 +396,7 @@ class RetryAction:
         else:
             self.change_state(retry, states.REVERTED, result=result)
 
-    def on_failure(self, retry: Retry, atom: Any, failure: Failure,
+    def on_failure(self, retry: Retry, atom: Atom, failure: Failure,
                    arguments: dict[str, Any]) -> Any:
         """Record ``atom``'s failure in the retry's history and ask the retry what to do."""
         self._storage.save_retry_failure(retry.name, atom.name, failure)

@@ -36,6 +36,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
 from flowengine import exceptions as exc
+from flowengine.atom import Atom
 from flowengine.persistence.atom_meta import (
     META_COORDINATION,
     META_WAITING,
@@ -44,6 +45,7 @@ from flowengine.persistence.atom_meta import (
     waiting_of,
 )
 from flowengine.storage import Storage
+from flowengine.task import Task
 
 LOG = logging.getLogger(__name__)
 
@@ -126,7 +128,7 @@ def whole_limits(what: str, value: Mapping[Any, Any]) -> dict[str, int]:
     return limits
 
 
-def format_key(task: Any, template: str, arguments: Mapping[str, Any]) -> str:
+def format_key(task: Atom, template: str, arguments: Mapping[str, Any]) -> str:
     """A task's lock or key ``template`` with its arguments in (``lb:{lb_id}``).
 
     Raises:
@@ -144,7 +146,7 @@ def format_key(task: Any, template: str, arguments: Mapping[str, Any]) -> str:
     return template.format_map({name: arguments[name] for name in fields})
 
 
-def _class_names(task: Any) -> tuple[str, str]:
+def _class_names(task: Atom) -> tuple[str, str]:
     cls = type(task)
     return cls.__name__, f"{cls.__module__}.{cls.__qualname__}"
 
@@ -168,18 +170,18 @@ class Admission:
         self._conf = options.get("coordination")
         self._service: Coordination | None = None
 
-    def needed_by(self, atoms: Iterable[Any]) -> bool:
+    def needed_by(self, atoms: Iterable[Atom]) -> bool:
         """Whether a run of ``atoms`` holds or waits for anything."""
         if self.locks:
             return True
         for atom in atoms:
-            if getattr(atom, "locks", ()) or getattr(atom, "concurrency_keys", ()):
+            if any(_templates(atom)):
                 return True
             if self.concurrency and any(n in self.concurrency for n in _class_names(atom)):
                 return True
         return False
 
-    def check(self, atoms: Iterable[Any]) -> None:
+    def check(self, atoms: Iterable[Atom]) -> None:
         """Refuse, before anything runs, locks or limits with no service to hold them on."""
         if self._conf is None and self.needed_by(atoms):
             raise ValueError("The flow holds locks or concurrency limits (engine options "
@@ -198,18 +200,25 @@ class Admission:
             self._service = module.shared(self._conf)
         return self._service
 
-    def task_keys(self, task: Any, arguments: Mapping[str, Any]) -> list[tuple[str, int, str]]:
+    def task_keys(self, task: Atom, arguments: Mapping[str, Any]) -> list[tuple[str, int, str]]:
         """The locks and limits ``task`` must hold to run with ``arguments``, sorted: each
         ``(key, limit, kind)``."""
         found: dict[str, tuple[int, str]] = {}
-        for template in getattr(task, "locks", ()) or ():
+        locks, limits = _templates(task)
+        for template in locks:
             found[format_key(task, template, arguments)] = (1, "lock")
-        names = [*_class_names(task), *(format_key(task, t, arguments)
-                                        for t in getattr(task, "concurrency_keys", ()) or ())]
+        names = [*_class_names(task), *(format_key(task, t, arguments) for t in limits)]
         for name in names:
             if name in self.concurrency:
                 found[name] = (self.concurrency[name], "limit")
         return sorted((key, limit, kind) for key, (limit, kind) in found.items())
+
+
+def _templates(atom: Atom) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """A task's lock and limit key templates (a retry controller holds none)."""
+    if isinstance(atom, Task):
+        return tuple(atom.locks or ()), tuple(atom.concurrency_keys or ())
+    return (), ()
 
 
 class FlowLocks:
@@ -340,7 +349,7 @@ class TaskGate:
         self._held: dict[str, list[tuple[Ticket, Callable[[], None]]]] = {}
         self._waits: dict[str, _Wait] = {}
 
-    def admit(self, task: Any, arguments: Mapping[str, Any]) -> cf.Future[Any] | None:
+    def admit(self, task: Atom, arguments: Mapping[str, Any]) -> cf.Future[Any] | None:
         """None if ``task`` may start now (it holds what it needs, or needs nothing); else a
         future that ends with :data:`ADMITTED` once it holds everything (the task stays as it
         is meanwhile, with what it waits for in its metadata)."""
@@ -368,7 +377,7 @@ class TaskGate:
             self._storage.update_atom_metadata(task.name, {META_WAITING: current.waiting_for()})
         return wait.future
 
-    def _next(self, task: Any, wait: _Wait) -> None:
+    def _next(self, task: Atom, wait: _Wait) -> None:
         """Ask for the next key of ``wait`` (or end it: everything is held)."""
         if wait.future.done():
             return
@@ -390,14 +399,14 @@ class TaskGate:
         wait.current = ticket
         ticket.future.add_done_callback(lambda f: self._granted(task, wait, ticket, f))
 
-    def _granted(self, task: Any, wait: _Wait, ticket: Ticket, future: cf.Future[Any]) -> None:
+    def _granted(self, task: Atom, wait: _Wait, ticket: Ticket, future: cf.Future[Any]) -> None:
         if future.cancelled() or wait.future.done():
             ticket.release()
             return
         wait.tickets.append(ticket)
         self._next(task, wait)
 
-    def _ended(self, task: Any, wait: _Wait, future: cf.Future[Any]) -> None:
+    def _ended(self, task: Atom, wait: _Wait, future: cf.Future[Any]) -> None:
         with self._lock:
             if self._waits.get(task.name) is wait:
                 del self._waits[task.name]
@@ -409,15 +418,15 @@ class TaskGate:
             for ticket in [*wait.tickets, *([wait.current] if wait.current else [])]:
                 ticket.release()
 
-    def admitted(self, task: Any) -> None:
+    def admitted(self, task: Atom) -> None:
         """The run loop heard that ``task`` was admitted: it no longer waits."""
         self._storage.update_atom_metadata(task.name, {META_WAITING: None})
 
-    def started(self, task: Any, future: cf.Future[Any]) -> None:
+    def started(self, task: Atom, future: cf.Future[Any]) -> None:
         """``task`` started as ``future``: what it holds goes if that is cancelled unstarted."""
         future.add_done_callback(lambda f: self.finished(task) if f.cancelled() else None)
 
-    def finished(self, task: Any) -> None:
+    def finished(self, task: Atom) -> None:
         """``task``'s outcome is stored (or it never started): release what it holds."""
         with self._lock:
             held = self._held.pop(task.name, [])

@@ -9,9 +9,8 @@ through a request header). Every execute of one run shares the run's
 
 from __future__ import annotations
 
-from typing import Any
-
 from flowengine import context, states
+from flowengine.atom import Atom
 from flowengine.context import NEVER_CANCELLED, CancelSignal, TaskContext
 from flowengine.engines.compiler import Compilation
 from flowengine.storage import Storage
@@ -45,13 +44,13 @@ class CallContexts:
         self.deadline = deadline
         return self.signal
 
-    def of(self, atom: Any, intention: str) -> _Deferred:
+    def of(self, atom: Atom, intention: str) -> _Deferred:
         """What makes the context of the call ``intention`` starts for ``atom``, when it is
         first asked for (a serial engine starts thousands of calls a second, and most tasks
         never ask): a remote executor asks at once; a local task, if it looks."""
         return _Deferred(self, atom, intention, self.signal, self.deadline)
 
-    def make(self, atom: Any, intention: str, signal: CancelSignal,
+    def make(self, atom: Atom, intention: str, signal: CancelSignal,
              deadline: float | None) -> TaskContext:
         """The context of the call ``intention`` starts for ``atom``."""
         storage = self._storage
@@ -62,7 +61,7 @@ class CallContexts:
             attempt=self._attempt(atom), deadline=deadline,
             signal=signal if action == "execute" else NEVER_CANCELLED)
 
-    def _attempt(self, atom: Any) -> int:
+    def _attempt(self, atom: Atom) -> int:
         try:
             retry = self._innermost[atom.name]
         except KeyError:
@@ -78,7 +77,7 @@ class _Deferred:
 
     __slots__ = ("_atom", "_calls", "_deadline", "_intention", "_made", "_signal")
 
-    def __init__(self, calls: CallContexts, atom: Any, intention: str, signal: CancelSignal,
+    def __init__(self, calls: CallContexts, atom: Atom, intention: str, signal: CancelSignal,
                  deadline: float | None) -> None:
         self._calls, self._atom, self._intention = calls, atom, intention
         self._signal, self._deadline = signal, deadline

@@ -19,19 +19,19 @@ import inspect
 import threading
 import time
 import weakref
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import futurist
 
 from flowengine import context
 from flowengine import exceptions as exc
-from flowengine.atom import REVERT_FLOW_FAILURES, REVERT_RESULT
+from flowengine.atom import REVERT_FLOW_FAILURES, REVERT_RESULT, Atom
 from flowengine.engines import interception
 from flowengine.engines.event_loop import EventLoopThread
 from flowengine.engines.time_limits import Clock, Watchdog, limit_for, parse_time_limits, settle
 from flowengine.hooks import Hooks
-from flowengine.task import EVENT_UPDATE_PROGRESS
+from flowengine.task import EVENT_UPDATE_PROGRESS, Task
 from flowengine.types.failure import Failure
 
 EXECUTED = "executed"
@@ -40,13 +40,13 @@ REVERTED = "reverted"
 ProgressCallback = Callable[..., None]
 
 
-def _secret_values(task: Any, arguments: Mapping[str, Any]) -> list[Any]:
+def _secret_values(task: Atom, arguments: Mapping[str, Any]) -> list[Any]:
     """The values of the arguments ``task`` marks secret (``secret_args``)."""
-    names = getattr(task, "secret_args", ())
-    return [arguments[name] for name in names if arguments.get(name) not in (None, "")]
+    return [arguments[name] for name in task.secret_args
+            if arguments.get(name) not in (None, "")]
 
 
-def _redact(task: Any, arguments: Mapping[str, Any], outcome: Any) -> Any:
+def _redact(task: Task, arguments: Mapping[str, Any], outcome: Any) -> Any:
     """Mask secret argument values in a failure before anything stores, logs or sends it."""
     if isinstance(outcome, Failure):
         secrets = _secret_values(task, arguments)
@@ -56,7 +56,7 @@ def _redact(task: Any, arguments: Mapping[str, Any], outcome: Any) -> Any:
 
 
 @contextlib.contextmanager
-def _hooked(task: Any, post: Callable[[], Any],
+def _hooked(task: Task, post: Callable[[], Any],
             progress_callback: ProgressCallback | None) -> Iterator[list[Any]]:
     """Around a call: progress forwarded, ``post`` after it; an exception becomes a Failure.
 
@@ -78,7 +78,7 @@ def _hooked(task: Any, post: Callable[[], Any],
         _unlisten(task, progress_callback, registered)
 
 
-def _run(task: Any, pre: Callable[[], Any], call: Callable[[], Any], post: Callable[[], Any],
+def _run(task: Task, pre: Callable[[], Any], call: Callable[[], Any], post: Callable[[], Any],
          progress_callback: ProgressCallback | None) -> Any:
     """Run ``pre``, ``call``, ``post`` with progress forwarded; an exception becomes a Failure."""
     with _hooked(task, post, progress_callback) as box:
@@ -92,7 +92,7 @@ def _run(task: Any, pre: Callable[[], Any], call: Callable[[], Any], post: Calla
     return box[0]
 
 
-async def _run_async(task: Any, pre: Callable[[], Any], call: Callable[[], Awaitable[Any]],
+async def _run_async(task: Task, pre: Callable[[], Any], call: Callable[[], Awaitable[Any]],
                      post: Callable[[], Any], progress_callback: ProgressCallback | None) -> Any:
     """:func:`_run` for an ``async def`` method: ``call()`` is awaited."""
     with _hooked(task, post, progress_callback) as box:
@@ -114,7 +114,7 @@ _NO_HOOKS = Hooks()
 
 
 def execute_task(
-    task: Any, arguments: Mapping[str, Any], progress_callback: ProgressCallback | None = None,
+    task: Task, arguments: Mapping[str, Any], progress_callback: ProgressCallback | None = None,
     hooks: Hooks = _NO_HOOKS,
 ) -> tuple[str, Any]:
     """Run ``pre_execute``/``execute``/``post_execute`` here and now, within ``hooks``."""
@@ -126,7 +126,7 @@ def execute_task(
 
 
 def revert_task(
-    task: Any,
+    task: Task,
     arguments: Mapping[str, Any],
     result: Any,
     failures: Mapping[str, Failure],
@@ -143,7 +143,7 @@ def revert_task(
 
 
 async def execute_task_async(
-    task: Any, arguments: Mapping[str, Any], progress_callback: ProgressCallback | None = None,
+    task: Task, arguments: Mapping[str, Any], progress_callback: ProgressCallback | None = None,
     hooks: Hooks = _NO_HOOKS,
 ) -> tuple[str, Any]:
     """:func:`execute_task` for a task whose ``execute`` is ``async def``."""
@@ -156,7 +156,7 @@ async def execute_task_async(
 
 
 async def revert_task_async(
-    task: Any,
+    task: Task,
     arguments: Mapping[str, Any],
     result: Any,
     failures: Mapping[str, Failure],
@@ -178,7 +178,7 @@ def is_async(method: Any) -> bool:
     return inspect.iscoroutinefunction(method)
 
 
-def async_methods(task: Any) -> list[str]:
+def async_methods(task: Atom) -> list[str]:
     """Names of ``task``'s methods an engine must await (``execute``, ``revert``)."""
     own = getattr(task, "__dict__", None)
     if own is None or "execute" in own or "revert" in own:  # methods set on the instance
@@ -192,7 +192,7 @@ def async_methods(task: Any) -> list[str]:
     return list(methods)
 
 
-def _async_methods(task: Any) -> list[str]:
+def _async_methods(task: Atom) -> list[str]:
     return [name for name in ("execute", "revert") if is_async(getattr(task, name, None))]
 
 
@@ -200,15 +200,15 @@ def _async_methods(task: Any) -> list[str]:
 _ASYNC_METHODS: weakref.WeakKeyDictionary[type, tuple[str, ...]] = weakref.WeakKeyDictionary()
 
 
-def _listen(task: Any, callback: ProgressCallback | None) -> bool:
-    if callback is None or not hasattr(task, "notifier"):
+def _listen(task: Task, callback: ProgressCallback | None) -> bool:
+    if callback is None:
         return False
     task.notifier.register(EVENT_UPDATE_PROGRESS, callback)
     return True
 
 
-def _unlisten(task: Any, callback: ProgressCallback | None, registered: bool) -> None:
-    if registered:
+def _unlisten(task: Task, callback: ProgressCallback | None, registered: bool) -> None:
+    if registered and callback is not None:
         task.notifier.deregister(EVENT_UPDATE_PROGRESS, callback)
 
 
@@ -221,21 +221,35 @@ class TaskExecutor(metaclass=abc.ABCMeta):
     #: Whether calls run on the engine's own thread, one at a time (nothing ever waits in a
     #: queue): a cancel then tells the running call at once, from the cancelling thread.
     runs_inline = False
+    #: Whether :meth:`execute_task` takes a ``delay``: the executor holds a task's start delay
+    #: and its retry controllers' waits where it sends the call (a worker-based executor: in
+    #: the broker), so the engine hands the call over at once. Otherwise the engine waits them
+    #: out itself and never passes a delay.
+    delays_dispatch = False
 
     @abc.abstractmethod
     def execute_task(
         self,
-        task: Any,
+        task: Task,
         task_uuid: str,
         arguments: Mapping[str, Any],
         progress_callback: ProgressCallback | None = None,
+        delay: float = 0.0,
+        on_delayed_job: Callable[[str], None] | None = None,
     ) -> cf.Future:
-        """Schedule ``task.execute(**arguments)``."""
+        """Schedule ``task.execute(**arguments)``.
+
+        Args:
+            delay: seconds before the call may start (only given when
+                :attr:`delays_dispatch` is true).
+            on_delayed_job: given the broker's handle of a delayed call once it is held
+                there (so a resumed engine can delete it: :meth:`delete_at_start`).
+        """
 
     @abc.abstractmethod
     def revert_task(
         self,
-        task: Any,
+        task: Task,
         task_uuid: str,
         arguments: Mapping[str, Any],
         result: Any,
@@ -264,6 +278,15 @@ class TaskExecutor(metaclass=abc.ABCMeta):
         stores it with the state that starts the action (None: this executor sends no
         requests that could outlive its process)."""
         return None
+
+    def revoke_at_start(self, request_ids: Iterable[str]) -> None:
+        """Make sure the requests with these stored ids never run: a process that died left
+        them in flight, and this run sends their atoms again (local executors' calls die with
+        their process: nothing to do)."""
+
+    def delete_at_start(self, jobs: Iterable[str]) -> None:
+        """Delete the delayed calls a dead process left held by the broker (their handles,
+        as ``on_delayed_job`` gave them); this run sends their atoms again."""
 
 
 def _done_future(value: Any) -> cf.Future:
@@ -318,7 +341,7 @@ class LocalTaskExecutor(TaskExecutor):
                 self._loop = EventLoopThread(self._max_async)
             return self._loop
 
-    def _dispatch(self, task: Any, outcome: str, method: Any, call: Callable[[], Any],
+    def _dispatch(self, task: Task, outcome: str, method: Any, call: Callable[[], Any],
                   coroutine: Callable[[], Awaitable[Any]]) -> cf.Future:
         limit = limit_for(task, self._limits)
         # The engine made the call's context current around this hand-over: it must be current
@@ -338,11 +361,11 @@ class LocalTaskExecutor(TaskExecutor):
         """Run a call that has no time limit."""
 
     @abc.abstractmethod
-    def _bounded(self, task: Any, outcome: str, call: Callable[[], Any],
+    def _bounded(self, task: Task, outcome: str, call: Callable[[], Any],
                  limit: float) -> cf.Future:
         """Run a call the watchdog fails after ``limit`` seconds."""
 
-    def _timed(self, future: cf.Future, task: Any, outcome: str, call: Callable[[], Any],
+    def _timed(self, future: cf.Future, task: Task, outcome: str, call: Callable[[], Any],
                limit: float) -> None:
         """Run ``call`` under the watchdog, settling ``future`` (unless cancelled first)."""
         if not future.set_running_or_notify_cancel():
@@ -354,14 +377,14 @@ class LocalTaskExecutor(TaskExecutor):
             self._watchdog.finished(future)
         settle(future, value, task.name)
 
-    def _awaited(self, task: Any, outcome: str, coroutine: Callable[[], Awaitable[Any]],
+    def _awaited(self, task: Task, outcome: str, coroutine: Callable[[], Awaitable[Any]],
                  limit: float | None, ctx: context.TaskContext | None) -> cf.Future:
         future: cf.Future = cf.Future()
         loop = self._event_loop()
         loop.submit(self._await(future, task, outcome, coroutine, limit, loop.loop, ctx))
         return future
 
-    async def _await(self, future: cf.Future, task: Any, outcome: str,
+    async def _await(self, future: cf.Future, task: Task, outcome: str,
                      coroutine: Callable[[], Awaitable[Any]], limit: float | None,
                      loop: asyncio.AbstractEventLoop, ctx: context.TaskContext | None) -> None:
         if not future.set_running_or_notify_cancel():
@@ -387,11 +410,16 @@ class LocalTaskExecutor(TaskExecutor):
 
     def execute_task(
         self,
-        task: Any,
+        task: Task,
         task_uuid: str,
         arguments: Mapping[str, Any],
         progress_callback: ProgressCallback | None = None,
+        delay: float = 0.0,
+        on_delayed_job: Callable[[str], None] | None = None,
     ) -> cf.Future:
+        if delay > 0:  # the engine waits out delays for an executor that does not take them
+            raise ValueError(f"{type(self).__name__} does not take a delay (task "
+                             f"{task.name!r} was given {delay} s)")
         return self._dispatch(
             task, EXECUTED, task.execute,
             functools.partial(execute_task, task, arguments, progress_callback, self._hooks),
@@ -400,7 +428,7 @@ class LocalTaskExecutor(TaskExecutor):
 
     def revert_task(
         self,
-        task: Any,
+        task: Task,
         task_uuid: str,
         arguments: Mapping[str, Any],
         result: Any,
@@ -437,7 +465,7 @@ def _coroutine_in(ctx: context.TaskContext | None,
     return bound
 
 
-def _interrupted(task: Any, ctx: context.TaskContext | None,
+def _interrupted(task: Task, ctx: context.TaskContext | None,
                  err: asyncio.CancelledError) -> BaseException:
     """What an ``async def`` call cancelled at an await failed with: its flow's cancel, said
     so, or the cancellation itself (a time limit, the loop stopping)."""
@@ -468,7 +496,7 @@ class SerialTaskExecutor(LocalTaskExecutor):
     def _plain(self, call: Callable[[], Any]) -> cf.Future:
         return _done_future(call())
 
-    def _bounded(self, task: Any, outcome: str, call: Callable[[], Any],
+    def _bounded(self, task: Task, outcome: str, call: Callable[[], Any],
                  limit: float) -> cf.Future:
         future: cf.Future = cf.Future()
         threading.Thread(target=self._timed, args=(future, task, outcome, call, limit),
@@ -476,7 +504,7 @@ class SerialTaskExecutor(LocalTaskExecutor):
         cf.wait([future])
         return future
 
-    def _awaited(self, task: Any, outcome: str, coroutine: Callable[[], Awaitable[Any]],
+    def _awaited(self, task: Task, outcome: str, coroutine: Callable[[], Awaitable[Any]],
                  limit: float | None, ctx: context.TaskContext | None) -> cf.Future:
         future = super()._awaited(task, outcome, coroutine, limit, ctx)
         cf.wait([future])  # one task at a time, as for any other task
@@ -528,7 +556,7 @@ class ParallelThreadTaskExecutor(LocalTaskExecutor):
     def _plain(self, call: Callable[[], Any]) -> cf.Future:
         return self._submit(call)
 
-    def _bounded(self, task: Any, outcome: str, call: Callable[[], Any],
+    def _bounded(self, task: Task, outcome: str, call: Callable[[], Any],
                  limit: float) -> cf.Future:
         future: cf.Future = cf.Future()
         self._submit(self._timed, future, task, outcome, call, limit)

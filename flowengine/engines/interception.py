@@ -22,6 +22,8 @@ import threading
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any
 
+from flowengine.task import Task
+
 #: The two actions a task call can be.
 EXECUTE = "execute"
 REVERT = "revert"
@@ -38,7 +40,7 @@ class TaskCall:
             ``flow_failures``).
     """
 
-    task: Any
+    task: Task
     action: str
     arguments: Mapping[str, Any]
 
@@ -80,19 +82,19 @@ def installed(interceptor: Interceptor) -> Iterator[Interceptor]:
             _installed = tuple(i for i in _installed if i is not interceptor)
 
 
-def bound(task: Any, action: str, arguments: Mapping[str, Any],
+def bound(task: Task, action: str, arguments: Mapping[str, Any],
           method: Callable[..., Any]) -> Callable[[], Any]:
     """``method(**arguments)`` as a call of no arguments, through the installed interceptors."""
     return _chain(task, action, arguments, method, "around")
 
 
-def bound_async(task: Any, action: str, arguments: Mapping[str, Any],
+def bound_async(task: Task, action: str, arguments: Mapping[str, Any],
                 method: Callable[..., Awaitable[Any]]) -> Callable[[], Awaitable[Any]]:
     """:func:`bound` for an ``async def`` method (each level returns an awaitable)."""
     return _chain(task, action, arguments, method, "around_async")
 
 
-def _chain(task: Any, action: str, arguments: Mapping[str, Any], method: Callable[..., Any],
+def _chain(task: Task, action: str, arguments: Mapping[str, Any], method: Callable[..., Any],
            level: str) -> Callable[[], Any]:
     call: Callable[[], Any] = functools.partial(method, **arguments)
     chain = _installed

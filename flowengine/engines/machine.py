@@ -25,6 +25,7 @@ from automaton import machines
 
 from flowengine import exceptions as exc
 from flowengine import states as st
+from flowengine.atom import Atom
 from flowengine.engines.runtime import Runtime
 from flowengine.engines.stopping import CancelRequest
 from flowengine.types.failure import Failure
@@ -47,9 +48,9 @@ META_STATES = frozenset((st.GAME_OVER, st.UNDEFINED))
 YIELD_AFTER = 32
 
 
-def _dispatch_order(atom: Any) -> int:
+def _dispatch_order(atom: Atom) -> int:
     """Sort key: higher ``priority`` first (sorting is stable, so ties keep graph order)."""
-    return -getattr(atom, "priority", 0)
+    return -atom.priority
 
 
 #: Queued to wake a waiting loop; never in flight, so analyzing it completes nothing.

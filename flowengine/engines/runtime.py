@@ -12,7 +12,7 @@ import concurrent.futures as cf
 import logging
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, cast
 
 from flowengine import context, states
 from flowengine import deciders as de
@@ -31,6 +31,7 @@ from flowengine.engines.start_delays import StartDelays, start_delay
 from flowengine.engines.stopping import META_CANCELLED, CancelRequest
 from flowengine.hooks import Hooks
 from flowengine.storage import Storage
+from flowengine.task import Task
 from flowengine.types.failure import Failure
 from flowengine.types.notifier import Notifier
 
@@ -51,7 +52,7 @@ class _StateHook:
     def __init__(self, runtime: Runtime) -> None:
         self._runtime = runtime
 
-    def __call__(self, atom: Any, state: str) -> None:
+    def __call__(self, atom: Atom, state: str) -> None:
         if (frontier := self._runtime.frontier) is not None:
             frontier.state_changed(atom, state)
 
@@ -91,7 +92,7 @@ class Runtime:
         self.timer = waits.timer
         self.start_delays = StartDelays(storage, waits, clock or time.time, compilation)
         # Remote executors that take a delay hold a retry's wait in the broker, not here.
-        self._dispatch_delays = bool(getattr(task_executor, "delays_dispatch", False))
+        self._dispatch_delays = task_executor.delays_dispatch
         #: Task name -> the retries whose wait its delayed request carries (ended with it).
         self._carrying: dict[str, list[retry_mod.Retry]] = {}
         #: Retries whose wait, carried by delayed requests, this engine announced.
@@ -155,7 +156,7 @@ class Runtime:
         stored = {name: self.storage.get_atom_state(name) for name in self.compilation.atoms}
         self.frontier = Frontier(self.compilation, stored)
 
-    def _action(self, atom: Any) -> Any:
+    def _action(self, atom: Atom) -> Any:
         return self.retry_action if isinstance(atom, retry_mod.Retry) else self.task_action
 
     def reset_atoms(self, atoms: Iterable[Any], state: str | None, intention: str | None,
@@ -201,7 +202,7 @@ class Runtime:
         self.reset_atoms(self.compilation.successors_of(retry), states.PENDING, states.EXECUTE,
                          keep_failures=True)
 
-    def ask_retry(self, retry: retry_mod.Retry, atom: Any, failure: Failure) -> Any:
+    def ask_retry(self, retry: retry_mod.Retry, atom: Atom, failure: Failure) -> Any:
         """Record ``atom``'s failure with ``retry`` and return the retry's decision."""
         arguments = self.storage.fetch_mapped_args(
             retry.rebind, atom_name=retry.name, optional_args=retry.optional)
@@ -229,7 +230,7 @@ class Runtime:
         return {atom for atom in self.compilation.iter_atoms()
                 if storage.get_atom_state(atom.name) in (states.RUNNING, states.REVERTING)}
 
-    def _ready(self, atom: Any, state: str, intention: str) -> bool:
+    def _ready(self, atom: Atom, state: str, intention: str) -> bool:
         frontier = self.frontier
         assert frontier is not None
         if intention == states.EXECUTE:
@@ -258,7 +259,7 @@ class Runtime:
                 ready.append(atom)
         return ready
 
-    def can_start(self, atom: Any) -> bool:
+    def can_start(self, atom: Atom) -> bool:
         """Whether ``atom`` may be started now; resumed RUNNING/REVERTING atoms may restart."""
         state = self.storage.get_atom_state(atom.name)
         intention = self.storage.get_atom_intention(atom.name)
@@ -287,7 +288,7 @@ class Runtime:
         return all(self.storage.get_atom_state(name) in (states.SUCCESS, states.IGNORE)
                    for name in self.compilation.atoms)
 
-    def _deciders_allow(self, atom: Any) -> bool:
+    def _deciders_allow(self, atom: Atom) -> bool:
         edge_deciders = self.compilation.edge_deciders(atom)
         if not edge_deciders:
             return True
@@ -308,7 +309,7 @@ class Runtime:
                          states.IGNORE, states.IGNORE)
         return False
 
-    def _affected(self, atom: Any, depth: de.Depth) -> list[Any]:
+    def _affected(self, atom: Atom, depth: de.Depth) -> list[Any]:
         graph = self.compilation.execution_graph
         if depth is de.Depth.ATOM:
             return [atom]
@@ -332,14 +333,14 @@ class Runtime:
 
     # -- doing it ---------------------------------------------------------------------------
 
-    def _args(self, atom: Any, revert: bool) -> dict[str, Any]:
+    def _args(self, atom: Atom, revert: bool) -> dict[str, Any]:
         if revert:
             return self.storage.fetch_mapped_args(
                 atom.revert_rebind, atom_name=atom.name, optional_args=atom.revert_optional)
         return self.storage.fetch_mapped_args(
             atom.rebind, atom_name=atom.name, optional_args=atom.optional)
 
-    def schedule(self, atom: Any) -> cf.Future:
+    def schedule(self, atom: Atom) -> cf.Future:
         """Start what ``atom``'s intention calls for; return a future of its outcome.
 
         Raises:
@@ -351,9 +352,10 @@ class Runtime:
             return self._schedule_retry(atom, intention)
         # Current while the executor takes the call: it carries the context to where it runs.
         with context.bound(self.calls.of(atom, intention)):
-            return self._schedule_task(atom, intention)
+            # A flow's atoms are tasks and retry controllers: the rest run as tasks.
+            return self._schedule_task(cast(Task, atom), intention)
 
-    def _schedule_task(self, atom: Any, intention: str) -> cf.Future:
+    def _schedule_task(self, atom: Task, intention: str) -> cf.Future:
         if intention == states.REVERT:
             arguments = self._args(atom, revert=True)
             return (self._wait_admission(atom, arguments)
@@ -391,17 +393,17 @@ class Runtime:
             self.retry_action.waiting(retry, left, decided=True)
         return future
 
-    def _wait_admission(self, task: Any, arguments: dict[str, Any]) -> cf.Future | None:
+    def _wait_admission(self, task: Task, arguments: dict[str, Any]) -> cf.Future | None:
         """The future of ``task``'s wait for its locks and limits (None: it may start now)."""
         return None if self.gate is None else self.gate.admit(task, arguments)
 
-    def _gated(self, task: Any, future: cf.Future) -> cf.Future:
+    def _gated(self, task: Task, future: cf.Future) -> cf.Future:
         """``task`` started as ``future``: what it holds goes if it is cancelled unstarted."""
         if self.gate is not None:
             self.gate.started(task, future)
         return future
 
-    def _delay_of(self, task: Any, retries: list[retry_mod.Retry],
+    def _delay_of(self, task: Task, retries: list[retry_mod.Retry],
                   unheard: list[tuple[retry_mod.Retry, float]]) -> tuple[float | None, float]:
         """When the retry waits ``task``'s request must carry end, and the seconds left.
 
@@ -474,7 +476,7 @@ class Runtime:
         outcome = self.retry_action.execute(retry, self._args(retry, revert=False))
         return self.timer.after(0, outcome)
 
-    def complete(self, atom: Any, outcome: str, result: Any) -> Failure | None:
+    def complete(self, atom: Atom, outcome: str, result: Any) -> Failure | None:
         """Apply an outcome; return a failure that must stop the engine, else None."""
         if outcome == ADMITTED:
             # A task holds the locks and limits it waited for: offer it to be started.
@@ -489,10 +491,10 @@ class Runtime:
             assert self.frontier is not None
             self.frontier.candidates.add(atom)
             return None
-        if outcome == DELAY_ELAPSED:
+        if outcome == DELAY_ELAPSED and isinstance(atom, retry_mod.Retry):
             self.retry_action.end_wait(atom)
             outcome, result = self.retry_action.execute(atom, self._args(atom, revert=False))
-        for retry in self._carrying.pop(getattr(atom, "name", ""), ()):  # its request ran
+        for retry in self._carrying.pop(atom.name, ()):  # its request ran
             self._end_carried_wait(retry)
         self.start_delays.ended(atom)  # a worker-based request that carried its start delay
         action = self._action(atom)
@@ -535,12 +537,12 @@ class Runtime:
                                               "flow_uuid": self.storage.flow_uuid,
                                               **request.record()})
 
-    def never_started(self, atom: Any) -> None:
+    def never_started(self, atom: Atom) -> None:
         """``atom``'s execute was taken back before it started (a cancel revoked it): it is
         left as if it never ran, and is not reverted."""
         self.reset_atoms([atom], states.PENDING, states.REVERT, force=True)
 
-    def process_failure(self, atom: Any, failure: Failure) -> None:
+    def process_failure(self, atom: Atom, failure: Failure) -> None:
         """Decide how ``atom``'s failure is handled and set intentions accordingly."""
         strategy = resolution.determine(self, atom, failure, self.options.defer_reverts)
         self.hooks.failure_resolved(self.storage.get_atom_uuid(atom.name), strategy.strategy,

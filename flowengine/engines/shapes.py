@@ -42,7 +42,7 @@ Shape = dict[str, Any]
 
 
 def _version(atom: Atom) -> str:
-    version = getattr(atom, "version", (1, 0))
+    version = atom.version
     return ".".join(str(part) for part in version) if isinstance(version, tuple | list) \
         else str(version)
 

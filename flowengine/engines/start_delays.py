@@ -13,18 +13,19 @@ from __future__ import annotations
 import concurrent.futures as cf
 import weakref
 from collections.abc import Callable
-from typing import Any
 
 from flowengine import states
+from flowengine.atom import Atom
 from flowengine.engines.actions import META_DELAYED_UNTIL, atom_meta
 from flowengine.engines.compiler import Compilation
 from flowengine.engines.delays import RetryWait, RetryWaits
 from flowengine.storage import Storage
+from flowengine.task import Task
 
 
-def start_delay(task: Any) -> float:
-    """``task``'s ``start_delay`` in seconds (0 for atoms without one)."""
-    return max(0.0, float(getattr(task, "start_delay", 0.0) or 0.0))
+def start_delay(task: Atom) -> float:
+    """``task``'s ``start_delay`` in seconds (0 for a retry controller, which has none)."""
+    return max(0.0, float(task.start_delay or 0.0)) if isinstance(task, Task) else 0.0
 
 
 class StartDelays:
@@ -55,7 +56,7 @@ class StartDelays:
         #: Waits worked out but not yet announced: announced once armed (see :meth:`armed`).
         self._unarmed: dict[str, RetryWait] = {}
 
-    def local_wait(self, task: Any) -> float:
+    def local_wait(self, task: Atom) -> float:
         """Seconds ``task`` must still wait before this execution on a local engine (0: start
         now). The wait's due time is stored when it starts, and announced by :meth:`armed`."""
         seconds = start_delay(task)
@@ -78,11 +79,11 @@ class StartDelays:
         self._to_announce(task, due, left)
         return left
 
-    def elapsed(self, task: Any) -> None:
+    def elapsed(self, task: Atom) -> None:
         """``task``'s local wait is over: the next time it is scheduled it starts."""
         self._elapsed.add(task.name)
 
-    def carried(self, task: Any, due: float | None, delay: float) -> tuple[float | None, float]:
+    def carried(self, task: Atom, due: float | None, delay: float) -> tuple[float | None, float]:
         """What a worker-based engine's request for ``task`` carries: ``(due, delay)`` of the
         retry waits it carries already, lengthened by the task's own start delay (counted
         from when those end). A resumed run keeps the due time it stored. A wait is
@@ -102,7 +103,7 @@ class StartDelays:
         self._to_announce(task, own_due, left)
         return (own_due, left) if left > delay else (due, delay)
 
-    def armed(self, task: Any) -> None:
+    def armed(self, task: Atom) -> None:
         """``task``'s wait is armed (its timer set, its request sent or held): announce it.
 
         Announcing only now means whoever hears of a wait may move the clock it is due by
@@ -113,7 +114,7 @@ class StartDelays:
             self._announced.add(task.name)
             self._waits.announce(wait)
 
-    def ended(self, task: Any) -> None:
+    def ended(self, task: Atom) -> None:
         """Announce the end of ``task``'s wait, if this engine announced its start (a wait
         never armed was never announced, and ends unheard)."""
         self._unarmed.pop(task.name, None)
@@ -134,19 +135,19 @@ class StartDelays:
         for future in list(self.delayed):
             future.cancel()
 
-    def _attempt_of(self, task: Any) -> int:
+    def _attempt_of(self, task: Atom) -> int:
         """The attempt of ``task``'s innermost retry controller (1 without one)."""
         retries = self._compilation.retries_around(task)
         if not retries:
             return 1
         return max(1, len(self._storage.get_retry_history(retries[-1].name)))
 
-    def _to_announce(self, task: Any, due: float, left: float) -> None:
+    def _to_announce(self, task: Atom, due: float, left: float) -> None:
         """Keep ``task``'s wait for :meth:`armed` to announce (unless it is announced already)."""
         if task.name not in self._announced and task.name not in self._unarmed:
             self._unarmed[task.name] = RetryWait(task.name, self._attempt_of(task), due, left,
                                                  kind="task")
 
-    def _stored_due(self, task: Any) -> float | None:
+    def _stored_due(self, task: Atom) -> float | None:
         due = atom_meta(self._storage, task.name).get(META_DELAYED_UNTIL)
         return float(due) if isinstance(due, int | float) and not isinstance(due, bool) else None

@@ -18,6 +18,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from flowengine import exceptions as exc
+from flowengine.atom import Atom
+from flowengine.task import Task
 from flowengine.types.failure import Failure
 
 LOG = logging.getLogger(__name__)
@@ -50,9 +52,9 @@ def parse_time_limits(value: Any) -> dict[str, float]:
     return limits
 
 
-def limit_for(task: Any, limits: Mapping[str, float]) -> float | None:
+def limit_for(task: Atom, limits: Mapping[str, float]) -> float | None:
     """The seconds one call of ``task`` may run (the option first, then the class), or None."""
-    limit = limits.get(task.name, getattr(task, "time_limit", None))
+    limit = limits.get(task.name, task.time_limit if isinstance(task, Task) else None)
     return float(limit) if limit else None
 
 

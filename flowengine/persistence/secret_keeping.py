@@ -37,7 +37,7 @@ class SecretKeeper:
 
     def note_atom(self, atom: Any) -> None:
         """Remember ``atom``'s ``secret_args``."""
-        secret_args = tuple(getattr(atom, "secret_args", ()))
+        secret_args = tuple(atom.secret_args)
         if secret_args:
             self._args[atom.name] = secret_args
 

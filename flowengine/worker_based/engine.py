@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from flowengine import states
+from flowengine.atom import Atom
 from flowengine.engines import admission
 from flowengine.engines import executor as local
 from flowengine.engines.actions import META_ATTEMPT_IDS, META_DELAYED_JOB
@@ -159,9 +160,6 @@ class WorkerBasedActionEngine(ActionEngine):
         """
         self.prepare()
         executor = self._task_executor()
-        revoke = getattr(executor, "revoke_at_start", None)
-        if revoke is None:
-            return
         storage, stale, jobs = self.storage, [], []
         for atom in self.compilation.iter_atoms():
             if storage.get_atom_state(atom.name) not in _IN_FLIGHT_STATES:
@@ -171,12 +169,12 @@ class WorkerBasedActionEngine(ActionEngine):
             stale += [i for i in meta.get(META_ATTEMPT_IDS) or () if isinstance(i, str)]
             if isinstance(meta.get(META_DELAYED_JOB), str):
                 jobs.append(meta[META_DELAYED_JOB])  # a delayed request, still in the broker
-        if jobs and hasattr(executor, "delete_at_start"):
+        if jobs:
             executor.delete_at_start(jobs)
         if stale:
             LOG.info("Flow %r resumes with %d request(s) its previous run left in flight; "
                      "asking workers not to run them", storage.flow_name, len(stale))
-            revoke(stale)
+            executor.revoke_at_start(stale)
 
     def _remember_attempt(self, atom_uuid: str, request_id: str) -> None:
         """Store the id of an attempt sent again (a lost worker, a hand-back) with its atom,
@@ -274,13 +272,13 @@ class WorkerBasedActionEngine(ActionEngine):
         )
         return self._worker_executor
 
-    def _secret_args(self, task: Any) -> list[str]:
+    def _secret_args(self, task: Atom) -> list[str]:
         """The names of ``task``'s arguments whose values are secret: its own ``secret_args``
         and those it reads from a secret stored name (requests name them in a header)."""
-        injected = {name for name, value in (getattr(task, "inject", None) or {}).items()
+        injected = {name for name, value in (task.inject or {}).items()
                     if isinstance(value, Secret)}
         names = set(sa.task_secret_args(task))
-        names.update(arg for arg, stored in (getattr(task, "rebind", None) or {}).items()
+        names.update(arg for arg, stored in task.rebind.items()
                      if stored in injected or self.storage.is_secret_name(stored))
         return sorted(names)
 

@@ -39,7 +39,7 @@ from flowengine import context, tracing
 from flowengine import exceptions as exc
 from flowengine.context import TaskContext
 from flowengine.engines import executor as local
-from flowengine.task import EVENT_UPDATE_PROGRESS
+from flowengine.task import EVENT_UPDATE_PROGRESS, Task
 from flowengine.types.failure import Failure
 from flowengine.worker_based import backoff as bo
 from flowengine.worker_based import client as bc
@@ -104,7 +104,7 @@ class RemoteFuture(cf.Future):
 class _Submission:
     """One atom's execute or revert: what every attempt at it sends, and where it stands."""
 
-    task: Any
+    task: Task
     uuid: str
     body: pr.WorkUnit
     future: RemoteFuture
@@ -349,7 +349,7 @@ class WorkerTaskExecutor(local.TaskExecutor):
 
     def execute_task(
         self,
-        task: Any,
+        task: Task,
         task_uuid: str,
         arguments: Mapping[str, Any],
         progress_callback: local.ProgressCallback | None = None,
@@ -368,7 +368,7 @@ class WorkerTaskExecutor(local.TaskExecutor):
 
     def revert_task(
         self,
-        task: Any,
+        task: Task,
         task_uuid: str,
         arguments: Mapping[str, Any],
         result: Any,
@@ -386,7 +386,7 @@ class WorkerTaskExecutor(local.TaskExecutor):
         body = pr.WorkUnit.of(task, pr.REVERT, arguments, result, failures)
         return self._submit(task, task_uuid, body, progress_callback)
 
-    def _submit(self, task: Any, task_uuid: str, body: pr.WorkUnit,
+    def _submit(self, task: Task, task_uuid: str, body: pr.WorkUnit,
                 progress_callback: local.ProgressCallback | None,
                 not_before: float | None = None,
                 on_delayed_job: Callable[[str], None] | None = None) -> cf.Future:
@@ -416,8 +416,8 @@ class WorkerTaskExecutor(local.TaskExecutor):
             self.client.route(sub.attempt.request_id, self)
         self._note_due(lc.due(sub.attempt, self._clock()))
 
-    def _time_limit(self, task: Any) -> float | None:
-        limit = self._time_limits.get(task.name, getattr(task, "time_limit", None))
+    def _time_limit(self, task: Task) -> float | None:
+        limit = self._time_limits.get(task.name, task.time_limit)
         return float(limit) if limit else None
 
     # -- the lifecycle, carried out -----------------------------------------------------------
@@ -611,7 +611,7 @@ class WorkerTaskExecutor(local.TaskExecutor):
             proxy.publish(
                 sub.body, topic, reply_to=self.client.reply_to,
                 correlation_id=attempt.request_id, headers=headers,
-                priority=getattr(sub.task, "priority", 0), confirm=proxy.queue_kind.quorum,
+                priority=sub.task.priority, confirm=proxy.queue_kind.quorum,
                 # Through an outage, as long as the request may wait anyway.
                 deadline=self._policy.timeout)
         except Exception as err:

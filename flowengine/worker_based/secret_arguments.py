@@ -20,6 +20,7 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
+from flowengine.atom import Atom
 from flowengine.secrets import Masker
 
 __all__ = ["HEADER_SECRET_ARGS", "MaskingFilter", "for_request", "install_filter", "masker",
@@ -34,9 +35,9 @@ _MAX_NAMES = 256
 SecretArgs = Callable[[Any], Iterable[str]]
 
 
-def task_secret_args(task: Any) -> tuple[str, ...]:
+def task_secret_args(task: Atom) -> tuple[str, ...]:
     """The names ``task`` itself marks secret (its ``secret_args``)."""
-    return tuple(getattr(task, "secret_args", ()) or ())
+    return tuple(task.secret_args or ())
 
 
 def for_request(secret: Iterable[str], arguments: Mapping[str, Any]) -> list[str]:
@@ -52,13 +53,13 @@ def names(headers: Mapping[str, Any] | None) -> tuple[str, ...]:
     return tuple(n for n in value[:_MAX_NAMES] if isinstance(n, str))
 
 
-def masker(arguments: Any, secret: Iterable[str], task: Any = None) -> Masker:
+def masker(arguments: Any, secret: Iterable[str], task: Atom | None = None) -> Masker:
     """A masker of the values of ``arguments`` named in ``secret`` (or in ``task``'s
     ``secret_args``); empty when there are none, or ``arguments`` is not a mapping."""
     found = Masker()
     if not isinstance(arguments, Mapping):
         return found
-    for name in {*secret, *task_secret_args(task)}:
+    for name in {*secret, *(task_secret_args(task) if task is not None else ())}:
         value = arguments.get(name)
         if value not in (None, ""):
             found.add(value)
