@@ -1,6 +1,7 @@
-"""``benchmarks/engines.py``, ``events_cost.py`` and ``kombu_ceiling.py`` at tiny sizes.
+"""``benchmarks/engines.py``, ``events_cost.py``, ``kombu_ceiling.py`` and ``remote_path.py``
+at tiny sizes.
 
-Nothing else runs these three, so a change that breaks one would show only when someone next
+Nothing else runs these, so a change that breaks one would show only when someone next
 measures. Each runs as ``make bench`` runs it; the report's shape is checked, never a number.
 """
 
@@ -66,3 +67,23 @@ def test_kombu_ceiling_measures_round_trips_on_redis_and_beanstalkd(
                            env={"FLOWENGINE_BENCH_REDIS_URL": redis_url,
                                 "FLOWENGINE_BENCH_BEANSTALK_URL": beanstalk_url})
     _ceiling_rows(report, ["redis", "beanstalk"])
+
+
+@pytest.mark.timeout(180)
+def test_remote_path_lists_the_modules_one_request_crosses_on_both_projects() -> None:
+    report = run_benchmark("remote_path.py", "--list")
+    assert report["benchmark"] == "remote_path" and report["transport"] == "memory"
+    for project in ("flowengine", "taskflow"):
+        row = report[project]
+        assert "error" not in row, row
+        assert row["modules"] == len(row["names"]) == row["engine_thread"] + row["other_threads"]
+        assert all(name.startswith(project) for name in row["names"]), row["names"]
+    names = report["flowengine"]["names"]
+    # The request went out and came back: the executor, the worker's server and the task ran.
+    for module in ("flowengine.worker_based.executor", "flowengine.worker_based.server",
+                   "flowengine.worker_based.endpoint"):
+        assert module in names
+    state = report["live_state"]
+    assert state["registries"] == len(state["registry_names"]) > 0
+    assert "flowengine.worker_based.client._clients" in state["registry_names"]
+    assert state["fork_hooks"] > 0 and state["exit_hooks"] >= 0
