@@ -425,22 +425,9 @@ class DashboardData:
         """Delete a parked request for good."""
         if self.broker is None:
             raise ActionRefused("no broker: start the dashboard with broker options")
-        from flowengine.worker_based import extensions as ext
-        from flowengine.worker_based import protocol as pr
-        from flowengine.worker_based.broker import proxy as px
+        from flowengine.worker_based.dead_letters import DeadLetters
 
-        def is_it(stored: Any) -> bool:
-            found = stored.headers.get(pr.HEADER_REQUEST_ID) or stored.properties.get(
-                "correlation_id")
-            return str(found) == letter_id
-
-        # DeadLetters has list and requeue only; discarding is taking without giving back.
-        proxy = px.Proxy(ext.DEAD_LETTER_ROUTING_KEY, **self.broker)
-        try:
-            taken = proxy.take(ext.DEAD_LETTER_ROUTING_KEY, is_it)
-        finally:
-            proxy.close()
-        if taken is None:
+        if not DeadLetters(**self.broker).discard(letter_id):
             raise ActionRefused(f"No dead letter with id {letter_id!r}")
         return f"discarded dead letter {letter_id}"
 

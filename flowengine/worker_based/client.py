@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import atexit
 import concurrent.futures as cf
+import contextlib
 import functools
 import logging
 import os
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 from flowengine import exceptions as exc
@@ -130,6 +131,8 @@ class Client:
         self._idle_since: float | None = None
         self._closed = False
         self._retired = False
+        #: Blocks using the client without a view (see :func:`borrowed`): it stays open.
+        self._borrowers = 0
         self._timer_pending = False
         self._cursor = 0
         # Whether the broker can lose a request a worker took (None: not known yet), when to
@@ -234,7 +237,7 @@ class Client:
                     self._topics[topic] = left
                 else:
                     self._topics.pop(topic, None)
-            if not self._views:
+            if not self._views and not self._borrowers:
                 self._idle_since = time.monotonic()
                 if not self._timer_pending:
                     # A timer, not the consumer's housekeeping: a client whose broker is gone
@@ -473,6 +476,22 @@ class Client:
                 view.resumed(outage)
         return False
 
+    def _lend(self) -> None:
+        with self._lock:
+            if self._closed or self._retired:
+                raise ClientClosed(f"The broker client for {self.broker} is closed")
+            self._borrowers += 1
+            self._idle_since = None
+
+    def _give_back(self) -> None:
+        with self._lock:
+            self._borrowers -= 1
+            if self._views or self._borrowers:
+                return
+            self._idle_since = time.monotonic()
+            if not self._timer_pending:
+                self._linger(LINGER)
+
     def _retire_if_idle(self) -> None:
         with self._lock:
             self._timer_pending = False
@@ -554,11 +573,34 @@ def client_for(broker: Broker) -> Client:
         return client
 
 
+@contextlib.contextmanager
+def borrowed(broker: Broker) -> Iterator[Client]:
+    """The process's client for ``broker``, kept open while the block uses it.
+
+    For what talks to a broker without running an engine (pausing a topic, telling an engine
+    to suspend, dead letters, the dashboard): the block publishes, browses or takes through
+    the client's publishers (``client.proxy``), on connections the process's engines share,
+    and starts no consumer. Once neither a block nor an engine uses the client, it lingers
+    :data:`LINGER` seconds for the next one, then closes.
+    """
+    while True:
+        client = client_for(broker)
+        try:
+            client._lend()
+        except ClientClosed:  # retired between the two steps: the next one is new
+            continue
+        break
+    try:
+        yield client
+    finally:
+        client._give_back()
+
+
 def _retire(client: Client) -> None:
     """Close ``client`` if it is still idle (from its own consumer thread)."""
     with _clients_lock:
         with client._lock:
-            if client._views or client._closed:
+            if client._views or client._borrowers or client._closed:
                 return
             client._retired = True
             if _clients.get(client.broker) is client:

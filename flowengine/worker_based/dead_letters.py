@@ -20,12 +20,15 @@ from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, Protocol
 
 from flowengine import exceptions as exc
+from flowengine.worker_based import client as cl
 from flowengine.worker_based import dead_letter_keeping as keeping
 from flowengine.worker_based import extensions as ext
 from flowengine.worker_based import protocol as pr
 from flowengine.worker_based import secret_arguments as sa
 from flowengine.worker_based import signing as sg
 from flowengine.worker_based.broker import proxy as px
+from flowengine.worker_based.broker.publisher import Publisher
+from flowengine.worker_based.broker_spec import Broker
 
 __all__ = ["DEFAULT_TTL", "DeadLetter", "DeadLetters", "park", "removed_message"]
 
@@ -203,39 +206,44 @@ class DeadLetters:
                  taskflow_compat: bool = False, deadline: float = pr.REQUEST_TIMEOUT,
                  signing: sg.Signing | None = None,
                  clock: Callable[[], float] = time.time) -> None:
-        self._proxy = px.Proxy(ext.DEAD_LETTER_ROUTING_KEY, exchange, url=url,
-                               transport=transport, transport_options=transport_options,
-                               taskflow_compat=taskflow_compat,
-                               signing=sg.Signing.from_options() if signing is None else signing)
+        if signing is None:
+            # TaskFlow peers neither sign nor check: a requeued request goes to them as is.
+            signing = sg.Signing() if taskflow_compat else sg.Signing.from_options()
+        #: Reached through the process's client for this broker (its connections are shared
+        #: with the process's engines), borrowed for each operation.
+        self.broker = Broker(exchange, url=url, transport=transport,
+                             transport_options=transport_options,
+                             taskflow_compat=taskflow_compat, signing=signing)
         self._deadline = deadline
         self._clock = clock
         self._exchange = exchange
 
-    def _adopt(self) -> None:
+    def _adopt(self, proxy: Publisher) -> None:
         """Park again, as an engine would, what the broker dead-lettered itself: without its
         secret arguments, with a reason, a topic and an expiry."""
         now = self._clock()
-        while (stored := self._proxy.take(ext.DEAD_LETTER_ROUTING_KEY, _broker_dead)) is not None:
+        while (stored := proxy.take(ext.DEAD_LETTER_ROUTING_KEY, _broker_dead)) is not None:
             headers = _adopted_headers(stored, self._exchange, now, DEFAULT_TTL)
             body = keeping.kept_body(stored.json(), sa.names(stored.headers))
-            self._proxy.publish(_Replay(body), ext.DEAD_LETTER_ROUTING_KEY,
-                                reply_to=stored.properties.get("reply_to"),
-                                correlation_id=stored.properties.get("correlation_id"),
-                                headers=headers, expiration=DEFAULT_TTL)
+            proxy.publish(_Replay(body), ext.DEAD_LETTER_ROUTING_KEY,
+                          reply_to=stored.properties.get("reply_to"),
+                          correlation_id=stored.properties.get("correlation_id"),
+                          headers=headers, expiration=DEFAULT_TTL)
 
     def list(self) -> list[DeadLetter]:
         """Every parked request, oldest first (expired ones are swept out; the others stay)."""
-        self._adopt()
-        letters = [_describe(m, self._exchange)
-                   for m in self._proxy.browse(ext.DEAD_LETTER_ROUTING_KEY)]
-        now = self._clock()
-        live = []
-        for letter in letters:
-            if letter.expires_at is not None and now >= letter.expires_at:
-                self.discard(letter.id)
-            else:
-                live.append(letter)
-        return live
+        with cl.borrowed(self.broker) as client:
+            self._adopt(client.proxy)
+            letters = [_describe(m, self._exchange)
+                       for m in client.proxy.browse(ext.DEAD_LETTER_ROUTING_KEY)]
+            now = self._clock()
+            live = []
+            for letter in letters:
+                if letter.expires_at is not None and now >= letter.expires_at:
+                    self._discard(client.proxy, letter.id)
+                else:
+                    live.append(letter)
+            return live
 
     def get(self, letter_id: str) -> DeadLetter:
         """The parked request ``letter_id``; raise NotFound if there is no such id."""
@@ -246,8 +254,12 @@ class DeadLetters:
 
     def discard(self, letter_id: str) -> bool:
         """Delete a parked request for good; False if there is no such id."""
-        return self._proxy.take(ext.DEAD_LETTER_ROUTING_KEY,
-                                lambda m: _describe(m, self._exchange).id == letter_id) is not None
+        with cl.borrowed(self.broker) as client:
+            return self._discard(client.proxy, letter_id)
+
+    def _discard(self, proxy: Publisher, letter_id: str) -> bool:
+        return proxy.take(ext.DEAD_LETTER_ROUTING_KEY,
+                          lambda m: _describe(m, self._exchange).id == letter_id) is not None
 
     def requeue(self, letter_id: str) -> DeadLetter:
         """Send one parked request back to its topic.
@@ -257,8 +269,12 @@ class DeadLetters:
             RequeueRefused: Its secret arguments were removed when it was parked (it is left
                 parked: re-run it inside its resumed flow).
         """
+        with cl.borrowed(self.broker) as client:
+            return self._requeue(client.proxy, letter_id)
+
+    def _requeue(self, proxy: Publisher, letter_id: str) -> DeadLetter:
         now = self._clock()
-        stored = self._proxy.take(
+        stored = proxy.take(
             ext.DEAD_LETTER_ROUTING_KEY,
             lambda m: (_describe(m, self._exchange).id == letter_id
                        and not keeping.expired(m.headers, now)))
@@ -267,12 +283,12 @@ class DeadLetters:
         letter = _describe(stored, self._exchange)
         if not letter.topic or letter.removed_arguments:
             # Put back as it was: an operator may still resume its flow, or discard it.
-            self._proxy.publish(_Replay(stored.json()), ext.DEAD_LETTER_ROUTING_KEY,
-                                reply_to=stored.properties.get("reply_to"),
-                                correlation_id=stored.properties.get("correlation_id"),
-                                headers={k: v for k, v in stored.headers.items()
-                                         if k not in sg.SIGNATURE_HEADERS},
-                                expiration=_left(letter, now))
+            proxy.publish(_Replay(stored.json()), ext.DEAD_LETTER_ROUTING_KEY,
+                          reply_to=stored.properties.get("reply_to"),
+                          correlation_id=stored.properties.get("correlation_id"),
+                          headers={k: v for k, v in stored.headers.items()
+                                   if k not in sg.SIGNATURE_HEADERS},
+                          expiration=_left(letter, now))
         if not letter.topic:
             raise exc.NotFound(f"Dead letter {letter_id!r} does not say which topic it was for")
         if letter.removed_arguments:
@@ -281,15 +297,15 @@ class DeadLetters:
         headers = {k: v for k, v in stored.headers.items()
                    if not k.startswith("x-flowengine-dead-") and k not in sg.SIGNATURE_HEADERS}
         headers[pr.HEADER_DEADLINE] = time.time() + self._deadline
-        self._proxy.publish(_Replay(stored.json()), letter.topic,
-                            reply_to=stored.properties.get("reply_to"),
-                            correlation_id=stored.properties.get("correlation_id"),
-                            headers=headers)
+        proxy.publish(_Replay(stored.json()), letter.topic,
+                      reply_to=stored.properties.get("reply_to"),
+                      correlation_id=stored.properties.get("correlation_id"),
+                      headers=headers)
         return letter
 
     def close(self) -> None:
-        """Release the broker connections."""
-        self._proxy.close()
+        """Nothing to release: the connections are the process client's, which closes once
+        nothing has used it for a while (kept for callers that close what they open)."""
 
 
 def _left(letter: DeadLetter, now: float) -> float | None:

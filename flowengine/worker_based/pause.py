@@ -16,11 +16,12 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
+from flowengine.worker_based import client as cl
 from flowengine.worker_based import extensions as ext
 from flowengine.worker_based import protocol as pr
 from flowengine.worker_based.broker import dispatcher as dp
-from flowengine.worker_based.broker import proxy as px
 from flowengine.worker_based.broker.delivery import Delivery
+from flowengine.worker_based.broker_spec import Broker
 from flowengine.worker_based.control import ControlMessage
 
 LOG = logging.getLogger(__name__)
@@ -151,12 +152,10 @@ def send_pause(topic: str, exchange: str, paused: bool = True, seconds: float | 
     """
     message = Pause(topic, paused, seconds)
     Pause.validate(message.to_dict())  # refuse here what every worker would refuse
-    proxy = px.Proxy(f"flowengine-pause-{topic}", exchange, url=url, transport=transport,
-                     transport_options=transport_options)
-    try:
+    broker = Broker(exchange, url=url, transport=transport, transport_options=transport_options)
+    with cl.borrowed(broker) as client:
         # Every flowengine worker's control queue binds the discovery key; those on other
         # topics ignore it. Confirmed (the default), so it is in their queues on return.
-        proxy.publish(message, ext.DISCOVER_ROUTING_KEY,
-                      headers={pr.HEADER_PROTOCOL: pr.PROTOCOL_VERSION}, declare_queue=False)
-    finally:
-        proxy.close()
+        client.proxy.publish(message, ext.DISCOVER_ROUTING_KEY,
+                             headers={pr.HEADER_PROTOCOL: pr.PROTOCOL_VERSION},
+                             declare_queue=False)

@@ -109,21 +109,25 @@ def push_suspend(running_on: Any, flow_uuid: str, broker: Mapping[str, Any] | No
         shown = where.get("url") or where.get("transport") or "the default broker"
         return (f"its engine listens on exchange {where.get('exchange')!r} of {shown}, not "
                 "on this broker: it sees the stored request at its next atom transition")
-    proxy = px.Proxy(
-        f"suspend-{flow_uuid[:8]}", str(broker["exchange"]), url=broker.get("url"),
-        transport=broker.get("transport"), transport_options=broker.get("transport_options"),
-        signing=sg.Signing.from_options() if signing is None else signing)
+    # Here, not at the top: the client handles the SUSPEND messages this module defines.
+    from flowengine.worker_based import client as cl
+    from flowengine.worker_based.broker_spec import Broker
+
+    reach_it = Broker(str(broker["exchange"]), url=broker.get("url"),
+                      transport=broker.get("transport"),
+                      transport_options=broker.get("transport_options"),
+                      signing=sg.Signing.from_options() if signing is None else signing)
     try:
-        # The reply queue exists while its process runs; declaring it here could clash with
-        # its arguments (AMQP), and a queue made for a process that is gone would linger.
-        proxy.publish(Suspend(flow_uuid, action), str(where["reply_to"]), declare_queue=False,
-                      expiration=EXPIRES, retry=False)
+        with cl.borrowed(reach_it) as client:
+            # The reply queue exists while its process runs; declaring it here could clash
+            # with its arguments (AMQP), and a queue made for a process that is gone would
+            # linger.
+            client.proxy.publish(Suspend(flow_uuid, action), str(where["reply_to"]),
+                                 declare_queue=False, expiration=EXPIRES, retry=False)
     except Exception as err:
         LOG.warning("Could not push the %s of flow %s: %s", action, flow_uuid,
                     px.mask_url(str(err)))
         return ("its engine could not be told through the broker: it sees the stored request at "
                 "its next atom transition")
-    finally:
-        proxy.close()
     doing = "cancelling" if action == ACTION_CANCEL else "suspending"
     return f"its engine was told through the broker, and is {doing}"

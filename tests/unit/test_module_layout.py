@@ -57,6 +57,34 @@ def test_a_kombu_import_outside_the_broker_package_is_found(tmp_path: pathlib.Pa
     assert kombu_importers(tmp_path, tmp_path / "broker") == ["rogue.py"]
 
 
+#: The modules that build a consuming Proxy of their own besides the process's broker client,
+#: and why. Everything else reaches a broker through a client (``client.borrowed`` for a
+#: publish, a browse or a take); the test fails on a new builder and on a listed one that is
+#: gone, so the list only shrinks.
+PROXY_BUILDERS: dict[str, str] = {
+    "worker_based/client.py": "the process's client itself",
+    "worker_based/server.py": "a worker consumes its topic's queue and its control queue",
+    "cli/workers.py": "'flowengine workers' listens on a queue of its own for NOTIFY replies",
+}
+
+
+def proxy_builders(root: pathlib.Path) -> set[str]:
+    """The modules under ``root`` that call ``Proxy(...)`` (however it is imported)."""
+    found = set()
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Call):
+                func = node.func
+                name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+                if name == "Proxy":
+                    found.add(str(path.relative_to(root)))
+    return found
+
+
+def test_only_the_client_and_the_listed_debts_build_a_proxy() -> None:
+    assert proxy_builders(PACKAGE) == set(PROXY_BUILDERS)
+
+
 def test_no_test_imports_the_tests_folder_as_a_package() -> None:
     # `make test` puts each test's folder and tests/ itself on sys.path (rootdir conftests),
     # not the checkout: `from tests.x import y` imports only when PYTHONPATH names the

@@ -20,6 +20,7 @@ from flowengine import engines, states
 from flowengine import exceptions as exc
 from flowengine.flows import linear_flow as lf
 from flowengine.worker_based import client as bc
+from flowengine.worker_based import pause
 from flowengine.worker_based.executor import WorkerTaskExecutor
 
 ENGINES = 24
@@ -168,6 +169,28 @@ def test_a_lingering_client_closes_by_itself_and_the_next_engine_gets_a_new_one(
     engine = engines.load(flow_for(7), engine="worker-based", **worker.engine_options())
     engine.run()
     assert engine.storage.fetch("total") == 700
+
+
+def test_a_borrowed_client_is_the_engines_one_and_stays_open_while_borrowed(
+    worker: InProcessWorker, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(bc, "LINGER", 0.0)
+    broker = bc.Broker(worker.exchange, transport="memory")
+    with bc.borrowed(broker) as client:
+        # An engine comes and goes meanwhile: its leaving must not close what is borrowed.
+        executor = WorkerTaskExecutor("borrow", worker.exchange, [worker.topic],
+                                      transport="memory")
+        executor.start()
+        assert executor.client is client
+        executor.stop()
+        with bc.borrowed(broker) as again:
+            assert again is client
+        assert not client.proxy.wait_stopped(0.3), "a borrowed client was closed"
+        client.proxy.publish(pause.Pause(worker.topic, False, None), "nobody-listens",
+                             declare_queue=True)
+    assert client.proxy.wait_stopped(RUN_TIMEOUT), "an unused client must close"
+    with bc.borrowed(broker) as later:
+        assert later is not client, "a closed client was lent"
 
 
 def test_broker_options_are_validated_where_they_are_built() -> None:
