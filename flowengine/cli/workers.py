@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
-import functools
 import json
 import threading
 import time
-import uuid
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from flowengine.cli import exits
 from flowengine.cli.broker import broker_kwargs, broker_options
 from flowengine.cli.options import json_option, show_envvars, split_env_list
+
+if TYPE_CHECKING:  # the command imports the worker-based modules only when it runs
+    from flowengine.worker_based.broker.delivery import Delivery
 
 #: Default seconds to listen: longer than the workers' heartbeat interval (2 s).
 DEFAULT_WAIT = 2.5
@@ -84,41 +85,65 @@ class WorkerTable:
             return [dict(r) for k, r in sorted(self._rows.items()) if k not in self._gone]
 
 
+class _Listening:
+    """A view of the process's broker client that takes in the NOTIFY replies of the asked
+    topics' workers (it sends no requests). The client asks the topics as the view attaches,
+    and every few seconds after."""
+
+    def __init__(self, table: WorkerTable, topics: list[str]) -> None:
+        self._table = table
+        self._topics = set(topics)
+
+    def on_notify(self, data: Any, message: Delivery) -> None:
+        from flowengine.worker_based import protocol as pr
+        from flowengine.worker_based import versions as vs
+
+        if data["topic"] not in self._topics:  # another topic's worker answering discovery
+            return
+        headers = message.headers or {}
+        self._table.on_notify(headers.get(pr.HEADER_WORKER), data["topic"], data["tasks"],
+                              headers.get(pr.HEADER_CAPACITY),
+                              vs.decode(headers.get(vs.HEADER_TASK_VERSIONS)))
+
+    def on_reply(self, data: Any, message: Delivery) -> None:
+        """No request was sent: there is no reply to take."""
+
+    def on_wait(self) -> None:
+        """Nothing to look after between drains."""
+
+    def dispatch_waiting(self) -> None:
+        """Nothing waits for a worker."""
+
+    def resumed(self, outage: float) -> None:
+        """No lease to spare: nothing was sent."""
+
+    def unheld_suspects(self) -> list[tuple[str, str]]:
+        return []
+
+    def unheld(self, request_id: str, why: str) -> None:
+        """Never a suspect: nothing was sent."""
+
+
 def _ask_topics(table: WorkerTable, topics: Iterable[str], stop: threading.Event,
                 **broker: Any) -> threading.Thread:
-    """Send NOTIFY to ``topics`` and record replies until ``stop`` (from a thread)."""
-    from flowengine.worker_based import protocol as pr
-    from flowengine.worker_based import versions as vs
-    from flowengine.worker_based.broker import dispatcher as dp
-    from flowengine.worker_based.broker import proxy as px
-    from flowengine.worker_based.broker.delivery import Delivery
+    """Ask ``topics`` for their workers and record the replies until ``stop`` (from a
+    thread), through the process's broker client."""
+    from flowengine.worker_based import client as cl
+    from flowengine.worker_based import signing as sg
+    from flowengine.worker_based.broker_spec import Broker
 
-    me = f"flowengine-workers-{uuid.uuid4().hex[:12]}"
-
-    def on_notify(data: Any, message: Delivery) -> None:
-        headers = message.headers or {}
-        table.on_notify(headers.get(pr.HEADER_WORKER), data["topic"], data["tasks"],
-                        headers.get(pr.HEADER_CAPACITY),
-                        vs.decode(headers.get(vs.HEADER_TASK_VERSIONS)))
-
-    def ask() -> None:
-        for topic in topics:
-            proxy.publish(pr.Notify(), topic, reply_to=me,
-                          headers={pr.HEADER_PROTOCOL: pr.PROTOCOL_VERSION})
-
-    validate = functools.partial(pr.Notify.validate, response=True)
-    handlers = {pr.NOTIFY: dp.Handler(on_notify, validate)}
-    proxy = px.Proxy(me, type_handlers=handlers, on_connected=ask,
-                     queue_expires=None if broker.get("taskflow_compat") else 60.0, **broker)
+    asked = list(topics)
+    # Replies are not checked for signatures, so that TaskFlow workers are listed too.
+    spec = Broker(**broker, signing=sg.Signing())
 
     def run() -> None:
-        thread = threading.Thread(target=proxy.start, daemon=True)
-        thread.start()
-        stop.wait()
-        proxy.stop()
-        thread.join(timeout=5.0)
-        proxy.delete_own_queue()  # a clean exit leaves no queue behind (nor replies in it)
-        proxy.close()
+        with cl.borrowed(spec) as client:
+            view = _Listening(table, asked)
+            client.attach(view, asked)
+            try:
+                stop.wait()
+            finally:
+                client.detach(view, asked, [])
 
     runner = threading.Thread(target=run, daemon=True, name="flowengine-workers-notify")
     runner.start()

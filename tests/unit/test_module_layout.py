@@ -64,7 +64,6 @@ def test_a_kombu_import_outside_the_broker_package_is_found(tmp_path: pathlib.Pa
 PROXY_BUILDERS: dict[str, str] = {
     "worker_based/client.py": "the process's client itself",
     "worker_based/server.py": "a worker consumes its topic's queue and its control queue",
-    "cli/workers.py": "'flowengine workers' listens on a queue of its own for NOTIFY replies",
 }
 
 
