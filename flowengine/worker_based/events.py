@@ -30,7 +30,9 @@ from typing import Any
 from flowengine.persistence.backends._uri import mask_urls
 from flowengine.types.failure import Failure
 from flowengine.worker_based import extensions as ext
+from flowengine.worker_based import signing as sg
 from flowengine.worker_based.broker import broadcast as bc
+from flowengine.worker_based.broker_spec import Broker
 
 LOG = logging.getLogger(__name__)
 
@@ -203,14 +205,17 @@ class _Outbox:
         self.done = self.queued
 
 
-_OUTBOXES: dict[tuple[Any, ...], _Outbox] = {}
+_OUTBOXES: dict[Broker, _Outbox] = {}
 _OUTBOXES_LOCK = threading.Lock()
+_UNSIGNED = sg.Signing()
 
 
 def _outbox(exchange: str, url: str | None, transport: Any,
             transport_options: Mapping[str, Any] | None, maxsize: int) -> _Outbox:
-    options = tuple(sorted((str(k), repr(v)) for k, v in (transport_options or {}).items()))
-    key = (exchange, url, repr(transport), options)
+    # Events are not signed: the broker's identity without a key (one outbox whatever the
+    # process's signing settings).
+    key = Broker(exchange, url=url, transport=transport, transport_options=transport_options,
+                 signing=_UNSIGNED)
     with _OUTBOXES_LOCK:
         box = _OUTBOXES.get(key)
         if box is None:
