@@ -181,7 +181,8 @@ BREAKS: tuple[Break, ...] = (
            "tests/behaviour/test_persistence_contract.py"),
           "an engine closes a backend object its caller passed (doc/persistence.rst: never)"),
     # ---- worker-based ---------------------------------------------------------------------
-    Break("worker-async-slots-one", "worker-based", "flowengine/worker_based/async_runner.py",
+    Break("worker-async-slots-one", "worker-based",
+          "flowengine/worker_based/worker_side/async_runner.py",
           "self._slots = asyncio.Semaphore(self.concurrency)",
           "self._slots = asyncio.Semaphore(1)",
           ("tests/unit/test_wb_async_worker.py",),

@@ -65,7 +65,7 @@ def parse_limit_options(values: tuple[str, ...]) -> dict[str, int]:
     Raises:
         click.BadParameter: Naming the value that is not ``[CLASS=]N`` with N >= 1.
     """
-    from flowengine.worker_based.limits import TOPIC
+    from flowengine.worker_based.worker_side.limits import TOPIC
 
     found: dict[str, int] = {}
     for value in values:

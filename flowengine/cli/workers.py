@@ -96,7 +96,7 @@ class _Listening:
 
     def on_notify(self, data: Any, message: Delivery) -> None:
         from flowengine.worker_based import protocol as pr
-        from flowengine.worker_based import versions as vs
+        from flowengine.worker_based.wire import versions as vs
 
         if data["topic"] not in self._topics:  # another topic's worker answering discovery
             return

@@ -22,7 +22,7 @@ META_WAITING = "waiting_for"
 #: Flow metadata key: the locks a run holds, and what it waits for, while it runs.
 META_COORDINATION = "coordination"
 #: Progress details key a worker holding a request for a concurrency limit reports it under
-#: (see flowengine.worker_based.limits).
+#: (see flowengine.worker_based.worker_side.limits).
 PROGRESS_WAITING = "waiting_for"
 
 

@@ -25,7 +25,7 @@ from typing import Any
 from flowengine.engines import RetryWait
 from flowengine.testing.clock import ManualClock
 from flowengine.worker_based import client as wb_client
-from flowengine.worker_based import held_publishes
+from flowengine.worker_based.engine_side import held_publishes
 
 #: Past a wait's due time, so that whatever is due exactly then is due.
 PAST_DUE = 0.001

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any, ClassVar
 
-from flowengine.worker_based.control import ControlMessage
+from flowengine.worker_based.wire.control import ControlMessage
 
 #: The ``type`` property of a CANCEL message (flowengine control queues only).
 CANCEL = "CANCEL"

@@ -4,7 +4,8 @@ One :class:`Client` per broker (URL, transport and its options, exchange, topolo
 policy), created on first use by :func:`client_for`: one set of publishing connections, ONE
 reply queue ``<exchange>_<client uuid>`` with one consumer thread for the whole process, one
 warm record of the workers heard from, one thread that sends requests waiting for a worker,
-one heap of delayed requests held until due (:mod:`~flowengine.worker_based.held_publishes`).
+one heap of delayed requests held until due
+(:mod:`~flowengine.worker_based.engine_side.held_publishes`).
 Engines (their :class:`~flowengine.worker_based.executor.WorkerTaskExecutor`) are thin views
 on it: each attaches while it runs, and replies reach it by their ``correlation_id`` (the
 attempt's request id, unique per process). The wire format is TaskFlow's: a request's
@@ -34,7 +35,6 @@ from flowengine import exceptions as exc
 from flowengine.types.failure import Failure
 from flowengine.worker_based import backoff as bo
 from flowengine.worker_based import extensions as ext
-from flowengine.worker_based import held_publishes as hp
 from flowengine.worker_based import protocol as pr
 from flowengine.worker_based import remote_control as rc
 from flowengine.worker_based.broker import dispatcher as dp
@@ -42,6 +42,7 @@ from flowengine.worker_based.broker import proxy as px
 from flowengine.worker_based.broker import transport_fs_disk as fsdisk
 from flowengine.worker_based.broker.delivery import Delivery
 from flowengine.worker_based.broker_spec import Broker
+from flowengine.worker_based.engine_side import held_publishes as hp
 from flowengine.worker_based.types import TopicWorker, header, protocol_version
 
 LOG = logging.getLogger(__name__)

@@ -11,7 +11,7 @@ from flowengine import task as task_mod
 from flowengine.engines import executor as local
 from flowengine.types.failure import Failure
 from flowengine.worker_based import protocol as pr
-from flowengine.worker_based import versions
+from flowengine.worker_based.wire import versions
 
 #: Gets ``(event_type, details=...)`` for each event the task emits while it runs (progress and
 #: the task's own, ``task.notifier.notify(...)``): the worker sends each to the engine.

@@ -44,18 +44,17 @@ from flowengine.types.failure import Failure
 from flowengine.worker_based import backoff as bo
 from flowengine.worker_based import client as bc
 from flowengine.worker_based import dead_letters as dl
-from flowengine.worker_based import delayed_dispatch as dd
 from flowengine.worker_based import extensions as ext
 from flowengine.worker_based import protocol as pr
 from flowengine.worker_based import secret_arguments as sa
 from flowengine.worker_based import signing as sg
-from flowengine.worker_based import unserved
-from flowengine.worker_based import versions as vs
 from flowengine.worker_based.broker.delivery import Delivery
+from flowengine.worker_based.engine_side import delayed_dispatch as dd
 from flowengine.worker_based.engine_side import lifecycle as lc
-from flowengine.worker_based.engine_side import outgoing
+from flowengine.worker_based.engine_side import outgoing, unserved
 from flowengine.worker_based.engine_side.replies import Progress, read
 from flowengine.worker_based.types import TopicWorker, WorkerFinder, header
+from flowengine.worker_based.wire import versions as vs
 
 LOG = logging.getLogger(__name__)
 
@@ -127,7 +126,7 @@ class _Parked:
 
 class WorkerTaskExecutor(local.TaskExecutor):
     """Executes tasks on workers reached through a broker (flowengine workers await ``async
-    def`` methods, see :mod:`~flowengine.worker_based.async_runner`).
+    def`` methods, see :mod:`~flowengine.worker_based.worker_side.async_runner`).
 
     Args:
         uuid: this executor's id (its flow's; events carry it).
@@ -325,7 +324,8 @@ class WorkerTaskExecutor(local.TaskExecutor):
         requests a dead engine left queued, which a resumed one sends again as new attempts.
 
         A worker that takes one of them later settles it unrun (see
-        :mod:`~flowengine.worker_based.cancellation`); one already running is not stopped.
+        :mod:`~flowengine.worker_based.cancellation`); one already running is not
+        stopped.
         """
         self._stale.extend(request_ids)
 
@@ -357,9 +357,9 @@ class WorkerTaskExecutor(local.TaskExecutor):
         on_delayed_job: Callable[[str], None] | None = None,
     ) -> cf.Future:
         """Run ``task`` on a worker; with ``delay`` (seconds), no worker takes it before then
-        (see :mod:`~flowengine.worker_based.delayed_dispatch`). ``on_delayed_job`` is given the
-        broker's handle of the delayed job once it is put (beanstalkd), on whichever thread
-        puts it."""
+        (see :mod:`~flowengine.worker_based.engine_side.delayed_dispatch`). ``on_delayed_job``
+        is given the broker's handle of the delayed job once it is put (beanstalkd), on
+        whichever thread puts it."""
         # A new run of the atom: whatever an earlier, never-started one left is moot.
         self._never_started.discard(task_uuid)
         not_before = self._clock() + delay if delay > 0 else None

@@ -15,6 +15,9 @@ HEADER_HEARTBEAT = "x-flowengine-heartbeat"
 HEADER_LEASE = "x-flowengine-lease"
 #: Message header: seconds to wait before the message may be delivered (beanstalkd's delay).
 HEADER_DELAY = "x-flowengine-delay"
+#: Details key of the progress EVENT a request waiting for a worker's concurrency limit sends
+#: its engine: what it waits for (``{key: limit}``), or None once it runs.
+WAITING_FOR = "waiting_for"
 #: A heartbeat is a RESPONSE in state EVENT with this event type and empty details, so its
 #: body is valid under TaskFlow's RESPONSE schema.
 EVENT_HEARTBEAT = "flowengine.heartbeat"

@@ -22,7 +22,7 @@ from flowengine.worker_based import protocol as pr
 from flowengine.worker_based.broker import dispatcher as dp
 from flowengine.worker_based.broker.delivery import Delivery
 from flowengine.worker_based.broker_spec import Broker
-from flowengine.worker_based.control import ControlMessage
+from flowengine.worker_based.wire.control import ControlMessage
 
 LOG = logging.getLogger(__name__)
 

@@ -7,8 +7,8 @@ headers named by the ``HEADER_*`` constants, which TaskFlow peers ignore.
 
 The whole wire contract (types, schemas, headers, bounds, request lifecycle) is importable from
 this module, because TaskFlow programs import these names from ``protocol``; the request
-lifecycle lives in :mod:`~flowengine.worker_based.request_machine` and the header extensions in
-:mod:`~flowengine.worker_based.headers`.
+lifecycle lives in :mod:`~flowengine.worker_based.wire.request_machine` and the header extensions in
+:mod:`~flowengine.worker_based.wire.headers`.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from jsonschema import exceptions as schema_exc
 from flowengine import exceptions as exc
 from flowengine.engines.executor import EXECUTED, REVERTED
 from flowengine.types.failure import Failure
-from flowengine.worker_based.bounds import MAX_BODY_BYTES, MAX_NESTING_DEPTH, exceeds_depth
-from flowengine.worker_based.headers import (
+from flowengine.worker_based.wire.bounds import MAX_BODY_BYTES, MAX_NESTING_DEPTH, exceeds_depth
+from flowengine.worker_based.wire.headers import (
     HEADER_ATOM_UUID,
     HEADER_ATTEMPT,
     HEADER_CAPACITY,
@@ -50,7 +50,7 @@ from flowengine.worker_based.headers import (
     WORKER_ONLINE,
     origin,
 )
-from flowengine.worker_based.request_machine import (
+from flowengine.worker_based.wire.request_machine import (
     _TRANSITIONS,
     EVENT,
     FAILURE,

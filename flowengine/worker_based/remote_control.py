@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 
 from flowengine.worker_based import signing as sg
 from flowengine.worker_based.broker import proxy as px
-from flowengine.worker_based.control import ControlMessage
+from flowengine.worker_based.wire.control import ControlMessage
 
 LOG = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ from typing import Any, ClassVar
 
 from flowengine.context import CancelSignal, TaskContext
 from flowengine.worker_based import protocol as pr
-from flowengine.worker_based.control import ControlMessage
+from flowengine.worker_based.wire.control import ControlMessage
 
 LOG = logging.getLogger(__name__)
 

@@ -4,7 +4,8 @@ A REQUEST is acknowledged only after its outcome (SUCCESS or FAILURE) has been p
 worker that dies mid-task leaves the request to be redelivered (at-least-once). Replies are
 serialized before they are published: a result or exception the wire cannot carry becomes a
 FAILURE that says so, instead of a reply that never leaves (where TaskFlow's engine hangs); how
-replies are sent is the base class's, :class:`~flowengine.worker_based.replies.ReplySender`.
+replies are sent is the base class's,
+:class:`~flowengine.worker_based.worker_side.replies.ReplySender`.
 """
 
 from __future__ import annotations
@@ -21,36 +22,35 @@ from flowengine import context, tracing
 from flowengine import exceptions as exc
 from flowengine import task as task_mod
 from flowengine.types.failure import Failure
-from flowengine.worker_based import async_runner as ar
 from flowengine.worker_based import backoff as bo
 from flowengine.worker_based import cancellation as cn
 from flowengine.worker_based import endpoint as ep
 from flowengine.worker_based import extensions as ext
-from flowengine.worker_based import limits as lm
 from flowengine.worker_based import pause as ps
 from flowengine.worker_based import protocol as pr
-from flowengine.worker_based import replays as rp
 from flowengine.worker_based import running_calls as rn
 from flowengine.worker_based import secret_arguments as sa
 from flowengine.worker_based import signing as sg
-from flowengine.worker_based import versions as vs
 from flowengine.worker_based.broker import dispatcher as dp
 from flowengine.worker_based.broker import proxy as px
 from flowengine.worker_based.broker.delivery import Delivery
-from flowengine.worker_based.heartbeats import Heartbeats
-from flowengine.worker_based.limits import WorkerLimits
-from flowengine.worker_based.replies import (  # noqa: F401 - OUTCOME_PUBLISH_DEADLINE re-exported
+from flowengine.worker_based.wire import versions as vs
+from flowengine.worker_based.worker_side import async_runner as ar
+from flowengine.worker_based.worker_side import limits as lm
+from flowengine.worker_based.worker_side import replays as rp
+from flowengine.worker_based.worker_side.heartbeats import Heartbeats
+from flowengine.worker_based.worker_side.limits import WorkerLimits
+from flowengine.worker_based.worker_side.replies import (  # noqa: F401 - OUTCOME_PUBLISH_DEADLINE re-exported
     OUTCOME_PUBLISH_DEADLINE,
     ReplySender,
     from_flowengine,
 )
-from flowengine.worker_based.request_reading import (
+from flowengine.worker_based.worker_side.request_reading import (
     MIN_HEARTBEAT_INTERVAL,  # noqa: F401 - re-exported
     clip,
     event_fields,
     first,
     heartbeat_interval,
-    major,
     make_worker_id,  # noqa: F401 - re-exported
     quiet_start,
     running_after,
@@ -80,8 +80,9 @@ class Server(ReplySender):
             when not given); ``capacity`` should count its slots.
         run_requests: Where the signatures of the signed requests run are kept, so a copy is
             refused (default, with a signing key: the topic's folder on this host, see
-            :mod:`~flowengine.worker_based.replays`; without a key: none).
-        limits: The worker's concurrency limits (see :mod:`~flowengine.worker_based.limits`).
+            :mod:`~flowengine.worker_based.worker_side.replays`; without a key: none).
+        limits: The worker's concurrency limits (see
+            :mod:`~flowengine.worker_based.worker_side.limits`).
 
     Raises:
         ValueError: A signing key with ``taskflow_compat`` (TaskFlow peers cannot sign).
@@ -451,7 +452,7 @@ class Server(ReplySender):
                     f" '{self._topic}') runs"
                 )
             task = endpoint.generate(name=work.task_name)
-            if major(work.task_version) != major(task.version):
+            if vs.major(work.task_version) != vs.major(task.version):
                 raise exc.IncompatibleVersion(
                     f"Task {name} version {work.task_version} was requested; worker"
                     f" {self.worker_id} runs version {list(task.version)}"

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from flowengine.worker_based.headers import QUIET_START_PROTOCOL
+from flowengine.worker_based.wire.headers import QUIET_START_PROTOCOL
 
 LOG = logging.getLogger(__name__)
 

@@ -24,7 +24,6 @@ from concurrent.futures import Executor
 from typing import Any
 
 from flowengine import task as task_mod
-from flowengine.worker_based import async_runner as ar
 from flowengine.worker_based import backoff as bo
 from flowengine.worker_based import endpoint as ep
 from flowengine.worker_based import events as ev
@@ -32,8 +31,9 @@ from flowengine.worker_based import extensions as ext
 from flowengine.worker_based import protocol as pr
 from flowengine.worker_based import server as sv
 from flowengine.worker_based import signing as sg
-from flowengine.worker_based.autoscale import AutoscalePool, Autoscaler
-from flowengine.worker_based.limits import WorkerLimits
+from flowengine.worker_based.worker_side import async_runner as ar
+from flowengine.worker_based.worker_side.autoscale import AutoscalePool, Autoscaler
+from flowengine.worker_based.worker_side.limits import WorkerLimits
 
 LOG = logging.getLogger(__name__)
 
@@ -151,19 +151,19 @@ class Worker:
         heartbeat_interval: Seconds between worker-heartbeat events.
         autoscale: ``(MAX, MIN)``: task threads grow with the backlog up to MAX and shrink to
             MIN when idle, and the broker prefetch follows (see
-            :mod:`~flowengine.worker_based.autoscale`); not with ``executor`` or
+            :mod:`~flowengine.worker_based.worker_side.autoscale`); not with ``executor`` or
             ``threads_count``. Engines are told MAX as the capacity.
         signing_key, signing_key_file: The key engines and workers share to sign messages
             (default: ``FLOWENGINE_SIGNING_KEY``), see :mod:`~flowengine.worker_based.signing`.
         async_concurrency: Most ``async def`` execute/revert calls awaited at once on the
             worker's event loop thread (default 1000; see
-            :mod:`~flowengine.worker_based.async_runner`). A worker serving such tasks announces
-            its threads plus these slots as its capacity; its broker prefetch adds the slots to
-            the threads while async calls are awaited.
+            :mod:`~flowengine.worker_based.worker_side.async_runner`). A worker serving such
+            tasks announces its threads plus these slots as its capacity; its broker prefetch
+            adds the slots to the threads while async calls are awaited.
         limits: ``{key: N}``: at most N requests under each key run at once across every
             worker and engine using ``coordination`` (a key is a task class's short or full
             name, or ``topic`` for this worker's topic); see
-            :mod:`~flowengine.worker_based.limits`.
+            :mod:`~flowengine.worker_based.worker_side.limits`.
         coordination: Where the limits are held: a jobboard URI or conf (Redis, ZooKeeper,
             etcd) or a :class:`~flowengine.coordination.Coordinator`.
 

@@ -26,8 +26,8 @@ from flowengine.engines.actions import META_RETRY_DUE
 from flowengine.engines.delays import DelayTimer
 from flowengine.flows import linear_flow as lf
 from flowengine.flows import unordered_flow as uf
-from flowengine.worker_based import delayed_dispatch as dd
-from flowengine.worker_based import held_publishes
+from flowengine.worker_based.engine_side import delayed_dispatch as dd
+from flowengine.worker_based.engine_side import held_publishes
 
 from . import delays, tasks
 

@@ -22,7 +22,7 @@ from flowengine.engines.actions import META_ATTEMPT_IDS, META_DELAYED_JOB, META_
 from flowengine.engines.delays import RetryWait
 from flowengine.flows import linear_flow as lf
 from flowengine.flows import unordered_flow as uf
-from flowengine.worker_based import held_publishes
+from flowengine.worker_based.engine_side import held_publishes
 
 from . import delays, tasks
 

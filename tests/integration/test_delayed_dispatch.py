@@ -27,8 +27,8 @@ from wbe_harness import TRANSPORTS
 
 from flowengine.engines.executor import EXECUTED
 from flowengine.exceptions import RequestTimeout
-from flowengine.worker_based import held_publishes
 from flowengine.worker_based.broker import transport_beanstalk_delays as beanstalk_delays
+from flowengine.worker_based.engine_side import held_publishes
 from flowengine.worker_based.executor import WorkerTaskExecutor
 from flowengine.worker_based.topics import topic_stats
 from flowengine.worker_based.worker import Worker

@@ -39,8 +39,8 @@ from flowengine.flows import linear_flow as lf
 from flowengine.persistence import backends
 from flowengine.utils import persistence_utils
 from flowengine.worker_based import client as bc
-from flowengine.worker_based import held_publishes
 from flowengine.worker_based.broker import transport_beanstalk_delays as beanstalk_delays
+from flowengine.worker_based.engine_side import held_publishes
 from flowengine.worker_based.events import EventReceiver
 from flowengine.worker_based.topics import topic_stats
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from manual_clock import ManualClock  # tests/ is on sys.path (rootdir conftest)
 
-from flowengine.worker_based import held_publishes as hp
 from flowengine.worker_based.broker import connection as cn
 from flowengine.worker_based.broker import transport_beanstalk_delays as beanstalk_delays
+from flowengine.worker_based.engine_side import held_publishes as hp
 
 
 def _held(clock: ManualClock) -> tuple[hp.HeldPublishes, list[str]]:

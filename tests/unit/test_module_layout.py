@@ -57,6 +57,52 @@ def test_a_kombu_import_outside_the_broker_package_is_found(tmp_path: pathlib.Pa
     assert kombu_importers(tmp_path, tmp_path / "broker") == ["rogue.py"]
 
 
+WORKER_BASED = PACKAGE / "worker_based"
+#: The worker-based package's concepts, and what each may not import: the two sides do not
+#: reach into each other, and the wire's facts depend on neither.
+SIDES: dict[str, set[str]] = {
+    "engine_side": {"flowengine.worker_based.worker_side"},
+    "worker_side": {"flowengine.worker_based.engine_side"},
+    "wire": {"flowengine.worker_based.engine_side", "flowengine.worker_based.worker_side"},
+}
+
+
+def _imported_modules(tree: ast.AST) -> set[str]:
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return found
+
+
+def crossings(root: pathlib.Path, sides: dict[str, set[str]]) -> list[str]:
+    """``module -> imported`` for each import a side may not make."""
+    found = []
+    for side, forbidden in sides.items():
+        for path in sorted((root / side).rglob("*.py")):
+            for name in sorted(_imported_modules(ast.parse(path.read_text(), str(path)))):
+                if any(name == f or name.startswith(f + ".") for f in forbidden):
+                    found.append(f"{side}/{path.name} -> {name}")
+    return found
+
+
+def test_the_engine_side_the_worker_side_and_the_wire_stay_apart() -> None:
+    assert all((WORKER_BASED / side / "__init__.py").is_file() for side in SIDES)
+    assert crossings(WORKER_BASED, SIDES) == []
+
+
+def test_a_crossing_between_the_sides_is_found(tmp_path: pathlib.Path) -> None:
+    for side in SIDES:
+        (tmp_path / side).mkdir()
+    (tmp_path / "worker_side" / "rogue.py").write_text(
+        "from flowengine.worker_based.engine_side import lifecycle\n")
+    (tmp_path / "wire" / "fine.py").write_text("from flowengine.worker_based import protocol\n")
+    assert crossings(tmp_path, SIDES) == [
+        "worker_side/rogue.py -> flowengine.worker_based.engine_side.lifecycle"]
+
+
 #: The modules that build a consuming Proxy of their own besides the process's broker client,
 #: and why. Everything else reaches a broker through a client (``client.borrowed`` for a
 #: publish, a browse or a take); the test fails on a new builder and on a listed one that is

@@ -20,11 +20,11 @@ from wb_requester import TOPIC, WAIT, Requester, run_in_thread
 
 from flowengine import engines, states, task
 from flowengine.flows import unordered_flow as uf
-from flowengine.worker_based import async_runner as ar
 from flowengine.worker_based import cancellation as cn
 from flowengine.worker_based import extensions as ext
 from flowengine.worker_based import protocol as pr
 from flowengine.worker_based import worker as wk
+from flowengine.worker_based.worker_side import async_runner as ar
 
 CANCELLED: list[str] = []
 RUNS: list[str] = []

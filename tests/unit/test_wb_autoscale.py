@@ -15,8 +15,8 @@ from manual_clock import ManualClock  # tests/ is on sys.path (rootdir conftest)
 from flowengine.cli.main import cli
 from flowengine.cli.worker import parse_autoscale
 from flowengine.cli.workers import _capacity
-from flowengine.worker_based.autoscale import AutoscalePool, Autoscaler
 from flowengine.worker_based.broker import proxy as px
+from flowengine.worker_based.worker_side.autoscale import AutoscalePool, Autoscaler
 
 WAIT = 10.0
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from flowengine.worker_based import unserved
+from flowengine.worker_based.engine_side import unserved
 from flowengine.worker_based.types import WorkerFinder
 
 

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from flowengine.worker_based.heartbeats import Heartbeats
+from flowengine.worker_based.worker_side.heartbeats import Heartbeats
 
 WAIT = 10.0
 LONG = 3600.0  # an interval no test outlives

@@ -8,7 +8,7 @@ from click.testing import CliRunner
 
 from flowengine.cli.main import cli
 from flowengine.cli.worker import parse_limit_options
-from flowengine.worker_based.limits import WorkerLimits, waiting_event
+from flowengine.worker_based.worker_side.limits import WorkerLimits, waiting_event
 
 
 def test_a_request_counts_against_its_class_and_the_topic() -> None:

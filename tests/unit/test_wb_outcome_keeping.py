@@ -24,8 +24,8 @@ from wb_requester import TOPIC, WAIT, Requester, run_in_thread
 
 from flowengine import task
 from flowengine.worker_based import protocol as pr
-from flowengine.worker_based import replies
 from flowengine.worker_based import worker as wk
+from flowengine.worker_based.worker_side import replies
 
 
 class _Replies:

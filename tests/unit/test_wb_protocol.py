@@ -17,7 +17,7 @@ from flowengine import exceptions as exc
 from flowengine import task
 from flowengine.types.failure import Failure
 from flowengine.worker_based import protocol as pr
-from flowengine.worker_based import request_machine
+from flowengine.worker_based.wire import request_machine
 
 
 class Resize(task.Task):

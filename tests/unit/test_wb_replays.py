@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from manual_clock import ManualClock  # tests/ is on sys.path (rootdir conftest)
 
-from flowengine.worker_based import replays as rp
 from flowengine.worker_based import signing as sg
+from flowengine.worker_based.worker_side import replays as rp
 
 WINDOW = 900.0
 START = 1_800_000_000.0

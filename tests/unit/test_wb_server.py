@@ -36,10 +36,10 @@ from flowengine.worker_based import endpoint as ep
 from flowengine.worker_based import extensions as ext
 from flowengine.worker_based import protocol as pr
 from flowengine.worker_based import server as sv
-from flowengine.worker_based import versions as vs
 from flowengine.worker_based import worker as wk
 from flowengine.worker_based.broker import dispatcher as dp
 from flowengine.worker_based.broker import proxy as px
+from flowengine.worker_based.wire import versions as vs
 
 
 class VolumeError(RuntimeError):

@@ -32,7 +32,7 @@ from typing import Any, TypeAlias
 
 from flowengine import exceptions as exc
 from flowengine.types.failure import Failure
-from flowengine.worker_based.request_machine import (
+from flowengine.worker_based.wire.request_machine import (
     FAILURE,
     PENDING,
     RUNNING,

@@ -16,12 +16,12 @@ from typing import Any
 from flowengine.context import TaskContext
 from flowengine.worker_based import cancellation as cn
 from flowengine.worker_based import extensions as ext
-from flowengine.worker_based import headers as hd
 from flowengine.worker_based import protocol as pr
 from flowengine.worker_based import running_calls as rn
 from flowengine.worker_based import secret_arguments as sa
 from flowengine.worker_based.broker import proxy as px
 from flowengine.worker_based.engine_side import lifecycle as lc
+from flowengine.worker_based.wire import headers as hd
 
 LOG = logging.getLogger("flowengine.worker_based.executor")
 

@@ -14,7 +14,6 @@ from typing import Any
 
 from flowengine.worker_based import cancellation as cn
 from flowengine.worker_based import extensions as ext
-from flowengine.worker_based import limits as lm
 from flowengine.worker_based import protocol as pr
 from flowengine.worker_based.engine_side import lifecycle as lc
 
@@ -56,4 +55,4 @@ def read(data: Mapping[str, Any], headers: Mapping[str, Any]) -> lc.Event | Prog
         return lc.NotServed(worker, details.get("version"))
     if event_type == cn.EVENT_CANCELLED:
         return lc.Dropped(worker)
-    return Progress(event_type, details, details.get(lm.WAITING_FOR))
+    return Progress(event_type, details, details.get(ext.WAITING_FOR))

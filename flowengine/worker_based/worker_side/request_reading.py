@@ -51,12 +51,6 @@ def first(failure: Failure) -> str | None:
     return str(names[0]) if names else None
 
 
-def major(version: Any) -> str:
-    """The major part of a version given as "1.2" or as a list of numbers."""
-    parts = version.split(".") if isinstance(version, str) else list(version or [])
-    return str(parts[0]) if parts else ""
-
-
 #: Shortest heartbeat interval a request may ask for, in seconds.
 MIN_HEARTBEAT_INTERVAL = 0.01
 

@@ -6,7 +6,8 @@ left of the retry controller's wait (doc/priorities.rst). Where the broker holds
 request is published at once with header ``x-flowengine-delay`` and the broker keeps it
 delayed; the job's handle (see :mod:`~.broker.transport_beanstalk_delays`) lets the engine
 delete it while it waits. Elsewhere the process's broker client holds it
-(:class:`~flowengine.worker_based.held_publishes.HeldPublishes`) and publishes it when due.
+(:class:`~flowengine.worker_based.engine_side.held_publishes.HeldPublishes`) and publishes
+it when due.
 Either way it can be withdrawn until its delay ends.
 """
 

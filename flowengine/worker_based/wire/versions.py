@@ -16,14 +16,18 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from flowengine.worker_based.request_reading import major
-
 __all__ = ["HEADER_TASK_VERSIONS", "decode", "encode", "major", "text"]
 
 #: NOTIFY reply and announcement header: JSON ``{task class: "major.minor"}``.
 HEADER_TASK_VERSIONS = "x-flowengine-task-versions"
 #: Most classes read from one header (a bound on what a peer can make us keep).
 MAX_CLASSES = 10_000
+
+
+def major(version: Any) -> str:
+    """The major part of a version given as "1.2" or as a list of numbers."""
+    parts = version.split(".") if isinstance(version, str) else list(version or [])
+    return str(parts[0]) if parts else ""
 
 
 def text(version: Any) -> str:

@@ -27,16 +27,15 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from flowengine.engines.admission import whole_limits
+from flowengine.worker_based import extensions as ext
 
-__all__ = ["DEFAULT_INTERVAL", "TOPIC", "WAITING_FOR", "WorkerLimits", "parse_limits",
+__all__ = ["DEFAULT_INTERVAL", "TOPIC", "WorkerLimits", "parse_limits",
            "waiting_event"]
 
 LOG = logging.getLogger(__name__)
 
 #: The limit key that stands for the worker's own topic.
 TOPIC = "topic"
-#: Details key of the progress event a waiting request's engine gets.
-WAITING_FOR = "waiting_for"
 #: Seconds between "still waiting" events when the engine asks for no heartbeats.
 DEFAULT_INTERVAL = 2.0
 
@@ -130,5 +129,5 @@ class WorkerLimits:
 def waiting_event(waiting_for: Mapping[str, Any] | None) -> dict[str, Any]:
     """The progress event details telling an engine what its request waits for (None: that it
     no longer waits)."""
-    return {"progress": 0.0, WAITING_FOR: dict(waiting_for) if waiting_for else None}
+    return {"progress": 0.0, ext.WAITING_FOR: dict(waiting_for) if waiting_for else None}
 
