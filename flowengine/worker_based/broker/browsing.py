@@ -21,10 +21,13 @@ def visit(connection: kombu.Connection, target: kombu.Queue,
     """Copies of up to ``limit`` messages waiting in ``target``, each taken and given back.
 
     With ``remove_first_match``, the first one ``wanted`` accepts is removed instead, and is
-    all that is returned (nothing, if none is).
+    all that is returned (nothing, if none is). The rest are taken all the same: most
+    transports (Redis, the memory and virtual ones) give a message back at the end of the
+    queue, so only a queue taken whole comes back in its order.
     """
     seen: list[StoredMessage] = []
     held: list[Any] = []
+    match: StoredMessage | None = None
     with connection.clone() as conn, conn.channel() as channel:
         queue = target(channel)
         queue.declare()
@@ -38,13 +41,16 @@ def visit(connection: kombu.Connection, target: kombu.Queue,
                     else str(message.body).encode(),
                     headers=dict(message.headers or {}),
                     properties=dict(message.properties or {}))
-                if remove_first_match and wanted(stored):
+                if remove_first_match and match is None and wanted(stored):
                     message.ack()
-                    return [stored]
+                    match = stored
+                    continue
                 held.append(message)
                 seen.append(stored)
         finally:
             # Given back in the order taken, so the queue keeps its order.
             for message in held:
                 message.requeue()
-    return [] if remove_first_match else seen
+    if remove_first_match:
+        return [] if match is None else [match]
+    return seen

@@ -84,6 +84,11 @@ def message_priority(message: Any) -> int:
 class Channel(memory.Channel):
     """kombu's memory channel; declarations hold :data:`_DECLARING`."""
 
+    #: What a closed channel took and never settled goes back to its queue, as a real broker
+    #: gives back a dead consumer's deliveries (kombu's memory channel drops them): a worker
+    #: stopped in-process then loses no request (tests/integration/test_transport_contract.py).
+    do_restore = True
+
     exchange_declare = _declaring(memory.Channel.exchange_declare)
     exchange_delete = _declaring(memory.Channel.exchange_delete)
     queue_declare = _declaring(memory.Channel.queue_declare)
