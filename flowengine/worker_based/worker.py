@@ -205,8 +205,6 @@ class Worker:
             named = [getattr(spec, "__name__", str(spec)) for spec in specs]
             raise ValueError(f"Worker on topic '{topic}': the task specs {named} hold no "
                              f"concrete Task subclasses, so it would serve nothing")
-        self._broker = {"url": url, "transport": transport,
-                        "transport_options": transport_options, "taskflow_compat": taskflow_compat}
         self._owns_executor = executor is None
         self._pool: AutoscalePool | None = None
         if autoscale is not None:

@@ -1,10 +1,11 @@
 """The whole engine behaviour suite, on real brokers, with tasks in worker processes.
 
 Every test of ``tests/behaviour`` that takes an engine factory (``engine_factory`` or
-``concurrent_engine_factory``) runs here too, on each real broker (Redis, RabbitMQ), with its
-factory's engines reaching two ``flowengine worker`` processes. The list is generated, not picked:
-a new behaviour test joins without an edit here, and one that cannot run remotely must be named
-in :data:`EXCLUDED` with the reason (TaskFlow's own rule for what a worker can build).
+``concurrent_engine_factory``) runs here too, on each real broker (Redis, RabbitMQ, beanstalkd)
+and on flowengine-fs (the default transport, no server), with its factory's engines reaching two
+``flowengine worker`` processes. The list is generated, not picked: a new behaviour test joins
+without an edit here, and one that cannot run remotely must be named in :data:`EXCLUDED` with
+the reason (TaskFlow's own rule for what a worker can build).
 
 The behaviour functions themselves run, with their own parametrization; each is wrapped so marks
 added here (``xfail`` for a known engine bug) never reach the in-process suite. The atoms write
@@ -28,7 +29,7 @@ import behaviour
 import pytest
 from behaviour import async_tasks, tasks, test_parallel
 from behaviour.harness import EngineFactory
-from wbe_harness import Broker, WorkerFleet, unique_exchange
+from wbe_harness import BROKERS, Broker, WorkerFleet, require_broker, unique_exchange
 
 from flowengine.worker_based.worker import TASK_THREAD_PREFIX
 
@@ -150,6 +151,21 @@ class RemoteSuite:
         return EngineFactory("worker-based", options(self.fleet),
                              one_at_a_time=lambda: options(self.single),
                              task_threads=TASK_THREAD_PREFIX)
+
+
+#: flowengine's own filesystem transport (the default, no server) joins the real brokers here.
+FILESYSTEM = Broker("flowengine-fs", "flowengine-fs://")
+
+
+@pytest.fixture(scope="module", params=[*sorted(BROKERS), FILESYSTEM.name])
+def broker(request: pytest.FixtureRequest) -> Broker:
+    """Each real broker in turn, then flowengine-fs (workers and engines meet in its default
+    data folder; the suite's exchange keeps its queues apart)."""
+    if request.param == FILESYSTEM.name:
+        # Registers the URL scheme with kombu, for the harness's own connections.
+        importlib.import_module("flowengine.worker_based.broker.transport_fs")
+        return FILESYSTEM
+    return require_broker(request.param)
 
 
 @pytest.fixture(scope="module")
