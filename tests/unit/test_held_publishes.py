@@ -68,10 +68,14 @@ def test_only_beanstalkd_holds_delays_itself() -> None:
 
 
 def test_a_delayed_job_handle_names_its_server() -> None:
-    beanstalk_delays.record("req-1", ("10.0.0.5", 11301), 42)
-    job = beanstalk_delays.take("req-1")
+    beanstalk_delays.record("unasked", ("10.0.0.5", 11301), 41)  # no receipt open: kept nowhere
+    with beanstalk_delays.receipt() as put:
+        beanstalk_delays.record("req-1", ("10.0.0.5", 11301), 42)
+    job = put.handle
     assert job == "beanstalk://10.0.0.5:11301/42?attempt=req-1"
-    assert beanstalk_delays.take("req-1") is None
+    with beanstalk_delays.receipt() as other:
+        pass
+    assert other.handle is None
     assert beanstalk_delays.attempt_of(job) == "req-1"
     assert beanstalk_delays.parse(job) == (("10.0.0.5", 11301), 42)
     for bad in ("redis://h:1/2", "beanstalk://h/2", "beanstalk://h:1/x"):

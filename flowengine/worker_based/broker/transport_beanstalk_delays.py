@@ -2,11 +2,12 @@
 
 A request published with header ``x-flowengine-delay`` is a *delayed* job until its delay
 ends; beanstalkd lets any connection ``delete`` it meanwhile (a reserved job only its holder).
-:func:`record` keeps the job id of every delayed put by the message's ``correlation_id`` (the
-request's attempt id) for the process that put it; :func:`take` hands it over as a *handle*,
-``beanstalk://host:port/job-id?attempt=ATTEMPT-ID``, which names the server, so the engine can
-store it with the atom and the process that resumes the flow after a crash can :func:`delete`
-the job without knowing the broker's settings. The attempt id guards the delete: a beanstalkd
+The publisher learns which job its put became through a :func:`receipt` it holds open around
+the publish (a put is synchronous, on the publisher's thread): the transport :func:`record` s
+the job there as a *handle*, ``beanstalk://host:port/job-id?attempt=ATTEMPT-ID``, which names
+the server, so the engine can store it with the atom and the process that resumes the flow
+after a crash can :func:`delete` the job without knowing the broker's settings. Nothing is
+kept for a put no receipt asked about. The attempt id guards the delete: a beanstalkd
 restarted without a binlog numbers its jobs from 1 again, so the stored id may name another
 program's job by then; :func:`delete` looks at the job first and leaves it alone unless it
 carries that attempt.
@@ -14,24 +15,42 @@ carries that attempt.
 
 from __future__ import annotations
 
-import collections
+import contextlib
+import contextvars
+import dataclasses
 import logging
 import socket
-import threading
 import urllib.parse
+from collections.abc import Iterator
 
 LOG = logging.getLogger(__name__)
 
 #: Handle scheme (the transport's URL scheme).
 SCHEME = "beanstalk"
-#: Most delayed puts remembered per process (an engine takes its own at once; the rest are
-#: requests no engine asks about, forgotten oldest first).
-REMEMBERED = 10_000
 #: Seconds a delete may take to connect and answer.
 DELETE_TIMEOUT = 5.0
 
-_jobs: collections.OrderedDict[str, str] = collections.OrderedDict()
-_lock = threading.Lock()
+
+@dataclasses.dataclass
+class Receipt:
+    """What a delayed put became: the job's handle, once the transport put it."""
+
+    handle: str | None = None
+
+
+_RECEIPT: contextvars.ContextVar[Receipt | None] = contextvars.ContextVar(
+    "flowengine_beanstalk_receipt", default=None)
+
+
+@contextlib.contextmanager
+def receipt() -> Iterator[Receipt]:
+    """Hold a receipt open around a publish: the delayed job it puts is recorded in it."""
+    made = Receipt()
+    token = _RECEIPT.set(made)
+    try:
+        yield made
+    finally:
+        _RECEIPT.reset(token)
 
 
 def handle(address: tuple[str, int], job_id: int, attempt: str | None = None) -> str:
@@ -42,17 +61,11 @@ def handle(address: tuple[str, int], job_id: int, attempt: str | None = None) ->
 
 
 def record(correlation_id: str, address: tuple[str, int], job_id: int) -> None:
-    """Remember that the message ``correlation_id`` became delayed job ``job_id``."""
-    with _lock:
-        _jobs[correlation_id] = handle(address, job_id, correlation_id)
-        while len(_jobs) > REMEMBERED:
-            _jobs.popitem(last=False)
-
-
-def take(correlation_id: str) -> str | None:
-    """The handle of the delayed job ``correlation_id`` became (forgotten here), or None."""
-    with _lock:
-        return _jobs.pop(correlation_id, None)
+    """Tell the publisher's open :func:`receipt` (if any) that the message ``correlation_id``
+    became delayed job ``job_id``; a publish retried after a put keeps the last job's."""
+    current = _RECEIPT.get()
+    if current is not None:
+        current.handle = handle(address, job_id, correlation_id)
 
 
 def parse(job: str) -> tuple[tuple[str, int], int]:

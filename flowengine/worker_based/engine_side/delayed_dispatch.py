@@ -33,8 +33,9 @@ def dispatch_later(client: bc.Client, request_id: str, seconds: float,
     """
     if client.proxy.traits.native_delay:
         headers[ext.HEADER_DELAY] = seconds
-        publish()
-        return native.take(request_id)
+        with native.receipt() as put:
+            publish()
+        return put.handle
     client.held.hold(request_id, seconds, publish)
     return None
 
