@@ -12,6 +12,7 @@ from typing import Any
 
 from flowengine.worker_based import backoff as bo
 from flowengine.worker_based import signing as sg
+from flowengine.worker_based.broker import dispatcher as dp
 from flowengine.worker_based.broker import proxy as px
 
 __all__ = ["Broker"]
@@ -64,6 +65,21 @@ class Broker:
 
     def __repr__(self) -> str:
         return f"Broker({px.mask_url(self.url)!r}, exchange={self.exchange!r})"
+
+    def consumer(self, topic: str, type_handlers: Mapping[str, dp.Handler] | None = None,
+                 **consuming: Any) -> px.Proxy:
+        """A :class:`~flowengine.worker_based.broker.proxy.Proxy` on this broker that consumes
+        ``<exchange>_<topic>`` with ``type_handlers``: the one place a consumer is made from
+        a broker's identity (the process's client, a worker's server).
+
+        Args:
+            consuming: The Proxy's consumer options (``prefetch_count``, ``on_connected``,
+                ``queue_expires``...); how to reach the broker comes from this spec.
+        """
+        return px.Proxy(topic, self.exchange, type_handlers, url=self.url,
+                        transport=self.transport, transport_options=self.transport_options,
+                        retry_options=self.retry, taskflow_compat=self.taskflow_compat,
+                        signing=self.signing, **consuming)
 
 
 def _hashable(value: Any) -> bool:

@@ -38,7 +38,6 @@ from flowengine.worker_based import extensions as ext
 from flowengine.worker_based import protocol as pr
 from flowengine.worker_based import remote_control as rc
 from flowengine.worker_based.broker import dispatcher as dp
-from flowengine.worker_based.broker import proxy as px
 from flowengine.worker_based.broker import transport_fs_disk as fsdisk
 from flowengine.worker_based.broker.delivery import Delivery
 from flowengine.worker_based.broker_spec import Broker
@@ -158,15 +157,12 @@ class Client:
                                   functools.partial(pr.Notify.validate, response=True)),
             rc.SUSPEND: dp.Handler(self._on_suspend, rc.Suspend.validate),
         }
-        self.proxy = px.Proxy(
-            self.uuid, broker.exchange, handlers, on_wait=self._housekeeping, url=broker.url,
-            transport=broker.transport, transport_options=broker.transport_options,
-            retry_options=broker.retry, taskflow_compat=broker.taskflow_compat,
+        self.proxy = broker.consumer(
+            self.uuid, handlers, on_wait=self._housekeeping,
             extra_routing_keys=[pr.DISCOVERY_ROUTING_KEY], on_connected=self._on_connected,
             queue_expires=None if broker.taskflow_compat else REPLY_QUEUE_EXPIRES,
             # Replies are acknowledged on receipt and useless to any other process.
-            auto_ack=True, publishers=PUBLISHERS, signing=broker.signing,
-            on_refused=self._on_refused,
+            auto_ack=True, publishers=PUBLISHERS, on_refused=self._on_refused,
         )
         # On flowengine-fs a full or read-only data folder is this broker's outage.
         self._disk = fsdisk.watch(self.proxy.connection_details.transport,

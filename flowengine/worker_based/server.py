@@ -34,6 +34,7 @@ from flowengine.worker_based import signing as sg
 from flowengine.worker_based.broker import dispatcher as dp
 from flowengine.worker_based.broker import proxy as px
 from flowengine.worker_based.broker.delivery import Delivery
+from flowengine.worker_based.broker_spec import Broker
 from flowengine.worker_based.wire import versions as vs
 from flowengine.worker_based.worker_side import async_runner as ar
 from flowengine.worker_based.worker_side import limits as lm
@@ -139,13 +140,15 @@ class Server(ReplySender):
             ),
             pr.REQUEST: dp.Handler(self._on_request, pr.Request.validate, manual_ack=True),
         }
-        self._proxy = px.Proxy(
-            topic, exchange, handlers, url=url, transport=transport,
-            transport_options=transport_options, retry_options=retry_options,
-            taskflow_compat=taskflow_compat, prefetch_count=capacity,
+        #: The broker this worker consumes from (its topic's queue and its control queue).
+        self.broker = Broker(exchange, url=url, transport=transport,
+                             transport_options=transport_options, retry_options=retry_options,
+                             taskflow_compat=taskflow_compat, signing=signing)
+        self._proxy = self.broker.consumer(
+            topic, handlers, prefetch_count=capacity,
             on_connected=lambda: self._submit_control(self.announce),
             on_refused=self._on_refused, paused=lambda: self.topic_pause.paused, prefetch=prefetch,
-            signing=signing, on_requeue=self._say_returned,
+            on_requeue=self._say_returned,
         )  # fmt: skip
         if run_requests is None and signing.enabled:
             run_requests = rp.RunRequests(rp.default_folder(
@@ -162,13 +165,10 @@ class Server(ReplySender):
                 rn.STOP: dp.Handler(self._on_stop, rn.Stop.validate),
                 ps.PAUSE: dp.Handler(self.topic_pause.on_message, ps.Pause.validate),
             }
-            self._control_proxy = px.Proxy(
-                ext.control_routing_key(self.worker_id), exchange,
-                control_handlers, url=url, transport=transport,
-                transport_options=transport_options, retry_options=retry_options,
+            self._control_proxy = self.broker.consumer(
+                ext.control_routing_key(self.worker_id), control_handlers,
                 extra_routing_keys=[ext.DISCOVER_ROUTING_KEY], transient_queue=True,
-                signing=signing,
-            )  # fmt: skip
+            )
         self._control_thread: threading.Thread | None = None
 
     @property

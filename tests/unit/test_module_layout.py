@@ -103,31 +103,32 @@ def test_a_crossing_between_the_sides_is_found(tmp_path: pathlib.Path) -> None:
         "worker_side/rogue.py -> flowengine.worker_based.engine_side.lifecycle"]
 
 
-#: The modules that build a consuming Proxy of their own besides the process's broker client,
-#: and why. Everything else reaches a broker through a client (``client.borrowed`` for a
-#: publish, a browse or a take); the test fails on a new builder and on a listed one that is
-#: gone, so the list only shrinks.
-PROXY_BUILDERS: dict[str, str] = {
-    "worker_based/client.py": "the process's client itself",
+#: The modules that make a consumer of a broker (``Broker.consumer``), and why. Everything
+#: else reaches a broker through the process's client (``client.borrowed`` for a publish, a
+#: browse or a take); the test fails on a new one and on a listed one that is gone, so the list
+#: only shrinks.
+CONSUMERS: dict[str, str] = {
+    "worker_based/client.py": "the process's client: its reply queue",
     "worker_based/server.py": "a worker consumes its topic's queue and its control queue",
 }
 
 
-def proxy_builders(root: pathlib.Path) -> set[str]:
-    """The modules under ``root`` that call ``Proxy(...)`` (however it is imported)."""
+def calls_to(root: pathlib.Path, called: str) -> set[str]:
+    """The modules under ``root`` that call ``called(...)`` or ``x.called(...)``."""
     found = set()
     for path in sorted(root.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.Call):
                 func = node.func
                 name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
-                if name == "Proxy":
+                if name == called:
                     found.add(str(path.relative_to(root)))
     return found
 
 
-def test_only_the_client_and_the_listed_debts_build_a_proxy() -> None:
-    assert proxy_builders(PACKAGE) == set(PROXY_BUILDERS)
+def test_a_proxy_is_made_from_a_broker_spec_by_the_client_and_the_server_only() -> None:
+    assert calls_to(PACKAGE, "Proxy") == {"worker_based/broker_spec.py"}
+    assert calls_to(PACKAGE, "consumer") == set(CONSUMERS)
 
 
 def test_no_test_imports_the_tests_folder_as_a_package() -> None:
