@@ -141,6 +141,9 @@ class Client:
         self._next_held_check = 0.0
         self._misses: dict[str, int] = {}
         self._looking = False
+        #: The last look's finding, not judged yet: the reply consumer's idle drains when the
+        #: look ended, and the requests the broker did not hold then.
+        self._unjudged: tuple[int, set[str]] | None = None
         #: How many times the broker was asked which of the views' requests it still holds.
         self.looks = 0
         self._thread: threading.Thread | None = None
@@ -417,44 +420,74 @@ class Client:
             self._loses_takes = self.proxy.traits.driver == "redis"
         if not self._loses_takes or self._looking:
             return
+        unjudged = self._unjudged
+        if unjudged is not None and self.proxy.idle_drains <= unjudged[0]:
+            # Replies are still backlogged: one that settles a request the look missed may
+            # wait in the reply queue. Judged once the consumer has caught up.
+            return
         suspects: list[tuple[str, str, View]] = []
         for view in views:
             try:
                 suspects += [(rid, topic, view) for rid, topic in view.unheld_suspects()]
             except Exception:  # one engine's bug must not stop the others' looks
                 LOG.exception("Listing the unanswered requests of %r raised", view)
-        current = {rid for rid, _topic, _view in suspects}
+        current = {rid: (topic, view) for rid, topic, view in suspects}
+        if unjudged is not None:
+            self._unjudged = None
+            self._judge(unjudged[1], current)
         self._misses = {rid: n for rid, n in self._misses.items() if rid in current}
         if suspects:
             self._looking = True
-            self.submit(functools.partial(self._judge_unheld, suspects))
+            self.submit(functools.partial(self._look, suspects))
 
-    def _judge_unheld(self, suspects: list[tuple[str, str, View]]) -> None:
-        """Count a miss for each of ``suspects`` the broker no longer holds; tell its view
-        after :data:`HELD_MISSES` looks in a row."""
+    def _judge(self, missing: set[str], current: dict[str, tuple[str, View]]) -> None:
+        """Count a miss for each request the last look did not find that is still unanswered
+        now that every reply sent before the look has been handled (a worker that finished it
+        took it off the queue, but its reply had not been read yet); tell its view after
+        :data:`HELD_MISSES` such looks in a row."""
+        lost: list[tuple[str, str, View, int]] = []
+        for rid in list(self._misses):
+            if rid not in missing:
+                del self._misses[rid]
+        for rid in missing:
+            if rid not in current:
+                self._misses.pop(rid, None)  # answered meanwhile
+                continue
+            misses = self._misses.get(rid, 0) + 1
+            if misses >= HELD_MISSES:
+                self._misses.pop(rid, None)
+                lost.append((rid, *current[rid], misses))
+            else:
+                self._misses[rid] = misses
+        if lost:
+            self.submit(functools.partial(self._tell_unheld, lost))
+
+    @staticmethod
+    def _tell_unheld(lost: list[tuple[str, str, View, int]]) -> None:
+        for rid, topic, view, misses in lost:
+            view.unheld(rid, f"the broker no longer holds its request (looked {misses} "
+                             f"times, {HELD_CHECK_PERIOD:g}s apart): the worker that took it "
+                             f"from topic {topic!r} may have died before recording it")
+
+    def _look(self, suspects: list[tuple[str, str, View]]) -> None:
+        """Ask the broker which of ``suspects`` it still holds (on the dispatch thread); the
+        consumer thread judges the rest once the replies sent before the look are read."""
         try:
-            by_topic: dict[str, list[tuple[str, View]]] = {}
-            for rid, topic, view in suspects:
-                by_topic.setdefault(topic, []).append((rid, view))
-            for topic, entries in by_topic.items():
+            by_topic: dict[str, list[str]] = {}
+            for rid, topic, _view in suspects:
+                by_topic.setdefault(topic, []).append(rid)
+            missing: set[str] = set()
+            for topic, rids in by_topic.items():
                 try:
-                    held = self.proxy.held(topic, [rid for rid, _view in entries])
+                    held = self.proxy.held(topic, rids)
                 except Exception as err:  # the broker is away: nothing can be judged now
                     LOG.debug("Could not ask %s which requests it holds: %s", self.broker, err)
                     return
-                if held is None:
-                    continue
-                for rid, view in entries:
-                    misses = 0 if rid in held else self._misses.get(rid, 0) + 1
-                    if misses == 0 or misses >= HELD_MISSES:
-                        self._misses.pop(rid, None)
-                    else:
-                        self._misses[rid] = misses
-                    if misses >= HELD_MISSES:
-                        view.unheld(rid, f"the broker no longer holds its request (looked "
-                                         f"{misses} times, {HELD_CHECK_PERIOD:g}s apart): the "
-                                         f"worker that took it from topic {topic!r} may have "
-                                         f"died before recording it")
+                if held is not None:
+                    missing.update(rid for rid in rids if rid not in held)
+            # Read after the look: a later idle drain means every reply sent before it (a
+            # worker replies before it settles the request) has been handled.
+            self._unjudged = (self.proxy.idle_drains, missing)
         finally:
             self.looks += 1
             self._looking = False

@@ -241,6 +241,10 @@ class WorkerTaskExecutor(local.TaskExecutor):
                                    topics=self._topics)
         self._dispatch_pending = threading.Event()
         self._client: bc.Client | None = None
+        #: The reply consumer's idle drains at the last pass, and when (this executor's clock)
+        #: it was last seen to have read every reply (see lc.Tick.caught_up).
+        self._drains_seen = -1
+        self._caught_up: float | None = None
         #: Request ids chosen for the next first attempt of an atom (see reserve_request_id).
         self._reserved: dict[str, str] = {}
         #: What a dead predecessor left: request ids to revoke, delayed jobs to delete.
@@ -287,6 +291,8 @@ class WorkerTaskExecutor(local.TaskExecutor):
                 break
             except bc.ClientClosed:
                 continue  # it lingered out just now: the next one is new
+        # Nothing sent yet can have an unread reply: caught up as of now.
+        self._drains_seen, self._caught_up = client.proxy.idle_drains, self._clock()
         self._client = client
         for worker in known:
             self.finder.add(worker.topic, worker.tasks, identity=worker.identity,
@@ -629,6 +635,11 @@ class WorkerTaskExecutor(local.TaskExecutor):
             # ended here, _dispatch finds it no longer PENDING and publishes nothing.
             self._apply(sub, lc.Abandoned("its engine cannot record it", error), request_id)
 
+    def _runnable(self, sub: _Submission) -> bool:
+        """Whether a known worker can run ``sub``'s task now."""
+        return self.finder.get_worker_for_task(pr.task_class_name(sub.task),
+                                               major=vs.major(sub.task.version)) is not None
+
     def _worker_appeared(self) -> None:
         if not self._ongoing:
             # Nothing to send (an engine attaching learns the known workers this way): a
@@ -774,6 +785,12 @@ class WorkerTaskExecutor(local.TaskExecutor):
     def on_wait(self) -> None:
         """Expire overdue requests and lapsed leases, forget silent workers (runs periodically)."""
         now = self._clock()
+        client = self._client
+        if client is not None and client.proxy.idle_drains != self._drains_seen:
+            # The reply consumer found its queue empty since the last pass: every reply sent
+            # before then has been read (see lc.Tick.caught_up).
+            self._drains_seen = client.proxy.idle_drains
+            self._caught_up = now
         if now < self._next_due and now < self._next_expiry_check:
             # The usual pass (the client looks at thousands of engines ten times a second):
             # nothing is due. _next_due is only ever lowered under the lock; a value read
@@ -792,11 +809,19 @@ class WorkerTaskExecutor(local.TaskExecutor):
             self._next_due = math.inf
             subs = list(self._ongoing.values())
         self._looked_at += len(subs)
-        tick = lc.Tick(workers_known=self.finder.total_workers > 0)
+        tick = lc.Tick(workers_known=self.finder.total_workers > 0, caught_up=self._caught_up)
+        # A waiting request that a known worker can run is only waiting for its pass over the
+        # waiting requests, queued behind other engines' work on the client's dispatch thread
+        # (thousands of flows): it is not unserved.
+        queued = lc.Tick(workers_known=False, caught_up=self._caught_up)
         for sub in subs:
             attempt = sub.attempt
             self._note_due(lc.due(attempt, now))
-            self._apply(sub, tick, attempt.request_id)
+            event = tick
+            if tick.workers_known and attempt.state == lc.WAITING and self._runnable(sub):
+                event = queued
+                self._worker_appeared()  # a pass is queued, if none is
+            self._apply(sub, event, attempt.request_id)
 
     def unheld_suspects(self) -> list[tuple[str, str]]:
         """Its requests sent at least :data:`~.client.HELD_CHECK_PERIOD` ago that no worker

@@ -81,6 +81,26 @@ def test_a_running_reply_starts_the_lease_and_heartbeats_renew_it_until_it_lapse
     assert effects[0] == lc.Silence("w1", "its lease lapsed (no heartbeat)")
 
 
+def test_silence_is_believed_only_once_every_reply_sent_before_the_deadline_was_read() -> None:
+    # An engine process busy with thousands of flows reads its replies late: a heartbeat or a
+    # RUNNING reply sent in time may still wait in the reply queue when the deadline passes.
+    clock = ManualClock()
+    attempt = running(clock)
+    lease_end = attempt.lease_until
+    assert lease_end is not None
+    clock.advance(6.0)
+    backlogged = lc.Tick(caught_up=lease_end - 1.0)  # replies not read since before the end
+    assert lc.step(attempt, backlogged, clock.now) == (attempt, [])
+    lost, effects = lc.step(attempt, lc.Tick(caught_up=lease_end + 0.5), clock.now)
+    assert lost.ending == lc.LOST and kinds(effects) == ["Silence", "Announce", "Retry"]
+    pending = sent(clock)
+    assert pending.pickup_due is not None
+    clock.advance(POLICY.pickup_timeout)
+    assert lc.step(pending, lc.Tick(caught_up=pending.pickup_due - 0.1), clock.now)[1] == []
+    assert lc.step(pending, lc.Tick(caught_up=clock.now), clock.now)[1] == [
+        lc.CheckPickup("topic")]
+
+
 def test_a_short_task_with_no_running_reply_finishes_from_pending() -> None:
     clock = ManualClock()
     attempt, effects = lc.step(sent(clock), lc.Finished(lc.SUCCESS, 42), clock.now)

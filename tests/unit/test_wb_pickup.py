@@ -166,3 +166,37 @@ def test_with_no_other_capable_worker_the_request_waits_where_it_is(
         assert future.result(timeout=WAIT) == (EXECUTED, "late but fine")
     finally:
         executor.stop()
+
+
+def test_a_request_a_known_worker_can_run_waits_for_its_turn_to_be_sent_however_long(
+    exchange: str, clock: ManualClock,
+) -> None:  # fmt: skip
+    # With thousands of flows, the pass that sends the requests waiting for a worker queues
+    # behind other engines' work on the client's one dispatch thread: a request a known worker
+    # can run is not "unserved" meanwhile, only one no known worker can run.
+    executor = WorkerTaskExecutor(uuid.uuid4().hex, exchange, ["t"], transport="memory",
+                                  clock=clock, unserved_timeout=1.0, transition_timeout=60.0)
+    executor.start()
+    busy, done = threading.Event(), threading.Event()
+    try:
+        executor.client.submit(busy.wait)  # the dispatch thread is taken
+        future = executor.execute_task(Slow("slow"), "uuid-slow", {})  # no worker yet: waits
+        executor.finder.add("t", [pr.task_class_name(Slow("probe"))], identity="w1")
+        clock.advance(5.0)
+        executor.on_wait()
+        assert not future.done(), "failed as unserved though a known worker runs it"
+        busy.set()
+        executor.client.submit(done.set)  # after the queued pass over the waiting requests
+        assert done.wait(WAIT)
+        [sent] = [m for m in executor.client.proxy.browse("t")
+                  if m.properties.get("type") == pr.REQUEST]  # besides the NOTIFY rounds
+        assert sent.json()["task_name"] == "slow"
+        executor.finder.remove("w1")
+        executor.finder.add("t", ["other.Task"], identity="w2")
+        other = executor.execute_task(Slow("second"), "uuid-second", {})
+        clock.advance(5.0)
+        executor.on_wait()
+        assert isinstance(other.result(WAIT)[1].exception, Exception)  # none runs it: unserved
+    finally:
+        busy.set()
+        executor.stop()

@@ -104,8 +104,9 @@ def without_heartbeat(conn: kombu.Connection) -> tuple[kombu.Connection, float]:
 
 
 def drain_once(conn: kombu.Connection, timeout: float, errors: tuple[type[BaseException], ...],
-           where: str) -> None:
+           where: str) -> bool:
     """One ``drain_events``; connection errors propagate, a bad payload is dropped and logged.
+    Returns False if nothing arrived within ``timeout``.
 
     Kombu's Redis transport decodes a message as it pops it off the list, so a list entry that
     is not kombu's JSON envelope raises here rather than reaching ``on_decode_error``. The entry
@@ -114,12 +115,13 @@ def drain_once(conn: kombu.Connection, timeout: float, errors: tuple[type[BaseEx
     try:
         conn.drain_events(timeout=timeout)
     except TimeoutError:
-        pass
+        return False
     except errors:
         raise
     except Exception as err:
         LOG.warning("Dropped a message on %s: reason=%s %s: %s", where, dp.REASON_DECODE_ERROR,
                     type(err).__name__, str(err)[:200])
+    return True
 
 
 #: Transport options flowengine reads itself (kombu's transports ignore them): the type of the

@@ -172,6 +172,9 @@ class Proxy(Publisher):
         #: Consume cycles (drain, settlements, ``on_wait``) completed, and threads waiting for
         #: more (see :meth:`wait_drained`); the condition is touched only while one waits.
         self._cycles = 0
+        #: Drains that found nothing to deliver while nothing was held unsettled: after one,
+        #: whatever reached the own queue before it began has been handled.
+        self.idle_drains = 0
         self._cycle_waiters = 0
         self._cycled = threading.Condition(threading.Lock())
 
@@ -333,8 +336,9 @@ class Proxy(Publisher):
                     # while some is held, drain briefly, or a settlement (and the prefetch slot
                     # it frees) would wait for the next message or the full timeout.
                     busy = self._held or not self._settlements.empty()
-                    drain_once(conn, BUSY_DRAIN_TIMEOUT if busy else self._drain_timeout, errors,
-                           self._where)
+                    if not drain_once(conn, BUSY_DRAIN_TIMEOUT if busy else self._drain_timeout,
+                                      errors, self._where) and not self._held and consuming:
+                        self.idle_drains += 1
                     if self._heartbeat:
                         conn.heartbeat_check()
                     self._flush_settlements()

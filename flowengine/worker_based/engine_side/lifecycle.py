@@ -305,9 +305,14 @@ class Dropped:
 @dataclasses.dataclass(frozen=True, slots=True)
 class Tick:
     """The clock moved: whatever is due is decided. ``workers_known``: some worker is known
-    (a WAITING attempt then waits only its unserved timeout)."""
+    (a WAITING attempt then waits only its unserved timeout). ``caught_up``: when the engine
+    last had every reply sent to it read (its reply queue found empty), None: taken as now.
+    Silence is believed only up to then: a lease lapses, and a request counts as not picked
+    up, only if no heartbeat or reply sent before its deadline can still wait in a backlog of
+    replies (an engine process busy with thousands of flows)."""
 
     workers_known: bool = False
+    caught_up: float | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -677,7 +682,8 @@ def _tick(attempt: Attempt, event: Tick, now: float) -> Step:
             return _end(attempt, FAILED), [Unserved()]
         if (attempt.state == PENDING and attempt.pickup_due is not None
                 and now >= attempt.pickup_due and not attempt.revoking
-                and policy.pickup_timeout is not None):
+                and policy.pickup_timeout is not None
+                and (event.caught_up is None or event.caught_up >= attempt.pickup_due)):
             # Looked at again then, unless it moves on.
             later = dataclasses.replace(attempt, pickup_due=now + policy.pickup_timeout)
             return later, [CheckPickup(attempt.topic)]
@@ -688,7 +694,8 @@ def _tick(attempt: Attempt, event: Tick, now: float) -> Step:
             and now - attempt.started > attempt.time_limit:
         return _end(attempt, TIMED_OUT), [Fail(exc.TaskTimeLimitExceeded(
             attempt.task_name, attempt.time_limit, elapsed=now - attempt.started))]
-    if attempt.lease_until is not None and now > attempt.lease_until:
+    if (attempt.lease_until is not None and now > attempt.lease_until
+            and (event.caught_up is None or event.caught_up > attempt.lease_until)):
         why = attempt.suspect or "its lease lapsed (no heartbeat)"
         holder = attempt.tally.workers[-1] if attempt.tally.workers else None
         ended, effects = _lapse(attempt, why)
