@@ -93,6 +93,10 @@ def test_silence_is_believed_only_once_every_reply_sent_before_the_deadline_was_
     assert lc.step(attempt, backlogged, clock.now) == (attempt, [])
     lost, effects = lc.step(attempt, lc.Tick(caught_up=lease_end + 0.5), clock.now)
     assert lost.ending == lc.LOST and kinds(effects) == ["Silence", "Announce", "Retry"]
+    # A reply queue never found empty (steady traffic) delays the verdict by a lease at most.
+    clock.advance(POLICY.lease_timeout)
+    late, effects = lc.step(attempt, backlogged, clock.now)
+    assert late.ending == lc.LOST and kinds(effects) == ["Silence", "Announce", "Retry"]
     pending = sent(clock)
     assert pending.pickup_due is not None
     clock.advance(POLICY.pickup_timeout)

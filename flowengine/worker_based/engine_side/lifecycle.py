@@ -309,7 +309,9 @@ class Tick:
     last had every reply sent to it read (its reply queue found empty), None: taken as now.
     Silence is believed only up to then: a lease lapses, and a request counts as not picked
     up, only if no heartbeat or reply sent before its deadline can still wait in a backlog of
-    replies (an engine process busy with thousands of flows)."""
+    replies (an engine process busy with thousands of flows), or once the deadline is a whole
+    lease (pickup timeout) past: a reply queue that is never found empty (steady traffic)
+    delays the verdict, never prevents it."""
 
     workers_known: bool = False
     caught_up: float | None = None
@@ -683,7 +685,7 @@ def _tick(attempt: Attempt, event: Tick, now: float) -> Step:
         if (attempt.state == PENDING and attempt.pickup_due is not None
                 and now >= attempt.pickup_due and not attempt.revoking
                 and policy.pickup_timeout is not None
-                and (event.caught_up is None or event.caught_up >= attempt.pickup_due)):
+                and _silent(attempt.pickup_due, policy.pickup_timeout, event, now)):
             # Looked at again then, unless it moves on.
             later = dataclasses.replace(attempt, pickup_due=now + policy.pickup_timeout)
             return later, [CheckPickup(attempt.topic)]
@@ -695,7 +697,7 @@ def _tick(attempt: Attempt, event: Tick, now: float) -> Step:
         return _end(attempt, TIMED_OUT), [Fail(exc.TaskTimeLimitExceeded(
             attempt.task_name, attempt.time_limit, elapsed=now - attempt.started))]
     if (attempt.lease_until is not None and now > attempt.lease_until
-            and (event.caught_up is None or event.caught_up > attempt.lease_until)):
+            and _silent(attempt.lease_until, policy.lease_timeout, event, now)):
         why = attempt.suspect or "its lease lapsed (no heartbeat)"
         holder = attempt.tally.workers[-1] if attempt.tally.workers else None
         ended, effects = _lapse(attempt, why)
@@ -704,6 +706,12 @@ def _tick(attempt: Attempt, event: Tick, now: float) -> Step:
         # worker only slow to send one heartbeat must not lose all its work at once.
         return ended, ([Silence(holder, why)] if holder else []) + effects
     return attempt, _NOTHING
+
+
+def _silent(deadline: float, grace: float | None, event: Tick, now: float) -> bool:
+    """Whether nothing heard by ``deadline`` means nothing was sent (see :class:`Tick`)."""
+    return (event.caught_up is None or event.caught_up >= deadline
+            or (grace is not None and now > deadline + grace))
 
 
 def _pass_over(attempt: Attempt, event: PassOver, now: float) -> Step:
