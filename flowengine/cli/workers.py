@@ -86,9 +86,9 @@ class WorkerTable:
 
 
 class _Listening:
-    """A view of the process's broker client that takes in the NOTIFY replies of the asked
-    topics' workers (it sends no requests). The client asks the topics as the view attaches,
-    and every few seconds after."""
+    """Takes in the NOTIFY replies of the asked topics' workers, heard through a quiet view
+    of the process's broker client (it sends no requests). The client asks the topics as the
+    view attaches, and every few seconds after."""
 
     def __init__(self, table: WorkerTable, topics: list[str]) -> None:
         self._table = table
@@ -105,24 +105,6 @@ class _Listening:
                               headers.get(pr.HEADER_CAPACITY),
                               vs.decode(headers.get(vs.HEADER_TASK_VERSIONS)))
 
-    def on_reply(self, data: Any, message: Delivery) -> None:
-        """No request was sent: there is no reply to take."""
-
-    def on_wait(self) -> None:
-        """Nothing to look after between drains."""
-
-    def dispatch_waiting(self) -> None:
-        """Nothing waits for a worker."""
-
-    def resumed(self, outage: float) -> None:
-        """No lease to spare: nothing was sent."""
-
-    def unheld_suspects(self) -> list[tuple[str, str]]:
-        return []
-
-    def unheld(self, request_id: str, why: str) -> None:
-        """Never a suspect: nothing was sent."""
-
 
 def _ask_topics(table: WorkerTable, topics: Iterable[str], stop: threading.Event,
                 **broker: Any) -> threading.Thread:
@@ -138,7 +120,7 @@ def _ask_topics(table: WorkerTable, topics: Iterable[str], stop: threading.Event
 
     def run() -> None:
         with cl.borrowed(spec) as client:
-            view = _Listening(table, asked)
+            view = cl.QuietView(_Listening(table, asked).on_notify)
             client.attach(view, asked)
             try:
                 stop.wait()

@@ -108,6 +108,36 @@ class View(Protocol):
         """The broker no longer holds request ``request_id`` (:data:`HELD_MISSES` looks)."""
 
 
+class QuietView:
+    """A :class:`View` that sends no requests: it only hears worker announcements.
+
+    Args:
+        on_notify: Called with each announcement (a NOTIFY reply) the client routes to it.
+    """
+
+    def __init__(self, on_notify: Callable[[Any, Delivery], None]) -> None:
+        self.on_notify = on_notify
+
+    def on_reply(self, data: Any, message: Delivery) -> None:
+        """No request was sent: there is no reply to take."""
+
+    def on_wait(self) -> None:
+        """Nothing to look after between drains."""
+
+    def dispatch_waiting(self) -> None:
+        """Nothing waits for a worker."""
+
+    def resumed(self, outage: float) -> None:
+        """No lease to spare: nothing was sent."""
+
+    def unheld_suspects(self) -> list[tuple[str, str]]:
+        """Never a suspect: nothing was sent."""
+        return []
+
+    def unheld(self, request_id: str, why: str) -> None:
+        """Never a suspect: nothing was sent."""
+
+
 class Client:
     """One broker's reply queue, publishers and known workers, shared by a process's engines.
 

@@ -333,11 +333,11 @@ class Server(ReplySender):
         error = None if future.cancelled() else future.exception()
         if error is None or message.acknowledged:
             return
+        self._done()  # the slot is free before anyone reads the log line
+        message.reject()
         LOG.error("Rejected message %s: reason=executor-failed worker %s could not run it on "
                   "its executor %s: %s: %s", dp.describe(message), self.worker_id,
                   type(self._executor).__name__, type(error).__name__, clip(str(error)))
-        self._done()
-        message.reject()
 
     def _done(self) -> None:
         with self._busy_lock:

@@ -23,6 +23,7 @@ from board_stage import BoardStage
 from boards import wipe_etcd, wipe_redis, wipe_zookeeper
 from click.testing import CliRunner
 from conductor_procs import Conductor, conductors, wait_for
+from servers import require_module
 
 from flowengine.cli.main import cli
 from flowengine.jobs.base import JobBoard
@@ -120,13 +121,13 @@ def hostile(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[Bo
                            lambda: wipe_redis(url, namespace))
         planter = _redis_planter(url, namespace)
     elif request.param == "zookeeper":
-        pytest.importorskip("kazoo")
+        require_module("kazoo")
         hosts = request.getfixturevalue("zookeeper_hosts")
         stage = BoardStage(f"zookeeper://{hosts}/{namespace}/jobs", options, tmp_path,
                            lambda: wipe_zookeeper(hosts, namespace))
         planter = _zookeeper_planter(hosts, f"/{namespace}/jobs")
     else:
-        pytest.importorskip("etcd3gw")
+        require_module("etcd3gw")
         endpoint = request.getfixturevalue("etcd_endpoint")
         stage = BoardStage(f"etcd://{endpoint[0]}:{endpoint[1]}/{namespace}", options,
                            tmp_path, lambda: wipe_etcd(endpoint, namespace))

@@ -4,14 +4,34 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import urllib.request
 from typing import Any
 
 from flowengine import deciders, retry, task
 from flowengine.flows import graph_flow, linear_flow, unordered_flow
 
+
+class Journal(list[str]):
+    """What each task did, in order; a test on another thread can wait for an entry."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._changed = threading.Condition()
+
+    def append(self, entry: str) -> None:
+        with self._changed:
+            super().append(entry)
+            self._changed.notify_all()
+
+    def wait_for(self, entry: str, timeout: float) -> bool:
+        """True once ``entry`` is in the journal; False if ``timeout`` seconds pass first."""
+        with self._changed:
+            return self._changed.wait_for(lambda: entry in self, timeout)
+
+
 #: What each task did, in order (the tests read it after a run in the same process).
-JOURNAL: list[str] = []
+JOURNAL = Journal()
 
 
 class Add(task.Task):

@@ -172,7 +172,7 @@ def test_missing_inputs_exit_1_naming_the_atom_and_the_input() -> None:
     ("cli_flows:nothing", "module 'cli_flows' has no attribute 'nothing'"),
     ("cli_flows:make_bad", "flow factory 'cli_flows:make_bad' returned 42 (int)"),
     ("cli_flows:make_raising", "flow factory 'cli_flows:make_raising' raised KeyError"),
-    ("cli_flows:JOURNAL", "'cli_flows:JOURNAL' is a list, not a flow or a flow factory"),
+    ("cli_flows:JOURNAL", "'cli_flows:JOURNAL' is a Journal, not a flow or a flow factory"),
 ])
 def test_what_cannot_be_imported_or_built_exits_1(spec: str, message: str) -> None:
     result = invoke("run", spec)

@@ -108,12 +108,7 @@ def test_cancel_of_a_flow_running_elsewhere_is_asked_and_waited_for(
 
 def _wait_for(entry: str) -> None:
     """Until the journal has ``entry`` (written by a task on the engine's thread)."""
-    import time
-
-    deadline = time.monotonic() + 30
-    while entry not in cli_flows.JOURNAL:
-        assert time.monotonic() < deadline, f"no {entry!r} in {cli_flows.JOURNAL}"
-        time.sleep(0.01)
+    assert cli_flows.JOURNAL.wait_for(entry, 30), f"no {entry!r} in {cli_flows.JOURNAL}"
 
 
 def test_cancel_of_a_finished_flow_is_refused(tmp_path: pathlib.Path) -> None:

@@ -588,6 +588,9 @@ def test_a_request_its_executor_cannot_run_is_rejected_saying_why(
 ) -> None:  # fmt: skip
     """What a worker on a process pool did, unseen: the call cannot be handed to a child."""
     caplog.set_level(logging.ERROR, logger="flowengine.worker_based.server")
+    rejected = _RecordSeen("reason=executor-failed")
+    logger = logging.getLogger("flowengine.worker_based.server")
+    logger.addHandler(rejected)
     with cf.ProcessPoolExecutor(1) as pool:
         server = sv.Server(TOPIC, exchange, pool, [ep.Endpoint(Add)], capacity=1,
                            **transport)
@@ -595,15 +598,29 @@ def test_a_request_its_executor_cannot_run_is_rejected_saying_why(
         try:
             assert server.wait(WAIT)
             requester.send(Add(name="add"), arguments={"x": 1, "y": 2})
-            deadline = time.monotonic() + WAIT
-            while "reason=executor-failed" not in caplog.text and time.monotonic() < deadline:
-                time.sleep(0.01)
-            assert "its executor ProcessPoolExecutor" in caplog.text, caplog.text
+            assert rejected.seen.wait(WAIT), caplog.text  # dropped unanswered: the log says so
+            assert "its executor ProcessPoolExecutor" in rejected.message, rejected.message
             assert server.in_flight == 0  # the slot is free again
         finally:
+            logger.removeHandler(rejected)
             server.stop()
             thread.join(WAIT)
             server.close()
+
+
+class _RecordSeen(logging.Handler):
+    """Sets ``seen`` once a record whose message holds ``text`` is logged (its ``message``)."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(logging.DEBUG)
+        self.text, self.message = text, ""
+        self.seen = threading.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if self.text in message:
+            self.message = message
+            self.seen.set()
 
 
 def test_task_specs_resolve_to_classes_defined_where_named() -> None:
