@@ -3,7 +3,9 @@
 A hook times each local task call (on the thread that runs it) and writes down how the run's
 failures were resolved. Part 1 adds it to the process's defaults for one engine: the atom log
 and tracing stay, and log the failed first try, its revert and the retry. Part 2 runs another
-engine with the hook alone: it still sees the call, and no atom log line appears.
+engine with the hook alone: it still sees the call, and no atom log line appears. Part 3 sends a
+serial engine's events to a sink of its own through ``EventHook`` (what the worker-based engine
+attaches for its ``events`` option), and a ``whole_run`` hook reads the stored end state.
 
 Run: python examples/engine_hooks.py
 """
@@ -18,7 +20,10 @@ from collections.abc import Iterator
 from typing import Any
 
 from flowengine import engines, hooks, retry, task
+from flowengine.engines.engine import ActionEngine
 from flowengine.flows import linear_flow
+from flowengine.worker_based.event_listener import EventHook
+from flowengine.worker_based.extensions import EventSink
 
 
 class Reserve(task.Task):
@@ -55,6 +60,27 @@ class Timing(hooks.Hook):
         self.decisions.append(f"{decision} by {retry.name if retry else 'nobody'}")
 
 
+class Printed(EventSink):
+    """Prints each event's type (an EventPublisher would send it to the broker)."""
+
+    def emit(self, event_type: str, **fields: object) -> None:
+        print("event:", event_type)
+
+
+class EndState(hooks.Hook):
+    """Prints the flow's stored state once the whole run is over."""
+
+    @contextlib.contextmanager
+    def _reported(self, engine: ActionEngine) -> Iterator[None]:
+        try:
+            yield
+        finally:
+            print("stored end state:", engine.storage.get_flow_state())
+
+    def whole_run(self, engine: ActionEngine) -> contextlib.AbstractContextManager[None]:
+        return self._reported(engine)
+
+
 def flow() -> linear_flow.Flow:
     return linear_flow.Flow("booking", retry=retry.Times(2, name="again")).add(Reserve("reserve"))
 
@@ -71,6 +97,8 @@ def main() -> None:
     alone = Timing()
     engines.run(flow(), engine="parallel", hooks=[alone])
     print("without the atom log:", [name for name, _seconds in alone.calls])
+
+    engines.run(flow(), hooks=[EndState(), EventHook(Printed())])
 
 
 if __name__ == "__main__":

@@ -8,6 +8,10 @@ overrides the ones it needs:
   before the flow's RUNNING state until its atoms are done; the flow's end state is stored just
   after it is left. A hook usually registers listeners on the engine's notifiers here (see
   :class:`~flowengine.listeners.base.Listener`).
+* :meth:`Hook.whole_run`: a context manager entered around the whole of each run, from before
+  its set-up (the flow's records made, its RESUMING state) until after its end state is
+  stored. Whatever must hear every flow state, the end one included, attaches here (the
+  worker-based engine's events, metrics and placement records).
 * :meth:`Hook.call`: a context manager entered around each task call a local executor makes,
   on the thread (or in the asyncio task) that runs it.
 * :meth:`Hook.failure_resolved`: what was decided about an atom's failure (retry, revert).
@@ -27,7 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -44,6 +48,11 @@ class Hook:
 
     def run(self, engine: ActionEngine) -> contextlib.AbstractContextManager[object] | None:
         """What to enter around one run of ``engine`` (None: nothing)."""
+        return None
+
+    def whole_run(self, engine: ActionEngine) -> contextlib.AbstractContextManager[object] | None:
+        """What to enter around the whole of one run of ``engine``, set-up and end state
+        included (None: nothing). Entered before any hook's :meth:`run`, left after."""
         return None
 
     def call(self, task: Atom) -> contextlib.AbstractContextManager[object] | None:
@@ -73,6 +82,7 @@ class Hooks:
         self._hooks: list[Hook] = []
         self._calls: tuple[Hook, ...] = ()
         self._resolves: tuple[Hook, ...] = ()
+        self._whole_runs: tuple[Hook, ...] = ()
         self.extend(hooks)
 
     def __iter__(self) -> Iterator[Hook]:
@@ -109,21 +119,25 @@ class Hooks:
         # Which hooks take part in the per-call points, worked out once per change rather than
         # once per task call.
         self._calls = tuple(h for h in self._hooks if type(h).call is not Hook.call)
+        self._whole_runs = tuple(h for h in self._hooks
+                                 if type(h).whole_run is not Hook.whole_run)
         self._resolves = tuple(h for h in self._hooks
                                if type(h).failure_resolved is not Hook.failure_resolved)
+
+    @contextlib.contextmanager
+    def whole_run(self, engine: ActionEngine) -> Iterator[None]:
+        """Enter every hook's :meth:`Hook.whole_run` for one run of ``engine``, in order."""
+        with contextlib.ExitStack() as stack:
+            for hook in self._whole_runs:
+                _enter(stack, hook, hook.whole_run, engine)
+            yield
 
     @contextlib.contextmanager
     def run(self, engine: ActionEngine) -> Iterator[None]:
         """Enter every hook's :meth:`Hook.run` for one run of ``engine``, in order."""
         with contextlib.ExitStack() as stack:
             for hook in list(self._hooks):
-                try:
-                    entered = hook.run(engine)
-                    if entered is not None:
-                        stack.enter_context(entered)
-                except Exception:
-                    LOG.exception("Engine hook %r failed as a run of flow %r started; the run "
-                                  "goes on without it", hook, engine.storage.flow_name)
+                _enter(stack, hook, hook.run, engine)
             yield
 
     def call(self, task: Atom) -> contextlib.AbstractContextManager[object]:
@@ -153,6 +167,19 @@ class Hooks:
 
 
 _NOTHING: contextlib.AbstractContextManager[object] = contextlib.nullcontext()
+
+
+def _enter(stack: contextlib.ExitStack, hook: Hook,
+           point: Callable[[ActionEngine], contextlib.AbstractContextManager[object] | None],
+           engine: ActionEngine) -> None:
+    """Enter ``hook``'s context for one run; a hook that fails is logged and left out."""
+    try:
+        entered = point(engine)
+        if entered is not None:
+            stack.enter_context(entered)
+    except Exception:
+        LOG.exception("Engine hook %r failed as a run of flow %r started; the run goes on "
+                      "without it", hook, engine.storage.flow_name)
 
 
 def _entered(hook: Hook, task: Atom) -> contextlib.AbstractContextManager[object]:

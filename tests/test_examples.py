@@ -29,6 +29,11 @@ EXPECTED_LINES: dict[str, list[str]] = {
         "calls: ['reserve', 'reserve', 'reserve']",
         "decisions: ['RETRY by again']",
         "without the atom log: ['reserve']",
+        "event: flow-started",
+        "event: task-started",
+        "event: task-succeeded",
+        "event: flow-succeeded",
+        "stored end state: SUCCESS",
     ],
     "readme_booking.py": ["reserved 12A"],
     "engine_options.py": [

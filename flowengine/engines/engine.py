@@ -444,13 +444,14 @@ class ActionEngine:
 
         Sending a truthy value into the generator asks the engine to suspend.
         """
-        with self._lock, self._admitted():  # once, however many set-up steps there are
-            self._set_up()
-            self._make_repairs()
-        if self._admission.needed_by(self.compilation.iter_atoms()):
-            yield from self._run_admitted(timeout)
-        else:
-            yield from self._run(timeout)
+        with self.hooks.whole_run(self):
+            with self._lock, self._admitted():  # once, however many set-up steps there are
+                self._set_up()
+                self._make_repairs()
+            if self._admission.needed_by(self.compilation.iter_atoms()):
+                yield from self._run_admitted(timeout)
+            else:
+                yield from self._run(timeout)
 
     def _run_admitted(self, timeout: float | None) -> Iterator[str]:
         """A run that holds locks or limits (see :mod:`~flowengine.engines.admission`): the

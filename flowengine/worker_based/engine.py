@@ -10,6 +10,7 @@ import logging
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+from flowengine import hooks as hk
 from flowengine import states
 from flowengine.atom import Atom
 from flowengine.engines import admission
@@ -24,7 +25,7 @@ from flowengine.worker_based import extensions as ext
 from flowengine.worker_based import protocol as pr
 from flowengine.worker_based import remote_control as rc
 from flowengine.worker_based import secret_arguments as sa
-from flowengine.worker_based.event_listener import EventListener, PlacementSink
+from flowengine.worker_based.event_listener import EventHook, PlacementSink
 from flowengine.worker_based.events import EventPublisher, combine
 from flowengine.worker_based.executor import WorkerTaskExecutor
 from flowengine.worker_based.options import OPTION_NAMES, WorkerEngineOptions
@@ -107,6 +108,13 @@ class WorkerBasedActionEngine(ActionEngine):
             self._metrics = MetricsSink(role="engine")
         #: ``(attempt, worker)`` of an atom uuid, for the atom log and events.
         self.atom_placement = PlacementSink()
+        # What the engine records and reports of each whole run, after the hooks it was
+        # given: where each task ran, then its events and metrics (when on).
+        self.hooks.append(_Placement(self._record_placement))
+        if self._publisher is not ext.NO_EVENTS:
+            self.hooks.append(EventHook(self._publisher, task_events=False))
+        if self._metrics is not ext.NO_EVENTS:
+            self.hooks.append(EventHook(self._metrics))
         #: The endpoint option ``metrics_port`` serves (its ``server_port``), once running.
         self.metrics_server: Any = None
         #: The broker client handing this engine SUSPEND messages while it runs.
@@ -121,8 +129,7 @@ class WorkerBasedActionEngine(ActionEngine):
         if self._metrics_port is not None:
             self._serve_metrics(self._metrics_port)
         try:
-            with self._event_listeners():
-                return (yield from super().run_iter(timeout=timeout))
+            return (yield from super().run_iter(timeout=timeout))
         finally:
             if self._suspends_from is not None:
                 self._suspends_from.take_suspends(self.storage.flow_uuid, None)
@@ -238,19 +245,6 @@ class WorkerBasedActionEngine(ActionEngine):
         except Exception:  # a bookkeeping write must not break the run
             LOG.warning("Could not record where task %r ran", name, exc_info=True)
 
-    @contextlib.contextmanager
-    def _event_listeners(self) -> Iterator[None]:
-        with contextlib.ExitStack() as stack:
-            # One registration for every atom state, filtered in _record_placement: an engine
-            # per flow registers it per run, and each registration costs more than the filter.
-            stack.enter_context(
-                register_deregister(self.atom_notifier, Notifier.ANY, self._record_placement))
-            if self._publisher is not ext.NO_EVENTS:
-                stack.enter_context(EventListener(self, self._publisher, task_events=False))
-            if self._metrics is not ext.NO_EVENTS:
-                stack.enter_context(EventListener(self, self._metrics))
-            yield
-
     def _task_executor(self) -> local.TaskExecutor:
         if self._worker_executor is not None:
             return self._worker_executor
@@ -281,6 +275,19 @@ class WorkerBasedActionEngine(ActionEngine):
         names.update(arg for arg, stored in task.rebind.items()
                      if stored in injected or self.storage.is_secret_name(stored))
         return sorted(names)
+
+class _Placement(hk.Hook):
+    """Records where each task ran (its worker and attempt) in its metadata, as its state
+    changes, for the whole of each run."""
+
+    def __init__(self, record: Callable[[str, dict[str, Any]], None]) -> None:
+        self._record = record
+
+    def whole_run(self, engine: ActionEngine) -> contextlib.AbstractContextManager[object]:
+        # One registration for every atom state, filtered by the recorder: an engine per
+        # flow registers it per run, and each registration costs more than the filter.
+        return register_deregister(engine.atom_notifier, Notifier.ANY, self._record)
+
 
 class _AttemptIds(ext.EventSink):
     """Hands the ids of an atom's later attempts to ``remember`` as they are sent (the

@@ -1,7 +1,8 @@
 """Turns an engine's flow, atom and progress notifications into events for an EventSink.
 
-Works with any engine: ``with EventListener(engine, EventPublisher("my-exchange", url)):``.
-The worker-based engine attaches one itself (option ``events``) with ``task_events=False``,
+Works with any engine: ``with EventListener(engine, EventPublisher("my-exchange", url)):``, or
+as an engine hook, :class:`EventHook`. The worker-based engine attaches one itself (option
+``events``) with ``task_events=False``,
 because its workers report task-started/succeeded/failed; the engine then reports only what
 no worker can (flows, reverts, retry controllers, progress, and failures it decided: a lost
 worker, a time limit, a request nobody took). Progress is reported here, never by workers:
@@ -16,7 +17,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from flowengine import states
+from flowengine import hooks, states
 from flowengine.listeners import base
 from flowengine.listeners.atoms import redacted_failure
 from flowengine.task import EVENT_UPDATE_PROGRESS, Task
@@ -282,6 +283,27 @@ class EventListener(base.Listener):
             fields.update(failure_fields(self._engine, first, failure), failed_atom=first,
                           failed_atoms=sorted(failed))
         return fields
+
+
+class EventHook(hooks.Hook):
+    """An engine hook that sends each whole run's flow and atom events to ``sink``, through
+    an :class:`EventListener` (so it hears the flow's end state too).
+
+    Works with any engine: ``engines.load(flow, hooks=[*hooks.defaults, EventHook(sink)])``.
+
+    Args:
+        sink: Where the events go (an EventPublisher, a MetricsSink, a FanoutSink...).
+        task_events: Also emit task-started/succeeded/failed (False when workers do).
+    """
+
+    def __init__(self, sink: ext.EventSink, *, task_events: bool = True) -> None:
+        self.sink, self.task_events = sink, task_events
+
+    def whole_run(self, engine: ActionEngine) -> EventListener:
+        return EventListener(engine, self.sink, task_events=self.task_events)
+
+    def __repr__(self) -> str:
+        return f"EventHook({self.sink!r}, task_events={self.task_events})"
 
 
 class PlacementSink(ext.EventSink):

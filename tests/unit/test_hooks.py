@@ -21,6 +21,8 @@ from flowengine import engines, hooks, retry, states, task
 from flowengine.flows import linear_flow
 from flowengine.listeners.atoms import LOGGER_NAME, AtomLogHook
 from flowengine.tracing import TracingHook
+from flowengine.worker_based.event_listener import EventHook
+from flowengine.worker_based.extensions import EventSink
 
 
 class Spy(hooks.Hook):
@@ -31,7 +33,7 @@ class Spy(hooks.Hook):
 
     @contextlib.contextmanager
     def _around_run(self, engine: Any) -> Iterator[None]:
-        self.log.append((self.name, "enter", engine.storage.flow_name))
+        self.log.append((self.name, "enter", engine.storage.get_flow_state()))
         try:
             yield
         finally:
@@ -80,10 +82,45 @@ def _retried_flow() -> tuple[linear_flow.Flow, list[int]]:
 
 def test_every_engine_starts_with_the_atom_log_and_tracing() -> None:
     assert [type(hook) for hook in hooks.defaults] == [AtomLogHook, TracingHook]
-    for kind in ("serial", "parallel", "worker-based"):
-        engine = engines.load(task.FunctorTask(lambda: None), engine=kind,
-                              **({"transport": "memory"} if kind == "worker-based" else {}))
+    for kind in ("serial", "parallel"):
+        engine = engines.load(task.FunctorTask(lambda: None), engine=kind)
         assert [type(hook) for hook in engine.hooks] == [AtomLogHook, TracingHook]
+
+
+def test_the_worker_based_engine_attaches_its_records_and_events_as_hooks_too() -> None:
+    def kinds(**options: Any) -> list[str]:
+        engine = engines.load(task.FunctorTask(lambda: None), engine="worker-based",
+                              transport="memory", **options)
+        return [type(hook).__name__ for hook in engine.hooks]
+
+    # After the hooks it was given: where each task ran, then events and metrics when on.
+    assert kinds() == ["AtomLogHook", "TracingHook", "_Placement", "EventHook"]
+    assert kinds(events=False, hooks=[]) == ["_Placement"]
+    assert kinds(metrics=True) == ["AtomLogHook", "TracingHook", "_Placement", "EventHook",
+                                   "EventHook"]
+
+
+class WholeSpy(Spy):
+    """A spy entered around the whole of each run only."""
+
+    def whole_run(self, engine: Any) -> contextlib.AbstractContextManager[None]:
+        return self._around_run(engine)
+
+    def run(self, engine: Any) -> None:
+        return None
+
+
+def test_a_whole_run_hook_is_entered_before_set_up_and_left_after_the_end_state() -> None:
+    log: list[tuple[Any, ...]] = []
+    flow, _flaky = _retried_flow()
+    engine = engines.load(flow, hooks=[Spy("run", log), WholeSpy("whole", log)])
+    engine.run()
+    points = [entry[:2] for entry in log if entry[1] in ("enter", "exit")]
+    # Entered first though it is listed last: the whole run holds the run.
+    assert points == [("whole", "enter"), ("run", "enter"), ("run", "exit"), ("whole", "exit")]
+    # Outside: before the flow was prepared (still PENDING) and after SUCCESS was stored.
+    assert log[0] == ("whole", "enter", states.PENDING)
+    assert log[-1] == ("whole", "exit", states.SUCCESS)
 
 
 @pytest.mark.parametrize("kind", ["serial", "parallel"])
@@ -155,3 +192,20 @@ def test_a_hook_must_be_a_hook() -> None:
         engines.load(task.FunctorTask(lambda: None), hooks="log")
     with pytest.raises(TypeError, match="must be a flowengine.hooks.Hook, not 3"):
         hooks.Hooks().append(3)  # type: ignore[arg-type]
+
+
+class Collected(EventSink):
+    """Keeps every event it is sent, by type."""
+
+    def __init__(self) -> None:
+        self.types: list[str] = []
+
+    def emit(self, event_type: str, **fields: object) -> None:
+        self.types.append(event_type)
+
+
+def test_events_attach_to_a_local_engine_as_a_hook_and_hear_the_end_state() -> None:
+    sink = Collected()
+    flow = linear_flow.Flow("sent").add(task.FunctorTask(lambda: None, name="a"))
+    engines.run(flow, hooks=[*hooks.defaults, EventHook(sink)])
+    assert sink.types == ["flow-started", "task-started", "task-succeeded", "flow-succeeded"]
