@@ -276,6 +276,7 @@ class WorkerBasedActionEngine(ActionEngine):
                      if stored in injected or self.storage.is_secret_name(stored))
         return sorted(names)
 
+
 class _Placement(hk.Hook):
     """Records where each task ran (its worker and attempt) in its metadata, as its state
     changes, for the whole of each run."""
