@@ -257,13 +257,11 @@ class WorkerBasedActionEngine(ActionEngine):
                 )
             self._worker_executor = given
             return given
-        self._worker_executor = WorkerTaskExecutor(
-            uuid=self.storage.flow_uuid,
+        self._worker_executor = WorkerTaskExecutor.from_options(
+            self.storage.flow_uuid, self.worker_options,
             events=combine(self._publisher, self._metrics, self.atom_placement,
                            _AttemptIds(self._remember_attempt)),
-            secret_args=self._secret_args,
-            **self.worker_options.executor_options(),
-        )
+            secret_args=self._secret_args)
         return self._worker_executor
 
     def _secret_args(self, task: Atom) -> list[str]:

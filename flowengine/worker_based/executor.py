@@ -53,6 +53,7 @@ from flowengine.worker_based.engine_side import delayed_dispatch as dd
 from flowengine.worker_based.engine_side import lifecycle as lc
 from flowengine.worker_based.engine_side import outgoing, unserved
 from flowengine.worker_based.engine_side.replies import Progress, read
+from flowengine.worker_based.options import WorkerEngineOptions
 from flowengine.worker_based.types import TopicWorker, WorkerFinder, header
 from flowengine.worker_based.wire import versions as vs
 
@@ -174,6 +175,11 @@ class WorkerTaskExecutor(local.TaskExecutor):
             where the broker does that at once, when the worker's connection drops or misses
             its heartbeats (AMQP); elsewhere (Redis hands it back after its visibility
             timeout, 30s) workers say RUNNING first.
+
+    Raises:
+        ValueError: A bad value, naming it, as the worker-based engine's options are checked
+            (:class:`~flowengine.worker_based.options.WorkerEngineOptions`); the engine itself
+            builds its executor from that record (:meth:`from_options`).
     """
 
     runs_coroutines = True
@@ -208,27 +214,58 @@ class WorkerTaskExecutor(local.TaskExecutor):
         pickup_timeout: float | None = ext.DEFAULT_PICKUP_TIMEOUT,
         quiet_start: bool | None = None,
     ) -> None:
-        if max_attempts < 1:
-            raise ValueError(f"max_attempts must be at least 1, got {max_attempts}")
-        if lease_timeout is not None and lease_timeout <= heartbeat_interval:
-            raise ValueError(f"lease_timeout ({lease_timeout}s) must be longer than "
-                             f"heartbeat_interval ({heartbeat_interval}s)")
+        # TaskFlow's constructor, and flowengine's keywords: validated as the engine's options
+        # are, into the one record the engine hands over (see from_options).
+        given = {"exchange": exchange, "topics": list(topics),
+                 "transition_timeout": transition_timeout, "url": url, "transport": transport,
+                 "transport_options": transport_options, "retry_options": retry_options,
+                 "worker_expiry": worker_expiry, "taskflow_compat": taskflow_compat,
+                 "clock": clock, "lease_timeout": lease_timeout,
+                 "heartbeat_interval": heartbeat_interval, "max_attempts": max_attempts,
+                 "time_limits": time_limits, "signing_key": signing_key,
+                 "signing_key_file": signing_key_file, "unserved_timeout": unserved_timeout,
+                 "dead_letter_ttl": dead_letter_ttl, "connect_timeout": connect_timeout,
+                 "pickup_timeout": pickup_timeout, "quiet_start": quiet_start}
+        self._configure(uuid, WorkerEngineOptions.from_mapping(given), events, secret_args)
+
+    @classmethod
+    def from_options(cls, uuid: str, options: WorkerEngineOptions, *,
+                     events: ext.EventSink = ext.NO_EVENTS,
+                     secret_args: sa.SecretArgs = sa.task_secret_args) -> WorkerTaskExecutor:
+        """An executor configured by a worker-based engine's validated options (what the
+        engine uses: nothing is validated or converted again).
+
+        Args:
+            uuid: This executor's id (its flow's).
+            options: The engine's options; those of the engine alone (events, metrics...)
+                are not read.
+            events, secret_args: As for the constructor.
+        """
+        executor = cls.__new__(cls)
+        executor._configure(uuid, options, events, secret_args)
+        return executor
+
+    def _configure(self, uuid: str, options: WorkerEngineOptions, events: ext.EventSink,
+                   secret_args: sa.SecretArgs) -> None:
         self._uuid = uuid
-        self._broker = bc.Broker(exchange, url=url, transport=transport,
-                                 transport_options=transport_options,
-                                 retry_options=retry_options, taskflow_compat=taskflow_compat,
-                                 signing=sg.Signing.from_options(signing_key, signing_key_file))
-        self._topics = list(topics)
-        self._policy = lc.Policy(timeout=transition_timeout, lease_timeout=lease_timeout,
-                                 heartbeat_interval=heartbeat_interval,
-                                 max_attempts=max_attempts, unserved_timeout=unserved_timeout,
-                                 pickup_timeout=pickup_timeout)
-        self._clock = clock
-        self._quiet_start = quiet_start
-        self._time_limits = dict(time_limits or {})
-        self._dead_letter_ttl = dead_letter_ttl
+        self._broker = bc.Broker(
+            options.exchange, url=options.url, transport=options.transport,
+            transport_options=options.transport_options, retry_options=options.retry_options,
+            taskflow_compat=options.taskflow_compat,
+            signing=sg.Signing.from_options(options.signing_key, options.signing_key_file))
+        self._topics = list(options.topics)
+        self._policy = lc.Policy(timeout=options.transition_timeout,
+                                 lease_timeout=options.lease_timeout,
+                                 heartbeat_interval=options.heartbeat_interval,
+                                 max_attempts=options.max_attempts,
+                                 unserved_timeout=options.unserved_timeout,
+                                 pickup_timeout=options.pickup_timeout)
+        self._clock = clock = options.clock
+        self._quiet_start = options.quiet_start
+        self._time_limits = dict(options.time_limits or {})
+        self._dead_letter_ttl = options.dead_letter_ttl
         self._secret_args = secret_args
-        self._connect_timeout = connect_timeout
+        self._connect_timeout = options.connect_timeout
         self._events = events
         self._lock = threading.RLock()
         #: The submissions in flight, by the request id of their current attempt.
@@ -237,7 +274,8 @@ class WorkerTaskExecutor(local.TaskExecutor):
         self._next_due = math.inf  # the earliest expiry, time limit or lease end in flight
         self._next_expiry_check = -math.inf
         self._looked_at = 0  # attempts the housekeeping looked at (see statistics)
-        self.finder = WorkerFinder(worker_expiry, clock=clock, on_change=self._worker_appeared,
+        self.finder = WorkerFinder(options.worker_expiry, clock=clock,
+                                   on_change=self._worker_appeared,
                                    topics=self._topics)
         self._dispatch_pending = threading.Event()
         self._client: bc.Client | None = None

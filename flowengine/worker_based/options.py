@@ -157,11 +157,6 @@ class WorkerEngineOptions:
             raise ValueError(f"{_WHAT} 'lease_timeout' ({self.lease_timeout}s) must be longer "
                              f"than 'heartbeat_interval' ({self.heartbeat_interval}s)")
 
-    def executor_options(self) -> dict[str, Any]:
-        """The options a :class:`~flowengine.worker_based.executor.WorkerTaskExecutor` takes."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-                if f.name not in _ENGINE_ONLY}
-
     @classmethod
     def from_mapping(cls, options: Mapping[str, Any]) -> WorkerEngineOptions:
         """Validate ``options``; ``None`` values mean the default.
@@ -185,9 +180,6 @@ class WorkerEngineOptions:
 OPTION_NAMES = frozenset(f.name for f in dataclasses.fields(WorkerEngineOptions))
 
 
-#: Options the engine itself uses (events and metrics), not its executor.
-_ENGINE_ONLY = frozenset({"events", "metrics", "metrics_port", "suspend_check_interval",
-                          "retry_clock", "deadline"})
 _NONE_MEANS_NONE = frozenset({"transition_timeout", "worker_expiry", "lease_timeout",
                               "unserved_timeout", "pickup_timeout", "quiet_start"})
 _CONVERT: dict[str, Callable[[str, Any], Any]] = {

@@ -14,6 +14,8 @@ from flowengine import exceptions as exc
 from flowengine.worker_based import backoff as bo
 from flowengine.worker_based import extensions as ext
 from flowengine.worker_based import protocol as pr
+from flowengine.worker_based.events import FanoutSink
+from flowengine.worker_based.executor import WorkerTaskExecutor
 from flowengine.worker_based.options import WorkerEngineOptions
 
 
@@ -83,7 +85,7 @@ def test_engines_load_refuses_a_misspelt_worker_based_option() -> None:
 def test_unserved_timeout_is_seconds_none_disables_it_and_reaches_the_executor() -> None:
     assert WorkerEngineOptions().unserved_timeout == ext.DEFAULT_UNSERVED_TIMEOUT
     options = WorkerEngineOptions.from_mapping({"unserved_timeout": "2.5"})
-    assert options.executor_options()["unserved_timeout"] == 2.5
+    assert options.unserved_timeout == 2.5  # the record the executor is made from
     assert WorkerEngineOptions.from_mapping({"unserved_timeout": None}).unserved_timeout is None
     with pytest.raises(ValueError, match="'unserved_timeout' must be a positive number"):
         WorkerEngineOptions.from_mapping({"unserved_timeout": 0})
@@ -92,7 +94,7 @@ def test_unserved_timeout_is_seconds_none_disables_it_and_reaches_the_executor()
 def test_an_injected_clock_times_the_requests_of_a_worker_based_engine() -> None:
     # Nobody serves the topic: the request waits, and fails once the injected clock (not the
     # real one) says its transition timeout is over.
-    assert WorkerEngineOptions().executor_options()["clock"] is not None
+    assert WorkerEngineOptions().clock is not None
     clock = ManualClock()
     engine = engines.load(tasks.Step("lonely"), engine="worker-based", transport="memory",
                           exchange=f"clock-{id(clock)}", topics=["nobody"],
@@ -116,3 +118,17 @@ def test_an_injected_clock_times_the_requests_of_a_worker_based_engine() -> None
         clock.advance(3601)
     assert not runner.is_alive(), "the request never expired by the injected clock"
     assert errors and isinstance(errors[0], exc.RequestTimeout), errors
+
+
+def test_the_executor_is_made_from_the_engines_record_and_its_keywords_checked_alike() -> None:
+    # TaskFlow's constructor keywords are checked as the engine's options are...
+    with pytest.raises(ValueError, match="'max_attempts' must be a whole number of at least 1"):
+        WorkerTaskExecutor("x", "x", ["t"], transport="memory", max_attempts=0)
+    with pytest.raises(ValueError, match="'lease_timeout' .* must be longer than"):
+        WorkerTaskExecutor("x", "x", ["t"], transport="memory", lease_timeout=1,
+                           heartbeat_interval=2)
+    # ...and a validated record is taken as it is (what the engine does).
+    options = WorkerEngineOptions.from_mapping({"transport": "memory", "topics": ["billing"]})
+    sink = FanoutSink()  # not the default (no events)
+    made = WorkerTaskExecutor.from_options("y", options, events=sink)
+    assert made.events is sink and made.attempts() == []
