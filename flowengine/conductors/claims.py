@@ -9,7 +9,10 @@ plus the claim's length, minus a safety margin). The engine's persistence goes t
 (:mod:`flowengine.conductors.fencing`), and an atom's RUNNING state is stored before it is
 dispatched, so a conductor that was frozen or cut off past its claim cannot start another atom
 of that job when it wakes: the write fails before anything runs, even before the keeper's
-thread has had a chance to notice the loss. A refused write halts the engine
+thread has had a chance to notice the loss. Since a check by the writer's clock cannot cover
+a freeze between the check and the write, the fence also carries the claim's fencing token,
+and the store refuses a write made under an older claim than one that has written to the flow
+(:mod:`flowengine.persistence.fencing`). A refused write halts the engine
 (:class:`~flowengine.exceptions.RunHalted`): it reverts nothing, since the job is another
 conductor's now and its completed work must stand.
 
@@ -34,6 +37,7 @@ from collections.abc import Callable
 from flowengine import exceptions as exc
 from flowengine.jobs import base
 from flowengine.jobs.lease_clock import lease_clock
+from flowengine.persistence.base import FencedOff
 from flowengine.types.entity import Entity
 
 __all__ = ["ClaimFence", "ClaimKeeper", "FencedOff", "LeaseFence"]
@@ -41,11 +45,6 @@ __all__ = ["ClaimFence", "ClaimKeeper", "FencedOff", "LeaseFence"]
 LOG = logging.getLogger(__name__)
 
 Clock = Callable[[], float]
-
-
-class FencedOff(exc.StorageFailure):
-    """A write for a job whose claim (or a lease it ran under) this process may no longer hold
-    was refused."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,12 +114,15 @@ class ClaimFence(LeaseFence):
         ttl: The claim's length in seconds.
         clock: The lease clock (injected in tests).
         claimed_at: When the claim was requested (``clock()`` if omitted).
+        token: The claim's fencing token (what the board's ``claim`` returned; None: the board
+            gives none), which the store checks each write against.
     """
 
     def __init__(self, job: base.Job, ttl: float, clock: Clock = lease_clock,
-                 claimed_at: float | None = None) -> None:
+                 claimed_at: float | None = None, token: int | None = None) -> None:
         super().__init__(f"job {job.uuid} ({job.name})", ttl, clock, claimed_at, noun="claim")
         self.job = job
+        self.token = token
 
 
 class ClaimKeeper:
@@ -153,13 +155,14 @@ class ClaimKeeper:
         self._thread: threading.Thread | None = None
 
     def hold(self, job: base.Job, on_lost: Callable[[base.Job], None],
-             claimed_at: float | None = None) -> ClaimFence:
-        """Start renewing ``job``'s claim; ``on_lost(job)`` is called (once, on the keeper's
-        thread) when it is lost or may have lapsed: read ``fence.refusal`` for why."""
+             claimed_at: float | None = None, token: int | None = None) -> ClaimFence:
+        """Start renewing ``job``'s claim (its fencing token: ``token``); ``on_lost(job)`` is
+        called (once, on the keeper's thread) when it is lost or may have lapsed: read
+        ``fence.refusal`` for why."""
         board = self._board
         if board is None:
             raise ValueError(f"Keeper of {self._owner} has no board to renew job claims on")
-        fence = ClaimFence(job, board.options.claim_ttl, self._clock, claimed_at)
+        fence = ClaimFence(job, board.options.claim_ttl, self._clock, claimed_at, token)
         self.hold_lease(job.uuid, fence, lambda: board.keep_alive(job, self._owner),
                         lambda: on_lost(job))
         return fence

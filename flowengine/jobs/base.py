@@ -12,6 +12,10 @@ guarantee (the board behaviour suite in ``tests/jobs/`` checks each one):
   lease), ``claim_ttl`` seconds long (30 by default). :meth:`JobBoard.keep_alive` renews it;
   when its holder stops renewing (killed, frozen, partitioned) the service ends the claim by
   itself and the job is unclaimed again, without any other party deciding it.
+* **Every claim has a fencing token** (what :meth:`JobBoard.claim` returns), greater than
+  every earlier claim's of the job; the store refuses a write made under an older claim than
+  one it has seen (:mod:`flowengine.persistence.fencing`). The attempt count cannot be it: an
+  uncounted abandon takes an attempt back, and a re-post starts it again from 0.
 * **Attempts are counted.** Every successful claim is one attempt (:attr:`Job.attempts`). A job
   whose ``max_attempts`` claims (3 by default; 0 means no limit) all ended in an abandon or an
   expired claim is moved to the trash instead of being offered again; the trash keeps the reason
@@ -336,11 +340,18 @@ class JobBoard(metaclass=abc.ABCMeta):
         """Post a new, unclaimed job and wake every waiter. Returns it."""
 
     @abc.abstractmethod
-    def claim(self, job: Job, who: str, expiry: float | None = None) -> None:
+    def claim(self, job: Job, who: str, expiry: float | None = None) -> int:
         """Take a lease on ``job`` for ``who`` and count one attempt.
 
         A job that already had ``max_attempts`` claims is moved to the trash instead (reason:
         abandoned or orphaned N times) and :class:`UnclaimableJob` raised.
+
+        Returns the claim's *fencing token* (a flowengine addition; TaskFlow's boards return
+        None): a number greater than that of every earlier claim of the job, whether those
+        ended in a consume, an abandon, counted or not, an expiry or a takeover, and never
+        given twice (:func:`~flowengine.jobs.records.fencing_token`). A conductor writes its
+        job's progress under it, and the store refuses writes made under a smaller one than
+        it has seen for the flow (:mod:`flowengine.persistence.fencing`).
 
         Args:
             job: The job.

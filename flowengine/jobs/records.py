@@ -20,8 +20,8 @@ if TYPE_CHECKING:
 
 __all__ = ["DAMAGED_NAME", "DEFAULT_CLAIM_TTL", "DEFAULT_MAX_ATTEMPTS", "BoardOptions",
            "ClaimLost", "DamagedPosting", "JobPriority", "PostingError", "TrashedJob",
-           "check_posting", "damaged_posting", "format_posting", "parse_date", "read_posting",
-           "trashed_job", "utcnow"]
+           "check_posting", "damaged_posting", "fencing_token", "format_posting", "parse_date",
+           "read_posting", "trashed_job", "utcnow"]
 
 #: Seconds a claim lasts unless renewed.
 DEFAULT_CLAIM_TTL = 30.0
@@ -29,6 +29,18 @@ DEFAULT_CLAIM_TTL = 30.0
 DEFAULT_MAX_ATTEMPTS = 3
 #: The name a damaged posting has in the trash (it may have had none).
 DAMAGED_NAME = "(damaged posting)"
+
+
+def fencing_token(previous: int, now: float) -> int:
+    """The fencing token of a new claim of a job: greater than ``previous`` (the job's last
+    one) and at least ``now`` (seconds since the epoch) in microseconds.
+
+    The board's counter alone makes a job's tokens grow, whatever the clocks do; the clock
+    makes the tokens of a job posted again for a flow that an earlier job ran (an orphan
+    re-posted after its board lost it, a trashed job re-posted) start above those that job
+    wrote, since a board that lost a job lost its counter too.
+    """
+    return max(previous + 1, int(now * 1_000_000))
 
 
 class ClaimLost(exc.UnclaimableJob):

@@ -8,7 +8,8 @@ is ``{"atom": AtomDetail.to_dict(), "type": "TASK_DETAIL" | "RETRY_DETAIL"}``.
 When each state was entered (the details' ``times``, a flowengine field) is not part of those
 records: a backend that keeps it in the record's own file adds it under :data:`TIMES` beside
 TaskFlow's keys (:func:`with_times`), where TaskFlow's readers never look; the decoders read it
-back from there when present.
+back from there when present. A flow's fencing token (:mod:`flowengine.persistence.fencing`)
+goes beside them the same way, under :data:`FENCING_TOKEN` (:func:`with_fencing_token`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from flowengine import exceptions as exc
-from flowengine.persistence import models, state_times
+from flowengine.persistence import fencing, models, state_times
 from flowengine.persistence.base import CorruptRecord
 
 BOOK = "logbook"
@@ -27,6 +28,8 @@ FLOW = "flow detail"
 ATOM = "atom detail"
 #: The key of a flow or atom record (the top level, beside TaskFlow's keys) holding ``times``.
 TIMES = "times"
+#: The key of a flow record (beside TaskFlow's keys) holding its fencing token.
+FENCING_TOKEN = "fencing_token"
 
 # What a damaged or foreign record makes the decoders raise (Failure.from_dict included).
 _DECODE_ERRORS = (KeyError, TypeError, ValueError, AttributeError, IndexError, exc.InvalidFormat)
@@ -51,6 +54,12 @@ def with_times(record: dict[str, Any], times: dict[str, float]) -> dict[str, Any
     """``record`` (a flow or atom record) with ``times`` beside TaskFlow's keys; unchanged
     (TaskFlow's record exactly) when there are none."""
     return {**record, TIMES: dict(times)} if times else record
+
+
+def with_fencing_token(record: dict[str, Any], token: int | None) -> dict[str, Any]:
+    """``record`` (a flow record) with its fencing ``token`` beside TaskFlow's keys; unchanged
+    when it has none."""
+    return {**record, FENCING_TOKEN: token} if token is not None else record
 
 
 @contextlib.contextmanager
@@ -92,6 +101,7 @@ def decode_flow(where: str, uuid: str, data: Any) -> models.FlowDetail:
         _check_uuid(data, uuid)
         fd = models.FlowDetail.from_dict(data)
         fd.times = state_times.recorded(data.get(TIMES))
+        fd.fencing_token = fencing.recorded(data.get(FENCING_TOKEN))
         return fd
 
 

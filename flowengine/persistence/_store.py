@@ -20,6 +20,7 @@ from typing import TypeVar
 from flowengine import exceptions as exc
 from flowengine.persistence import base, models
 from flowengine.persistence._codec import ATOM, BOOK, FLOW
+from flowengine.persistence.fencing import Fence
 
 LOG = logging.getLogger(__name__)
 
@@ -100,6 +101,25 @@ class Session(abc.ABC):
         """Insert new atom details into a flow detail (stores may do it in one statement)."""
         for ad in ads:
             self.put_atom(ad, flow_uuid, new=True)
+
+    def fencing_token(self, flow_uuid: str) -> int | None:
+        """The greatest fencing token written to a flow detail (None: none, or no such flow);
+        read for a write, so the flow cannot change before this transaction ends (stores may
+        read it alone)."""
+        fd = self.get_flow(flow_uuid)
+        return None if fd is None else fd.fencing_token
+
+    def set_fencing_token(self, flow_uuid: str, token: int) -> None:
+        """Record ``token`` as a flow detail's greatest fencing token (nothing if there is no
+        such flow; stores may write it alone)."""
+        fd = self.get_flow(flow_uuid)
+        if fd is not None:
+            fd.fencing_token = token
+            self.put_flow(fd, None, new=False)
+
+    def holds_atom(self, flow_uuid: str, atom_uuid: str) -> bool:
+        """Whether the atom detail is one of the flow detail's (stores may look it up alone)."""
+        return any(ad.uuid == atom_uuid for ad in self.atoms_of(flow_uuid))
 
     @abc.abstractmethod
     def delete_book(self, uuid: str) -> None:
@@ -208,11 +228,46 @@ class StoreConnection(base.Connection):
     Args:
         backend: The backend that made this connection.
         store: Where the records are.
+        fence: The claim its writes are made under (None: none; see :meth:`fenced`).
     """
 
-    def __init__(self, backend: base.Backend, store: RecordStore) -> None:
+    def __init__(self, backend: base.Backend, store: RecordStore,
+                 fence: Fence | None = None) -> None:
         self._backend = backend
         self._store = store
+        self._fence = fence
+
+    def fenced(self, flow_uuid: str, token: int) -> StoreConnection:
+        """A connection to the same store whose writes are made under a claim whose fencing
+        token is ``token`` (a flowengine addition; see :mod:`flowengine.persistence.fencing`).
+
+        Each of its writes is refused (:class:`~flowengine.persistence.base.FencedOff`) if
+        the flow detail ``flow_uuid`` was written under a greater token, and records ``token``
+        as the flow's greatest otherwise, in the same transaction; a write of anything outside
+        that flow (another flow, an atom of another flow) is refused too.
+        """
+        return StoreConnection(self._backend, self._store, Fence(flow_uuid, token))
+
+    def record_fencing_token(self) -> None:
+        """Record this connection's fencing token on its flow detail, or raise
+        :class:`~flowengine.persistence.base.FencedOff` if a greater one is there: a
+        conductor's first write after it claims a job (a flowengine addition).
+
+        Raises:
+            ValueError: If the connection is not :meth:`fenced`.
+        """
+        fence = self._fence
+        if fence is None:
+            raise ValueError(f"{self._store.description}: this connection writes under no claim,"
+                             f" so it has no fencing token to record")
+        self._run(f"recording claim token {fence.token} on {FLOW} '{fence.flow_uuid}'", True,
+                  lambda s: None)
+
+    def _fenced_flow(self, fd_uuid: str | None, what: str) -> None:
+        """Refuse a write of ``what`` to anything but the fenced flow detail (``fd_uuid``
+        None: a logbook, or every record)."""
+        if self._fence is not None and fd_uuid != self._fence.flow_uuid:
+            raise self._fence.outside(what, self._store.description)
 
     @property
     def backend(self) -> base.Backend:
@@ -229,9 +284,12 @@ class StoreConnection(base.Connection):
 
     def _run(self, what: str, write: bool, work: Callable[[Session], _R]) -> _R:
         store = self._store
+        fence = self._fence if write else None
         for attempt in range(1, _WRITE_ATTEMPTS + 1):
             try:
                 with store.session(write) as session:
+                    if fence is not None:  # the check and the write: one transaction
+                        fence.enforce(session, what, store.description)
                     return work(session)
             except (exc.TaskFlowException, builtins.NotImplementedError):
                 raise
@@ -279,6 +337,7 @@ class StoreConnection(base.Connection):
 
     def clear_all(self) -> None:
         """Delete every logbook, flow detail and atom detail."""
+        self._fenced_flow(None, "clearing all records")
         self._run("clearing all records", True, lambda s: s.clear())
 
     def save_logbook(self, book: models.LogBook) -> models.LogBook:
@@ -296,6 +355,7 @@ class StoreConnection(base.Connection):
             _attach_flows(merged, [self._save_flow(s, fd, book.uuid) for fd in book])
             return merged
 
+        self._fenced_flow(None, f"saving {BOOK} '{book.uuid}'")
         return self._run(f"saving {BOOK} '{book.uuid}'", True, save)
 
     def update_flow_details(
@@ -307,6 +367,7 @@ class StoreConnection(base.Connection):
         saved is stored in no logbook, instead of raising NotFound.
         """
         what = f"updating {FLOW} '{flow_detail.uuid}' (flow {flow_detail.name!r})"
+        self._fenced_flow(flow_detail.uuid, what)
         return self._run(
             what, True, lambda s: self._save_flow(s, flow_detail, None, ignore_missing))
 
@@ -323,7 +384,9 @@ class StoreConnection(base.Connection):
                     f"{self._store.description}: no {FLOW} with uuid '{flow_detail.uuid}'")
             s.put_flow(stored.merge(flow_detail), None, new=False)
 
-        self._run(f"updating {FLOW} '{flow_detail.uuid}' (flow {flow_detail.name!r})", True, save)
+        what = f"updating {FLOW} '{flow_detail.uuid}' (flow {flow_detail.name!r})"
+        self._fenced_flow(flow_detail.uuid, what)
+        self._run(what, True, save)
 
     def change_flow_meta(self, fd_uuid: str,
                          change: Callable[[models.FlowDetail], None]) -> models.FlowDetail:
@@ -346,7 +409,9 @@ class StoreConnection(base.Connection):
             s.put_flow(stored, None, new=False)
             return stored
 
-        return self._run(f"changing the meta of {FLOW} '{fd_uuid}'", True, save)
+        what = f"changing the meta of {FLOW} '{fd_uuid}'"
+        self._fenced_flow(fd_uuid, what)
+        return self._run(what, True, save)
 
     def _save_flow(
         self, s: Session, fd: models.FlowDetail, book_uuid: str | None,
@@ -383,10 +448,14 @@ class StoreConnection(base.Connection):
     def update_atom_details(self, atom_detail: models.AtomDetail) -> models.AtomDetail:
         """Merge ``atom_detail`` into its stored version, save it and return the result."""
         what = f"updating {ATOM} '{atom_detail.uuid}' (atom {atom_detail.name!r})"
-        # The hot path of every state change: one statement, no session, where the store can.
-        replaced = self._guard(what, lambda: self._store.replace_atom(atom_detail))
-        if replaced:
-            return atom_detail
+        fence = self._fence
+        replaced = None
+        if fence is None:
+            # The hot path of every state change: one statement, no session, where the store
+            # can. A fenced write needs its flow's token checked in the same transaction.
+            replaced = self._guard(what, lambda: self._store.replace_atom(atom_detail))
+            if replaced:
+                return atom_detail
 
         def update(s: Session) -> models.AtomDetail:
             stored = None if replaced is False else s.get_atom(atom_detail.uuid)
@@ -394,6 +463,8 @@ class StoreConnection(base.Connection):
                 raise exc.NotFound(
                     f"{self._store.description}: no {ATOM} with uuid '{atom_detail.uuid}'"
                 )
+            if fence is not None and not s.holds_atom(fence.flow_uuid, atom_detail.uuid):
+                raise fence.outside(what, self._store.description)
             stored.merge(atom_detail)
             s.put_atom(stored, None, new=False)
             return stored
@@ -407,6 +478,7 @@ class StoreConnection(base.Connection):
             self._need_book(s, book_uuid)
             s.delete_book(book_uuid)
 
+        self._fenced_flow(None, f"destroying {BOOK} '{book_uuid}'")
         self._run(f"destroying {BOOK} '{book_uuid}'", True, destroy)
 
     def _need_book(self, s: Session, uuid: str) -> models.LogBook:

@@ -19,7 +19,7 @@ from typing import Any
 from flowengine import exceptions as exc
 from flowengine.persistence import models
 
-__all__ = ["Backend", "Connection", "CorruptRecord", "IncompatibleSchema"]
+__all__ = ["Backend", "Connection", "CorruptRecord", "FencedOff", "IncompatibleSchema"]
 
 
 class CorruptRecord(exc.StorageFailure):
@@ -45,6 +45,16 @@ class CorruptRecord(exc.StorageFailure):
         self.backend = backend
         self.kind = kind
         self.uuid = uuid
+
+
+class FencedOff(exc.StorageFailure):
+    """A write made under a claim (or a lease) its writer may no longer hold was refused.
+
+    Refused before the write by the writer's own fence (its lease clock says the claim may
+    have ended: :mod:`flowengine.conductors.claims`), or by the store itself, which has seen a
+    write to the flow under a newer claim's fencing token (:mod:`flowengine.persistence.fencing`).
+    An engine halts on it without reverting anything: the work is another owner's now.
+    """
 
 
 class IncompatibleSchema(exc.BackendError, exc.IncompatibleVersion):

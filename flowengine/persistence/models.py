@@ -198,6 +198,10 @@ class FlowDetail(NamedRecord):
         times: When the flow last entered each state, ``{state: seconds since the epoch}``,
             recorded by the engines with each state change. A flowengine field: not part of
             :meth:`to_dict` nor of :meth:`pformat` (see :mod:`flowengine.persistence.state_times`).
+        fencing_token: The greatest claim fencing token a write to the flow was made under
+            (None: never written under a claim), kept by the store, which refuses writes made
+            under a smaller one. A flowengine field like :attr:`times` (see
+            :mod:`flowengine.persistence.fencing`).
     """
 
     def __init__(self, name: str, uuid: str) -> None:
@@ -206,6 +210,7 @@ class FlowDetail(NamedRecord):
         self.state: str | None = None
         self.meta: dict[str, Any] = {}
         self.times: dict[str, float] = {}
+        self.fencing_token: int | None = None
 
     def add(self, ad: AtomDetail) -> None:
         """Add an atom detail, replacing any with the same uuid (not saved until a backend saves).
@@ -220,7 +225,8 @@ class FlowDetail(NamedRecord):
         return self._atomdetails_by_id.get(ad_uuid)
 
     def update(self, fd: FlowDetail) -> FlowDetail:
-        """Make this flow detail share ``fd``'s state, metadata, times and atom details.
+        """Make this flow detail share ``fd``'s state, metadata, times, fencing token and atom
+        details.
 
         Args:
             fd: The flow detail to take everything from; updating from itself does nothing.
@@ -234,10 +240,12 @@ class FlowDetail(NamedRecord):
         self.state = fd.state
         self.meta = fd.meta
         self.times = fd.times
+        self.fencing_token = fd.fencing_token
         return self
 
     def merge(self, fd: FlowDetail, deep_copy: bool = False) -> FlowDetail:
-        """Take ``fd``'s state, meta and times where they differ; its atom details are not merged.
+        """Take ``fd``'s state, meta and times where they differ, and the greater fencing token
+        (a token never goes down); its atom details are not merged.
 
         Args:
             fd: The flow detail to merge from; merging a flow detail with itself does nothing.
@@ -253,6 +261,8 @@ class FlowDetail(NamedRecord):
         if self.times != fd.times:
             self.times = dict(fd.times)
         self.state = fd.state
+        if self.fencing_token is None or (fd.fencing_token or 0) > self.fencing_token:
+            self.fencing_token = fd.fencing_token
         return self
 
     def copy(self, retain_contents: bool = True) -> FlowDetail:

@@ -6,7 +6,9 @@ What it does with a job, in order:
    (``max_simultaneous_jobs``), then claims it. The claim is kept alive by a
    :class:`~flowengine.conductors.claims.ClaimKeeper` for as long as the job runs, and the
    engine writes its progress through a :class:`~flowengine.conductors.claims.ClaimFence`, so
-   a conductor that lost the claim starts no further atom of the job.
+   a conductor that lost the claim starts no further atom of the job. Its first write records
+   the claim's fencing token on the job's flow, and every write carries it, so the store
+   refuses the writes of any older claim from then on (:mod:`flowengine.persistence.fencing`).
 2. Loads the job's engine and runs it inside the job's trace span (tracing on:
    :func:`flowengine.tracing.claimed_job`), announcing ``compilation``, ``preparation``,
    ``validation`` and ``running`` (each ``_start`` and ``_end``) on :attr:`notifier`.
@@ -221,7 +223,7 @@ class ExecutorConductor(base.Conductor):
                 return None
             claimed_at = self._clock()
             try:
-                self._jobboard.claim(job, self._name)
+                token = self._jobboard.claim(job, self._name)
             except (exc.UnclaimableJob, exc.NotFound) as err:
                 self._log.debug("Job %s not claimed: %s", job.uuid, err)
                 continue
@@ -231,7 +233,8 @@ class ExecutorConductor(base.Conductor):
                 troubled = True
                 continue
             assert self._keeper is not None
-            fence = self._keeper.hold(job, self._on_claim_lost, claimed_at)
+            fence = self._keeper.hold(job, self._on_claim_lost, claimed_at,
+                                      token if isinstance(token, int) else None)
             with self._slots:
                 self._running[job.uuid] = _Running(job, fence)
             self._log.info("Conductor %s claimed %s (attempt %s)", self._name, _brief(job),
@@ -270,10 +273,13 @@ class ExecutorConductor(base.Conductor):
     def _dispatch_job(self, job: jobs_base.Job) -> _Outcome:
         with self._slots:
             held = self._running[job.uuid]
-        backend = (FencedBackend(self._persistence, held.fence)
-                   if self._persistence is not None else None)
         try:
+            backend = self._fenced_backend(job, held)
             engine = held.engine = self._engine_from_job(job, backend)
+        except FencedOff as err:
+            self._log.warning("Conductor %s lost the claim on %s before running it: %s; leaving"
+                              " it to its new owner", self._name, _brief(job), err)
+            return _Outcome("lost")
         except exc.StorageFailure as err:
             # Persistence is failing, not the job: hand it back uncounted, after a pause so
             # that conductors do not pass it around in a tight loop meanwhile.
@@ -316,6 +322,17 @@ class ExecutorConductor(base.Conductor):
         if consume:
             return _Outcome("consume")
         return _Outcome("abandon", counted=not self._stopped.is_set())
+
+    def _fenced_backend(self, job: jobs_base.Job, held: _Running) -> FencedBackend | None:
+        """The persistence the job's engine writes through (None: none), once the claim's
+        fencing token is recorded on the job's flow: before the flow is loaded, so what the
+        engine resumes from holds every write of an earlier claim the store will ever take."""
+        if self._persistence is None:
+            return None
+        backend = FencedBackend(self._persistence, held.fence,
+                                self._flow_detail_from_job(job).uuid)
+        backend.record_fencing_token()
+        return backend
 
     def _run_engine(self, job: jobs_base.Job, engine: Any, held: _Running) -> bool:
         details = {"job": job, "engine": engine, "conductor": self}

@@ -21,6 +21,7 @@ __all__ = ["KV", "EtcdJob", "Snapshot", "b64", "decode", "delete", "delete_prefi
 
 #: Keys flowengine adds next to TaskFlow's ``.data`` / ``.lock`` / ``.last_modified``.
 ATTEMPTS_POSTFIX = ".attempts"
+TOKEN_POSTFIX = ".fencing_token"
 DATA_POSTFIX = ".data"
 LOCK_POSTFIX = ".lock"
 LAST_MODIFIED_POSTFIX = ".last_modified"
@@ -110,19 +111,21 @@ class Snapshot:
         data: Its ``.data`` (the posting).
         lock: Its ``.lock`` (the claim; bound to the claim's lease).
         attempts: Its ``.attempts`` counter.
+        token: Its ``.fencing_token`` (its last claim's).
     """
 
     key: str
     data: KV | None
     lock: KV | None
     attempts: KV | None
+    token: KV | None = None
 
     @classmethod
     def of(cls, key: str, kvs: list[KV]) -> Snapshot:
         """Sort the keys of a ``<key>.`` range read."""
         found = {kv.key[len(key):]: kv for kv in kvs}
         return cls(key, found.get(DATA_POSTFIX), found.get(LOCK_POSTFIX),
-                   found.get(ATTEMPTS_POSTFIX))
+                   found.get(ATTEMPTS_POSTFIX), found.get(TOKEN_POSTFIX))
 
     @property
     def owner(self) -> str | None:
@@ -132,12 +135,22 @@ class Snapshot:
     @property
     def tries(self) -> int:
         """Claims so far."""
-        if self.attempts is None:
-            return 0
-        try:
-            return int(self.attempts.value or b"0")
-        except ValueError:
-            return 0
+        return _number(self.attempts)
+
+    @property
+    def last_token(self) -> int:
+        """The job's last claim's fencing token (0: none)."""
+        return _number(self.token)
+
+
+def _number(kv: KV | None) -> int:
+    """The number a counter key holds (missing or damaged: 0)."""
+    if kv is None:
+        return 0
+    try:
+        return int(kv.value or b"0")
+    except ValueError:
+        return 0
 
 
 def trashed_job(raw: bytes) -> base.TrashedJob | None:

@@ -1,11 +1,13 @@
 """The Lua scripts that make each Redis board operation atomic.
 
-Every job script takes the same keys, ``KEYS = [jobs, attempts, trash, trash_info, claim]``
-(``claim`` is the job's own claim key), and starts its arguments with
+Every job script takes the same keys,
+``KEYS = [jobs, attempts, trash, trash_info, claim, fencing]`` (``claim`` is the job's own claim
+key, ``fencing`` the board's last fencing token), and starts its arguments with
 ``ARGV = [uuid, channel, who, ...]``. Each returns ``{status, value}``: ``missing`` (no such
 job), ``owned``/``notowner`` (value: the owner), ``trashed`` (value: the attempts), or a success
-status. Every change is published on ``channel`` as JSON (``event``: posted, claimed, renewed,
-released or removed) so that boards following it are woken without polling.
+status (a claim's value: its fencing token). Every change is published on ``channel`` as JSON
+(``event``: posted, claimed, renewed, released or removed) so that boards following it are woken
+without polling.
 """
 
 from __future__ import annotations
@@ -51,8 +53,16 @@ if limit > 0 and attempts >= limit then
 end
 redis.call('SET', KEYS[5], who, 'PX', ARGV[4])
 redis.call('HSET', KEYS[2], uuid, attempts + 1)
+-- The claim's fencing token (records.fencing_token): above the board's last one and at least
+-- the server's clock in microseconds; both fit a Lua number exactly, and '%.0f' writes them
+-- whole (tostring would round them to 14 digits).
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
+local token = string.format('%.0f', math.max((tonumber(redis.call('GET', KEYS[6]) or '0')
+                                              or 0) + 1, now))
+redis.call('SET', KEYS[6], token)
 publish('claimed', {ttl_ms=tonumber(ARGV[4])})
-return {'claimed', tostring(attempts + 1)}
+return {'claimed', token}
 """
 
 #: ARGV[4:] = ttl_ms.

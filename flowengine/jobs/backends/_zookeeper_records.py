@@ -24,7 +24,8 @@ from flowengine.jobs.backends._json_values import decode, encode
 
 from kazoo import exceptions as k_exc  # isort: skip  (the board imports kazoo_utils first)
 
-__all__ = ["ATTEMPTS", "CLAIM", "LOCK_POSTFIX", "TRASHED", "LeaseTimers", "ServerClock",
+__all__ = ["ATTEMPTS", "CLAIM", "FENCING_TOKEN", "LOCK_POSTFIX", "TRASHED", "LeaseTimers",
+           "ServerClock",
            "Snapshot", "ZookeeperJob", "decode", "encode", "from_millis", "posting_of",
            "read_node", "read_raw", "session_hex", "trashed_job"]
 
@@ -32,11 +33,13 @@ __all__ = ["ATTEMPTS", "CLAIM", "LOCK_POSTFIX", "TRASHED", "LeaseTimers", "Serve
 LOCK_POSTFIX = ".lock"
 #: Keys flowengine adds to a job node's posting (TaskFlow readers ignore them).
 ATTEMPTS, CLAIM, TRASHED = "attempts", "claim", "trashed"
+#: The job's last claim's fencing token (kept, never lowered, while the job is on the board).
+FENCING_TOKEN = "fencing_token"
 
 
 def posting_of(data: dict[str, Any]) -> dict[str, Any]:
     """The posting alone (what :func:`~flowengine.jobs.base.format_posting` wrote)."""
-    return {k: v for k, v in data.items() if k not in (ATTEMPTS, CLAIM, TRASHED)}
+    return {k: v for k, v in data.items() if k not in (ATTEMPTS, CLAIM, TRASHED, FENCING_TOKEN)}
 
 
 class ServerClock:
@@ -94,6 +97,14 @@ class Snapshot:
         try:
             return int((self.data or {}).get(ATTEMPTS) or 0)
         except (TypeError, ValueError):  # a damaged counter counts as none
+            return 0
+
+    @property
+    def fencing_token(self) -> int:
+        """The job's last claim's fencing token (0: never claimed, or a damaged one)."""
+        try:
+            return int((self.data or {}).get(FENCING_TOKEN) or 0)
+        except (TypeError, ValueError):
             return 0
 
     @property

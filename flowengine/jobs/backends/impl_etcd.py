@@ -9,6 +9,7 @@ Keys, TaskFlow's, for a board ``path`` (conf key; ``jobboard`` by default):
                                                  the claim's lease
 ``/taskflow/jobs/<path>/job<N>.last_modified``   when it was last claimed
 ``/taskflow/jobs/<path>/job<N>.attempts``        claims so far (flowengine)
+``/taskflow/jobs/<path>/job<N>.fencing_token``   its last claim's fencing token (flowengine)
 ``/taskflow/.trash/<path>/job<N>``               a trashed job: its posting plus ``trashed``
 ``/taskflow/.entities/<path>/<kind>/<name>``     a registered entity, bound to a lease
 ===============================================  ===============================================
@@ -25,6 +26,7 @@ import dataclasses
 import datetime
 import logging
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -312,9 +314,14 @@ class EtcdJobBoard(base.NotifyingJobBoard):
         return job
 
     @base.check_who
-    def claim(self, job: base.Job, who: str, expiry: float | None = None) -> None:
+    def claim(self, job: base.Job, who: str, expiry: float | None = None) -> int:
         """Claim ``job`` under a new lease of ``expiry`` or ``claim_ttl`` seconds (whole seconds,
-        rounded up; see :meth:`JobBoard.claim`); :meth:`keep_alive` renews it for as long."""
+        rounded up; see :meth:`JobBoard.claim`); :meth:`keep_alive` renews it for as long.
+
+        The fencing token returned is written by the claim's own transaction, on condition that
+        the job's last one is unchanged: above it, and at least this process's clock in
+        microseconds (etcd offers no clock; :func:`~flowengine.jobs.records.fencing_token`).
+        """
         ttl = self._lease_seconds(expiry)
         store = self._require()
         snap = self._read(job)
@@ -332,12 +339,15 @@ class EtcdJobBoard(base.NotifyingJobBoard):
         what = f"claim job {job.uuid} ({job.name})"
         lease = store.grant(ttl, what)
         modified = datetime.datetime.now(datetime.UTC).replace(tzinfo=None)
+        token = records.fencing_token(snap.last_token, time.time())
         claimed = store.txn(
             [keys.exists(snap.key + self.DATA_POSTFIX), keys.missing(snap.key + self.LOCK_POSTFIX),
-             keys.same(snap.key + keys.ATTEMPTS_POSTFIX, snap.attempts)],
+             keys.same(snap.key + keys.ATTEMPTS_POSTFIX, snap.attempts),
+             keys.same(snap.key + keys.TOKEN_POSTFIX, snap.token)],
             [keys.put(snap.key + self.LOCK_POSTFIX,
                       keys.encode({"owner": who, "lease_id": lease}), lease),
              keys.put(snap.key + keys.ATTEMPTS_POSTFIX, str(snap.tries + 1).encode()),
+             keys.put(snap.key + keys.TOKEN_POSTFIX, str(token).encode()),
              keys.put(snap.key + self.LAST_MODIFIED_POSTFIX, keys.encode(
                  {"last_modified": modified.strftime(keys.LAST_MODIFIED_FORMAT)}))], what)
         if not claimed:
@@ -348,6 +358,7 @@ class EtcdJobBoard(base.NotifyingJobBoard):
                                    f" board '{self.name}'")
             held = f"claimed by '{now.owner}'" if now.owner else "changed meanwhile"
             raise exc.UnclaimableJob(f"Job {job.uuid} ({job.name}) is already {held}")
+        return token
 
     @base.check_who
     def keep_alive(self, job: base.Job, who: str) -> None:

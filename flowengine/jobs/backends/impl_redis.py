@@ -6,6 +6,7 @@ Layout under the ``namespace`` (conf key; default ``flowengine``):
 ``<ns>:jobs``                  hash: job uuid -> posting (JSON, :func:`~..base.format_posting`)
 ``<ns>:attempts``              hash: job uuid -> claims so far
 ``<ns>:claim:<uuid>``          the claim: its owner, expiring after ``claim_ttl`` (a lease)
+``<ns>:fencing-token``         the last claim's fencing token (see :meth:`RedisJobBoard.claim`)
 ``<ns>:trash``, ``<ns>:trash-info``   hashes: trashed postings, and why / when / attempts
 ``<ns>:entities``              hash: ``kind:name`` -> a registered entity (JSON)
 ``<ns>:entity-expiries``       sorted set: ``kind:name`` -> when it lapses (server clock, ms)
@@ -98,6 +99,7 @@ class RedisJobBoard(base.NotifyingJobBoard):
         self._ns = ns
         self._channel = f"{ns}:events"
         self._keys = [f"{ns}:jobs", f"{ns}:attempts", f"{ns}:trash", f"{ns}:trash-info"]
+        self._fencing_key = f"{ns}:fencing-token"
         self._scripts: dict[str, Any] = {}
         self._lock = threading.Lock()
         self._cache: dict[str, dict[str, Any]] = {}
@@ -413,7 +415,7 @@ class RedisJobBoard(base.NotifyingJobBoard):
         self._require_client()
         try:
             status, value = self._scripts[script](
-                keys=[*self._keys, self._claim_key(job_uuid)],
+                keys=[*self._keys, self._claim_key(job_uuid), self._fencing_key],
                 args=[job_uuid, self._channel, who, *args])
         except redis.RedisError as err:
             raise exc.JobFailure(f"Jobboard '{self.name}' could not {script.lower()} job"
@@ -459,8 +461,12 @@ class RedisJobBoard(base.NotifyingJobBoard):
         return job
 
     @base.check_who
-    def claim(self, job: base.Job, who: str, expiry: float | None = None) -> None:
-        """Claim ``job`` for ``expiry`` or ``claim_ttl`` seconds (see :meth:`JobBoard.claim`)."""
+    def claim(self, job: base.Job, who: str, expiry: float | None = None) -> int:
+        """Claim ``job`` for ``expiry`` or ``claim_ttl`` seconds (see :meth:`JobBoard.claim`).
+
+        The fencing token returned is one board-wide counter's next value, and at least the
+        Redis server's clock in microseconds (:func:`~flowengine.jobs.records.fencing_token`).
+        """
         ttl_ms = max(1, int(self._lease_seconds(expiry) * 1000))
         status, value = self._run("CLAIM", job.uuid, who, ttl_ms, self.options.max_attempts,
                                   base.utcnow().isoformat())
@@ -472,6 +478,7 @@ class RedisJobBoard(base.NotifyingJobBoard):
         if status == "trashed":
             raise exc.UnclaimableJob(f"Job {job.uuid} ({job.name}) was moved to the trash: it"
                                      f" was abandoned or orphaned {value} times")
+        return int(value)
 
     @base.check_who
     def keep_alive(self, job: base.Job, who: str) -> None:

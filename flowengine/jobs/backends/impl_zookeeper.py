@@ -3,7 +3,8 @@
 Layout, TaskFlow's, for a board ``path`` (conf key; ``/taskflow/jobs`` by default):
 
 ===================================  ===========================================================
-``<path>/job0000000007``             a job: its posting (JSON), plus ``attempts`` and ``claim``
+``<path>/job0000000007``             a job: its posting (JSON), plus ``attempts``, ``claim``
+                                     and ``fencing_token`` (its last claim's)
 ``<path>/job0000000007.lock``        its claim: ephemeral, ``{"owner"}``
 ``<parent>/.trash/job0000000007``    a trashed job: its posting plus ``trashed`` (why, when)
 ``<parent>/.entities/<kind>/<name>`` a registered entity (a conductor), ephemeral
@@ -379,9 +380,14 @@ class ZookeeperJobBoard(FolderMethods, base.NotifyingJobBoard):
                                      f" meanwhile ({type(cause).__name__})") from err
 
     @base.check_who
-    def claim(self, job: base.Job, who: str, expiry: float | None = None) -> None:
+    def claim(self, job: base.Job, who: str, expiry: float | None = None) -> int:
         """Claim ``job`` for ``expiry`` or ``claim_ttl`` seconds (see :meth:`JobBoard.claim`);
-        :meth:`keep_alive` renews it for as long again."""
+        :meth:`keep_alive` renews it for as long again.
+
+        The fencing token returned is kept in the job's node, written by the claim's own
+        (versioned) write: above the job's last one, and at least ZooKeeper's clock (as
+        estimated here) in microseconds (:func:`~flowengine.jobs.records.fencing_token`).
+        """
         ttl = self._lease_seconds(expiry)
         client = self._require()
         snap = self._read(self._path_of(job))
@@ -402,8 +408,10 @@ class ZookeeperJobBoard(FolderMethods, base.NotifyingJobBoard):
             raise exc.UnclaimableJob(f"Job {job.uuid} ({job.name}) was moved to the trash: it was"
                                      f" abandoned or orphaned {snap.attempts} times")
         assert snap.data is not None
+        token = records.fencing_token(snap.fencing_token, self._clock.now())
         data = dict(snap.data, attempts=snap.attempts + 1, claim={
             "owner": who, "ttl": ttl, "session": self._session()})
+        data[rec.FENCING_TOKEN] = token
         txn = client.transaction()
         txn.set_data(snap.path, rec.encode(data), version=snap.stat.version)
         if snap.lock is not None:
@@ -414,6 +422,7 @@ class ZookeeperJobBoard(FolderMethods, base.NotifyingJobBoard):
             stat = self._commit(txn, "claim", job)[0]
         self._clock.observe(stat.mtime, sent, self._clock.wall())
         self._read(snap.path)  # notes the new lease, for waiters' timers
+        return token
 
     def _owned(self, job: base.Job, who: str, action: str) -> rec.Snapshot:
         """The job's nodes, once sure ``who`` holds a live claim on it."""

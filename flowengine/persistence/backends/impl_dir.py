@@ -9,7 +9,9 @@ The layout is TaskFlow's ``dir`` backend layout, so a directory TaskFlow wrote c
     <path>/atom_details/<atom uuid>/metadata      the atom detail record
 
 When each state was entered (the details' ``times``) is written in the record's own file, under
-a ``times`` key beside TaskFlow's keys: TaskFlow reads the keys it knows and ignores it.
+a ``times`` key beside TaskFlow's keys: TaskFlow reads the keys it knows and ignores it. A flow's
+fencing token (:mod:`flowengine.persistence.fencing`) goes beside them, under
+``fencing_token``, checked and written under the directory's exclusive lock.
 
 Several processes (and threads) may share a directory: every file is replaced atomically (a
 temporary file, fsync, then ``os.replace``), so a reader never sees half a record, and each
@@ -174,7 +176,8 @@ class _DirSession(Session):
         self._write(_BOOKS, _codec.BOOK, book.uuid, _codec.book_record(book))
 
     def put_flow(self, fd: models.FlowDetail, book_uuid: str | None, new: bool) -> None:
-        record = _codec.with_times(_codec.flow_record(fd), fd.times)
+        record = _codec.with_fencing_token(_codec.with_times(_codec.flow_record(fd), fd.times),
+                                           fd.fencing_token)
         self._write(_FLOWS, _codec.FLOW, fd.uuid, record)
         if book_uuid is not None:
             self._link(_BOOKS, book_uuid, _FLOWS, fd.uuid)
@@ -184,6 +187,10 @@ class _DirSession(Session):
         self._write(_ATOMS, _codec.ATOM, ad.uuid, record)
         if flow_uuid is not None:
             self._link(_FLOWS, flow_uuid, _ATOMS, ad.uuid)
+
+    def holds_atom(self, flow_uuid: str, atom_uuid: str) -> bool:
+        self._dir(_ATOMS, atom_uuid)  # refuses a uuid that is no file name
+        return os.path.islink(os.path.join(self._dir(_FLOWS, flow_uuid), atom_uuid))
 
     def delete_book(self, uuid: str) -> None:
         # Hide the book first (one atomic rename), so a crash part-way leaves only unlinked files.

@@ -2,9 +2,9 @@
 
 Useful for tests and for flows that never need resuming. Records are stored as copies, so
 changing a model after saving it does not change what is stored, and loading returns new objects.
-When each state was entered (the details' ``times``) is kept in tables of its own beside the
-records, so the records, and the tree TaskFlow programs walk (``MemoryBackend.memory``), are
-TaskFlow's exactly.
+When each state was entered (the details' ``times``) and the flows' fencing tokens are kept in
+tables of their own beside the records, so the records, and the tree TaskFlow programs walk
+(``MemoryBackend.memory``), are TaskFlow's exactly.
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ _MISSING = object()
 
 
 class _Tables:
-    """The records, as JSON-friendly dicts, which record contains which, and their times."""
+    """The records, as JSON-friendly dicts, which record contains which, their times, and the
+    flows' fencing tokens."""
 
     def __init__(self) -> None:
         self.books: dict[str, Any] = {}
@@ -38,10 +39,12 @@ class _Tables:
         # Flow and atom details' times by uuid (a flow or atom without any has no entry).
         self.flow_times: dict[str, Any] = {}
         self.atom_times: dict[str, Any] = {}
+        # Flow details' fencing tokens by uuid (a flow never written under a claim has none).
+        self.flow_tokens: dict[str, int] = {}
 
     def all(self) -> tuple[dict[str, Any], ...]:
         return (self.books, self.flows, self.atoms, self.book_flows, self.flow_atoms,
-                self.flow_times, self.atom_times)
+                self.flow_times, self.atom_times, self.flow_tokens)
 
 
 class _MemorySession(Session):
@@ -88,6 +91,7 @@ class _MemorySession(Session):
             return None
         fd = _codec.decode_flow(self._where, uuid, self._copy(data))
         fd.times = dict(self._t.flow_times.get(uuid, {}))
+        fd.fencing_token = self._t.flow_tokens.get(uuid)
         return fd
 
     def get_atom(self, uuid: str) -> models.AtomDetail | None:
@@ -114,6 +118,8 @@ class _MemorySession(Session):
     def put_flow(self, fd: models.FlowDetail, book_uuid: str | None, new: bool) -> None:
         self._set(self._t.flows, fd.uuid, self._copy(_codec.flow_record(fd)))
         self._set_times(self._t.flow_times, fd.uuid, fd.times)
+        if fd.fencing_token is not None:
+            self._set(self._t.flow_tokens, fd.uuid, fd.fencing_token)
         if book_uuid is not None:
             self._link(self._t.book_flows, book_uuid, fd.uuid)
 
@@ -122,6 +128,16 @@ class _MemorySession(Session):
         self._set_times(self._t.atom_times, ad.uuid, ad.times)
         if flow_uuid is not None:
             self._link(self._t.flow_atoms, flow_uuid, ad.uuid)
+
+    def fencing_token(self, flow_uuid: str) -> int | None:
+        return self._t.flow_tokens.get(flow_uuid)
+
+    def set_fencing_token(self, flow_uuid: str, token: int) -> None:
+        if flow_uuid in self._t.flows:
+            self._set(self._t.flow_tokens, flow_uuid, token)
+
+    def holds_atom(self, flow_uuid: str, atom_uuid: str) -> bool:
+        return atom_uuid in self._t.flow_atoms.get(flow_uuid, {})
 
     def _set_times(self, table: dict[str, Any], uuid: str, times: dict[str, float]) -> None:
         if times:
@@ -134,6 +150,7 @@ class _MemorySession(Session):
         for flow_uuid in self._pop(self._t.book_flows, uuid):
             self._pop(self._t.flows, flow_uuid)
             self._pop(self._t.flow_times, flow_uuid)
+            self._pop(self._t.flow_tokens, flow_uuid)
             for atom_uuid in self._pop(self._t.flow_atoms, flow_uuid):
                 self._pop(self._t.atoms, atom_uuid)
                 self._pop(self._t.atom_times, atom_uuid)

@@ -91,6 +91,8 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(3, "index on flowdetails (updated_at, uuid)", _index_updated),
     Migration(4, "times columns on flowdetails and atomdetails (when each state was entered)",
               _add_columns(4)),
+    Migration(5, "fencing_token column on flowdetails (the newest claim that wrote the flow)",
+              _add_columns(5)),
 )
 
 #: The schema version this code reads and writes.

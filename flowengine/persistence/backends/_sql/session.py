@@ -8,7 +8,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from flowengine.persistence import _codec, models, state_times
+from flowengine.persistence import _codec, fencing, models, state_times
 from flowengine.persistence._store import Session, Skip, decode_all
 from flowengine.persistence.backends._sql.tables import Tables
 
@@ -130,6 +130,7 @@ class SQLSession(Session):
             data = {"uuid": uuid, "name": row.name, "state": row.state, "meta": meta}
             fd = models.FlowDetail.from_dict(data)
             fd.times = self._times(row, _codec.FLOW, uuid)
+            fd.fencing_token = fencing.recorded(row.fencing_token)
             return fd
 
     def _atom(self, row: sa.Row[Any]) -> models.AtomDetail:
@@ -196,11 +197,32 @@ class SQLSession(Session):
             "state": fd.state,
             "meta": self._dumps(fd.meta, _codec.FLOW, fd.uuid),
             "times": _times_text(fd.times, self._where, _codec.FLOW, fd.uuid),
+            # Merged with the stored one, read in this transaction: it never goes down.
+            "fencing_token": fd.fencing_token,
             **_flow_updated(fd),
         }
         if new:
             values["parent_uuid"] = book_uuid
         self._put(self._t.flowdetails, fd.uuid, values, new)
+
+    def fencing_token(self, flow_uuid: str) -> int | None:
+        # The flow's row alone, locked (a write session) until the write it fences commits.
+        table = self._t.flowdetails
+        query = sa.select(table.c.fencing_token).where(table.c.uuid == flow_uuid)
+        if self._write:
+            query = query.with_for_update()
+        return fencing.recorded(self._conn.execute(query).scalar())
+
+    def set_fencing_token(self, flow_uuid: str, token: int) -> None:
+        table = self._t.flowdetails
+        self._conn.execute(sa.update(table).where(table.c.uuid == flow_uuid)
+                           .values(fencing_token=token, updated_at=table.c.updated_at))
+
+    def holds_atom(self, flow_uuid: str, atom_uuid: str) -> bool:
+        table = self._t.atomdetails
+        query = sa.select(table.c.uuid).where(table.c.uuid == atom_uuid,
+                                              table.c.parent_uuid == flow_uuid)
+        return self._conn.execute(query).first() is not None
 
     def put_atom(self, ad: models.AtomDetail, flow_uuid: str | None, new: bool) -> None:
         values = atom_values(ad, self._where)

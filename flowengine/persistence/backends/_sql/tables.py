@@ -50,10 +50,17 @@ class Tables(NamedTuple):
 
 
 #: Columns added after the tables were first created: (table, column) -> the schema version
-#: that added it. ``times``: when the flow or atom entered each state (JSON text).
+#: that added it. ``times``: when the flow or atom entered each state (JSON text);
+#: ``fencing_token``: the greatest claim token a write to the flow was made under (see
+#: :mod:`flowengine.persistence.fencing`).
 ADDED: dict[tuple[str, str], int] = {
     ("flowdetails", "times"): 4,
     ("atomdetails", "times"): 4,
+    ("flowdetails", "fencing_token"): 5,
+}
+#: The type of each added column that is not JSON text.
+_ADDED_TYPES: dict[tuple[str, str], sa.types.TypeEngine[Any]] = {
+    ("flowdetails", "fencing_token"): sa.BigInteger(),
 }
 
 
@@ -109,7 +116,7 @@ def define(metadata: sa.MetaData, version: int | None = None) -> Tables:
     for table in (flowdetails, atomdetails):
         for (name, column), added in ADDED.items():
             if name == table.name and (version is None or version >= added):
-                table.append_column(sa.Column(column, _JSON))
+                table.append_column(sa.Column(column, _ADDED_TYPES.get((name, column), _JSON)))
     schema = sa.Table(
         SCHEMA_TABLE,
         metadata,
