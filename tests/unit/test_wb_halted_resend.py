@@ -14,7 +14,6 @@ worker's proof-of-life window, and the ledger of every call.
 from __future__ import annotations
 
 import threading
-import time
 from typing import Any
 
 from test_storage_faults import ReadOnlyLater  # tests/unit is on sys.path
@@ -40,19 +39,18 @@ class Charge(task.Task):
         return "charged"
 
 
-def wait_until_under_way(engine: Any, atom: str) -> None:
-    """Return once ``engine`` stored ``atom``'s progress: it heard the worker start it (a
-    worker sends RUNNING before any progress, on the same queue)."""
-    def progress() -> float:
-        try:
-            return float(engine.storage.get_task_progress(atom))
-        except exc.NotFound:  # the run has not prepared its atoms yet
-            return 0.0
+def heard_under_way(atom: task.Task) -> threading.Event:
+    """Set once the engine hears ``atom`` report progress from its worker: it heard the worker
+    start it (a worker sends RUNNING before any progress, on the same queue). The engine's own
+    0.0, as it dispatches the atom, does not count."""
+    heard = threading.Event()
 
-    deadline = time.monotonic() + 10
-    while progress() < 0.5:
-        assert time.monotonic() < deadline, f"{atom} never said it was under way"
-        time.sleep(0.01)  # another thread's write: nothing to wait on
+    def progress(_event: str, details: dict[str, Any]) -> None:
+        if details.get("progress", 0.0) >= 0.5:
+            heard.set()
+
+    atom.notifier.register(task.EVENT_UPDATE_PROGRESS, progress)
+    return heard
 
 
 def test_a_halted_engine_does_not_send_a_lost_attempt_again() -> None:
@@ -60,8 +58,10 @@ def test_a_halted_engine_does_not_send_a_lost_attempt_again() -> None:
     with TestKit() as kit:
         # The worker is lost once the charge ran: its outcome never arrives, its lease lapses.
         kit.lose_worker("charge", after_effects=True)
-        running = kit.launch(linear_flow.Flow("order").add(Charge("charge")))
-        wait_until_under_way(running.engine, "charge")
+        charge = Charge("charge")
+        under_way = heard_under_way(charge)
+        running = kit.launch(linear_flow.Flow("order").add(charge))
+        assert under_way.wait(10), "charge never said it was under way"
         # What a conductor does when its claim is lost: nothing more may be written, or sent.
         running.engine.halt(exc.StorageFailure("the claim on the job was lost"))
         RELEASE.set()
