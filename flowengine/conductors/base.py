@@ -124,6 +124,20 @@ class Conductor(metaclass=abc.ABCMeta):
         raise exc.MultipleChoices(f"No flow_uuid in the details of job {job.uuid} and its book"
                                   f" has {len(details)} flow details")
 
+    def _flow_uuid_of(self, job: jobs_base.Job) -> str:
+        """The uuid of the flow detail ``job`` runs, read without loading the flow's atoms
+        (its fencing token is recorded before the flow is loaded)."""
+        flow_uuid = (job.details or {}).get("flow_uuid")
+        if isinstance(flow_uuid, str):
+            return flow_uuid
+        if self._persistence is not None and job.book_uuid is not None:
+            with contextlib.closing(self._persistence.get_connection()) as conn:
+                flows = list(conn.get_flows_for_book(job.book_uuid, lazy=True))
+            if len(flows) == 1:
+                return flows[0].uuid
+        # Whatever is missing or ambiguous, the full load says what, as it always has.
+        return self._flow_detail_from_job(job).uuid
+
     def _engine_from_job(self, job: jobs_base.Job, backend: Any = None) -> Any:
         """The engine that runs ``job`` (``backend``: the persistence it writes through)."""
         flow_detail = self._flow_detail_from_job(job)

@@ -26,9 +26,14 @@ from flowengine.persistence import base
 
 __all__ = ["FencedBackend"]
 
-_WRITES = frozenset({"update_atom_details", "update_flow_details", "update_flow_fields",
-                     "change_flow_meta", "save_logbook", "destroy_logbook", "clear_all",
-                     "record_fencing_token"})
+# What a connection does without writing. Everything else it offers is taken for a write and
+# fenced: a write method added to a backend is fenced without anyone listing it here (a listed
+# set of writes once missed change_flow_meta), and a read missing here costs a clock check.
+_READS = frozenset({"backend", "description", "close", "validate", "layout", "reach", "fenced"})
+
+
+def _writes(name: str) -> bool:
+    return not (name.startswith(("get_", "_")) or name in _READS)
 
 
 class _FencedConnection:
@@ -44,7 +49,7 @@ class _FencedConnection:
 
     def __getattr__(self, name: str) -> Any:
         attribute = getattr(self._connection, name)
-        if name not in _WRITES:
+        if not callable(attribute) or not _writes(name):
             return attribute
         fence = self._fence
 
@@ -80,24 +85,26 @@ class FencedBackend:
         self._fence = fence
         self._flow_uuid = flow_uuid
 
-    def _connect(self) -> tuple[Any, bool]:
+    def _connect(self) -> tuple[base.Connection, bool]:
         """A connection to the backend, and whether its writes carry the claim's token."""
-        connection: Any = self._backend.get_connection()
+        connection = self._backend.get_connection()
         token, flow_uuid = self._fence.token, self._flow_uuid
-        # Every flowengine backend takes a token; a foreign one is fenced by the clock alone.
-        fenced = getattr(connection, "fenced", None)
-        if token is None or flow_uuid is None or fenced is None:
+        if token is None or flow_uuid is None:
             return connection, False
-        return fenced(flow_uuid, token), True
+        # A backend that takes no token (base.Connection.fenced: None) is fenced by the clock alone.
+        fenced = connection.fenced(flow_uuid, token)
+        if fenced is None:
+            return connection, False
+        return fenced, True
 
     def get_connection(self) -> Any:
         """A connection whose writes are fenced."""
         return _FencedConnection(self._connect()[0], self._fence, self)
 
-    def record_fencing_token(self) -> bool:
+    def record_fencing_token(self) -> None:
         """Record the claim's fencing token on the job's flow: a conductor's first write after
-        it claims the job, before it loads the flow. False when there is nothing to record
-        (the board gave no token, or the backend takes none).
+        it claims the job, before it loads the flow. Nothing to record when the board gave no
+        token or the backend takes none (its writes are then fenced by the clock alone).
 
         Raises:
             FencedOff: The claim may have lapsed, or a newer claim has written to the flow.
@@ -106,7 +113,6 @@ class FencedBackend:
         with contextlib.closing(_FencedConnection(connection, self._fence, self)) as fenced:
             if carries:
                 fenced.record_fencing_token()
-        return carries
 
     def close(self) -> None:
         """Nothing: the wrapped backend belongs to the conductor."""

@@ -198,3 +198,15 @@ class Connection(metaclass=abc.ABCMeta):
         Raises:
             flowengine.exceptions.NotFound: If there is no such flow detail.
         """
+
+    def fenced(self, flow_uuid: str, token: int) -> Connection | None:
+        """A connection to the same store whose writes are made under a claim with fencing
+        token ``token`` on flow detail ``flow_uuid`` (a flowengine addition; see
+        :mod:`flowengine.persistence.fencing`), or None if this backend cannot refuse a stale
+        claim's writes itself (the default: a conductor then fences them by its clock alone).
+
+        The connection returned refuses, with :class:`FencedOff`, a write to the flow or its
+        atoms once the flow was written under a greater token, and any write outside the flow;
+        its ``record_fencing_token()`` records the token before anything else is written.
+        """
+        return None

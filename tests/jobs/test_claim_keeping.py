@@ -164,6 +164,48 @@ def test_a_fenced_backend_refuses_writes_but_not_reads() -> None:
     assert conn.get_logbook(book.uuid).uuid == book.uuid
 
 
+class _ForeignConnection:
+    """A backend's connection with a write method no flowengine backend has."""
+
+    description = "a foreign store"
+
+    def __init__(self) -> None:
+        self.purged = 0
+
+    def purge_flow(self, fd_uuid: str) -> None:
+        self.purged += 1
+
+    def get_flow_details(self, fd_uuid: str) -> str:
+        return fd_uuid
+
+    def fenced(self, flow_uuid: str, token: int) -> None:
+        return None  # takes no token: fenced by the clock alone
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_fenced_backend_fences_every_method_but_the_reads_it_knows() -> None:
+    # What counts as a write is not listed: anything a connection offers beyond its reads is
+    # fenced, so a write method added to a backend cannot slip past a lapsed claim.
+    clock = ManualClock()
+    foreign = _ForeignConnection()
+
+    class Foreign:
+        def get_connection(self) -> _ForeignConnection:
+            return foreign
+
+    fence = ClaimFence(_job(), ttl=10.0, clock=clock, token=7)
+    conn = FencedBackend(Foreign(), fence, "fd-1").get_connection()  # type: ignore[arg-type]
+    conn.purge_flow("fd-1")
+    clock.advance(60)
+    with pytest.raises(FencedOff, match="purge flow"):
+        conn.purge_flow("fd-1")
+    assert foreign.purged == 1
+    assert conn.get_flow_details("fd-1") == "fd-1"
+    assert conn.description == "a foreign store"
+
+
 class FreezingBackend:
     """A backend whose flow writes take ``freeze`` seconds of ``clock``: a conductor frozen
     after its fence check, before its write reached the store."""

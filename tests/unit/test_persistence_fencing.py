@@ -16,6 +16,7 @@ import pytest
 import sqlalchemy as sa
 from store_kinds import KINDS, store_url
 
+from flowengine import exceptions as exc
 from flowengine import states
 from flowengine.persistence import backends, base, models
 from flowengine.persistence._store import StoreConnection
@@ -119,6 +120,8 @@ def test_a_fenced_connection_writes_its_own_flow_only(backend: base.Backend) -> 
         fenced.update_atom_details(_atom(other, "first"))
     with pytest.raises(base.FencedOff, match="not part of flow detail 'flow-1'"):
         fenced.update_flow_details(other)
+    with pytest.raises(exc.NotFound, match="no atom detail with uuid 'ghost'"):
+        fenced.update_atom_details(models.TaskDetail("ghost", "ghost"))
     with pytest.raises(base.FencedOff, match="not part of flow detail 'flow-1'"):
         fenced.destroy_logbook("book-of-flow-1")
     with pytest.raises(ValueError, match="no fencing token"):

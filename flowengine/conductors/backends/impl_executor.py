@@ -329,8 +329,7 @@ class ExecutorConductor(base.Conductor):
         engine resumes from holds every write of an earlier claim the store will ever take."""
         if self._persistence is None:
             return None
-        backend = FencedBackend(self._persistence, held.fence,
-                                self._flow_detail_from_job(job).uuid)
+        backend = FencedBackend(self._persistence, held.fence, self._flow_uuid_of(job))
         backend.record_fencing_token()
         return backend
 

@@ -31,6 +31,12 @@ def _replace_statement(table: sa.Table) -> sa.Update:
 
 
 @functools.lru_cache(maxsize=8)
+def _replace_of_statement(table: sa.Table) -> sa.Update:
+    """``UPDATE atomdetails ... WHERE uuid = :b_uuid AND parent_uuid = :b_flow``, built once."""
+    return _replace_statement(table).where(table.c.parent_uuid == sa.bindparam("b_flow"))
+
+
+@functools.lru_cache(maxsize=8)
 def _replace_sql(table: sa.Table, dialect: Any) -> tuple[str, tuple[str, ...] | None]:
     """The replace statement rendered for ``dialect`` once: (SQL, positional parameter order)."""
     compiled = _replace_statement(table).compile(dialect=dialect)
@@ -223,6 +229,13 @@ class SQLSession(Session):
         query = sa.select(table.c.uuid).where(table.c.uuid == atom_uuid,
                                               table.c.parent_uuid == flow_uuid)
         return self._conn.execute(query).first() is not None
+
+    def replace_atom_of(self, flow_uuid: str, ad: models.AtomDetail) -> bool:
+        values = atom_values(ad, self._where)
+        values.update(b_uuid=ad.uuid, b_flow=flow_uuid,
+                      updated_at=datetime.datetime.now(datetime.UTC).replace(tzinfo=None))
+        result = self._conn.execute(_replace_of_statement(self._t.atomdetails), values)
+        return result.rowcount > 0
 
     def put_atom(self, ad: models.AtomDetail, flow_uuid: str | None, new: bool) -> None:
         values = atom_values(ad, self._where)
