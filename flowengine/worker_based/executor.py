@@ -278,6 +278,11 @@ class WorkerTaskExecutor(local.TaskExecutor):
                                    on_change=self._worker_appeared,
                                    topics=self._topics)
         self._dispatch_pending = threading.Event()
+        #: Requests leave in the order the engine made them (a one-thread worker then takes
+        #: them in that order): while a pass over the waiting requests runs, or one of them
+        #: found no worker, a new request is left to the next pass instead of overtaking them.
+        self._passing = False
+        self._held_back = False
         self._client: bc.Client | None = None
         #: The reply consumer's idle drains at the last pass, and when (this executor's clock)
         #: it was last seen to have read every reply (see lc.Tick.caught_up).
@@ -451,8 +456,24 @@ class WorkerTaskExecutor(local.TaskExecutor):
         future.on_cancel = functools.partial(self._apply, sub, lc.Abandoned("cancelled"))
         future.on_revoke = functools.partial(self._revoke, sub)
         self._track(sub)
-        self._dispatch(sub)
+        if self._overtakes(sub):
+            self._worker_appeared()  # sent by the next pass, after those made before it
+        else:
+            self._dispatch(sub)
         return future
+
+    def _overtakes(self, sub: _Submission) -> bool:
+        """Whether publishing ``sub`` now could send it ahead of a request made before it:
+        one still waiting for a worker, or being sent by a pass over the waiting ones."""
+        if self._passing or self._dispatch_pending.is_set():
+            return True
+        if not self._held_back:
+            return False
+        with self._lock:
+            earlier = any(other.attempt.state == lc.WAITING
+                          for other in self._ongoing.values() if other is not sub)
+            self._held_back = earlier
+        return earlier
 
     def _track(self, sub: _Submission) -> None:
         with self._lock:
@@ -600,6 +621,8 @@ class WorkerTaskExecutor(local.TaskExecutor):
         if worker is None:
             LOG.debug("No worker yet for %r; request %s waits", sub.task.name,
                       attempt.request_id)
+            with self._lock:
+                self._held_back = True
             return
         if not self._apply(sub, lc.Sent(worker.identity, worker.topic, worker.flowengine),
                            attempt.request_id):
@@ -690,11 +713,15 @@ class WorkerTaskExecutor(local.TaskExecutor):
 
     def dispatch_waiting(self) -> None:
         """Publish the requests that wait for a worker (one appeared)."""
+        self._passing = True  # before the pending pass is cleared: no gap to slip through
         self._dispatch_pending.clear()
-        with self._lock:
-            waiting = [s for s in self._ongoing.values() if s.attempt.state == lc.WAITING]
-        for sub in waiting:
-            self._dispatch(sub)
+        try:
+            with self._lock:
+                waiting = [s for s in self._ongoing.values() if s.attempt.state == lc.WAITING]
+            for sub in waiting:
+                self._dispatch(sub)
+        finally:
+            self._passing = False
 
     # -- revoking and stopping ----------------------------------------------------------------
 
@@ -721,6 +748,13 @@ class WorkerTaskExecutor(local.TaskExecutor):
         """
         with self._lock:
             subs = [s for s in self._ongoing.values() if s.body.action == pr.EXECUTE]
+        # Newest first, and those known to run last: a worker hears its STOPs in the order
+        # they are sent (its control queue), so it knows a request queued behind another is
+        # dropped before the one ahead of it ends and frees the thread the queued one would
+        # take. (A short task's RUNNING reply may not have come yet: sent earlier, it is
+        # the likelier to run.)
+        subs.reverse()
+        subs.sort(key=lambda s: s.attempt.state == lc.RUNNING)
         for sub in subs:
             self._apply(sub, lc.Stop(reason, self._taken_back(sub)), sub.attempt.request_id)
 

@@ -342,6 +342,34 @@ def test_a_request_found_waiting_by_two_threads_at_once_is_published_once(
         executor.stop()
 
 
+def test_a_request_made_while_an_earlier_one_waits_for_a_worker_is_sent_after_it(
+    exchange: str, clock: ManualClock, worker: ScriptedWorker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The first request found no worker (it waits for the pass a worker's arrival starts);
+    # the worker is known by the time the second is made. Published at once, the second
+    # would reach a one-thread worker first: it must wait for the pass, which sends both in
+    # the order they were made.
+    executor = make_executor(exchange, clock, max_attempts=3)
+    choose = executor.finder.get_worker_for_task
+    looks: list[str] = []
+
+    def none_for_the_first(*args: Any, **kwargs: Any) -> Any:
+        looks.append(args[0])
+        return None if len(looks) == 1 else choose(*args, **kwargs)
+
+    monkeypatch.setattr(executor.finder, "get_worker_for_task", none_for_the_first)
+    try:
+        first = executor.execute_task(Slow(name="first"), "atom-17", {})
+        second = executor.execute_task(Slow(name="second"), "atom-18", {})
+        received = [worker.next_request(), worker.next_request()]
+        assert [data["task_name"] for data, _message in received] == ["first", "second"]
+        for (data, message), future in zip(received, (first, second)):
+            worker.reply(message, pr.SUCCESS, result=data["task_name"])
+            assert future.result(timeout=WAIT) == (EXECUTED, data["task_name"])
+    finally:
+        executor.stop()
+
+
 def _go_offline(worker: ScriptedWorker) -> None:
     offline = dict(worker.headers(), **{pr.HEADER_WORKER_STATUS: pr.WORKER_OFFLINE})
     worker.proxy.publish(pr.Notify(topic=worker.topic, tasks=[TASK_CLS]),
