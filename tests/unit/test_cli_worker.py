@@ -10,11 +10,11 @@ from __future__ import annotations
 import json
 import os
 import queue
+import select
 import signal
 import subprocess
 import sys
 import textwrap
-import time
 import urllib.parse
 import uuid
 from collections.abc import Callable, Iterator
@@ -181,7 +181,7 @@ BLOCKING = """
 
     class Block(task.Task):
         def execute(self, started):
-            pathlib.Path(started).touch()
+            pathlib.Path(started).write_text("started\\n")  # a FIFO the test reads
             threading.Event().wait()  # runs until the process ends
 """
 
@@ -202,6 +202,9 @@ def test_a_second_signal_stops_the_worker_at_once(
 ) -> None:  # fmt: skip
     module = task_modules(BLOCKING)
     folder, started = tmp_path / "queues", tmp_path / "started"
+    # The task says it started through a FIFO: the test awaits its line, not a file's existence.
+    os.mkfifo(started)
+    reader = os.open(started, os.O_RDONLY | os.O_NONBLOCK)
     exchange = f"twice-{uuid.uuid4().hex[:8]}"
     proc, lines = run_worker("--transport", "flowengine-fs", "--transport-option",
                              f"data_folder={folder}", "--exchange", exchange, "--topic", "t",
@@ -212,10 +215,8 @@ def test_a_second_signal_stops_the_worker_at_once(
                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + PROCESS_TIMEOUT
-        while not started.exists():  # another process's file: nothing else to wait on
-            assert time.monotonic() < deadline, "the task never started"
-            time.sleep(0.02)
+        readable, _, _ = select.select([reader], [], [], PROCESS_TIMEOUT)
+        assert readable and os.read(reader, 64) == b"started\n", "the task never started"
         proc.send_signal(signal.SIGINT)
         wait_for_line(lines, "received SIGINT: finishing in-flight work", PROCESS_TIMEOUT)
         proc.send_signal(signal.SIGINT)  # the task never ends: without this, 600 s
@@ -224,6 +225,7 @@ def test_a_second_signal_stops_the_worker_at_once(
     finally:
         engine.kill()
         engine.wait()
+        os.close(reader)
 
 
 # ---- task specs ---------------------------------------------------------------------------------

@@ -468,9 +468,9 @@ class CheckPickup:
 
 Effect: TypeAlias = (Complete | Fail | Expire | Unserved | Cancel | Retry | Park | Withdraw
                      | TellStop | Silence | Announce | CheckPickup)
+#: The attempt after a step, and the effects it asks for: a list of the step's own, never one
+#: shared between steps (its caller may add to it).
 Step: TypeAlias = tuple[Attempt, list[Effect]]
-
-_NOTHING: list[Effect] = []
 
 
 def step(attempt: Attempt, event: Event, now: float) -> Step:
@@ -480,7 +480,7 @@ def step(attempt: Attempt, event: Event, now: float) -> Step:
     changes nothing and asks for nothing: replies are never a reason to fail.
     """
     if attempt.ended:
-        return attempt, _NOTHING
+        return attempt, []
     return _HANDLERS[type(event)](attempt, event, now)
 
 
@@ -512,7 +512,7 @@ def due(attempt: Attempt, now: float) -> float:
 
 def _sent(attempt: Attempt, event: Sent, now: float) -> Step:
     if attempt.state != WAITING:
-        return attempt, _NOTHING
+        return attempt, []
     pickup = None
     if event.flowengine and attempt.policy.pickup_timeout is not None:
         # TaskFlow workers cannot be told to drop a request sent elsewhere instead.
@@ -564,7 +564,7 @@ def _renewed(attempt: Attempt, now: float) -> dict[str, Any]:
 
 def _started(attempt: Attempt, event: Started, now: float) -> Step:
     if attempt.state == WAITING:
-        return attempt, _NOTHING
+        return attempt, []
     return _start(attempt, event.worker, event.flowengine, now, said=True)
 
 
@@ -574,7 +574,7 @@ def _beat(attempt: Attempt, event: Beat, now: float) -> Step:
         # was lost): a heartbeat says it runs.
         return _start(attempt, event.worker, True, now, said=False)
     if attempt.state != RUNNING:
-        return attempt, _NOTHING
+        return attempt, []
     renewed = _renewed(attempt, now)
     effects: list[Effect] = []
     if attempt.stopping is not None:  # asked to stop and still running: ask again
@@ -584,20 +584,20 @@ def _beat(attempt: Attempt, event: Beat, now: float) -> Step:
 
 def _waiting(attempt: Attempt, event: Waiting, now: float) -> Step:
     if attempt.state != PENDING:
-        return attempt, _NOTHING
+        return attempt, []
     # Alive and waiting in line: its time to leave PENDING starts again.
-    return dataclasses.replace(attempt, created=now, unstarted=event.holding), _NOTHING
+    return dataclasses.replace(attempt, created=now, unstarted=event.holding), []
 
 
 def _returned(attempt: Attempt, event: Returned, now: float) -> Step:
     if attempt.state != PENDING:
-        return attempt, _NOTHING
-    return dataclasses.replace(attempt, unstarted=True), _NOTHING
+        return attempt, []
+    return dataclasses.replace(attempt, unstarted=True), []
 
 
 def _finished(attempt: Attempt, event: Finished, now: float) -> Step:
     if attempt.state == WAITING:
-        return attempt, _NOTHING
+        return attempt, []
     # From PENDING too: the RUNNING reply was lost, overtaken, or (a short task) never sent.
     ended = dataclasses.replace(attempt, state=event.state if event.state == SUCCESS
                                 else FAILURE, ending=FINISHED)
@@ -621,7 +621,7 @@ def _handed_back(attempt: Attempt, event: HandedBack, now: float) -> Step:
         # (or that the request killed) lets the lease lapse soon.
         LOG.debug("%s came back from the broker; its lease now ends unless worker %s sends a "
                   "heartbeat", attempt.describe().capitalize(), holder)
-        return _to_prove_alive(attempt, why, now), _NOTHING
+        return _to_prove_alive(attempt, why, now), []
     if started or attempt.tally.resent >= policy.max_attempts:
         return _lapse(attempt, why)
     # It never started (no RUNNING reply precedes the hand-back), so sending it again costs no
@@ -634,7 +634,7 @@ def _handed_back(attempt: Attempt, event: HandedBack, now: float) -> Step:
 
 def _not_served(attempt: Attempt, event: NotServed, now: float) -> Step:
     if attempt.state != PENDING:
-        return attempt, _NOTHING  # late or duplicated: the attempt moved on
+        return attempt, []  # late or duplicated: the attempt moved on
     tally = attempt.tally
     by = event.by or "?"
     if (event.version is not None and tally.other_version < MAX_OTHER_VERSION
@@ -661,7 +661,7 @@ def _dropped(attempt: Attempt, event: Dropped, now: float) -> Step:
     # Unstarted, or an awaited coroutine the worker stopped as asked (its RUNNING reply may have
     # come first): either way it will not finish.
     if not (attempt.waiting or attempt.revoking):
-        return attempt, _NOTHING
+        return attempt, []
     why = f"worker {event.by or '?'} dropped it unstarted, as asked"
     return _end(attempt, CANCELLED), [Cancel(why)]
 
@@ -689,9 +689,9 @@ def _tick(attempt: Attempt, event: Tick, now: float) -> Step:
             # Looked at again then, unless it moves on.
             later = dataclasses.replace(attempt, pickup_due=now + policy.pickup_timeout)
             return later, [CheckPickup(attempt.topic)]
-        return attempt, _NOTHING
+        return attempt, []
     if attempt.state != RUNNING:
-        return attempt, _NOTHING
+        return attempt, []
     if attempt.time_limit and attempt.started is not None \
             and now - attempt.started > attempt.time_limit:
         return _end(attempt, TIMED_OUT), [Fail(exc.TaskTimeLimitExceeded(
@@ -705,7 +705,7 @@ def _tick(attempt: Attempt, event: Tick, now: float) -> Step:
         # sent to it until it is heard from again. Its other attempts keep their own leases: a
         # worker only slow to send one heartbeat must not lose all its work at once.
         return ended, ([Silence(holder, why)] if holder else []) + effects
-    return attempt, _NOTHING
+    return attempt, []
 
 
 def _silent(deadline: float, grace: float | None, event: Tick, now: float) -> bool:
@@ -716,7 +716,7 @@ def _silent(deadline: float, grace: float | None, event: Tick, now: float) -> bo
 
 def _pass_over(attempt: Attempt, event: PassOver, now: float) -> Step:
     if attempt.state != PENDING or attempt.revoking:
-        return attempt, _NOTHING
+        return attempt, []
     bound = attempt.policy.pickup_timeout or 0.0
     why = (f"nobody took it from topic {attempt.topic!r} within {bound:g}s and nothing was "
            f"heard from the topic")
@@ -728,10 +728,10 @@ def _pass_over(attempt: Attempt, event: PassOver, now: float) -> Step:
 
 def _lost(attempt: Attempt, event: Lost, now: float) -> Step:
     if attempt.state not in (PENDING, RUNNING) or (event.unheld and attempt.state != PENDING):
-        return attempt, _NOTHING
+        return attempt, []
     if attempt.not_before is not None and attempt.not_before > now:
         # Still in its delay, held by no worker: any worker of the topic may take it when due.
-        return attempt, _NOTHING
+        return attempt, []
     policy = attempt.policy
     if (attempt.state == PENDING and event.quiet_start and not attempt.unstarted
             and policy.lease_timeout is not None):
@@ -740,13 +740,13 @@ def _lost(attempt: Attempt, event: Lost, now: float) -> Step:
         # treated as running there, with a holder that must prove it is alive; if none does,
         # it is lost as a running attempt would have been.
         why = f"its lease lapsed: {event.why}, and no other worker said it runs it"
-        return _to_prove_alive(attempt, why, now), _NOTHING
+        return _to_prove_alive(attempt, why, now), []
     return _lapse(attempt, event.why)
 
 
 def _revoke(attempt: Attempt, event: Revoke, now: float) -> Step:
     if attempt.revoking or not attempt.waiting:
-        return attempt, _NOTHING  # asked already, or running (or done): it is waited for
+        return attempt, []  # asked already, or running (or done): it is waited for
     if attempt.state == WAITING:  # no worker was found for it: it went nowhere
         return _end(attempt, CANCELLED), [Cancel("it was never sent")]
     if event.taken_back:
@@ -757,7 +757,7 @@ def _revoke(attempt: Attempt, event: Revoke, now: float) -> Step:
 
 def _stop(attempt: Attempt, event: Stop, now: float) -> Step:
     if attempt.action != "execute":
-        return attempt, _NOTHING
+        return attempt, []
     # A worker's answer that it dropped it unrun is then believed, whatever the engine last
     # heard (its RUNNING reply may precede the coroutine's start).
     stopping = dataclasses.replace(attempt, stopping=event.reason, revoking=True)
@@ -777,12 +777,12 @@ def _resumed(attempt: Attempt, event: Resumed, now: float) -> Step:
         changes["lease_until"] = attempt.lease_until + grace
     if attempt.pickup_due is not None:
         changes["pickup_due"] = attempt.pickup_due + grace
-    return (dataclasses.replace(attempt, **changes) if changes else attempt), _NOTHING
+    return (dataclasses.replace(attempt, **changes) if changes else attempt), []
 
 
 def _abandoned(attempt: Attempt, event: Abandoned, now: float) -> Step:
     ended = _end(attempt, FAILED if event.error is not None else CANCELLED)
-    return ended, ([Fail(event.error)] if event.error is not None else _NOTHING)
+    return ended, ([Fail(event.error)] if event.error is not None else [])
 
 
 # -- shared endings ----------------------------------------------------------------------------
