@@ -75,6 +75,14 @@ def _flow_updated(fd: models.FlowDetail) -> dict[str, datetime.datetime]:
     return {"updated_at": datetime.datetime.fromtimestamp(when, datetime.UTC).replace(tzinfo=None)}
 
 
+def _replacing(ad: models.AtomDetail, where: str) -> dict[str, Any]:
+    """The parameters of the replace statements: ``ad``'s columns, its uuid, and now."""
+    values = atom_values(ad, where)
+    values["b_uuid"] = ad.uuid
+    values["updated_at"] = datetime.datetime.now(datetime.UTC).replace(tzinfo=None)
+    return values
+
+
 def replace_atom_sql(table: sa.Table, dialect: Any, ad: models.AtomDetail,
                      where: str) -> tuple[str, Any]:
     """The one UPDATE overwriting ``ad``'s row, as DB-API SQL for ``dialect``, and its parameters.
@@ -82,9 +90,7 @@ def replace_atom_sql(table: sa.Table, dialect: Any, ad: models.AtomDetail,
     Run on a raw DB-API connection (see ``_SQLStore.replace_atom``): an atom state change then
     costs one statement and no SQLAlchemy statement building or transaction bookkeeping.
     """
-    values = atom_values(ad, where)
-    values["b_uuid"] = ad.uuid
-    values["updated_at"] = datetime.datetime.now(datetime.UTC).replace(tzinfo=None)
+    values = _replacing(ad, where)
     sql, order = _replace_sql(table, dialect)
     return sql, tuple(values[name] for name in order) if order else values
 
@@ -231,9 +237,8 @@ class SQLSession(Session):
         return self._conn.execute(query).first() is not None
 
     def replace_atom_of(self, flow_uuid: str, ad: models.AtomDetail) -> bool:
-        values = atom_values(ad, self._where)
-        values.update(b_uuid=ad.uuid, b_flow=flow_uuid,
-                      updated_at=datetime.datetime.now(datetime.UTC).replace(tzinfo=None))
+        values = _replacing(ad, self._where)
+        values["b_flow"] = flow_uuid
         result = self._conn.execute(_replace_of_statement(self._t.atomdetails), values)
         return result.rowcount > 0
 
