@@ -26,8 +26,17 @@ unit: $(STAMP)
 
 # --durations: CI's log ends with the 30 slowest tests (where the time goes); every test also
 # has a time limit (pyproject.toml), so a hang ends the run with every thread's stack.
+# The suite mostly waits on servers and processes, so it runs on TEST_PROCESSES pytest processes
+# (pytest-xdist; whole files to each, so a file's module-wide worker pools start once). Tests
+# marked `exclusive` stop a server the others share: they run alone afterwards, and run even
+# when the first part failed.
+TEST_PROCESSES ?= 2
 test: lint typecheck
-	$(BIN)/pytest -q --durations=30 -m "not cluster" tests
+	status=0; \
+	$(BIN)/pytest -q --durations=30 -n $(TEST_PROCESSES) --dist loadfile \
+		-m "not cluster and not exclusive" tests || status=$$?; \
+	$(BIN)/pytest -q --durations=5 -m "exclusive and not cluster" tests || status=$$?; \
+	exit $$status
 
 # The cluster suite: clustered RabbitMQ, Redis behind Sentinels, ZooKeeper and etcd ensembles and
 # MariaDB (.ci/cluster.sh starts them on 127.0.0.1, apart from the shared servers), then stopped

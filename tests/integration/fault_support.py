@@ -435,6 +435,11 @@ _PRIVATE: dict[str, _Server] = {}
 def _server_for(broker: Broker) -> _Server:
     if broker.url in _PRIVATE:
         return _PRIVATE[broker.url]
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # `make test` runs the suite on several pytest processes at once; stopping a server
+        # they share would fail their tests. Such a test is marked `exclusive` and runs alone.
+        raise AssertionError(f"this test stops the shared {broker.name} server while other "
+                             "tests run beside it: mark it @pytest.mark.exclusive")
     parsed = urllib.parse.urlsplit(broker.url)
     server = {"redis": _Redis, "rabbitmq": _RabbitMQ}[broker.name]()
     if parsed.hostname not in ("127.0.0.1", "localhost") or (parsed.port or server.port) != \

@@ -91,6 +91,7 @@ def restartable(broker: Broker, tmp_path: Path) -> Iterator[Broker]:
         yield private.broker
 
 
+@pytest.mark.exclusive  # stops the Redis and RabbitMQ every other test uses
 def test_a_broker_restart_mid_flow_loses_nothing(
     restartable: Broker, exchange: str, fleet_factory: Any, stage: Stage, runs: EngineRuns,
 ) -> None:  # fmt: skip
