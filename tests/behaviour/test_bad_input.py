@@ -161,7 +161,8 @@ def test_a_flow_cannot_be_added_to_itself(pattern):
 
 @pytest.mark.parametrize("pattern", [lf.Flow, uf.Flow, gf.Flow], ids=["linear", "unordered",
                                                                       "graph"])
-@pytest.mark.parametrize("item", ["a string", 42, None, object()], ids=repr)
+@pytest.mark.parametrize("item", ["a string", 42, None, object()],
+                         ids=["a-string", "42", "None", "an-object"])  # the same in every process
 def test_non_atom_items_are_refused_naming_the_flow(pattern, item):
     with pytest.raises(TypeError, match="named-flow"):
         pattern("named-flow").add(tasks.Step("fine"), item)
