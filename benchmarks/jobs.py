@@ -219,11 +219,16 @@ def latency(lib: Lib, samples: int) -> dict[str, Any]:
 
 
 def failover(conf: dict[str, Any], claim_ttl: float) -> dict[str, Any]:
+    """Two conductors, one job: the one running it is killed; how soon the other finishes it."""
+    with tempfile.TemporaryDirectory(prefix="bench-failover-") as workdir:
+        return _failover_in(Path(workdir), conf, claim_ttl)
+
+
+def _failover_in(workdir: Path, conf: dict[str, Any], claim_ttl: float) -> dict[str, Any]:
     from flowengine.jobs import backends
     from flowengine.jobs.posting import post_flow
     from flowengine.persistence import backends as p_backends
 
-    workdir = Path(tempfile.mkdtemp(prefix="bench-failover-"))
     gate, db = workdir / "gate", workdir / "flows.db"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [
         str(HERE), str(HERE.parent), os.environ.get("PYTHONPATH")]))}

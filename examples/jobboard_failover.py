@@ -77,12 +77,13 @@ def start_conductor(name: str, namespace: str, db: Path, logs: Path) -> subproce
 
 
 def main() -> None:
-    workdir = Path(tempfile.mkdtemp(prefix="failover-"))
-    ledger, release = workdir / "ledger", workdir / "release"
     namespace = f"failover-{uuid.uuid4().hex[:8]}"
-    db = workdir / "flows.db"
     conf = {"board": REDIS_URL, "namespace": namespace, "claim_ttl": CLAIM_TTL}
     with contextlib.ExitStack() as stack:
+        # Removed last (after the conductors are killed): their store, logs and the ledger.
+        workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="failover-")))
+        ledger, release = workdir / "ledger", workdir / "release"
+        db = workdir / "flows.db"
         persistence = stack.enter_context(persistence_backends.backend(f"sqlite:///{db}"))
         board = stack.enter_context(backends.backend("example", conf))
         processes = {name: start_conductor(name, namespace, db, workdir)

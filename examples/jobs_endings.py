@@ -70,10 +70,10 @@ def wait_until(check: Callable[[], bool], timeout: float, what: str) -> None:
 
 def main() -> None:
     namespace = f"endings-{uuid.uuid4().hex[:8]}"
-    db = Path(tempfile.mkdtemp(prefix="endings-")) / "flows.db"
     conf = {"board": REDIS_URL, "namespace": namespace, "claim_ttl": 3}
     client = redis.Redis.from_url(REDIS_URL)
     with contextlib.ExitStack() as stack:
+        db = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="endings-"))) / "flows.db"
         stack.callback(lambda: client.delete(*client.keys(f"{namespace}:*") or ["-"]))
         store = stack.enter_context(persistence_backends.backend(f"sqlite:///{db}"))
         board = stack.enter_context(backends.backend("example", conf, persistence=store))

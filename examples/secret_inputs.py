@@ -49,7 +49,12 @@ def make_flow() -> linear_flow.Flow:
 
 
 def main() -> None:
-    folder = Path(tempfile.mkdtemp())
+    with tempfile.TemporaryDirectory() as folder:
+        run_in(Path(folder))
+
+
+def run_in(folder: Path) -> None:
+    """Run the flow with a store in ``folder``, then look at what the store holds."""
     uri = f"sqlite:///{folder / 'flows.db'}"
     backend = backends.fetch(uri)
     backend.get_connection().upgrade()

@@ -14,6 +14,8 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
+#: The demo's stores, one per run, all removed when the test process ends.
+_STORES = tempfile.TemporaryDirectory(prefix="demo-stores-")
 
 Runs = dict[str, "concurrent.futures.Future[subprocess.CompletedProcess[str]]"]
 
@@ -302,7 +304,7 @@ def _scripts() -> list[str]:
 def _run(script: str) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, PYTHONIOENCODING="utf-8", NO_COLOR="1")
     # demo_workers.py's store: its own per run, not one kept from another flowengine version.
-    env["FLOWENGINE_DEMO_STORE"] = f"sqlite:///{tempfile.mkdtemp(prefix='demo-store-')}/demo.db"
+    env["FLOWENGINE_DEMO_STORE"] = f"sqlite:///{tempfile.mkdtemp(dir=_STORES.name)}/demo.db"
     env.pop("FORCE_COLOR", None)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     return subprocess.run(

@@ -20,6 +20,8 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
+#: The demo's stores, one per run, all removed when the test process ends.
+_STORES = tempfile.TemporaryDirectory(prefix="demo-stores-")
 #: The brief for `make run`: the demo finishes in under 30 s on a 2-core machine.
 DEMO_TIME_LIMIT = 30.0
 #: After Ctrl-C: each worker may take its grace and then closing its control consumer (the
@@ -33,7 +35,7 @@ def _env() -> dict[str, str]:
     env = dict(os.environ, PYTHONIOENCODING="utf-8", NO_COLOR="1", PYTHONUNBUFFERED="1")
     # Each run its own store: one kept in the shared temporary folder may come from another
     # flowengine version.
-    env["FLOWENGINE_DEMO_STORE"] = f"sqlite:///{tempfile.mkdtemp(prefix='demo-store-')}/demo.db"
+    env["FLOWENGINE_DEMO_STORE"] = f"sqlite:///{tempfile.mkdtemp(dir=_STORES.name)}/demo.db"
     env.pop("FORCE_COLOR", None)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     return env
