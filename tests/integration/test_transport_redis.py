@@ -23,6 +23,7 @@ from wbe_harness import Broker, delete_exchange
 from flowengine.worker_based import protocol as pr
 from flowengine.worker_based.broker import dispatcher as dp
 from flowengine.worker_based.broker import proxy as px
+from flowengine.worker_based.broker import publisher as pb
 from flowengine.worker_based.broker import transport_redis as tr
 
 pytestmark = pytest.mark.integration
@@ -235,6 +236,57 @@ def test_a_deleted_queue_receives_only_until_the_cache_expires(
     publisher.expire_cache()
     publisher.send(3, "a")  # dropped, as kombu drops a message no queue is bound for
     assert listed() == 1
+
+
+# ---- declarations a server forgot -------------------------------------------------------------
+# A Redis server restarted without its data forgets every binding, and the redis client
+# reconnects on the next command without an error anyone sees. Deleting the exchange's keys does
+# the same to one exchange, without restarting the server other tests share.
+
+
+def forget(url: str, exchange: str) -> None:
+    """Delete every Redis key of ``exchange``: its bindings and queues, as an empty restart."""
+    client = redis.Redis.from_url(url)
+    try:
+        for key in client.scan_iter(match=f"*{exchange}*"):
+            client.delete(key)
+    finally:
+        client.close()
+
+
+def test_a_binding_declared_again_is_written_again_after_redis_forgot_it(
+        url: str, other: kombu.Channel, exchange: str) -> None:
+    conn = tr.lean(kombu.Connection(url))
+    try:
+        declared = bound(conn.default_channel, exchange, "a", "a")
+        forget(url, exchange)
+        # What a consumer does every few seconds (proxy.DECLARATION_TTL): kombu's channel
+        # remembers the binding and used to skip it.
+        declared.declare()
+        kombu.Producer(other, exchange=kombu.Exchange(exchange, type="direct"),
+                       serializer="json").publish({"n": 1}, routing_key="a")
+        assert drained(declared) == [1]
+    finally:
+        conn.release()
+
+
+def test_a_publisher_declares_its_target_again_after_redis_forgot_it(
+        url: str, other: kombu.Channel, exchange: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Every publish declares (the declarations' time to live is over at once).
+    monkeypatch.setattr(pb, "DECLARATION_TTL", -1.0)
+    # Routing reads the bindings from Redis on every publish (no copy to route by).
+    publisher = pb.Publisher(exchange, url=url, transport_options={"binding_cache_ttl": 0})
+    try:
+        publisher.publish(pr.Notify(), "topic")
+        forget(url, exchange)
+        # kombu's connection remembers declaring the queue and used to skip it: the message
+        # was then dropped unrouted until the queue's consumer declared it again.
+        publisher.publish(pr.Notify(), "topic")
+        waiting = kombu.Queue(f"{exchange}_topic")(other)
+        assert waiting.get(no_ack=True) is not None
+        assert waiting.get(no_ack=True) is None
+    finally:
+        publisher.close()
 
 
 # ---- one command client -----------------------------------------------------------------------

@@ -281,7 +281,7 @@ class Publisher:
                 # so a retry goes out on a new connection (a broker back from an outage).
                 with self.producers(confirm).acquire() as producer:
                     while pending:
-                        self._send(producer.publish, body, pending[0], declare_queue, reply,
+                        self._send(producer, body, pending[0], declare_queue, reply,
                                    headers, properties)
                         pending.pop(0)
                 return
@@ -305,7 +305,7 @@ class Publisher:
                 except bo.RetryDeadline as late:
                     raise BrokerOutage(str(late)) from err
 
-    def _send(self, send: Callable[..., Any], body: bytes, key: str, declare_queue: bool,
+    def _send(self, producer: kombu.Producer, body: bytes, key: str, declare_queue: bool,
               reply: bool, headers: Mapping[str, Any] | None,
               properties: Mapping[str, Any]) -> None:
         # Declaring is idempotent but not free (kombu binds copies of the entities every time),
@@ -320,7 +320,13 @@ class Publisher:
         elif now - self._declared.get(wanted, -math.inf) > DECLARATION_TTL:
             declare = [*self.declarations(key)] if wanted else [self._exchange]
             self._declared[wanted] = now
-        send(
+            if self._broker.declarations_are_records:
+                # Where a server restarted empty forgets declarations without any client
+                # seeing an error (Redis reconnects silently), kombu's per-connection memory
+                # of what it declared would turn this declaration into nothing, and a request
+                # sent before its worker declared again would be dropped unrouted.
+                _forget_declared(producer, declare)
+        producer.publish(
             body, routing_key=key, exchange=self._exchange, declare=declare,
             content_type=dp.JSON_CONTENT_TYPE, content_encoding="utf-8",
             headers=dict(headers or {}), **properties,
@@ -411,3 +417,12 @@ class Publisher:
             pools, self._producers = list(self._producers.values()), {}
         for producers in pools:
             producers.close()
+
+
+def _forget_declared(producer: kombu.Producer, entities: list[kombu.Queue | kombu.Exchange],
+                     ) -> None:
+    """Make kombu declare ``entities`` on ``producer``'s connection again (it skips those in
+    the connection's ``declared_entities``, kept as long as the connection)."""
+    declared: set[int] = producer.channel.connection.client.declared_entities
+    for entity in entities:
+        declared.discard(hash(entity))

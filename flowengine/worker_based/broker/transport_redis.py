@@ -177,6 +177,24 @@ class Channel(kombu_redis.Channel):
             names.update(queue for _key, _pattern, queue in self.get_table(exchange))
         return sorted(name for name in names if name.startswith(prefix))
 
+    def queue_bind(self, queue: str, exchange: str | None = None, routing_key: str = "",
+                   arguments: Any = None, **kwargs: Any) -> None:
+        """Bind ``queue``, in Redis, also when this connection bound it before.
+
+        Kombu's channel remembers the bindings its connection declared and skips declaring one
+        again. A Redis server restarted without its data (or a replica promoted without the
+        binding) forgets it, and the command client reconnects without an error anyone sees,
+        so a consumer's periodic declaration (meant to heal exactly that) never wrote the
+        binding again: its topic's messages were dropped unrouted. One binding written again
+        costs one pipelined round trip (two ``SADD``), as often as the consumer declares.
+        """
+        exchange = exchange or "amq.direct"
+        if not self.state.has_binding(queue, exchange, routing_key):
+            super().queue_bind(queue, exchange, routing_key, arguments, **kwargs)
+            return
+        self._queue_bind(exchange, *self.typeof(exchange).prepare_bind(
+            queue, exchange, routing_key, arguments))
+
     def _queue_bind(self, exchange: str, routing_key: str, pattern: Any, queue: str) -> None:
         self._routes.pop(exchange, None)
         super()._queue_bind(exchange, routing_key, pattern, queue)
