@@ -59,6 +59,13 @@ from flowengine.worker_based.worker_side.request_reading import (
 )
 
 LOG = logging.getLogger(__name__)
+#: Seconds since the control consumer last began a drain that found its queue empty, past
+#: which a request starts only once it has done so again (it drains every few milliseconds
+#: when nothing comes: lagging this long, it was frozen with the process, or is working
+#: through a backlog).
+CONTROL_LAG = 0.5
+#: Most seconds a request waits for the control consumer to catch up before it starts anyway.
+CONTROL_CATCH_UP = 5.0
 
 
 class Server(ReplySender):
@@ -408,6 +415,28 @@ class Server(ReplySender):
         else:
             message.requeue()
 
+    def _catch_up_on_control(self, name: str) -> None:
+        """Let the control consumer read what waits for it before a request starts, when it
+        has fallen behind.
+
+        A request taken before the process froze (SIGSTOP, a paused VM) may have been
+        revoked meanwhile (a resumed engine sent it again elsewhere). Its CANCEL waits on the
+        control queue, which another thread reads; after the thaw the request's thread would
+        otherwise check for revocations first and run it. A control consumer that found its
+        queue empty within :data:`CONTROL_LAG` has read everything sent before then, and costs
+        nothing here.
+        """
+        control = self._control_proxy
+        if control is None or not control.is_running:
+            return
+        now = time.monotonic()
+        if now - control.idle_at <= CONTROL_LAG:
+            return
+        if not control.wait_idle_after(now, CONTROL_CATCH_UP):
+            LOG.warning("Starting request for task %s before reading the control queue "
+                        "(cancellations) to its end: still behind after %.0fs", name,
+                        CONTROL_CATCH_UP)
+
     def _serve(self, data: Mapping[str, Any], message: Delivery) -> Any:
         """Run one request; True once its outcome is published (:data:`~.async_runner.LATER`:
         an ``async def`` now awaited, settled by :meth:`_async_done`)."""
@@ -421,6 +450,7 @@ class Server(ReplySender):
         if isinstance(deadline, (int, float)) and time.time() > deadline:
             err = exc.RequestTimeout(f"Request for task {name} reached its deadline unstarted")
             return reply(pr.FAILURE, name, result=pr.failure_to_dict(Failure.from_exception(err)))
+        self._catch_up_on_control(name)
         if self._revoked.take(props["correlation_id"]):  # a flowengine attempt's request id
             # Its engine suspended (or gave up) while it waited here: it must not run unseen.
             LOG.info("Not running request %s for task %s: its engine revoked it",

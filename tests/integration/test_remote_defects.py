@@ -1,11 +1,12 @@
-"""Known defects of the remote wing (worker-based engine and workers), each a strict xfail.
+"""Defects of the remote wing (worker-based engine and workers) found by fault testing.
 
-Every test here shows one defect that is known and not fixed yet (see doc/testing.rst, "Known
-defects"), with real worker processes on real brokers (private Redis servers where one is
-restarted) and the tasks' own execution ledger. Each fails today only inside its
-:func:`~known_defects.shown` block, at the check that sees the defect; its docstring says why it
-passes once the defect is fixed. When it does, the run fails (XPASS strict): remove its entry
-from :data:`DEFECTS` (and its mark) in the same change as the fix.
+Each test shows one defect, with real worker processes on real brokers (private Redis servers
+where one is restarted) and the tasks' own execution ledger. A defect known and not fixed yet
+is a strict xfail (see doc/testing.rst, "Known defects"): its test fails today only inside its
+:func:`~known_defects.shown` block, at the check that sees the defect, and its docstring says
+why it passes once the defect is fixed. When it does, the run fails (XPASS strict): remove its
+entry from :data:`DEFECTS` (and its mark) in the same change as the fix. The tests of defects
+since fixed stay here, unmarked, and say what the fix was.
 """
 
 from __future__ import annotations
@@ -93,9 +94,6 @@ def _occupy(stage: Stage, url: str, exchange: str, topic: str, gate: str) -> Non
 # ---- Redis restarted empty ----------------------------------------------------------------------
 
 
-@defect("Redis restarted with no data while a one-thread worker holds a request: the worker "
-        "never notices the restart and takes nothing afterwards (its topic's binding is never "
-        "declared again)")
 def test_a_one_thread_worker_busy_across_an_empty_redis_restart_serves_its_topic_again(
     private_redis: PrivateRedis, exchange: str, fleet_factory: Callable[..., WorkerFleet],
     stage: Stage,
@@ -108,16 +106,17 @@ def test_a_one_thread_worker_busy_across_an_empty_redis_restart_serves_its_topic
     again, from a client connected after the restart: discovery (NOTIFY) sent to a topic's
     queue is answered, and a request sent there runs.
 
-    Today the idle worker answers (its blocking read broke with the connection, it reconnected
-    and declared its queue and binding on the new server), and the busy one never does: its
-    only task thread was busy, so kombu's Redis consumer was not reading; the redis client
+    The idle worker answers because its blocking read broke with the connection: it
+    reconnected and declared its queue and binding on the new server. The busy one used not to:
+    its only task thread was busy, so kombu's Redis consumer was not reading; the redis client
     reconnected silently on the next command; and the consumer's periodic declaration (every
-    2 s, meant to heal a server that lost its declarations) is a no-op on a connection that
-    declared the binding once (kombu's channel keeps bindings in process memory). The binding
-    of its topic stays missing, so everything published to the topic is dropped unrouted: a
-    flow's next request to it waits out its transition timeout. Once the worker notices the
-    restart (reconnects, or declares for real), its binding is back within seconds and the
-    NOTIFY is answered well within the 30 s allowed, as it is for the idle worker.
+    2 s, meant to heal a server that lost its declarations) was a no-op on a connection that
+    had declared the binding once (kombu's channel remembers bindings in process memory). Its
+    topic's binding stayed missing, everything published to the topic was dropped unrouted,
+    and the discovery below went unanswered for the 30 s allowed. flowengine's Redis channel
+    now writes a binding its connection declared before again on every declaration, so the
+    binding is back within one declaration period. The client here publishes without
+    declaring anything: only the worker's own declarations can route to it.
     """
     broker = Broker("redis", private_redis.url)
     fleet = fleet_factory(broker, exchange, env=stage.env)
@@ -136,13 +135,12 @@ def test_a_one_thread_worker_busy_across_an_empty_redis_restart_serves_its_topic
     try:
         # The restart itself is survived by a worker that was idle: the check works.
         after.ping("idle", WAIT)
-        with shown():
-            try:
-                after.ping("busy", WAIT)
-            except AssertionError:
-                raise AssertionError(f"the worker on topic 'busy' did not answer discovery on "
-                                     f"it within {WAIT}s after the restart\n"
-                                     f"{logs([busy, idle])}") from None
+        try:
+            after.ping("busy", WAIT)
+        except AssertionError:
+            raise AssertionError(f"the worker on topic 'busy' did not answer discovery on "
+                                 f"it within {WAIT}s after the restart\n"
+                                 f"{logs([busy, idle])}") from None
         outcome = after.outcome(after.publish("busy", request_body(f"{ft.__name__}.Step",
                                                                    "later")), WAIT)
         assert outcome.state == pr.SUCCESS, outcome
@@ -214,8 +212,7 @@ def test_a_request_whose_replies_redis_lost_is_sent_again(
         assert child.stdout is not None
         out, _ = child.communicate(timeout=2 * WAIT)
         err = (tmp_path / "engine.err").read_text()
-    with shown():
-        assert "RequestTimeout" not in err, f"the engine waited the request out:\n{err[-3000:]}"
+    assert "RequestTimeout" not in err, f"the engine waited the request out:\n{err[-3000:]}"
     assert child.returncode == 0 and "final SUCCESS" in out, err[-3000:]
     assert 1 <= len(stage.ledger.starts("held")) <= 2, stage.ledger.dump()
 
@@ -381,9 +378,6 @@ def test_a_request_a_frozen_worker_took_without_starting_it_runs_elsewhere(
     assert run.join(WAIT) is None, logs(holder.fleet.workers)
 
 
-@defect("A worker frozen while holding a request it had not started runs it once thawed, "
-        "although a restarted engine had revoked it: its request consumer wins the race with "
-        "its cancel consumer")
 def test_a_thawed_worker_does_not_run_a_request_a_resumed_engine_revoked(
     unknown_frozen: FrozenHolder, stage: Stage, runs: EngineRuns, tmp_path: Path,
 ) -> None:  # fmt: skip
@@ -396,15 +390,15 @@ def test_a_thawed_worker_does_not_run_a_request_a_resumed_engine_revoked(
     promises that "a worker that was busy or frozen settles the old request unrun when it
     reaches it".
 
-    Today it runs it: on thaw its topic consumer hands the request to a task thread before its
-    control consumer has recorded the revocation, so the check made before RUNNING finds
-    nothing revoked (the ledger shows the frozen worker starting the task after the new
+    It used to run it: on thaw its topic consumer handed the request to a task thread before
+    its control consumer had recorded the revocation, so the check made before RUNNING found
+    nothing revoked (the ledger showed the frozen worker starting the task after the new
     attempt ran). The race is made certain as a real fleet makes it: the CANCEL waits on the
     control queue behind the discovery requests engines sent during the freeze
-    (:data:`FREEZE_BACKLOG`); with none, the request won it in about half the runs. Once
-    a worker looks for revocations waiting on its control queue before it starts a request it
-    held across a freeze (or the two are otherwise ordered), it drops the request unrun,
-    saying so ("its engine revoked it"), and only the new attempt runs.
+    (:data:`FREEZE_BACKLOG`); with none, the request won it in about half the runs. Now a
+    request whose worker's control consumer has not found its queue empty lately (it froze
+    with the process) starts only once it has (``server.CONTROL_LAG``), so the worker drops
+    it unrun, saying so ("its engine revoked it"), and only the new attempt runs.
     """
     holder = unknown_frozen
     with _engine_process(tmp_path, stage, holder.options, "make_held_flow") as (
@@ -424,15 +418,11 @@ def test_a_thawed_worker_does_not_run_a_request_a_resumed_engine_revoked(
         assert run.join(WAIT, details=stage.ledger.dump) is None
     holder.thaw()
     holder.wait_settled()
-    with shown():
-        assert holder.started_by_frozen() == [], (
-            f"the thawed worker ran the request the resumed engine had revoked\n"
-            f"{stage.ledger.dump()}\n{holder.frozen.log(40)}")
+    assert holder.started_by_frozen() == [], (
+        f"the thawed worker ran the request the resumed engine had revoked\n"
+        f"{stage.ledger.dump()}\n{holder.frozen.log(40)}")
 
 
-@defect("A worker announcing it goes offline (SIGTERM) makes the engine send again the requests "
-        "it only presumed that worker held: one a frozen worker really held runs again once "
-        "thawed, after its atom completed (its work done twice, though nothing was lost)")
 def test_a_worker_going_offline_does_not_make_another_workers_request_run_twice(
     unknown_frozen: FrozenHolder, stage: Stage, runs: EngineRuns,
     caplog: pytest.LogCaptureFixture,
@@ -445,15 +435,15 @@ def test_a_worker_going_offline_does_not_make_another_workers_request_run_twice(
     announces that it is going offline, holding nothing. Then the frozen worker thaws. The
     request's work must be done once.
 
-    Today it is done twice: on the offline announcement the engine sends again every request
-    it presumed that worker held ("is lost: its worker ... went offline"), without revoking
-    it, so the spare worker runs it and the flow ends; the thawed worker then runs the one it
-    held, after its atom completed (the ledger shows two starts). Once the engine no longer
-    sends again what it only presumed a worker held (the real holder then runs it when it
-    thaws), or revokes what it sends again (and the thawed worker honours the revocation, see
-    the test above), the work is done once. The spare worker's start is waited for only as
-    long as a lease lapse (``LAPSE_BOUND``, twice over): with the first kind of fix it never
-    comes, and the flow ends once the frozen worker thaws.
+    It used to be done twice: on the offline announcement the engine sent again every request
+    it presumed that worker held ("is lost: its worker ... went offline") without revoking
+    it, so the spare worker ran it and the flow ended; the thawed worker then ran the one it
+    held, after its atom completed (the ledger showed two starts). Now a lost attempt no
+    worker was heard running is revoked (a CANCEL of its id) as it is sent again, and the
+    thawed worker reads that CANCEL before it starts the request (see the test above): the
+    spare worker runs the new attempt, the thawed one drops the old one unrun. The spare
+    worker's start is waited for only as long as a lease lapse (``LAPSE_BOUND``, twice
+    over), in case a later change keeps the request for its real holder instead.
     """
     caplog.set_level("INFO", logger="flowengine.worker_based")
     holder = unknown_frozen
@@ -469,7 +459,6 @@ def test_a_worker_going_offline_does_not_make_another_workers_request_run_twice(
     holder.thaw()
     assert run.join(WAIT, details=stage.ledger.dump) is None
     holder.wait_settled()
-    with shown():
-        assert len(stage.ledger.starts("held")) == 1, (
-            "the request's work was done twice\n" + stage.ledger.dump() + "\n--- engine\n"
-            + "\n".join(r.getMessage() for r in caplog.records if "'held'" in r.getMessage()))
+    assert len(stage.ledger.starts("held")) == 1, (
+        "the request's work was done twice\n" + stage.ledger.dump() + "\n--- engine\n"
+        + "\n".join(r.getMessage() for r in caplog.records if "'held'" in r.getMessage()))

@@ -191,15 +191,17 @@ def test_a_lost_attempt_is_sent_again_until_max_attempts_then_parked_and_failed(
     attempt = running(clock)
     for number in (1, 2):
         ended, effects = lc.step(attempt, lc.Lost("its worker w1 expired"), clock.now)
-        assert kinds(effects) == ["Announce", "Retry"], number
-        assert effects[1] == lc.Retry("its worker w1 expired")
+        # The second attempt was sent and never heard running: workers are told to drop it.
+        withdrawn = ["Withdraw"] if number == 2 else []
+        assert kinds(effects) == [*withdrawn, "Announce", "Retry"], number
+        assert effects[-1] == lc.Retry("its worker w1 expired")
         attempt = lc.follow(ended, f"req-{number + 1}", clock.now)
         assert (attempt.number, attempt.state, attempt.request_id) == (
             number + 1, lc.WAITING, f"req-{number + 1}")
         attempt, _ = lc.step(attempt, lc.Sent(f"w{number + 1}", "topic", True), clock.now)
     ended, effects = lc.step(attempt, lc.Lost("its worker w3 went offline"), clock.now)
-    assert kinds(effects) == ["Announce", "Park", "Fail"]
-    [_lost, park, fail] = effects
+    assert kinds(effects) == ["Withdraw", "Announce", "Park", "Fail"]
+    [_withdraw, _lost, park, fail] = effects
     assert isinstance(fail, lc.Fail) and isinstance(fail.error, exc.WorkerLost)
     assert "the last one: its worker w3 went offline" in park.reason  # type: ignore[union-attr]
     assert attempt.tally.workers == ("w1", "w2", "w3")
@@ -211,7 +213,7 @@ def test_a_request_the_broker_no_longer_holds_is_lost_only_while_pending() -> No
     clock = ManualClock()
     unheld = lc.Lost("the broker no longer holds its request", unheld=True)
     ended, effects = lc.step(sent(clock), unheld, clock.now)
-    assert ended.ending == lc.LOST and kinds(effects) == ["Announce", "Retry"]
+    assert ended.ending == lc.LOST and kinds(effects) == ["Withdraw", "Announce", "Retry"]
     attempt = running(clock)
     assert lc.step(attempt, unheld, clock.now) == (attempt, [])
     # A quiet start's PENDING attempt may be running unannounced: its holder must prove it.
@@ -220,6 +222,28 @@ def test_a_request_the_broker_no_longer_holds_is_lost_only_while_pending() -> No
     assert (suspected.state, suspected.suspect, effects) == (lc.RUNNING, "its lease lapsed: "
                                                              "gone, and no other worker said "
                                                              "it runs it", [])
+
+
+def test_a_lost_attempt_no_worker_was_heard_running_is_withdrawn_before_it_is_sent_again(
+) -> None:
+    # A worker other than the one presumed may hold it unstarted (taken, then frozen): it must
+    # drop it when it thaws rather than run it beside the next attempt.
+    clock = ManualClock()
+    ended, effects = lc.step(sent(clock), lc.Lost("its worker w1 went offline"), clock.now)
+    assert effects[0] == lc.Withdraw("its worker w1 went offline") and ended.ending == lc.LOST
+    # Taken for running unannounced (a quiet start), then silent through its proof of life.
+    suspected, _ = lc.step(sent(clock), lc.Lost("gone", quiet_start=True), clock.now)
+    assert suspected.lease_until is not None
+    clock.now = suspected.lease_until + 60
+    _ended, effects = lc.step(suspected, lc.Tick(), clock.now)
+    assert kinds(effects)[:2] == ["Silence", "Withdraw"], effects
+    # One a worker said it runs is not withdrawn: that worker runs it, or is gone with it.
+    _ended, effects = lc.step(running(clock), lc.Lost("its worker w1 expired"), clock.now)
+    assert "Withdraw" not in kinds(effects)
+    # Nor one that a heartbeat showed running (a worker that sends no RUNNING reply).
+    beating, _ = lc.step(suspected, lc.Beat("w2"), clock.now - 60)
+    _ended, effects = lc.step(beating, lc.Lost("its worker w2 expired"), clock.now)
+    assert "Withdraw" not in kinds(effects)
 
 
 def test_a_request_handed_back_unstarted_is_sent_again_without_counting_an_attempt() -> None:

@@ -175,6 +175,9 @@ class Proxy(Publisher):
         #: Drains that found nothing to deliver while nothing was held unsettled: after one,
         #: whatever reached the own queue before it began has been handled.
         self.idle_drains = 0
+        #: When (monotonic) the latest such drain began (0: none yet): whatever reached the
+        #: queue before then has been handled.
+        self.idle_at = 0.0
         self._cycle_waiters = 0
         self._cycled = threading.Condition(threading.Lock())
 
@@ -336,9 +339,11 @@ class Proxy(Publisher):
                     # while some is held, drain briefly, or a settlement (and the prefetch slot
                     # it frees) would wait for the next message or the full timeout.
                     busy = self._held or not self._settlements.empty()
+                    began = time.monotonic()
                     if not drain_once(conn, BUSY_DRAIN_TIMEOUT if busy else self._drain_timeout,
                                       errors, self._where) and not self._held and consuming:
                         self.idle_drains += 1
+                        self.idle_at = began
                     if self._heartbeat:
                         conn.heartbeat_check()
                     self._flush_settlements()
@@ -471,6 +476,16 @@ class Proxy(Publisher):
             self._cycle_waiters += 1
             try:
                 return self._cycled.wait_for(lambda: self._cycles >= target, timeout)
+            finally:
+                self._cycle_waiters -= 1
+
+    def wait_idle_after(self, since: float, timeout: float) -> bool:
+        """Block until a drain begun after ``since`` (monotonic) found nothing: whatever
+        reached the queue before then has been handled. False on timeout."""
+        with self._cycled:
+            self._cycle_waiters += 1
+            try:
+                return self._cycled.wait_for(lambda: self.idle_at > since, timeout)
             finally:
                 self._cycle_waiters -= 1
 

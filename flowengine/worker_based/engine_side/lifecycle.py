@@ -816,14 +816,19 @@ def _lapse(attempt: Attempt, why: str) -> Step:
     holder = attempt.tally.workers[-1] if attempt.tally.workers else None
     LOG.warning("%s (worker %s) is lost: %s", attempt.describe().capitalize(), holder or "?",
                 why)
-    lost = Announce("task-lost", {"reason": why, "worker": holder})
+    lost: list[Effect] = [Announce("task-lost", {"reason": why, "worker": holder})]
+    if attempt.state == PENDING or (attempt.runner is None and attempt.suspect is not None):
+        # No worker was heard running it: the one it was presumed with may be gone, but
+        # another may hold it unstarted (taken, then frozen). That one must drop it, not run
+        # it once it thaws as well as the next attempt.
+        lost.insert(0, Withdraw(why))
     error = exc.WorkerLost(attempt.task_name, attempt.number, list(attempt.tally.workers))
     if attempt.stopping is not None:
         # Its flow is being cancelled: not sent again; what it did is reverted.
-        return _end(attempt, LOST), [lost, Fail(error)]
+        return _end(attempt, LOST), [*lost, Fail(error)]
     if attempt.counted < attempt.policy.max_attempts:
-        return _end(attempt, LOST), [lost, Retry(why)]
-    return _end(attempt, LOST), [lost, Park(f"{error}; the last one: {why}"), Fail(error)]
+        return _end(attempt, LOST), [*lost, Retry(why)]
+    return _end(attempt, LOST), [*lost, Park(f"{error}; the last one: {why}"), Fail(error)]
 
 
 _HANDLERS: dict[type, Callable[[Attempt, Any, float], Step]] = {
