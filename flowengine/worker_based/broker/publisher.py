@@ -309,7 +309,8 @@ class Publisher:
               reply: bool, headers: Mapping[str, Any] | None,
               properties: Mapping[str, Any]) -> None:
         # Declaring is idempotent but not free (kombu binds copies of the entities every time),
-        # so each routing key's target is declared once, until a connection error.
+        # so each routing key's target is declared once per DECLARATION_TTL, and again after a
+        # connection error.
         declare: list[kombu.Queue | kombu.Exchange] | None = None
         wanted = key if declare_queue and not reply else ""
         now = time.monotonic()
