@@ -574,6 +574,11 @@ class Client:
             return
         self._timer_pending = True
 
+    def ask_workers(self) -> None:
+        """Ask every flowengine worker, and every topic in use, to answer now (a discovery
+        round; none if one went out less than ``MIN_ROUND_GAP`` ago, whose answers serve)."""
+        self._round()
+
     def _round(self, force: bool = False) -> None:
         """Ask every flowengine worker and every topic in use for its workers."""
         now = time.monotonic()

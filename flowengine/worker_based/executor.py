@@ -19,7 +19,10 @@ A request sent to a flowengine worker's topic that nobody takes within ``pickup_
 while nothing at all (no reply, no heartbeat) is heard from that topic, is not waited for: a
 worker that announces itself and never consumes (forged, or cut off from its queue) would hold
 it until its transition timeout. The topic's workers are passed over, the request is revoked
-(CANCEL) and sent to another capable worker, without counting an attempt.
+(CANCEL) and sent to another capable worker, without counting an attempt. If the topic is
+heard from, the workers of it not heard from lately are asked for a proof of life: one that
+leaves it unanswered for a lease (frozen, holding requests it took and never started) is sent
+nothing more until heard from, and the topic's untaken requests go elsewhere the same way.
 """
 
 from __future__ import annotations
@@ -894,6 +897,8 @@ class WorkerTaskExecutor(local.TaskExecutor):
                 event = queued
                 self._worker_appeared()  # a pass is queued, if none is
             self._apply(sub, event, attempt.request_id)
+        if self.finder.asking:  # after the pickup checks above, which may have just asked
+            self._judge_unanswered(now)
 
     def unheld_suspects(self) -> list[tuple[str, str]]:
         """Its requests sent at least :data:`~.client.HELD_CHECK_PERIOD` ago that no worker
@@ -928,6 +933,13 @@ class WorkerTaskExecutor(local.TaskExecutor):
         heard from meanwhile (busy, not absent), pass its workers over and send the request
         to another capable worker, if there is one (else it goes on waiting where it is)."""
         bound = self._policy.pickup_timeout or 0.0
+        if self.finder.ask(topic, now - bound):
+            # A worker of the topic not heard from lately may have taken it and frozen (or
+            # lost its process with its connection still open): every live flowengine worker
+            # answers a discovery round from its control consumer, however busy its tasks
+            # keep it. One that does not is judged in _judge_unanswered.
+            self.client.ask_workers()
+            self._note_due(now + self._answer_window)
         if not self.finder.quiet_since(topic, now - bound):
             return
         passed = self.finder.pass_over(topic)
@@ -943,6 +955,48 @@ class WorkerTaskExecutor(local.TaskExecutor):
                     ", ".join(w.identity for w in passed[:3])
                     + (", ..." if len(passed) > 3 else ""))
         self._apply(sub, lc.PassOver(), attempt.request_id)
+
+    @property
+    def _answer_window(self) -> float:
+        """Seconds a worker asked for a proof of life has to answer (as long as a running
+        attempt's lease: the silence this engine already takes for a lost worker)."""
+        return self._policy.lease_timeout or NOTIFY_PERIOD
+
+    def _judge_unanswered(self, now: float) -> None:
+        """Send again, elsewhere, the untaken requests of the topics of workers that left a
+        proof of life unanswered (see :meth:`_check_pickup`)."""
+        window = self._answer_window
+        for worker in self.finder.unanswered(window, self._caught_up):
+            why = (f"worker {worker.identity} of topic {worker.topic!r}, which may hold it "
+                   f"unstarted, did not answer within {window:g}s")
+            LOG.warning("Worker %s (topic %r) is sent nothing until it is heard from again: "
+                        "it did not answer within %gs while a request of its topic waited "
+                        "untaken", worker.identity, worker.topic, window)
+            self._pass_over_held_by(worker, why, now)
+        if self.finder.asking:
+            self._note_due(now + min(window, 1.0))
+
+    def _pass_over_held_by(self, worker: TopicWorker, why: str, now: float) -> None:
+        """Send the untaken requests of ``worker``'s topic to other workers: it may hold any
+        of them unstarted. Each is revoked as it goes (a thawed worker drops it unrun) and
+        costs no attempt; one that no other worker can run waits where it is."""
+        with self._lock:
+            subs = [s for s in self._ongoing.values()
+                    if s.attempt.state == lc.PENDING and s.attempt.topic == worker.topic
+                    and s.attempt.flowengine_peer and not s.attempt.revoking
+                    and (s.attempt.not_before is None or s.attempt.not_before <= now)
+                    and s.attempt.tally.rerouted < lc.MAX_NOT_SERVED]
+        for sub in subs:
+            attempt = sub.attempt
+            other = self.finder.get_worker_for_task(pr.task_class_name(sub.task),
+                                                    avoid=attempt.tally.workers,
+                                                    major=vs.major(sub.task.version))
+            if other is None:
+                LOG.debug("%s stays where it is: no other worker runs it",
+                          attempt.describe().capitalize())
+                continue
+            LOG.warning("%s is sent elsewhere: %s", attempt.describe().capitalize(), why)
+            self._apply(sub, lc.PassOver(why), attempt.request_id)
 
     def _park(self, sub: _Submission, attempt: lc.Attempt, reason: str) -> None:
         """Publish the request as a dead letter an operator can list and requeue."""

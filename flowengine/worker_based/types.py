@@ -46,6 +46,10 @@ class TopicWorker:
         versions: the version of each task class it announced (TaskFlow workers announce
             none: they are sent any version).
         protocol: the flowengine protocol version it speaks (0: a TaskFlow worker).
+        asked_at: when it was asked to show it is alive, as a request of its topic waited
+            untaken while it had not been heard from (None: not asked, or it answered).
+        judged: it left that question unanswered: the requests of its topic that waited
+            untaken then were sent again, once, until it is heard from again.
     """
 
     topic: str
@@ -59,6 +63,8 @@ class TopicWorker:
     passed_over: bool = False
     versions: dict[str, str] = dataclasses.field(default_factory=dict)
     protocol: int = 0
+    asked_at: float | None = None
+    judged: bool = False
 
     @property
     def quiet_start(self) -> bool:
@@ -147,7 +153,7 @@ class WorkerFinder:
                                else int(flowengine))
             worker.last_seen = self._clock()
             new = new or worker.silent or worker.passed_over
-            worker.silent = worker.passed_over = False
+            _heard_from(worker)
             if capacity is not None:
                 worker.capacity = capacity
             if new:
@@ -180,7 +186,7 @@ class WorkerFinder:
             back = worker is not None and (worker.silent or worker.passed_over)
             if worker is not None:
                 worker.last_seen = self._clock()
-                worker.silent = worker.passed_over = False
+                _heard_from(worker)
                 if capacity is not None:
                     worker.capacity = capacity
         if back and self._on_change is not None:
@@ -223,6 +229,48 @@ class WorkerFinder:
             for worker in passed:
                 worker.passed_over = True
         return passed
+
+    def ask(self, topic: str, since: float) -> bool:
+        """Mark for a proof of life the flowengine workers of ``topic`` not heard from since
+        ``since`` and not judged already (a request of the topic waits untaken: a worker that
+        froze, or lost its process, may hold it unstarted); return whether any was marked
+        that was not being asked already (the caller then asks every worker to answer)."""
+        now = self._clock()
+        asked = False
+        with self._lock:
+            for worker in self._workers.values():
+                if (worker.topic == topic and worker.flowengine and not worker.judged
+                        and worker.asked_at is None and worker.last_seen < since):
+                    worker.asked_at = now
+                    asked = True
+        return asked
+
+    @property
+    def asking(self) -> bool:
+        """Whether a proof of life is awaited from any worker."""
+        with self._lock:
+            return any(w.asked_at is not None for w in self._workers.values())
+
+    def unanswered(self, window: float, caught_up: float | None) -> list[TopicWorker]:
+        """The workers asked for a proof of life more than ``window`` seconds ago that have
+        sent nothing since: each is judged (and silent: it is sent nothing until it is heard
+        from again). ``caught_up``: when every message sent to this process was last read
+        (None: taken as now); an answer that may still wait unread is waited for, up to a
+        second window."""
+        now = self._clock()
+        with self._lock:
+            judged = []
+            for worker in self._workers.values():
+                asked = worker.asked_at
+                if asked is None or now < asked + window:
+                    continue
+                if caught_up is not None and caught_up < asked + window \
+                        and now < asked + 2 * window:
+                    continue
+                worker.asked_at = None
+                worker.judged = worker.silent = True
+                judged.append(worker)
+        return judged
 
     def expire(self) -> list[TopicWorker]:
         """Forget workers not heard from within the expiry; return them."""
@@ -276,6 +324,12 @@ class WorkerFinder:
         """Forget every worker."""
         with self._lock:
             self._workers.clear()
+
+
+def _heard_from(worker: TopicWorker) -> None:
+    """``worker`` sent something: whatever its silence made of it is over (lock held)."""
+    worker.silent = worker.passed_over = worker.judged = False
+    worker.asked_at = None
 
 
 def _load(worker: TopicWorker) -> tuple[float, int]:

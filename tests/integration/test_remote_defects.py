@@ -24,7 +24,7 @@ import pytest
 import redis
 import resume_child
 from fault_support import WAIT, EngineRuns, Stage, logs, rabbitmq_queue, wait_until
-from known_defects import known_defect, shown
+from known_defects import known_defect
 from private_redis import PrivateRedis
 from wbe_harness import Broker, ProtocolClient, WorkerFleet, request_body
 
@@ -224,6 +224,9 @@ TOPIC = "defects"
 LEASE = {"lease_timeout": 2.0, "heartbeat_interval": 0.5}
 #: Upper bound of a lease lapse's detection: the lease plus housekeeping and dispatch slack.
 LAPSE_BOUND = 2.0 + 3.0
+#: Upper bound of the wait of a request a frozen worker took unstarted: the pickup timeout,
+#: the lease it has to answer in (twice, if the engine's replies were backlogged), and slack.
+HELD_BOUND = ext.DEFAULT_PICKUP_TIMEOUT + 2 * LEASE["lease_timeout"] + 3.0
 #: AMQP heartbeat of the workers' connections (seconds): RabbitMQ drops a frozen worker's
 #: connection (and redelivers what it held) only after about two of them, long after the test.
 LONG_HEARTBEAT = 60
@@ -344,8 +347,6 @@ known_frozen = pytest.fixture(_frozen_holder(known=True), name="known_frozen")
 unknown_frozen = pytest.fixture(_frozen_holder(known=False), name="unknown_frozen")
 
 
-@defect("Requests a frozen worker has taken but not started hold no lease (only RUNNING ones "
-        "do): they wait for the worker to thaw instead of being sent to another worker")
 def test_a_request_a_frozen_worker_took_without_starting_it_runs_elsewhere(
     known_frozen: FrozenHolder, stage: Stage, runs: EngineRuns,
 ) -> None:  # fmt: skip
@@ -354,28 +355,32 @@ def test_a_request_a_frozen_worker_took_without_starting_it_runs_elsewhere(
 
     The frozen worker holds the request unstarted on RabbitMQ (its AMQP heartbeat is long, so
     the broker does not give it back during the test), and the other worker is free moments
-    later. It must run the request within a lease lapse (``LAPSE_BOUND``, twice over).
+    later. It must run the request within ``HELD_BOUND`` (twice over), long before the broker
+    would give it back.
 
-    Today it never does: the engine heard no RUNNING, so the attempt holds no lease, and
-    nothing else sends it again (the pickup check passes over a silent *topic* only, and both
-    workers share it): it waits for the frozen worker to thaw, or for the broker to drop that
-    worker's connection (about two AMQP heartbeats; with the default 10 s, behind the 24 s
-    worst recovery of ``flowengine chaos`` on RabbitMQ). Once a taken request holds a lease
-    too (or is otherwise sent again when its holder falls silent), the lapse sends it to the
-    free worker and the flow ends.
+    It used not to: the engine heard no RUNNING, so the attempt held no lease, and nothing
+    else sent it again (the pickup check passed over a silent *topic* only, and both workers
+    share it): it waited for the frozen worker to thaw, or for the broker to drop that
+    worker's connection (about two AMQP heartbeats). Now a request that waits untaken for
+    ``pickup_timeout`` makes the engine ask the topic's workers it has not heard from lately
+    for a proof of life; the frozen one leaves it unanswered for a lease, so the engine
+    revokes the request and sends it to the free worker, and the flow ends. The thawed
+    worker drops the revoked request unrun (``wait_settled``).
     """
     holder = known_frozen
     run = runs.start(holder.load(lf.Flow("frozen").add(ft.Gate("held"))))
     holder.wait_full()
     holder.free_the_busy_one()
     try:
-        with shown():
-            stage.ledger.wait_for("held", ft.EXECUTE_START, timeout=2 * LAPSE_BOUND,
-                                  where=lambda e: e["pid"] == holder.busy.pid)
+        stage.ledger.wait_for("held", ft.EXECUTE_START, timeout=2 * HELD_BOUND,
+                              where=lambda e: e["pid"] == holder.busy.pid)
     finally:
         holder.thaw()
     stage.gates.open("held")
     assert run.join(WAIT) is None, logs(holder.fleet.workers)
+    holder.wait_settled()
+    assert holder.started_by_frozen() == [], (
+        f"the thawed worker ran the request sent elsewhere\n{stage.ledger.dump()}")
 
 
 def test_a_thawed_worker_does_not_run_a_request_a_resumed_engine_revoked(

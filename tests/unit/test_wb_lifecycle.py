@@ -310,6 +310,15 @@ def test_an_attempt_nobody_takes_is_checked_then_passed_over() -> None:
     assert lc.follow(ended, "req-2", clock.now).counted == 1, "passing over costs no attempt"
 
 
+def test_an_attempt_a_silent_worker_may_hold_is_passed_over_for_that_reason() -> None:
+    clock = ManualClock()
+    why = "worker w1 of topic 'topic', which may hold it unstarted, did not answer within 10s"
+    ended, effects = lc.step(sent(clock), lc.PassOver(why), clock.now)
+    assert ended.ending == lc.PASSED_OVER and ended.tally.rerouted == 1
+    assert effects == [lc.Withdraw(why), lc.Retry(why)]
+    assert lc.follow(ended, "req-2", clock.now).counted == 1, "passing over costs no attempt"
+
+
 def test_a_revoked_attempt_is_never_passed_over() -> None:
     clock = ManualClock()
     attempt, effects = lc.step(sent(clock), lc.Revoke(), clock.now)

@@ -22,6 +22,8 @@ from flowengine.worker_based.executor import WorkerTaskExecutor
 from flowengine.worker_based.types import WorkerFinder
 
 PICKUP = 3.0
+#: Seconds a worker asked for a proof of life has to answer (the executors' lease timeout).
+ANSWER = 4.0
 
 
 # ---- the finder ----------------------------------------------------------------------------------
@@ -54,6 +56,50 @@ def test_passed_over_workers_are_chosen_only_when_no_other_runs_the_class() -> N
     finder.heard_on("quiet")  # a reply from its topic: it consumes after all
     assert not finder.quiet_since("quiet", clock.now - PICKUP)
     assert finder.get("q") is not None and not finder.get("q").passed_over  # type: ignore[union-attr]
+
+
+def test_workers_not_heard_from_are_asked_once_and_judged_if_they_stay_silent() -> None:
+    clock = ManualClock()
+    finder = WorkerFinder(clock=clock)
+    finder.add("t", ["a.B"], identity="frozen", flowengine=True)
+    finder.add("t", ["a.B"], identity="taskflow")  # cannot be told to drop a request: never
+    finder.add("other", ["a.B"], identity="elsewhere", flowengine=True)
+    clock.advance(PICKUP)
+    finder.add("t", ["a.B"], identity="lively", flowengine=True)
+    assert finder.ask("t", clock.now - PICKUP + 0.1)  # only "frozen" is older than that
+    assert not finder.ask("t", clock.now - PICKUP + 0.1), "asked twice"
+    assert finder.asking
+    assert [w.identity for w in finder.workers() if w.asked_at is not None] == ["frozen"]
+    clock.advance(ANSWER - 0.1)
+    assert finder.unanswered(ANSWER, caught_up=None) == []  # it still has time
+    clock.advance(0.2)
+    # Answers sent in time may still wait unread: not judged before they are read...
+    assert finder.unanswered(ANSWER, caught_up=clock.now - 1.0) == []
+    # ...or before a second window has passed.
+    [judged] = finder.unanswered(ANSWER, caught_up=None)
+    assert judged.identity == "frozen" and judged.judged and judged.silent
+    assert not finder.asking
+    finder.ask("t", clock.now)
+    assert judged.asked_at is None, "judged: not asked again until heard from"
+    picked = finder.get_worker_for_task("a.B", avoid=["lively", "taskflow", "elsewhere"])
+    assert picked is not None and picked.identity != "frozen", "a judged worker is sent nothing"
+    finder.seen("frozen")  # it thawed
+    assert not judged.judged and not judged.silent
+    clock.advance(1.0)
+    finder.ask("t", clock.now)
+    assert judged.asked_at == clock.now
+
+
+def test_a_worker_that_answers_is_not_judged() -> None:
+    clock = ManualClock()
+    finder = WorkerFinder(clock=clock)
+    finder.add("t", ["a.B"], identity="w1", flowengine=True)
+    clock.advance(PICKUP + 1)
+    assert finder.ask("t", clock.now - PICKUP)
+    clock.advance(1.0)
+    finder.add("t", ["a.B"], identity="w1", flowengine=True)  # its answer to the round
+    clock.advance(ANSWER * 2)
+    assert finder.unanswered(ANSWER, caught_up=None) == [] and not finder.asking
 
 
 # ---- the executor --------------------------------------------------------------------------------
@@ -199,4 +245,102 @@ def test_a_request_a_known_worker_can_run_waits_for_its_turn_to_be_sent_however_
         assert isinstance(other.result(WAIT)[1].exception, Exception)  # none runs it: unserved
     finally:
         busy.set()
+        executor.stop()
+
+
+# ---- a worker that took a request and froze --------------------------------------------------
+
+
+@pytest.fixture
+def shared_topic(exchange: str) -> Any:
+    """Two workers of one topic: ``frozen`` (started first, so it takes the first request, and
+    then never answers) and ``lively``, started on demand (it answers when the test says: a
+    scripted worker has no control queue to hear discovery rounds on)."""
+    frozen = ScriptedWorker(exchange, "shared", "frozen-1", answers_notify=False)
+    lively = ScriptedWorker(exchange, "shared", "lively-1")
+    threads: list[threading.Thread] = []
+
+    def start(worker: ScriptedWorker) -> ScriptedWorker:
+        thread = threading.Thread(target=worker.proxy.start, daemon=True)
+        thread.start()
+        threads.append(thread)
+        assert worker.proxy.wait(WAIT)
+        return worker
+
+    start(frozen)
+    yield frozen, lambda: start(lively)
+    for worker in (frozen, lively):
+        worker.proxy.stop()
+    for thread in threads:
+        thread.join(WAIT)
+
+
+def _shared_executor(exchange: str, clock: ManualClock, frozen: ScriptedWorker,
+                     **options: Any) -> WorkerTaskExecutor:
+    executor = WorkerTaskExecutor(uuid.uuid4().hex, exchange, ["shared"], transport="memory",
+                                  clock=clock, pickup_timeout=PICKUP, lease_timeout=ANSWER,
+                                  transition_timeout=60.0, **options)
+    executor.cycles = DrainCycles(executor)  # type: ignore[attr-defined]
+    executor.start()
+    frozen.announce()
+    assert executor.wait_for_workers(1, timeout=WAIT) == 0
+    return executor
+
+
+def test_a_request_a_worker_took_then_froze_holding_goes_to_another_worker_uncounted(
+    exchange: str, clock: ManualClock, shared_topic: Any,
+) -> None:  # fmt: skip
+    frozen, start_lively = shared_topic
+    executor = _shared_executor(exchange, clock, frozen, max_attempts=1)
+    try:
+        future = executor.execute_task(Slow(), "atom-1", {})
+        _data, held = frozen.next_request()  # taken, never started: the worker froze
+        frozen.proxy.stop()  # it takes nothing more
+        lively = start_lively()
+        lively.announce()
+        assert executor.wait_for_workers(2, timeout=WAIT) == 0
+        clock.advance(PICKUP + 0.1)
+        executor.cycles.settle()  # type: ignore[attr-defined]
+        executor.on_wait()  # nobody took it in time: both are asked for a proof of life
+        asked = [w.identity for w in executor.finder.workers() if w.asked_at is not None]
+        assert sorted(asked) == ["frozen-1", "lively-1"]
+        lively.announce()  # its answer
+        executor.cycles.settle()  # type: ignore[attr-defined]
+        clock.advance(ANSWER - 0.2)
+        executor.on_wait()
+        assert lively.requests.empty(), "judged before its time to answer was out"
+        clock.advance(0.3)
+        executor.cycles.settle()  # type: ignore[attr-defined]
+        executor.on_wait()
+        _data, message = lively.next_request()
+        assert message.properties["correlation_id"] != held.properties["correlation_id"]
+        assert message.headers[pr.HEADER_ATTEMPT] == 2
+        frozen_worker = executor.finder.get("frozen-1")
+        assert frozen_worker is not None and frozen_worker.judged and frozen_worker.silent
+        assert not executor.finder.get("lively-1").judged  # type: ignore[union-attr]
+        lively.reply(message, pr.SUCCESS, result="elsewhere")
+        # max_attempts=1: sending it elsewhere did not count as an attempt.
+        assert future.result(timeout=WAIT) == (EXECUTED, "elsewhere")
+    finally:
+        executor.stop()
+
+
+def test_a_request_a_frozen_worker_holds_waits_for_it_when_no_other_worker_runs_it(
+    exchange: str, clock: ManualClock, shared_topic: Any,
+) -> None:  # fmt: skip
+    frozen, _start_lively = shared_topic
+    executor = _shared_executor(exchange, clock, frozen)
+    try:
+        future = executor.execute_task(Slow(), "atom-1", {})
+        _data, held = frozen.next_request()
+        for _ in range(3):
+            clock.advance(PICKUP + ANSWER)
+            executor.on_wait()
+        worker = executor.finder.get("frozen-1")
+        assert worker is not None and worker.judged
+        assert not future.done(), "failed though its holder may still thaw"
+        frozen.reply(held, pr.SUCCESS, result="thawed")  # it thawed and ran it
+        assert future.result(timeout=WAIT) == (EXECUTED, "thawed")
+        assert not worker.judged, "heard from again"
+    finally:
         executor.stop()

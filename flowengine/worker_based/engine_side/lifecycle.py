@@ -319,8 +319,11 @@ class Tick:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class PassOver:
-    """Nobody took it from its topic within the pickup timeout while nothing was heard from
-    there, and another capable worker is known: it is sent there instead."""
+    """It is sent to another capable worker, without counting an attempt: nobody took it
+    from its topic within the pickup timeout while nothing was heard from there, or
+    (``why`` given) a worker of its topic that may hold it unstarted stopped answering."""
+
+    why: str | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -718,8 +721,8 @@ def _pass_over(attempt: Attempt, event: PassOver, now: float) -> Step:
     if attempt.state != PENDING or attempt.revoking:
         return attempt, []
     bound = attempt.policy.pickup_timeout or 0.0
-    why = (f"nobody took it from topic {attempt.topic!r} within {bound:g}s and nothing was "
-           f"heard from the topic")
+    why = event.why or (f"nobody took it from topic {attempt.topic!r} within {bound:g}s and "
+                        f"nothing was heard from the topic")
     tally = dataclasses.replace(attempt.tally, rerouted=attempt.tally.rerouted + 1)
     ended, effects = _again(dataclasses.replace(attempt, tally=tally), PASSED_OVER, why)
     # A worker of that topic that shows up later must not run it as well.
