@@ -893,9 +893,15 @@ class WorkerTaskExecutor(local.TaskExecutor):
             attempt = sub.attempt
             self._note_due(lc.due(attempt, now))
             event = tick
-            if tick.workers_known and attempt.state == lc.WAITING and self._runnable(sub):
-                event = queued
-                self._worker_appeared()  # a pass is queued, if none is
+            if tick.workers_known and attempt.state == lc.WAITING:
+                if self._runnable(sub):
+                    event = queued
+                    self._worker_appeared()  # a pass is queued, if none is
+                elif self.finder.runs(pr.task_class_name(sub.task), vs.major(sub.task.version)):
+                    # Its workers fell silent (a lease lapsed, a proof of life unanswered):
+                    # one may be heard from again (a paused VM resumes), so it waits its
+                    # transition timeout, not the short one for a class nobody runs.
+                    event = queued
             self._apply(sub, event, attempt.request_id)
         if self.finder.asking:  # after the pickup checks above, which may have just asked
             self._judge_unanswered(now)

@@ -309,6 +309,12 @@ class WorkerFinder:
         random.shuffle(preferred)
         return min(preferred, key=_load)
 
+    def runs(self, task_cls: str, major: str | None = None) -> bool:
+        """Whether a known worker runs ``task_cls`` (at major version ``major``, if given),
+        silent ones included: a worker that fell silent may be heard from again."""
+        with self._lock:
+            return any(w.performs(task_cls, major) for w in self._workers.values())
+
     def wait_for_workers(self, workers: int = 1, timeout: float | None = None) -> int:
         """Block until ``workers`` are known; return how many are still missing."""
         deadline = None if timeout is None else time.monotonic() + timeout

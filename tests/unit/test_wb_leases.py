@@ -162,6 +162,33 @@ def test_a_silent_worker_loses_its_lease_and_the_request_is_sent_again(
         executor.stop()
 
 
+def test_a_request_whose_only_worker_fell_silent_waits_for_it_not_failing_as_unserved(
+    exchange: str, clock: ManualClock, worker: ScriptedWorker
+) -> None:
+    executor = make_executor(exchange, clock, max_attempts=3, unserved_timeout=1.0,
+                             transition_timeout=60.0)
+    try:
+        future = executor.execute_task(Slow(), "atom-1", {})
+        _data, message = worker.next_request()
+        worker.reply(message, pr.RUNNING)
+        executor.cycles.settle()
+        clock.advance(6.0)  # no heartbeat: the lease lapses, the worker is sent nothing
+        executor.on_wait()
+        silent = executor.finder.get("worker-1")
+        assert silent is not None and silent.silent
+        for _ in range(5):  # well past the unserved timeout, within the transition timeout
+            clock.advance(2.0)
+            executor.on_wait()
+        assert not future.done(), "failed as if no worker ran the class"
+        worker.announce()  # it is back (a frozen VM resumed)
+        _data, again = worker.next_request()
+        assert again.headers[pr.HEADER_ATTEMPT] == 2
+        worker.reply(again, pr.SUCCESS, result="done")
+        assert future.result(timeout=WAIT) == (EXECUTED, "done")
+    finally:
+        executor.stop()
+
+
 def test_after_the_last_attempt_the_atom_fails_with_worker_lost_and_is_parked(
     exchange: str, clock: ManualClock, worker: ScriptedWorker
 ) -> None:
