@@ -130,6 +130,15 @@ def make_executor(exchange: str, clock: ManualClock, **options: Any) -> WorkerTa
     return executor
 
 
+def second_attempt_succeeds(worker: ScriptedWorker, future: Any, result: str) -> None:
+    """The worker receives the request's second attempt and runs it: ``future`` ends with
+    ``result``."""
+    _data, message = worker.next_request()
+    assert message.headers[pr.HEADER_ATTEMPT] == 2
+    worker.reply(message, pr.SUCCESS, result=result)
+    assert future.result(timeout=WAIT) == (EXECUTED, result)
+
+
 def test_a_silent_worker_loses_its_lease_and_the_request_is_sent_again(
     exchange: str, clock: ManualClock, worker: ScriptedWorker
 ) -> None:
@@ -181,10 +190,7 @@ def test_a_request_whose_only_worker_fell_silent_waits_for_it_not_failing_as_uns
             executor.on_wait()
         assert not future.done(), "failed as if no worker ran the class"
         worker.announce()  # it is back (a frozen VM resumed)
-        _data, again = worker.next_request()
-        assert again.headers[pr.HEADER_ATTEMPT] == 2
-        worker.reply(again, pr.SUCCESS, result="done")
-        assert future.result(timeout=WAIT) == (EXECUTED, "done")
+        second_attempt_succeeds(worker, future, "done")
     finally:
         executor.stop()
 
@@ -333,10 +339,7 @@ def test_a_worker_going_offline_loses_the_attempts_it_holds(
         worker.proxy.publish(pr.Notify(topic=worker.topic, tasks=[TASK_CLS]),
                              pr.DISCOVERY_ROUTING_KEY, headers=worker.headers(),
                              declare_queue=False)
-        _data, message2 = worker.next_request()
-        assert message2.headers[pr.HEADER_ATTEMPT] == 2
-        worker.reply(message2, pr.SUCCESS, result="again")
-        assert future.result(timeout=WAIT) == (EXECUTED, "again")
+        second_attempt_succeeds(worker, future, "again")
     finally:
         executor.stop()
 
