@@ -939,11 +939,14 @@ class WorkerTaskExecutor(local.TaskExecutor):
         heard from meanwhile (busy, not absent), pass its workers over and send the request
         to another capable worker, if there is one (else it goes on waiting where it is)."""
         bound = self._policy.pickup_timeout or 0.0
-        if self.finder.ask(topic, now - bound):
+        if self.finder.ask(topic, now - max(bound, NOTIFY_PERIOD)):
             # A worker of the topic not heard from lately may have taken it and frozen (or
             # lost its process with its connection still open): every live flowengine worker
             # answers a discovery round from its control consumer, however busy its tasks
-            # keep it. One that does not is judged in _judge_unanswered.
+            # keep it. One that does not is judged in _judge_unanswered. The round costs
+            # little: a worker is asked only when none of its answers arrived within a
+            # NOTIFY_PERIOD, when the client's next regular round is due anyway (this one
+            # stands in for it).
             self.client.ask_workers()
             self._note_due(now + self._answer_window)
         if not self.finder.quiet_since(topic, now - bound):

@@ -18,7 +18,7 @@ from wb_lease_tasks import Slow  # tests/unit is on sys.path (pytest rootdir ins
 from flowengine.engines.executor import EXECUTED
 from flowengine.worker_based import extensions as ext
 from flowengine.worker_based import protocol as pr
-from flowengine.worker_based.executor import WorkerTaskExecutor
+from flowengine.worker_based.executor import NOTIFY_PERIOD, WorkerTaskExecutor
 from flowengine.worker_based.types import WorkerFinder
 
 PICKUP = 3.0
@@ -299,9 +299,11 @@ def test_a_request_a_worker_took_then_froze_holding_goes_to_another_worker_uncou
         lively = start_lively()
         lively.announce()
         assert executor.wait_for_workers(2, timeout=WAIT) == 0
-        clock.advance(PICKUP + 0.1)
+        # Nobody took it in time, and neither was heard from within a discovery period:
+        # both are asked for a proof of life.
+        clock.advance(NOTIFY_PERIOD + 0.1)
         executor.cycles.settle()  # type: ignore[attr-defined]
-        executor.on_wait()  # nobody took it in time: both are asked for a proof of life
+        executor.on_wait()
         asked = [w.identity for w in executor.finder.workers() if w.asked_at is not None]
         assert sorted(asked) == ["frozen-1", "lively-1"]
         lively.announce()  # its answer
