@@ -60,6 +60,9 @@ class JobWatch(Generic[J]):
         self._name = name
         self._lock = threading.Lock()
         self._known: dict[str, J] = {}
+        #: Jobs this board posted that no listing has shown yet. The watch's thread may still
+        #: hold a listing read before the post: one that lacks them must not drop them.
+        self._unlisted: set[str] = set()
         self._events: queue.Queue[object] = queue.Queue()
         self._thread: threading.Thread | None = None
         self._watching = False
@@ -95,6 +98,7 @@ class JobWatch(Generic[J]):
         with self._lock:
             fresh = path not in self._known
             self._known.setdefault(path, job)
+            self._unlisted.add(path)
         if fresh:
             self._notifier.notify(base.POSTED, {"job": job})
 
@@ -102,6 +106,7 @@ class JobWatch(Generic[J]):
         """A job this board just removed (announced unless the watch was quicker)."""
         with self._lock:
             job = self._known.pop(path, None)
+            self._unlisted.discard(path)
         if job is not None:
             self._notifier.notify(base.REMOVAL, {"job": job})
 
@@ -146,7 +151,15 @@ class JobWatch(Generic[J]):
         return the cached jobs."""
         paths = {posixpath.join(self._path, c) for c in children if self._is_job(c)}
         with self._lock:
-            gone = [self._known.pop(p) for p in list(self._known) if p not in paths]
+            self._unlisted -= paths
+            unlisted = list(self._unlisted)
+        # Posted here and missing from the listing: the listing may predate the post (it is
+        # dropped only if its node is really gone: consumed before any listing showed it).
+        kept = {p for p in unlisted if self._client.exists(p) is not None}
+        with self._lock:
+            self._unlisted -= set(unlisted) - kept
+            gone = [self._known.pop(p) for p in list(self._known)
+                    if p not in paths and p not in kept]
             new = [p for p in paths if p not in self._known]
         requests = [(p, self._client.get_async(p)) for p in new]
         posted = []
