@@ -618,9 +618,7 @@ class WorkerTaskExecutor(local.TaskExecutor):
         attempt = sub.attempt
         if attempt.state != lc.WAITING or sub.future.done():
             return
-        worker = self.finder.get_worker_for_task(pr.task_class_name(sub.task),
-                                                 avoid=attempt.tally.workers,
-                                                 major=vs.major(sub.task.version))
+        worker = self._worker_for(sub)
         if worker is None:
             LOG.debug("No worker yet for %r; request %s waits", sub.task.name,
                       attempt.request_id)
@@ -698,6 +696,13 @@ class WorkerTaskExecutor(local.TaskExecutor):
             # Called while the attempt is announced (task-sent), before it is published:
             # ended here, _dispatch finds it no longer PENDING and publishes nothing.
             self._apply(sub, lc.Abandoned("its engine cannot record it", error), request_id)
+
+    def _worker_for(self, sub: _Submission) -> TopicWorker | None:
+        """The best worker to send ``sub``'s next attempt to (its task's class at its major
+        version, avoiding the workers its earlier attempts went to if it can); None: none."""
+        return self.finder.get_worker_for_task(pr.task_class_name(sub.task),
+                                               avoid=sub.attempt.tally.workers,
+                                               major=vs.major(sub.task.version))
 
     def _runnable(self, sub: _Submission) -> bool:
         """Whether a known worker can run ``sub``'s task now."""
@@ -997,10 +1002,7 @@ class WorkerTaskExecutor(local.TaskExecutor):
                     and s.attempt.tally.rerouted < lc.MAX_NOT_SERVED]
         for sub in subs:
             attempt = sub.attempt
-            other = self.finder.get_worker_for_task(pr.task_class_name(sub.task),
-                                                    avoid=attempt.tally.workers,
-                                                    major=vs.major(sub.task.version))
-            if other is None:
+            if self._worker_for(sub) is None:
                 LOG.debug("%s stays where it is: no other worker runs it",
                           attempt.describe().capitalize())
                 continue

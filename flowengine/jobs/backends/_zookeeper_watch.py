@@ -155,7 +155,8 @@ class JobWatch(Generic[J]):
             unlisted = list(self._unlisted)
         # Posted here and missing from the listing: the listing may predate the post (it is
         # dropped only if its node is really gone: consumed before any listing showed it).
-        kept = {p for p in unlisted if self._client.exists(p) is not None}
+        checks = [(p, self._client.exists_async(p)) for p in unlisted]  # one round trip
+        kept = {p for p, check in checks if check.get() is not None}
         with self._lock:
             self._unlisted -= set(unlisted) - kept
             gone = [self._known.pop(p) for p in list(self._known)
