@@ -37,6 +37,7 @@ from typing import Any
 
 from flowengine import engines
 from flowengine.flows import unordered_flow
+from flowengine.worker_based import client as broker_clients
 from flowengine.worker_based.executor import WorkerTaskExecutor
 
 TOPIC = "async-bench"
@@ -160,6 +161,9 @@ def main() -> None:
             report["threads_only"] = _row(wall, args.wait, rounds * args.wait)
             report["threads_over_async"] = round(
                 report["threads_only"]["wall_s"] / report["async"]["wall_s"], 1)
+        # The engines' broker client lives on (and redeclares its queues) until closed: it
+        # must not look for the folder while the directory's clean-up deletes it.
+        broker_clients.close_all()
     print(json.dumps(report, indent=2))
     sys.stdout.flush()
 

@@ -6,6 +6,12 @@ per event (``{"atom", "event", "pid"}``; events ``execute-start``, ``execute-end
 task goes on. A line written before a SIGKILL is therefore in the file afterwards, and lines of
 concurrent tasks never interleave.
 
+A test that kills a child at a number of distinct actions started writes that number to the
+ledger's hold file (:func:`hold_path`): a task about to start a further distinct action waits
+there until the kill, so a child cannot run past its kill point however late the kill comes
+(the kill still lands anywhere between that point and the next start: in an action, or after
+one returned and before the engine stored it).
+
 :func:`make_flow` is the factory the children hand to ``engines.load_from_factory``; its
 arguments are JSON values, stored in the flow detail, so a resuming process rebuilds the same
 flow with ``engines.load_from_detail``.
@@ -15,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from typing import Any
 
@@ -44,6 +51,27 @@ def record(ledger: str, atom: str, event: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def hold_path(ledger: str) -> str:
+    """The file naming how many distinct actions may start before tasks wait to be killed."""
+    return ledger + ".hold"
+
+
+def start(ledger: str, atom: str, event: str) -> None:
+    """Record the start of an action, first waiting for the kill if the hold file says so."""
+    try:
+        with open(hold_path(ledger), encoding="utf-8") as f:
+            limit = int(f.read())
+    except FileNotFoundError:
+        limit = None
+    if limit is not None:
+        action = event.split("-")[0]
+        started = {(r["atom"], r["event"].split("-")[0]) for r in read_ledger(ledger)
+                   if r["event"] in STARTS}
+        if (atom, action) not in started and len(started) >= limit:
+            threading.Event().wait()  # until the test's SIGKILL
+    record(ledger, atom, event)
 
 
 def read_ledger(ledger: str) -> list[dict[str, Any]]:
@@ -76,7 +104,7 @@ class LedgerTask(task.Task):
         self._fail = fail
 
     def execute(self, **inputs: int) -> int:
-        record(self._ledger, self.name, EXECUTE_START)
+        start(self._ledger, self.name, EXECUTE_START)
         if self._fail:
             # At once, so that its siblings are still running when the flow starts reverting.
             record(self._ledger, self.name, EXECUTE_END)
@@ -87,7 +115,7 @@ class LedgerTask(task.Task):
         return 1 + sum(inputs.values())
 
     def revert(self, result: Any, flow_failures: Any, **inputs: int) -> None:
-        record(self._ledger, self.name, REVERT_START)
+        start(self._ledger, self.name, REVERT_START)
         time.sleep(self._work)
         record(self._ledger, self.name, REVERT_END)
 

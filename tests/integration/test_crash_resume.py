@@ -4,9 +4,9 @@ flow, and new processes resume it from the backend (SQLite file, PostgreSQL) unt
 The tasks (``crash_tasks.py``) record every start and end in their own ledger. A kill point is a
 number of distinct task actions (execute or revert) started, drawn from a generator seeded anew
 on every run (the seed is printed; ``FLOWENGINE_CRASH_SEED=<seed>`` replays a run); the test
-polls the ledger until the child got that far, SIGKILLs it, reads what the backend holds, and
-starts a new child (``crash_child.py``) that resumes the flow detail with
-``engines.load_from_detail``. From the ledger and those snapshots :func:`check_resumption` checks
+polls the ledger until the child got that far (its tasks wait at the next start until then),
+SIGKILLs it, reads what the backend holds, and starts a new child (``crash_child.py``) that
+resumes the flow detail with ``engines.load_from_detail``. From the ledger and those snapshots :func:`check_resumption` checks
 what resumption promises:
 
 * an action whose outcome was recorded before a kill never starts again: only actions in flight
@@ -389,6 +389,11 @@ def crash_and_resume(server: ForkServer, uri: str, scenario: Scenario,
                 points.pop(0)  # reached already (the kill landed late): take the next one
             kill_at = points.pop(0) if points else None
             out = workdir / f"run{len(runs) + 1}.out"
+            hold = Path(crash_tasks.hold_path(str(ledger)))
+            if kill_at is None:
+                hold.unlink(missing_ok=True)
+            else:
+                hold.write_text(str(kill_at))  # the child waits there if the kill comes late
             if flow_uuid is None:
                 argv = ["start", uri, scenario.engine, book.uuid,
                         json.dumps(scenario.factory_kwargs(ledger))]
