@@ -35,7 +35,8 @@ class Broadcast:
     when it stops. Documents are not persistent and expire after :data:`BROADCAST_TTL` seconds.
     A listener whose connection is lost (its broker node died) listens again through a new
     queue on whichever node of the URL list answers; documents published meanwhile are not
-    received. On the ``flowengine-fs`` transport a listener killed with SIGKILL leaves its queue
+    received. A publisher whose connection died since its last publish publishes again on a
+    new one. On the ``flowengine-fs`` transport a listener killed with SIGKILL leaves its queue
     folder bound (expired documents in it are dropped only when read).
 
     Args:
@@ -56,24 +57,48 @@ class Broadcast:
         self.where = f"{uri} exchange {exchange!r}"
 
     def publish(self, documents: Iterable[Any]) -> None:
-        """Publish each JSON document once, in order (no retries: events are best effort).
+        """Publish each JSON document once, in order (events are best effort).
+
+        A connection that served earlier calls may have died unnoticed since (its broker
+        restarted, or its cluster node is gone): when it fails, the documents it did not take
+        are published once more on a new connection (the first node of the URL list that
+        answers), so that the burst that follows a broker's loss is not dropped whole.
 
         Raises:
             kombu's connection and channel errors; the next call reconnects.
         """
+        pending = collections.deque(documents)
+        stale = self._publishing is not None
         try:
-            if self._publishing is None:
-                conn = self._conn.clone()
-                conn.ensure_connection(max_retries=_each_node(conn), interval_start=0,
-                                       interval_step=0.2, interval_max=0.2)
-                self._publishing = (conn, kombu.Producer(conn.channel(), self._exchange))
-            producer = self._publishing[1]
-            for document in documents:
-                producer.publish(document, routing_key="", serializer="json",
-                                 expiration=BROADCAST_TTL, retry=False)
+            self._publish(pending)
+        except self._conn.connection_errors + self._conn.channel_errors as err:
+            self.close()
+            if not stale:
+                raise
+            LOG.debug("The broadcast connection to %s was lost (%s); publishing again",
+                      self.where, err)
+            try:
+                self._publish(pending)
+            except Exception:
+                self.close()
+                raise
         except Exception:
             self.close()
             raise
+
+    def _publish(self, pending: collections.deque[Any]) -> None:
+        """Publish on the publishing connection (opened first if need be); each document
+        leaves ``pending`` once the broker took it."""
+        if self._publishing is None:
+            conn = self._conn.clone()
+            conn.ensure_connection(max_retries=_each_node(conn), interval_start=0,
+                                   interval_step=0.2, interval_max=0.2)
+            self._publishing = (conn, kombu.Producer(conn.channel(), self._exchange))
+        producer = self._publishing[1]
+        while pending:
+            producer.publish(pending[0], routing_key="", serializer="json",
+                             expiration=BROADCAST_TTL, retry=False)
+            pending.popleft()
 
     def close(self) -> None:
         """Release the publishing connection (a later :meth:`publish` opens a new one)."""
