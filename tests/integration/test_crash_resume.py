@@ -6,8 +6,8 @@ number of distinct task actions (execute or revert) started, drawn from a genera
 on every run (the seed is printed; ``FLOWENGINE_CRASH_SEED=<seed>`` replays a run); the test
 polls the ledger until the child got that far (its tasks wait at the next start until then),
 SIGKILLs it, reads what the backend holds, and starts a new child (``crash_child.py``) that
-resumes the flow detail with ``engines.load_from_detail``. From the ledger and those snapshots :func:`check_resumption` checks
-what resumption promises:
+resumes the flow detail with ``engines.load_from_detail``. From the ledger and those
+snapshots :func:`check_resumption` checks what resumption promises:
 
 * an action whose outcome was recorded before a kill never starts again: only actions in flight
   at a kill (started without an end) start again;
