@@ -47,6 +47,43 @@ def test_the_posting_board_lists_its_job_at_once(board: JobBoard) -> None:
         assert board.job_count == number + 1
 
 
+def test_fresh_listings_racing_the_boards_own_writes_never_undo_them(board: JobBoard) -> None:
+    # A listing read just before a post (a consume) and applied just after it must not take
+    # the posted job out of the cache (bring the consumed one back), nor announce it: another
+    # thread lists all along.
+    seen: dict[str, list[str]] = {base.POSTED: [], base.REMOVAL: []}
+    for kind, uuids in seen.items():
+        board.notifier.register(kind, lambda _event, details, uuids=uuids: uuids.append(
+            details["job"].uuid))
+    stop, failures = threading.Event(), []
+
+    def list_all_along() -> None:
+        try:
+            while not stop.is_set():
+                list(board.iterjobs(ensure_fresh=True))
+        except Exception as err:  # reported by the test, not lost in the thread
+            failures.append(err)
+
+    lister = threading.Thread(target=list_all_along, daemon=True)
+    lister.start()
+    try:
+        jobs = []
+        for number in range(30):
+            jobs.append(board.post(f"j{number}"))
+            assert jobs[-1].uuid in _uuids(board.iterjobs()), f"post {number} dropped"
+        assert not seen[base.REMOVAL] and board.job_count == 30
+        for number, job in enumerate(jobs):
+            board.claim(job, "me")
+            board.consume(job, "me")
+            assert job.uuid not in _uuids(board.iterjobs()), f"consumed job {number} is back"
+    finally:
+        stop.set()
+        lister.join(10)
+    assert not failures
+    assert sorted(seen[base.POSTED]) == sorted(seen[base.REMOVAL]) == sorted(_uuids(jobs))
+    assert board.job_count == 0
+
+
 def test_details_that_are_not_json_are_refused_naming_the_job(board: JobBoard) -> None:
     with pytest.raises(ValueError, match="'bad'"):
         board.post("bad", details={"when": object()})

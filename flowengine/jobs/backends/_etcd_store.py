@@ -154,9 +154,15 @@ class EtcdStore:
     def txn(self, compare: list[dict[str, Any]], success: list[dict[str, Any]],
             what: str) -> bool:
         """Run ``success`` if every ``compare`` holds; whether it did."""
+        return self.txn_at(compare, success, what) is not None
+
+    def txn_at(self, compare: list[dict[str, Any]], success: list[dict[str, Any]],
+               what: str) -> int | None:
+        """Run ``success`` if every ``compare`` holds; the revision it wrote (None: it did not
+        run)."""
         answer = self._post("/kv/txn", {"compare": compare, "success": success, "failure": []},
                             what)
-        return bool(answer.get("succeeded"))
+        return int(answer["header"]["revision"]) if answer.get("succeeded") else None
 
     def grant(self, ttl: float, what: str) -> int:
         """A new lease of ``ttl`` seconds (whole seconds, rounded up); its id."""
@@ -195,10 +201,11 @@ class EtcdStore:
 
     def put_numbered(self, root: str, posting: dict[str, Any], what: str,
                      also_if: list[dict[str, Any]], also: list[dict[str, Any]],
-                     ) -> tuple[str, dict[str, Any]]:
+                     ) -> tuple[str, dict[str, Any], int]:
         """Store ``posting`` as ``<root>/job<N>.data`` under the next number of
         ``<root>/sequence`` (TaskFlow's counter), with ``also`` if ``also_if`` holds; retried
-        while other posts take the number. The job's key and the posting as stored.
+        while other posts take the number. The job's key, the posting as stored and the
+        revision it was stored at.
 
         Raises:
             flowengine.exceptions.NotFound: If ``also_if`` stopped holding.
@@ -208,10 +215,12 @@ class EtcdStore:
             current, number = self._next(counter, what)
             key = f"{root}/job{number}"
             stored = dict(posting, sequence=number)
-            if self.txn([keys.same(counter, current), *also_if],
-                        [keys.put(counter, str(number).encode()),
-                         keys.put(key + keys.DATA_POSTFIX, keys.encode(stored)), *also], what):
-                return key, stored
+            revision = self.txn_at([keys.same(counter, current), *also_if],
+                                   [keys.put(counter, str(number).encode()),
+                                    keys.put(key + keys.DATA_POSTFIX, keys.encode(stored)),
+                                    *also], what)
+            if revision is not None:
+                return key, stored, revision
             if also_if and not self.txn(also_if, [], what):
                 raise exc.NotFound(f"Jobboard '{self._board}' could not {what}: it changed"
                                    f" meanwhile")

@@ -86,6 +86,12 @@ class EtcdJobBoard(base.NotifyingJobBoard):
         self._watch: PrefixWatch | None = None
         self._lock = threading.Lock()
         self._known: dict[str, EtcdJob] = {}
+        #: Jobs the cache took from a write (this board's post, a watch event) -> the write's
+        #: revision, and jobs it dropped on a write (a consume, a trash, a watch event) -> the
+        #: same; kept until a listing read at or after that revision is applied. A listing read
+        #: before the write is stale for that job: it neither drops nor brings the job back.
+        self._added_at: dict[str, int] = {}
+        self._gone_at: dict[str, int] = {}
         self._damaged: set[str] = set()
         self._entity_leases: dict[str, int] = {}
 
@@ -133,6 +139,8 @@ class EtcdJobBoard(base.NotifyingJobBoard):
             self._client.session.close()  # its pooled connections; a new connect reopens them
         with self._lock:
             self._known.clear()
+            self._added_at.clear()
+            self._gone_at.clear()
             self._entity_leases.clear()
         self._notify_change()
 
@@ -188,17 +196,22 @@ class EtcdJobBoard(base.NotifyingJobBoard):
             if moved:
                 self._damage.trashed(key)
 
-    def _sync(self, postings: dict[str, bytes]) -> list[EtcdJob]:
-        """Bring the cache in line with the ``.data`` keys read; announce what changed."""
+    def _sync(self, postings: dict[str, bytes], revision: int) -> list[EtcdJob]:
+        """Bring the cache in line with the ``.data`` keys read at ``revision``; announce what
+        changed."""
         changes: list[tuple[str, EtcdJob]] = []
         with self._lock:
             for key in [k for k in self._known if k not in postings]:
-                changes.append((base.REMOVAL, self._known.pop(key)))
+                if self._added_at.get(key, 0) <= revision:
+                    changes.append((base.REMOVAL, self._known.pop(key)))
             for key, raw in postings.items():
-                if key not in self._known and (job := self._job(key, raw)) is not None:
+                if key not in self._known and self._gone_at.get(key, 0) <= revision \
+                        and (job := self._job(key, raw)) is not None:
                     self._known[key] = job
                     changes.append((base.POSTED, job))
             jobs = list(self._known.values())
+            self._added_at = {k: r for k, r in self._added_at.items() if r > revision}
+            self._gone_at = {k: r for k, r in self._gone_at.items() if r > revision}
         self._announce(changes)
         self._trash_damaged()
         return jobs
@@ -220,7 +233,7 @@ class EtcdJobBoard(base.NotifyingJobBoard):
 
     def _reload(self) -> int:
         postings, _, revision = self._read_postings()
-        self._sync(postings)
+        self._sync(postings, revision)
         self._notify_change()
         return revision
 
@@ -232,10 +245,13 @@ class EtcdJobBoard(base.NotifyingJobBoard):
                     continue  # a claim, release or expiry: only waiters care
                 key = kv.key[:-len(self.DATA_POSTFIX)]
                 if kind == "DELETE":
+                    self._added_at.pop(key, None)
+                    self._gone_at[key] = max(self._gone_at.get(key, 0), kv.mod_revision)
                     if (gone := self._known.pop(key, None)) is not None:
                         changes.append((base.REMOVAL, gone))
                 elif key not in self._known and (job := self._job(key, kv.value)) is not None:
                     self._known[key] = job
+                    self._added_at[key] = kv.mod_revision
                     changes.append((base.POSTED, job))
         self._announce(changes)
         self._trash_damaged()
@@ -267,9 +283,9 @@ class EtcdJobBoard(base.NotifyingJobBoard):
 
         def fetch(fresh: bool) -> list[tuple[base.Job, str]]:
             # One range read gives the listing and every job's state with it.
-            postings, claimed, _ = self._read_postings(values=fresh)
+            postings, claimed, revision = self._read_postings(values=fresh)
             if fresh:
-                jobs = self._sync(postings)
+                jobs = self._sync(postings, revision)
             else:
                 with self._lock:
                     jobs = list(self._known.values())
@@ -295,20 +311,24 @@ class EtcdJobBoard(base.NotifyingJobBoard):
     # ---- changing ------------------------------------------------------------------------------
 
     def _put_posting(self, posting: dict[str, Any], what: str,
-                     also_if: list[dict[str, Any]], also: list[dict[str, Any]]) -> EtcdJob:
-        key, stored = self._require().put_numbered(self._root, posting, what, also_if, also)
+                     also_if: list[dict[str, Any]], also: list[dict[str, Any]]
+                     ) -> tuple[EtcdJob, int]:
+        """Store a new posting; the job and the revision it was stored at."""
+        key, stored, revision = self._require().put_numbered(self._root, posting, what,
+                                                             also_if, also)
         job = self._job(key, keys.encode(stored))
         assert job is not None
-        return job
+        return job, revision
 
     def post(self, name: str, book: Any = None, details: dict[str, Any] | None = None,
              priority: base.JobPriority | str = base.JobPriority.NORMAL) -> base.Job:
         """Post a job (details must be JSON-ready); every watching board is woken."""
         posting, _ = new_posting(name, book, details, priority)
-        job = self._put_posting(posting, f"post job '{name}'", [], [])
+        job, revision = self._put_posting(posting, f"post job '{name}'", [], [])
         job._book = book
         with self._lock:
             fresh = self._known.setdefault(job.key, job) is job
+            self._added_at[job.key] = max(self._added_at.get(job.key, 0), revision)
         if fresh:
             self.notifier.notify(base.POSTED, {"job": job})
         return job
@@ -393,18 +413,24 @@ class EtcdJobBoard(base.NotifyingJobBoard):
         return snap
 
     def _release(self, snap: keys.Snapshot, job: base.Job, action: str,
-                 then: list[dict[str, Any]]) -> None:
-        """Run ``then`` if the claim ``snap`` shows is unchanged; end its lease."""
+                 then: list[dict[str, Any]]) -> int:
+        """Run ``then`` if the claim ``snap`` shows is unchanged; end its lease. The revision
+        ``then`` was written at."""
         store = self._require()
-        if not store.txn([keys.same(snap.key + self.LOCK_POSTFIX, snap.lock)], then,
-                         f"{action} job {job.uuid} ({job.name})"):
+        revision = store.txn_at([keys.same(snap.key + self.LOCK_POSTFIX, snap.lock)], then,
+                                f"{action} job {job.uuid} ({job.name})")
+        if revision is None:
             raise exc.JobFailure(f"Cannot {action} job {job.uuid} ({job.name}): its claim ended"
                                  f" meanwhile")
         if snap.lock is not None and snap.lock.lease:
             store.revoke(snap.lock.lease)
+        return revision
 
-    def _forget(self, key: str) -> None:
+    def _forget(self, key: str, revision: int) -> None:
+        """Drop a job this board removed from etcd at ``revision``."""
         with self._lock:
+            self._added_at.pop(key, None)
+            self._gone_at[key] = max(self._gone_at.get(key, 0), revision)
             job = self._known.pop(key, None)
         if job is not None:
             self.notifier.notify(base.REMOVAL, {"job": job})
@@ -413,8 +439,8 @@ class EtcdJobBoard(base.NotifyingJobBoard):
     def consume(self, job: base.Job, who: str) -> None:
         """Remove a finished job (see :meth:`JobBoard.consume`)."""
         snap = self._owned(job, who, "consume")
-        self._release(snap, job, "consume", [keys.delete_prefix(snap.key + ".")])
-        self._forget(snap.key)
+        self._forget(snap.key, self._release(snap, job, "consume",
+                                             [keys.delete_prefix(snap.key + ".")]))
 
     @base.check_who
     def abandon(self, job: base.Job, who: str, counted: bool = True) -> None:
@@ -446,13 +472,15 @@ class EtcdJobBoard(base.NotifyingJobBoard):
         trash_key = self._trash_root + snap.key.rpartition("/")[2]
         then = [keys.put(trash_key, keys.encode(data)), keys.delete_prefix(snap.key + ".")]
         if snap.lock is None:  # trashed on the way to a claim: nobody may have claimed it since
-            if not self._require().txn([keys.missing(snap.key + self.LOCK_POSTFIX),
-                                        keys.same(snap.key + self.DATA_POSTFIX, snap.data)],
-                                       then, f"trash job {job.uuid} ({job.name})"):
+            revision = self._require().txn_at(
+                [keys.missing(snap.key + self.LOCK_POSTFIX),
+                 keys.same(snap.key + self.DATA_POSTFIX, snap.data)],
+                then, f"trash job {job.uuid} ({job.name})")
+            if revision is None:
                 raise exc.UnclaimableJob(f"Job {job.uuid} ({job.name}) changed meanwhile")
         else:
-            self._release(snap, job, "trash", then)
-        self._forget(snap.key)
+            revision = self._release(snap, job, "trash", then)
+        self._forget(snap.key, revision)
 
     # ---- TaskFlow's key helpers ----------------------------------------------------------------
 
@@ -487,8 +515,9 @@ class EtcdJobBoard(base.NotifyingJobBoard):
         data = keys.decode(kv.value)
         posting = {k: v for k, v in data.items() if k not in ("trashed", "sequence")}
         posting["last_modified"] = base.utcnow().isoformat()
-        return self._put_posting(posting, f"repost trashed job {job_uuid}",
-                                 [keys.same(kv.key, kv)], [keys.delete(kv.key)])
+        job, _ = self._put_posting(posting, f"repost trashed job {job_uuid}",
+                                   [keys.same(kv.key, kv)], [keys.delete(kv.key)])
+        return job
 
     def discard(self, job_uuid: str) -> None:
         """Delete a trashed job for good."""
