@@ -132,11 +132,15 @@ def cli() -> None:
 
 
 def one_line(err: BaseException) -> str | None:
-    """What to print instead of a traceback for ``err``: a broker URL naming no transport, or
-    an optional dependency that is not installed (its message names the extra). None for
-    anything else, which keeps its traceback."""
+    """What to print instead of a traceback for ``err``: a broker URL naming no transport, a
+    flowengine-fs data folder that processes of another PID namespace use, or an optional
+    dependency that is not installed (its message names the extra). None for anything else,
+    which keeps its traceback."""
     connection = sys.modules.get("flowengine.worker_based.broker.connection")
     if connection is not None and isinstance(err, connection.BrokerURLError):
+        return str(err)
+    namespaces = sys.modules.get("flowengine.worker_based.broker.transport_fs_namespace")
+    if namespaces is not None and isinstance(err, namespaces.ForeignNamespace):
         return str(err)
     if isinstance(err, ImportError) and "pip install 'flowengine[" in str(err):
         return str(err)

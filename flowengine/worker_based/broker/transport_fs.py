@@ -15,6 +15,7 @@ Layout under ``data_folder``::
     bad/<queue>/                         files that could not be decoded, kept for inspection
     spares/                              settled message files for reuse (transport_fs_files)
     bells/<queue>/<pid>.<token>          consumers waiting on the queue (transport_fs_doorbell)
+    pidns/<namespace>.lock               held by its PID namespace (transport_fs_namespace)
 
 Unlike kombu's stock ``filesystem`` transport: a message is written outside its queue (a new
 file in ``tmp/``, or a spare) and renamed into it, so a reader never sees half a file; names sort
@@ -29,6 +30,8 @@ rings the doorbells of the queue's consumers, which wake at once instead of at t
 polling every ``polling_interval`` remains, so a missed ring costs latency, never a message.
 A full or read-only data folder is an outage, not an error (see transport_fs_disk): writes are
 retried, consumers wait, and consumed bodies are blanked before their files are reused.
+Processes are told apart by pid, so a connection from another PID namespace than the folder's
+live processes (another container) is refused (transport_fs_namespace).
 POSIX only (rename, ``flock``); doorbells need Linux.
 Queues, claims and the on-disk binding table make this a whole transport, so the module is
 longer than most (kombu's stock filesystem transport is the same size).
@@ -57,6 +60,7 @@ from flowengine.worker_based.broker import transport_fs_bindings as bindings
 from flowengine.worker_based.broker import transport_fs_disk as fsdisk
 from flowengine.worker_based.broker import transport_fs_doorbell as doorbell
 from flowengine.worker_based.broker import transport_fs_files as files
+from flowengine.worker_based.broker import transport_fs_namespace as pidns
 from flowengine.worker_based.broker import transport_fs_order as order
 from flowengine.worker_based.broker.transport_fs_bindings import safe_name as _safe_name
 
@@ -438,7 +442,19 @@ class Transport(virtual.Transport):
     def __init__(self, client: Any, **kwargs: Any) -> None:
         super().__init__(client, **kwargs)
         root = client.transport_options.get("data_folder") or default_data_folder()
-        self.bell = doorbell.Doorbell(os.path.abspath(root))
+        self._root = os.path.abspath(root)
+        self.bell = doorbell.Doorbell(self._root)
+        self._membership: pidns.Membership | None = None
+
+    def establish_connection(self) -> Any:
+        """Open the connection once the folder is known to serve this PID namespace.
+
+        Raises:
+            ForeignNamespace: if live processes of another PID namespace use the folder.
+        """
+        if self._membership is None:
+            self._membership = pidns.Membership(self._root)
+        return super().establish_connection()
 
     def driver_version(self) -> str:
         return flowengine.__version__
@@ -455,3 +471,6 @@ class Transport(virtual.Transport):
     def close_connection(self, connection: Any) -> None:
         super().close_connection(connection)
         self.bell.close()
+        membership, self._membership = self._membership, None
+        if membership is not None:
+            membership.close()

@@ -1,0 +1,84 @@
+"""A flowengine-fs data folder serves one PID namespace at a time (containers sharing a volume).
+
+flowengine-fs tells processes apart by their pid, which processes of two PID namespaces may
+share: a connection from another namespace than the folder's live processes is refused with an
+error that says why and what to do; once those processes are gone, the folder is the new
+namespace's. Driven with ``Membership``'s namespace given, and with a real process in a new PID
+namespace (``unshare``, which needs root).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import kombu
+import pytest
+
+from flowengine.worker_based.broker import transport_fs_namespace as pidns
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+#: Connects to the folder given and prints ``connected``; the error's message otherwise.
+CONNECT = """
+import sys, kombu
+import flowengine.worker_based.broker.transport_fs  # registers the transport's name
+conn = kombu.Connection("flowengine-fs://", transport_options={"data_folder": sys.argv[1]})
+try:
+    conn.connect()
+    print("connected")
+except Exception as err:
+    print(f"{type(err).__name__}: {err}")
+finally:
+    conn.release()
+"""
+
+
+def test_a_namespace_is_refused_while_another_ones_processes_use_the_folder(
+        tmp_path: Path) -> None:
+    first = pidns.Membership(str(tmp_path), namespace="111")
+    also_first = pidns.Membership(str(tmp_path), namespace="111")  # its own: welcome
+    with pytest.raises(pidns.ForeignNamespace, match=str(tmp_path)) as refused:
+        pidns.Membership(str(tmp_path), namespace="222")
+    assert "--pid=host" in str(refused.value) and "own data_folder" in str(refused.value)
+    first.close()
+    with pytest.raises(pidns.ForeignNamespace):  # one of its connections is still open
+        pidns.Membership(str(tmp_path), namespace="222")
+    also_first.close()
+    second = pidns.Membership(str(tmp_path), namespace="222")  # theirs are all gone
+    assert sorted(os.listdir(tmp_path / pidns.FOLDER)) == ["222.lock"]
+    second.close()
+
+
+def _unshare() -> list[str]:
+    command = ["unshare", "--pid", "--fork", "--mount-proc"]
+    if shutil.which("unshare") is None or subprocess.run(
+            [*command, "true"], capture_output=True, timeout=30).returncode != 0:
+        pytest.skip("unshare cannot make a PID namespace here (it needs root)")
+    return command
+
+
+def _connect_elsewhere(command: list[str], folder: Path) -> str:
+    done = subprocess.run([*command, sys.executable, "-c", CONNECT, str(folder)],
+                          capture_output=True, text=True, timeout=60, cwd=REPO,
+                          env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def test_a_process_of_another_pid_namespace_is_refused_until_the_folders_processes_end(
+        tmp_path: Path) -> None:
+    command = _unshare()
+    here = kombu.Connection("flowengine-fs://", transport_options={"data_folder": str(tmp_path)})
+    here.connect()
+    try:
+        said = _connect_elsewhere(command, tmp_path)
+        assert said.startswith("ForeignNamespace: flowengine-fs data folder "
+                               f"{tmp_path} is in use by processes of another PID namespace"), said
+    finally:
+        here.release()
+    assert _connect_elsewhere(command, tmp_path) == "connected"
