@@ -55,7 +55,7 @@ def test_a_namespace_is_refused_while_another_ones_processes_use_the_folder(
 
 
 def _unshare() -> list[str]:
-    command = ["unshare", "--pid", "--fork", "--mount-proc"]
+    command = ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc"]
     if shutil.which("unshare") is None or subprocess.run(
             [*command, "true"], capture_output=True, timeout=30).returncode != 0:
         pytest.skip("unshare cannot make a PID namespace here (it needs root)")
@@ -82,3 +82,67 @@ def test_a_process_of_another_pid_namespace_is_refused_until_the_folders_process
     finally:
         here.release()
     assert _connect_elsewhere(command, tmp_path) == "connected"
+
+
+# ---- a pid used again ---------------------------------------------------------------------------
+
+#: Takes one message off queue ``work`` without acknowledging it, says so, and waits to be killed.
+TAKE_AND_HANG = """
+import sys, threading, kombu
+import flowengine.worker_based.broker.transport_fs  # registers the transport's name
+with kombu.Connection("flowengine-fs://", transport_options={"data_folder": sys.argv[1]}) as conn:
+    message = conn.SimpleQueue("work").get(timeout=30)
+    print(f"took {message.payload}", flush=True)
+    threading.Event().wait()
+"""
+
+
+def _publish(folder: Path, payload: str) -> None:
+    with kombu.Connection("flowengine-fs://",
+                          transport_options={"data_folder": str(folder)}) as conn:
+        conn.SimpleQueue("work").put(payload)
+
+
+def _take_one(folder: Path) -> tuple[str, bool]:
+    with kombu.Connection("flowengine-fs://",
+                          transport_options={"data_folder": str(folder)}) as conn:
+        message = conn.SimpleQueue("work").get(timeout=10)
+        message.ack()
+        return message.payload, message.delivery_info.get("redelivered", False)
+
+
+def test_a_message_an_earlier_process_with_this_pid_took_is_delivered_again(
+        tmp_path: Path) -> None:
+    # What a process killed while holding a message leaves, where this process's pid is its.
+    _publish(tmp_path, "left-behind")
+    queue = tmp_path / "queues" / "work"
+    [name] = os.listdir(queue)
+    mine = tmp_path / "claimed" / str(os.getpid()) / "work"
+    mine.mkdir(parents=True)
+    os.rename(queue / name, mine / name)
+    assert _take_one(tmp_path) == ("left-behind", True)
+    assert not list(mine.glob("*.msg"))  # settled: nothing is held any more
+
+
+def test_a_restarted_container_gets_the_message_its_killed_predecessor_held(
+        tmp_path: Path) -> None:
+    # Both "containers" run their process as pid 1 of a PID namespace of their own.
+    command = _unshare()
+    _publish(tmp_path, "in-flight")
+    holder = subprocess.Popen([*command, sys.executable, "-c", TAKE_AND_HANG, str(tmp_path)],
+                              stdout=subprocess.PIPE, text=True, cwd=REPO,
+                              env=dict(os.environ, PYTHONPATH=str(REPO)))
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline().strip() == "took in-flight"
+        assert os.listdir(tmp_path / "claimed") == ["1"]
+    finally:
+        holder.kill()  # unshare's forked child, pid 1 of its namespace, dies with it
+        holder.wait(30)
+    successor = subprocess.run(
+        [*command, sys.executable, "-c", TAKE_AND_HANG.replace(
+            "threading.Event().wait()", "message.ack()"), str(tmp_path)],
+        capture_output=True, text=True, timeout=60, cwd=REPO,
+        env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert successor.stdout.strip() == "took in-flight", successor.stderr
+    assert "an earlier process with pid 1 ended holding 1 unsettled message" in successor.stderr

@@ -23,11 +23,13 @@ in send order (a per-process strictly increasing nanosecond stamp plus a sequenc
 FIFO holds within a sender even in one millisecond; a consumer claims a message by renaming it
 into its own ``claimed/`` folder, which exactly one of several competing processes can do, and
 lets go of it only on ack, keeping the file for reuse (a reject with requeue, a closed channel
-or a dead owner renames it back, marked redelivered as AMQP brokers mark it); an undecodable file
-is moved to ``bad/`` and logged instead of stopping the consumer. A message published with
-``expiration`` is dropped once that many seconds have passed, as AMQP brokers do. A publisher
-rings the doorbells of the queue's consumers, which wake at once instead of at their next poll;
-polling every ``polling_interval`` remains, so a missed ring costs latency, never a message.
+or a dead owner renames it back, marked redelivered as AMQP brokers mark it, as does a process
+that finds its pid's claim folder holding what an earlier process with that pid left); an
+undecodable file is moved to ``bad/`` and logged instead of stopping the consumer. A message
+published with ``expiration`` is dropped once that many seconds have passed, as AMQP brokers
+do. A publisher rings the doorbells of the queue's consumers, which wake at once instead of at
+their next poll; polling every ``polling_interval`` remains, so a missed ring costs latency,
+never a message.
 A full or read-only data folder is an outage, not an error (see transport_fs_disk): writes are
 retried, consumers wait, and consumed bodies are blanked before their files are reused.
 Processes are told apart by pid, so a connection from another PID namespace than the folder's
@@ -298,7 +300,7 @@ class Channel(bindings.BindingChannel):
             return []
 
     def _claim(self, queue: str, name: str) -> str | None:
-        files.CLAIMED_IN.add(self._root)
+        self._adopt_claims()
         queue_dir = _safe_name(queue)
         target = f"{self._claim_root}/{queue_dir}/{name}"
         try:
@@ -386,38 +388,52 @@ class Channel(bindings.BindingChannel):
             if not self._disk.refused(err):
                 raise
 
+    def _adopt_claims(self) -> None:
+        """Hand back what ``claimed/<our pid>`` holds before this process claimed anything in
+        the folder: an earlier process with the same pid left it (pids are used again, and a
+        restarted container's processes start from the same ones). Once per process."""
+        if self._root not in files.CLAIMED_IN:
+            files.adopt_claims(self._root, lambda: self._hand_back(
+                Path(self._claim_root), f"an earlier process with pid {os.getpid()}"))
+
     def _recover(self) -> None:
+        self._adopt_claims()
         doorbell.sweep(self._root, _pid_alive)
         files.sweep(self._root, _pid_alive)
         fsdisk.sweep_tmp(self._root, _pid_alive)
         for owner in (self.root / "claimed").glob("*"):
-            if not owner.name.isdigit() or _pid_alive(int(owner.name)):
-                continue
-            requeued = 0
-            for folder in owner.glob("*"):
-                before = requeued
-                for path in folder.glob("*.msg"):
-                    target = os.path.join(self._queues, folder.name, files.returned_name(path.name))
-                    try:
-                        os.rename(path, target)
-                        requeued += 1
-                    except FileNotFoundError:  # a racing recoverer won, or the queue is gone
-                        if not os.path.isdir(os.path.dirname(target)):
-                            files.unlink(str(path))  # deleted with its queue
-                for path in folder.glob(f"{files.SPARE_PREFIX}*"):
-                    files.unlink(str(path))
-                with contextlib.suppress(OSError):
-                    folder.rmdir()
-                if requeued > before:
-                    self._ringer.ring(folder.name)
+            if owner.name.isdigit() and not _pid_alive(int(owner.name)):
+                self._hand_back(owner, f"process {owner.name}")
+
+    def _hand_back(self, owner: Path, whose: str) -> int:
+        """Put the messages in claim folder ``owner`` back in their queues (marked redelivered)
+        and remove the folder; how many. ``whose`` names the process that left them."""
+        requeued = 0
+        for folder in owner.glob("*"):
+            before = requeued
+            for path in folder.glob("*.msg"):
+                target = os.path.join(self._queues, folder.name, files.returned_name(path.name))
+                try:
+                    os.rename(path, target)
+                    requeued += 1
+                except FileNotFoundError:  # a racing recoverer won, or the queue is gone
+                    if not os.path.isdir(os.path.dirname(target)):
+                        files.unlink(str(path))  # deleted with its queue
+            for path in folder.glob(f"{files.SPARE_PREFIX}*"):
+                files.unlink(str(path))
             with contextlib.suppress(OSError):
-                owner.rmdir()
-            if requeued:
-                LOG.warning(
-                    "flowengine-fs: process %s ended holding %d unsettled message(s); they are"
-                    " back in their queues, to be delivered again (nothing was lost)",
-                    owner.name, requeued,
-                )  # fmt: skip
+                folder.rmdir()
+            if requeued > before:
+                self._ringer.ring(folder.name)
+        with contextlib.suppress(OSError):
+            owner.rmdir()
+        if requeued:
+            LOG.warning(
+                "flowengine-fs: %s ended holding %d unsettled message(s); they are"
+                " back in their queues, to be delivered again (nothing was lost)",
+                whose, requeued,
+            )  # fmt: skip
+        return requeued
 
     def _put_fanout(self, exchange: str, message: Any, routing_key: str, **kwargs: Any) -> None:
         for _, _, queue in self.get_table(exchange):

@@ -298,12 +298,33 @@ def sweep(root: str, alive: Callable[[int], bool]) -> None:
 # One sequence for every pool of the process: spare names must never collide in a folder.
 _SEQ = itertools.count()
 _SPARES: dict[str, Spares] = {}
-#: Data folders this process claimed messages in (their empty claim folders go at exit).
+#: Data folders this process claimed messages in (their empty claim folders go at exit), once
+#: what an earlier process with the same pid left in its claim folder was handed back.
 CLAIMED_IN: set[str] = set()
 _SPARES_LOCK = threading.Lock()
+_ADOPTING = threading.Lock()
 # A forked child must not write over files its parent still counts as its own spares.
 os.register_at_fork(after_in_child=_SPARES.clear)
-os.register_at_fork(after_in_child=CLAIMED_IN.clear)
+
+
+def _claims_after_fork() -> None:
+    # The child has a pid of its own, so a claim folder of its own to adopt; a lock a parent's
+    # thread held at the fork would never be released in the child.
+    global _ADOPTING
+    CLAIMED_IN.clear()
+    _ADOPTING = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_claims_after_fork)
+
+
+def adopt_claims(root: str, hand_back: Callable[[], object]) -> None:
+    """Make data folder ``root``'s claim folder of this pid this process's, calling
+    ``hand_back`` first (once per process and folder, before its first claim there)."""
+    with _ADOPTING:
+        if root not in CLAIMED_IN:
+            hand_back()
+            CLAIMED_IN.add(root)
 
 
 @atexit.register
