@@ -17,6 +17,7 @@ from pathlib import Path
 
 import kombu
 import pytest
+from servers import unavailable
 
 from flowengine.worker_based.broker import transport_fs_namespace as pidns
 
@@ -58,7 +59,7 @@ def _unshare() -> list[str]:
     command = ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc"]
     if shutil.which("unshare") is None or subprocess.run(
             [*command, "true"], capture_output=True, timeout=30).returncode != 0:
-        pytest.skip("unshare cannot make a PID namespace here (it needs root)")
+        unavailable("unshare cannot make a PID namespace here (it needs root)")
     return command
 
 
