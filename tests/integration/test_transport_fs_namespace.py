@@ -147,3 +147,20 @@ def test_a_restarted_container_gets_the_message_its_killed_predecessor_held(
         env=dict(os.environ, PYTHONPATH=str(REPO)))
     assert successor.stdout.strip() == "took in-flight", successor.stderr
     assert "an earlier process with pid 1 ended holding 1 unsettled message" in successor.stderr
+
+
+def test_a_folder_reached_through_a_symbolic_link_too_keeps_this_process_s_claims(
+        tmp_path: Path) -> None:
+    folder, link = tmp_path / "queues", tmp_path / "link"
+    folder.mkdir()
+    link.symlink_to(folder)
+    _publish(folder, "held")
+    with kombu.Connection("flowengine-fs://",
+                          transport_options={"data_folder": str(link)}) as holder:
+        message = holder.SimpleQueue("work").get(timeout=10)  # held, not acknowledged
+        # The same folder under its own name, first used by this process now: what the
+        # other spelling holds is this process's, not an earlier one's.
+        _publish(folder, "next")
+        assert _take_one(folder) == ("next", False)
+        message.ack()
+    assert not list((folder / "claimed").glob("*/work/*.msg"))

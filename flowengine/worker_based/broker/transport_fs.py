@@ -145,6 +145,9 @@ class Channel(bindings.BindingChannel):
         # Plain strings joined with "/" on the per-message paths: pathlib, and even
         # os.path.join, cost more than the system calls they name.
         self._root = os.path.abspath(self.root)
+        # The folder whatever its spelling (a symbolic link): this process's claims in it are
+        # adopted once, not once per spelling (the second would hand back the first's).
+        self._real_root = os.path.realpath(self._root)
         self._queues = os.path.join(self._root, "queues")
         self._tmp = os.path.join(self._root, "tmp")
         self._claim_root = os.path.join(self._root, "claimed", str(os.getpid()))
@@ -392,8 +395,8 @@ class Channel(bindings.BindingChannel):
         """Hand back what ``claimed/<our pid>`` holds before this process claimed anything in
         the folder: an earlier process with the same pid left it (pids are used again, and a
         restarted container's processes start from the same ones). Once per process."""
-        if self._root not in files.CLAIMED_IN:
-            files.adopt_claims(self._root, lambda: self._hand_back(
+        if self._real_root not in files.CLAIMED_IN:
+            files.adopt_claims(self._real_root, lambda: self._hand_back(
                 Path(self._claim_root), f"an earlier process with pid {os.getpid()}"))
 
     def _recover(self) -> None:
