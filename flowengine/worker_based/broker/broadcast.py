@@ -70,18 +70,15 @@ class Broadcast:
         pending = collections.deque(documents)
         stale = self._publishing is not None
         try:
-            self._publish(pending)
-        except self._conn.connection_errors + self._conn.channel_errors as err:
-            self.close()
-            if not stale:
-                raise
-            LOG.debug("The broadcast connection to %s was lost (%s); publishing again",
-                      self.where, err)
             try:
                 self._publish(pending)
-            except Exception:
+            except self._conn.connection_errors + self._conn.channel_errors as err:
+                if not stale:
+                    raise
+                LOG.debug("The broadcast connection to %s was lost (%s); publishing again",
+                          self.where, err)
                 self.close()
-                raise
+                self._publish(pending)
         except Exception:
             self.close()
             raise

@@ -303,6 +303,8 @@ class Channel(bindings.BindingChannel):
             return []
 
     def _claim(self, queue: str, name: str) -> str | None:
+        # The first recovery scan adopts the claim folder already; a scan the disk refused
+        # did not, and a claim made before adopting would be handed back with the rest.
         self._adopt_claims()
         queue_dir = _safe_name(queue)
         target = f"{self._claim_root}/{queue_dir}/{name}"
