@@ -38,7 +38,6 @@ from flowengine.worker_based import extensions as ext
 from flowengine.worker_based import protocol as pr
 from flowengine.worker_based import remote_control as rc
 from flowengine.worker_based.broker import dispatcher as dp
-from flowengine.worker_based.broker import transport_fs_disk as fsdisk
 from flowengine.worker_based.broker.delivery import Delivery
 from flowengine.worker_based.broker_spec import Broker
 from flowengine.worker_based.engine_side import held_publishes as hp
@@ -198,8 +197,7 @@ class Client:
             auto_ack=True, publishers=PUBLISHERS, on_refused=self._on_refused,
         )
         # On flowengine-fs a full or read-only data folder is this broker's outage.
-        self._disk = fsdisk.watch(self.proxy.connection_details.transport,
-                                  broker.transport_options)
+        self._disk = self.proxy.disk_watch()
 
     @property
     def reply_to(self) -> str:

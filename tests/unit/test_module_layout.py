@@ -103,6 +103,48 @@ def test_a_crossing_between_the_sides_is_found(tmp_path: pathlib.Path) -> None:
         "worker_side/rogue.py -> flowengine.worker_based.engine_side.lifecycle"]
 
 
+#: Modules outside the broker package that import one of its transport modules, and why. The
+#: rest learn transport facts through the broker's traits and the publisher's faces
+#: (``disk_watch``, ``delay_receipt``); the test fails on a new one and on a listed one that
+#: is gone, so the list only shrinks.
+TRANSPORT_IMPORTERS: dict[str, str] = {
+    "testing/workers.py": "the testing kit drives its own test double, the severable memory "
+                          "transport, to lose a worker the way a killed process is lost",
+}
+
+
+def transport_importers(root: pathlib.Path, broker: pathlib.Path) -> set[str]:
+    """The modules under ``root``, outside ``broker``, that import a ``transport_*`` module
+    of the broker package (``import``, ``from ... import``, at any depth)."""
+    prefix = "flowengine.worker_based.broker.transport_"
+    found = set()
+    for path in sorted(root.rglob("*.py")):
+        if broker in path.parents:
+            continue
+        names = _imported_modules(ast.parse(path.read_text(), str(path)))
+        if any(name.startswith(prefix) for name in names):
+            found.add(str(path.relative_to(root)))
+    return found
+
+
+def test_nothing_above_the_broker_package_imports_a_transport_module() -> None:
+    assert transport_importers(PACKAGE, BROKER_PACKAGE) == set(TRANSPORT_IMPORTERS)
+
+
+def test_a_transport_import_above_the_broker_package_is_found(tmp_path: pathlib.Path) -> None:
+    broker = tmp_path / "worker_based" / "broker"
+    broker.mkdir(parents=True)
+    (broker / "publisher.py").write_text(
+        "from flowengine.worker_based.broker import transport_fs_disk\n")
+    (tmp_path / "worker_based" / "client.py").write_text(
+        "def f():\n    from flowengine.worker_based.broker import transport_fs_disk as d\n")
+    (tmp_path / "worker_based" / "quiet.py").write_text(
+        "from flowengine.worker_based.broker import publisher\n")
+    (tmp_path / "rogue.py").write_text(
+        "import flowengine.worker_based.broker.transport_beanstalk_delays\n")
+    assert transport_importers(tmp_path, broker) == {"worker_based/client.py", "rogue.py"}
+
+
 #: The modules that make a consumer of a broker (``Broker.consumer``), and why. Everything
 #: else reaches a broker through the process's client (``client.borrowed`` for a publish, a
 #: browse or a take); the test fails on a new one and on a listed one that is gone, so the list

@@ -9,11 +9,12 @@ queues (:mod:`~flowengine.worker_based.broker.browsing`). A
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from typing import Any
 
 import kombu
@@ -27,6 +28,8 @@ from flowengine.worker_based import signing as sg
 from flowengine.worker_based.broker import browsing
 from flowengine.worker_based.broker import dispatcher as dp
 from flowengine.worker_based.broker import producers as pd
+from flowengine.worker_based.broker import transport_beanstalk_delays as delays
+from flowengine.worker_based.broker import transport_fs_disk as fsdisk
 from flowengine.worker_based.broker.codec import encode
 from flowengine.worker_based.broker.connection import (
     BrokerOutage,
@@ -159,6 +162,20 @@ class Publisher:
     def queue_kind(self) -> QueueKind:
         """How this publisher declares its durable queues (classic or quorum)."""
         return self._kind
+
+    def disk_watch(self) -> fsdisk.Watch | None:
+        """A new watch on the data folder this broker is (flowengine-fs), whose full or
+        read-only disk is the broker's outage; None where the broker is a server."""
+        return fsdisk.watch(str(self._conn.transport.driver_type), self._transport_options)
+
+    @contextlib.contextmanager
+    def delay_receipt(self) -> Iterator[delays.Receipt]:
+        """Hold open around a publish with header ``x-flowengine-delay`` where the broker
+        holds delays itself (:attr:`BrokerTraits.native_delay`): the delayed job the publish
+        puts is recorded in it, as a handle :func:`take_back_delayed` can delete. Elsewhere
+        the receipt stays empty."""
+        with delays.receipt() as made:
+            yield made
 
     def queue_for(
         self, routing_key: str, extra: Iterable[str] = (), expires: float | None = None,
@@ -418,6 +435,13 @@ class Publisher:
             pools, self._producers = list(self._producers.values()), {}
         for producers in pools:
             producers.close()
+
+
+def take_back_delayed(job: str) -> bool:
+    """Delete the delayed job ``job`` (a handle from :meth:`Publisher.delay_receipt`, which
+    names its server: no publisher is needed); True if it was deleted, False if a worker
+    holds it, it is gone, or it is another job under a reused id."""
+    return delays.delete(job)
 
 
 def _forget_declared(producer: kombu.Producer, entities: list[kombu.Queue | kombu.Exchange],

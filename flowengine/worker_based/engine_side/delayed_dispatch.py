@@ -4,7 +4,8 @@ A worker-based engine dispatches the first tasks of a retried subflow this way, 
 left of the retry controller's wait (doc/priorities.rst). Where the broker holds delays itself
 (:attr:`~flowengine.worker_based.broker.connection.BrokerTraits.native_delay`: beanstalkd) the
 request is published at once with header ``x-flowengine-delay`` and the broker keeps it
-delayed; the job's handle (see :mod:`~.broker.transport_beanstalk_delays`) lets the engine
+delayed; the job's handle (see
+:meth:`~flowengine.worker_based.broker.publisher.Publisher.delay_receipt`) lets the engine
 delete it while it waits. Elsewhere the process's broker client holds it
 (:class:`~flowengine.worker_based.engine_side.held_publishes.HeldPublishes`) and publishes
 it when due.
@@ -19,7 +20,7 @@ from typing import Any
 
 from flowengine.worker_based import client as bc
 from flowengine.worker_based import extensions as ext
-from flowengine.worker_based.broker import transport_beanstalk_delays as native
+from flowengine.worker_based.broker import publisher as pb
 
 LOG = logging.getLogger(__name__)
 
@@ -33,7 +34,7 @@ def dispatch_later(client: bc.Client, request_id: str, seconds: float,
     """
     if client.proxy.traits.native_delay:
         headers[ext.HEADER_DELAY] = seconds
-        with native.receipt() as put:
+        with client.proxy.delay_receipt() as put:
             publish()
         return put.handle
     client.held.hold(request_id, seconds, publish)
@@ -49,7 +50,7 @@ def withdraw(client: bc.Client | None, request_id: str, job: str | None) -> bool
     if job is None:
         return False
     try:
-        return native.delete(job)
+        return pb.take_back_delayed(job)
     except Exception as err:  # the worker's own checks (revoked ids) still stand
         LOG.warning("Could not delete delayed job %s: %s", job, err)
         return False
@@ -60,7 +61,7 @@ def delete_jobs(jobs: Iterable[str]) -> int:
     deleted = 0
     for job in jobs:
         try:
-            deleted += native.delete(job)
+            deleted += pb.take_back_delayed(job)
         except Exception as err:
             LOG.warning("Could not delete delayed job %s left by a previous run: %s", job, err)
     return deleted
