@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from flowengine import engines, task
-from flowengine.engines import gc_pause
+from flowengine.engines import setup_slots
 from flowengine.flows import linear_flow as lf
 
 
@@ -21,9 +21,9 @@ def collector_restored() -> Iterator[None]:
 
 def test_pauses_nest_and_the_collector_comes_back_enabled() -> None:
     gc.enable()
-    with gc_pause.paused():
+    with setup_slots.gc_paused():
         assert not gc.isenabled()
-        with gc_pause.paused():
+        with setup_slots.gc_paused():
             assert not gc.isenabled()
         assert not gc.isenabled(), "the outer pause still holds"
     assert gc.isenabled()
@@ -31,14 +31,14 @@ def test_pauses_nest_and_the_collector_comes_back_enabled() -> None:
 
 def test_a_collector_the_application_disabled_stays_disabled() -> None:
     gc.disable()
-    with gc_pause.paused():
+    with setup_slots.gc_paused():
         pass
     assert not gc.isenabled()
 
 
 def test_an_error_inside_still_resumes_collection() -> None:
     gc.enable()
-    with pytest.raises(RuntimeError), gc_pause.paused():
+    with pytest.raises(RuntimeError), setup_slots.gc_paused():
         raise RuntimeError("boom")
     assert gc.isenabled()
 
