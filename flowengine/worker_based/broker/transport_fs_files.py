@@ -303,19 +303,19 @@ _SPARES: dict[str, Spares] = {}
 CLAIMED_IN: set[str] = set()
 _SPARES_LOCK = threading.Lock()
 _ADOPTING = threading.Lock()
-# A forked child must not write over files its parent still counts as its own spares.
-os.register_at_fork(after_in_child=_SPARES.clear)
 
 
-def _claims_after_fork() -> None:
-    # The child has a pid of its own, so a claim folder of its own to adopt; a lock a parent's
-    # thread held at the fork would never be released in the child.
-    global _ADOPTING
+def _after_fork() -> None:
+    # A forked child must not write over files its parent still counts as its own spares, and
+    # has a pid of its own, so a claim folder of its own to adopt. A lock one of the parent's
+    # other threads held at the fork would never be released in the child.
+    global _SPARES_LOCK, _ADOPTING
+    _SPARES.clear()
     CLAIMED_IN.clear()
-    _ADOPTING = threading.Lock()
+    _SPARES_LOCK, _ADOPTING = threading.Lock(), threading.Lock()
 
 
-os.register_at_fork(after_in_child=_claims_after_fork)
+os.register_at_fork(after_in_child=_after_fork)
 
 
 def adopt_claims(root: str, hand_back: Callable[[], object]) -> None:
