@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flowengine.atom import Atom
+
+if TYPE_CHECKING:
+    from flowengine.retry import Retry
 
 # Keys of the metadata attached to links between a flow's items.
 LINK_INVARIANT = "invariant"
@@ -37,7 +40,7 @@ class Flow(metaclass=abc.ABCMeta):
             named ``<flow name>_retry``.
     """
 
-    def __init__(self, name: str, retry: Any = None) -> None:
+    def __init__(self, name: str, retry: Retry | None = None) -> None:
         self._name = str(name)
         self._retry = retry
         if retry is not None and retry.name is None:
@@ -49,7 +52,7 @@ class Flow(metaclass=abc.ABCMeta):
         return self._name
 
     @property
-    def retry(self) -> Any:
+    def retry(self) -> Retry | None:
         """The flow's retry controller, or None."""
         return self._retry
 

@@ -17,7 +17,7 @@ import threading
 import time
 import uuid as uuidlib
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flowengine import exceptions, states
 from flowengine.persistence import models
@@ -26,6 +26,9 @@ from flowengine.providers import TRANSIENT, Provider, ProviderIndex, ScopeFetche
 from flowengine.retry import History
 from flowengine.secrets import Masker
 from flowengine.types.failure import Failure
+
+if TYPE_CHECKING:
+    from flowengine.atom import Atom
 
 LOG = logging.getLogger(__name__)
 
@@ -313,11 +316,11 @@ class Storage:
                 self._save_flow()
             return uuids
 
-    def ensure_atom(self, atom: Any) -> str:
+    def ensure_atom(self, atom: Atom) -> str:
         """Make sure ``atom`` has a detail of the right kind; return its uuid."""
         return self.ensure_atoms([atom])[0]
 
-    def _ensure(self, atom: Any, created: list[models.AtomDetail]) -> str:
+    def _ensure(self, atom: Atom, created: list[models.AtomDetail]) -> str:
         from flowengine.retry import Retry
 
         kind = models.RetryDetail if isinstance(atom, Retry) else models.TaskDetail

@@ -13,6 +13,7 @@ from typing import Any
 from flowengine import exceptions as exc
 from flowengine import hooks as hk
 from flowengine import states
+from flowengine.atom import Atom
 from flowengine.engines import executor as ex
 from flowengine.engines import repair as repairing
 from flowengine.engines import setup_slots, shapes, stopping
@@ -239,7 +240,7 @@ class ActionEngine:
         missing: set[str] = set()
         last_cause: exc.MissingDependencies | None = None
         culprits = 0
-        last_atom: Any = None
+        last_atom: Atom | None = None
         storage = self.storage
         for atom in self.compilation.iter_atoms():
             for method, mapping, optional in (

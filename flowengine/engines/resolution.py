@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from flowengine import retry as retry_mod
 from flowengine import states
 
 if TYPE_CHECKING:
+    from flowengine.atom import Atom
     from flowengine.engines.runtime import Runtime
+    from flowengine.types.failure import Failure
 
 LOG = logging.getLogger(__name__)
 
@@ -24,20 +26,18 @@ class Strategy:
     """A resolution: ``apply`` changes intentions; ``strategy`` is the decision it stands for."""
 
     strategy: retry_mod.Decision
-    retry: Any = None
+    retry: retry_mod.Retry | None = None
 
     def apply(self, runtime: Runtime) -> None:
         """Set the intentions this resolution implies."""
         if self.strategy is retry_mod.REVERT_ALL:
             runtime.reset_atoms(runtime.compilation.iter_atoms(), None, states.REVERT)
-        elif self.strategy is retry_mod.REVERT:
-            runtime.reset_atoms([self.retry], None, states.REVERT)
-            runtime.reset_atoms(runtime.compilation.successors_of(self.retry), None,
-                                states.REVERT)
-        else:
-            runtime.reset_atoms([self.retry], None, states.RETRY)
-            runtime.reset_atoms(runtime.compilation.successors_of(self.retry), None,
-                                states.REVERT)
+            return
+        retry = self.retry
+        assert retry is not None, "a REVERT or RETRY resolution names its controller"
+        runtime.reset_atoms([retry], None,
+                            states.REVERT if self.strategy is retry_mod.REVERT else states.RETRY)
+        runtime.reset_atoms(runtime.compilation.successors_of(retry), None, states.REVERT)
 
     def __str__(self) -> str:
         target = f" of {self.retry.name!r}" if self.retry is not None else ""
@@ -49,7 +49,7 @@ class Strategy:
 UNDEFINED = Strategy(retry_mod.REVERT_ALL)
 
 
-def determine(runtime: Runtime, atom: Any, failure: Any, defer_reverts: bool) -> Strategy:
+def determine(runtime: Runtime, atom: Atom, failure: Failure, defer_reverts: bool) -> Strategy:
     """Ask the controllers above ``atom`` how to handle ``failure``."""
     controller = runtime.compilation.retry_of(atom)
     if controller is None:

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import networkx as nx
 
 from flowengine import deciders as de
 from flowengine import exceptions as exc
 from flowengine import flow
+
+if TYPE_CHECKING:
+    from flowengine.retry import Retry
 
 
 class Flow(flow.Flow):
@@ -19,7 +22,7 @@ class Flow(flow.Flow):
     ``link`` adds explicit orderings, optionally guarded by a decider. Cycles are rejected.
     """
 
-    def __init__(self, name: str, retry: Any = None) -> None:
+    def __init__(self, name: str, retry: Retry | None = None) -> None:
         super().__init__(name, retry)
         self._graph: nx.DiGraph = nx.DiGraph()
         # name -> children providing it, so inference is a dict lookup per requirement.
@@ -254,7 +257,7 @@ def _add_link(graph: nx.DiGraph, u: flow.Item, v: flow.Item, reason: str | None 
 class TargetedFlow(Flow):
     """A graph flow that, once given a target, runs only the target and what it depends on."""
 
-    def __init__(self, name: str, retry: Any = None) -> None:
+    def __init__(self, name: str, retry: Retry | None = None) -> None:
         super().__init__(name, retry)
         self._target: flow.Item | None = None
         self._subgraph: nx.DiGraph | None = None

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flowengine import flow
+
+if TYPE_CHECKING:
+    from flowengine.retry import Retry
 
 _LINK = {flow.LINK_INVARIANT: True}
 
@@ -13,7 +16,7 @@ _LINK = {flow.LINK_INVARIANT: True}
 class Flow(flow.Flow):
     """Runs its children in order; each one sees what the ones before it provided."""
 
-    def __init__(self, name: str, retry: Any = None) -> None:
+    def __init__(self, name: str, retry: Retry | None = None) -> None:
         super().__init__(name, retry)
         self._children: list[flow.Item] = []
         self._seen: set[int] = set()

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flowengine import flow
+
+if TYPE_CHECKING:
+    from flowengine.retry import Retry
 
 
 class Flow(flow.Flow):
@@ -14,7 +17,7 @@ class Flow(flow.Flow):
     Children cannot see each other's results; only what comes from outside the flow.
     """
 
-    def __init__(self, name: str, retry: Any = None) -> None:
+    def __init__(self, name: str, retry: Retry | None = None) -> None:
         super().__init__(name, retry)
         self._children: dict[int, flow.Item] = {}
 

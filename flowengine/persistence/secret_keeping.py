@@ -8,11 +8,14 @@ secret name) and turns each record about to be written into a copy with every se
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flowengine.persistence import models
 from flowengine.secrets import Masker, Secret, reveal
 from flowengine.types.failure import Failure
+
+if TYPE_CHECKING:
+    from flowengine.atom import Atom
 
 __all__ = ["META_SECRETS", "SecretKeeper"]
 
@@ -35,7 +38,7 @@ class SecretKeeper:
         self.sources: set[str] = set()
         self._args: dict[str, tuple[str, ...]] = {}
 
-    def note_atom(self, atom: Any) -> None:
+    def note_atom(self, atom: Atom) -> None:
         """Remember ``atom``'s ``secret_args``."""
         secret_args = tuple(atom.secret_args)
         if secret_args:

@@ -10,11 +10,14 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import MutableMapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flowengine.tracing import names
 from flowengine.tracing import propagation as prop
 from flowengine.tracing._api import otel
+
+if TYPE_CHECKING:
+    from flowengine.atom import Atom
 
 #: Outcome of a request attempt replaced by another (lease lapsed, handed back).
 LOST = "lost"
@@ -25,7 +28,7 @@ class AtomSpan:
 
     __slots__ = ("attempt_span", "atom", "ended_at", "lock", "span", "tracer", "uuid")
 
-    def __init__(self, tracer: Any, span: Any, atom: Any, uuid: str) -> None:
+    def __init__(self, tracer: Any, span: Any, atom: Atom | None, uuid: str) -> None:
         self.tracer, self.span, self.atom, self.uuid = tracer, span, atom, uuid
         self.attempt_span: Any = None
         self.ended_at: int | None = None  # a failed atom's end, while its resolution is due
@@ -83,7 +86,7 @@ class Registry:
                 if not held:
                     del self._by_atom[id(entry.atom)]
 
-    def of_atom(self, atom: Any) -> AtomSpan | None:
+    def of_atom(self, atom: Atom) -> AtomSpan | None:
         """The atom object's open span, if exactly one engine runs it now."""
         held = self._by_atom.get(id(atom))
         if held is None or len(held) != 1:

@@ -25,6 +25,7 @@ from flowengine.types.failure import Failure
 from flowengine.types.notifier import Notifier
 
 if TYPE_CHECKING:
+    from flowengine.atom import Atom
     from flowengine.engines.engine import ActionEngine
 
 _NOTHING = contextlib.nullcontext()
@@ -61,7 +62,7 @@ class _Current:
         _api.otel()[1].detach(self._token)
 
 
-def task_scope(task: Any) -> contextlib.AbstractContextManager[Any]:
+def task_scope(task: Atom) -> contextlib.AbstractContextManager[Any]:
     """Make ``task``'s open span current while it runs here (nothing when none is open)."""
     if not REGISTRY.by_uuid:
         return _NOTHING
@@ -69,7 +70,7 @@ def task_scope(task: Any) -> contextlib.AbstractContextManager[Any]:
     return _NOTHING if entry is None else _Current(entry.span)
 
 
-def failure_resolved(atom_uuid: str, decision: Any, retry: Any) -> None:
+def failure_resolved(atom_uuid: str, decision: object, retry: Atom | None) -> None:
     """Record how an atom's failure was resolved on its span, and end the span."""
     entry = REGISTRY.by_uuid.get(atom_uuid)
     if entry is None or entry.ended_at is None:
@@ -104,7 +105,7 @@ class FlowTrace(base.Listener):
         self._open: dict[str, AtomSpan] = {}
         self._failed: list[AtomSpan] = []  # ended, awaiting failure_resolved
         self._runs: dict[tuple[str, str], int] = {}
-        self._atoms: dict[str, Any] = {}
+        self._atoms: dict[str, Atom] = {}
 
     def __enter__(self) -> FlowTrace:
         trace = _api.otel()[0]
@@ -251,8 +252,8 @@ class TracingHook(hooks.Hook):
     def run(self, engine: ActionEngine) -> contextlib.AbstractContextManager[Any]:
         return flow_run(engine)
 
-    def call(self, task: Any) -> contextlib.AbstractContextManager[Any]:
+    def call(self, task: Atom) -> contextlib.AbstractContextManager[Any]:
         return task_scope(task)
 
-    def failure_resolved(self, atom_uuid: str, decision: object, retry: Any) -> None:
+    def failure_resolved(self, atom_uuid: str, decision: object, retry: Atom | None) -> None:
         failure_resolved(atom_uuid, decision, retry)

@@ -21,7 +21,7 @@ import threading
 import time
 import uuid as uuid_mod
 from collections.abc import Callable, Mapping
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import futurist
 import jsonschema
@@ -64,6 +64,9 @@ from flowengine.worker_based.wire.request_machine import (
     build_a_machine,
     make_an_event,
 )
+
+if TYPE_CHECKING:
+    from flowengine.atom import Atom
 
 __all__ = [  # TaskFlow programs import these names from here
     "ACTION_TO_EVENT", "ANNOUNCEMENT_TTL", "DISCOVERY_ROUTING_KEY", "EVENT", "EXECUTE",
@@ -245,7 +248,7 @@ class WorkUnit(Message):
     failures: dict[str, Failure] | None = None
 
     @classmethod
-    def of(cls, task: Any, action: str, arguments: Mapping[str, Any], result: Any = NO_RESULT,
+    def of(cls, task: Atom, action: str, arguments: Mapping[str, Any], result: Any = NO_RESULT,
            failures: Mapping[str, Failure] | None = None) -> WorkUnit:
         """The body of a request to run ``task``'s ``action`` with ``arguments`` (on revert,
         with what its execute gave, ``result``, and the flow's ``failures``)."""
@@ -311,7 +314,7 @@ class Request(Message):
 
     def __init__(
         self,
-        task: Any,
+        task: Atom,
         uuid: str,
         action: str,
         arguments: Mapping[str, Any],

@@ -34,7 +34,7 @@ import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flowengine import exceptions as exc
 from flowengine.engines.event_loop import EventLoopThread
@@ -42,6 +42,9 @@ from flowengine.types.failure import Failure
 from flowengine.worker_based import cancellation as cn
 from flowengine.worker_based import endpoint as ep
 from flowengine.worker_based import protocol as pr
+
+if TYPE_CHECKING:
+    from flowengine.task import Task
 
 LOG = logging.getLogger(__name__)
 
@@ -79,7 +82,7 @@ def serves_async(endpoints: Iterable[ep.Endpoint]) -> bool:
                for action in ("execute", "revert"))
 
 
-def call(endpoint: ep.Endpoint, task: Any, work: pr.WorkUnit, lane: Lane,
+def call(endpoint: ep.Endpoint, task: Task, work: pr.WorkUnit, lane: Lane,
          forward: Callable[[str, Any], None]) -> Callable[[], Awaitable[Any]]:
     """What :meth:`AsyncRunner.start` awaits for ``work``: its execute or revert, whose progress
     leaves through ``lane`` (a publish is a blocking round trip, kept off the loop)."""
