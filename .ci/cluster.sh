@@ -40,6 +40,7 @@ rabbit_env() {
     export RABBITMQ_PID_FILE="$base/rabbitmq/fe-c$n.pid"
     export RABBITMQ_ENABLED_PLUGINS_FILE="$base/rabbitmq/enabled_plugins"
     export RABBITMQ_CONFIG_FILE="$base/rabbitmq/fe-c$n"
+    export RABBITMQ_CONF_ENV_FILE="$base/rabbitmq/fe-c$n-env.conf"
     # One scheduler each and no busy waiting: three nodes share two cores with everything else.
     export RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="-kernel inet_dist_use_interface {127,0,0,1} +S 1:1 +sbwt none +sbwtdcpu none +sbwtdio none"
     export RABBITMQ_CTL_ERL_ARGS="-kernel inet_dist_use_interface {127,0,0,1}"
@@ -52,6 +53,9 @@ start_rabbit_node() {
         rabbit_env "$n"
         mkdir -p "$RABBITMQ_MNESIA_BASE" "$RABBITMQ_LOG_BASE"
         echo "[]." >"$RABBITMQ_ENABLED_PLUGINS_FILE"
+        # Raises the node's open-files limit after `su rabbitmq` (see .ci/services.sh).
+        echo 'ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)" 2>/dev/null || true' \
+            >"$RABBITMQ_CONF_ENV_FILE"
         cat >"$RABBITMQ_CONFIG_FILE.conf" <<CONF
 listeners.tcp.1 = 127.0.0.1:$port
 vm_memory_high_watermark.absolute = 256MiB

@@ -50,6 +50,13 @@ start_rabbitmq() {
     export RABBITMQ_CTL_ERL_ARGS="-kernel inet_dist_use_interface {127,0,0,1}"
     export RABBITMQ_MNESIA_BASE="$base/rabbitmq/mnesia" RABBITMQ_LOG_BASE="$base/rabbitmq/log"
     mkdir -p "$RABBITMQ_MNESIA_BASE" "$RABBITMQ_LOG_BASE"
+    # The node runs under `su rabbitmq`, which drops its open-files limit to 1024. A node
+    # recovering more durable queues than its file-handle cache holds (the suite leaves about
+    # 2,000) can deadlock at start: every handle is held by a queue waiting for one more. The
+    # server's own script sources this file after su, so the limit is raised where it counts.
+    echo 'ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)" 2>/dev/null || true' \
+        >"$base/rabbitmq/rabbitmq-env.conf"
+    export RABBITMQ_CONF_ENV_FILE="$base/rabbitmq/rabbitmq-env.conf"
     chown -R rabbitmq:rabbitmq "$base/rabbitmq" 2>/dev/null || true
     # The Debian package may have started a node already listening on all interfaces: stop it.
     (service rabbitmq-server stop || true) >/dev/null 2>&1
