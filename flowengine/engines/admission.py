@@ -28,6 +28,7 @@ the service by name at run time and uses the small protocols below.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import dataclasses
 import importlib
 import logging
 import string
@@ -151,23 +152,61 @@ def _class_names(task: Atom) -> tuple[str, str]:
     return cls.__name__, f"{cls.__module__}.{cls.__qualname__}"
 
 
+#: What option ``coordination`` names: a jobboard URI or conf, or a ready coordinator.
+CoordinationConf = str | Mapping[str, Any] | Coordination
+
+
+@dataclasses.dataclass(frozen=True)
+class AdmissionOptions:
+    """The engine options of locks and limits (see the module), validated.
+
+    Attributes:
+        locks: The flow's own locks, sorted, each once.
+        on_conflict: ``"wait"`` or ``"reject"``.
+        concurrency: ``{name: at most N running}``.
+        coordination: The service holding them (None: none given).
+        lock_details: Extra details each lock and lease records of its holder.
+    """
+
+    locks: tuple[str, ...] = ()
+    on_conflict: str = "wait"
+    concurrency: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    coordination: CoordinationConf | None = None
+    lock_details: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def from_mapping(cls, options: Mapping[str, Any]) -> AdmissionOptions:
+        """Validate the options of :data:`OPTIONS` in ``options`` (others are not looked at).
+
+        Raises:
+            ValueError: A bad value; the message names the option.
+        """
+        on_conflict = str(options.get("on_conflict") or "wait").lower()
+        if on_conflict not in ON_CONFLICT:
+            raise ValueError(f"Engine option 'on_conflict' must be 'wait' or 'reject', not "
+                             f"{options.get('on_conflict')!r}")
+        details = options.get("lock_details") or {}
+        if not isinstance(details, Mapping):
+            raise ValueError(f"Engine option 'lock_details' must be a mapping, not "
+                             f"{details!r}")
+        return cls(locks=tuple(sorted(set(_names("locks", options.get("locks"))))),
+                   on_conflict=on_conflict, concurrency=_limits(options.get("concurrency")),
+                   coordination=options.get("coordination"), lock_details=dict(details))
+
+
 class Admission:
     """The locks and limits of one engine (see the module).
 
     Args:
-        options: The engine's extra options (``locks``, ``on_conflict``, ``concurrency``,
-            ``coordination``, ``lock_details``).
+        options: The engine's validated locks and limits options.
     """
 
-    def __init__(self, options: Mapping[str, Any]) -> None:
-        self.locks = tuple(sorted(set(_names("locks", options.get("locks")))))
-        self.on_conflict = str(options.get("on_conflict") or "wait").lower()
-        if self.on_conflict not in ON_CONFLICT:
-            raise ValueError(f"Engine option 'on_conflict' must be 'wait' or 'reject', not "
-                             f"{options.get('on_conflict')!r}")
-        self.concurrency = _limits(options.get("concurrency"))
-        self.details = dict(options.get("lock_details") or {})
-        self._conf = options.get("coordination")
+    def __init__(self, options: AdmissionOptions) -> None:
+        self.locks = options.locks
+        self.on_conflict = options.on_conflict
+        self.concurrency = dict(options.concurrency)
+        self.details = dict(options.lock_details)
+        self._conf = options.coordination
         self._service: Coordination | None = None
 
     def needed_by(self, atoms: Iterable[Atom]) -> bool:

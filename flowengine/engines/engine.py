@@ -19,7 +19,6 @@ from flowengine.engines import repair as repairing
 from flowengine.engines import setup_slots, shapes, stopping
 from flowengine.engines import suspend_requests as sr
 from flowengine.engines.admission import META_COORDINATION, Admission, FlowLocks, TaskGate
-from flowengine.engines.admission import OPTIONS as ADMISSION_OPTIONS
 from flowengine.engines.compiler import Compilation, PatternCompiler
 from flowengine.engines.delays import RetryWaits
 from flowengine.engines.machine import META_STATES, RunLoop
@@ -50,10 +49,10 @@ class ActionEngine:
     NO_RERAISING_STATES = frozenset((states.SUSPENDED, states.SUCCESS))
     #: The engine's name in messages about its options.
     KIND = "action"
-    #: The options it reads beyond :class:`EngineOptions`' fields; any other that TaskFlow
-    #: does not know either is refused, with the nearest known name.
-    EXTRA_OPTIONS = frozenset({"retry_clock", "time_limits", "max_async_tasks",
-                               stopping.OPTION, sr.OPTION, *ADMISSION_OPTIONS})
+    #: The options it reads beyond :class:`EngineOptions`' fields (the local executors'
+    #: ``max_async_tasks``); any other that TaskFlow does not know either is refused, with the
+    #: nearest known name.
+    EXTRA_OPTIONS = frozenset({"max_async_tasks"})
 
     def __init__(self, flow: Any, flow_detail: Any, backend: Any,
                  options: Mapping[str, Any] | None) -> None:
@@ -69,7 +68,7 @@ class ActionEngine:
         self._atom_notifier = Notifier()
         self._interventions = Notifier()
         self._repairs: list[repairing.Repair] = []  # asked for, made as the next run starts
-        self._retry_waits = RetryWaits(self._options.extra.get("retry_clock") or time.monotonic)
+        self._retry_waits = RetryWaits(self._options.retry_clock or time.monotonic)
         self._storage: Storage | None = None
         self._compilation: Compilation | None = None
         self._runtime: Runtime | None = None
@@ -82,11 +81,10 @@ class ActionEngine:
         #: The cancel asked of this engine (see cancel), applied by the run it reaches.
         self._cancel: stopping.CancelRequest | None = None
         self._watch: sr.SuspendWatch | None = None  # reads requests stored while it runs
-        self._deadline_seconds = stopping.deadline_seconds(self._options.extra)
         # The clock deadlines are stored by (epoch seconds): the retry clock tests inject.
-        self._epoch_clock = self._options.extra.get("retry_clock") or time.time
+        self._epoch_clock = self._options.retry_clock or time.time
         # Locks and concurrency limits (options locks, concurrency, coordination).
-        self._admission = Admission(self._options.extra)
+        self._admission = Admission(self._options.admission)
         self._flow_locks: FlowLocks | None = None  # while a run holds or waits for its locks
 
     # -- public properties ------------------------------------------------------------------
@@ -148,10 +146,9 @@ class ActionEngine:
 
     def _local_options(self) -> dict[str, Any]:
         """The options of the local executors: ``time_limits`` and ``max_async_tasks``."""
-        extra = self._options.extra
-        return {"time_limits": extra.get("time_limits"), "hooks": self.hooks,
-                "max_async_tasks": as_optional_int("max_async_tasks",
-                                                   extra.get("max_async_tasks"))}
+        return {"time_limits": self._options.time_limits, "hooks": self.hooks,
+                "max_async_tasks": as_optional_int(
+                    "max_async_tasks", self._options.extra.get("max_async_tasks"))}
 
     def compile(self) -> None:
         """Compile the flow into its execution graph (once)."""
@@ -401,7 +398,7 @@ class ActionEngine:
         if not sr.shared(self._backend):
             return None
         return sr.SuspendWatch(self._backend, self.storage.flow_uuid,
-                               sr.interval_of(self._options.extra))
+                               self._options.suspend_check_interval)
 
     def _act_on_marks(self, suspend_seen: bool) -> None:
         """Do what the flow's stored marks ask, just read (any thread)."""
@@ -580,11 +577,11 @@ class ActionEngine:
         deadline of a resumed flow, else one set now from the ``deadline`` option (stored with
         the RUNNING state that follows)."""
         stored = stopping.stored_deadline(self.storage.flow_meta)
-        if stored is not None or self._deadline_seconds is None:
+        if stored is not None or self._options.deadline is None:
             return stored
-        at = self._epoch_clock() + self._deadline_seconds
+        at = self._epoch_clock() + self._options.deadline
         self.storage.flow_meta[stopping.META_DEADLINE] = {"at": at,
-                                                         "seconds": self._deadline_seconds}
+                                                         "seconds": self._options.deadline}
         return at
 
     def _arm_deadline(self, at: float) -> None:

@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
+from flowengine.engines import stopping
+from flowengine.engines import suspend_requests as sr
+from flowengine.engines.admission import OPTIONS as ADMISSION_OPTIONS
+from flowengine.engines.admission import AdmissionOptions
+from flowengine.engines.time_limits import parse_time_limits
 from flowengine.hooks import Hook
 
 _TRUE = {"1", "true", "yes", "on", "y"}
@@ -61,6 +66,14 @@ def as_optional_int(name: str, value: Any, minimum: int = 1) -> int | None:
     return number
 
 
+def as_clock(name: str, value: Any) -> Callable[[], float] | None:
+    """Accept None (the system's clock) or a function of no arguments returning seconds."""
+    if value is not None and not callable(value):
+        raise ValueError(f"Engine option {name!r} must be a function returning seconds, got "
+                         f"{value!r}")
+    return value
+
+
 def as_hooks(value: Any) -> tuple[Hook, ...] | None:
     """Accept None (the process's defaults) or an iterable of :class:`~flowengine.hooks.Hook`."""
     if value is None:
@@ -88,6 +101,14 @@ class EngineOptions:
         max_workers: the parallel engine's thread count.
         hooks: what attaches to the engine (see :mod:`flowengine.hooks`); None: the
             process's defaults.
+        retry_clock: epoch seconds of retry waits and deadlines (None: the system's clocks;
+            tests inject one to move time by hand).
+        time_limits: ``{task name: seconds}`` overriding tasks' ``time_limit``.
+        deadline: seconds the flow may run before it is cancelled (None: no deadline; see
+            :mod:`flowengine.engines.stopping`).
+        suspend_check_interval: seconds between looks at the flow's stored suspend and cancel
+            requests (see :mod:`flowengine.engines.suspend_requests`).
+        admission: the locks and limits options (see :mod:`flowengine.engines.admission`).
         extra: every other option, for engines that understand them.
     """
 
@@ -97,6 +118,11 @@ class EngineOptions:
     executor: Any = None
     max_workers: int | None = None
     hooks: tuple[Hook, ...] | None = None
+    retry_clock: Callable[[], float] | None = None
+    time_limits: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    deadline: float | None = None
+    suspend_check_interval: float = sr.DEFAULT_INTERVAL
+    admission: AdmissionOptions = dataclasses.field(default_factory=AdmissionOptions)
     extra: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     @classmethod
@@ -127,16 +153,26 @@ class EngineOptions:
             executor=options.pop("executor", None),
             max_workers=as_optional_int("max_workers", options.pop("max_workers", None)),
             hooks=as_hooks(options.pop("hooks", None)),
+            retry_clock=as_clock("retry_clock", options.pop("retry_clock", None)),
+            time_limits=parse_time_limits(options.pop("time_limits", None)),
+            deadline=stopping.deadline_seconds(options.pop(stopping.OPTION, None)),
+            suspend_check_interval=sr.interval_of(options.pop(sr.OPTION, None)),
+            admission=AdmissionOptions.from_mapping(
+                {name: options.pop(name) for name in ADMISSION_OPTIONS if name in options}),
             extra=options,
         )
 
     def as_dict(self) -> dict[str, Any]:
-        """The options as a plain dict (what ``engine.options`` returns)."""
-        found = {f.name: getattr(self, f.name)
-                 for f in dataclasses.fields(self) if f.name != "extra"}
+        """The options as a plain dict, validated (the admission options by their own
+        names)."""
+        found = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                 if f.name not in ("extra", "admission")}
+        found.update((f.name, getattr(self.admission, f.name))
+                     for f in dataclasses.fields(self.admission))
         found.update(self.extra)
         return found
 
 
 #: The options :class:`EngineOptions` holds in fields of their own.
-_FIELDS = frozenset(f.name for f in dataclasses.fields(EngineOptions)) - {"extra"}
+_FIELDS = (frozenset(f.name for f in dataclasses.fields(EngineOptions)) - {"extra", "admission"}
+           | ADMISSION_OPTIONS)

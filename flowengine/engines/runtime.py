@@ -84,7 +84,7 @@ class Runtime:
         hook = _StateHook(self)
         self.task_action = TaskAction(storage, atom_notifier, task_executor, hook)
         # Option ``retry_clock`` (epoch seconds) moves retry waits in tests without sleeping.
-        clock = options.extra.get("retry_clock")
+        clock = options.retry_clock
         if waits is None:
             waits = RetryWaits(clock or time.monotonic)
         self.retry_action = RetryAction(storage, atom_notifier, hook,

@@ -82,13 +82,12 @@ class CancelRequest:
         return f"cancelled by {self.by} at {self.at}: {self.reason}"
 
 
-def deadline_seconds(options: Mapping[str, Any]) -> float | None:
-    """The ``deadline`` engine option, validated (None: no deadline).
+def deadline_seconds(value: Any) -> float | None:
+    """The ``deadline`` engine option's ``value``, validated (None: no deadline).
 
     Raises:
         ValueError: It is not a number of seconds above zero.
     """
-    value = options.get(OPTION)
     if value is None:
         return None
     try:

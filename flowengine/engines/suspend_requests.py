@@ -31,7 +31,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from flowengine import states
@@ -62,13 +62,14 @@ def shared(backend: Any) -> bool:
     return backend is not None and not isinstance(backend, impl_memory.MemoryBackend)
 
 
-def interval_of(options: Mapping[str, Any]) -> float:
-    """The ``suspend_check_interval`` engine option, validated (None: the default).
+def interval_of(value: Any) -> float:
+    """The ``suspend_check_interval`` engine option's ``value``, validated (None: the
+    default).
 
     Raises:
         ValueError: The option is not a number of seconds >= 0.
     """
-    given = {OPTION: options.get(OPTION)} if options.get(OPTION) is not None else {}
+    given = {OPTION: value} if value is not None else {}
     return seconds_option(given, OPTION, DEFAULT_INTERVAL, "Engine")
 
 

@@ -60,7 +60,7 @@ def post_flow(board: base.JobBoard, persistence: persistence_base.Backend,
     book.add(flow_detail)
     engines.save_factory_details(flow_detail, flow_factory, factory_args, factory_kwargs)
     if deadline is not None:
-        seconds = stopping.deadline_seconds({stopping.OPTION: deadline})
+        seconds = stopping.deadline_seconds(deadline)
         assert seconds is not None
         flow_detail.meta[stopping.META_DEADLINE] = {"at": clock() + seconds, "seconds": seconds}
     all_details = {**(details or {}), "store": dict(store or {}), "flow_uuid": flow_detail.uuid}

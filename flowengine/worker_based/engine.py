@@ -13,7 +13,6 @@ from typing import Any
 from flowengine import hooks as hk
 from flowengine import states
 from flowengine.atom import Atom
-from flowengine.engines import admission
 from flowengine.engines import executor as local
 from flowengine.engines.actions import META_ATTEMPT_IDS, META_DELAYED_JOB
 from flowengine.engines.engine import ActionEngine
@@ -49,7 +48,8 @@ _MAX_LOGGED_ATTEMPTS = 50
 class WorkerBasedActionEngine(ActionEngine):
     """Runs a flow's tasks on workers reached through a broker.
 
-    Options (as TaskFlow's, plus ``taskflow_compat``):
+    Options (as TaskFlow's, plus ``taskflow_compat``, and those every engine reads: see
+    :class:`~flowengine.engines.options.EngineOptions`):
         exchange: the exchange workers listen on (default ``"default"``).
         url: broker URL (None: the embedded filesystem transport).
         topics: the worker topics tasks may run on (asked for workers; flowengine workers also
@@ -74,13 +74,12 @@ class WorkerBasedActionEngine(ActionEngine):
         metrics: update the Prometheus metrics (default False; the ``metrics`` extra).
         metrics_port: also serve them on ``127.0.0.1:PORT/metrics`` from when the flow runs
             (implies ``metrics``; the endpoint is the process's and outlives the run).
-        retry_clock: epoch seconds of retry waits, as on every engine (tests inject one).
         clock: monotonic seconds of request expiries, leases, time limits and silent workers
             (tests inject one to move them along without sleeping).
     """
 
     KIND = "worker-based"
-    EXTRA_OPTIONS = admission.OPTIONS | OPTION_NAMES
+    EXTRA_OPTIONS = OPTION_NAMES
 
     def __init__(
         self, flow: Any, flow_detail: Any, backend: Any, options: Mapping[str, Any] | None
@@ -92,7 +91,8 @@ class WorkerBasedActionEngine(ActionEngine):
         # ignores them.
         self.worker_options = opts = WorkerEngineOptions.from_mapping(
             {k: v for k, v in self._options.extra.items()
-             if k not in admission.OPTIONS and (k in OPTION_NAMES or k not in TASKFLOW_OPTIONS)})
+             if k in OPTION_NAMES or k not in TASKFLOW_OPTIONS}
+            | {"time_limits": self._options.time_limits})
         # A ready-made executor may use a broker the options do not name: publish nowhere then.
         known = self._options.executor is None or opts.url or opts.transport
         self._publisher: ext.EventSink = ext.NO_EVENTS

@@ -139,15 +139,9 @@ class WorkerEngineOptions:
     events: bool = True
     metrics: bool = False
     metrics_port: int | None = None
-    #: Read by the action engine itself (see :mod:`flowengine.engines.suspend_requests`).
-    suspend_check_interval: float | None = None
-    #: Epoch seconds of retry waits (delay/backoff); tests inject one to move time by hand.
-    retry_clock: Callable[[], float] | None = None
     #: Monotonic seconds of request expiries, leases, time limits and silent workers (the
     #: executor's clock); tests inject one to move them along without sleeping.
     clock: Callable[[], float] = time.monotonic
-    #: Seconds the flow may run before it is cancelled (see :mod:`flowengine.engines.stopping`).
-    deadline: float | None = None
     # Secrets: kept out of the repr (and so out of logs and errors).
     signing_key: str | None = dataclasses.field(default=None, repr=False)
     signing_key_file: str | None = None
@@ -204,10 +198,7 @@ _CONVERT: dict[str, Callable[[str, Any], Any]] = {
     "events": as_bool,
     "metrics": as_bool,
     "metrics_port": _port,
-    "suspend_check_interval": lambda n, v: _seconds(n, v, optional=False),
-    "retry_clock": _callable,
     "clock": _callable,
-    "deadline": lambda n, v: _seconds(n, v, optional=False),
     "signing_key": _secret_text,
     "signing_key_file": _text,
 }

@@ -50,9 +50,55 @@ def test_the_worker_based_engine_ignores_taskflow_options_it_has_no_use_for() ->
     assert engine.options["gather_statistics"] is False  # kept, as given
 
 
-def test_the_local_engines_read_the_options_they_accept() -> None:
-    engine = engines.load(tasks.Step("s"), engine="serial", deadline=30, time_limits={"s": 2},
-                          suspend_check_interval=0, max_async_tasks=4, locks=[])
-    assert engine.options["deadline"] == 30
-    options = EngineOptions.from_mapping({"anything": 1})  # no engine named: unchecked
-    assert options.extra == {"anything": 1}
+def test_the_options_every_engine_reads_are_typed_fields_not_extras() -> None:
+    def clock() -> float:
+        return 5.0
+
+    options = EngineOptions.from_mapping(
+        {"deadline": "30", "time_limits": {"s": 2}, "suspend_check_interval": 0,
+         "retry_clock": clock, "locks": "lb:2,lb:1", "concurrency": "Reboot=3",
+         "on_conflict": "REJECT", "coordination": "redis://127.0.0.1:6379",
+         "lock_details": {"owner": "ops"}, "max_async_tasks": 4},
+        kind="serial", extra={"max_async_tasks"})
+    assert (options.deadline, options.time_limits, options.suspend_check_interval) == (
+        30.0, {"s": 2.0}, 0.0)
+    assert options.retry_clock is clock
+    assert options.admission.locks == ("lb:1", "lb:2")
+    assert options.admission.concurrency == {"Reboot": 3}
+    assert options.admission.on_conflict == "reject"
+    assert options.admission.coordination == "redis://127.0.0.1:6379"
+    assert options.admission.lock_details == {"owner": "ops"}
+    assert options.extra == {"max_async_tasks": 4}  # the local executors' own
+    assert options.as_dict()["locks"] == ("lb:1", "lb:2")
+    unchecked = EngineOptions.from_mapping({"anything": 1})  # no engine named: unchecked
+    assert unchecked.extra == {"anything": 1} and unchecked.deadline is None
+
+
+@pytest.mark.parametrize("engine", ["serial", "parallel", "worker-based"])
+@pytest.mark.parametrize(("name", "value"), [
+    ("deadline", -1),
+    ("time_limits", {"s": 0}),
+    ("suspend_check_interval", -1),
+    ("retry_clock", 5),
+    ("on_conflict", "maybe"),
+    ("locks", [1]),
+    ("concurrency", {"Reboot": 0}),
+    ("lock_details", ["owner"]),
+])  # fmt: skip
+def test_a_bad_value_is_refused_on_every_engine_naming_its_option(
+    engine: str, name: str, value: object,
+) -> None:
+    remote = {"transport": "memory", "topics": ["t"]} if engine == "worker-based" else {}
+    with pytest.raises(ValueError, match=f"'{name}'"):
+        engines.load(tasks.Step("s"), engine=engine, **remote, **{name: value})
+
+
+def test_the_options_as_given_stay_what_engine_options_returns() -> None:
+    engine = engines.load(tasks.Step("s"), engine="serial", deadline="30", locks="a")
+    assert engine.options == {"deadline": "30", "locks": "a"}  # TaskFlow's: unresolved
+
+
+def test_the_worker_based_engine_refuses_the_local_executors_option() -> None:
+    with pytest.raises(ValueError, match="Unknown worker-based engine option"):
+        engines.load(tasks.Step("s"), engine="worker-based", transport="memory",
+                     topics=["t"], max_async_tasks=4)

@@ -156,8 +156,8 @@ def test_a_request_is_acknowledged_once(url: str) -> None:
 def test_memory_backends_and_bad_intervals() -> None:
     assert not sr.shared(backends.fetch("memory://")) and not sr.shared(None)
     with pytest.raises(ValueError, match="'suspend_check_interval' must be seconds >= 0"):
-        sr.interval_of({"suspend_check_interval": -1})
-    assert sr.interval_of({}) == sr.DEFAULT_INTERVAL
+        sr.interval_of(-1)
+    assert sr.interval_of(None) == sr.DEFAULT_INTERVAL
 
 
 def _dead_pid() -> int:
