@@ -204,8 +204,8 @@ class Admission:
     def __init__(self, options: AdmissionOptions) -> None:
         self.locks = options.locks
         self.on_conflict = options.on_conflict
-        self.concurrency = dict(options.concurrency)
-        self.details = dict(options.lock_details)
+        self.concurrency = options.concurrency
+        self.details = options.lock_details
         self._conf = options.coordination
         self._service: Coordination | None = None
 
