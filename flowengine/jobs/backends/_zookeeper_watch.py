@@ -1,9 +1,15 @@
 """Following a ZooKeeper board's jobs: a children watch, a cache, and the announcements.
 
 kazoo calls watches on its own event thread, which must never block, so :class:`JobWatch`
-hands every listing to one thread of its own. That thread reads the new job nodes, updates the
-cache, announces :data:`~flowengine.jobs.base.POSTED` and :data:`~flowengine.jobs.base.REMOVAL`
-and wakes the board's waiters. A lost session (its watches and ephemeral nodes are gone) is
+hands every change to one thread of its own. That thread lists the folder, reads the new job
+nodes, updates the cache, announces :data:`~flowengine.jobs.base.POSTED` and
+:data:`~flowengine.jobs.base.REMOVAL` and wakes the board's waiters.
+
+Listings reach the cache from two threads (that one, and a reader asking for a fresh listing),
+so each carries the folder's version (its creation and its count of child changes) and one
+older than the last applied is not applied: a listing read before a post or a consume and
+applied after a newer one would otherwise take the posted job out again, or bring the consumed
+one back. A lost session (its watches and ephemeral nodes are gone) is
 followed, once kazoo has a new one, by a full re-read; ``ChildrenWatch`` sets itself again.
 """
 
@@ -31,10 +37,20 @@ __all__ = ["JobWatch"]
 
 LOG = logging.getLogger(__name__)
 
+_CHANGED = object()
 _RESYNC = object()
 _STOP = object()
 
 J = TypeVar("J", bound=base.Job)
+
+#: A listing's place in the folder's history: the folder's ``czxid`` (a folder deleted and made
+#: again starts a new history) and its ``cversion`` (one more at each child created or deleted).
+Version = tuple[int, int]
+
+
+def listing_version(stat: Any) -> Version:
+    """The :data:`Version` of a listing read with ``include_data=True`` (kazoo's ZnodeStat)."""
+    return (stat.czxid, stat.cversion)
 
 
 class JobWatch(Generic[J]):
@@ -63,13 +79,16 @@ class JobWatch(Generic[J]):
         #: Jobs this board posted that no listing has shown yet. The watch's thread may still
         #: hold a listing read before the post: one that lacks them must not drop them.
         self._unlisted: set[str] = set()
+        #: Held for a whole :meth:`sync`, so listings are applied one at a time, in order.
+        self._syncing = threading.Lock()
+        self._applied: Version | None = None
         self._events: queue.Queue[object] = queue.Queue()
         self._thread: threading.Thread | None = None
         self._watching = False
         self._session_lost = False
 
     def start(self) -> None:
-        """Start following (the first listing is read before this returns)."""
+        """Start following (the watch's thread applies the first listing)."""
         self._watching = True
         self._client.add_listener(self._on_session_state)
         self._thread = threading.Thread(target=self._follow, daemon=True,
@@ -87,6 +106,8 @@ class JobWatch(Generic[J]):
             self._thread = None
         with self._lock:
             self._known.clear()
+        with self._syncing:
+            self._applied = None
 
     def jobs(self) -> list[J]:
         """The cached jobs."""
@@ -110,10 +131,11 @@ class JobWatch(Generic[J]):
         if job is not None:
             self._notifier.notify(base.REMOVAL, {"job": job})
 
-    def _on_children(self, children: list[str]) -> bool | None:
+    def _on_children(self, _children: list[str]) -> bool | None:
         if not self._watching:
             return False  # ends the ChildrenWatch
-        self._events.put(children)
+        # The watch's listing has no version: the watch's thread lists again with one.
+        self._events.put(_CHANGED)
         return None
 
     def _on_session_state(self, state: str) -> None:
@@ -138,17 +160,24 @@ class JobWatch(Generic[J]):
             try:
                 if item is _RESYNC:
                     self._new_session()
-                    item = self._client.get_children(self._path)
-                assert isinstance(item, list)
-                self.sync(item)
+                children, stat = self._client.get_children(self._path, include_data=True)
+                self.sync(children, listing_version(stat))
             except (exc.TaskFlowException, k_exc.KazooException,
                     self._client.handler.timeout_exception) as err:
                 LOG.warning("Jobboard %s could not follow a change: %s", self._name, err)
             self._changed()
 
-    def sync(self, children: list[str]) -> list[J]:
-        """Bring the cache in line with a listing of the folder, announce what changed, and
-        return the cached jobs."""
+    def sync(self, children: list[str], version: Version) -> list[J]:
+        """Bring the cache in line with a listing of the folder at ``version``, announce what
+        changed, and return the cached jobs (as they were, for a listing older than the last
+        applied)."""
+        with self._syncing:
+            if self._applied is not None and version < self._applied:
+                return self.jobs()
+            self._applied = version
+            return self._apply(children)
+
+    def _apply(self, children: list[str]) -> list[J]:
         paths = {posixpath.join(self._path, c) for c in children if self._is_job(c)}
         with self._lock:
             self._unlisted -= paths
@@ -159,8 +188,10 @@ class JobWatch(Generic[J]):
         kept = {p for p, check in checks if check.get() is not None}
         with self._lock:
             self._unlisted -= set(unlisted) - kept
+            # What is still unlisted now includes what this board posted while the check ran
+            # (the listing predates those too).
             gone = [self._known.pop(p) for p in list(self._known)
-                    if p not in paths and p not in kept]
+                    if p not in paths and p not in self._unlisted]
             new = [p for p in paths if p not in self._known]
         requests = [(p, self._client.get_async(p)) for p in new]
         posted = []

@@ -43,7 +43,7 @@ from flowengine.jobs.backends import _zookeeper_records as rec
 from flowengine.jobs.backends._json_values import new_posting
 from flowengine.jobs.backends._zookeeper_folders import EntityFolder, FolderMethods, TrashFolder
 from flowengine.jobs.backends._zookeeper_records import ZookeeperJob
-from flowengine.jobs.backends._zookeeper_watch import JobWatch
+from flowengine.jobs.backends._zookeeper_watch import JobWatch, listing_version
 
 __all__ = ["ZookeeperJob", "ZookeeperJobBoard"]
 
@@ -317,8 +317,10 @@ class ZookeeperJobBoard(FolderMethods, base.NotifyingJobBoard):
         client = self._require()
         # The listing shows which jobs have a lock; only those need reading (at once).
         with self._failures("list its jobs"):
-            children = set(client.get_children(self._path))
-        jobs = self._watch.sync(list(children)) if ensure_fresh else self._watch.jobs()
+            listing, stat = client.get_children(self._path, include_data=True)
+        children = set(listing)
+        jobs = (self._watch.sync(listing, listing_version(stat)) if ensure_fresh
+                else self._watch.jobs())
         jobs.sort(key=lambda j: (j.priority.rank, j.sequence))
         locked = {snap.path: snap for snap in self._read_many(
             [j.path for j in jobs if posixpath.basename(j.lock_path) in children])}
