@@ -682,8 +682,4 @@ class ParallelActionEngine(ActionEngine):
                                                  **self._local_options())
         if isinstance(given, ex.TaskExecutor):
             return given
-        if hasattr(given, "submit"):
-            return ex.ParallelThreadTaskExecutor(executor=given, **self._local_options())
-        raise ValueError(
-            f"Parallel engine option 'executor' must be an Executor or 'threads', not {given!r}"
-        )
+        return ex.ParallelThreadTaskExecutor(executor=given, **self._local_options())

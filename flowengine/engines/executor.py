@@ -20,7 +20,7 @@ import threading
 import time
 import weakref
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import futurist
 
@@ -511,6 +511,15 @@ class SerialTaskExecutor(LocalTaskExecutor):
         return future
 
 
+@runtime_checkable
+class SubmitsCalls(Protocol):
+    """An executor a program hands the parallel engine (``concurrent.futures``, futurist):
+    all it needs is ``submit``, as TaskFlow's parallel engine."""
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> cf.Future[Any]:
+        """Run ``fn(*args, **kwargs)`` some time; its future."""
+
+
 class ParallelThreadTaskExecutor(LocalTaskExecutor):
     """Runs tasks on a thread pool (one the caller gives, or one of ``max_workers`` threads).
 
@@ -519,7 +528,7 @@ class ParallelThreadTaskExecutor(LocalTaskExecutor):
     time on the executor's event loop thread.
     """
 
-    def __init__(self, executor: cf.Executor | None = None, max_workers: int | None = None,
+    def __init__(self, executor: SubmitsCalls | None = None, max_workers: int | None = None,
                  time_limits: Mapping[str, float] | None = None,
                  max_async_tasks: int | None = None, clock: Clock = time.monotonic,
                  hooks: Hooks | None = None) -> None:
@@ -528,7 +537,7 @@ class ParallelThreadTaskExecutor(LocalTaskExecutor):
         super().__init__(time_limits, max_async_tasks, clock, hooks)
         self._given = executor
         self._max_workers = max_workers
-        self._pool: cf.Executor | None = executor
+        self._pool: SubmitsCalls | None = executor
         self._lock = threading.Lock()
 
     def start(self) -> None:
@@ -540,7 +549,7 @@ class ParallelThreadTaskExecutor(LocalTaskExecutor):
     def stop(self) -> None:
         super().stop()
         with self._lock:
-            if self._given is None and self._pool is not None:
+            if self._given is None and isinstance(self._pool, cf.Executor):
                 # The engine only stops once every future it submitted has finished, so no work
                 # is abandoned; waiting would only add futurist's ~1 s idle-thread poll per run.
                 self._pool.shutdown(wait=False)

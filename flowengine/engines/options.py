@@ -11,6 +11,7 @@ from flowengine.engines import stopping
 from flowengine.engines import suspend_requests as sr
 from flowengine.engines.admission import OPTIONS as ADMISSION_OPTIONS
 from flowengine.engines.admission import AdmissionOptions
+from flowengine.engines.executor import SubmitsCalls, TaskExecutor
 from flowengine.engines.time_limits import parse_time_limits
 from flowengine.hooks import Hook
 
@@ -74,6 +75,21 @@ def as_clock(name: str, value: Any) -> Callable[[], float] | None:
     return value
 
 
+#: The ``executor`` option: one of flowengine's task executors, an executor of the program's
+#: own, the name of one ("threads"), or None (the engine's own pool).
+ExecutorOption = TaskExecutor | SubmitsCalls | str | None
+
+
+def as_executor(value: Any) -> ExecutorOption:
+    """Accept what :data:`ExecutorOption` allows; the parallel engine checks the names and
+    refuses process pools."""
+    if value is None or isinstance(value, (str, TaskExecutor, SubmitsCalls)):
+        return value
+    raise ValueError(f"Engine option 'executor' must be an executor (an object with submit), "
+                     f"a flowengine TaskExecutor or an executor's name such as 'threads', "
+                     f"not {value!r}")
+
+
 def as_hooks(value: Any) -> tuple[Hook, ...] | None:
     """Accept None (the process's defaults) or an iterable of :class:`~flowengine.hooks.Hook`."""
     if value is None:
@@ -115,7 +131,7 @@ class EngineOptions:
     defer_reverts: bool = False
     never_resolve: bool = False
     inject_transient: bool = True
-    executor: Any = None
+    executor: ExecutorOption = None
     max_workers: int | None = None
     hooks: tuple[Hook, ...] | None = None
     retry_clock: Callable[[], float] | None = None
@@ -150,7 +166,7 @@ class EngineOptions:
             defer_reverts=as_bool("defer_reverts", options.pop("defer_reverts", False)),
             never_resolve=as_bool("never_resolve", options.pop("never_resolve", False)),
             inject_transient=as_bool("inject_transient", options.pop("inject_transient", True)),
-            executor=options.pop("executor", None),
+            executor=as_executor(options.pop("executor", None)),
             max_workers=as_optional_int("max_workers", options.pop("max_workers", None)),
             hooks=as_hooks(options.pop("hooks", None)),
             retry_clock=as_clock("retry_clock", options.pop("retry_clock", None)),

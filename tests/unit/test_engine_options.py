@@ -3,6 +3,8 @@ names and ``None`` values keep working, and an option another engine reads is ac
 
 from __future__ import annotations
 
+import concurrent.futures as cf
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -10,6 +12,7 @@ from behaviour import tasks  # tests/ is on sys.path (rootdir conftest)
 
 from flowengine import engines, states
 from flowengine.engines.options import TASKFLOW_OPTIONS, EngineOptions
+from flowengine.flows import unordered_flow
 
 
 @pytest.mark.parametrize("engine", ["serial", "parallel", "worker-based"])
@@ -84,6 +87,7 @@ def test_the_options_every_engine_reads_are_typed_fields_not_extras() -> None:
     ("locks", [1]),
     ("concurrency", {"Reboot": 0}),
     ("lock_details", ["owner"]),
+    ("executor", 5),
 ])  # fmt: skip
 def test_a_bad_value_is_refused_on_every_engine_naming_its_option(
     engine: str, name: str, value: object,
@@ -102,3 +106,33 @@ def test_the_worker_based_engine_refuses_the_local_executors_option() -> None:
     with pytest.raises(ValueError, match="Unknown worker-based engine option"):
         engines.load(tasks.Step("s"), engine="worker-based", transport="memory",
                      topics=["t"], max_async_tasks=4)
+
+
+class OnlySubmits:
+    """A program's own executor: nothing but ``submit`` (as TaskFlow's parallel engine asks)."""
+
+    def __init__(self) -> None:
+        self.pool = cf.ThreadPoolExecutor(2)
+        self.calls = 0
+
+    def submit(self, fn: Callable[..., object], /, *args: object,
+               **kwargs: object) -> cf.Future[object]:
+        self.calls += 1
+        return self.pool.submit(fn, *args, **kwargs)
+
+
+@pytest.mark.parametrize("kind", ["only-submit", "futures", "threads", "none"])
+def test_the_parallel_engine_runs_on_the_executor_given(kind: str) -> None:
+    given: object = {"only-submit": OnlySubmits(), "futures": cf.ThreadPoolExecutor(2),
+                     "threads": "Threads", "none": None}[kind]
+    flow = unordered_flow.Flow("two").add(tasks.Step("a"), tasks.Step("b"))
+    engine = engines.load(flow, engine="parallel", executor=given)
+    assert engine.options["executor"] is given  # as given, TaskFlow's
+    engine.run()
+    assert engine.storage.get_flow_state() == states.SUCCESS
+    if isinstance(given, OnlySubmits):
+        assert given.calls == 2
+        given.pool.shutdown()
+    elif isinstance(given, cf.Executor):
+        given.submit(lambda: None).result()  # the engine did not shut the program's pool
+        given.shutdown()
