@@ -2,8 +2,8 @@
 
 ``flowengine worker --autoscale 4,1`` does the same from the command line. The worker starts
 with one thread; four tasks that run side by side grow it to four, and the broker prefetch
-follows. Idle threads exit after ten seconds, down to MIN. Kombu's in-memory transport stands in
-for a broker.
+follows. Idle threads exit after ten seconds, down to MIN. ``worker.stats()`` tells what the
+worker is doing at any moment. Kombu's in-memory transport stands in for a broker.
 
 Run: python examples/wbe_autoscale.py
 """
@@ -43,6 +43,10 @@ def main() -> None:
         grown = worker.threads
         print(f"flow {engine.storage.get_flow_state()}")
         print(f"task threads after the backlog: {grown} (the pool grew: {(grown or 0) > 1})")
+        # The same figures go out in the worker's heartbeat events (flowengine workers --json).
+        now = worker.stats()
+        print(f"stats: {now.in_flight} in flight, {now.free_slots} of {now.capacity} slots free,"
+              f" prefetch {now.prefetch}")
 
 
 if __name__ == "__main__":

@@ -277,6 +277,7 @@ def _check_hooks(output: str) -> None:
 
 def _check_pool_grew(output: str) -> None:
     assert "(the pool grew: True)" in output, output
+    assert "stats: 0 in flight, 4 of 4 slots free" in output, output  # every nap settled
 
 
 def _check_parallelism(output: str) -> None:

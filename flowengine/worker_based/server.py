@@ -211,6 +211,12 @@ class Server(ReplySender):
         return self._busy
 
     @property
+    def revoked_waiting(self) -> int:
+        """Request ids this worker was asked not to run, still remembered (their request has
+        not reached it yet, or never will)."""
+        return len(self._revoked)
+
+    @property
     def prefetch(self) -> int | None:
         """The consumer's prefetch limit now (None: no limit): below the capacity after a
         reconnect while requests taken before it still run."""

@@ -10,6 +10,7 @@ TaskFlow engines never bind it, keep polling with NOTIFY, and are answered as be
 from __future__ import annotations
 
 import concurrent.futures as cf
+import dataclasses
 import functools
 import importlib
 import inspect
@@ -48,6 +49,41 @@ TaskSpec = str | types.ModuleType | type[task_mod.Task]
 #: What :meth:`Worker.run` raises when the broker refuses the credentials (not retried).
 BrokerRefused = bo.BrokerRefused
 _OWN_PACKAGE = __name__.partition(".")[0]
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerStats:
+    """What a worker is doing, read at one moment (:meth:`Worker.stats`); the same figures
+    go out in its ``worker-heartbeat`` events.
+
+    Attributes:
+        worker_id: The worker's identity (``host:pid:random``).
+        topic: The topic it serves.
+        capacity: Requests it holds at once: task threads (their most) plus async slots (None:
+            an executor of unknown size).
+        threads: Task threads now (they vary with ``autoscale``).
+        async_slots: ``async def`` calls it may await at once.
+        free_slots: Slots not running a request (None: capacity unknown).
+        in_flight: Requests taken and not settled yet.
+        prefetch: The broker prefetch limit now (None: none): below the capacity after a
+            reconnect while requests taken before it still run, above the threads while async
+            calls are awaited.
+        paused: Whether the topic is paused here.
+        paused_for: Seconds left of a timed pause (None: not paused, or until resumed).
+        revoked: Request ids it was asked not to run whose request has not reached it yet.
+    """
+
+    worker_id: str
+    topic: str
+    capacity: int | None
+    threads: int | None
+    async_slots: int
+    free_slots: int | None
+    in_flight: int
+    prefetch: int | None
+    paused: bool
+    paused_for: float | None
+    revoked: int
 
 
 def _is_task_class(obj: Any) -> bool:
@@ -248,16 +284,25 @@ class Worker:
         self._ticker = None if events is ext.NO_EVENTS else ev.Ticker(
             events, "worker-heartbeat", heartbeat_interval, self._heartbeat)
 
-    def _heartbeat(self) -> dict[str, Any]:
+    def stats(self) -> WorkerStats:
+        """What the worker is doing now (see :class:`WorkerStats`)."""
         server = self._server
-        return {"worker": self.worker_id, "topic": self._topic, "tasks": server.task_names,
-                "versions": server.task_versions,
-                "capacity": self.capacity, "async_slots": self._async_slots,
-                "free": server.free_slots,
-                "in_flight": server.in_flight, "freq": self._heartbeat_interval,
-                "paused": server.topic_pause.paused,
-                "paused_for": server.topic_pause.remaining,
-                "threads": self.threads, "prefetch": server.prefetch}
+        return WorkerStats(
+            worker_id=self.worker_id, topic=self._topic, capacity=self.capacity,
+            threads=self.threads, async_slots=self._async_slots, free_slots=server.free_slots,
+            in_flight=server.in_flight, prefetch=server.prefetch,
+            paused=server.topic_pause.paused, paused_for=server.topic_pause.remaining,
+            revoked=server.revoked_waiting)
+
+    def _heartbeat(self) -> dict[str, Any]:
+        now = self.stats()
+        return {"worker": now.worker_id, "topic": now.topic,
+                "tasks": self._server.task_names, "versions": self._server.task_versions,
+                "capacity": now.capacity, "async_slots": now.async_slots,
+                "free": now.free_slots, "in_flight": now.in_flight,
+                "freq": self._heartbeat_interval, "paused": now.paused,
+                "paused_for": now.paused_for, "threads": now.threads,
+                "prefetch": now.prefetch}
 
     @property
     def _threads_label(self) -> str:

@@ -125,7 +125,7 @@ def test_async_concurrency_bounds_how_many_are_awaited_at_once(
 def test_the_capacity_counts_async_slots_only_where_async_tasks_are_served() -> None:
     mixed = wk.Worker("x", TOPIC, [Waits, Plain], threads_count=2, async_concurrency=10,
                       events=False, transport="memory")
-    assert mixed.capacity == 12 and mixed._server.free_slots == 12
+    assert mixed.capacity == 12 and mixed.stats().free_slots == 12
     assert "async slots: 10" in mixed.banner
     threads_only = wk.Worker("x", TOPIC, [Plain], threads_count=2, events=False,
                              transport="memory")
@@ -136,14 +136,13 @@ def test_the_capacity_counts_async_slots_only_where_async_tasks_are_served() -> 
 
 def test_the_prefetch_adds_the_async_slots_only_while_async_calls_are_awaited(
         async_worker: wk.Worker, requester: Requester) -> None:
-    proxy = async_worker._server._proxy
-    assert proxy.prefetch_limit == 1, "awaiting nothing: as many as its one thread"
+    assert async_worker.stats().prefetch == 1, "awaiting nothing: as many as its one thread"
     request = requester.send(Waits(name="held"))
     assert STARTED.wait(WAIT)
-    assert proxy.prefetch_limit == 1 + ar.DEFAULT_ASYNC_CONCURRENCY
+    assert async_worker.stats().prefetch == 1 + ar.DEFAULT_ASYNC_CONCURRENCY
     OPEN.set()
     assert requester.outcome(request)[-1]["state"] == pr.SUCCESS
-    assert proxy.prefetch_limit == 1, "the slots close with the last async call"
+    assert async_worker.stats().prefetch == 1, "the slots close with the last async call"
 
 
 @pytest.mark.parametrize("value", [0, -1, True, 2.5])

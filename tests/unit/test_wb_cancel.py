@@ -268,7 +268,7 @@ def test_suspending_drops_queued_remote_work_and_waits_for_running_work(
         engine.suspend()
         # The two queued requests are revoked once the worker heard both CANCELs; only then
         # may the running one finish and free the thread for the next.
-        assert _eventually(lambda: len(worker._server._revoked) >= 2)
+        assert _eventually(lambda: worker.stats().revoked >= 2)
         GATE.set()
         runner.join(WAIT)
         assert done.is_set(), "run() should return once suspended"
