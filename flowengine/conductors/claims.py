@@ -152,6 +152,8 @@ class ClaimKeeper:
         self._held: dict[str, _Kept] = {}
         self._next_due = clock()
         self._stopping = threading.Event()
+        #: Set to make the keeper's thread look again before its pause ends (renew_now, stop).
+        self._wake = threading.Event()
         self._thread: threading.Thread | None = None
 
     def hold(self, job: base.Job, on_lost: Callable[[base.Job], None],
@@ -209,6 +211,12 @@ class ClaimKeeper:
                 LOG.warning("Could not refresh the registration of %s: %s", self._owner, err)
         return max(0.0, self._next_due - self._clock())
 
+    def renew_now(self) -> None:
+        """Renew everything at once, on the keeper's thread, without waiting for the next
+        round (a process that knows it was paused, or whose leases' service came back)."""
+        self._next_due = self._clock()
+        self._wake.set()
+
     def _renew(self, key: str, kept: _Kept) -> None:
         fence, sent_at = kept.fence, self._clock()
         noun, subject = fence.noun, fence.subject
@@ -238,6 +246,7 @@ class ClaimKeeper:
     def start(self) -> None:
         """Renew now, then every interval on a daemon thread until :meth:`stop`."""
         self._stopping.clear()
+        self._wake.clear()
         self._next_due = self._clock()
         self.tick()
         self._thread = threading.Thread(target=self._loop, daemon=True,
@@ -251,12 +260,15 @@ class ClaimKeeper:
             except Exception:  # the keeper must outlive any one failure
                 LOG.exception("Renewing the claims of %s failed", self._owner)
                 pause = self._interval
-            if self._stopping.wait(pause):
+            self._wake.wait(pause)
+            self._wake.clear()
+            if self._stopping.is_set():
                 return
 
     def stop(self) -> None:
         """Stop renewing (the claims still held then expire on their own)."""
         self._stopping.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join(10)
             self._thread = None

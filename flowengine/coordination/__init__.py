@@ -16,8 +16,15 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from flowengine.coordination.coordinator import Coordinator, LockHeld, Ticket, describe_holder
+from flowengine.coordination.coordinator import (
+    Clock,
+    Coordinator,
+    LockHeld,
+    Ticket,
+    describe_holder,
+)
 from flowengine.coordination.service import Entry, LeaseLost, Service, check_key
+from flowengine.jobs.lease_clock import lease_clock
 
 __all__ = [
     # connecting
@@ -78,7 +85,7 @@ def service_for(conf: str | Mapping[str, Any], ttl: float | None = None) -> Serv
 
 
 def connect(conf: str | Mapping[str, Any], ttl: float | None = None, owner: str | None = None,
-            events: Any = None) -> Coordinator:
+            events: Any = None, clock: Clock | None = None) -> Coordinator:
     """A connected :class:`Coordinator` on the service ``conf`` names (see
     :func:`service_for`); close it when done.
 
@@ -88,9 +95,12 @@ def connect(conf: str | Mapping[str, Any], ttl: float | None = None, owner: str 
         owner: Who this process is, as holders are shown.
         events: An :class:`~flowengine.worker_based.extensions.EventSink` told of waits,
             acquisitions, releases and losses (a metrics sink, the event stream).
+        clock: The monotonic clock leases are timed by (default: the system's; tests inject
+            one to move time by hand).
     """
     coordinator = Coordinator(service_for(conf, ttl), owner=owner,
-                              events=events if events is not None else _default_events())
+                              events=events if events is not None else _default_events(),
+                              clock=clock or lease_clock)
     return coordinator.connect()
 
 

@@ -188,6 +188,15 @@ class Coordinator:
         self._room.start()
         return self
 
+    def renew_now(self) -> None:
+        """Renew every lease this process holds or waits with at once, without waiting for
+        the keeper's next round (every third of the ttl): a process that knows it was paused,
+        or that saw its service come back, calls it. A lease found lost is handled as on any
+        round (the ticket is told, a held one refuses its holder's next write)."""
+        if self._keeper is None:
+            raise exc.JobFailure(f"Coordinator on {self.service.where} is not connected")
+        self._keeper.renew_now()
+
     def close(self) -> None:
         """Release every ticket (held or waiting), stop the threads and disconnect."""
         with self._lock:

@@ -83,6 +83,23 @@ def test_a_fence_holds_until_the_claim_could_have_ended() -> None:
         fence.check("atom 'a'")
 
 
+def test_renew_now_renews_at_once_on_the_keepers_thread() -> None:
+    clock, board = ManualClock(), RecordingBoard()
+    keeper = ClaimKeeper(board, "me", clock=clock, interval=3600.0)  # type: ignore[arg-type]
+    renewed = threading.Event()
+    board.keep_alive = lambda job, who: renewed.set()  # type: ignore[method-assign]
+    keeper.hold(_job(), on_lost=lambda j: None)
+    keeper.start()  # renews once as it starts, then not for an hour
+    try:
+        renewed.clear()
+        clock.advance(5.0)
+        keeper.renew_now()
+        assert renewed.wait(10.0), "renew_now waited for the keeper's next round"
+        assert keeper.tick() == pytest.approx(3600.0)  # the next round counts from now
+    finally:
+        keeper.stop()
+
+
 def test_the_keeper_renews_every_third_of_the_ttl() -> None:
     clock, board = ManualClock(), RecordingBoard()
     keeper = ClaimKeeper(board, "me", entity=None, clock=clock)  # type: ignore[arg-type]

@@ -107,8 +107,7 @@ def test_a_waiter_whose_place_ended_joins_again(coordinators: Coordinators) -> N
     # Its entry ends behind its back (as when its lease lapses while it is frozen).
     coordinator.service.leave("lb:1", waiter.entry)
     old_entry = waiter.entry
-    assert coordinator._keeper is not None
-    coordinator._keeper._next_due = 0.0  # the keeper's next round renews at once
+    coordinator.renew_now()  # the renewal finds the entry gone, and the ticket joins again
     holder.release()
     _held(waiter)
     assert waiter.entry != old_entry
@@ -389,10 +388,7 @@ def test_a_lease_not_renewed_in_time_refuses_the_next_write(coordination_conf: s
     # A process frozen past its lease: on waking, its lease clock says the lease may have
     # ended, so the write of the step's end is refused before the keeper renews anything.
     clock = ManualClock()
-    coordinator = coordination.connect(coordination_conf, ttl=30.0)
-    coordinator.clock = clock
-    assert coordinator._keeper is not None
-    coordinator._keeper._clock = clock
+    coordinator = coordination.connect(coordination_conf, ttl=30.0, clock=clock)
 
     class Frozen(task.Task):
         def execute(self) -> None:
