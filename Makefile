@@ -49,7 +49,8 @@ test-cluster: $(STAMP)
 # Every benchmark script, each writing its JSON to benchmarks/results/<script>.json (progress on
 # stderr); the folder is in .gitignore. A script that fails leaves no result file, the
 # others still run, and make fails at the end.
-BENCHMARKS := engines persistence kombu_ceiling wbe events_cost dashboard tracing_cost remote_path
+BENCHMARKS := engines persistence kombu_ceiling wbe events_cost dashboard tracing_cost remote_path \
+	setup_cost
 RESULTS := benchmarks/results
 
 bench: $(STAMP)

@@ -1,5 +1,5 @@
-"""``benchmarks/engines.py``, ``events_cost.py``, ``kombu_ceiling.py`` and ``remote_path.py``
-at tiny sizes.
+"""``benchmarks/engines.py``, ``events_cost.py``, ``kombu_ceiling.py``, ``remote_path.py`` and
+``setup_cost.py`` at tiny sizes.
 
 Nothing else runs these, so a change that breaks one would show only when someone next
 measures. Each runs as ``make bench`` runs it; the report's shape is checked, never a number.
@@ -87,3 +87,16 @@ def test_remote_path_lists_the_modules_one_request_crosses_on_both_projects() ->
     assert state["registries"] == len(state["registry_names"]) > 0
     assert "flowengine.worker_based.client._clients" in state["registry_names"]
     assert state["fork_hooks"] > 0 and state["exit_hooks"] >= 0
+
+
+def test_setup_cost_reports_each_stage_on_both_engines_and_the_compilers_share() -> None:
+    report = run_benchmark("setup_cost.py", "--sizes", "3", "20", "--flows", "10")
+    assert report["benchmark"] == "setup_cost"
+    assert [row["size"] for row in report["results"]] == [3, 20]
+    for row in report["results"]:
+        assert row["pattern_compile_ms"] > 0 and row["graph_copy_ms"] > 0, row
+        for engine in ("serial", "worker-based"):
+            stages = row[engine]
+            assert set(stages) == {"build_ms", "load_ms", "compile_ms", "prepare_ms",
+                                   "validate_ms", "set_up_ms"}, row
+            assert stages["set_up_ms"] > 0, row
