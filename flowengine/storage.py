@@ -22,7 +22,14 @@ from typing import TYPE_CHECKING, Any
 from flowengine import exceptions, states
 from flowengine.persistence import models
 from flowengine.persistence.secret_keeping import META_SECRETS, SecretKeeper
-from flowengine.providers import TRANSIENT, Provider, ProviderIndex, ScopeFetcher, item_from
+from flowengine.providers import (
+    TRANSIENT,
+    Provider,
+    ProviderIndex,
+    ResultReader,
+    ScopeFetcher,
+    item_from,
+)
 from flowengine.retry import History
 from flowengine.secrets import Masker
 from flowengine.types.failure import Failure
@@ -63,12 +70,15 @@ class Storage:
         self._flow_detail = flow_detail
         self._backend = backend
         self._connection = backend.get_connection() if backend is not None else None
-        self._providers = ProviderIndex(self.injector_name, self._read)
-        self._providers.scope_fetcher = scope_fetcher
         self._lock = threading.RLock()
         self._by_name: dict[str, models.AtomDetail] = {ad.name: ad for ad in flow_detail}
         self._result_mappings: dict[str, dict[str, Any]] = {}
         self._transients: dict[str, Any] = {}
+        # A reader over the storage's own tables, not a bound method: the index would hold the
+        # storage that holds it (a reference cycle, freed only by a full collection).
+        self._providers = ProviderIndex(self.injector_name,
+                                        _result_reader(self._transients, self._by_name))
+        self._providers.scope_fetcher = scope_fetcher
         self._injected_args: dict[str, dict[str, Any]] = {}
         # Failures keep their exc_info here; the stored copy loses it on serialization.
         self._failures: dict[str, dict[str, Failure]] = {}
@@ -602,18 +612,6 @@ class Storage:
 
     # -- argument resolution ----------------------------------------------------------------
 
-    def _read(self, provider: Provider) -> tuple[bool, Any]:
-        """``(found, value)`` of one provider's item; ignored or unfinished providers miss."""
-        if provider.name is TRANSIENT:
-            return True, self._transients[provider.index]
-        ad = self._by_name.get(provider.name)
-        if ad is None or ad.state not in _EXECUTE_RESULT_STATES or ad.failure is not None:
-            return False, None
-        try:
-            return True, item_from(ad.last_results, provider.index)
-        except (IndexError, KeyError, TypeError):
-            return False, None
-
     def _injected_for(self, atom_name: str) -> dict[str, Any]:
         injected = dict(self._detail(atom_name).meta.get(META_INJECTED, {}))
         injected.update(self._injected_args.get(atom_name, {}))
@@ -763,6 +761,25 @@ class Storage:
         """``(name, History)`` of every retry controller."""
         return [(ad.name, self.get_retry_history(ad.name))
                 for ad in self._by_name.values() if isinstance(ad, models.RetryDetail)]
+
+
+def _result_reader(transients: Mapping[str, Any],
+                   by_name: Mapping[str, models.AtomDetail]) -> ResultReader:
+    """What reads one provider's item from a storage's tables: ``(found, value)``; ignored or
+    unfinished providers miss."""
+
+    def read(provider: Provider) -> tuple[bool, Any]:
+        if provider.name is TRANSIENT:
+            return True, transients[provider.index]
+        ad = by_name.get(provider.name)
+        if ad is None or ad.state not in _EXECUTE_RESULT_STATES or ad.failure is not None:
+            return False, None
+        try:
+            return True, item_from(ad.last_results, provider.index)
+        except (IndexError, KeyError, TypeError):
+            return False, None
+
+    return read
 
 
 def _entered(detail: models.FlowDetail | models.AtomDetail, state: str) -> None:

@@ -8,8 +8,9 @@ start nodes keeps the edge count linear in the number of atoms.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import networkx as nx
@@ -19,6 +20,7 @@ from flowengine import exceptions as exc
 from flowengine import flow as flow_mod
 from flowengine.atom import Atom
 from flowengine.retry import Retry
+from flowengine.types.graphs import forget_views
 
 TASK = "task"
 RETRY = "retry"
@@ -92,6 +94,8 @@ class Compilation:
     _successors: dict[str, list[Atom]] = dataclasses.field(default_factory=dict)
     #: Whether any link carries a decider (most flows have none: nothing to walk then).
     has_deciders: bool = True
+    _scopes: dict[tuple[str, tuple[str, ...]], list[str]] = dataclasses.field(
+        default_factory=dict)
 
     def kind(self, node: Any) -> str:
         """The kind of a graph node."""
@@ -152,6 +156,49 @@ class Compilation:
         """Every atom, in a topological order."""
         return iter(self.atoms.values())
 
+    def visible_providers(self, consumer_name: str, candidates: list[str]) -> list[str]:
+        """Those of ``candidates`` (atom names) that ``consumer_name`` can read from (the
+        atoms before it), closest first: the storage's scope fetcher."""
+        key = (consumer_name, tuple(candidates))
+        cached = self._scopes.get(key)
+        if cached is not None:
+            return cached
+        consumer = self.atoms.get(consumer_name)
+        found: list[str] = []
+        if consumer is not None:
+            wanted = set(candidates)
+            wanted.discard(consumer_name)
+            graph = self.execution_graph
+            seen = {id(consumer)}
+            queue = collections.deque([consumer])
+            while queue and wanted:
+                for pred in graph.predecessors(queue.popleft()):
+                    if id(pred) in seen:
+                        continue
+                    seen.add(id(pred))
+                    if isinstance(pred, Atom) and pred.name in wanted:
+                        found.append(pred.name)
+                        wanted.discard(pred.name)
+                    queue.append(pred)
+        if len(found) > 1 and consumer is not None:
+            found.sort(key=self._scope_order(consumer))
+        self._scopes[key] = found
+        return found
+
+    def _scope_order(self, consumer: Atom) -> Callable[[str], tuple[int, int]]:
+        """Sort key of the providers ``consumer`` sees, closest first, as TaskFlow's scopes:
+        those in its innermost enclosing flow first, and in one flow the later ones first."""
+        mine = self.parents_of(consumer)
+
+        def key(name: str) -> tuple[int, int]:
+            theirs = self.parents_of(self.atoms[name])
+            shared = 0
+            while shared < min(len(mine), len(theirs)) and mine[shared] is theirs[shared]:
+                shared += 1
+            return -shared, -self.preorder[name]
+
+        return key
+
 
 class PatternCompiler:
     """Turns a flow (or a single atom) into a :class:`Compilation`."""
@@ -186,6 +233,7 @@ class PatternCompiler:
             ) from err
         atoms = {node.name: node for node in order if isinstance(node, Atom)}
         deciders = any(flow_mod.LINK_DECIDER in data for _u, _v, data in graph.edges(data=True))
+        forget_views(graph)
         return Compilation(graph, atoms, scopes, self._root, declared=self._declared,
                            preorder={name: i for i, name in enumerate(self._names)},
                            has_deciders=deciders)

@@ -70,7 +70,8 @@ class RetryWaits:
     def unsubscribe(self, observer: WaitObserver) -> None:
         """Stop calling ``observer`` (no error if it was not subscribed)."""
         with self._lock:
-            self._observers = [o for o in self._observers if o is not observer]
+            # Equal, not the same object: each ``listener.method`` is a new bound method.
+            self._observers = [o for o in self._observers if o != observer]
 
     def announce(self, wait: RetryWait) -> None:
         """Tell every observer about ``wait``; an observer that raises is logged, not fatal."""

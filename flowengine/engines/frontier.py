@@ -25,6 +25,7 @@ import networkx as nx
 from flowengine import states
 from flowengine.atom import Atom
 from flowengine.engines.compiler import Compilation
+from flowengine.types.graphs import forget_views
 
 # An atom counts as finished executing in these states (ignored atoms never block successors).
 EXECUTED_STATES = frozenset((states.SUCCESS, states.IGNORE))
@@ -45,6 +46,7 @@ class Frontier:
         self.candidates: set[Atom] = set()
         order = list(nx.topological_sort(self._graph))
         graph = self._graph
+        forget_views(graph)  # the sort made some: see forget_views
         for node in order:
             count = sum(1 for p in graph.predecessors(node) if not self._executed[p])
             self._preds[node] = count

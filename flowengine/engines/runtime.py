@@ -7,11 +7,11 @@ three questions: what can be done next (:meth:`Runtime.next_atoms`), how to star
 
 from __future__ import annotations
 
-import collections
 import concurrent.futures as cf
 import logging
 import time
-from collections.abc import Callable, Iterable
+import weakref
+from collections.abc import Iterable
 from typing import Any, cast
 
 from flowengine import context, states
@@ -47,13 +47,19 @@ _STARTABLE = frozenset((states.PENDING, states.RETRYING))
 
 
 class _StateHook:
-    """Keeps the readiness counters in step with every stored state change."""
+    """Keeps the readiness counters in step with every stored state change.
+
+    It holds its runtime weakly: the runtime holds it (through its actions), and an engine's
+    objects that refer to each other in a cycle outlive the engine until a full collection,
+    which in a process running many flows walks them all again and again.
+    """
 
     def __init__(self, runtime: Runtime) -> None:
-        self._runtime = runtime
+        self._runtime = weakref.ref(runtime)
 
     def __call__(self, atom: Atom, state: str) -> None:
-        if (frontier := self._runtime.frontier) is not None:
+        runtime = self._runtime()
+        if runtime is not None and (frontier := runtime.frontier) is not None:
             frontier.state_changed(atom, state)
 
 
@@ -97,57 +103,13 @@ class Runtime:
         self._carrying: dict[str, list[retry_mod.Retry]] = {}
         #: Retries whose wait, carried by delayed requests, this engine announced.
         self._announced: set[str] = set()
-        self._scope_cache: dict[tuple[str, tuple[str, ...]], list[str]] = {}
-        storage.set_scope_fetcher(self.visible_providers)
+        # The compilation answers (it refers to neither the runtime nor the storage, so the
+        # storage holding its answer makes no reference cycle: see _StateHook).
+        storage.set_scope_fetcher(compilation.visible_providers)
         #: The contexts of the task calls this runtime starts (see :mod:`flowengine.context`).
         self.calls = CallContexts(storage, compilation)
         #: The cancel this run applied: failures are no longer resolved, everything reverts.
         self.cancelled: CancelRequest | None = None
-
-    # -- visibility -------------------------------------------------------------------------
-
-    def visible_providers(self, consumer_name: str, candidates: list[str]) -> list[str]:
-        """The candidates ``consumer_name`` can read from (its ancestors), closest first."""
-        key = (consumer_name, tuple(candidates))
-        cached = self._scope_cache.get(key)
-        if cached is not None:
-            return cached
-        consumer = self.compilation.atoms.get(consumer_name)
-        found: list[str] = []
-        if consumer is not None:
-            wanted = set(candidates)
-            wanted.discard(consumer_name)
-            graph = self.compilation.execution_graph
-            seen = {id(consumer)}
-            queue = collections.deque([consumer])
-            while queue and wanted:
-                for pred in graph.predecessors(queue.popleft()):
-                    if id(pred) in seen:
-                        continue
-                    seen.add(id(pred))
-                    if isinstance(pred, Atom) and pred.name in wanted:
-                        found.append(pred.name)
-                        wanted.discard(pred.name)
-                    queue.append(pred)
-        if len(found) > 1 and consumer is not None:
-            found.sort(key=self._scope_order(consumer))
-        self._scope_cache[key] = found
-        return found
-
-    def _scope_order(self, consumer: Atom) -> Callable[[str], tuple[int, int]]:
-        """Sort key of the providers ``consumer`` sees, closest first, as TaskFlow's scopes:
-        those in its innermost enclosing flow first, and in one flow the later ones first."""
-        compilation = self.compilation
-        mine = compilation.parents_of(consumer)
-
-        def key(name: str) -> tuple[int, int]:
-            theirs = compilation.parents_of(compilation.atoms[name])
-            shared = 0
-            while shared < min(len(mine), len(theirs)) and mine[shared] is theirs[shared]:
-                shared += 1
-            return -shared, -compilation.preorder[name]
-
-        return key
 
     # -- state ------------------------------------------------------------------------------
 

@@ -20,6 +20,7 @@ from flowengine.engines.options import TASKFLOW_OPTIONS
 from flowengine.exceptions import StorageFailure
 from flowengine.secrets import Secret
 from flowengine.types.notifier import Notifier, register_deregister
+from flowengine.utils.weak_calls import WeakMethod
 from flowengine.worker_based import extensions as ext
 from flowengine.worker_based import protocol as pr
 from flowengine.worker_based import remote_control as rc
@@ -110,7 +111,9 @@ class WorkerBasedActionEngine(ActionEngine):
         self.atom_placement = PlacementSink()
         # What the engine records and reports of each whole run, after the hooks it was
         # given: where each task ran, then its events and metrics (when on).
-        self.hooks.append(_Placement(self._record_placement))
+        # Weakly: the hooks, the executor and their callbacks are the engine's own, and a
+        # callback holding the engine would make a reference cycle (see utils.weak_calls).
+        self.hooks.append(_Placement(WeakMethod(self._record_placement, None)))
         if self._publisher is not ext.NO_EVENTS:
             self.hooks.append(EventHook(self._publisher, task_events=False))
         if self._metrics is not ext.NO_EVENTS:
@@ -260,8 +263,8 @@ class WorkerBasedActionEngine(ActionEngine):
         self._worker_executor = WorkerTaskExecutor.from_options(
             self.storage.flow_uuid, self.worker_options,
             events=combine(self._publisher, self._metrics, self.atom_placement,
-                           _AttemptIds(self._remember_attempt)),
-            secret_args=self._secret_args)
+                           _AttemptIds(WeakMethod(self._remember_attempt, None))),
+            secret_args=WeakMethod(self._secret_args, []))
         return self._worker_executor
 
     def _secret_args(self, task: Atom) -> list[str]:

@@ -44,6 +44,7 @@ from flowengine.context import TaskContext
 from flowengine.engines import executor as local
 from flowengine.task import EVENT_UPDATE_PROGRESS, Task
 from flowengine.types.failure import Failure
+from flowengine.utils.weak_calls import WeakMethod
 from flowengine.worker_based import backoff as bo
 from flowengine.worker_based import client as bc
 from flowengine.worker_based import dead_letters as dl
@@ -96,11 +97,28 @@ class RemoteFuture(cf.Future):
         cancelled = super().cancel()
         if cancelled and self.on_cancel is not None:
             self.on_cancel()
+        if cancelled:
+            self._forget_callbacks()
         return cancelled
 
     def revoked(self) -> bool:
         """Cancel a published submission that is known never to have run."""
-        return super().cancel()
+        cancelled = super().cancel()
+        self._forget_callbacks()
+        return cancelled
+
+    def set_result(self, result: object) -> None:
+        self._forget_callbacks()
+        super().set_result(result)
+
+    def set_exception(self, exception: BaseException | None) -> None:
+        self._forget_callbacks()
+        super().set_exception(exception)
+
+    def _forget_callbacks(self) -> None:
+        # Done, the future needs them no more; they refer to the submission that refers to
+        # the future (a reference cycle, which only a full collection would free).
+        self.on_cancel = self.on_revoke = None
 
 
 @dataclasses.dataclass(eq=False)
@@ -278,7 +296,7 @@ class WorkerTaskExecutor(local.TaskExecutor):
         self._next_expiry_check = -math.inf
         self._looked_at = 0  # attempts the housekeeping looked at (see statistics)
         self.finder = WorkerFinder(options.worker_expiry, clock=clock,
-                                   on_change=self._worker_appeared,
+                                   on_change=WeakMethod(self._worker_appeared, None),
                                    topics=self._topics)
         self._dispatch_pending = threading.Event()
         #: Requests leave in the order the engine made them (a one-thread worker then takes

@@ -137,6 +137,26 @@ def test_a_flow_suspended_in_a_wait_resumes_with_what_is_left() -> None:
     assert resumed.storage.get("flaky") == 2
 
 
+def test_the_same_engine_run_again_announces_each_wait_once() -> None:
+    # Each run's listener stops observing the waits when it is done: a listener of an earlier
+    # run still subscribed would announce the resumed wait a second time.
+    waiting = Waiting()
+    engine = waiting.engine()
+    thread = waiting.run_in_thread(engine)
+    engine.suspend()
+    thread.join(30)
+    assert engine.storage.get_flow_state() == states.SUSPENDED
+    waiting.delayed.clear()
+    waiting.sink.events.clear()
+    thread = waiting.run_in_thread(engine)
+    waiting.clock.advance(WAIT)
+    engine.retry_waits.timer.check()
+    thread.join(30)
+    assert engine.storage.get_flow_state() == states.SUCCESS
+    types = waiting.sink.types()
+    assert (types.count("task-delayed"), types.count("task-delay-ended")) == (1, 1), types
+
+
 def test_an_observer_that_raises_does_not_stop_the_flow() -> None:
     waiting = Waiting()
     engine = waiting.engine()
