@@ -20,7 +20,7 @@ from flowengine import exceptions as exc
 from flowengine import flow as flow_mod
 from flowengine.atom import Atom
 from flowengine.retry import Retry
-from flowengine.types.graphs import forget_views
+from flowengine.utils.cycle_free import forget_views
 
 TASK = "task"
 RETRY = "retry"

@@ -25,7 +25,7 @@ import networkx as nx
 from flowengine import states
 from flowengine.atom import Atom
 from flowengine.engines.compiler import Compilation
-from flowengine.types.graphs import forget_views
+from flowengine.utils.cycle_free import forget_views
 
 # An atom counts as finished executing in these states (ignored atoms never block successors).
 EXECUTED_STATES = frozenset((states.SUCCESS, states.IGNORE))

@@ -10,7 +10,7 @@ import networkx as nx
 from flowengine import deciders as de
 from flowengine import exceptions as exc
 from flowengine import flow
-from flowengine.types.graphs import UncachedDiGraph
+from flowengine.utils.cycle_free import UncachedDiGraph
 
 if TYPE_CHECKING:
     from flowengine.retry import Retry
@@ -26,7 +26,7 @@ class Flow(flow.Flow):
     def __init__(self, name: str, retry: Retry | None = None) -> None:
         super().__init__(name, retry)
         # Its views are not kept in it: the flow and its atoms are freed as soon as the
-        # program lets go of them (see flowengine.types.graphs).
+        # program lets go of them (see flowengine.utils.cycle_free).
         self._graph: nx.DiGraph = UncachedDiGraph()
         # name -> children providing it, so inference is a dict lookup per requirement.
         self._providers: dict[str, list[flow.Item]] = {}

@@ -20,7 +20,7 @@ from flowengine.engines.options import TASKFLOW_OPTIONS
 from flowengine.exceptions import StorageFailure
 from flowengine.secrets import Secret
 from flowengine.types.notifier import Notifier, register_deregister
-from flowengine.utils.weak_calls import WeakMethod
+from flowengine.utils.cycle_free import WeakMethod
 from flowengine.worker_based import extensions as ext
 from flowengine.worker_based import protocol as pr
 from flowengine.worker_based import remote_control as rc
@@ -112,7 +112,7 @@ class WorkerBasedActionEngine(ActionEngine):
         # What the engine records and reports of each whole run, after the hooks it was
         # given: where each task ran, then its events and metrics (when on).
         # Weakly: the hooks, the executor and their callbacks are the engine's own, and a
-        # callback holding the engine would make a reference cycle (see utils.weak_calls).
+        # callback holding the engine would make a reference cycle (see utils.cycle_free).
         self.hooks.append(_Placement(WeakMethod(self._record_placement, None)))
         if self._publisher is not ext.NO_EVENTS:
             self.hooks.append(EventHook(self._publisher, task_events=False))

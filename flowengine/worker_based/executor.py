@@ -44,7 +44,7 @@ from flowengine.context import TaskContext
 from flowengine.engines import executor as local
 from flowengine.task import EVENT_UPDATE_PROGRESS, Task
 from flowengine.types.failure import Failure
-from flowengine.utils.weak_calls import WeakMethod
+from flowengine.utils.cycle_free import WeakMethod
 from flowengine.worker_based import backoff as bo
 from flowengine.worker_based import client as bc
 from flowengine.worker_based import dead_letters as dl

@@ -22,7 +22,7 @@ from behaviour import tasks  # tests/ is on sys.path (rootdir conftest)
 
 from flowengine import engines, retry, states
 from flowengine.flows import graph_flow, linear_flow, unordered_flow
-from flowengine.types.graphs import UncachedDiGraph, forget_views
+from flowengine.utils.cycle_free import UncachedDiGraph, forget_views
 from flowengine.worker_based import worker as wk
 
 WAIT = 10.0
