@@ -57,21 +57,22 @@ class WeakMethod(Generic[P, R]):
         return f"WeakMethod({method!r})" if method is not None else "WeakMethod(<gone>)"
 
 
-def _cached_views(graph_class: type[nx.DiGraph]) -> tuple[str, ...]:
-    return tuple(dict.fromkeys(
-        name for klass in graph_class.__mro__ for name, member in vars(klass).items()
-        if isinstance(member, functools.cached_property)))
+def _cached_views() -> tuple[tuple[str, functools.cached_property], ...]:  # type: ignore[type-arg]
+    found: dict[str, functools.cached_property] = {}  # type: ignore[type-arg]
+    for klass in reversed(nx.DiGraph.__mro__):  # a subclass's definition wins
+        found.update((name, member) for name, member in vars(klass).items()
+                     if isinstance(member, functools.cached_property))
+    return tuple(found.items())
 
 
-#: The names of the views networkx caches on a DiGraph.
-_DIGRAPH_VIEWS = _cached_views(nx.DiGraph)
+#: The views networkx caches on a DiGraph: each name, and how the view is made.
+_DIGRAPH_VIEWS = _cached_views()
 
 
 def forget_views(graph: nx.DiGraph) -> None:
     """Drop the views networkx keeps on ``graph`` once used (they are made again when next
     used)."""
-    names = _DIGRAPH_VIEWS if type(graph) is nx.DiGraph else _cached_views(type(graph))
-    for name in names:
+    for name, _view in _DIGRAPH_VIEWS:
         graph.__dict__.pop(name, None)
 
 
@@ -83,10 +84,8 @@ class UncachedDiGraph(nx.DiGraph):  # type: ignore[misc]
 def _make_views_uncached(graph_class: type[nx.DiGraph]) -> None:
     """Give ``graph_class`` a plain property for each view networkx caches: the same view,
     made on each use."""
-    for name in _DIGRAPH_VIEWS:
-        cached = next(vars(klass)[name] for klass in nx.DiGraph.__mro__
-                      if isinstance(vars(klass).get(name), functools.cached_property))
-        setattr(graph_class, name, property(cached.func, doc=cached.__doc__))
+    for name, view in _DIGRAPH_VIEWS:
+        setattr(graph_class, name, property(view.func, doc=view.__doc__))
 
 
 _make_views_uncached(UncachedDiGraph)

@@ -95,10 +95,11 @@ class RemoteFuture(cf.Future):
                 self.on_revoke()
             return False
         cancelled = super().cancel()
-        if cancelled and self.on_cancel is not None:
-            self.on_cancel()
         if cancelled:
+            on_cancel = self.on_cancel
             self._forget_callbacks()
+            if on_cancel is not None:
+                on_cancel()
         return cancelled
 
     def revoked(self) -> bool:
