@@ -14,6 +14,7 @@ from flowengine.worker_based import backoff as bo
 from flowengine.worker_based import signing as sg
 from flowengine.worker_based.broker import dispatcher as dp
 from flowengine.worker_based.broker import proxy as px
+from flowengine.worker_based.broker.connection import TransportSpec, check_transport
 
 __all__ = ["Broker"]
 
@@ -37,7 +38,8 @@ class Broker:
     __slots__ = ("exchange", "url", "transport", "transport_options", "retry",
                  "taskflow_compat", "signing", "_key")
 
-    def __init__(self, exchange: str, url: str | None = None, transport: Any = None,
+    def __init__(self, exchange: str, url: str | None = None,
+                 transport: TransportSpec | None = None,
                  transport_options: Mapping[str, Any] | None = None,
                  retry_options: Mapping[str, Any] | bo.RetryOptions | None = None,
                  taskflow_compat: bool = False, signing: sg.Signing | None = None) -> None:
@@ -45,7 +47,8 @@ class Broker:
             raise ValueError(f"A broker needs an exchange name, not {exchange!r}")
         if url is not None and not isinstance(url, str):
             raise TypeError(f"Broker option 'url' must be a string, not {url!r}")
-        self.exchange, self.url, self.transport = exchange, url, transport
+        self.exchange, self.url = exchange, url
+        self.transport = check_transport(transport)
         self.transport_options = dict(transport_options or {})
         self.retry = bo.RetryOptions.from_options(retry_options)
         self.taskflow_compat = bool(taskflow_compat)

@@ -27,6 +27,7 @@ from flowengine.worker_based import protocol as pr
 from flowengine.worker_based import secret_arguments as sa
 from flowengine.worker_based import signing as sg
 from flowengine.worker_based.broker import proxy as px
+from flowengine.worker_based.broker.connection import TransportSpec
 from flowengine.worker_based.broker.publisher import Publisher
 from flowengine.worker_based.broker_spec import Broker
 
@@ -201,7 +202,8 @@ class DeadLetters:
         signing: signs requeued requests (default: the key in ``FLOWENGINE_SIGNING_KEY``).
     """
 
-    def __init__(self, exchange: str, url: str | None = None, transport: Any = None,
+    def __init__(self, exchange: str, url: str | None = None,
+                 transport: TransportSpec | None = None,
                  transport_options: Mapping[str, Any] | None = None,
                  taskflow_compat: bool = False, deadline: float = pr.REQUEST_TIMEOUT,
                  signing: sg.Signing | None = None,

@@ -32,6 +32,7 @@ from flowengine.types.failure import Failure
 from flowengine.worker_based import extensions as ext
 from flowengine.worker_based import signing as sg
 from flowengine.worker_based.broker import broadcast as bc
+from flowengine.worker_based.broker.connection import TransportSpec
 from flowengine.worker_based.broker_spec import Broker
 
 LOG = logging.getLogger(__name__)
@@ -210,7 +211,7 @@ _OUTBOXES_LOCK = threading.Lock()
 _UNSIGNED = sg.Signing()
 
 
-def _outbox(exchange: str, url: str | None, transport: Any,
+def _outbox(exchange: str, url: str | None, transport: TransportSpec | None,
             transport_options: Mapping[str, Any] | None, maxsize: int) -> _Outbox:
     # Events are not signed: the broker's identity without a key (one outbox whatever the
     # process's signing settings).
@@ -256,7 +257,8 @@ class EventPublisher(ext.EventSink):
             destination sets it); beyond it the oldest are dropped and counted in :attr:`dropped`.
     """
 
-    def __init__(self, exchange: str, url: str | None = None, transport: Any = None,
+    def __init__(self, exchange: str, url: str | None = None,
+                 transport: TransportSpec | None = None,
                  transport_options: Mapping[str, Any] | None = None,
                  maxsize: int = DEFAULT_QUEUE_SIZE) -> None:
         self._outbox = _outbox(exchange, url, transport, transport_options, maxsize)
@@ -371,7 +373,8 @@ class EventReceiver:
         flow: Keep only events of this flow uuid.
     """
 
-    def __init__(self, exchange: str, url: str | None = None, transport: Any = None,
+    def __init__(self, exchange: str, url: str | None = None,
+                 transport: TransportSpec | None = None,
                  transport_options: Mapping[str, Any] | None = None,
                  types: Iterable[str] = (), flow: str | None = None) -> None:
         self._broadcast = bc.Broadcast(events_exchange(exchange), url=url, transport=transport,

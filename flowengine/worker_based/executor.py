@@ -52,6 +52,7 @@ from flowengine.worker_based import extensions as ext
 from flowengine.worker_based import protocol as pr
 from flowengine.worker_based import secret_arguments as sa
 from flowengine.worker_based import signing as sg
+from flowengine.worker_based.broker.connection import TransportSpec
 from flowengine.worker_based.broker.delivery import Delivery
 from flowengine.worker_based.engine_side import delayed_dispatch as dd
 from flowengine.worker_based.engine_side import lifecycle as lc
@@ -215,7 +216,7 @@ class WorkerTaskExecutor(local.TaskExecutor):
         topics: Iterable[str],
         transition_timeout: float | None = pr.REQUEST_TIMEOUT,
         url: str | None = None,
-        transport: Any = None,
+        transport: TransportSpec | None = None,
         transport_options: Mapping[str, Any] | None = None,
         retry_options: Mapping[str, Any] | bo.RetryOptions | None = None,
         worker_expiry: float | None = pr.EXPIRES_AFTER,

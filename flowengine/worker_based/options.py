@@ -19,6 +19,7 @@ from flowengine.worker_based import client as bc
 from flowengine.worker_based import dead_letter_keeping as keeping
 from flowengine.worker_based import extensions as ext
 from flowengine.worker_based import protocol as pr
+from flowengine.worker_based.broker.connection import TransportSpec, check_transport
 
 _WHAT = "Worker-based engine option"
 
@@ -105,6 +106,13 @@ def _callable(name: str, value: Any) -> Any:
     return value
 
 
+def _transport(name: str, value: Any) -> TransportSpec | None:
+    try:
+        return check_transport(value)
+    except TypeError:
+        raise _error(name, value, "a transport name or a kombu Transport class") from None
+
+
 def _retry(name: str, value: Any) -> bo.RetryOptions:
     try:
         return bo.RetryOptions.from_options(value)
@@ -119,7 +127,7 @@ class WorkerEngineOptions:
     exchange: str = "default"
     url: str | None = None
     topics: tuple[str, ...] = ()
-    transport: Any = None
+    transport: TransportSpec | None = None
     transport_options: Mapping[str, Any] | None = None
     retry_options: bo.RetryOptions | None = None
     transition_timeout: float | None = pr.REQUEST_TIMEOUT
@@ -180,7 +188,7 @@ _CONVERT: dict[str, Callable[[str, Any], Any]] = {
     "exchange": _text,
     "url": _text,
     "topics": _topics,
-    "transport": lambda _n, v: v,
+    "transport": _transport,
     "transport_options": _mapping,
     "retry_options": _retry,
     "transition_timeout": lambda n, v: _seconds(n, v, optional=True),

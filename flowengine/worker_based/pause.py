@@ -20,6 +20,7 @@ from flowengine.worker_based import client as cl
 from flowengine.worker_based import extensions as ext
 from flowengine.worker_based import protocol as pr
 from flowengine.worker_based.broker import dispatcher as dp
+from flowengine.worker_based.broker.connection import TransportSpec
 from flowengine.worker_based.broker.delivery import Delivery
 from flowengine.worker_based.broker_spec import Broker
 from flowengine.worker_based.wire.control import ControlMessage
@@ -140,7 +141,7 @@ class TopicPause(PauseState):
 
 
 def send_pause(topic: str, exchange: str, paused: bool = True, seconds: float | None = None,
-               url: str | None = None, transport: Any = None,
+               url: str | None = None, transport: TransportSpec | None = None,
                transport_options: Mapping[str, Any] | None = None) -> None:
     """Pause (for ``seconds``; None: until resumed) or resume ``topic``'s flowengine workers.
 

@@ -33,6 +33,7 @@ from flowengine.worker_based import secret_arguments as sa
 from flowengine.worker_based import signing as sg
 from flowengine.worker_based.broker import dispatcher as dp
 from flowengine.worker_based.broker import proxy as px
+from flowengine.worker_based.broker.connection import TransportSpec
 from flowengine.worker_based.broker.delivery import Delivery
 from flowengine.worker_based.broker_spec import Broker
 from flowengine.worker_based.wire import versions as vs
@@ -103,7 +104,7 @@ class Server(ReplySender):
         executor: Executor,
         endpoints: Iterable[ep.Endpoint],
         url: str | None = None,
-        transport: Any = None,
+        transport: TransportSpec | None = None,
         transport_options: Mapping[str, Any] | None = None,
         retry_options: Mapping[str, Any] | None = None,
         taskflow_compat: bool = False,

@@ -18,6 +18,7 @@ from typing import Any
 
 from flowengine.worker_based import dead_letters as dl
 from flowengine.worker_based import extensions as ext
+from flowengine.worker_based.broker.connection import TransportSpec
 from flowengine.worker_based.broker.queues import QueueCounts, QueueInspector, QueuesNotListed
 
 # Queues of an exchange that are not worker topics: engines' reply queues (their uuid, with
@@ -54,7 +55,8 @@ class TopicsNotListed(ValueError):
 
 
 def topic_stats(exchange: str, topics: Iterable[str] = (), url: str | None = None,
-                transport: Any = None, transport_options: Mapping[str, Any] | None = None,
+                transport: TransportSpec | None = None,
+                transport_options: Mapping[str, Any] | None = None,
                 taskflow_compat: bool = False) -> list[TopicStats]:
     """The topics named (every topic of ``exchange``, where the broker can list them), sorted.
 

@@ -32,6 +32,7 @@ from flowengine.worker_based import extensions as ext
 from flowengine.worker_based import protocol as pr
 from flowengine.worker_based import server as sv
 from flowengine.worker_based import signing as sg
+from flowengine.worker_based.broker.connection import TransportSpec
 from flowengine.worker_based.worker_side import async_runner as ar
 from flowengine.worker_based.worker_side.autoscale import AutoscalePool, Autoscaler
 from flowengine.worker_based.worker_side.limits import WorkerLimits
@@ -217,7 +218,7 @@ class Worker:
         executor: Executor | None = None,
         threads_count: int | None = None,
         url: str | None = None,
-        transport: Any = None,
+        transport: TransportSpec | None = None,
         transport_options: Mapping[str, Any] | None = None,
         retry_options: Mapping[str, Any] | None = None,
         taskflow_compat: bool = False,

@@ -7,6 +7,7 @@ import threading
 
 import pytest
 from behaviour import tasks
+from kombu.transport.memory import Transport as MemoryTransport
 from manual_clock import ManualClock  # tests/ is on sys.path (rootdir conftest)
 
 from flowengine import engines
@@ -17,6 +18,7 @@ from flowengine.worker_based import protocol as pr
 from flowengine.worker_based.events import FanoutSink
 from flowengine.worker_based.executor import WorkerTaskExecutor
 from flowengine.worker_based.options import WorkerEngineOptions
+from flowengine.worker_based.worker import Worker
 
 
 def test_no_options_are_the_defaults() -> None:
@@ -62,6 +64,8 @@ def test_a_misspelt_option_is_an_error_naming_it_and_its_nearest_name() -> None:
     ("topics", [1], "a list of topic names"),
     ("exchange", 3, "a non-empty string"),
     ("transport_options", "x=1", "a mapping"),
+    ("transport", 5, "a transport name or a kombu Transport class"),
+    ("transport", dict, "a transport name or a kombu Transport class"),
     ("metrics_port", 70000, "a port number from 0 to 65535"),
     ("taskflow_compat", "perhaps", ""),
 ])
@@ -70,6 +74,15 @@ def test_a_wrongly_typed_option_is_an_error_naming_it(name: str, value: object,
     with pytest.raises(ValueError, match=repr(name)) as caught:
         WorkerEngineOptions.from_mapping({name: value})
     assert wanted in str(caught.value)
+
+
+def test_a_transport_is_a_name_or_a_kombu_transport_class_wherever_a_broker_is_named() -> None:
+    assert WorkerEngineOptions.from_mapping({"transport": "memory"}).transport == "memory"
+    assert WorkerEngineOptions.from_mapping({"transport": MemoryTransport}).transport \
+        is MemoryTransport
+    # A worker or a dead-letter reader names its broker the same way, and is told alike.
+    with pytest.raises(TypeError, match="'transport' must be a transport name .* not 5"):
+        Worker("x", "t", [tasks.Constant], transport=5)  # type: ignore[arg-type]
 
 
 def test_a_lease_no_longer_than_the_heartbeat_interval_is_refused() -> None:

@@ -16,6 +16,7 @@ from kombu.exceptions import OperationalError
 from flowengine.worker_based.broker import dispatcher as dp
 from flowengine.worker_based.broker import proxy as px
 from flowengine.worker_based.broker import transport_fs
+from flowengine.worker_based.broker.connection import TransportSpec
 
 LOG = logging.getLogger(__name__)
 
@@ -44,7 +45,8 @@ class Broadcast:
         url, transport, transport_options: As for :class:`Proxy`.
     """
 
-    def __init__(self, exchange: str, url: str | None = None, transport: Any = None,
+    def __init__(self, exchange: str, url: str | None = None,
+                 transport: TransportSpec | None = None,
                  transport_options: Mapping[str, Any] | None = None) -> None:
         options = dict(transport_options or {})
         conn, uri = px.connect(url, transport, options)

@@ -12,11 +12,12 @@ import dataclasses
 import difflib
 import json
 import logging
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeAlias
 
 import kombu
 from kombu import transport as kombu_transport
 from kombu.exceptions import OperationalError
+from kombu.transport import base as kombu_base
 from kombu.transport import virtual
 
 from flowengine.persistence.backends._uri import mask_urls
@@ -48,7 +49,23 @@ REDIS_RESTORE_LOCK_EXPIRE = 10
 CONSUMER_HEARTBEAT = 10.0
 
 
-def connect(url: str | None, transport: Any,
+#: How a transport is named where a URL does not say it: kombu's transport name or alias
+#: (``"memory"``, ``"redis"``, ``"flowengine-fs"``...), a ``module:Class`` path, or the
+#: transport class itself.
+TransportSpec: TypeAlias = "str | type[kombu_base.Transport]"
+
+
+def check_transport(transport: object) -> TransportSpec | None:
+    """``transport`` if it can name a transport (None: the URL says, or the default), else a
+    TypeError that names the bad value (kombu's own error for one comes from deep inside)."""
+    if transport is None or isinstance(transport, str) or (
+            isinstance(transport, type) and issubclass(transport, kombu_base.Transport)):
+        return transport
+    raise TypeError(f"Broker option 'transport' must be a transport name or a kombu Transport "
+                    f"class, not {transport!r}")
+
+
+def connect(url: str | None, transport: TransportSpec | None,
              options: dict[str, Any]) -> tuple[kombu.Connection, str]:
     """The (not yet connected) kombu connection for ``url``/``transport``, and its URI for logs.
 
@@ -78,7 +95,7 @@ class BrokerURLError(ValueError):
     """A broker URL (or transport name) names no transport kombu or flowengine has."""
 
 
-def unknown_transport(url: str | None, transport: Any) -> BrokerURLError:
+def unknown_transport(url: str | None, transport: TransportSpec | None) -> BrokerURLError:
     """The one-line error for a URL scheme or transport name that no transport answers to,
     saying which part is wrong and what it could have been."""
     name = str(transport) if transport is not None else (url or "").partition("://")[0]

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from types import TracebackType
 from typing import Any
 
-from flowengine.worker_based.broker.connection import connect
+from flowengine.worker_based.broker.connection import TransportSpec, connect
 
 
 class QueuesNotListed(ValueError):
@@ -37,7 +37,7 @@ class QueueInspector:
             :class:`~flowengine.worker_based.broker.proxy.Proxy`.
     """
 
-    def __init__(self, url: str | None = None, transport: Any = None,
+    def __init__(self, url: str | None = None, transport: TransportSpec | None = None,
                  transport_options: Mapping[str, Any] | None = None) -> None:
         self._conn, _ = connect(url, transport, dict(transport_options or {}))
         self._channel: Any = None
