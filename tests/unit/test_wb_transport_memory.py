@@ -96,3 +96,68 @@ def test_proxies_use_the_guarded_transport(where: dict[str, Any]) -> None:
 def test_other_transports_are_left_alone() -> None:
     conn = kombu.Connection("redis://127.0.0.1:1/0")
     assert tm.guarded(conn) is conn
+
+
+#: Longer than any test may take: a drain that waited its poll out instead of the bell's ring
+#: would make the test fail by its timeout rather than pass slowly.
+NEVER = 3600.0
+
+
+def drain_in_thread(conn: kombu.Connection, timeout: float) -> tuple[threading.Thread,
+                                                                     list[BaseException]]:
+    errors: list[BaseException] = []
+
+    def drain() -> None:
+        try:
+            conn.drain_events(timeout=timeout)
+        except BaseException as err:  # noqa: BLE001 - handed to the test
+            errors.append(err)
+
+    thread = threading.Thread(target=drain, daemon=True)
+    thread.start()
+    return thread, errors
+
+
+def test_a_drain_waiting_for_a_message_is_woken_by_its_put_not_by_its_poll() -> None:
+    name = f"bell-{uuid.uuid4().hex}"
+    exchange = kombu.Exchange(name, type="direct")
+    target = kombu.Queue(name, exchange, routing_key=name)
+    options = {"polling_interval": NEVER}
+    with tm.guarded(kombu.Connection("localhost", transport="memory",
+                                     transport_options=options)) as consuming, \
+            memory_connection() as publishing:
+        got: list[Any] = []
+        delivered = threading.Event()
+
+        def on_message(body: Any, message: Any) -> None:
+            got.append(body)
+            message.ack()
+            delivered.set()
+
+        with kombu.Consumer(consuming.channel(), [target], callbacks=[on_message]):
+            waiting = tm.BELL.rings
+            thread, errors = drain_in_thread(consuming, NEVER)
+            kombu.Producer(publishing.channel()).publish(
+                {"n": 1}, exchange=exchange, routing_key=name, declare=[target])
+            assert tm.BELL.rings > waiting
+            assert delivered.wait(30.0), "the drain slept its poll out: the put rang no bell"
+            thread.join(30.0)
+        assert (got, errors) == ([{"n": 1}], [])
+
+
+def test_a_ring_between_a_drains_look_and_its_wait_is_not_lost() -> None:
+    bell = tm.Doorbell()
+    seen = bell.rings
+    bell.ring()  # after the look, before the wait
+    woke = threading.Event()
+    thread = threading.Thread(target=lambda: (bell.wait(seen, NEVER), woke.set()), daemon=True)
+    thread.start()
+    assert woke.wait(30.0), "a wait began after a ring it had not seen, and slept through it"
+    thread.join(30.0)
+
+
+def test_a_drain_with_nothing_to_deliver_still_times_out() -> None:
+    with memory_connection() as conn:
+        queue = kombu.Queue(f"empty-{uuid.uuid4().hex}")
+        with kombu.Consumer(conn.channel(), [queue]), pytest.raises(TimeoutError):
+            conn.drain_events(timeout=0.05)

@@ -14,6 +14,13 @@ Its queues also order by message priority as AMQP brokers do (kombu's are plain 
 highest ``priority`` property (0..9, absent is 0) is delivered first, FIFO within a priority
 (see :class:`PriorityFifo`).
 
+Kombu's consumers find a new message by polling: an empty poll sleeps the transport's
+``polling_interval``, cut to the drain's timeout (10 ms for flowengine's consumers), so every
+hop of a request or reply waited about half that on average. Here every put rings a
+process-wide :class:`Doorbell` and a drain waits for the ring instead of sleeping; a message
+put where no bell rings (a stock kombu memory channel creating a queue of its own) is still
+found within the old poll.
+
 This channel takes one process-wide lock around each check-then-create step (exchange and queue
 declarations, binds, unbinds, deletions). Everything else, and all the state, stays kombu's, so
 a connection made with plain ``transport="memory"`` elsewhere in the process sees the same
@@ -28,8 +35,9 @@ import functools
 import heapq
 import itertools
 import threading
+import time
 from collections.abc import Callable
-from queue import Queue
+from queue import Empty, Queue
 from typing import Any
 
 import kombu
@@ -53,6 +61,32 @@ def _declaring(method: Callable[..., Any]) -> Callable[..., Any]:
     return locked
 
 
+class Doorbell:
+    """Rung by every put into a :class:`PriorityFifo`; waited on by drains with nothing to
+    deliver. A count of rings, read before a drain looks, tells a wait whether a put came in
+    between (then it does not wait): no ring is lost between the look and the wait."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self.rings = 0
+
+    def ring(self) -> None:
+        """Wake every drain waiting for a message."""
+        with self._cond:
+            self.rings += 1
+            self._cond.notify_all()
+
+    def wait(self, seen: int, timeout: float) -> None:
+        """Return once the bell rang after ``seen`` rings, or after ``timeout`` seconds."""
+        with self._cond:
+            if self.rings == seen:
+                self._cond.wait(timeout)
+
+
+#: The bell of the process's memory broker (one broker state per process, as kombu's).
+BELL = Doorbell()
+
+
 class PriorityFifo(Queue):  # type: ignore[type-arg]  # holds kombu's message dicts
     """A :class:`queue.Queue` of kombu messages, highest ``priority`` property first, FIFO
     within a priority. ``queue`` is a heap of ``(-priority, sequence, message)``, so kombu's
@@ -67,6 +101,7 @@ class PriorityFifo(Queue):  # type: ignore[type-arg]  # holds kombu's message di
 
     def _put(self, message: Any) -> None:
         heapq.heappush(self.queue, (-message_priority(message), next(self._sequence), message))
+        BELL.ring()
 
     def _get(self) -> Any:
         return heapq.heappop(self.queue)[2]
@@ -115,6 +150,27 @@ class Transport(memory.Transport):
     Channel = Channel
     #: Queues deliver the highest message priority first (flowengine's proxy sets it).
     orders_by_priority = True
+
+    def drain_events(self, connection: Any, timeout: float | None = None,
+                     **_kwargs: Any) -> None:
+        """Deliver one message, waiting for the doorbell between looks (kombu's sleeps);
+        ``socket.timeout`` if none came within ``timeout`` seconds."""
+        began = time.monotonic()
+        # Still the longest wait between looks: a put that rings no bell is found by then.
+        poll = self.polling_interval or 1.0
+        cycle = self.cycle
+        assert cycle is not None  # made with the transport
+        while True:
+            seen = BELL.rings
+            try:
+                cycle.get(self._deliver, timeout=timeout)
+                return
+            except Empty:
+                pass
+            left = poll if timeout is None else timeout - (time.monotonic() - began)
+            if left <= 0:
+                raise TimeoutError()  # socket.timeout, as kombu's drains raise
+            BELL.wait(seen, min(left, poll))
 
 
 def guarded(conn: kombu.Connection) -> kombu.Connection:
