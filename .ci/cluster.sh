@@ -12,12 +12,42 @@
 # whatever is not running (so a test that killed a member runs it again to bring it back), or only
 # the services named after it (`start rabbitmq redis zookeeper etcd mariadb`); `stop` stops
 # everything and `wipe` removes the state too. Sized small: the machine is shared.
+#
+# One run of the script at a time (a lock under the state dir): two starts at once would each
+# launch the members whose ports are not open yet, and the loser's exit clobbers or deletes the
+# winner's pid file, so `stop` could no longer find the member (pytest-xdist workers did this).
+# `start` adopts a member whose port answers only if its pid file here names a running process;
+# anything else on the port is refused, since `stop` could not stop it and a test that kills a
+# member would signal the wrong process.
 set -euo pipefail
 base="${FLOWENGINE_CLUSTER_DIR:-/tmp/flowengine-cluster}"
-mkdir -p "$base"
-action="${1:-start}"
 
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+pid_of() { [ -f "$1" ] && head -n 1 "$1" || true; }
+
+# /proc rather than `kill -0`, which fails on processes of other users (rabbitmq, mysql) when
+# the script is not run as root.
+pid_alive() { [ -n "$1" ] && [ -d "/proc/$1" ]; }
+
+# Succeeds when the member on port $1 runs and is ours ($2, its pid file, names a running
+# process): leave it be. Fails when the port is free: start it. Ends the script when something
+# else holds the port, naming the port, the holder if `ss` can tell, and what to do.
+member_running() {
+    local port=$1 pidfile=$2 name=$3 pid holder why="is missing"
+    port_open "$port" || return 1
+    pid=$(pid_of "$pidfile")
+    pid_alive "$pid" && return 0
+    [ -z "$pid" ] || why="names process $pid, which is not running"
+    holder=$(ss -Hltnp "sport = :$port" 2>/dev/null | grep -o 'pid=[0-9]*' | head -n 1 || true)
+    {
+        echo "cluster.sh: port $port ($name) answers, but $pidfile $why:" \
+             "something this script did not start here${holder:+ ($holder)} holds the port."
+        echo "Stop that process (\`ss -ltnp 'sport = :$port'\` names it; \`$0 stop\` cannot," \
+             "having no pid of it), then run \`$0 start\` again."
+    } >&2
+    exit 3
+}
 
 wait_port() {
     local port=$1 name=$2
@@ -48,7 +78,7 @@ rabbit_env() {
 
 start_rabbit_node() {
     local n=$1 port=$((5680 + $1))
-    port_open "$port" && return 0
+    member_running "$port" "$base/rabbitmq/fe-c$n.pid" "rabbitmq fe-c$n" && return 0
     (
         rabbit_env "$n"
         mkdir -p "$RABBITMQ_MNESIA_BASE" "$RABBITMQ_LOG_BASE"
@@ -99,7 +129,7 @@ start_redis() {
     local fresh=0
     [ -f "$dir/sentinel-1.conf" ] || fresh=1
     for port in 6391 6392; do
-        port_open "$port" && continue
+        member_running "$port" "$dir/redis-$port.pid" "redis $port" && continue
         local conf="$dir/redis-$port.conf"
         if [ "$fresh" = 1 ] || [ ! -f "$conf" ]; then
             {
@@ -111,12 +141,12 @@ start_redis() {
         fi
         # A server that comes back after a failover is made a replica of the new master by the
         # Sentinels (they rewrite its configuration file).
-        redis-server "$conf"
+        redis-server "$conf" --pidfile "$dir/redis-$port.pid"
         wait_port "$port" "redis $port"
     done
     for n in 1 2 3; do
         local port=$((26390 + n)) conf="$dir/sentinel-$n.conf"
-        port_open "$port" && continue
+        member_running "$port" "$dir/sentinel-$n.pid" "redis-sentinel $n" && continue
         if [ ! -f "$conf" ]; then
             cat >"$conf" <<CONF
 bind 127.0.0.1
@@ -130,7 +160,7 @@ sentinel failover-timeout fe-cluster 10000
 sentinel parallel-syncs fe-cluster 1
 CONF
         fi
-        redis-sentinel "$conf"
+        redis-sentinel "$conf" --pidfile "$dir/sentinel-$n.pid"
         wait_port "$port" "redis-sentinel $port"
     done
 }
@@ -140,7 +170,7 @@ start_zookeeper() {
     local dir="$base/zookeeper"
     for n in 1 2 3; do
         local port=$((2190 + n)) member="$dir/zk$n"
-        port_open "$port" && continue
+        member_running "$port" "$member/pid" "zookeeper zk$n" && continue
         mkdir -p "$member/data"
         echo "$n" >"$member/data/myid"
         cat >"$member/zoo.cfg" <<CFG
@@ -175,7 +205,7 @@ start_etcd() {
     for n in 1 2 3; do cluster="$cluster${cluster:+,}fe-e$n=http://127.0.0.1:$((2490 + n))"; done
     for n in 1 2 3; do
         local port=$((2390 + n)) peer=$((2490 + n)) state=new
-        port_open "$port" && continue
+        member_running "$port" "$dir/fe-e$n.pid" "etcd fe-e$n" && continue
         mkdir -p "$dir"
         [ -d "$dir/fe-e$n" ] && state=existing
         nohup etcd --name "fe-e$n" --data-dir "$dir/fe-e$n" \
@@ -194,7 +224,7 @@ start_etcd() {
 # ---- MariaDB ---------------------------------------------------------------------------------
 start_mariadb() {
     local dir="$base/mariadb"
-    port_open 3316 && return 0
+    member_running 3316 "$dir/mariadb.pid" mariadb && return 0
     mkdir -p "$dir"
     chown mysql:mysql "$dir" 2>/dev/null || true
     if [ ! -d "$dir/data/mysql" ]; then
@@ -221,8 +251,6 @@ end_pid() {
     for _ in $(seq 1 20); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.5; done
 }
 
-pid_of() { [ -f "$1" ] && head -n 1 "$1" || true; }
-
 stop_all() {
     local pids=()
     for n in 1 2 3; do
@@ -237,9 +265,20 @@ stop_all() {
     done
     for pid in "${pids[@]}"; do [ -n "$pid" ] && end_pid "$pid" & done
     wait
-    rm -f "$base"/rabbitmq/*.pid
+    # A pid file left behind would name some later, unrelated process of the same number.
+    rm -f "$base"/rabbitmq/*.pid "$base"/zookeeper/zk*/pid "$base"/etcd/*.pid \
+          "$base"/mariadb/mariadb.pid "$base"/redis/*.pid
 }
 
+# Sourced (tests/unit/test_cluster_harness.py), the script only defines the functions above.
+[ "${BASH_SOURCE[0]}" = "$0" ] || return 0
+
+mkdir -p "$base"
+if [ -z "${FLOWENGINE_CLUSTER_LOCKED:-}" ]; then
+    # -o: the lock stays with flock itself, not with the servers the script leaves running.
+    FLOWENGINE_CLUSTER_LOCKED=1 exec flock -o "$base/.lock" bash "$0" "$@"
+fi
+action="${1:-start}"
 case "$action" in
     start) shift || true
            services=("$@")

@@ -2,24 +2,29 @@
 
 Three RabbitMQ nodes, Redis with a replica and three Sentinels, three ZooKeeper members, three
 etcd members and MariaDB, all on 127.0.0.1 and on ports of their own (the shared single servers
-of ``.ci/services.sh`` are never touched). :data:`CLUSTER` starts them once per test process when
-one does not answer (and :func:`stop_if_started` stops them again at the end of the session);
-``make test-cluster`` starts them before and stops them after the suite. A test that kills a
-member brings its service back whole with :func:`restore` before it starts, not after: a member
-left down is what the clients of the other tests fail over from anyway, and ``make
-test-cluster`` stops everything at the end.
+of ``.ci/services.sh`` are never touched). ``make test-cluster`` starts them before and stops
+them after the suite. A run by hand gets them from :func:`use` (the ``cluster`` fixture): every
+test process that uses them is counted in :data:`USERS`, under the state dir, so that the
+processes of one run (pytest-xdist workers) and concurrent runs see one another; the first to
+find a member silent starts them, and :func:`release` (at the end of each process's session)
+stops them once the last user leaves, if tests started them. A test that kills a member brings
+its service back whole with :func:`restore` before it starts, not after: a member left down is
+what the clients of the other tests fail over from anyway, and the end of the run stops
+everything.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
+import signal
 import socket
 import subprocess
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from servers import LocalServers
@@ -107,11 +112,129 @@ def _replica_in_sync() -> bool:
     return isinstance(replica, dict) and replica.get("state") == "online"
 
 
-def stop_if_started() -> None:
-    """Stop the cluster if this test process started it (a run by hand leaves nothing behind)."""
-    if CLUSTER.started:
-        subprocess.run(["bash", str(SCRIPT), "stop"], capture_output=True, timeout=300,
-                       stdin=subprocess.DEVNULL)
+# ---- who uses the cluster, and who stops it ---------------------------------------------------
+
+
+def process_identity(pid: int) -> str | None:
+    """What tells process ``pid`` from a later one of the same number (its start time, in clock
+    ticks since boot); None if there is no such process."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name (field 2) may hold spaces and parentheses: count from its end.
+    return stat[stat.rindex(")") + 2:].split()[19]
+
+
+class ClusterUsers:
+    """The test processes that use the cluster now, and whether tests started it.
+
+    One file per user under ``folder/users`` (named after its pid, holding its
+    :func:`process_identity`), a ``started-by-tests`` marker, and a lock that every change takes,
+    so that all the processes of a run (pytest-xdist workers) and concurrent runs share one
+    count. A user that died without leaving (a crashed worker) counts no more.
+
+    Args:
+        folder: The cluster's state dir.
+        identity: :func:`process_identity`, or a stand-in in tests.
+        pid: This process's id.
+    """
+
+    def __init__(self, folder: Path, identity: Callable[[int], str | None] = process_identity,
+                 pid: int | None = None) -> None:
+        self.folder, self.identity = folder, identity
+        self.pid = os.getpid() if pid is None else pid
+        self.users, self.marker = folder / "users", folder / "started-by-tests"
+        self.joined = False
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold the lock on the count (waits while another process holds it)."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        with (self.folder / "users.lock").open("a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def join(self) -> None:
+        """Count this process as a user (lock held)."""
+        self.users.mkdir(parents=True, exist_ok=True)
+        (self.users / str(self.pid)).write_text(self.identity(self.pid) or "")
+        self.joined = True
+
+    def mark_started(self) -> None:
+        """Record that tests start the cluster, so that its last user stops it (lock held)."""
+        self.marker.touch()
+
+    def live(self) -> list[int]:
+        """The users still running; the files of those that died are removed (lock held)."""
+        found = []
+        for entry in sorted(self.users.glob("*")) if self.users.is_dir() else ():
+            identity = entry.read_text()
+            if identity and self.identity(int(entry.name)) == identity:
+                found.append(int(entry.name))
+            else:
+                entry.unlink()
+        return found
+
+    def leave(self) -> bool:
+        """Count this process no more; whether it must now stop the cluster: tests started it
+        and no user is left (lock held; call :meth:`stopped` once it is)."""
+        (self.users / str(self.pid)).unlink(missing_ok=True)
+        self.joined = False
+        return self.marker.exists() and not self.live()
+
+    def stopped(self) -> None:
+        """Forget that tests started the cluster (lock held)."""
+        self.marker.unlink(missing_ok=True)
+
+
+#: The users of the cluster under :data:`STATE`, as this process sees them.
+USERS = ClusterUsers(STATE)
+
+
+@contextlib.contextmanager
+def _test_clock_paused() -> Iterator[None]:
+    # pytest-timeout (signal method) arms SIGALRM for the test whose setup brings the cluster
+    # up. Starting it, or waiting for another process that does, may take minutes; an alarm in
+    # the middle killed the script and left half a cluster with no session to stop it. The test
+    # gets the time it had left afterwards.
+    left, interval = signal.setitimer(signal.ITIMER_REAL, 0)
+    try:
+        yield
+    finally:
+        if left:
+            signal.setitimer(signal.ITIMER_REAL, left, interval)
+
+
+def use() -> None:
+    """Go on once every member answers, starting the cluster if one does not, and count this
+    process as a user until :func:`release`; fail (``CI=true``) or skip the test otherwise."""
+    with _test_clock_paused():
+        with USERS.locked():
+            USERS.join()
+            if problem() is not None and not CLUSTER.missing():
+                USERS.mark_started()
+        # Outside the lock: the script runs one at a time by itself, and a user that leaves
+        # meanwhile need not wait for a start.
+        CLUSTER.require("The cluster suite's servers (.ci/cluster.sh)", problem)
+
+
+def release() -> None:
+    """This process's session is over: it uses the cluster no more, and if it was the last
+    user of a cluster that tests started, it stops the cluster. So a run by hand leaves nothing
+    behind, and never stops what another process still uses. Nothing to do where no test
+    process ever marked the cluster as started by tests."""
+    if not USERS.joined and not USERS.marker.exists():
+        return
+    with USERS.locked():
+        if USERS.leave():
+            # Under the lock: no process may join a cluster that is going away.
+            subprocess.run(["bash", str(SCRIPT), "stop"], capture_output=True, timeout=300,
+                           stdin=subprocess.DEVNULL)
+            USERS.stopped()
 
 
 # ---- who leads, and taking a member away ---------------------------------------------------

@@ -196,17 +196,23 @@ def wheelhouse(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
 
 
 @pytest.fixture(scope="session")
-def cluster() -> Iterator[None]:
-    """Every member of the cluster suite's servers answers (started once if needed, and then
-    stopped at the end of the session)."""
+def cluster() -> None:
+    """Every member of the cluster suite's servers answers (started if needed; the last test
+    process that uses them stops them at the end of its session: see the hook below)."""
     import cluster_servers
 
-    cluster_servers.CLUSTER.require("The cluster suite's servers (.ci/cluster.sh)",
-                                    cluster_servers.problem)
-    try:
-        yield
-    finally:
-        cluster_servers.stop_if_started()
+    cluster_servers.use()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Stop the cluster suite's servers if tests started them and this process was their last
+    user. A hook, not the fixture's teardown: that one never runs when the fixture's setup failed
+    (a start that went wrong half way), and trylast puts it after the session's teardown. On
+    the pytest-xdist controller it stops what a worker that died without leaving started."""
+    import cluster_servers
+
+    cluster_servers.release()
 
 
 @pytest.fixture

@@ -131,7 +131,7 @@ class LocalServers:
         """
         reason = self.problem(check)
         if reason is not None:
-            unavailable(f"{what} unavailable ({reason}); run `.ci/services.sh start`")
+            unavailable(f"{what} unavailable ({reason}); run `.ci/{self.script.name} start`")
 
 
 #: The one :class:`LocalServers` of this test process.
