@@ -311,6 +311,9 @@ class WorkerTaskExecutor(local.TaskExecutor):
         #: it was last seen to have read every reply (see lc.Tick.caught_up).
         self._drains_seen = -1
         self._caught_up: float | None = None
+        #: Some attempt's verdict (pickup, lease) waits for the reply queue to catch up: the
+        #: next pass that sees it caught up looks at them at once.
+        self._verdicts_wait = False
         #: Request ids chosen for the next first attempt of an atom (see reserve_request_id).
         self._reserved: dict[str, str] = {}
         #: What a dead predecessor left: request ids to revoke, delayed jobs to delete.
@@ -891,6 +894,8 @@ class WorkerTaskExecutor(local.TaskExecutor):
             # before then has been read (see lc.Tick.caught_up).
             self._drains_seen = client.proxy.idle_drains
             self._caught_up = now
+            if self._verdicts_wait:  # this is what they wait for (see lc.awaits_catch_up)
+                self._note_due(now)
         if now < self._next_due and now < self._next_expiry_check:
             # The usual pass (the client looks at thousands of engines ten times a second):
             # nothing is due. _next_due is only ever lowered under the lock; a value read
@@ -914,6 +919,7 @@ class WorkerTaskExecutor(local.TaskExecutor):
         # waiting requests, queued behind other engines' work on the client's dispatch thread
         # (thousands of flows): it is not unserved.
         queued = lc.Tick(workers_known=False, caught_up=self._caught_up)
+        waiting_verdict = False
         for sub in subs:
             attempt = sub.attempt
             self._note_due(lc.due(attempt, now))
@@ -928,6 +934,8 @@ class WorkerTaskExecutor(local.TaskExecutor):
                     # transition timeout, not the short one for a class nobody runs.
                     event = queued
             self._apply(sub, event, attempt.request_id)
+            waiting_verdict = waiting_verdict or lc.awaits_catch_up(sub.attempt, now)
+        self._verdicts_wait = waiting_verdict
         if self.finder.asking:  # after the pickup checks above, which may have just asked
             self._judge_unanswered(now)
 
@@ -1008,7 +1016,9 @@ class WorkerTaskExecutor(local.TaskExecutor):
                         "untaken", worker.identity, worker.topic, window)
             self._pass_over_held_by(worker, why, now)
         if self.finder.asking:
-            self._note_due(now + min(window, 1.0))
+            self._note_due(self.finder.next_verdict(window, now))
+            # An answer still unread in a backlog of replies is what a verdict waits for.
+            self._verdicts_wait = True
 
     def _pass_over_held_by(self, worker: TopicWorker, why: str, now: float) -> None:
         """Send the untaken requests of ``worker``'s topic to other workers: it may hold any

@@ -251,6 +251,16 @@ class WorkerFinder:
         with self._lock:
             return any(w.asked_at is not None for w in self._workers.values())
 
+    def next_verdict(self, window: float, now: float) -> float:
+        """When the clock next decides on a worker asked for a proof of life (see
+        :meth:`unanswered`): the end of its ``window``, or once that has passed unanswered
+        (an answer may wait unread in a backlog), the end of the second; ``math.inf`` if no
+        worker is asked."""
+        with self._lock:
+            ends = [w.asked_at + (window if now < w.asked_at + window else 2 * window)
+                    for w in self._workers.values() if w.asked_at is not None]
+        return min(ends, default=math.inf)
+
     def unanswered(self, window: float, caught_up: float | None) -> list[TopicWorker]:
         """The workers asked for a proof of life more than ``window`` seconds ago that have
         sent nothing since: each is judged (and silent: it is sent nothing until it is heard

@@ -105,6 +105,34 @@ def test_silence_is_believed_only_once_every_reply_sent_before_the_deadline_was_
         lc.CheckPickup("topic")]
 
 
+def test_a_verdict_waiting_for_the_reply_queue_is_due_again_only_when_its_grace_ends() -> None:
+    # An engine process too busy to find its reply queue empty must not look at such an
+    # attempt on every pass: only a catch-up (noticed by the executor) or the grace's end can
+    # decide it.
+    clock = ManualClock()
+    attempt = running(clock)
+    lease_end = attempt.lease_until
+    assert lease_end is not None
+    assert lc.due(attempt, clock.now) == lease_end and not lc.awaits_catch_up(attempt, clock.now)
+    clock.advance(6.0)
+    backlogged = lc.Tick(caught_up=lease_end - 1.0)
+    assert lc.step(attempt, backlogged, clock.now) == (attempt, [])
+    assert lc.awaits_catch_up(attempt, clock.now)
+    assert lc.due(attempt, clock.now) == lease_end + POLICY.lease_timeout  # type: ignore[operator]
+    clock.now = lease_end + POLICY.lease_timeout + 0.01  # type: ignore[operator]
+    assert lc.step(attempt, backlogged, clock.now)[0].ending == lc.LOST, "decided when due"
+    pending = sent(clock)
+    pickup = pending.pickup_due
+    assert pickup is not None and lc.due(pending, clock.now) == pickup
+    clock.now = pickup + 0.5
+    assert lc.step(pending, lc.Tick(caught_up=pickup - 0.1), clock.now) == (pending, [])
+    assert lc.awaits_catch_up(pending, clock.now)
+    assert lc.due(pending, clock.now) == pickup + POLICY.pickup_timeout  # type: ignore[operator]
+    clock.now = pickup + POLICY.pickup_timeout + 0.01  # type: ignore[operator]
+    assert lc.step(pending, lc.Tick(caught_up=pickup - 0.1), clock.now)[1] == [
+        lc.CheckPickup("topic")]
+
+
 def test_a_short_task_with_no_running_reply_finishes_from_pending() -> None:
     clock = ManualClock()
     attempt, effects = lc.step(sent(clock), lc.Finished(lc.SUCCESS, 42), clock.now)

@@ -489,7 +489,14 @@ def step(attempt: Attempt, event: Event, now: float) -> Step:
 
 def due(attempt: Attempt, now: float) -> float:
     """When the clock next makes something due for ``attempt`` (``math.inf``: never, as
-    things stand)."""
+    things stand).
+
+    A pickup deadline or lease end that has passed unjudged waits for a verdict on silence
+    (see :class:`Tick`): the clock decides it only when the grace after it ends; before then
+    only the reply queue catching up can, which whoever ticks notices (see
+    :func:`awaits_catch_up`). So an engine process too busy to find its reply queue empty does
+    not look at such attempts on every pass.
+    """
     if attempt.waiting:
         expiry = math.inf if attempt.policy.timeout is None \
             else attempt.created + attempt.policy.timeout
@@ -498,7 +505,8 @@ def due(attempt: Attempt, now: float) -> float:
             if fail_fast > now:  # once past, only the expiry is left to wait for
                 return min(expiry, fail_fast)
         if attempt.state == PENDING and attempt.pickup_due is not None and not attempt.revoking:
-            return min(expiry, attempt.pickup_due)
+            return min(expiry, _verdict_due(attempt.pickup_due, attempt.policy.pickup_timeout,
+                                            now))
         return expiry
     if attempt.state != RUNNING:
         return math.inf
@@ -506,8 +514,27 @@ def due(attempt: Attempt, now: float) -> float:
     if attempt.time_limit and attempt.started is not None:
         when = attempt.started + attempt.time_limit
     if attempt.lease_until is not None:
-        when = min(when, attempt.lease_until)
+        when = min(when, _verdict_due(attempt.lease_until, attempt.policy.lease_timeout, now))
     return when
+
+
+def _verdict_due(deadline: float, grace: float | None, now: float) -> float:
+    """When the clock next decides a verdict on silence after ``deadline`` (see
+    :func:`_silent`): at the deadline, and once it has passed, when its grace ends."""
+    if deadline > now or grace is None:
+        return deadline
+    return deadline + grace
+
+
+def awaits_catch_up(attempt: Attempt, now: float) -> bool:
+    """Whether a verdict on ``attempt`` (its pickup, its lease) waits for the reply queue to
+    be found empty: a :class:`Tick` with a later ``caught_up`` may decide it before
+    :func:`due` comes."""
+    if attempt.state == PENDING:
+        return attempt.pickup_due is not None and attempt.pickup_due <= now \
+            and not attempt.revoking
+    return attempt.state == RUNNING and attempt.lease_until is not None \
+        and attempt.lease_until <= now
 
 
 # -- the transitions ---------------------------------------------------------------------------
