@@ -11,6 +11,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from flowengine import exceptions as exc
+from flowengine import flow as flow_base
 from flowengine import hooks as hk
 from flowengine import states
 from flowengine.atom import Atom
@@ -24,6 +25,8 @@ from flowengine.engines.delays import RetryWaits
 from flowengine.engines.machine import META_STATES, RunLoop
 from flowengine.engines.options import EngineOptions, as_optional_int
 from flowengine.engines.runtime import Runtime
+from flowengine.persistence.base import Backend
+from flowengine.persistence.models import FlowDetail
 from flowengine.secrets import secret_sources
 from flowengine.storage import Storage
 from flowengine.types.failure import Failure
@@ -54,8 +57,8 @@ class ActionEngine:
     #: nearest known name.
     EXTRA_OPTIONS = frozenset({"max_async_tasks"})
 
-    def __init__(self, flow: Any, flow_detail: Any, backend: Any,
-                 options: Mapping[str, Any] | None) -> None:
+    def __init__(self, flow: flow_base.Flow | Atom, flow_detail: FlowDetail,
+                 backend: Backend | None, options: Mapping[str, Any] | None) -> None:
         self._flow = flow
         self._flow_detail = flow_detail
         self._backend = backend
@@ -661,8 +664,8 @@ class ParallelActionEngine(ActionEngine):
 
     KIND = "parallel"
 
-    def __init__(self, flow: Any, flow_detail: Any, backend: Any,
-                 options: Mapping[str, Any] | None) -> None:
+    def __init__(self, flow: flow_base.Flow | Atom, flow_detail: FlowDetail,
+                 backend: Backend | None, options: Mapping[str, Any] | None) -> None:
         super().__init__(flow, flow_detail, backend, options)
         given = self._options.executor
         if isinstance(given, cf.ProcessPoolExecutor):

@@ -9,11 +9,16 @@ import logging
 import urllib.parse
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeAlias
 
 from flowengine import exceptions as exc
+from flowengine import flow as flow_base
+from flowengine.atom import Atom
 from flowengine.engines import factory_policy, run_record
+from flowengine.engines.engine import ActionEngine
 from flowengine.engines.factory_policy import FactoryPolicy
+from flowengine.persistence.base import Backend
+from flowengine.persistence.models import FlowDetail, LogBook
 
 LOG = logging.getLogger(__name__)
 
@@ -32,8 +37,12 @@ _ENGINES: dict[str, str] = {
 
 _FACTORY_META = "factory"
 
+#: A persistence backend, or its configuration: a URI string or a dict (``{"connection":
+#: URI, ...}``), built (and upgraded) by the helper that is given it.
+BackendSpec: TypeAlias = Backend | str | Mapping[str, Any]
 
-def _backend_from_conf(conf: Any) -> Any:
+
+def _backend_from_conf(conf: str | Mapping[str, Any]) -> Backend:
     """Build a backend from a URI or dict and bring its storage layout up to date."""
     from flowengine.persistence import backends as p_backends
 
@@ -48,7 +57,8 @@ def _backend_from_conf(conf: Any) -> Any:
 
 
 @contextlib.contextmanager
-def _owned_backend(backend: Any, keep: bool = True) -> Iterator[tuple[Any, bool]]:
+def _owned_backend(backend: BackendSpec | None,
+                   keep: bool = True) -> Iterator[tuple[Backend | None, bool]]:
     """Yield ``(backend, owned)``.
 
     A backend built here from a URI or dict is owned: closed on leaving, unless ``keep`` and the
@@ -101,15 +111,15 @@ def _engine_class(kind: str) -> type:
 
 
 def _load(
-    flow: Any,
+    flow: flow_base.Flow | Atom,
     store: Mapping[str, Any] | None,
-    flow_detail: Any,
-    book: Any,
-    backend: Any,
+    flow_detail: FlowDetail | None,
+    book: LogBook | None,
+    backend: Backend | None,
     owned: bool,
-    engine: Any,
+    engine: str | None,
     kwargs: dict[str, Any],
-) -> tuple[Any, weakref.finalize | None]:
+) -> tuple[ActionEngine, weakref.finalize | None]:
     """Load an engine; return it with the finalizer closing its owned backend (or None)."""
     from flowengine.utils import persistence_utils as p_utils
 
@@ -126,7 +136,7 @@ def _load(
             options,
             list(options.get("topics") or []))
     closer = None
-    if owned:
+    if owned and backend is not None:
         # Nobody else holds a backend built from a URI: close it when the engine goes away.
         closer = weakref.finalize(engine_obj, backend.close)
     if store:
@@ -135,15 +145,15 @@ def _load(
 
 
 def load(
-    flow: Any,
+    flow: flow_base.Flow | Atom,
     store: Mapping[str, Any] | None = None,
-    flow_detail: Any = None,
-    book: Any = None,
-    backend: Any = None,
+    flow_detail: FlowDetail | None = None,
+    book: LogBook | None = None,
+    backend: BackendSpec | None = None,
     namespace: str = ENGINES_NAMESPACE,
     engine: str = ENGINE_DEFAULT,
     **kwargs: Any,
-) -> Any:
+) -> ActionEngine:
     """Load a flow into an engine, ready to run.
 
     A backend given as a URI or dict is built (and upgraded) here and closed when the engine is
@@ -164,11 +174,11 @@ def load(
 
 
 def run(
-    flow: Any,
+    flow: flow_base.Flow | Atom,
     store: Mapping[str, Any] | None = None,
-    flow_detail: Any = None,
-    book: Any = None,
-    backend: Any = None,
+    flow_detail: FlowDetail | None = None,
+    book: LogBook | None = None,
+    backend: BackendSpec | None = None,
     namespace: str = ENGINES_NAMESPACE,
     engine: str = ENGINE_DEFAULT,
     **kwargs: Any,
@@ -243,11 +253,11 @@ def _fetch_validate_factory(
 
 
 def save_factory_details(
-    flow_detail: Any,
+    flow_detail: FlowDetail,
     flow_factory: str | Callable[..., Any],
     factory_args: Sequence[Any] | None,
     factory_kwargs: Mapping[str, Any] | None,
-    backend: Any = None,
+    backend: BackendSpec | None = None,
 ) -> None:
     """Record in the flow detail how to rebuild its flow (so another process can resume it).
 
@@ -271,8 +281,9 @@ def save_factory_details(
         flow_detail.meta[_FACTORY_META] = factory
     if backend is None:
         return
-    with _owned_backend(backend, keep=False) as (backend, _):
-        with contextlib.closing(backend.get_connection()) as conn:
+    with _owned_backend(backend, keep=False) as (built, _):
+        assert built is not None  # given, so built or passed through
+        with contextlib.closing(built.get_connection()) as conn:
             conn.update_flow_details(flow_detail)
 
 
@@ -281,12 +292,12 @@ def load_from_factory(
     factory_args: Sequence[Any] | None = None,
     factory_kwargs: Mapping[str, Any] | None = None,
     store: Mapping[str, Any] | None = None,
-    book: Any = None,
-    backend: Any = None,
+    book: LogBook | None = None,
+    backend: BackendSpec | None = None,
     namespace: str = ENGINES_NAMESPACE,
     engine: str = ENGINE_DEFAULT,
     **kwargs: Any,
-) -> Any:
+) -> ActionEngine:
     """Build a flow with a factory (or its import path), record the factory, load it.
 
     Raises:
@@ -304,7 +315,8 @@ def load_from_factory(
         return _load(flow, store, flow_detail, book, backend, owned, engine, kwargs)[0]
 
 
-def flow_from_detail(flow_detail: Any, *, policy: FactoryPolicy | None = None) -> Any:
+def flow_from_detail(flow_detail: FlowDetail, *,
+                     policy: FactoryPolicy | None = None) -> flow_base.Flow | Atom:
     """Rebuild the flow of a flow detail saved with factory details.
 
     The stored factory is imported and called only if ``policy`` (by default the one in
@@ -343,13 +355,13 @@ def flow_from_detail(flow_detail: Any, *, policy: FactoryPolicy | None = None) -
 
 
 def load_from_detail(
-    flow_detail: Any,
+    flow_detail: FlowDetail,
     store: Mapping[str, Any] | None = None,
-    backend: Any = None,
+    backend: BackendSpec | None = None,
     namespace: str = ENGINES_NAMESPACE,
     engine: str = ENGINE_DEFAULT,
     **kwargs: Any,
-) -> Any:
+) -> ActionEngine:
     """Rebuild a flow detail's flow and load it into an engine (to resume it)."""
     flow = flow_from_detail(flow_detail)
     return load(flow, flow_detail=flow_detail, store=store, backend=backend,

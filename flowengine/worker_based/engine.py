@@ -10,6 +10,7 @@ import logging
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+from flowengine import flow as flow_base
 from flowengine import hooks as hk
 from flowengine import states
 from flowengine.atom import Atom
@@ -18,6 +19,8 @@ from flowengine.engines.actions import META_ATTEMPT_IDS, META_DELAYED_JOB
 from flowengine.engines.engine import ActionEngine
 from flowengine.engines.options import TASKFLOW_OPTIONS
 from flowengine.exceptions import StorageFailure
+from flowengine.persistence.base import Backend
+from flowengine.persistence.models import FlowDetail
 from flowengine.secrets import Secret
 from flowengine.types.notifier import Notifier, register_deregister
 from flowengine.utils.cycle_free import WeakMethod
@@ -82,9 +85,8 @@ class WorkerBasedActionEngine(ActionEngine):
     KIND = "worker-based"
     EXTRA_OPTIONS = OPTION_NAMES
 
-    def __init__(
-        self, flow: Any, flow_detail: Any, backend: Any, options: Mapping[str, Any] | None
-    ) -> None:
+    def __init__(self, flow: flow_base.Flow | Atom, flow_detail: FlowDetail,
+                 backend: Backend | None, options: Mapping[str, Any] | None) -> None:
         super().__init__(flow, flow_detail, backend, options)
         self._worker_executor: local.TaskExecutor | None = None
         #: The validated worker-based options (a mistyped one fails here).

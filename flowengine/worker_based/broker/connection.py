@@ -52,7 +52,7 @@ CONSUMER_HEARTBEAT = 10.0
 #: How a transport is named where a URL does not say it: kombu's transport name or alias
 #: (``"memory"``, ``"redis"``, ``"flowengine-fs"``...), a ``module:Class`` path, or the
 #: transport class itself.
-TransportSpec: TypeAlias = "str | type[kombu_base.Transport]"
+TransportSpec: TypeAlias = str | type[kombu_base.Transport]
 
 
 def check_transport(transport: object) -> TransportSpec | None:
