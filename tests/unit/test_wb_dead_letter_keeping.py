@@ -99,14 +99,24 @@ def test_a_worker_masks_the_arguments_its_engine_names_secret(
     assert_no_secret("the stored failure", json.dumps(stored.to_dict()))
 
 
-def test_an_argument_injected_as_a_secret_is_named_secret_too(exchange: str) -> None:
-    login = Login(name="login", inject={"password": Secret(PASSWORD)})
-    engine = engines.load(linear_flow.Flow("login").add(login), engine="worker-based",
-                          exchange=exchange, transport="memory", topics=["secrets"],
-                          events=False, store={"token": TOKEN})
-    engine.compile()
-    assert engine._secret_args(login) == ["password", "token"]
-    assert engine._secret_args(Login(name="other")) == ["token"]
+def test_an_argument_injected_as_a_secret_is_named_secret_too(
+        exchange: str, worker_events: Recorded) -> None:
+    def failed_with(login: Login) -> str:
+        engine = engines.load(linear_flow.Flow(login.name).add(login), engine="worker-based",
+                              exchange=exchange, transport="memory", topics=["secrets"],
+                              transition_timeout=WAIT, events=False, store={"token": TOKEN})
+        with pytest.raises(exc.WrappedFailure, match="PermissionError"):
+            engine.run()
+        failed = [f for t, f in worker_events.seen if t == "task-failed"
+                  and f.get("task_name") == login.name]
+        assert failed, f"no task-failed event for {login.name}"
+        return repr(failed)
+
+    assert_no_secret("the worker's events", failed_with(
+        Login(name="login", inject={"password": Secret(PASSWORD)})))
+    # Only what is secret is masked: the same argument injected in clear is shown.
+    shown = failed_with(Login(name="other", inject={"password": "pw-in-clear"}))
+    assert "pw-in-clear" in shown and "tok-c0re" not in shown
 
 
 def test_requests_name_their_secret_arguments_in_a_header() -> None:
