@@ -126,7 +126,7 @@ def test_a_frozen_conductors_late_write_is_refused_by_the_store(
         # The frozen conductor's claim lapses on the service after 2 s; the successor claims
         # the job, records its token on the flow, loads it and starts it.
         assert staged.successor_running.wait(30), "the successor never started the job"
-        assert frozen._running[staged.job.uuid].fence.held  # by its own (frozen) clock
+        assert frozen.claims_held() == {staged.job.uuid: True}  # by its own (frozen) clock
         staged.gate.touch()  # both go on from step 2: the frozen one's writes are late
         assert frozen.wait(30) and successor.wait(30)
     finally:

@@ -143,6 +143,14 @@ class ExecutorConductor(base.Conductor):
         """Whether :meth:`run` is claiming jobs."""
         return not self._dead.is_set() and not self._stopped.is_set()
 
+    def claims_held(self) -> dict[str, bool]:
+        """The jobs this conductor runs now (by uuid), each with whether its fence still
+        believes the claim held, by this conductor's own lease clock: what a health check
+        reads, and what a conductor woken from a freeze still believes until it learns
+        otherwise (its first refused write, or its keep-alive, halts the job)."""
+        with self._slots:
+            return {uuid: held.fence.held for uuid, held in self._running.items()}
+
     # ---- the loop ------------------------------------------------------------------------------
 
     def run(self, max_dispatches: int | None = None) -> None:
