@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from flowengine import exceptions, states
 from flowengine.persistence import models
+from flowengine.persistence.base import Backend
 from flowengine.persistence.secret_keeping import META_SECRETS, SecretKeeper
 from flowengine.providers import (
     TRANSIENT,
@@ -64,7 +65,7 @@ class Storage:
     def __init__(
         self,
         flow_detail: models.FlowDetail,
-        backend: Any = None,
+        backend: Backend | None = None,
         scope_fetcher: ScopeFetcher | None = None,
     ) -> None:
         self._flow_detail = flow_detail

@@ -398,9 +398,10 @@ class ActionEngine:
 
     def _watch_requests(self) -> sr.SuspendWatch | None:
         """What reads suspend requests from other processes (None: none can reach the flow)."""
-        if not sr.shared(self._backend):
+        backend = self._backend
+        if backend is None or not sr.shared(backend):
             return None
-        return sr.SuspendWatch(self._backend, self.storage.flow_uuid,
+        return sr.SuspendWatch(backend, self.storage.flow_uuid,
                                self._options.suspend_check_interval)
 
     def _act_on_marks(self, suspend_seen: bool) -> None:

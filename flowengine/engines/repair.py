@@ -35,14 +35,17 @@ from typing import TYPE_CHECKING, Any
 
 import networkx as nx
 
+from flowengine import flow as flow_base
 from flowengine import states
 from flowengine.atom import Atom
 from flowengine.engines import suspend_requests as sr
 from flowengine.engines.actions import META_REVERT_INPUT
 from flowengine.engines.stopping import META_CANCELLED, META_DEADLINE
+from flowengine.persistence.base import Backend
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # engine.py imports this module: the engine types only for checking
     from flowengine.engines.compiler import Compilation
+    from flowengine.engines.engine import ActionEngine
     from flowengine.engines.runtime import Runtime
     from flowengine.storage import Storage
 
@@ -264,9 +267,10 @@ def _run_on_from(runtime: Runtime, name: str) -> list[str]:
 # -- repairing a stored flow ------------------------------------------------------------------
 
 
-def repair_stored(backend: Any, flow_uuid: str, action: str, atom: str | None = None,
-                  reason: str | None = None, by: str = "engines.repair", board: Any = None,
-                  flow: Any = None, engine: str = "serial", **options: Any) -> Any:
+def repair_stored(backend: Backend, flow_uuid: str, action: str, atom: str | None = None,
+                  reason: str | None = None, by: str = "engines.repair",
+                  board: Any = None, flow: flow_base.Flow | Atom | None = None,
+                  engine: str = "serial", **options: Any) -> ActionEngine:
     """Repair a stored flow and run it to its end, in this process; return the engine.
 
     The flow is rebuilt from its stored factory unless ``flow`` is given; the engine runs it
@@ -299,20 +303,20 @@ def repair_stored(backend: Any, flow_uuid: str, action: str, atom: str | None = 
     return loaded
 
 
-def retry_reverts(backend: Any, flow_uuid: str, reason: str | None = None,
-                  by: str = "engines.repair", **kwargs: Any) -> Any:
+def retry_reverts(backend: Backend, flow_uuid: str, reason: str | None = None,
+                  by: str = "engines.repair", **kwargs: Any) -> ActionEngine:
     """Run a flow's failed reverts again, then its remaining ones (see :func:`repair_stored`)."""
     return repair_stored(backend, flow_uuid, RETRY_REVERTS, None, reason, by, **kwargs)
 
 
-def mark_reverted(backend: Any, flow_uuid: str, atom: str, reason: str,
-                  by: str = "engines.repair", **kwargs: Any) -> Any:
+def mark_reverted(backend: Backend, flow_uuid: str, atom: str, reason: str,
+                  by: str = "engines.repair", **kwargs: Any) -> ActionEngine:
     """Store ``atom`` as reverted on an operator's word, then run the remaining reverts (see
     :func:`repair_stored`)."""
     return repair_stored(backend, flow_uuid, MARK_REVERTED, atom, reason, by, **kwargs)
 
 
-def retry_from(backend: Any, flow_uuid: str, atom: str, reason: str | None = None,
-               by: str = "engines.repair", **kwargs: Any) -> Any:
+def retry_from(backend: Backend, flow_uuid: str, atom: str, reason: str | None = None,
+               by: str = "engines.repair", **kwargs: Any) -> ActionEngine:
     """Run a flow on from ``atom``, whose execute failed (see :func:`repair_stored`)."""
     return repair_stored(backend, flow_uuid, RETRY_FROM, atom, reason, by, **kwargs)

@@ -37,6 +37,7 @@ from typing import Any, NamedTuple
 from flowengine import states
 from flowengine.engines.stopping import CancelRequest
 from flowengine.persistence.backends._uri import seconds_option
+from flowengine.persistence.base import Backend
 
 LOG = logging.getLogger(__name__)
 
@@ -55,7 +56,7 @@ DEFAULT_INTERVAL = 0.25
 OPTION = "suspend_check_interval"
 
 
-def shared(backend: Any) -> bool:
+def shared(backend: Backend | None) -> bool:
     """Whether another process can reach ``backend`` (not a per-process memory backend)."""
     from flowengine.persistence.backends import impl_memory
 
@@ -89,7 +90,7 @@ class SuspendWatch:
         clock: Monotonic seconds (injected by tests).
     """
 
-    def __init__(self, backend: Any, flow_uuid: str, interval: float,
+    def __init__(self, backend: Backend, flow_uuid: str, interval: float,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._backend = backend
         self._flow_uuid = flow_uuid
@@ -227,7 +228,7 @@ class Requested(NamedTuple):
     first: bool
 
 
-def request_suspend(backend: Any, flow_uuid: str, by: str,
+def request_suspend(backend: Backend, flow_uuid: str, by: str,
                     clock: Callable[[], datetime.datetime] = lambda: datetime.datetime.now(
                         datetime.UTC)) -> Requested:
     """Ask the engine running a stored flow, in whichever process, to suspend it.
@@ -260,7 +261,7 @@ def request_suspend(backend: Any, flow_uuid: str, by: str,
                      f"running atoms finish{_engine(where)}", where, True)
 
 
-def request_cancel(backend: Any, flow_uuid: str, reason: str, by: str,
+def request_cancel(backend: Backend, flow_uuid: str, reason: str, by: str,
                    clock: Callable[[], datetime.datetime] = lambda: datetime.datetime.now(
                        datetime.UTC)) -> Requested:
     """Ask the engine running a stored flow, in whichever process, to cancel it.
@@ -294,7 +295,7 @@ def request_cancel(backend: Any, flow_uuid: str, reason: str, by: str,
 
 
 
-def _mark(backend: Any, flow_uuid: str, what: str, key: str, value: dict[str, Any],
+def _mark(backend: Backend, flow_uuid: str, what: str, key: str, value: dict[str, Any],
           running: tuple[str, ...], instead: str) -> tuple[Any, dict[str, Any] | None, bool]:
     """Set ``key`` in a running flow's stored meta; return the flow detail, where it runs and
     whether this request was the first."""

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from flowengine.jobs import base
+from flowengine.persistence.base import Backend
 from flowengine.utils import backend_conf
 
 __all__ = ["BACKEND_NAMESPACE", "backend", "fetch", "split_conf"]
@@ -76,7 +77,7 @@ def _load_class(name: str, namespace: str) -> type[base.JobBoard]:
     return cls
 
 
-def fetch(name: str, conf: str | dict[str, Any], persistence: Any = None,
+def fetch(name: str, conf: str | dict[str, Any], persistence: Backend | None = None,
           namespace: str = BACKEND_NAMESPACE, **kwargs: Any) -> base.JobBoard:
     """Build (not connect) the board ``conf`` names.
 
@@ -99,7 +100,7 @@ def fetch(name: str, conf: str | dict[str, Any], persistence: Any = None,
 
 
 @contextlib.contextmanager
-def backend(name: str, conf: str | dict[str, Any], persistence: Any = None,
+def backend(name: str, conf: str | dict[str, Any], persistence: Backend | None = None,
             namespace: str = BACKEND_NAMESPACE, **kwargs: Any) -> Iterator[base.JobBoard]:
     """Fetch a board, connect it, yield it, and close it afterwards (as for :func:`fetch`)."""
     board = fetch(name, conf, persistence=persistence, namespace=namespace, **kwargs)

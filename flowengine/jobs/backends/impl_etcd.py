@@ -38,6 +38,7 @@ from flowengine.jobs.backends._etcd_keys import EtcdJob
 from flowengine.jobs.backends._etcd_store import EtcdStore, make_client
 from flowengine.jobs.backends._etcd_watch import Events, PrefixWatch
 from flowengine.jobs.backends._json_values import new_posting
+from flowengine.persistence.base import Backend
 from flowengine.types.entity import Entity
 
 __all__ = ["EtcdJob", "EtcdJobBoard"]
@@ -68,7 +69,7 @@ class EtcdJobBoard(base.NotifyingJobBoard):
     LAST_MODIFIED_POSTFIX = keys.LAST_MODIFIED_POSTFIX
 
     def __init__(self, name: str, conf: dict[str, Any], client: Any = None,
-                 persistence: Any = None) -> None:
+                 persistence: Backend | None = None) -> None:
         super().__init__(name, conf, persistence)
         if self._conf.get("claim_ttl") is None and self._conf.get("ttl") is not None:
             self.options = dataclasses.replace(

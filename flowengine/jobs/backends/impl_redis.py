@@ -48,6 +48,7 @@ import redis  # isort: skip  (redis_utils above names the extra when it is missi
 from flowengine.jobs.backends import _redis_scripts as scripts
 from flowengine.jobs.backends._json_values import new_posting
 from flowengine.jobs.backends._lease_times import LeaseTimes
+from flowengine.persistence.base import Backend
 
 __all__ = ["RedisJob", "RedisJobBoard"]
 
@@ -89,7 +90,7 @@ class RedisJobBoard(base.NotifyingJobBoard):
     MIN_REDIS_VERSION = (2, 6)
 
     def __init__(self, name: str, conf: dict[str, Any], client: redis.Redis | None = None,
-                 persistence: Any = None) -> None:
+                 persistence: Backend | None = None) -> None:
         super().__init__(name, conf, persistence)
         self._owns_client = client is None
         # Built now (it connects only when used), so that a bad conf fails here.

@@ -44,6 +44,7 @@ from flowengine.jobs.backends._json_values import new_posting
 from flowengine.jobs.backends._zookeeper_folders import EntityFolder, FolderMethods, TrashFolder
 from flowengine.jobs.backends._zookeeper_records import ZookeeperJob
 from flowengine.jobs.backends._zookeeper_watch import JobWatch, listing_version
+from flowengine.persistence.base import Backend
 
 __all__ = ["ZookeeperJob", "ZookeeperJobBoard"]
 
@@ -77,7 +78,8 @@ class ZookeeperJobBoard(FolderMethods, base.NotifyingJobBoard):
     MIN_SESSION_TIMEOUT = 10.0
 
     def __init__(self, name: str, conf: dict[str, Any], client: KazooClient | None = None,
-                 persistence: Any = None, wall_clock: Callable[[], float] = time.time) -> None:
+                 persistence: Backend | None = None,
+                 wall_clock: Callable[[], float] = time.time) -> None:
         super().__init__(name, conf, persistence)
         path = str(self._conf.get("path") or self.DEFAULT_PATH)
         if not path.startswith("/") or posixpath.normpath(path) == "/":
