@@ -66,6 +66,10 @@ def _owned_backend(backend: BackendSpec | None,
     caller's and passes through untouched.
     """
     if not isinstance(backend, (str, Mapping)):
+        if backend is not None and not callable(getattr(backend, "get_connection", None)):
+            # Else an AttributeError from deep inside the storage, naming no argument.
+            raise TypeError(f"backend must be a persistence backend, or its URI string or "
+                            f"dict, not {backend!r}")
         yield backend, False
         return
     built = _backend_from_conf(backend)
@@ -123,6 +127,10 @@ def _load(
     """Load an engine; return it with the finalizer closing its owned backend (or None)."""
     from flowengine.utils import persistence_utils as p_utils
 
+    if flow_detail is not None and not isinstance(flow_detail, FlowDetail):
+        raise TypeError(f"flow_detail must be a FlowDetail, not {flow_detail!r}")
+    if book is not None and not isinstance(book, LogBook):
+        raise TypeError(f"book must be a LogBook, not {book!r}")
     kind, options = _extract_engine(engine, **kwargs)
     cls = _engine_class(kind)
     if flow_detail is None:

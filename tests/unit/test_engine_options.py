@@ -136,3 +136,18 @@ def test_the_parallel_engine_runs_on_the_executor_given(kind: str) -> None:
     elif isinstance(given, cf.Executor):
         given.submit(lambda: None).result()  # the engine did not shut the program's pool
         given.shutdown()
+
+
+@pytest.mark.parametrize(("given", "named"), [
+    ({"backend": 123}, "backend must be a persistence backend, or its URI string or dict, "
+                       "not 123"),
+    ({"flow_detail": "fd"}, "flow_detail must be a FlowDetail, not 'fd'"),
+    ({"book": 5}, "book must be a LogBook, not 5"),
+])
+def test_a_wrongly_typed_backend_flow_detail_or_book_is_refused_naming_it(
+        given: dict[str, Any], named: str) -> None:
+    flow = unordered_flow.Flow("f").add(tasks.Constant("a"))
+    for load in (engines.load, engines.run):
+        with pytest.raises(TypeError) as caught:
+            load(flow, **given)
+        assert str(caught.value) == named
