@@ -399,7 +399,7 @@ class ActionEngine:
     def _watch_requests(self) -> sr.SuspendWatch | None:
         """What reads suspend requests from other processes (None: none can reach the flow)."""
         backend = self._backend
-        if backend is None or not sr.shared(backend):
+        if not sr.shared(backend):
             return None
         return sr.SuspendWatch(backend, self.storage.flow_uuid,
                                self._options.suspend_check_interval)

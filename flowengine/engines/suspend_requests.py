@@ -32,7 +32,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeGuard
 
 from flowengine import states
 from flowengine.engines.stopping import CancelRequest
@@ -56,8 +56,9 @@ DEFAULT_INTERVAL = 0.25
 OPTION = "suspend_check_interval"
 
 
-def shared(backend: Backend | None) -> bool:
-    """Whether another process can reach ``backend`` (not a per-process memory backend)."""
+def shared(backend: Backend | None) -> TypeGuard[Backend]:
+    """Whether another process can reach ``backend`` (there is one, and it is not a
+    per-process memory backend)."""
     from flowengine.persistence.backends import impl_memory
 
     return backend is not None and not isinstance(backend, impl_memory.MemoryBackend)

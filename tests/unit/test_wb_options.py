@@ -80,7 +80,7 @@ def test_a_transport_is_a_name_or_a_kombu_transport_class_wherever_a_broker_is_n
     assert WorkerEngineOptions.from_mapping({"transport": "memory"}).transport == "memory"
     assert WorkerEngineOptions.from_mapping({"transport": MemoryTransport}).transport \
         is MemoryTransport
-    # A worker or a dead-letter reader names its broker the same way, and is told alike.
+    # A worker names its broker through the same Broker spec, and is told alike.
     with pytest.raises(TypeError, match="'transport' must be a transport name .* not 5"):
         Worker("x", "t", [tasks.Constant], transport=5)  # type: ignore[arg-type]
 
