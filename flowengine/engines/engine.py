@@ -135,6 +135,18 @@ class ActionEngine:
         """Counters and timings of the last run."""
         return self._statistics
 
+    def atoms_in_flight(self) -> int | None:
+        """How many atoms the running engine has started and not yet recorded the outcome of
+        (running, waiting for a thread or a worker, or just finished), now, from any thread.
+
+        Atoms a suspension or a cancel took back before they started are not counted.
+
+        Returns:
+            The count, or None when the engine is not running.
+        """
+        loop = self._loop  # read once: the run ends (and drops it) on its own thread
+        return None if loop is None else loop.in_flight()
+
     @property
     def compilation(self) -> Compilation:
         """The compiled flow (compiles on first use)."""

@@ -284,6 +284,15 @@ class RunLoop:
         """Whether the loop took up :attr:`cancelled` (applied it, or found it too late)."""
         return self._cancel_seen
 
+    def in_flight(self) -> int:
+        """How many atoms the loop started whose outcome it has not applied yet, leaving out
+        those taken back before they started (a suspension's or a cancel's): each is running,
+        queued in the executor, or finished and not yet analyzed. Callable from any thread.
+        """
+        # A copy first: the loop's thread adds and removes entries meanwhile, and list() of a
+        # dict is taken whole under the GIL where iterating it here could fail half-way.
+        return sum(not future.cancelled() for future in list(self._in_flight))
+
     def _apply_cancel(self) -> None:
         self._cancel_seen = True
         request = self.cancelled

@@ -9,36 +9,65 @@ from __future__ import annotations
 
 import threading
 import uuid
+from typing import Any
 
-import pytest
 from event_tasks import Add
 
+from flowengine.worker_based import extensions as ext
+from flowengine.worker_based.broker import transport_memory
 from flowengine.worker_based.pause import send_pause
 from flowengine.worker_based.worker import Worker
 
 WAIT = 30.0
 
 
-def test_wait_returns_only_once_the_control_queue_is_consumed(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+class _SlowControl:
+    """Which control queue the broker is slow to declare, and whether it has got to it."""
+
+    queue = ""
+    declared = threading.Event()
+
+
+class _SlowControlChannel(transport_memory.Channel):
+    def queue_declare(self, queue: str = "", passive: bool = False, **kwargs: Any) -> Any:
+        # Held before the declaration (and outside its process-wide lock): the queue is
+        # neither declared nor bound, nor consumed, until the test lets it through.
+        if queue == _SlowControl.queue:
+            assert _SlowControl.declared.wait(WAIT), "the test never let the declaration through"
+        return super().queue_declare(queue=queue, passive=passive, **kwargs)
+
+
+class _SlowControlTransport(transport_memory.Transport):
+    """The memory transport, on which the worker's control consumer is slow to come up: the
+    one simulated edge."""
+
+    Channel = _SlowControlChannel
+
+
+class _Online(ext.EventSink):
+    """Hears the worker say it is online, which it does once its topic queue is consumed."""
+
+    def __init__(self) -> None:
+        self.announced = threading.Event()
+
+    def emit(self, event_type: str, **fields: object) -> None:
+        if event_type == "worker-online":
+            self.announced.set()
+
+
+def test_wait_returns_only_once_the_control_queue_is_consumed() -> None:
     exchange, topic = f"ready-{uuid.uuid4().hex[:8]}", "ready"
-    worker = Worker(exchange, topic, [Add], threads_count=1, transport="memory")
-    control = worker._server._control_proxy
-    assert control is not None
-    gate = threading.Event()
-    start_control = control.start
-
-    def late_start() -> None:  # the control consumer is slow to come up
-        gate.wait(WAIT)
-        start_control()
-
-    monkeypatch.setattr(control, "start", late_start)
+    online = _Online()
+    worker = Worker(exchange, topic, [Add], threads_count=1, transport=_SlowControlTransport,
+                    events=online)
+    _SlowControl.declared.clear()
+    _SlowControl.queue = f"{exchange}_{ext.control_routing_key(worker.worker_id)}"
     thread = threading.Thread(target=worker.run, kwargs={"display_banner": False}, daemon=True)
     thread.start()
     try:
-        assert worker._server._proxy.wait(WAIT)  # the topic queue is consumed...
+        assert online.announced.wait(WAIT)  # the topic queue is consumed...
         assert not worker.wait(0.2)  # ...but the worker is not ready to hear a pause yet
-        gate.set()
+        _SlowControl.declared.set()
         assert worker.wait(WAIT)
         send_pause(topic, exchange, transport="memory")
         heard = threading.Event()
@@ -49,6 +78,6 @@ def test_wait_returns_only_once_the_control_queue_is_consumed(
             heard.wait(0.01)
         assert heard.is_set(), "the pause sent right after wait() was lost"
     finally:
-        gate.set()
+        _SlowControl.declared.set()
         worker.stop(grace=1)
         thread.join(WAIT)

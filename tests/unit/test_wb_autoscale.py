@@ -5,6 +5,7 @@ A real worker process whose pool a backlog grows: tests/integration/test_autosca
 
 from __future__ import annotations
 
+import queue
 import threading
 from typing import Any
 
@@ -15,7 +16,11 @@ from manual_clock import ManualClock  # tests/ is on sys.path (rootdir conftest)
 from flowengine.cli.main import cli
 from flowengine.cli.worker import parse_autoscale
 from flowengine.cli.workers import _capacity
+from flowengine.worker_based import protocol as pr
+from flowengine.worker_based.broker import dispatcher as dp
 from flowengine.worker_based.broker import proxy as px
+from flowengine.worker_based.broker import transport_memory
+from flowengine.worker_based.broker.delivery import Delivery
 from flowengine.worker_based.worker_side.autoscale import AutoscalePool, Autoscaler
 
 WAIT = 10.0
@@ -86,28 +91,51 @@ def test_the_pool_runs_everything_and_grows_with_blocked_work() -> None:
         pool.submit(int)
 
 
-class _Message:
-    def __init__(self) -> None:
-        self.acknowledged = False
-        self.settled: list[str] = []
-
-    def ack(self) -> None:
-        self.acknowledged = True
+#: Set by a test: the next drain of a :class:`_DroppingTransport` consumer loses its connection.
+_LOSE_NEXT_DRAIN = threading.Event()
 
 
-def test_after_a_reconnect_prefetch_leaves_room_for_requests_still_running() -> None:
-    proxy = px.Proxy("t", "ex", transport="memory", prefetch=lambda: 4)
-    held: list[Any] = [_Message() for _ in range(3)]
-    for message in held:  # three requests taken on the connection that was lost
-        proxy._held[id(message)] = message
-    proxy._carry_over()  # what the consumer does on reconnecting
-    assert proxy.prefetch_limit == 1  # 4 slots, 3 still busy
-    proxy._settle_now(held[0], "ack")
-    assert proxy.prefetch_limit == 2  # back up as they settle...
-    proxy._settle_now(held[1], "ack")
-    proxy._settle_now(held[2], "ack")
-    assert proxy.prefetch_limit == 4  # ...to the pool's own
-    proxy.close()
+class _DroppingTransport(transport_memory.Transport):
+    """The memory transport, whose consumer finds its connection lost at the next drain once
+    :data:`_LOSE_NEXT_DRAIN` is set, as when a broker drops it: the one simulated edge."""
+
+    def drain_events(self, connection: Any, timeout: float | None = None,
+                     **kwargs: Any) -> None:
+        if _LOSE_NEXT_DRAIN.is_set():
+            _LOSE_NEXT_DRAIN.clear()
+            raise self.connection_errors[0]("connection dropped by the test")
+        super().drain_events(connection, timeout=timeout, **kwargs)
+
+
+def test_after_a_reconnect_prefetch_leaves_room_for_requests_still_running(
+        exchange: str) -> None:
+    _LOSE_NEXT_DRAIN.clear()
+    connected, taken = threading.Semaphore(0), queue.Queue[Delivery]()
+    proxy = px.Proxy(
+        "t", exchange, {pr.NOTIFY: dp.Handler(lambda _data, delivery: taken.put(delivery),
+                                              manual_ack=True)},
+        transport=_DroppingTransport, prefetch=lambda: 4, on_connected=connected.release,
+        retry_options={"interval_start": 0.0})
+    consumer = threading.Thread(target=proxy.start, daemon=True)
+    consumer.start()
+    try:
+        assert connected.acquire(timeout=WAIT)
+        for _ in range(3):
+            proxy.publish(pr.Notify(), "t")
+        # Three requests taken (and still running) on the connection about to be lost.
+        held = [taken.get(timeout=WAIT) for _ in range(3)]
+        _LOSE_NEXT_DRAIN.set()
+        assert connected.acquire(timeout=WAIT), "the consumer never reconnected"
+        assert proxy.prefetch_limit == 1  # 4 slots, 3 still busy
+        held[0].ack()  # settled at once, from this thread: the memory transport is virtual
+        assert proxy.prefetch_limit == 2  # back up as they settle...
+        held[1].ack()
+        held[2].ack()
+        assert proxy.prefetch_limit == 4  # ...to the pool's own
+    finally:
+        proxy.stop()
+        consumer.join(WAIT)
+        proxy.close()
 
 
 def test_workers_capacity_column_shows_the_pool_size() -> None:
