@@ -5,7 +5,8 @@ policy), created on first use by :func:`client_for`: one set of publishing conne
 reply queue ``<exchange>_<client uuid>`` with one consumer thread for the whole process, one
 warm record of the workers heard from, one thread that sends requests waiting for a worker,
 one heap of delayed requests held until due
-(:mod:`~flowengine.worker_based.engine_side.held_publishes`).
+(:mod:`~flowengine.worker_based.engine_side.held_publishes`), one outbox of the events the
+process publishes (:mod:`~flowengine.worker_based.event_outbox`).
 Engines (their :class:`~flowengine.worker_based.executor.WorkerTaskExecutor`) are thin views
 on it: each attaches while it runs, and replies reach it by their ``correlation_id`` (the
 attempt's request id, unique per process). The wire format is TaskFlow's: a request's
@@ -34,9 +35,11 @@ from typing import Any, Protocol
 from flowengine import exceptions as exc
 from flowengine.types.failure import Failure
 from flowengine.worker_based import backoff as bo
+from flowengine.worker_based import event_outbox as eo
 from flowengine.worker_based import extensions as ext
 from flowengine.worker_based import protocol as pr
 from flowengine.worker_based import remote_control as rc
+from flowengine.worker_based.broker import broadcast as bcast
 from flowengine.worker_based.broker import dispatcher as dp
 from flowengine.worker_based.broker.delivery import Delivery
 from flowengine.worker_based.broker_spec import Broker
@@ -146,6 +149,8 @@ class Client:
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
         self.uuid = uuid.uuid4().hex
+        # A forked child must not use its parent's client (see usable).
+        self._pid = os.getpid()
         self._lock = threading.RLock()
         self._views: dict[int, View] = {}
         self._routes: dict[str, View] = {}
@@ -179,6 +184,7 @@ class Client:
         self._consumer_error: Exception | None = None
         #: Delayed requests held until due where the broker has no delays of its own.
         self.held = hp.HeldPublishes()
+        self._events: eo.EventOutbox | None = None
         # Requests waiting for a worker are sent from here, not from the consumer thread that
         # learns of the worker: a burst of publishes there would hold up every reply.
         self._dispatcher = cf.ThreadPoolExecutor(max_workers=1,
@@ -203,6 +209,37 @@ class Client:
     def reply_to(self) -> str:
         """The routing key replies to this process's requests go to."""
         return self.uuid
+
+    @property
+    def usable(self) -> bool:
+        """Whether this client still serves this process: not closed or retired, and not
+        inherited across a fork (a child builds its own: :func:`client_for`)."""
+        return not (self._closed or self._retired or self.inherited)
+
+    @property
+    def inherited(self) -> bool:
+        """Whether this client is a forked child's copy of its parent's (never used there)."""
+        return self._pid != os.getpid()
+
+    def event_outbox(self, maxsize: int = eo.DEFAULT_QUEUE_SIZE) -> eo.EventOutbox:
+        """The outbox of the events this process publishes on this broker (made on first use,
+        sized by the first caller), which closes with the client: an event put once it has
+        closed raises :class:`ClientClosed` (the broker's next client takes it)."""
+        outbox = self._events
+        if outbox is None:
+            with self._lock:
+                if self._events is None:
+                    broker = self.broker
+                    broadcast = bcast.Broadcast(
+                        eo.events_exchange(broker.exchange), url=broker.url,
+                        transport=broker.transport, transport_options=broker.transport_options)
+                    self._events = eo.EventOutbox(broadcast, maxsize, admit=self._admit_event)
+                outbox = self._events
+        return outbox
+
+    def _admit_event(self) -> None:
+        if self._closed or self._retired:
+            raise ClientClosed(f"The broker client for {self.broker} is closed")
 
     @property
     def views(self) -> int:
@@ -606,18 +643,24 @@ class Client:
     # -- closing ----------------------------------------------------------------------------
 
     def close(self, timeout: float = 10.0) -> None:
-        """Stop consuming, delete the reply queue and close the connections."""
+        """Publish the events queued (within a few seconds), stop consuming, delete the reply
+        queue and close the connections."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
             thread, self._thread = self._thread, None
+        if self._events is not None:  # the events emitted until now go out first
+            self._events.close(min(timeout, eo.EXIT_FLUSH_TIMEOUT))
         self.proxy.stop()
         self._dispatcher.shutdown(wait=False)
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
-        # Nothing reads the queue any more; left in place it would collect announcements.
-        self.proxy.delete_own_queue()
+        if thread is not None:
+            # Nothing reads the queue any more; left in place it would collect announcements.
+            # (A client that never consumed, one only borrowed or publishing events, declared
+            # none: it does not reach for a broker that may be away just to delete nothing.)
+            self.proxy.delete_own_queue()
         self.proxy.close()
 
 

@@ -15,6 +15,8 @@ from typing import Any
 import pytest
 
 from flowengine.types.failure import Failure
+from flowengine.worker_based import client as cl
+from flowengine.worker_based import event_outbox as eo
 from flowengine.worker_based import events as ev
 from flowengine.worker_based import extensions as ext
 
@@ -199,7 +201,7 @@ class BlockingBroadcast:
 
 def test_a_full_outbox_drops_the_oldest_and_counts_them() -> None:
     broadcast = BlockingBroadcast()
-    box = ev._Outbox(broadcast, maxsize=5)  # type: ignore[arg-type]
+    box = eo.EventOutbox(broadcast, maxsize=5)
     box.put("first", {})
     # The publishing thread took "first" and now blocks in publish: the next ones wait.
     assert broadcast.entered.wait(WAIT)
@@ -211,6 +213,38 @@ def test_a_full_outbox_drops_the_oldest_and_counts_them() -> None:
     events = [e for body in broadcast.bodies for e in (body if isinstance(body, list) else [body])]
     assert [e.get("n") for e in events] == [None, 7, 8, 9, 10, 11]
     assert box.published == 6
+
+
+# -- the outbox belongs to the broker client ---------------------------------------------------
+
+
+def test_publishers_of_one_broker_share_its_clients_outbox(exchange: str) -> None:
+    broker = cl.Broker(exchange, transport="memory")
+    first = ev.EventPublisher(exchange, transport="memory")
+    second = ev.EventPublisher.on(broker)
+    first.emit("task-sent")
+    second.emit("task-sent")
+    assert first.flush(WAIT) and second.flush(WAIT)
+    outbox = cl.client_for(broker).event_outbox()
+    assert outbox.published == first.published == 2
+
+
+def test_a_closing_client_publishes_its_events_and_the_next_one_takes_later_ones(
+    exchange: str, listening: Listening,
+) -> None:
+    publisher = ev.EventPublisher(exchange, transport="memory")
+    broker = cl.Broker(exchange, transport="memory")
+    old = cl.client_for(broker)
+    for n in range(3):
+        publisher.emit("task-sent", n=n)
+    old.close()  # what it holds goes out before its connections close
+    assert old.event_outbox().published == 3
+    with pytest.raises(cl.ClientClosed):
+        old.event_outbox().put("task-sent", {"n": "lost"})
+    publisher.emit("task-sent", n=3)  # through the broker's next client
+    assert publisher.flush(WAIT)
+    assert [e["n"] for e in listening.wait_for(4)] == [0, 1, 2, 3]
+    assert cl.client_for(broker) is not old
 
 
 # -- composing sinks ----------------------------------------------------------------------------
