@@ -100,8 +100,9 @@ class WorkerBasedActionEngine(ActionEngine):
         known = self._options.executor is None or opts.url or opts.transport
         self._publisher: ext.EventSink = ext.NO_EVENTS
         if opts.events and known:
-            # Through the engine's own broker client, whose outbox its events share.
-            self._publisher = EventPublisher.on(opts.broker())
+            self._publisher = EventPublisher(
+                opts.exchange, url=opts.url, transport=opts.transport,
+                transport_options=opts.transport_options)
         self._metrics_port = opts.metrics_port
         self._metrics: ext.EventSink = ext.NO_EVENTS
         if self._metrics_port is not None or opts.metrics:

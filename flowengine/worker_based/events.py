@@ -23,6 +23,7 @@ from typing import Any
 
 from flowengine.worker_based import client as cl
 from flowengine.worker_based import extensions as ext
+from flowengine.worker_based import signing as sg
 from flowengine.worker_based.broker import broadcast as bc
 from flowengine.worker_based.broker.connection import TransportSpec
 from flowengine.worker_based.broker_spec import Broker
@@ -50,13 +51,25 @@ __all__ = [
 
 LOG = logging.getLogger(__name__)
 
+#: Events are not signed: their client's identity carries no key (nor retry policy), so that
+#: every publisher of a process and destination shares one outbox whatever those settings.
+_UNSIGNED = sg.Signing()
+
+
+def _destination(exchange: str, url: str | None, transport: TransportSpec | None,
+                 transport_options: Mapping[str, Any] | None) -> Broker:
+    """The identity of the client whose outbox publishes to ``exchange``'s events."""
+    return Broker(exchange, url=url, transport=transport, transport_options=transport_options,
+                  signing=_UNSIGNED)
+
+
 class EventPublisher(ext.EventSink):
     """Publishes events to ``<exchange>.events`` (a fanout exchange) on the given broker.
 
-    Events go out through the outbox of the process's broker client for that broker
+    Events go out through the outbox of the process's broker client for that destination
     (:meth:`~flowengine.worker_based.client.Client.event_outbox`): publishers of one process
-    and broker share one queue, thread and connection, so events of one process arrive in
-    clock order. ``emit`` never blocks and never raises.
+    and destination share one queue, thread and connection, so events of one process arrive
+    in clock order. ``emit`` never blocks and never raises.
 
     Args:
         exchange: The work exchange engines and workers use (events go to ``<exchange>.events``).
@@ -69,18 +82,9 @@ class EventPublisher(ext.EventSink):
                  transport: TransportSpec | None = None,
                  transport_options: Mapping[str, Any] | None = None,
                  maxsize: int = DEFAULT_QUEUE_SIZE) -> None:
-        self._broker = Broker(exchange, url=url, transport=transport,
-                              transport_options=transport_options)
+        self._broker = _destination(exchange, url, transport, transport_options)
         self._maxsize = maxsize
         self._client: cl.Client | None = None
-
-    @classmethod
-    def on(cls, broker: Broker, maxsize: int = DEFAULT_QUEUE_SIZE) -> EventPublisher:
-        """A publisher through the client of ``broker`` (the one an engine already uses, so
-        its events share that client's outbox)."""
-        publisher = cls.__new__(cls)
-        publisher._broker, publisher._maxsize, publisher._client = broker, maxsize, None
-        return publisher
 
     def _outbox(self) -> EventOutbox:
         client = self._client
