@@ -84,7 +84,10 @@ class EventPublisher(ext.EventSink):
                  maxsize: int = DEFAULT_QUEUE_SIZE) -> None:
         self._broker = _destination(exchange, url, transport, transport_options)
         self._maxsize = maxsize
-        self._client: cl.Client | None = None
+        # Made now, not by the first event: an engine's publisher is made as it is loaded, so
+        # its run does not pay for the outbox and its connection's set-up.
+        self._client: cl.Client | None = cl.client_for(self._broker)
+        self._client.event_outbox(maxsize)
 
     def _outbox(self) -> EventOutbox:
         client = self._client

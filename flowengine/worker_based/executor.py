@@ -271,7 +271,11 @@ class WorkerTaskExecutor(local.TaskExecutor):
     def _configure(self, uuid: str, options: WorkerEngineOptions, events: ext.EventSink,
                    secret_args: sa.SecretArgs) -> None:
         self._uuid = uuid
-        self._broker = options.broker()
+        self._broker = bc.Broker(
+            options.exchange, url=options.url, transport=options.transport,
+            transport_options=options.transport_options, retry_options=options.retry_options,
+            taskflow_compat=options.taskflow_compat,
+            signing=sg.Signing.from_options(options.signing_key, options.signing_key_file))
         self._topics = list(options.topics)
         self._policy = lc.Policy(timeout=options.transition_timeout,
                                  lease_timeout=options.lease_timeout,

@@ -19,7 +19,6 @@ from flowengine.worker_based import client as bc
 from flowengine.worker_based import dead_letter_keeping as keeping
 from flowengine.worker_based import extensions as ext
 from flowengine.worker_based import protocol as pr
-from flowengine.worker_based import signing as sg
 from flowengine.worker_based.broker.connection import TransportSpec, check_transport
 
 _WHAT = "Worker-based engine option"
@@ -159,20 +158,6 @@ class WorkerEngineOptions:
         if self.lease_timeout is not None and self.lease_timeout <= self.heartbeat_interval:
             raise ValueError(f"{_WHAT} 'lease_timeout' ({self.lease_timeout}s) must be longer "
                              f"than 'heartbeat_interval' ({self.heartbeat_interval}s)")
-
-    def broker(self) -> bc.Broker:
-        """The broker these options name: the identity of the process's client the engine
-        (and its event publisher) uses.
-
-        Raises:
-            ValueError: A signing key with ``taskflow_compat``.
-            OSError: The signing key file cannot be read.
-        """
-        return bc.Broker(
-            self.exchange, url=self.url, transport=self.transport,
-            transport_options=self.transport_options, retry_options=self.retry_options,
-            taskflow_compat=self.taskflow_compat,
-            signing=sg.Signing.from_options(self.signing_key, self.signing_key_file))
 
     @classmethod
     def from_mapping(cls, options: Mapping[str, Any]) -> WorkerEngineOptions:

@@ -264,6 +264,26 @@ def test_events_command_as_a_process(redis_setup: Setup) -> None:
     assert {e["flow_uuid"] for e in events} == {flow_uuid}
 
 
+def test_a_process_publishes_its_queued_events_as_it_exits(redis_setup: Setup) -> None:
+    # The process's broker client owns the outbox and closes at exit, publishing what it holds
+    # first: an event emitted just before the interpreter ends still arrives.
+    program = ("import sys\n"
+               "from flowengine.worker_based.events import EventPublisher\n"
+               "EventPublisher(sys.argv[1], url=sys.argv[2]).emit('task-sent', last=True)\n"
+               "import os; print(os.getpid())\n")
+    collector = Collector(redis_setup.receiver(types=["task-sent"]))
+    try:
+        done = subprocess.run([sys.executable, "-c", program, redis_setup.exchange,
+                               redis_setup.broker["url"]],
+                              capture_output=True, text=True, env=subprocess_env(),
+                              timeout=WAIT)
+        assert done.returncode == 0, done.stderr
+        (event,) = collector.wait_for(lambda events: len(events) >= 1)
+    finally:
+        collector.close()
+    assert event["last"] is True and event["pid"] == int(done.stdout)
+
+
 def test_events_command_leaves_heartbeats_out_unless_asked(memory_setup: Setup) -> None:
     # The worker sends a heartbeat every 0.1s: both commands listen for the same second.
     runs: dict[str, Any] = {}
