@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from flowengine.cli.options import parse_pairs, split_from_env
 from flowengine.persistence.backends._uri import mask_urls
+
+if TYPE_CHECKING:  # imported when a board is opened: most commands never open one
+    from flowengine.jobs.base import JobBoard
+    from flowengine.persistence.base import Backend
 
 
 def board_options(command: Callable[..., Any] | None = None, *, required: bool = True) -> Any:
@@ -37,8 +41,9 @@ def board_conf(board_uri: str, board_options: tuple[str, ...]) -> dict[str, Any]
 
 
 @contextlib.contextmanager
-def open_board(board_uri: str, board_options: tuple[str, ...], persistence: Any = None,
-               name: str = "flowengine-cli") -> Iterator[Any]:
+def open_board(board_uri: str, board_options: tuple[str, ...],
+               persistence: Backend | None = None,
+               name: str = "flowengine-cli") -> Iterator[JobBoard]:
     """The connected board the options name; closed on leaving.
 
     Raises:

@@ -28,6 +28,7 @@ from flowengine.engines import admission, stopping
 from flowengine.engines import repair as repairing
 from flowengine.engines import suspend_requests as sr
 from flowengine.engines.factory_policy import FactoryPolicy
+from flowengine.jobs.base import JobBoard
 from flowengine.persistence import base, models, queries
 from flowengine.persistence.secret_keeping import META_SECRETS
 from flowengine.worker_based.remote_control import ACTION_CANCEL, push_suspend
@@ -104,7 +105,7 @@ class DashboardData:
     """
 
     def __init__(self, backend: base.Backend, hub: EventHub,
-                 broker: Mapping[str, Any] | None = None, board: Any = None,
+                 broker: Mapping[str, Any] | None = None, board: JobBoard | None = None,
                  clock: Callable[[], float] = time.time,
                  factories: FactoryPolicy = cp.NO_FACTORIES) -> None:
         self.backend, self.hub, self.board, self._clock = backend, hub, board, clock

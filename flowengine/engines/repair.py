@@ -30,8 +30,8 @@ import contextlib
 import dataclasses
 import datetime
 import logging
-from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import networkx as nx
 
@@ -49,9 +49,9 @@ if TYPE_CHECKING:  # engine.py imports this module: the engine types only for ch
     from flowengine.engines.runtime import Runtime
     from flowengine.storage import Storage
 
-__all__ = ["MARK_REVERTED", "META_REPAIRS", "RETRY_FROM", "RETRY_REVERTS", "Repair",
-           "RepairRefused", "holder", "mark_reverted", "repair_stored", "retry_from",
-           "retry_reverts"]
+__all__ = ["ClaimBoard", "ListedEntity", "ListedJob", "MARK_REVERTED", "META_REPAIRS",
+           "RETRY_FROM", "RETRY_REVERTS", "Repair", "RepairRefused", "holder", "mark_reverted",
+           "repair_stored", "retry_from", "retry_reverts"]
 
 LOG = logging.getLogger(__name__)
 
@@ -137,7 +137,56 @@ class Repair:
 # -- who holds a flow ------------------------------------------------------------------------
 
 
-def holder(meta: dict[str, Any], flow_uuid: str, board: Any = None) -> str | None:
+class ListedJob(Protocol):
+    """A job as a repair reads it off a jobboard (a :class:`flowengine.jobs.base.Job`)."""
+
+    @property
+    def uuid(self) -> str:
+        """Its uuid."""
+
+    @property
+    def name(self) -> str:
+        """Its name."""
+
+    @property
+    def details(self) -> Mapping[str, Any]:
+        """Its details (``flow_uuid`` names the flow it runs)."""
+
+
+class ListedEntity(Protocol):
+    """An entity registered on a jobboard (a :class:`flowengine.types.entity.Entity`)."""
+
+    @property
+    def name(self) -> str:
+        """Its unique name (a conductor's)."""
+
+    @property
+    def metadata(self) -> Mapping[str, Any]:
+        """What it tells of itself (``hostname``, ``pid``...)."""
+
+
+#: The kind of job a board lists (and is asked the owner of).
+J = TypeVar("J", bound=ListedJob)
+
+
+class ClaimBoard(Protocol[J]):
+    """What a repair asks of a jobboard (TaskFlow's JobBoard API): who claimed a flow's job.
+
+    Typed by its shape: the jobs layer sits above the engines', which cannot import it.
+    """
+
+    def iterjobs(self, only_unclaimed: bool = False, ensure_fresh: bool = False) -> Iterator[J]:
+        """The posted jobs."""
+
+    def find_owner(self, job: J) -> str | None:
+        """The name of whoever claimed ``job`` (None: unclaimed)."""
+
+    def iter_entities(self, kind: str | None = None) -> Iterable[ListedEntity]:
+        """The entities registered on the board (conductors), of ``kind``."""
+
+
+def holder(meta: dict[str, Any], flow_uuid: str,
+           board: ClaimBoard[J] | None = None) -> str | None:
     """Who holds the flow (an engine running it, a conductor's claim on its job), or None.
 
     Args:
@@ -152,7 +201,7 @@ def holder(meta: dict[str, Any], flow_uuid: str, board: Any = None) -> str | Non
     return None if board is None else _claimed_by(board, flow_uuid)
 
 
-def _claimed_by(board: Any, flow_uuid: str) -> str | None:
+def _claimed_by(board: ClaimBoard[J], flow_uuid: str) -> str | None:
     for job in board.iterjobs(only_unclaimed=False, ensure_fresh=True):
         if (job.details or {}).get("flow_uuid") != flow_uuid:
             continue
@@ -269,7 +318,8 @@ def _run_on_from(runtime: Runtime, name: str) -> list[str]:
 
 def repair_stored(backend: Backend, flow_uuid: str, action: str, atom: str | None = None,
                   reason: str | None = None, by: str = "engines.repair",
-                  board: Any = None, flow: flow_base.Flow | Atom | None = None,
+                  board: ClaimBoard[J] | None = None,
+                  flow: flow_base.Flow | Atom | None = None,
                   engine: str = "serial", **options: Any) -> ActionEngine:
     """Repair a stored flow and run it to its end, in this process; return the engine.
 

@@ -35,7 +35,7 @@ from flowengine.worker_based import signing as sg
 from flowengine.worker_based.broker.connection import TransportSpec
 from flowengine.worker_based.worker_side import async_runner as ar
 from flowengine.worker_based.worker_side.autoscale import AutoscalePool, Autoscaler
-from flowengine.worker_based.worker_side.limits import WorkerLimits
+from flowengine.worker_based.worker_side.limits import CoordinationSpec, WorkerLimits
 
 LOG = logging.getLogger(__name__)
 
@@ -230,7 +230,7 @@ class Worker:
         signing_key_file: str | None = None,
         async_concurrency: int | None = None,
         limits: Mapping[str, int] | None = None,
-        coordination: Any = None,
+        coordination: CoordinationSpec | None = None,
     ) -> None:
         _refuse_process_pool(executor, topic)
         signing = sg.Signing.from_options(signing_key, signing_key_file)

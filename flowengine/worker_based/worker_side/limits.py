@@ -24,13 +24,13 @@ import concurrent.futures as cf
 import importlib
 import logging
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Protocol, TypeAlias
 
 from flowengine.engines.admission import whole_limits
 from flowengine.worker_based import extensions as ext
 
-__all__ = ["DEFAULT_INTERVAL", "TOPIC", "WorkerLimits", "parse_limits",
-           "waiting_event"]
+__all__ = ["DEFAULT_INTERVAL", "TOPIC", "CoordinationSpec", "LimitService", "LimitTicket",
+           "WorkerLimits", "parse_limits", "waiting_event"]
 
 LOG = logging.getLogger(__name__)
 
@@ -38,6 +38,36 @@ LOG = logging.getLogger(__name__)
 TOPIC = "topic"
 #: Seconds between "still waiting" events when the engine asks for no heartbeats.
 DEFAULT_INTERVAL = 2.0
+
+
+class LimitTicket(Protocol):
+    """A place in a limit's line, as the worker uses it (a coordinator's
+    :class:`~flowengine.coordination.coordinator.Ticket`)."""
+
+    @property
+    def future(self) -> cf.Future[Any]:
+        """Done once the place is held; cancelled if it was released while waiting."""
+
+    def waiting_for(self) -> dict[str, Any]:
+        """Who holds the limit, and how many wait ahead (told to the request's engine)."""
+
+    def release(self) -> None:
+        """Give the place up, held or still waited for."""
+
+
+class LimitService(Protocol):
+    """What a worker needs of its coordination service (a
+    :class:`~flowengine.coordination.Coordinator`): typed here by its shape, because the
+    coordination layer sits above the worker's and is found by name at run time."""
+
+    def request(self, key: str, limit: int = 1, details: Mapping[str, Any] | None = None, *,
+                kind: str | None = None) -> LimitTicket:
+        """Join ``key``'s line; the ticket's future is done once it is held."""
+
+
+#: How a worker names its coordination service: a jobboard URI (``redis://...``), a jobboard
+#: conf, or a coordinator itself.
+CoordinationSpec: TypeAlias = str | Mapping[str, Any] | LimitService
 
 
 def parse_limits(values: Mapping[str, Any] | None) -> dict[str, int]:
@@ -62,7 +92,8 @@ class WorkerLimits:
         worker_id: The worker's identity, shown to others as the holder (its server sets it).
     """
 
-    def __init__(self, limits: Mapping[str, int] | None, topic: str, coordination: Any) -> None:
+    def __init__(self, limits: Mapping[str, int] | None, topic: str,
+                 coordination: CoordinationSpec | None) -> None:
         self.limits = parse_limits(limits)
         if self.limits and coordination is None:
             raise ValueError(f"Worker on topic '{topic}': limits need a coordination service "
@@ -70,7 +101,7 @@ class WorkerLimits:
         self._topic = topic
         self.worker_id = ""
         self._conf = coordination
-        self._service: Any = None
+        self._service: LimitService | None = None
 
     def keys(self, task_cls: str) -> list[tuple[str, int]]:
         """The limits a request for ``task_cls`` counts against, sorted (taken in that order,
@@ -81,15 +112,17 @@ class WorkerLimits:
         return sorted(found.items())
 
     @property
-    def service(self) -> Any:
+    def service(self) -> LimitService:
         """The process's coordinator (connected on first use)."""
         if self._service is None:
-            self._service = importlib.import_module("flowengine.coordination").shared(self._conf)
+            shared: Callable[[CoordinationSpec | None], LimitService] = (
+                importlib.import_module("flowengine.coordination").shared)
+            self._service = shared(self._conf)
         return self._service
 
     def take(self, task_cls: str, task_name: str, interval: float | None,
              still_waiting: Callable[[dict[str, Any]], None],
-             give_up: Callable[[], bool]) -> list[Any] | None:
+             give_up: Callable[[], bool]) -> list[LimitTicket] | None:
         """Hold every limit of a request for ``task_cls`` (blocking this thread); the tickets
         to release after it ran, or None if ``give_up()`` said to stop waiting first.
 
@@ -100,7 +133,7 @@ class WorkerLimits:
             still_waiting: Told what the request waits for, at once and every ``interval``.
             give_up: Asked every ``interval`` whether to stop (revoked, worker stopping).
         """
-        held: list[Any] = []
+        held: list[LimitTicket] = []
         for key, limit in self.keys(task_cls):
             ticket = self.service.request(
                 key, limit, {"task": task_name, "worker": self.worker_id,
@@ -120,7 +153,7 @@ class WorkerLimits:
         return held
 
     @staticmethod
-    def release(tickets: list[Any]) -> None:
+    def release(tickets: list[LimitTicket]) -> None:
         """Release what :meth:`take` held."""
         for ticket in reversed(tickets):
             ticket.release()
