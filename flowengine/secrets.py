@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Iterable, Iterator
-from typing import Any
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any, Protocol
 
 __all__ = ["MASK", "Masker", "Secret", "mask_text", "mask_value", "reveal", "secret_sources"]
 
@@ -56,7 +56,23 @@ def reveal(value: Any) -> Any:
     return value.reveal() if isinstance(value, Secret) else value
 
 
-def secret_sources(flow: Any) -> set[str]:
+class _Atom(Protocol):
+    """What :func:`secret_sources` reads of an atom (this module imports no flowengine type)."""
+
+    @property
+    def secret_args(self) -> Iterable[str]: ...
+
+    @property
+    def rebind(self) -> Mapping[str, str]: ...
+
+
+class _Flow(Protocol):
+    """What :func:`secret_sources` reads of a flow: its children, atoms or flows."""
+
+    def iter_nodes(self) -> Iterable[tuple[_Atom | _Flow, Mapping[str, Any]]]: ...
+
+
+def secret_sources(flow: _Flow | _Atom) -> set[str]:
     """The stored names the atoms of ``flow`` (at any depth) read into their ``secret_args``."""
     names: set[str] = set()
     for atom in _atoms(flow):
@@ -65,7 +81,7 @@ def secret_sources(flow: Any) -> set[str]:
     return names
 
 
-def _atoms(flow: Any) -> Iterator[Any]:
+def _atoms(flow: _Flow | _Atom) -> Iterator[_Atom]:
     if not hasattr(flow, "iter_nodes"):
         yield flow
         return

@@ -622,7 +622,7 @@ class Storage:
         self,
         args_mapping: Mapping[str, str],
         atom_name: str | None = None,
-        scope_walker: Any = None,
+        scope_walker: Iterable[Iterable[str]] | None = None,  # TaskFlow's ScopeWalker; ignored
         optional_args: Iterable[str] | None = None,
     ) -> dict[str, Any]:
         """Resolve an atom's ``{argument: stored name}`` mapping to ``{argument: value}``.
@@ -664,7 +664,7 @@ class Storage:
         self,
         atom_name: str,
         args_mapping: Mapping[str, str],
-        scope_walker: Any = None,
+        scope_walker: Iterable[Iterable[str]] | None = None,  # TaskFlow's ScopeWalker; ignored
         optional_args: Iterable[str] | None = None,
     ) -> set[str]:
         """Names in ``args_mapping`` nothing visible to the atom could ever provide."""

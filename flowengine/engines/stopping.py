@@ -67,7 +67,7 @@ class CancelRequest:
         return cls(reason.strip(), by.strip(), clock().isoformat(timespec="seconds"))
 
     @classmethod
-    def from_record(cls, record: Any) -> CancelRequest | None:
+    def from_record(cls, record: object) -> CancelRequest | None:
         """The request a stored :data:`META_CANCELLED` record (or request) holds, if it is one."""
         if not isinstance(record, Mapping) or not isinstance(record.get("reason"), str):
             return None

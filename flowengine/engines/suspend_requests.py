@@ -32,12 +32,15 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, NamedTuple, TypeGuard
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeGuard
 
 from flowengine import states
 from flowengine.engines.stopping import CancelRequest
 from flowengine.persistence.backends._uri import seconds_option
 from flowengine.persistence.base import Backend
+
+if TYPE_CHECKING:
+    from flowengine.persistence.models import FlowDetail
 
 LOG = logging.getLogger(__name__)
 
@@ -297,7 +300,8 @@ def request_cancel(backend: Backend, flow_uuid: str, reason: str, by: str,
 
 
 def _mark(backend: Backend, flow_uuid: str, what: str, key: str, value: dict[str, Any],
-          running: tuple[str, ...], instead: str) -> tuple[Any, dict[str, Any] | None, bool]:
+          running: tuple[str, ...],
+          instead: str) -> tuple[FlowDetail, dict[str, Any] | None, bool]:
     """Set ``key`` in a running flow's stored meta; return the flow detail, where it runs and
     whether this request was the first."""
     from flowengine import exceptions as exc
@@ -305,7 +309,7 @@ def _mark(backend: Backend, flow_uuid: str, what: str, key: str, value: dict[str
     already: list[Any] = []
     refused: list[NotRunning] = []
 
-    def mark(fd: Any) -> None:
+    def mark(fd: FlowDetail) -> None:
         # A refusal is returned, not raised: the store wraps what a change raises.
         if fd.state not in running:
             refused.append(NotRunning(
@@ -342,7 +346,7 @@ def _engine(where: dict[str, Any] | None) -> str:
     return f" (its {where.get('engine')} runs in pid {where.get('pid')} on {where.get('host')})"
 
 
-def gone(where: Any) -> str | None:
+def gone(where: object) -> str | None:
     """Why the process recorded in ``where`` surely runs nothing (None: it may run it)."""
     if not isinstance(where, dict) or where.get("host") != socket.gethostname():
         return None  # another host's processes cannot be seen from here

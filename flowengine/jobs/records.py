@@ -176,7 +176,7 @@ class TrashedJob:
                    posting=dict(data.get("posting") or {}))
 
 
-def trashed_job(posting: Any, info: Any) -> TrashedJob | None:
+def trashed_job(posting: dict[str, Any], info: Any) -> TrashedJob | None:
     """The trashed job a board stored as ``posting`` plus ``info`` (``reason``, ``attempts``,
     ``trashed_on``); None if they are not one (a damaged trash entry is skipped, not fatal)."""
     if not isinstance(posting, dict) or not isinstance(info or {}, dict):

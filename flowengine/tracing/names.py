@@ -8,7 +8,10 @@ id also use the ``messaging.*`` keys of OpenTelemetry's messaging conventions.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from flowengine.engines.engine import ActionEngine
 
 #: ``flow <flow name>``: one engine run.
 FLOW = "flow {}"
@@ -57,7 +60,7 @@ _ENGINE_KINDS = {
 }
 
 
-def engine_kind(engine: Any) -> str:
+def engine_kind(engine: ActionEngine) -> str:
     """``serial``, ``parallel``, ``worker-based`` (or the class name of another engine)."""
     for cls in type(engine).__mro__:
         if cls.__name__ in _ENGINE_KINDS:

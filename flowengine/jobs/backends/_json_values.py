@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 import uuid as uuidlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flowengine.jobs import base
+
+if TYPE_CHECKING:
+    from flowengine.persistence import models
 
 __all__ = ["decode", "encode", "new_posting"]
 
@@ -27,7 +30,7 @@ def decode(raw: bytes | None) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def new_posting(name: str, book: Any, details: dict[str, Any] | None,
+def new_posting(name: str, book: models.LogBook | None, details: dict[str, Any] | None,
                 priority: base.JobPriority | str,
                 dated: bool = True) -> tuple[dict[str, Any], bytes]:
     """A new job's posting (fresh uuid; created now, unless not ``dated``: a service that

@@ -28,7 +28,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flowengine import exceptions as exc
 from flowengine import states
@@ -40,6 +40,11 @@ from flowengine.jobs.backends._etcd_watch import Events, PrefixWatch
 from flowengine.jobs.backends._json_values import new_posting
 from flowengine.persistence.base import Backend
 from flowengine.types.entity import Entity
+
+if TYPE_CHECKING:
+    import etcd3gw
+
+    from flowengine.persistence import models
 
 __all__ = ["EtcdJob", "EtcdJobBoard"]
 
@@ -68,7 +73,7 @@ class EtcdJobBoard(base.NotifyingJobBoard):
     LOCK_POSTFIX = keys.LOCK_POSTFIX
     LAST_MODIFIED_POSTFIX = keys.LAST_MODIFIED_POSTFIX
 
-    def __init__(self, name: str, conf: dict[str, Any], client: Any = None,
+    def __init__(self, name: str, conf: dict[str, Any], client: etcd3gw.Etcd3Client | None = None,
                  persistence: Backend | None = None) -> None:
         super().__init__(name, conf, persistence)
         if self._conf.get("claim_ttl") is None and self._conf.get("ttl") is not None:
@@ -321,7 +326,8 @@ class EtcdJobBoard(base.NotifyingJobBoard):
         assert job is not None
         return job, revision
 
-    def post(self, name: str, book: Any = None, details: dict[str, Any] | None = None,
+    def post(self, name: str, book: models.LogBook | None = None,
+             details: dict[str, Any] | None = None,
              priority: base.JobPriority | str = base.JobPriority.NORMAL) -> base.Job:
         """Post a job (details must be JSON-ready); every watching board is woken."""
         posting, _ = new_posting(name, book, details, priority)

@@ -35,7 +35,7 @@ import logging
 import threading
 import uuid as uuidlib
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flowengine import exceptions as exc
 from flowengine import states
@@ -49,6 +49,9 @@ from flowengine.jobs.backends import _redis_scripts as scripts
 from flowengine.jobs.backends._json_values import new_posting
 from flowengine.jobs.backends._lease_times import LeaseTimes
 from flowengine.persistence.base import Backend
+
+if TYPE_CHECKING:
+    from flowengine.persistence import models
 
 __all__ = ["RedisJob", "RedisJobBoard"]
 
@@ -447,7 +450,8 @@ class RedisJobBoard(base.NotifyingJobBoard):
             raise exc.JobFailure(f"Cannot {action} job {job.uuid} ({job.name}) as '{who}': it is"
                                  f" claimed by '{value}'")
 
-    def post(self, name: str, book: Any = None, details: dict[str, Any] | None = None,
+    def post(self, name: str, book: models.LogBook | None = None,
+             details: dict[str, Any] | None = None,
              priority: base.JobPriority | str = base.JobPriority.NORMAL) -> base.Job:
         """Post a job (details must be JSON-ready); every follower is woken."""
         posting, encoded = new_posting(name, book, details, priority)

@@ -29,7 +29,7 @@ import posixpath
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flowengine import exceptions as exc
 from flowengine import states
@@ -45,6 +45,9 @@ from flowengine.jobs.backends._zookeeper_folders import EntityFolder, FolderMeth
 from flowengine.jobs.backends._zookeeper_records import ZookeeperJob
 from flowengine.jobs.backends._zookeeper_watch import JobWatch, listing_version
 from flowengine.persistence.base import Backend
+
+if TYPE_CHECKING:
+    from flowengine.persistence import models
 
 __all__ = ["ZookeeperJob", "ZookeeperJobBoard"]
 
@@ -352,7 +355,8 @@ class ZookeeperJobBoard(FolderMethods, base.NotifyingJobBoard):
 
     # ---- changing ------------------------------------------------------------------------------
 
-    def post(self, name: str, book: Any = None, details: dict[str, Any] | None = None,
+    def post(self, name: str, book: models.LogBook | None = None,
+             details: dict[str, Any] | None = None,
              priority: base.JobPriority | str = base.JobPriority.NORMAL) -> base.Job:
         """Post a job (details must be JSON-ready); every board watching is woken.
 
