@@ -258,7 +258,7 @@ BREAKS: tuple[Break, ...] = (
           ("tests/jobs/test_conductor_behaviour.py", "tests/jobs/test_jobs_api.py"),
           "errors the conductor logs quote the job's secret values"),
     # ---- events and tracing ---------------------------------------------------------------
-    Break("event-fields-not-dropped", "worker-based", "flowengine/worker_based/events.py",
+    Break("event-fields-not-dropped", "worker-based", "flowengine/worker_based/event_outbox.py",
           "if str(k) not in FORBIDDEN_FIELDS}",
           "if True}",
           ("tests/unit/test_events_stream.py", "tests/unit/test_events_listeners.py"),
