@@ -29,7 +29,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 from flowengine import exceptions as exc
@@ -39,10 +39,9 @@ from flowengine.worker_based import event_outbox as eo
 from flowengine.worker_based import extensions as ext
 from flowengine.worker_based import protocol as pr
 from flowengine.worker_based import remote_control as rc
+from flowengine.worker_based.broker import broadcast as bcast
 from flowengine.worker_based.broker import dispatcher as dp
-from flowengine.worker_based.broker.broadcast import BROADCAST_TTL
 from flowengine.worker_based.broker.delivery import Delivery
-from flowengine.worker_based.broker.publisher import Publisher
 from flowengine.worker_based.broker_spec import Broker
 from flowengine.worker_based.engine_side import held_publishes as hp
 from flowengine.worker_based.types import TopicWorker, header, protocol_version
@@ -230,9 +229,11 @@ class Client:
         if outbox is None:
             with self._lock:
                 if self._events is None:
-                    self._events = eo.EventOutbox(
-                        _EventsOut(self.proxy, eo.events_exchange(self.broker.exchange)),
-                        maxsize, admit=self._admit_event)
+                    broker = self.broker
+                    broadcast = bcast.Broadcast(
+                        eo.events_exchange(broker.exchange), url=broker.url,
+                        transport=broker.transport, transport_options=broker.transport_options)
+                    self._events = eo.EventOutbox(broadcast, maxsize, admit=self._admit_event)
                 outbox = self._events
         return outbox
 
@@ -661,21 +662,6 @@ class Client:
             # none: it does not reach for a broker that may be away just to delete nothing.)
             self.proxy.delete_own_queue()
         self.proxy.close()
-
-
-class _EventsOut:
-    """Where a client's event outbox publishes: the events exchange, on the client's own
-    publishing connections (none of its own: they close with the client)."""
-
-    def __init__(self, proxy: Publisher, exchange: str) -> None:
-        self._proxy, self._exchange = proxy, exchange
-        self.where = f"{proxy.uri} exchange {exchange!r}"
-
-    def publish(self, documents: Iterable[Any]) -> None:
-        self._proxy.broadcast(self._exchange, documents, BROADCAST_TTL)
-
-    def close(self) -> None:
-        """Nothing of its own to release."""
 
 
 # -- the process's clients ------------------------------------------------------------------

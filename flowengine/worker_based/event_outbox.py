@@ -28,7 +28,7 @@ LOG = logging.getLogger(__name__)
 
 #: Events waiting to be published, per destination, before the oldest are dropped.
 DEFAULT_QUEUE_SIZE = 10_000
-#: Seconds a publishing thread idles before it exits.
+#: Seconds a publishing thread idles before it closes its connection and exits.
 IDLE_TIMEOUT = 30.0
 #: Seconds the publishing thread lets events gather before it publishes them together.
 LINGER = 0.01
@@ -106,8 +106,7 @@ def scrub(value: Any, depth: int = 0) -> Any:
 
 
 class Publishing(Protocol):
-    """Where an outbox publishes (its client's events exchange, on the client's publishing
-    connections: :meth:`~.broker.publisher.Publisher.broadcast`)."""
+    """Where an outbox publishes (a :class:`~.broker.broadcast.Broadcast`)."""
 
     where: str
 
@@ -115,7 +114,7 @@ class Publishing(Protocol):
         """Publish each document once, in order (raises when the broker is away)."""
 
     def close(self) -> None:
-        """Release what it holds for publishing, if anything (a later publish reopens it)."""
+        """Release the connection (a later publish opens a new one)."""
 
 
 def _nothing() -> None:
@@ -126,9 +125,9 @@ class EventOutbox:
     """The queue and publishing thread of one broker client's events.
 
     Owned by a :class:`~flowengine.worker_based.client.Client` (one per broker and process),
-    so every publisher of a destination shares its queue and thread, and events of one process
-    arrive in clock order. The thread runs while events wait and exits :data:`IDLE_TIMEOUT`
-    seconds after the last.
+    so every publisher of a destination shares its queue, thread and connection, and events
+    of one process arrive in clock order. The thread runs while events wait and exits (closing
+    its connection) :data:`IDLE_TIMEOUT` seconds after the last.
 
     Args:
         broadcast: Where the events go.
@@ -233,8 +232,8 @@ class EventOutbox:
             return self._cond.wait_for(lambda: self.done >= target, timeout)
 
     def close(self, timeout: float = EXIT_FLUSH_TIMEOUT) -> bool:
-        """Publish what is queued (within ``timeout`` seconds) and release what the target
-        holds; False if events were left unpublished. A later :meth:`put` starts afresh."""
+        """Publish what is queued (within ``timeout`` seconds) and release the connection;
+        False if events were left unpublished. A later :meth:`put` starts afresh."""
         flushed = self.flush(timeout)
         with self._io:
             self._broadcast.close()

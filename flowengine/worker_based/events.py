@@ -68,8 +68,8 @@ class EventPublisher(ext.EventSink):
 
     Events go out through the outbox of the process's broker client for that destination
     (:meth:`~flowengine.worker_based.client.Client.event_outbox`): publishers of one process
-    and destination share one queue and thread (publishing on the client's connections), so
-    events of one process arrive in clock order. ``emit`` never blocks and never raises.
+    and destination share one queue, thread and connection, so events of one process arrive
+    in clock order. ``emit`` never blocks and never raises.
 
     Args:
         exchange: The work exchange engines and workers use (events go to ``<exchange>.events``).
@@ -85,7 +85,7 @@ class EventPublisher(ext.EventSink):
         self._broker = _destination(exchange, url, transport, transport_options)
         self._maxsize = maxsize
         # Made now, not by the first event: an engine's publisher is made as it is loaded, so
-        # its run does not pay for the outbox's set-up.
+        # its run does not pay for the outbox and its connection's set-up.
         self._client: cl.Client | None = cl.client_for(self._broker)
         self._client.event_outbox(maxsize)
 

@@ -1,9 +1,8 @@
 """The event stream across a broker restart: what is published once the broker is back arrives.
 
-A process publishes its events on its broker client's connections, kept between bursts. When
-its broker restarts (or its cluster node dies) such a connection is dead without anyone knowing
-until the next publish, and the burst that follows the loss (a flow's ends, typically) used to
-be dropped whole on it.
+A process's event publisher keeps one connection between bursts. When its broker restarts (or
+its cluster node dies) that connection is dead without anyone knowing until the next publish,
+and the burst that follows the loss (a flow's ends, typically) used to be dropped whole on it.
 Run on the shared Redis and RabbitMQ, which :func:`fault_support.broker_outage` stops and
 starts again.
 """
@@ -20,14 +19,11 @@ from fault_support import WAIT, broker_outage, wait_until
 from wbe_harness import Broker, require_broker
 
 from flowengine.worker_based.broker import broadcast as bc
-from flowengine.worker_based.broker.publisher import Publisher
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 #: How long the broker stays down.
 OUTAGE = 1.0
-#: Seconds a document may wait unread.
-TTL = 60.0
 
 
 class Listener:
@@ -72,23 +68,23 @@ def listener(restartable: Broker) -> Iterator[tuple[Listener, str]]:
 def test_events_published_after_a_broker_restart_arrive_on_the_old_connection(
         restartable: Broker, listener: tuple[Listener, str]) -> None:
     listening, exchange = listener
-    sender = Publisher("outage", url=restartable.url)
+    sender = bc.Broadcast(exchange, url=restartable.url)
     try:
-        sender.broadcast(exchange, [{"n": 1}], TTL)  # opens the connection the restart kills
+        sender.publish([{"n": 1}])  # opens the connection the restart will kill
         wait_until(lambda: listening.got({"n": 1}), WAIT, "the first document")
         with broker_outage(restartable, OUTAGE):
             pass
         # The listener listens again on its own (through a new queue); a fresh publisher's
         # probes show when it does.
-        probe = Publisher("outage", url=restartable.url)
+        probe = bc.Broadcast(exchange, url=restartable.url)
         try:
             count = iter(range(1_000_000))
-            wait_until(lambda: probe.broadcast(exchange, [{"probe": next(count)}], TTL) or any(
+            wait_until(lambda: probe.publish([{"probe": next(count)}]) or any(
                 "probe" in d for d in listening.received), WAIT, "the listener back",
                 interval=0.1)
         finally:
             probe.close()
-        sender.broadcast(exchange, [{"n": 2}, {"n": 3}], TTL)  # on the killed connection
+        sender.publish([{"n": 2}, {"n": 3}])  # on the connection the restart killed
         wait_until(lambda: listening.got({"n": 3}), WAIT, "documents sent after the restart",
                    lambda: listening.received)
         assert listening.got({"n": 2})

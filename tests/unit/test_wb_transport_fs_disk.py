@@ -22,7 +22,6 @@ from test_wb_transport_fs import consume, publish  # tests/unit is on sys.path
 
 from flowengine.worker_based.broker import broadcast
 from flowengine.worker_based.broker import transport_fs_disk as fsdisk
-from flowengine.worker_based.broker.publisher import Publisher
 
 FULL = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
@@ -191,15 +190,14 @@ def test_a_listener_leaves_no_queue_and_no_claim_behind(tmp_path: Path) -> None:
     folder = tmp_path / "data"
     options = {"data_folder": str(folder)}
     stream = broadcast.Broadcast("left.events", transport_options=options)
-    sender = Publisher("left", transport_options=options)
     heard: list[Any] = []
 
     def listening() -> None:
-        sender.broadcast("left.events", [{"n": n} for n in range(3)], 60.0)
+        stream.publish([{"n": n} for n in range(3)])
 
     for document in stream.listen(lambda: len(heard) == 3, ready=listening, poll=0.01):
         heard.append(document)
-    sender.close()
+    stream.close()
     assert heard == [{"n": 0}, {"n": 1}, {"n": 2}]
     assert os.listdir(folder / "queues") == []
     assert [p for p in (folder / "claimed").rglob("*.msg")] == []

@@ -1,9 +1,4 @@
-"""Listening to a broadcast: a fanout exchange of transient JSON documents (the event stream).
-
-Its documents are published on a :class:`~.publisher.Publisher`'s connections
-(:meth:`~.publisher.Publisher.broadcast`: the process's broker client publishes its events so);
-each listener reads them through a queue and a connection of its own.
-"""
+"""The broadcast used by the event stream: a fanout exchange of transient JSON documents."""
 
 from __future__ import annotations
 
@@ -12,7 +7,7 @@ import contextlib
 import logging
 import threading
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import kombu
@@ -22,7 +17,6 @@ from flowengine.worker_based.broker import dispatcher as dp
 from flowengine.worker_based.broker import proxy as px
 from flowengine.worker_based.broker import transport_fs
 from flowengine.worker_based.broker.connection import TransportSpec
-from flowengine.worker_based.broker.publisher import fanout_exchange
 
 LOG = logging.getLogger(__name__)
 
@@ -35,15 +29,16 @@ RELISTEN_MAX_DELAY = 2.0
 
 
 class Broadcast:
-    """Listens to a fanout exchange of transient JSON documents (flowengine's event stream).
+    """A fanout exchange of transient JSON documents (flowengine's event stream).
 
     Publishing declares the exchange only, so documents nobody listens for go nowhere. Each
     listener reads through its own exclusive, auto-delete queue, which it unbinds and deletes
     when it stops. Documents are not persistent and expire after :data:`BROADCAST_TTL` seconds.
     A listener whose connection is lost (its broker node died) listens again through a new
     queue on whichever node of the URL list answers; documents published meanwhile are not
-    received. On the ``flowengine-fs`` transport a listener killed with SIGKILL leaves its
-    queue folder bound (expired documents in it are dropped only when read).
+    received. A publisher whose connection died since its last publish publishes again on a
+    new one. On the ``flowengine-fs`` transport a listener killed with SIGKILL leaves its queue
+    folder bound (expired documents in it are dropped only when read).
 
     Args:
         exchange: The fanout exchange's name.
@@ -58,8 +53,60 @@ class Broadcast:
         self._conn, _ = px.without_heartbeat(conn)
         if getattr(self._conn.get_transport_cls(), "driver_type", None) == "memory":
             options.setdefault("polling_interval", transport_fs.DEFAULT_POLLING_INTERVAL)
-        self._exchange = fanout_exchange(exchange)
+        self._exchange = kombu.Exchange(exchange, type="fanout", durable=True,
+                                        auto_delete=False, delivery_mode="transient")
+        self._publishing: Any = None
         self.where = f"{uri} exchange {exchange!r}"
+
+    def publish(self, documents: Iterable[Any]) -> None:
+        """Publish each JSON document once, in order (events are best effort).
+
+        A connection that served earlier calls may have died unnoticed since (its broker
+        restarted, or its cluster node is gone): when it fails, the documents it did not take
+        are published once more on a new connection (the first node of the URL list that
+        answers), so that the burst that follows a broker's loss is not dropped whole.
+
+        Raises:
+            kombu's connection and channel errors; the next call reconnects.
+        """
+        pending = collections.deque(documents)
+        stale = self._publishing is not None
+        try:
+            try:
+                self._publish(pending)
+            except self._conn.connection_errors + self._conn.channel_errors as err:
+                if not stale:
+                    raise
+                LOG.debug("The broadcast connection to %s was lost (%s); publishing again",
+                          self.where, err)
+                self.close()
+                self._publish(pending)
+        except Exception:
+            self.close()
+            raise
+
+    def _publish(self, pending: collections.deque[Any]) -> None:
+        """Publish on the publishing connection (opened first if need be); each document
+        leaves ``pending`` once the broker took it."""
+        if self._publishing is None:
+            conn = self._conn.clone()
+            conn.ensure_connection(max_retries=_each_node(conn), interval_start=0,
+                                   interval_step=0.2, interval_max=0.2)
+            self._publishing = (conn, kombu.Producer(conn.channel(), self._exchange))
+        producer = self._publishing[1]
+        while pending:
+            producer.publish(pending[0], routing_key="", serializer="json",
+                             expiration=BROADCAST_TTL, retry=False)
+            pending.popleft()
+
+    def close(self) -> None:
+        """Release the publishing connection (a later :meth:`publish` opens a new one)."""
+        publishing, self._publishing = self._publishing, None
+        if publishing is not None:
+            try:
+                publishing[0].release()
+            except Exception as err:
+                LOG.debug("Closing the broadcast connection to %s failed: %s", self.where, err)
 
     def listen(self, stop: Callable[[], bool], ready: Callable[[], None] | None = None,
                poll: float = 0.1) -> Iterator[Any]:

@@ -9,7 +9,6 @@ queues (:mod:`~flowengine.worker_based.broker.browsing`). A
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import logging
 import math
@@ -67,14 +66,6 @@ MAX_REPLY_KEYS = 4096
 HELD_LIMIT = 20_000
 
 
-def fanout_exchange(name: str) -> kombu.Exchange:
-    """The fanout exchange of a broadcast (the event stream's ``<exchange>.events``), declared
-    alike by its publishers and its listeners (a broker refuses a redeclaration that differs):
-    durable, so it outlives its users, and its documents transient."""
-    return kombu.Exchange(name, type="fanout", durable=True, auto_delete=False,
-                          delivery_mode="transient")
-
-
 class Publisher:
     """Publishes to ``<exchange>_<routing key>`` queues on direct exchange ``exchange``.
 
@@ -127,7 +118,6 @@ class Publisher:
         self._publishers = publishers
         self._pool_lock = threading.Lock()
         self._queues: dict[str, kombu.Queue] = {}
-        self._fanouts: dict[str, kombu.Exchange] = {}
         # Routing key -> when its target was last declared (see DECLARATION_TTL).
         self._declared: dict[str, float] = {}
         # Connections lost while publishing, and the count as of the last reply to each key
@@ -145,11 +135,6 @@ class Publisher:
     def traits(self) -> BrokerTraits:
         """What this broker does (priorities, native delays ...), see :class:`BrokerTraits`."""
         return self._broker
-
-    @property
-    def uri(self) -> str:
-        """The broker's URI, password masked (for messages)."""
-        return self._uri
 
     @property
     def connection_details(self) -> ConnectionDetails:
@@ -369,45 +354,6 @@ class Publisher:
             if len(self._replied) >= MAX_REPLY_KEYS:  # engines come and go: start afresh
                 self._replied.clear()
             self._replied[key] = self._reconnects
-
-    def broadcast(self, exchange: str, documents: Iterable[Any], expiration: float) -> None:
-        """Publish each JSON document once, in order, to fanout exchange ``exchange``
-        (:func:`fanout_exchange`) on this publisher's producers; best effort (the event
-        stream's documents are worth nothing late).
-
-        A producer's connection that served earlier publishes may have died unnoticed since
-        (its broker restarted, its cluster node is gone): when a publish fails, the documents
-        not taken yet are published once more on a new producer (a new connection), so the
-        burst that follows a broker's loss is not dropped whole. Nothing more is retried.
-
-        Args:
-            expiration: Seconds a document may wait unread before the broker drops it.
-
-        Raises:
-            kombu's connection and channel errors, from the second attempt.
-        """
-        target = self._fanouts.get(exchange)
-        if target is None:
-            target = self._fanouts[exchange] = fanout_exchange(exchange)
-        pending = collections.deque(documents)
-        errors = self._conn.connection_errors + self._conn.channel_errors + (OperationalError,)
-        for last in (False, True):
-            try:
-                # Unconfirmed, as discovery and heartbeats are: a lost event is not worth a
-                # round trip per burst (and on AMQP that pool already serves those).
-                with self.producers(confirm=False).acquire() as producer:
-                    while pending:
-                        producer.publish(pending[0], exchange=target, routing_key="",
-                                         serializer="json", expiration=expiration,
-                                         delivery_mode="transient", declare=[target],
-                                         retry=False)
-                        pending.popleft()
-                return
-            except errors as err:
-                if last:
-                    raise
-                LOG.debug("Broadcasting on %s failed (%s); publishing again on a new "
-                          "connection", self._where, err)
 
     def producers(self, confirm: bool = True) -> pd.ProducerPool:
         """The producers publishes of this confirm mode take turns on (made on first use; a
