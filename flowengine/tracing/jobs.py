@@ -12,12 +12,13 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from flowengine.tracing import _api, names
 from flowengine.tracing import propagation as prop
 
 if TYPE_CHECKING:
+    from flowengine.engines.repair import ListedJob
     from flowengine.storage import Storage
 
 LOG = logging.getLogger(__name__)
@@ -38,26 +39,13 @@ def job_trace() -> dict[str, str]:
     return prop.carrier_of(span) if span.get_span_context().is_valid else {}
 
 
-class _ClaimedJob(Protocol):
-    """What :func:`claimed_job` reads of a job (jobs are a layer above tracing)."""
-
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def uuid(self) -> str: ...
-
-    @property
-    def details(self) -> Mapping[str, Any]: ...
-
-
 def _carrier(mapping: object) -> Mapping[str, Any] | None:
     value = mapping.get(TRACE_KEY) if isinstance(mapping, Mapping) else None
     return value if isinstance(value, Mapping) else None
 
 
 @contextlib.contextmanager
-def claimed_job(job: _ClaimedJob, conductor: str,
+def claimed_job(job: ListedJob, conductor: str,
                 storage: Storage | None = None) -> Iterator[None]:
     """A span for a conductor running one claimed job, current while the flow runs.
 

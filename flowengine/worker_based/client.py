@@ -233,11 +233,13 @@ class Client:
                     broadcast = bcast.Broadcast(
                         eo.events_exchange(broker.exchange), url=broker.url,
                         transport=broker.transport, transport_options=broker.transport_options)
-                    self._events = eo.EventOutbox(broadcast, maxsize, admit=self._admit_event)
+                    self._events = eo.EventOutbox(broadcast, maxsize, admit=self._check_open)
                 outbox = self._events
         return outbox
 
-    def _admit_event(self) -> None:
+    def _check_open(self) -> None:
+        """Raise :class:`ClientClosed` once the client closed or retired (a view, a borrower
+        or an event must then go to the broker's next client)."""
         if self._closed or self._retired:
             raise ClientClosed(f"The broker client for {self.broker} is closed")
 
@@ -268,8 +270,7 @@ class Client:
             ExecutionFailure: The consumer could not start (a refused login).
         """
         with self._lock:
-            if self._closed or self._retired:
-                raise ClientClosed(f"The broker client for {self.broker} is closed")
+            self._check_open()
             self._views[id(view)] = view
             self._idle_since = None
             new_topics = [t for t in topics if t not in self._asked]
@@ -573,8 +574,7 @@ class Client:
 
     def _lend(self) -> None:
         with self._lock:
-            if self._closed or self._retired:
-                raise ClientClosed(f"The broker client for {self.broker} is closed")
+            self._check_open()
             self._borrowers += 1
             self._idle_since = None
 

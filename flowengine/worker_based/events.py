@@ -86,12 +86,12 @@ class EventPublisher(ext.EventSink):
         self._maxsize = maxsize
         # Made now, not by the first event: an engine's publisher is made as it is loaded, so
         # its run does not pay for the outbox and its connection's set-up.
-        self._client: cl.Client | None = cl.client_for(self._broker)
+        self._client = cl.client_for(self._broker)
         self._client.event_outbox(maxsize)
 
     def _outbox(self) -> EventOutbox:
         client = self._client
-        if client is None or not client.usable:  # retired when idle, or a forked child's
+        if not client.usable:  # closed (retired when idle), or a forked child's copy
             client = self._client = cl.client_for(self._broker)
         return client.event_outbox(self._maxsize)
 
@@ -99,21 +99,18 @@ class EventPublisher(ext.EventSink):
     def dropped(self) -> int:
         """Events dropped because the queue was full (for the whole destination, since its
         client opened)."""
-        client = self._client
-        return 0 if client is None else client.event_outbox().dropped
+        return self._client.event_outbox().dropped
 
     @property
     def published(self) -> int:
         """Events published so far (for the whole destination, since its client opened)."""
-        client = self._client
-        return 0 if client is None else client.event_outbox().published
+        return self._client.event_outbox().published
 
     def emit(self, event_type: str, **fields: object) -> None:
         try:
             try:
                 self._outbox().put(event_type, fields)
             except cl.ClientClosed:  # it closed since the look: the broker's next client
-                self._client = None
                 self._outbox().put(event_type, fields)
         except Exception:  # never on the hot path
             LOG.debug("Event %s not queued", event_type, exc_info=True)
@@ -121,7 +118,7 @@ class EventPublisher(ext.EventSink):
     def flush(self, timeout: float = EXIT_FLUSH_TIMEOUT) -> bool:
         """Wait until the events emitted so far are published; False on timeout."""
         client = self._client
-        if client is None or client.inherited:  # nothing emitted in this process
+        if client.inherited:  # nothing emitted in this process
             return True
         # A client closing meanwhile (retired while idle) publishes what it holds as it closes.
         return client.event_outbox().flush(timeout)
