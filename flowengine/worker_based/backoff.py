@@ -23,6 +23,8 @@ _AMQP_REFUSED = frozenset({403, 530})
 #: Resolver answers that a name does not exist (EAI_NODATA is not on every platform).
 _NO_SUCH_HOST = frozenset(code for code in (socket.EAI_NONAME, getattr(socket, "EAI_NODATA", None))
                           if code is not None)
+#: Seconds between two looks at the broker while a retry sleeps (see :class:`Backoff`'s probe).
+PROBE_EVERY = 1.0
 
 
 class RetryAbandoned(Exception):
@@ -166,12 +168,24 @@ class Backoff:
         deadline: ``time.monotonic()`` past which no retry starts (None: no deadline).
         every: Log every failed attempt (a consumer that is not connected says so each time:
             nothing else shows it is not serving), not only the first few.
+        probe: Whether the broker accepts connections again (see
+            :func:`~flowengine.worker_based.broker.connection.reachability`; None: no look).
+            A sleep longer than :data:`PROBE_EVERY` looks every :data:`PROBE_EVERY` seconds,
+            and ends early when the broker, seen away by an earlier look, is back: the backoff
+            spares a broker that is away, but once it returns the retry goes within about a
+            second rather than after the rest of a sleep that may have grown to many seconds
+            (a worker's outcome would then arrive after its engine's lease ran out). A broker
+            that accepts connections but fails the attempts (never seen away) is not retried
+            sooner than the backoff says.
     """
 
     def __init__(self, options: RetryOptions, what: str, where: str, stop: threading.Event,
-                 deadline: float | None = None, every: bool = False) -> None:
+                 deadline: float | None = None, every: bool = False,
+                 probe: Callable[[], bool] | None = None) -> None:
         self._options, self._what, self._where, self._stop = options, what, where, stop
-        self._deadline, self._every = deadline, every
+        self._deadline, self._every, self._probe = deadline, every, probe
+        #: An earlier look found the broker away (so finding it back ends a sleep).
+        self._seen_away = False
         self.started = time.monotonic()
         self.attempt = 0
         #: The error of the last failed attempt (None: none failed yet).
@@ -225,8 +239,28 @@ class Backoff:
                 "%s on %s failed (attempt %d): %s; retrying in %.2fs",
                 self._what, self._where, self.attempt, _reason(exc), delay,
             )  # fmt: skip
-        if self._stop.wait(delay):
+        if self._sleep(delay):
             raise RetryAbandoned(f"{self._what} on {self._where} abandoned: stopping")
+
+    def _sleep(self, delay: float) -> bool:
+        """Sleep ``delay`` seconds, less if the probe finds the broker back; True if ``stop``
+        was set meanwhile."""
+        if self._probe is None or delay <= PROBE_EVERY:
+            return self._stop.wait(delay)
+        end = time.monotonic() + delay
+        while (left := end - time.monotonic()) > 0:
+            if self._stop.wait(min(PROBE_EVERY, left)):
+                return True
+            if time.monotonic() >= end:
+                break
+            if not self._probe():
+                self._seen_away = True
+            elif self._seen_away:
+                self._seen_away = False
+                LOG.debug("%s on %s: the broker accepts connections again; retrying now",
+                          self._what, self._where)
+                break
+        return self._stop.is_set()
 
 
 def _reason(exc: BaseException) -> str:

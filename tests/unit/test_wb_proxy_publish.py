@@ -52,6 +52,23 @@ class FlakyTransport(memory.Transport):
     Channel = FlakyChannel
 
 
+class _Away:
+    """Whether the away transport's broker is down, and how often it was connected to."""
+
+    down = False
+    attempts = 0
+
+
+class AwayTransport(memory.Transport):
+    """The memory transport, whose broker refuses connections while :class:`_Away` says so."""
+
+    def establish_connection(self) -> Any:
+        _Away.attempts += 1
+        if _Away.down:
+            raise self.connection_errors[0]("the broker is away (the test)")
+        return super().establish_connection()
+
+
 @pytest.fixture
 def exchange() -> str:
     return f"pub-{uuid.uuid4().hex[:10]}"
@@ -226,6 +243,25 @@ def test_a_nacked_publish_is_sent_again(exchange: str) -> None:
         assert queued(proxy, "work") == ["t0"] and _Refusals.remaining == 0
     finally:
         _Refusals.error = KombuConnectionError
+        proxy.close()
+
+
+def test_a_one_attempt_publish_to_a_broker_that_is_away_connects_once(exchange: str) -> None:
+    # Kombu would retry connecting a producer's channel on its own beneath the caller: a
+    # one-attempt publish (discovery, announcements) would then wait seconds on a broker that
+    # is away, and a retried one would not follow its retry_options.
+    _Away.down, _Away.attempts = True, 0
+    proxy = px.Proxy("me", exchange, transport=AwayTransport, retry_options=NO_DELAY)
+    try:
+        with pytest.raises(OperationalError, match="away"):
+            proxy.publish(notify(0), "work", retry=False)
+        assert _Away.attempts == 1, "kombu retried the connection beneath the publish"
+        assert proxy.producers().size == 0
+        _Away.down = False
+        proxy.publish(notify(1), "work", retry=False)
+        assert queued(proxy, "work") == ["t1"]
+    finally:
+        _Away.down = False
         proxy.close()
 
 

@@ -12,6 +12,8 @@ import dataclasses
 import difflib
 import json
 import logging
+import socket
+from collections.abc import Callable
 from typing import Any, NamedTuple, TypeAlias
 
 import kombu
@@ -310,3 +312,38 @@ def tune(driver: str | None, options: dict[str, Any]) -> None:
         # (kombu: 5 minutes); a consumer killed while holding it stalls every consumer's
         # restores that long. The work under the lock takes milliseconds.
         options.setdefault("unacked_mutex_expire", REDIS_RESTORE_LOCK_EXPIRE)
+
+
+#: Seconds a reachability probe waits for a TCP connection to a broker node.
+PROBE_TIMEOUT = 0.5
+
+
+def reachability(conn: kombu.Connection) -> Callable[[], bool] | None:
+    """A cheap look at whether any node of ``conn`` accepts TCP connections again, for a
+    :class:`~flowengine.worker_based.backoff.Backoff` to end a long sleep early once a broker
+    that was away is back (None: the transport has no network address, such as memory or
+    flowengine-fs, and is not probed).
+
+    Only a TCP connect and close: no handshake, no credentials, nothing logged by the broker
+    beyond a closed connection.
+    """
+    port = getattr(conn.transport, "default_port", None)
+    nodes: list[tuple[str, int]] = []
+    for url in conn.alt or [None]:
+        node = conn if url is None else kombu.Connection(url)
+        node_port = node.port or port
+        if node.hostname and node_port:
+            nodes.append((str(node.hostname), int(node_port)))
+    if not nodes:
+        return None
+
+    def reachable() -> bool:
+        for node in nodes:
+            try:
+                socket.create_connection(node, timeout=PROBE_TIMEOUT).close()
+            except OSError:
+                continue
+            return True
+        return False
+
+    return reachable

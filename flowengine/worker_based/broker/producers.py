@@ -9,6 +9,7 @@ for as long as it works; one that raised is closed and replaced by a new one on 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -27,8 +28,9 @@ _POOLS: weakref.WeakSet[ProducerPool] = weakref.WeakSet()
 class ProducerPool:
     """At most ``limit`` producers at once, each on its own connection; thread-safe.
 
-    A producer connects on its first publish (kombu resolves its channel then), so connection
-    errors surface from ``publish`` inside :meth:`acquire`, where the caller's retries see them.
+    A producer connects as it is made, trying each node of a failover list once, so a broker
+    that is away fails :meth:`acquire` at once, inside the caller's retries (which decide how
+    long to keep trying), not after retries of kombu's own.
 
     Args:
         connection: Each producer publishes over a clone of it.
@@ -88,11 +90,19 @@ class ProducerPool:
             if self._idle:
                 return self._idle.pop()
             self._count += 1
+        connection = self._connection.clone()
         try:
-            # Lazy: kombu connects when the producer's channel is first needed.
-            return kombu.Producer(self._connection.clone())
+            # Connected here, each node of a failover list tried once. Left to itself, kombu
+            # connects a producer's channel when first used, retrying on its own (about 6 s
+            # against a broker that is away) beneath the caller's own retrying: a publish's
+            # backoff (its retry_options), or a one-attempt publish that must fail at once.
+            connection.ensure_connection(max_retries=max(0, len(connection.alt) - 1),
+                                         interval_start=0, interval_step=0, interval_max=0)
+            return kombu.Producer(connection)
         except BaseException:
             self._forget_one()
+            with contextlib.suppress(Exception):
+                connection.release()
             raise
 
     def _give_back(self, producer: kombu.Producer) -> None:

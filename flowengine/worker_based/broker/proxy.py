@@ -261,7 +261,7 @@ class Proxy(Publisher):
         # worker's private control queue connects beside its topic queue, which says it already.
         backoff = bo.Backoff(self._retry, f"Connecting (queue {self._exchange_name}_"
                              f"{self._topic})", self._where, self._stop_requested,
-                             every=not self._transient_queue)
+                             every=not self._transient_queue, probe=self._probe)
         self.connecting = backoff
         errors = self._conn.connection_errors + self._conn.channel_errors
         LOG.debug("Connecting to %s for queue %s_%s", self._where, self._exchange_name,

@@ -40,6 +40,7 @@ from flowengine.worker_based.broker.connection import (
     TransportSpec,
     connect,
     queue_kind,
+    reachability,
     traits,
     tune,
     without_heartbeat,
@@ -103,6 +104,8 @@ class Publisher:
         self._broker = traits(self._conn.get_transport_cls())
         #: The heartbeat the URL asked for (0: none); only a consume loop sends heartbeats.
         self._conn, self._url_heartbeat = without_heartbeat(self._conn)
+        #: Looks at whether the broker accepts connections, for retries' sleeps (Backoff).
+        self._probe = reachability(self._conn)
         self._kind: QueueKind = queue_kind(url, self._broker.driver, self._transport_options,
                                            taskflow_compat)
         # Message priority is an AMQP queue feature; TaskFlow's declarations have none, and a
@@ -313,7 +316,7 @@ class Publisher:
                     wait = PUBLISH_DEADLINE if deadline is None else deadline
                     backoff = bo.Backoff(self._retry, f"Publishing {msg.TYPE} to {pending[0]!r}",
                                          self._where, self._stop_requested,
-                                         deadline=time.monotonic() + wait)
+                                         deadline=time.monotonic() + wait, probe=self._probe)
                 if backoff.exhausted:
                     raise BrokerOutage(
                         f"Publishing {msg.TYPE} to {pending[0]!r} on {self._where} failed "
