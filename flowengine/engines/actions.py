@@ -182,10 +182,11 @@ class TaskAction:
         uuid = self._storage.get_atom_uuid(task.name)
         progress = functools.partial(self._on_update_progress, task)
         if delay <= 0:
-            return self._executor.execute_task(task, uuid, arguments, progress_callback=progress)
-        return self._executor.execute_task(
-            task, uuid, arguments, progress_callback=progress, delay=delay,
-            on_delayed_job=functools.partial(self._store_delayed_job, task))
+            return self._executor.submit(ex.Work(task, uuid, ex.EXECUTE, arguments,
+                                                 progress_callback=progress))
+        return self._executor.submit(ex.Work(
+            task, uuid, ex.EXECUTE, arguments, progress_callback=progress, delay=delay,
+            on_delayed_job=functools.partial(self._store_delayed_job, task)))
 
     def _store_delayed_job(self, task: Task, job: str) -> None:
         """Store the handle of ``task``'s delayed job as soon as it is put (on the thread that
@@ -237,10 +238,9 @@ class TaskAction:
         if task.name in self._kept and isinstance(result, Failure):
             result = self._kept[task.name]
         failures = self._storage.get_execute_failures()
-        return self._executor.revert_task(
-            task, self._storage.get_atom_uuid(task.name), arguments, result, failures,
-            progress_callback=functools.partial(self._on_update_progress, task),
-        )
+        return self._executor.submit(ex.Work(
+            task, self._storage.get_atom_uuid(task.name), ex.REVERT, arguments, result, failures,
+            progress_callback=functools.partial(self._on_update_progress, task)))
 
     def complete_reversion(self, task: Task, result: Any) -> None:
         """Store the outcome of ``revert``.

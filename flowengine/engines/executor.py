@@ -14,6 +14,7 @@ import abc
 import asyncio
 import concurrent.futures as cf
 import contextlib
+import dataclasses
 import functools
 import inspect
 import threading
@@ -24,7 +25,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import futurist
 
-from flowengine import context
+from flowengine import context, states
 from flowengine import exceptions as exc
 from flowengine.atom import REVERT_FLOW_FAILURES, REVERT_RESULT, Atom
 from flowengine.engines import interception
@@ -36,6 +37,9 @@ from flowengine.types.failure import Failure
 
 EXECUTED = "executed"
 REVERTED = "reverted"
+#: A :class:`Work`'s actions (the atom intentions that start them).
+EXECUTE = states.EXECUTE
+REVERT = states.REVERT
 
 ProgressCallback = Callable[..., None]
 
@@ -212,8 +216,55 @@ def _unlisten(task: Task, callback: ProgressCallback | None, registered: bool) -
         task.notifier.deregister(EVENT_UPDATE_PROGRESS, callback)
 
 
+@dataclasses.dataclass(frozen=True)
+class Work:
+    """One call an engine hands its executor: a task's ``execute`` or ``revert``.
+
+    Engines hand every call over as one of these (:meth:`TaskExecutor.submit`); TaskFlow's
+    ``execute_task``/``revert_task`` remain as faces that build one.
+
+    Args:
+        task: The task to call.
+        task_uuid: Its atom's uuid in the flow's storage.
+        action: :data:`EXECUTE` or :data:`REVERT`.
+        arguments: The call's arguments, by name.
+        result: For a revert: what ``execute`` returned (or its failure).
+        failures: For a revert: the flow's execute failures, by atom name.
+        progress_callback: Given the task's progress notifications (None: nobody listens).
+        delay: Seconds before the call may start: only for an executor whose
+            :attr:`~TaskExecutor.delays_dispatch` is true (the others are never given one;
+            the engine waits for them, the task PENDING meanwhile).
+        on_delayed_job: Given the broker's handle of a delayed call once it is held there, so
+            that a resumed engine can delete it (:meth:`TaskExecutor.delete_at_start`).
+    """
+
+    task: Task
+    task_uuid: str
+    action: str
+    arguments: Mapping[str, Any]
+    result: Any = None
+    failures: Mapping[str, Failure] = dataclasses.field(default_factory=dict)
+    progress_callback: ProgressCallback | None = None
+    delay: float = 0.0
+    on_delayed_job: Callable[[str], None] | None = None
+
+    def __post_init__(self) -> None:
+        if self.action not in (EXECUTE, REVERT):
+            raise ValueError(f"Work for task {self.task.name!r} needs action {EXECUTE!r} or "
+                             f"{REVERT!r}, not {self.action!r}")
+        if self.delay and self.action == REVERT:
+            raise ValueError(f"A revert is never delayed (task {self.task.name!r} was given "
+                             f"{self.delay} s)")
+
+
 class TaskExecutor(metaclass=abc.ABCMeta):
-    """Runs tasks somewhere and hands back futures of their outcomes."""
+    """Runs tasks somewhere and hands back futures of their outcomes.
+
+    Engines hand calls over through :meth:`submit` alone. An executor written against
+    TaskFlow's interface implements :meth:`execute_task` and :meth:`revert_task`, which the
+    default :meth:`submit` calls; flowengine's own executors implement :meth:`submit`, and
+    their ``execute_task``/``revert_task`` build a :class:`Work` for it.
+    """
 
     #: Whether ``async def`` execute/revert methods are awaited here; an engine refuses tasks
     #: with them, before anything runs, when its executor cannot.
@@ -221,11 +272,28 @@ class TaskExecutor(metaclass=abc.ABCMeta):
     #: Whether calls run on the engine's own thread, one at a time (nothing ever waits in a
     #: queue): a cancel then tells the running call at once, from the cancelling thread.
     runs_inline = False
-    #: Whether :meth:`execute_task` takes a ``delay``: the executor holds a task's start delay
-    #: and its retry controllers' waits where it sends the call (a worker-based executor: in
-    #: the broker), so the engine hands the call over at once. Otherwise the engine waits them
-    #: out itself and never passes a delay.
+    #: Whether :meth:`submit` takes work with a ``delay``: the executor holds a task's start
+    #: delay and its retry controllers' waits where it sends the call (a worker-based
+    #: executor: in the broker), so the engine hands the call over at once. Otherwise the
+    #: engine waits them out itself and never passes a delay.
     delays_dispatch = False
+
+    def submit(self, work: Work) -> cf.Future:
+        """Start ``work``; return a future of ``(EXECUTED, result)`` or
+        ``(REVERTED, result)`` (a raised exception is a Failure result, never the future's
+        exception).
+
+        This default hands it to :meth:`execute_task` or :meth:`revert_task`.
+        """
+        if work.action == REVERT:
+            return self.revert_task(work.task, work.task_uuid, work.arguments, work.result,
+                                    work.failures, progress_callback=work.progress_callback)
+        if work.delay > 0 or work.on_delayed_job is not None:
+            return self.execute_task(work.task, work.task_uuid, work.arguments,
+                                     progress_callback=work.progress_callback, delay=work.delay,
+                                     on_delayed_job=work.on_delayed_job)
+        return self.execute_task(work.task, work.task_uuid, work.arguments,
+                                 progress_callback=work.progress_callback)
 
     @abc.abstractmethod
     def execute_task(
@@ -408,6 +476,23 @@ class LocalTaskExecutor(TaskExecutor):
             self._watchdog.finished(future)
         settle(future, value, task.name)
 
+    def submit(self, work: Work) -> cf.Future:
+        task, arguments, progress = work.task, work.arguments, work.progress_callback
+        if work.action == REVERT:
+            return self._dispatch(
+                task, REVERTED, task.revert,
+                functools.partial(revert_task, task, arguments, work.result, work.failures,
+                                  progress, self._hooks),
+                functools.partial(revert_task_async, task, arguments, work.result,
+                                  work.failures, progress, self._hooks))
+        if work.delay > 0:  # the engine waits out delays for an executor that does not take them
+            raise ValueError(f"{type(self).__name__} does not take a delay (task "
+                             f"{task.name!r} was given {work.delay} s)")
+        return self._dispatch(
+            task, EXECUTED, task.execute,
+            functools.partial(execute_task, task, arguments, progress, self._hooks),
+            functools.partial(execute_task_async, task, arguments, progress, self._hooks))
+
     def execute_task(
         self,
         task: Task,
@@ -417,14 +502,10 @@ class LocalTaskExecutor(TaskExecutor):
         delay: float = 0.0,
         on_delayed_job: Callable[[str], None] | None = None,
     ) -> cf.Future:
-        if delay > 0:  # the engine waits out delays for an executor that does not take them
-            raise ValueError(f"{type(self).__name__} does not take a delay (task "
-                             f"{task.name!r} was given {delay} s)")
-        return self._dispatch(
-            task, EXECUTED, task.execute,
-            functools.partial(execute_task, task, arguments, progress_callback, self._hooks),
-            functools.partial(execute_task_async, task, arguments, progress_callback,
-                              self._hooks))
+        """TaskFlow's face of :meth:`submit` for an execute."""
+        return self.submit(Work(task, task_uuid, EXECUTE, arguments,
+                                progress_callback=progress_callback, delay=delay,
+                                on_delayed_job=on_delayed_job))
 
     def revert_task(
         self,
@@ -435,12 +516,9 @@ class LocalTaskExecutor(TaskExecutor):
         failures: Mapping[str, Failure],
         progress_callback: ProgressCallback | None = None,
     ) -> cf.Future:
-        return self._dispatch(
-            task, REVERTED, task.revert,
-            functools.partial(revert_task, task, arguments, result, failures, progress_callback,
-                              self._hooks),
-            functools.partial(revert_task_async, task, arguments, result, failures,
-                              progress_callback, self._hooks))
+        """TaskFlow's face of :meth:`submit` for a revert."""
+        return self.submit(Work(task, task_uuid, REVERT, arguments, result, failures,
+                                progress_callback=progress_callback))
 
 
 #: Default number of ``async def`` calls one local executor awaits at the same time.

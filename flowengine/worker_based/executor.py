@@ -422,6 +422,29 @@ class WorkerTaskExecutor(local.TaskExecutor):
 
     # -- submitting -------------------------------------------------------------------------
 
+    def submit(self, work: local.Work) -> cf.Future:
+        """Send ``work`` to a worker; with a ``delay`` (seconds), no worker takes it before
+        then (see :mod:`~flowengine.worker_based.engine_side.delayed_dispatch`), and
+        ``on_delayed_job`` is given the broker's handle of the delayed job once it is put
+        (beanstalkd), on whichever thread puts it."""
+        task, task_uuid = work.task, work.task_uuid
+        if work.action == local.REVERT:
+            if task_uuid in self._never_started:
+                # Its execute never reached a worker (no worker, or none in time): there is
+                # nothing to undo, and sending the revert would only wait for a worker in vain.
+                self._never_started.discard(task_uuid)
+                self._reserved.pop(task_uuid, None)
+                done: cf.Future = cf.Future()
+                done.set_result((pr.ACTION_TO_EVENT[pr.REVERT], None))
+                return done
+            body = pr.WorkUnit.of(task, pr.REVERT, work.arguments, work.result, work.failures)
+            return self._submit(task, task_uuid, body, work.progress_callback)
+        # A new run of the atom: whatever an earlier, never-started one left is moot.
+        self._never_started.discard(task_uuid)
+        not_before = self._clock() + work.delay if work.delay > 0 else None
+        return self._submit(task, task_uuid, pr.WorkUnit.of(task, pr.EXECUTE, work.arguments),
+                            work.progress_callback, not_before, work.on_delayed_job)
+
     def execute_task(
         self,
         task: Task,
@@ -431,15 +454,10 @@ class WorkerTaskExecutor(local.TaskExecutor):
         delay: float = 0.0,
         on_delayed_job: Callable[[str], None] | None = None,
     ) -> cf.Future:
-        """Run ``task`` on a worker; with ``delay`` (seconds), no worker takes it before then
-        (see :mod:`~flowengine.worker_based.engine_side.delayed_dispatch`). ``on_delayed_job``
-        is given the broker's handle of the delayed job once it is put (beanstalkd), on
-        whichever thread puts it."""
-        # A new run of the atom: whatever an earlier, never-started one left is moot.
-        self._never_started.discard(task_uuid)
-        not_before = self._clock() + delay if delay > 0 else None
-        return self._submit(task, task_uuid, pr.WorkUnit.of(task, pr.EXECUTE, arguments),
-                            progress_callback, not_before, on_delayed_job)
+        """TaskFlow's face of :meth:`submit` for an execute."""
+        return self.submit(local.Work(task, task_uuid, local.EXECUTE, arguments,
+                                      progress_callback=progress_callback, delay=delay,
+                                      on_delayed_job=on_delayed_job))
 
     def revert_task(
         self,
@@ -450,16 +468,9 @@ class WorkerTaskExecutor(local.TaskExecutor):
         failures: Mapping[str, Failure],
         progress_callback: local.ProgressCallback | None = None,
     ) -> cf.Future:
-        if task_uuid in self._never_started:
-            # Its execute never reached a worker (no worker, or none in time): there is nothing
-            # to undo, and sending the revert would only wait for a worker in vain.
-            self._never_started.discard(task_uuid)
-            self._reserved.pop(task_uuid, None)
-            done: cf.Future = cf.Future()
-            done.set_result((pr.ACTION_TO_EVENT[pr.REVERT], None))
-            return done
-        body = pr.WorkUnit.of(task, pr.REVERT, arguments, result, failures)
-        return self._submit(task, task_uuid, body, progress_callback)
+        """TaskFlow's face of :meth:`submit` for a revert."""
+        return self.submit(local.Work(task, task_uuid, local.REVERT, arguments, result, failures,
+                                      progress_callback=progress_callback))
 
     def _submit(self, task: Task, task_uuid: str, body: pr.WorkUnit,
                 progress_callback: local.ProgressCallback | None,

@@ -9,7 +9,9 @@ of the contract, where every executor (and its reader) sees it.
 from __future__ import annotations
 
 import ast
+import concurrent.futures as cf
 import pathlib
+from typing import Any
 
 import pytest
 
@@ -103,3 +105,64 @@ def test_a_start_delay_is_waited_by_the_engine_of_an_executor_without_delays() -
     engine.run()
     assert ran == ["a"]
     assert engine.storage.get_flow_state() == "SUCCESS"
+
+
+class _TaskFlowStyle(ex.TaskExecutor):
+    """An executor written against TaskFlow's interface: execute_task and revert_task only,
+    run inline, each call recorded."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []
+        self._local = ex.SerialTaskExecutor()
+
+    def execute_task(self, task: task.Task, task_uuid: str, arguments: Any,
+                     progress_callback: Any = None) -> cf.Future:
+        self.calls.append(("execute", task.name))
+        return self._local.execute_task(task, task_uuid, arguments, progress_callback)
+
+    def revert_task(self, task: task.Task, task_uuid: str, arguments: Any, result: Any,
+                    failures: Any, progress_callback: Any = None) -> cf.Future:
+        self.calls.append(("revert", task.name))
+        return self._local.revert_task(task, task_uuid, arguments, result, failures,
+                                       progress_callback)
+
+
+class _Fails(task.Task):
+    def execute(self) -> None:
+        raise RuntimeError("boom")
+
+
+def test_an_executor_with_taskflows_interface_runs_a_flow_through_submit() -> None:
+    # Engines hand every call over through submit(); its default reaches TaskFlow's methods
+    # (a TaskFlow executor's execute_task takes no delay: none is passed).
+    executor = _TaskFlowStyle()
+    engine = engines.load(linear_flow.Flow("f").add(_Noop("a"), _Fails("b")),
+                          engine="parallel", executor=executor)
+    with pytest.raises(RuntimeError, match="boom"):
+        engine.run()
+    assert executor.calls == [("execute", "a"), ("execute", "b"), ("revert", "b"),
+                              ("revert", "a")]
+    assert engine.storage.get_flow_state() == "REVERTED"
+
+
+def test_work_names_what_is_wrong_with_it() -> None:
+    with pytest.raises(ValueError, match=r"task 'a' needs action 'EXECUTE' or 'REVERT', not 'RUN'"):
+        ex.Work(_Noop("a"), "uuid-1", "RUN", {})
+    with pytest.raises(ValueError, match=r"revert is never delayed \(task 'a'"):
+        ex.Work(_Noop("a"), "uuid-1", ex.REVERT, {}, delay=1.0)
+
+
+def test_taskflows_methods_are_faces_of_submit_on_flowengines_executors() -> None:
+    submitted: list[ex.Work] = []
+
+    class Watched(ex.SerialTaskExecutor):
+        def submit(self, work: ex.Work) -> cf.Future:
+            submitted.append(work)
+            return super().submit(work)
+
+    executor = Watched()
+    assert executor.execute_task(_Noop("a"), "uuid-a", {}).result() == (ex.EXECUTED, None)
+    assert executor.revert_task(_Noop("a"), "uuid-a", {}, None, {}).result() == (
+        ex.REVERTED, None)
+    assert [(w.action, w.task_uuid) for w in submitted] == [(ex.EXECUTE, "uuid-a"),
+                                                            (ex.REVERT, "uuid-a")]
