@@ -1,7 +1,7 @@
 """Engine hooks: one ordered list through which logging, tracing and the like attach to engines.
 
 An engine holds an ordered list of :class:`Hook` objects, :attr:`ActionEngine.hooks
-<flowengine.engines.engine.ActionEngine.hooks>`, and calls them at three points; a hook
+<flowengine.engines.engine.ActionEngine.hooks>`, and calls them at the points below; a hook
 overrides the ones it needs:
 
 * :meth:`Hook.run`: a context manager entered around each run (``run()``/``run_iter()``), from
@@ -15,6 +15,8 @@ overrides the ones it needs:
 * :meth:`Hook.call`: a context manager entered around each task call a local executor makes,
   on the thread (or in the asyncio task) that runs it.
 * :meth:`Hook.failure_resolved`: what was decided about an atom's failure (retry, revert).
+* :meth:`Hook.request_sent`: a worker-based engine is about to publish one attempt's request;
+  the hook may add headers (tracing adds the attempt's trace context).
 
 Hooks are entered in list order and left in reverse, so an earlier hook's listeners hear each
 state change first. A hook that raises is logged, naming it, and left out of that run or call:
@@ -31,8 +33,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable, Iterator, MutableMapping
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from flowengine.atom import Atom
@@ -64,6 +66,12 @@ class Hook:
         """An atom's failure was resolved: ``decision`` is RETRY, REVERT or REVERT_ALL, by
         the retry controller ``retry`` (None: no controller decided)."""
 
+    def request_sent(self, headers: MutableMapping[str, Any], atom_uuid: str, *,
+                     request_id: str, attempt: int, task_name: str, topic: str) -> None:
+        """A worker-based engine is about to publish attempt ``attempt`` (request
+        ``request_id``) of atom ``atom_uuid``'s task to ``topic``; headers added to
+        ``headers`` travel with the request (workers read the ones they know)."""
+
     def __repr__(self) -> str:
         return f"<{type(self).__module__}.{type(self).__qualname__}>"
 
@@ -83,6 +91,7 @@ class Hooks:
         self._calls: tuple[Hook, ...] = ()
         self._resolves: tuple[Hook, ...] = ()
         self._whole_runs: tuple[Hook, ...] = ()
+        self._sends: tuple[Hook, ...] = ()
         self.extend(hooks)
 
     def __iter__(self) -> Iterator[Hook]:
@@ -123,6 +132,8 @@ class Hooks:
                                  if type(h).whole_run is not Hook.whole_run)
         self._resolves = tuple(h for h in self._hooks
                                if type(h).failure_resolved is not Hook.failure_resolved)
+        self._sends = tuple(h for h in self._hooks
+                            if type(h).request_sent is not Hook.request_sent)
 
     @contextlib.contextmanager
     def whole_run(self, engine: ActionEngine) -> Iterator[None]:
@@ -164,6 +175,19 @@ class Hooks:
             except Exception:
                 LOG.exception("Engine hook %r failed on the resolution (%s) of atom %s's "
                               "failure", hook, decision, atom_uuid)
+
+
+    def request_sent(self, headers: MutableMapping[str, Any], atom_uuid: str, *,
+                     request_id: str, attempt: int, task_name: str, topic: str) -> None:
+        """Tell every hook that a request is about to be published (see
+        :meth:`Hook.request_sent`); a hook that raises is logged and the request goes."""
+        for hook in self._sends:
+            try:
+                hook.request_sent(headers, atom_uuid, request_id=request_id, attempt=attempt,
+                                  task_name=task_name, topic=topic)
+            except Exception:
+                LOG.exception("Engine hook %r failed as request %s of task %r was sent; the "
+                              "request goes without it", hook, request_id, task_name)
 
 
 _NOTHING: contextlib.AbstractContextManager[object] = contextlib.nullcontext()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from collections.abc import MutableMapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +20,7 @@ from flowengine import hooks, states
 from flowengine.listeners import base
 from flowengine.listeners.atoms import redacted_failure
 from flowengine.persistence.backends._uri import mask_urls
-from flowengine.tracing import _api, names
+from flowengine.tracing import _api, names, remote
 from flowengine.tracing._registry import REGISTRY, AtomSpan
 from flowengine.types.failure import Failure
 from flowengine.types.notifier import Notifier
@@ -257,3 +258,8 @@ class TracingHook(hooks.Hook):
 
     def failure_resolved(self, atom_uuid: str, decision: object, retry: Atom | None) -> None:
         failure_resolved(atom_uuid, decision, retry)
+
+    def request_sent(self, headers: MutableMapping[str, Any], atom_uuid: str, *,
+                     request_id: str, attempt: int, task_name: str, topic: str) -> None:
+        remote.request_sent(headers, atom_uuid, request_id=request_id, attempt=attempt,
+                            task_name=task_name, topic=topic)

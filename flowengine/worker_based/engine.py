@@ -260,14 +260,18 @@ class WorkerBasedActionEngine(ActionEngine):
                     f"Worker-based engine option 'executor' must be a "
                     f"WorkerTaskExecutor, not {given!r}"
                 )
+            if isinstance(given, WorkerTaskExecutor):
+                given.hooks = self.hooks  # its requests are this engine's while it runs them
             self._worker_executor = given
             return given
-        self._worker_executor = WorkerTaskExecutor.from_options(
+        executor = WorkerTaskExecutor.from_options(
             self.storage.flow_uuid, self.worker_options,
             events=combine(self._publisher, self._metrics, self.atom_placement,
                            _AttemptIds(WeakMethod(self._remember_attempt, None))),
             secret_args=WeakMethod(self._secret_args, []))
-        return self._worker_executor
+        executor.hooks = self.hooks
+        self._worker_executor = executor
+        return executor
 
     def _secret_args(self, task: Atom) -> list[str]:
         """The names of ``task``'s arguments whose values are secret: its own ``secret_args``

@@ -38,8 +38,9 @@ import uuid as uuid_mod
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from flowengine import context, tracing
+from flowengine import context
 from flowengine import exceptions as exc
+from flowengine import hooks as hk
 from flowengine.context import TaskContext
 from flowengine.engines import executor as local
 from flowengine.task import EVENT_UPDATE_PROGRESS, Task
@@ -271,6 +272,9 @@ class WorkerTaskExecutor(local.TaskExecutor):
     def _configure(self, uuid: str, options: WorkerEngineOptions, events: ext.EventSink,
                    secret_args: sa.SecretArgs) -> None:
         self._uuid = uuid
+        #: The hooks told of each request as it is sent (Hook.request_sent): those of the
+        #: engine that runs this executor, which sets them; none for an executor on its own.
+        self.hooks = hk.Hooks()
         self._broker = bc.Broker(
             options.exchange, url=options.url, transport=options.transport,
             transport_options=options.transport_options, retry_options=options.retry_options,
@@ -671,8 +675,9 @@ class WorkerTaskExecutor(local.TaskExecutor):
         secret = sa.for_request(self._secret_args(sub.task), sub.body.arguments)
         headers = outgoing.request_headers(sent, self._uuid, sub.uuid, sub.context, secret,
                                            quiet_start=self.quiet_starts)
-        tracing.request_sent(headers, sub.uuid, request_id=sent.request_id,
-                             attempt=sent.number, task_name=sub.task.name, topic=worker.topic)
+        self.hooks.request_sent(headers, sub.uuid, request_id=sent.request_id,
+                                attempt=sent.number, task_name=sub.task.name,
+                                topic=worker.topic)
         publish = functools.partial(self._publish, sub, sent, worker.topic, headers)
         now = self._clock()
         delay = 0.0 if sent.not_before is None else sent.not_before - now

@@ -10,17 +10,20 @@ the run goes on.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import threading
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from wb_requester import TOPIC, WAIT, run_in_thread  # tests/ is on sys.path
 
 from flowengine import engines, hooks, retry, states, task
 from flowengine.flows import linear_flow
 from flowengine.listeners.atoms import LOGGER_NAME, AtomLogHook
 from flowengine.tracing import TracingHook
+from flowengine.worker_based import worker as wk
 from flowengine.worker_based.event_listener import EventHook
 from flowengine.worker_based.extensions import EventSink
 
@@ -209,3 +212,47 @@ def test_events_attach_to_a_local_engine_as_a_hook_and_hear_the_end_state() -> N
     flow = linear_flow.Flow("sent").add(task.FunctorTask(lambda: None, name="a"))
     engines.run(flow, hooks=[*hooks.defaults, EventHook(sink)])
     assert sink.types == ["flow-started", "task-started", "task-succeeded", "flow-succeeded"]
+
+
+class Sends(hooks.Hook):
+    """Writes down each request a worker-based engine sends, and adds a header to it."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, int, str, bool]] = []
+
+    def request_sent(self, headers: Any, atom_uuid: str, *, request_id: str, attempt: int,
+                     task_name: str, topic: str) -> None:
+        headers["x-spy"] = request_id
+        self.sent.append((task_name, attempt, topic, len(request_id) == 32))
+
+
+class BrokenSend(hooks.Hook):
+    def request_sent(self, headers: Any, atom_uuid: str, **_details: Any) -> None:
+        raise RuntimeError("hook broken at send")
+
+
+class Echo(task.Task):
+    def execute(self) -> str:
+        return self.name
+
+
+def test_a_worker_based_engine_tells_its_hooks_of_each_request_it_sends(
+        exchange: str, caplog: pytest.LogCaptureFixture) -> None:
+    worker = wk.Worker(exchange, TOPIC, [Echo], events=False, transport="memory")
+    thread = run_in_thread(functools.partial(worker.run, display_banner=False))
+    assert worker.wait(WAIT)
+    spy = Sends()
+    try:
+        engine = engines.load(linear_flow.Flow("sent").add(Echo("a"), Echo("b")),
+                              engine="worker-based", exchange=exchange, topics=[TOPIC],
+                              transport="memory", transition_timeout=WAIT,
+                              hooks=[BrokenSend(), spy])
+        with caplog.at_level(logging.ERROR, logger="flowengine.hooks"):
+            engine.run()
+    finally:
+        worker.stop(grace=WAIT)
+        thread.join(WAIT)
+    assert engine.storage.get_flow_state() == states.SUCCESS
+    assert spy.sent == [("a", 1, TOPIC, True), ("b", 1, TOPIC, True)]
+    assert sum("BrokenSend" in r.getMessage() and "request goes without it" in r.getMessage()
+               for r in caplog.records) == 2
