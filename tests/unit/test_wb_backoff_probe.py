@@ -10,12 +10,13 @@ from __future__ import annotations
 import socket
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import kombu
 import pytest
 
 from flowengine.worker_based import backoff as bo
-from flowengine.worker_based.broker.connection import reachability
+from flowengine.worker_based.broker.connection import connect, reachability
 
 #: A backoff whose first sleep is long (no jitter): a test that waited it out would time out.
 LONG = bo.RetryOptions(interval_start=60.0, jitter=0.0)
@@ -114,5 +115,7 @@ def test_reachability_tries_every_node_of_a_failover_list(listening: socket.sock
     assert probe is not None and probe()
 
 
-def test_a_transport_without_a_network_address_is_not_probed() -> None:
+def test_a_transport_without_a_network_address_is_not_probed(tmp_path: Path) -> None:
     assert reachability(kombu.Connection("memory://")) is None
+    embedded, _uri = connect(None, None, {"data_folder": str(tmp_path / "fs")})
+    assert reachability(embedded) is None

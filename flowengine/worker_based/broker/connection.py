@@ -327,7 +327,8 @@ def reachability(conn: kombu.Connection) -> Callable[[], bool] | None:
     Only a TCP connect and close: no handshake, no credentials, nothing logged by the broker
     beyond a closed connection.
     """
-    port = getattr(conn.transport, "default_port", None)
+    # The class's, not an instance's: making a transport may touch its resources (a folder).
+    port = getattr(conn.get_transport_cls(), "default_port", None)
     nodes: list[tuple[str, int]] = []
     for url in conn.alt or [None]:
         node = conn if url is None else kombu.Connection(url)
