@@ -176,7 +176,7 @@ class Backoff:
             second rather than after the rest of a sleep that may have grown to many seconds
             (a worker's outcome would then arrive after its engine's lease ran out). A broker
             that accepts connections but fails the attempts (never seen away) is not retried
-            sooner than the backoff says.
+            sooner than the backoff says, nor looked at again until the next sleep.
     """
 
     def __init__(self, options: RetryOptions, what: str, where: str, stop: threading.Event,
@@ -255,11 +255,16 @@ class Backoff:
                 break
             if not self._probe():
                 self._seen_away = True
-            elif self._seen_away:
-                self._seen_away = False
-                LOG.debug("%s on %s: the broker accepts connections again; retrying now",
-                          self._what, self._where)
-                break
+                continue
+            if not self._seen_away:
+                # It accepts connections yet failed the attempt (starting, refusing, nacking):
+                # no more looks this sleep, which would only fill its log with closed
+                # connections.
+                return self._stop.wait(max(0.0, end - time.monotonic()))
+            self._seen_away = False
+            LOG.debug("%s on %s: the broker accepts connections again; retrying now",
+                      self._what, self._where)
+            break
         return self._stop.is_set()
 
 

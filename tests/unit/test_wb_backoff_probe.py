@@ -48,13 +48,14 @@ def test_a_sleep_ends_when_the_broker_seen_away_is_back() -> None:
 
 
 def test_a_broker_never_seen_away_does_not_shorten_the_sleep() -> None:
-    # It accepts connections, yet the attempt failed: retrying at every look would hammer it.
+    # It accepts connections, yet the attempt failed: retrying at every look would hammer it,
+    # and looking again would only fill its log with closed connections.
     looks = Looks()
     options = bo.RetryOptions(interval_start=0.2, jitter=0.0)
     backoff = bo.Backoff(options, "Publishing", "redis://h", threading.Event(), probe=looks)
     backoff(ConnectionError("refused"))
     assert backoff.elapsed >= 0.2
-    assert looks.calls >= 5
+    assert looks.calls == 1
 
 
 def test_being_back_ends_one_sleep_only_until_the_broker_is_seen_away_again() -> None:
@@ -63,8 +64,10 @@ def test_being_back_ends_one_sleep_only_until_the_broker_is_seen_away_again() ->
     backoff = bo.Backoff(options, "Publishing", "redis://h", threading.Event(), probe=looks)
     backoff(ConnectionError("refused"))
     assert looks.calls == 2
+    started = backoff.elapsed
     backoff(ConnectionError("refused again"))  # back, yet failing: the whole sleep now
-    assert looks.calls >= 2 + 5
+    assert looks.calls == 3
+    assert backoff.elapsed - started >= 0.1
 
 
 def test_stopping_ends_a_probing_sleep() -> None:
