@@ -176,7 +176,6 @@ class Hooks:
                 LOG.exception("Engine hook %r failed on the resolution (%s) of atom %s's "
                               "failure", hook, decision, atom_uuid)
 
-
     def request_sent(self, headers: MutableMapping[str, Any], atom_uuid: str, *,
                      request_id: str, attempt: int, task_name: str, topic: str) -> None:
         """Tell every hook that a request is about to be published (see

@@ -262,8 +262,9 @@ class TaskExecutor(metaclass=abc.ABCMeta):
 
     Engines hand calls over through :meth:`submit` alone. An executor written against
     TaskFlow's interface implements :meth:`execute_task` and :meth:`revert_task`, which the
-    default :meth:`submit` calls; flowengine's own executors implement :meth:`submit`, and
-    their ``execute_task``/``revert_task`` build a :class:`Work` for it.
+    default :meth:`submit` calls; flowengine's own executors implement :meth:`submit`
+    (:class:`WorkExecutor`), and their ``execute_task``/``revert_task`` build a :class:`Work`
+    for it.
     """
 
     #: Whether ``async def`` execute/revert methods are awaited here; an engine refuses tasks
@@ -357,13 +358,50 @@ class TaskExecutor(metaclass=abc.ABCMeta):
         as ``on_delayed_job`` gave them); this run sends their atoms again."""
 
 
+class WorkExecutor(TaskExecutor):
+    """An executor that implements :meth:`submit`; TaskFlow's ``execute_task`` and
+    ``revert_task`` are its faces, each building a :class:`Work` (flowengine's local and
+    worker-based executors)."""
+
+    @abc.abstractmethod
+    def submit(self, work: Work) -> cf.Future:
+        """Start ``work`` (see :meth:`TaskExecutor.submit`)."""
+
+    def execute_task(
+        self,
+        task: Task,
+        task_uuid: str,
+        arguments: Mapping[str, Any],
+        progress_callback: ProgressCallback | None = None,
+        delay: float = 0.0,
+        on_delayed_job: Callable[[str], None] | None = None,
+    ) -> cf.Future:
+        """TaskFlow's face of :meth:`submit` for an execute."""
+        return self.submit(Work(task, task_uuid, EXECUTE, arguments,
+                                progress_callback=progress_callback, delay=delay,
+                                on_delayed_job=on_delayed_job))
+
+    def revert_task(
+        self,
+        task: Task,
+        task_uuid: str,
+        arguments: Mapping[str, Any],
+        result: Any,
+        failures: Mapping[str, Failure],
+        progress_callback: ProgressCallback | None = None,
+    ) -> cf.Future:
+        """TaskFlow's face of :meth:`submit` for a revert."""
+        return self.submit(Work(task, task_uuid, REVERT, arguments, result, failures,
+                                progress_callback=progress_callback))
+
+
 def _done_future(value: Any) -> cf.Future:
     future: cf.Future = cf.Future()
     future.set_result(value)
     return future
 
 
-class LocalTaskExecutor(TaskExecutor):
+class LocalTaskExecutor(WorkExecutor):
     """What the serial and parallel executors share: time limits and awaiting coroutines.
 
     Args:
@@ -492,33 +530,6 @@ class LocalTaskExecutor(TaskExecutor):
             task, EXECUTED, task.execute,
             functools.partial(execute_task, task, arguments, progress, self._hooks),
             functools.partial(execute_task_async, task, arguments, progress, self._hooks))
-
-    def execute_task(
-        self,
-        task: Task,
-        task_uuid: str,
-        arguments: Mapping[str, Any],
-        progress_callback: ProgressCallback | None = None,
-        delay: float = 0.0,
-        on_delayed_job: Callable[[str], None] | None = None,
-    ) -> cf.Future:
-        """TaskFlow's face of :meth:`submit` for an execute."""
-        return self.submit(Work(task, task_uuid, EXECUTE, arguments,
-                                progress_callback=progress_callback, delay=delay,
-                                on_delayed_job=on_delayed_job))
-
-    def revert_task(
-        self,
-        task: Task,
-        task_uuid: str,
-        arguments: Mapping[str, Any],
-        result: Any,
-        failures: Mapping[str, Failure],
-        progress_callback: ProgressCallback | None = None,
-    ) -> cf.Future:
-        """TaskFlow's face of :meth:`submit` for a revert."""
-        return self.submit(Work(task, task_uuid, REVERT, arguments, result, failures,
-                                progress_callback=progress_callback))
 
 
 #: Default number of ``async def`` calls one local executor awaits at the same time.

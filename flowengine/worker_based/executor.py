@@ -149,7 +149,7 @@ class _Parked:
         return self.body.to_dict()
 
 
-class WorkerTaskExecutor(local.TaskExecutor):
+class WorkerTaskExecutor(local.WorkExecutor):
     """Executes tasks on workers reached through a broker (flowengine workers await ``async
     def`` methods, see :mod:`~flowengine.worker_based.worker_side.async_runner`).
 
@@ -448,33 +448,6 @@ class WorkerTaskExecutor(local.TaskExecutor):
         not_before = self._clock() + work.delay if work.delay > 0 else None
         return self._submit(task, task_uuid, pr.WorkUnit.of(task, pr.EXECUTE, work.arguments),
                             work.progress_callback, not_before, work.on_delayed_job)
-
-    def execute_task(
-        self,
-        task: Task,
-        task_uuid: str,
-        arguments: Mapping[str, Any],
-        progress_callback: local.ProgressCallback | None = None,
-        delay: float = 0.0,
-        on_delayed_job: Callable[[str], None] | None = None,
-    ) -> cf.Future:
-        """TaskFlow's face of :meth:`submit` for an execute."""
-        return self.submit(local.Work(task, task_uuid, local.EXECUTE, arguments,
-                                      progress_callback=progress_callback, delay=delay,
-                                      on_delayed_job=on_delayed_job))
-
-    def revert_task(
-        self,
-        task: Task,
-        task_uuid: str,
-        arguments: Mapping[str, Any],
-        result: Any,
-        failures: Mapping[str, Failure],
-        progress_callback: local.ProgressCallback | None = None,
-    ) -> cf.Future:
-        """TaskFlow's face of :meth:`submit` for a revert."""
-        return self.submit(local.Work(task, task_uuid, local.REVERT, arguments, result, failures,
-                                      progress_callback=progress_callback))
 
     def _submit(self, task: Task, task_uuid: str, body: pr.WorkUnit,
                 progress_callback: local.ProgressCallback | None,
