@@ -22,6 +22,9 @@ from flowengine.persistence import models
 from flowengine.persistence.backends import impl_memory
 from flowengine.types.entity import Entity
 
+#: Seconds a board's own announcements may take to arrive (its follower thread may lag).
+_ANNOUNCED = 30.0
+
 
 def _uuids(jobs: object) -> list[str]:
     return [job.uuid for job in jobs]  # type: ignore[attr-defined]
@@ -52,9 +55,17 @@ def test_fresh_listings_racing_the_boards_own_writes_never_undo_them(board: JobB
     # the posted job out of the cache (bring the consumed one back), nor announce it: another
     # thread lists all along.
     seen: dict[str, list[str]] = {base.POSTED: [], base.REMOVAL: []}
+    # Announcements come from the board's own follower (Redis: its pub/sub thread), after the
+    # write that caused them returned: the last ones are awaited, not assumed.
+    heard = threading.Condition()
+
+    def hear(uuids: list[str], details: dict[str, object]) -> None:
+        with heard:
+            uuids.append(details["job"].uuid)  # type: ignore[attr-defined]
+            heard.notify_all()
+
     for kind, uuids in seen.items():
-        board.notifier.register(kind, lambda _event, details, uuids=uuids: uuids.append(
-            details["job"].uuid))
+        board.notifier.register(kind, lambda _event, details, uuids=uuids: hear(uuids, details))
     stop, failures = threading.Event(), []
 
     def list_all_along() -> None:
@@ -80,6 +91,8 @@ def test_fresh_listings_racing_the_boards_own_writes_never_undo_them(board: JobB
         stop.set()
         lister.join(10)
     assert not failures
+    with heard:
+        heard.wait_for(lambda: len(seen[base.REMOVAL]) >= len(jobs), timeout=_ANNOUNCED)
     assert sorted(seen[base.POSTED]) == sorted(seen[base.REMOVAL]) == sorted(_uuids(jobs))
     assert board.job_count == 0
 
