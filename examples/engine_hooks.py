@@ -5,7 +5,10 @@ failures were resolved. Part 1 adds it to the process's defaults for one engine:
 and tracing stay, and log the failed first try, its revert and the retry. Part 2 runs another
 engine with the hook alone: it still sees the call, and no atom log line appears. Part 3 sends a
 serial engine's events to a sink of its own through ``EventHook`` (what the worker-based engine
-attaches for its ``events`` option), and a ``whole_run`` hook reads the stored end state.
+attaches for its ``events`` option), and a ``whole_run`` hook reads the stored end state. Part 4
+gives a worker (a thread of this process, on kombu's memory transport) a hook of its own: it
+hears each request the worker serves and the outcome it replies, where tracing attaches on a
+worker.
 
 Run: python examples/engine_hooks.py
 """
@@ -15,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -24,6 +28,7 @@ from flowengine.engines.engine import ActionEngine
 from flowengine.flows import linear_flow
 from flowengine.worker_based.event_listener import EventHook
 from flowengine.worker_based.extensions import EventSink
+from flowengine.worker_based.worker import Worker
 
 
 class Reserve(task.Task):
@@ -81,6 +86,38 @@ class EndState(hooks.Hook):
         return self._reported(engine)
 
 
+class Served(hooks.Hook):
+    """On a worker: writes down each request it serves and the outcome it replies."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    def serving(self, headers: Any, *, task_name: str, worker: str, request_id: str | None,
+                attempt: int | None, topic: str) -> None:
+        self.seen.append(f"serve {task_name} (attempt {attempt}, topic {topic})")
+
+    def replying(self, state: str, event_type: str | None) -> None:
+        if state in ("SUCCESS", "FAILURE"):
+            self.seen.append(f"reply {state}")
+
+
+def on_a_worker() -> None:
+    served = Served()
+    worker = Worker("hooks-example", "booking", [Reserve], threads_count=1, transport="memory",
+                    events=False, hooks=[served])
+    thread = threading.Thread(target=worker.run, kwargs={"display_banner": False}, daemon=True)
+    thread.start()
+    try:
+        if not worker.wait(timeout=10):
+            raise SystemExit("the worker did not start")
+        engines.run(flow(), engine="worker-based", exchange="hooks-example", topics=["booking"],
+                     transport="memory", hooks=[])
+    finally:
+        worker.stop(grace=5)
+        thread.join(timeout=10)
+    print("the worker's hook:", served.seen)
+
+
 def flow() -> linear_flow.Flow:
     return linear_flow.Flow("booking", retry=retry.Times(2, name="again")).add(Reserve("reserve"))
 
@@ -99,6 +136,8 @@ def main() -> None:
     print("without the atom log:", [name for name, _seconds in alone.calls])
 
     engines.run(flow(), hooks=[EndState(), EventHook(Printed())])
+
+    on_a_worker()
 
 
 if __name__ == "__main__":

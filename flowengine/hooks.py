@@ -1,4 +1,5 @@
-"""Engine hooks: one ordered list through which logging, tracing and the like attach to engines.
+"""Hooks: one ordered list through which logging, tracing and the like attach to engines and
+workers.
 
 An engine holds an ordered list of :class:`Hook` objects, :attr:`ActionEngine.hooks
 <flowengine.engines.engine.ActionEngine.hooks>`, and calls them at the points below; a hook
@@ -18,22 +19,32 @@ overrides the ones it needs:
 * :meth:`Hook.request_sent`: a worker-based engine is about to publish one attempt's request;
   the hook may add headers (tracing adds the attempt's trace context).
 
+A :class:`~flowengine.worker_based.worker.Worker` holds such a list too, and calls the two
+points of the worker side:
+
+* :meth:`Hook.serving`: a context manager entered around the serving of one request, on the
+  thread that reads it, from before the request is checked until its last reply is sent (a
+  coroutine task's call, awaited later, is not inside it).
+* :meth:`Hook.replying`: the worker is about to send a reply to the request it serves (its
+  RUNNING, progress, or outcome); called within :meth:`Hook.serving` where the reply is sent
+  from there.
+
 Hooks are entered in list order and left in reverse, so an earlier hook's listeners hear each
 state change first. A hook that raises is logged, naming it, and left out of that run or call:
-it never breaks the engine.
+it never breaks the engine (nor a worker's request).
 
-The engines import none of the modules that attach this way. Every engine starts with the
-process's :data:`defaults` (the atom log and tracing, which :mod:`flowengine` puts there as the
-package is imported); the engine option ``hooks`` replaces them for one engine, and an
-application may change the defaults, before it loads engines (take the atom log out, add a
-hook of its own).
+Neither engines nor workers import the modules that attach this way. Every engine and worker
+starts with the process's :data:`defaults` (the atom log and tracing, which :mod:`flowengine`
+puts there as the package is imported); the engine option ``hooks`` (a worker's ``hooks``
+argument) replaces them for one engine (worker), and an application may change the defaults
+before it loads engines or makes workers (take the atom log out, add a hook of its own).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Iterable, Iterator, MutableMapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -72,6 +83,20 @@ class Hook:
         ``request_id``) of atom ``atom_uuid``'s task to ``topic``; headers added to
         ``headers`` travel with the request (workers read the ones they know)."""
 
+    def serving(self, headers: Mapping[str, Any], *, task_name: str, worker: str,
+                request_id: str | None, attempt: int | None,
+                topic: str) -> contextlib.AbstractContextManager[object] | None:
+        """What to enter around worker ``worker`` serving one request for ``task_name``,
+        taken from ``topic``'s queue (None: nothing). ``headers`` are the request's, as
+        sent; ``request_id`` and ``attempt`` are its attempt's ids (None: a TaskFlow engine
+        sent it, which has none)."""
+        return None
+
+    def replying(self, state: str, event_type: str | None) -> None:
+        """A worker is about to send a reply in ``state`` (``RUNNING``, ``EVENT``,
+        ``SUCCESS``, ``FAILURE``) to the request it serves; ``event_type`` names an
+        ``EVENT``'s kind (progress, cancelled, returned)."""
+
     def __repr__(self) -> str:
         return f"<{type(self).__module__}.{type(self).__qualname__}>"
 
@@ -92,6 +117,8 @@ class Hooks:
         self._resolves: tuple[Hook, ...] = ()
         self._whole_runs: tuple[Hook, ...] = ()
         self._sends: tuple[Hook, ...] = ()
+        self._serves: tuple[Hook, ...] = ()
+        self._replies: tuple[Hook, ...] = ()
         self.extend(hooks)
 
     def __iter__(self) -> Iterator[Hook]:
@@ -134,6 +161,8 @@ class Hooks:
                                if type(h).failure_resolved is not Hook.failure_resolved)
         self._sends = tuple(h for h in self._hooks
                             if type(h).request_sent is not Hook.request_sent)
+        self._serves = tuple(h for h in self._hooks if type(h).serving is not Hook.serving)
+        self._replies = tuple(h for h in self._hooks if type(h).replying is not Hook.replying)
 
     @contextlib.contextmanager
     def whole_run(self, engine: ActionEngine) -> Iterator[None]:
@@ -187,6 +216,44 @@ class Hooks:
             except Exception:
                 LOG.exception("Engine hook %r failed as request %s of task %r was sent; the "
                               "request goes without it", hook, request_id, task_name)
+
+
+    def serving(self, headers: Mapping[str, Any], *, task_name: str, worker: str,
+                request_id: str | None, attempt: int | None,
+                topic: str) -> contextlib.AbstractContextManager[object]:
+        """What a worker enters around serving one request (see :meth:`Hook.serving`)."""
+        serves = self._serves
+        if not serves:
+            return _NOTHING
+        return self._all_serves(serves, headers, task_name=task_name, worker=worker,
+                                request_id=request_id, attempt=attempt, topic=topic)
+
+    @contextlib.contextmanager
+    def _all_serves(self, serves: tuple[Hook, ...], headers: Mapping[str, Any], *,
+                    task_name: str, worker: str, request_id: str | None, attempt: int | None,
+                    topic: str) -> Iterator[None]:
+        with contextlib.ExitStack() as stack:
+            for hook in serves:
+                try:
+                    entered = hook.serving(headers, task_name=task_name, worker=worker,
+                                           request_id=request_id, attempt=attempt, topic=topic)
+                    if entered is not None:
+                        stack.enter_context(entered)
+                except Exception:
+                    LOG.exception("Hook %r failed as worker %s began serving request %s of "
+                                  "task %r; the request is served without it", hook, worker,
+                                  request_id, task_name)
+            yield
+
+    def replying(self, state: str, event_type: str | None) -> None:
+        """Tell every hook that a worker is about to send a reply (see
+        :meth:`Hook.replying`); a hook that raises is logged and the reply goes."""
+        for hook in self._replies:
+            try:
+                hook.replying(state, event_type)
+            except Exception:
+                LOG.exception("Hook %r failed as a %s reply was sent; the reply goes without "
+                              "it", hook, state)
 
 
 _NOTHING: contextlib.AbstractContextManager[object] = contextlib.nullcontext()

@@ -36,6 +36,7 @@ EXPECTED_LINES: dict[str, list[str]] = {
         "event: task-succeeded",
         "event: flow-succeeded",
         "stored end state: SUCCESS",
+        "the worker's hook: ['serve reserve (attempt 1, topic booking)', 'reply SUCCESS']",
     ],
     "readme_booking.py": ["reserved 12A"],
     "custom_executor.py": [

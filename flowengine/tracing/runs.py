@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import MutableMapping
+from collections.abc import Mapping, MutableMapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -247,8 +247,9 @@ def _describe(error: BaseException) -> str:
 
 class TracingHook(hooks.Hook):
     """Traces engine runs: a span per run and atom, current while a task runs here, and how
-    failures were resolved (one of the process's default hooks: see :mod:`flowengine.hooks`;
-    free while tracing is off)."""
+    failures were resolved; a span per request attempt sent, and on workers a span per request
+    served (one of the process's default hooks: see :mod:`flowengine.hooks`; free while
+    tracing is off)."""
 
     def run(self, engine: ActionEngine) -> contextlib.AbstractContextManager[Any]:
         return flow_run(engine)
@@ -263,3 +264,12 @@ class TracingHook(hooks.Hook):
                      request_id: str, attempt: int, task_name: str, topic: str) -> None:
         remote.request_sent(headers, atom_uuid, request_id=request_id, attempt=attempt,
                             task_name=task_name, topic=topic)
+
+    def serving(self, headers: Mapping[str, Any], *, task_name: str, worker: str,
+                request_id: str | None, attempt: int | None,
+                topic: str) -> contextlib.AbstractContextManager[Any]:
+        return remote.serving(headers, task_name=task_name, worker=worker,
+                              request_id=request_id, attempt=attempt, topic=topic)
+
+    def replying(self, state: str, event_type: str | None) -> None:
+        remote.replied(state, event_type)

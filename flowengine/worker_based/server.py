@@ -18,8 +18,9 @@ from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Any
 
-from flowengine import context, tracing
+from flowengine import context
 from flowengine import exceptions as exc
+from flowengine import hooks as hk
 from flowengine import task as task_mod
 from flowengine.types.failure import Failure
 from flowengine.worker_based import backoff as bo
@@ -116,6 +117,7 @@ class Server(ReplySender):
         async_runner: ar.AsyncRunner | None = None,
         run_requests: rp.RunRequests | None = None,
         limits: WorkerLimits | None = None,
+        hooks: hk.Hooks | None = None,
     ) -> None:
         signing = sg.Signing.from_options() if signing is None else signing
         if signing.enabled and taskflow_compat:
@@ -129,6 +131,8 @@ class Server(ReplySender):
         self._busy_lock = threading.Lock()
         self.worker_id = worker_id or make_worker_id()
         self._events = events
+        #: Called around each request served and at each reply (tracing attaches here).
+        self.hooks = hooks if hooks is not None else hk.Hooks(hk.defaults)
         self._online = False
         # Discovery is answered off the task threads, so a busy worker still answers at once.
         self._control = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flowengine-control")
@@ -360,9 +364,13 @@ class Server(ReplySender):
     def _process_request(self, data: Mapping[str, Any], message: Delivery) -> None:
         try:
             headers = message.headers or {}
-            with tracing.serving(headers, task_name=data.get("task_name"), worker=self.worker_id,
-                                 request_id=headers.get(pr.HEADER_REQUEST_ID),
-                                 attempt=headers.get(pr.HEADER_ATTEMPT), topic=self._topic):
+            request_id = headers.get(pr.HEADER_REQUEST_ID)
+            attempt = headers.get(pr.HEADER_ATTEMPT)
+            with self.hooks.serving(
+                headers, task_name=str(data.get("task_name")), worker=self.worker_id,
+                request_id=request_id if isinstance(request_id, str) else None,
+                attempt=attempt if type(attempt) is int else None, topic=self._topic,
+            ):  # fmt: skip
                 published = self._serve(data, message)
         except Exception:  # a bug must not leave the request unsettled
             LOG.exception("Serving request %s failed", dp.describe(message))

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Executor
 from typing import Any
 
+from flowengine import hooks as hk
 from flowengine import task as task_mod
 from flowengine.worker_based import backoff as bo
 from flowengine.worker_based import endpoint as ep
@@ -203,6 +204,9 @@ class Worker:
             :mod:`~flowengine.worker_based.worker_side.limits`.
         coordination: Where the limits are held: a jobboard URI or conf (Redis, ZooKeeper,
             etcd) or a :class:`~flowengine.coordination.Coordinator`.
+        hooks: The hooks called around each request served and at each reply (see
+            :mod:`flowengine.hooks`; tracing is one); by default the process's
+            :data:`flowengine.hooks.defaults` as they are when the worker is made.
 
     Raises:
         ValueError: ``tasks`` resolve to no task class at all; a bad ``autoscale``; a bad
@@ -231,6 +235,7 @@ class Worker:
         async_concurrency: int | None = None,
         limits: Mapping[str, int] | None = None,
         coordination: CoordinationSpec | None = None,
+        hooks: Iterable[hk.Hook] | None = None,
     ) -> None:
         _refuse_process_pool(executor, topic)
         signing = sg.Signing.from_options(signing_key, signing_key_file)
@@ -281,9 +286,16 @@ class Worker:
             taskflow_compat=taskflow_compat, capacity=self.capacity, events=events,
             prefetch=self._prefetch if self._pool is not None or self._async_slots else None,
             signing=signing, async_runner=self._runner, limits=worker_limits,
+            hooks=hk.Hooks(hk.defaults if hooks is None else hooks),
         )  # fmt: skip
         self._ticker = None if events is ext.NO_EVENTS else ev.Ticker(
             events, "worker-heartbeat", heartbeat_interval, self._heartbeat)
+
+    @property
+    def hooks(self) -> hk.Hooks:
+        """The hooks called around each request this worker serves and at each of its
+        replies (see :mod:`flowengine.hooks`)."""
+        return self._server.hooks
 
     def stats(self) -> WorkerStats:
         """What the worker is doing now (see :class:`WorkerStats`)."""

@@ -83,6 +83,26 @@ def test_the_worker_span_is_the_child_of_the_attempt_sent_from_the_atoms_span(
         assert records[atom].otelSpanID == format(ran.context.span_id, "016x")
 
 
+def test_a_worker_traces_through_its_hooks_and_without_them_serves_untraced(
+        spans: InMemorySpanExporter, exchange: str) -> None:
+    untraced = Worker(exchange, TOPIC, tasks=[tt.__name__], threads_count=1,
+                      transport="memory", hooks=[])
+    thread = threading.Thread(target=untraced.run, kwargs={"display_banner": False},
+                              daemon=True)
+    thread.start()
+    assert untraced.wait(WAIT)
+    try:
+        flow = lf.Flow("remote").add(tt.Note("one", inject={"value": 1}))
+        engines.run(flow, engine="worker-based", exchange=exchange, topics=[TOPIC],
+                    transport="memory")
+    finally:
+        untraced.stop(grace=1)
+        thread.join(WAIT)
+    found = by_name(spans)
+    assert only(found, "send one").attributes[names.OUTCOME] == "SUCCESS"  # the engine's
+    assert "run one" not in found
+
+
 class HandingBack:
     """A worker that hands its first request back unrun (as one whose broker redelivered it
     does) and runs the next attempt."""

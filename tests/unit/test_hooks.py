@@ -256,3 +256,72 @@ def test_a_worker_based_engine_tells_its_hooks_of_each_request_it_sends(
     assert spy.sent == [("a", 1, TOPIC, True), ("b", 1, TOPIC, True)]
     assert sum("BrokenSend" in r.getMessage() and "request goes without it" in r.getMessage()
                for r in caplog.records) == 2
+
+
+class Serves(hooks.Hook):
+    """Writes down, on a worker, each request served and the replies sent while serving it."""
+
+    def __init__(self) -> None:
+        self.log: list[tuple[Any, ...]] = []
+
+    @contextlib.contextmanager
+    def _around(self, headers: Any, details: dict[str, Any]) -> Iterator[None]:
+        self.log.append(("serve", details["task_name"], details["attempt"],
+                         details["topic"], headers.get("x-spy") == details["request_id"]))
+        yield
+        self.log.append(("served", details["task_name"]))
+
+    def serving(self, headers: Any, **details: Any) -> contextlib.AbstractContextManager[None]:
+        return self._around(headers, details)
+
+    def replying(self, state: str, event_type: str | None) -> None:
+        self.log.append(("reply", state))
+
+
+class BrokenServe(hooks.Hook):
+    def serving(self, headers: Any, **_details: Any) -> None:
+        raise RuntimeError("hook broken at serving")
+
+    def replying(self, state: str, event_type: str | None) -> None:
+        raise RuntimeError("hook broken at reply")
+
+
+def test_a_worker_starts_with_the_process_defaults_and_can_be_given_its_own(
+        exchange: str) -> None:
+    given = Serves()
+    default = wk.Worker(exchange, TOPIC, [Echo], events=False, transport="memory")
+    own = wk.Worker(exchange, TOPIC, [Echo], events=False, transport="memory", hooks=[given])
+    assert [type(h) for h in default.hooks] == [type(h) for h in hooks.defaults]
+    assert any(isinstance(h, TracingHook) for h in default.hooks)
+    assert list(own.hooks) == [given]
+
+
+def test_a_worker_tells_its_hooks_of_each_request_it_serves_and_each_reply(
+        exchange: str, caplog: pytest.LogCaptureFixture) -> None:
+    spy = Serves()
+    worker = wk.Worker(exchange, TOPIC, [Echo], events=False, transport="memory",
+                       hooks=[BrokenServe(), spy])
+    thread = run_in_thread(functools.partial(worker.run, display_banner=False))
+    assert worker.wait(WAIT)
+    try:
+        engine = engines.load(linear_flow.Flow("served").add(Echo("a"), Echo("b")),
+                              engine="worker-based", exchange=exchange, topics=[TOPIC],
+                              transport="memory", transition_timeout=WAIT, hooks=[Sends()])
+        with caplog.at_level(logging.ERROR, logger="flowengine.hooks"):
+            engine.run()
+    finally:
+        worker.stop(grace=WAIT)
+        thread.join(WAIT)
+    assert engine.storage.get_flow_state() == states.SUCCESS
+    # Each request's replies are told inside its serving; the request ids are the engine's.
+    # (A task this worker saw end quickly may start without a RUNNING reply: protocol 2.)
+    running = spy.log.count(("reply", "RUNNING"))
+    assert [entry for entry in spy.log if entry != ("reply", "RUNNING")] == [
+        ("serve", "a", 1, TOPIC, True), ("reply", "SUCCESS"), ("served", "a"),
+        ("serve", "b", 1, TOPIC, True), ("reply", "SUCCESS"), ("served", "b"),
+    ]
+    assert spy.log[1] == ("reply", "RUNNING")  # the first run of a task is always announced
+    messages = [r.getMessage() for r in caplog.records]
+    assert sum("BrokenServe" in m and "served without it" in m for m in messages) == 2
+    assert sum("BrokenServe" in m and "reply goes without it" in m for m in messages) == (
+        2 + running)

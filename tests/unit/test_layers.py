@@ -96,3 +96,13 @@ def test_an_upward_import_is_found_even_inside_a_function() -> None:
     tree = ast.parse("def f():\n    from flowengine.worker_based import client\n"
                      "from flowengine import cli, states\n")
     assert _imported(tree) == {"worker_based", "cli", "states"}
+
+
+def test_the_worker_side_reaches_tracing_only_through_its_hooks() -> None:
+    # worker_based sits above tracing, so the layer order alone would allow the import: the
+    # design does not (a worker's tracing attaches through flowengine.hooks, as an engine's).
+    importers = sorted(
+        str(path.relative_to(PACKAGE.parent))
+        for path in (PACKAGE / "worker_based").rglob("*.py")
+        if "tracing" in _imported(ast.parse(path.read_text(encoding="utf-8"))))
+    assert not importers, f"worker_based modules import flowengine.tracing: {importers}"

@@ -12,7 +12,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from flowengine import tracing
+from flowengine import hooks as hk
 from flowengine.types.failure import Failure
 from flowengine.worker_based import protocol as pr
 from flowengine.worker_based.broker import proxy as px
@@ -36,9 +36,11 @@ class ReplySender:
 
     Attributes:
         worker_id: The worker's identity in reply headers.
+        hooks: Told of each reply as it is sent (see :meth:`flowengine.hooks.Hook.replying`).
     """
 
     worker_id: str
+    hooks: hk.Hooks
     _proxy: px.Proxy
 
     @property
@@ -65,7 +67,8 @@ class ReplySender:
         state: str, name: str, **data: Any,
     ) -> bool:  # fmt: skip
         response = pr.Response(state, **data)
-        tracing.replied(state, data.get("event_type"))
+        event_type = data.get("event_type")
+        self.hooks.replying(state, event_type if isinstance(event_type, str) else None)
         # Only RUNNING may trail: everything else here is the request's last word before it is
         # acknowledged (an outcome, a hand-back, a cancellation) and must be stored first.
         confirm = state != pr.RUNNING or not from_flowengine(request_headers)
