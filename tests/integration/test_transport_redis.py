@@ -8,6 +8,7 @@ on the publishing channel, so its time-to-live passes without sleeping.
 from __future__ import annotations
 
 import contextlib
+import logging
 import queue
 import threading
 from collections.abc import Iterator
@@ -470,3 +471,116 @@ def test_an_auto_ack_consumer_sends_redis_no_acknowledgements(
         # Each delivery is acknowledged on receipt, before its handler runs: one Redis round
         # trip a message, unless the broker settled it on delivery.
         assert len(acks) == (0 if auto_ack else 3)
+
+
+# ---- reading queues without acknowledgements in batches ---------------------------------------
+
+
+class Reader:
+    """A consumer on a lean connection: what one poll of the consume loop delivers."""
+
+    def __init__(self, url: str, exchange: str, no_ack: bool, **options: Any) -> None:
+        self.conn = tr.lean(kombu.Connection(url, transport_options=options))
+        self.channel = self.conn.default_channel
+        self.queue = bound(self.channel, exchange, "batched", "batched")
+        self.got: list[int] = []
+        self.fail_at: int | None = None
+        self.consumer = kombu.Consumer(self.channel, queues=[self.queue], no_ack=no_ack,
+                                       callbacks=[self._on_message], accept=["json"])
+        self.consumer.consume()
+
+    def _on_message(self, body: Any, _message: Any) -> None:
+        self.got.append(body["n"])
+        if body["n"] == self.fail_at:
+            raise RuntimeError(f"consumer failed on message {body['n']}")
+
+    def poll(self) -> list[int]:
+        """What one poll delivers (the ``n`` of each message, in order)."""
+        before = len(self.got)
+        self.conn.drain_events(timeout=WAIT)
+        return self.got[before:]
+
+    def close(self) -> None:
+        self.consumer.cancel()
+        self.conn.release()
+
+
+@pytest.fixture
+def reader_for(url: str, exchange: str) -> Iterator[Any]:
+    made: list[Reader] = []
+
+    def make(no_ack: bool, **options: Any) -> Reader:
+        made.append(Reader(url, exchange, no_ack, **options))
+        return made[-1]
+
+    try:
+        yield make
+    finally:
+        for reader in made:
+            reader.close()
+
+
+@pytest.mark.parametrize(("no_ack", "options", "first_poll"), [
+    (True, {}, list(range(10))),                # an engine's replies: what waits, in order
+    (True, {"batch_read": 3}, [0, 1, 2, 3]),   # the one BRPOP returned, and three more
+    (True, {"batch_read": 0}, [0]),            # as kombu reads
+    (False, {}, [0]),                          # a worker's topic: never beyond its prefetch
+])
+def test_a_queue_consumed_without_acknowledgements_is_read_in_batches(
+        reader_for: Any, publisher: Publisher, no_ack: bool, options: dict[str, Any],
+        first_poll: list[int]) -> None:
+    reader = reader_for(no_ack, **options)
+    for n in range(10):
+        publisher.send(n, "batched")
+    assert reader.poll() == first_poll
+    while len(reader.got) < 10:
+        reader.poll()
+    assert reader.got == list(range(10))  # nothing lost, nothing out of order
+
+
+def test_a_batch_leaves_a_more_urgent_list_first(reader_for: Any, publisher: Publisher) -> None:
+    reader = reader_for(True)
+    for n in range(5):
+        publisher.send(n, "batched")
+    publisher.producer.publish({"n": 99}, routing_key="batched", priority=9)
+    # The urgent list is popped first, and alone: a batch takes only from the list it began.
+    assert reader.poll() == [99]
+    assert reader.poll() == [0, 1, 2, 3, 4]
+
+
+def test_what_a_failed_consumer_did_not_take_goes_back_in_order(
+        reader_for: Any, publisher: Publisher, other: kombu.Channel, exchange: str) -> None:
+    reader = reader_for(True)
+    reader.fail_at = 2
+    for n in range(8):
+        publisher.send(n, "batched")
+    with pytest.raises(RuntimeError, match="consumer failed on message 2"):
+        reader.poll()
+    assert reader.got == [0, 1, 2]
+    reader.consumer.cancel()
+    waiting = kombu.Queue(f"{exchange}_batched", kombu.Exchange(exchange, type="direct"),
+                          routing_key="batched")(other)
+    assert drained(waiting) == [3, 4, 5, 6, 7]
+
+
+def test_a_server_without_counted_rpop_is_read_one_message_at_a_time(
+        reader_for: Any, publisher: Publisher, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger=tr.__name__)
+    reader = reader_for(True)
+    real = redis.connection.AbstractConnection.send_command
+
+    def before_6_2(self: Any, *args: Any, **options: Any) -> Any:
+        # Redis before 6.2 refuses RPOP's count as a wrong number of arguments; one argument
+        # too many makes this server refuse the same way, taking nothing off the list.
+        if args[0] == "RPOP":
+            args = (*args, "refused")
+        return real(self, *args, **options)
+
+    monkeypatch.setattr(redis.connection.AbstractConnection, "send_command", before_6_2)
+    for n in range(4):
+        publisher.send(n, "batched")
+    assert reader.poll() == [0]
+    assert "read one message at a time" in caplog.text
+    assert reader.channel.batch_read == 0
+    assert [reader.poll() for _ in range(3)] == [[1], [2], [3]]  # every message, in order
