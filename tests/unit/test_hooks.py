@@ -236,22 +236,29 @@ class Echo(task.Task):
         return self.name
 
 
-def test_a_worker_based_engine_tells_its_hooks_of_each_request_it_sends(
-        exchange: str, caplog: pytest.LogCaptureFixture) -> None:
-    worker = wk.Worker(exchange, TOPIC, [Echo], events=False, transport="memory")
+def _run_on_a_worker(worker: wk.Worker, exchange: str, caplog: pytest.LogCaptureFixture,
+                     engine_hooks: list[hooks.Hook]) -> Any:
+    """Run tasks ``a`` and ``b`` on ``worker`` (in a thread) with ``engine_hooks``; the engine,
+    once the worker has stopped. The hooks' errors are captured in ``caplog``."""
     thread = run_in_thread(functools.partial(worker.run, display_banner=False))
     assert worker.wait(WAIT)
-    spy = Sends()
     try:
-        engine = engines.load(linear_flow.Flow("sent").add(Echo("a"), Echo("b")),
+        engine = engines.load(linear_flow.Flow("two").add(Echo("a"), Echo("b")),
                               engine="worker-based", exchange=exchange, topics=[TOPIC],
-                              transport="memory", transition_timeout=WAIT,
-                              hooks=[BrokenSend(), spy])
+                              transport="memory", transition_timeout=WAIT, hooks=engine_hooks)
         with caplog.at_level(logging.ERROR, logger="flowengine.hooks"):
             engine.run()
     finally:
         worker.stop(grace=WAIT)
         thread.join(WAIT)
+    return engine
+
+
+def test_a_worker_based_engine_tells_its_hooks_of_each_request_it_sends(
+        exchange: str, caplog: pytest.LogCaptureFixture) -> None:
+    worker = wk.Worker(exchange, TOPIC, [Echo], events=False, transport="memory")
+    spy = Sends()
+    engine = _run_on_a_worker(worker, exchange, caplog, [BrokenSend(), spy])
     assert engine.storage.get_flow_state() == states.SUCCESS
     assert spy.sent == [("a", 1, TOPIC, True), ("b", 1, TOPIC, True)]
     assert sum("BrokenSend" in r.getMessage() and "request goes without it" in r.getMessage()
@@ -301,17 +308,7 @@ def test_a_worker_tells_its_hooks_of_each_request_it_serves_and_each_reply(
     spy = Serves()
     worker = wk.Worker(exchange, TOPIC, [Echo], events=False, transport="memory",
                        hooks=[BrokenServe(), spy])
-    thread = run_in_thread(functools.partial(worker.run, display_banner=False))
-    assert worker.wait(WAIT)
-    try:
-        engine = engines.load(linear_flow.Flow("served").add(Echo("a"), Echo("b")),
-                              engine="worker-based", exchange=exchange, topics=[TOPIC],
-                              transport="memory", transition_timeout=WAIT, hooks=[Sends()])
-        with caplog.at_level(logging.ERROR, logger="flowengine.hooks"):
-            engine.run()
-    finally:
-        worker.stop(grace=WAIT)
-        thread.join(WAIT)
+    engine = _run_on_a_worker(worker, exchange, caplog, [Sends()])
     assert engine.storage.get_flow_state() == states.SUCCESS
     # Each request's replies are told inside its serving; the request ids are the engine's.
     # (A task this worker saw end quickly may start without a RUNNING reply: protocol 2.)
