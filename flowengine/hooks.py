@@ -217,7 +217,6 @@ class Hooks:
                 LOG.exception("Engine hook %r failed as request %s of task %r was sent; the "
                               "request goes without it", hook, request_id, task_name)
 
-
     def serving(self, headers: Mapping[str, Any], *, task_name: str, worker: str,
                 request_id: str | None, attempt: int | None,
                 topic: str) -> contextlib.AbstractContextManager[object]:

@@ -194,10 +194,10 @@ class Channel(kombu_redis.Channel):
             try:
                 self.connection._deliver(loads(bytes_to_str(payload)), queue)
             except BaseException:
-                self._give_back(client, key, queue, waiting[index + 1:])
+                self._give_back(key, queue, waiting[index + 1:])
                 raise
 
-    def _give_back(self, client: Any, key: str, queue: str, payloads: list[Any]) -> None:
+    def _give_back(self, key: str, queue: str, payloads: list[Any]) -> None:
         """Put ``payloads`` (taken, not delivered) back at the tail of ``key``, first to be
         read first; a consumer whose callback failed must not lose the rest of a batch."""
         if not payloads:
