@@ -181,12 +181,11 @@ class TaskAction:
         self.change_state(task, states.RUNNING, progress=0.0, meta=meta)
         uuid = self._storage.get_atom_uuid(task.name)
         progress = functools.partial(self._on_update_progress, task)
-        if delay <= 0:
-            return self._executor.submit(ex.Work(task, uuid, ex.EXECUTE, arguments,
-                                                 progress_callback=progress))
+        delayed = delay > 0
         return self._executor.submit(ex.Work(
-            task, uuid, ex.EXECUTE, arguments, progress_callback=progress, delay=delay,
-            on_delayed_job=functools.partial(self._store_delayed_job, task)))
+            task, uuid, ex.EXECUTE, arguments, progress_callback=progress,
+            delay=delay if delayed else 0.0,
+            on_delayed_job=functools.partial(self._store_delayed_job, task) if delayed else None))
 
     def _store_delayed_job(self, task: Task, job: str) -> None:
         """Store the handle of ``task``'s delayed job as soon as it is put (on the thread that

@@ -260,16 +260,15 @@ class WorkerBasedActionEngine(ActionEngine):
                     f"Worker-based engine option 'executor' must be a "
                     f"WorkerTaskExecutor, not {given!r}"
                 )
-            if isinstance(given, WorkerTaskExecutor):
-                given.hooks = self.hooks  # its requests are this engine's while it runs them
-            self._worker_executor = given
-            return given
-        executor = WorkerTaskExecutor.from_options(
-            self.storage.flow_uuid, self.worker_options,
-            events=combine(self._publisher, self._metrics, self.atom_placement,
-                           _AttemptIds(WeakMethod(self._remember_attempt, None))),
-            secret_args=WeakMethod(self._secret_args, []))
-        executor.hooks = self.hooks
+            executor = given
+        else:
+            executor = WorkerTaskExecutor.from_options(
+                self.storage.flow_uuid, self.worker_options,
+                events=combine(self._publisher, self._metrics, self.atom_placement,
+                               _AttemptIds(WeakMethod(self._remember_attempt, None))),
+                secret_args=WeakMethod(self._secret_args, []))
+        if isinstance(executor, WorkerTaskExecutor):
+            executor.hooks = self.hooks  # its requests are this engine's while it runs them
         self._worker_executor = executor
         return executor
 
