@@ -1,5 +1,5 @@
 """Task classes for the worker-based examples (wbe_linear.py, wbe_fanout.py, wbe_progress.py,
-wbe_async.py, wbe_cells.py).
+wbe_async.py, wbe_cells.py, wbe_frozen_worker.py).
 
 Remote tasks live in an importable module because a worker runs only the classes it was started
 with, looks them up by their ``module.ClassName`` and builds them as ``cls(name=...)``: inputs
@@ -124,3 +124,27 @@ class CallHangingService(task.Task):
 
     async def execute(self) -> None:
         await asyncio.sleep(3600)
+
+
+# -- wbe_frozen_worker.py: a worker frozen while it runs a task ------------------------------
+
+
+class HoldOnA(task.Task):
+    """Says it started (a file named after its worker), then returns at once, except on worker
+    ``a``: there it waits for the ``release`` file, and the example freezes that worker
+    meanwhile."""
+
+    def execute(self, signal_folder: str) -> str:
+        me = os.environ.get(WORKER_NAME_ENV, "?")
+        with open(os.path.join(signal_folder, f"started-{me}"), "w"):
+            pass
+        while me == "a" and not os.path.exists(os.path.join(signal_folder, "release")):
+            time.sleep(0.05)  # a file the example writes: nothing to wait on
+        return me
+
+
+class WhereAmI(task.Task):
+    """Says which worker ran it."""
+
+    def execute(self) -> str:
+        return os.environ.get(WORKER_NAME_ENV, "?")

@@ -119,7 +119,11 @@ class Hooks:
         self._sends: tuple[Hook, ...] = ()
         self._serves: tuple[Hook, ...] = ()
         self._replies: tuple[Hook, ...] = ()
-        self.extend(hooks)
+        # Every engine copies the defaults as it is made: checked one by one, sorted once.
+        for hook in hooks:
+            _check(hook)
+            self._hooks.append(hook)
+        self._sorted()
 
     def __iter__(self) -> Iterator[Hook]:
         return iter(list(self._hooks))
@@ -132,8 +136,7 @@ class Hooks:
 
     def insert(self, index: int, hook: Hook) -> None:
         """Put ``hook`` at ``index`` (0: entered first)."""
-        if not isinstance(hook, Hook):
-            raise TypeError(f"An engine hook must be a flowengine.hooks.Hook, not {hook!r}")
+        _check(hook)
         self._hooks.insert(index, hook)
         self._sorted()
 
@@ -256,6 +259,11 @@ class Hooks:
 
 
 _NOTHING: contextlib.AbstractContextManager[object] = contextlib.nullcontext()
+
+
+def _check(hook: object) -> None:
+    if not isinstance(hook, Hook):
+        raise TypeError(f"An engine hook must be a flowengine.hooks.Hook, not {hook!r}")
 
 
 def _enter(stack: contextlib.ExitStack, hook: Hook,

@@ -105,6 +105,11 @@ EXPECTED_LINES: dict[str, list[str]] = {
         "resumed here: SUCCESS, 5 steps done",
     ],
     "wbe_autoscale.py": ["task threads at start: 1", "flow SUCCESS"],
+    "wbe_frozen_worker.py": [
+        "hold started on worker a, which was then frozen",
+        "hold ran on worker b (attempt 2): SUCCESS",
+        "4 flows started after the verdict ran on: b x4; their requests went to: cell-b x4",
+    ],
     "wbe_short_tasks.py": ["default: quiet starts off, total 20, flow SUCCESS",
                            "quiet_start=True: quiet starts on, total 20, flow SUCCESS"],
     "locks_and_limits.py": [

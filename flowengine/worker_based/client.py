@@ -109,6 +109,10 @@ class View(Protocol):
     def unheld(self, request_id: str, why: str) -> None:
         """The broker no longer holds request ``request_id`` (:data:`HELD_MISSES` looks)."""
 
+    def worker_silenced(self, identity: str) -> None:
+        """Another engine of the process found worker ``identity`` silent (see
+        :meth:`Client.silenced`): send it nothing until it is heard from again."""
+
 
 class QuietView:
     """A :class:`View` that sends no requests: it only hears worker announcements.
@@ -138,6 +142,9 @@ class QuietView:
 
     def unheld(self, request_id: str, why: str) -> None:
         """Never a suspect: nothing was sent."""
+
+    def worker_silenced(self, identity: str) -> None:
+        """Nothing is sent: nothing to hold back."""
 
 
 class Client:
@@ -345,8 +352,30 @@ class Client:
         except RuntimeError:  # shut down
             LOG.debug("Broker client for %s is closed; dropped %r", self.broker, fn)
 
+    def silenced(self, identity: str, by: View) -> None:
+        """``by`` found worker ``identity`` silent (its lease on a running attempt lapsed, or
+        it left a proof of life unanswered): the process's other engines send it nothing
+        either, and engines attached later start with it silent, until each hears from it
+        again (its next NOTIFY, asked every :data:`NOTIFY_PERIOD` seconds, or any reply).
+
+        A dead or frozen worker then costs the process one lost attempt, not one per engine
+        that still took it for alive.
+        """
+        with self._lock:
+            known = self._known.get(identity)
+            if known is not None:
+                known[1].silent = True
+            views = [view for view in self._views.values() if view is not by]
+        for view in views:
+            try:
+                view.worker_silenced(identity)
+            except Exception:  # one engine's bug must not keep the verdict from the others
+                LOG.exception("Telling %r that worker %s fell silent raised; the others are "
+                              "told", view, identity)
+
     def known_workers(self) -> list[TopicWorker]:
-        """Workers heard from within the last :data:`RECENT` seconds."""
+        """Workers heard from within the last :data:`RECENT` seconds (a silenced one as
+        such: see :meth:`silenced`)."""
         cutoff = time.monotonic() - RECENT
         with self._lock:
             for identity in [i for i, (seen, _w) in self._known.items() if seen < cutoff]:

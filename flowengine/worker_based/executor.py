@@ -371,6 +371,8 @@ class WorkerTaskExecutor(local.WorkExecutor):
             self.finder.add(worker.topic, worker.tasks, identity=worker.identity,
                             capacity=worker.capacity, flowengine=worker.flowengine,
                             protocol=worker.protocol)
+            if worker.silent:  # another engine of the process found it so (Client.silenced)
+                self.finder.silence(worker.identity)
         self._take_back_leftovers()
 
     def reserve_request_id(self, task_uuid: str) -> str | None:
@@ -578,6 +580,7 @@ class WorkerTaskExecutor(local.WorkExecutor):
             if worker is not None:
                 LOG.warning("Worker %s (topic %r) is sent nothing until it is heard from "
                             "again: %s", worker.identity, worker.topic, effect.why)
+            self._share_silence(effect.worker)
         elif isinstance(effect, lc.CheckPickup):
             self._check_pickup(sub, attempt, effect.topic, now)
 
@@ -1003,11 +1006,27 @@ class WorkerTaskExecutor(local.WorkExecutor):
             LOG.warning("Worker %s (topic %r) is sent nothing until it is heard from again: "
                         "it did not answer within %gs while a request of its topic waited "
                         "untaken", worker.identity, worker.topic, window)
+            self._share_silence(worker.identity)
             self._pass_over_held_by(worker, why, now)
         if self.finder.asking:
             self._note_due(self.finder.next_verdict(window, now))
             # An answer still unread in a backlog of replies is what a verdict waits for.
             self._verdicts_wait = True
+
+    def _share_silence(self, identity: str) -> None:
+        """Tell the process's other engines that worker ``identity`` fell silent."""
+        client = self._client
+        if client is not None:
+            client.silenced(identity, self)
+
+    def worker_silenced(self, identity: str) -> None:
+        """Another engine of this process found worker ``identity`` silent: this one sends
+        it nothing either until it hears from it again (its own attempts there keep their
+        leases, which decide them)."""
+        # Logged where it was found (a thousand engines would log it a thousand times here).
+        if self.finder.silence(identity) is not None:
+            LOG.debug("Worker %s is sent nothing until it is heard from again: another engine "
+                      "of this process found it silent", identity)
 
     def _pass_over_held_by(self, worker: TopicWorker, why: str, now: float) -> None:
         """Send the untaken requests of ``worker``'s topic to other workers: it may hold any

@@ -24,6 +24,7 @@ from flowengine.worker_based import protocol as pr
 from flowengine.worker_based.broker import dispatcher as dp
 from flowengine.worker_based.broker import proxy as px
 from flowengine.worker_based.dead_letters import DeadLetters
+from flowengine.worker_based.engine_side import lifecycle as lc
 from flowengine.worker_based.executor import PROOF_OF_LIFE, WorkerTaskExecutor
 
 WAIT = 10.0
@@ -203,6 +204,48 @@ def test_a_request_whose_only_worker_fell_silent_waits_for_it_not_failing_as_uns
         second_attempt_succeeds(worker, future, "done")
     finally:
         executor.stop()
+
+
+def test_a_worker_one_engine_found_silent_is_sent_nothing_by_the_process_other_engines(
+    exchange: str, clock: ManualClock, worker: ScriptedWorker
+) -> None:
+    # The engines of a process share one broker client, and with it the verdict: a frozen
+    # worker costs the process one lost attempt, not one per engine that still trusted it.
+    first = make_executor(exchange, clock, max_attempts=3, transition_timeout=60.0)
+    second = make_executor(exchange, clock, max_attempts=3, transition_timeout=60.0)
+    later = None
+    try:
+        assert first.client is second.client
+        future = first.execute_task(Slow(), "atom-1", {})
+        _data, message = worker.next_request()
+        worker.reply(message, pr.RUNNING)
+        first.cycles.settle()
+        clock.advance(6.0)  # no heartbeat: the first engine's lease lapses
+        first.cycles.caught_up()
+        first.on_wait()
+        for executor in (first, second):
+            silent = executor.finder.get("worker-1")
+            assert silent is not None and silent.silent
+        # An engine made after the verdict starts with it too.
+        later = make_executor(exchange, clock, max_attempts=3, transition_timeout=60.0)
+        known = later.finder.get("worker-1")
+        assert known is not None and known.silent
+        held_back = second.execute_task(Slow(), "atom-2", {})
+        second.cycles.settle()
+        assert [a.state for a in second.attempts()] == [lc.WAITING]
+        assert worker.requests.empty(), "sent to the worker another engine found silent"
+        worker.announce()  # it is back (a frozen VM resumed): every engine hears it
+        requests = [worker.next_request() for _ in range(2)]
+        assert sorted(m.headers[pr.HEADER_ATTEMPT] for _d, m in requests) == [1, 2]
+        for _data, request in requests:
+            worker.reply(request, pr.SUCCESS, result="done")
+        assert future.result(timeout=WAIT) == (EXECUTED, "done")
+        assert held_back.result(timeout=WAIT) == (EXECUTED, "done")
+        assert not second.finder.get("worker-1").silent  # type: ignore[union-attr]
+    finally:
+        for executor in (first, second, later):
+            if executor is not None:
+                executor.stop()
 
 
 def test_after_the_last_attempt_the_atom_fails_with_worker_lost_and_is_parked(

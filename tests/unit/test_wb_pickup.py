@@ -292,6 +292,8 @@ def test_a_request_a_worker_took_then_froze_holding_goes_to_another_worker_uncou
 ) -> None:  # fmt: skip
     frozen, start_lively = shared_topic
     executor = _shared_executor(exchange, clock, frozen, max_attempts=1)
+    # Another engine of the process, with nothing in flight: the verdict reaches it too.
+    bystander = _shared_executor(exchange, clock, frozen)
     try:
         future = executor.execute_task(Slow(), "atom-1", {})
         _data, held = frozen.next_request()  # taken, never started: the worker froze
@@ -299,6 +301,7 @@ def test_a_request_a_worker_took_then_froze_holding_goes_to_another_worker_uncou
         lively = start_lively()
         lively.announce()
         assert executor.wait_for_workers(2, timeout=WAIT) == 0
+        assert bystander.wait_for_workers(2, timeout=WAIT) == 0
         # Nobody took it in time, and neither was heard from within a discovery period:
         # both are asked for a proof of life.
         clock.advance(NOTIFY_PERIOD + 0.1)
@@ -320,10 +323,16 @@ def test_a_request_a_worker_took_then_froze_holding_goes_to_another_worker_uncou
         frozen_worker = executor.finder.get("frozen-1")
         assert frozen_worker is not None and frozen_worker.judged and frozen_worker.silent
         assert not executor.finder.get("lively-1").judged  # type: ignore[union-attr]
+        # The other engine sends the frozen worker nothing either (its own verdicts are its
+        # own: it asked nothing, so judged nothing).
+        seen_there = bystander.finder.get("frozen-1")
+        assert seen_there is not None and seen_there.silent and not seen_there.judged
+        assert not bystander.finder.get("lively-1").silent  # type: ignore[union-attr]
         lively.reply(message, pr.SUCCESS, result="elsewhere")
         # max_attempts=1: sending it elsewhere did not count as an attempt.
         assert future.result(timeout=WAIT) == (EXECUTED, "elsewhere")
     finally:
+        bystander.stop()
         executor.stop()
 
 
