@@ -113,6 +113,10 @@ class View(Protocol):
         """Another engine of the process found worker ``identity`` silent (see
         :meth:`Client.silenced`): send it nothing until it is heard from again."""
 
+    def worker_heard(self, identity: str) -> None:
+        """Another engine of the process heard from worker ``identity``, silent until then
+        (see :meth:`Client.heard_again`): it may be sent work again."""
+
 
 class QuietView:
     """A :class:`View` that sends no requests: it only hears worker announcements.
@@ -145,6 +149,9 @@ class QuietView:
 
     def worker_silenced(self, identity: str) -> None:
         """Nothing is sent: nothing to hold back."""
+
+    def worker_heard(self, identity: str) -> None:
+        """Nothing is sent: nothing to send again."""
 
 
 class Client:
@@ -355,8 +362,9 @@ class Client:
     def silenced(self, identity: str, by: View) -> None:
         """``by`` found worker ``identity`` silent (its lease on a running attempt lapsed, or
         it left a proof of life unanswered): the process's other engines send it nothing
-        either, and engines attached later start with it silent, until each hears from it
-        again (its next NOTIFY, asked every :data:`NOTIFY_PERIOD` seconds, or any reply).
+        either, and engines attached later start with it silent, until it is heard from again
+        (its next NOTIFY, asked every :data:`NOTIFY_PERIOD` seconds, or a reply to any engine's
+        attempt: :meth:`heard_again`).
 
         A dead or frozen worker then costs the process one lost attempt, not one per engine
         that still took it for alive.
@@ -372,6 +380,22 @@ class Client:
             except Exception:  # one engine's bug must not keep the verdict from the others
                 LOG.exception("Telling %r that worker %s fell silent raised; the others are "
                               "told", view, identity)
+
+    def heard_again(self, identity: str, by: View) -> None:
+        """``by`` heard from worker ``identity`` (a reply to one of its attempts), which it
+        took for silent: the process's other engines may send it work again too, rather than
+        each waiting for its next NOTIFY."""
+        with self._lock:
+            known = self._known.get(identity)
+            if known is not None:
+                known[1].silent = False
+            views = [view for view in self._views.values() if view is not by]
+        for view in views:
+            try:
+                view.worker_heard(identity)
+            except Exception:  # one engine's bug must not keep the news from the others
+                LOG.exception("Telling %r that worker %s was heard from again raised; the "
+                              "others are told", view, identity)
 
     def known_workers(self) -> list[TopicWorker]:
         """Workers heard from within the last :data:`RECENT` seconds (a silenced one as

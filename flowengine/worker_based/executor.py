@@ -787,7 +787,11 @@ class WorkerTaskExecutor(local.WorkExecutor):
         """Apply a RESPONSE for one of this executor's attempts (the client's consumer)."""
         correlation_id = message.correlation_id
         headers = message.headers or {}
-        self.finder.seen(header(headers, pr.HEADER_WORKER), header(headers, pr.HEADER_CAPACITY))
+        worker = header(headers, pr.HEADER_WORKER)
+        if self.finder.seen(worker, header(headers, pr.HEADER_CAPACITY)):
+            client = self._client  # it was silent: the process's other engines hear it too
+            if client is not None:
+                client.heard_again(worker, self)
         with self._lock:
             sub = self._ongoing.get(correlation_id)
         if sub is None:
@@ -1021,12 +1025,17 @@ class WorkerTaskExecutor(local.WorkExecutor):
 
     def worker_silenced(self, identity: str) -> None:
         """Another engine of this process found worker ``identity`` silent: this one sends
-        it nothing either until it hears from it again (its own attempts there keep their
-        leases, which decide them)."""
+        it nothing either until it is heard from again, by any engine of the process (its own
+        attempts there keep their leases, which decide them)."""
         # Logged where it was found (a thousand engines would log it a thousand times here).
         if self.finder.silence(identity) is not None:
             LOG.debug("Worker %s is sent nothing until it is heard from again: another engine "
                       "of this process found it silent", identity)
+
+    def worker_heard(self, identity: str) -> None:
+        """Another engine of this process heard from worker ``identity``, which it took for
+        silent: this one may send it work again too."""
+        self.finder.seen(identity)
 
     def _pass_over_held_by(self, worker: TopicWorker, why: str, now: float) -> None:
         """Send the untaken requests of ``worker``'s topic to other workers: it may hold any

@@ -177,13 +177,15 @@ class WorkerFinder:
             LOG.info("Worker %s (topic %r) went offline", identity, worker.topic)
         return worker
 
-    def seen(self, identity: str | None, capacity: int | None = None) -> None:
-        """Refresh a worker's liveness (and capacity) from any message it sent."""
+    def seen(self, identity: str | None, capacity: int | None = None) -> bool:
+        """Refresh a worker's liveness (and capacity) from any message it sent; return
+        whether it was silent until now."""
         if not identity:
-            return
+            return False
         with self._lock:
             worker = self._workers.get(identity)
-            back = worker is not None and (worker.silent or worker.passed_over)
+            silent = worker is not None and worker.silent
+            back = silent or (worker is not None and worker.passed_over)
             if worker is not None:
                 worker.last_seen = self._clock()
                 _heard_from(worker)
@@ -191,6 +193,7 @@ class WorkerFinder:
                     worker.capacity = capacity
         if back and self._on_change is not None:
             self._on_change()  # requests may wait for it
+        return silent
 
     def silence(self, identity: str) -> TopicWorker | None:
         """Send nothing more to a worker whose lease lapsed (dead, frozen or cut off) until

@@ -248,6 +248,50 @@ def test_a_worker_one_engine_found_silent_is_sent_nothing_by_the_process_other_e
                 executor.stop()
 
 
+def test_a_worker_one_engine_hears_from_again_may_be_sent_work_by_the_others(
+    exchange: str, clock: ManualClock
+) -> None:
+    # A worker that answers no discovery round: only replies to attempts tell of it.
+    quiet = ScriptedWorker(exchange, "leased", "quiet-1", answers_notify=False)
+    thread = threading.Thread(target=quiet.proxy.start, daemon=True)
+    thread.start()
+    assert quiet.proxy.wait(WAIT)
+    first = WorkerTaskExecutor(uuid.uuid4().hex, exchange, ["leased"], transport="memory",
+                               clock=clock, lease_timeout=5.0,
+                               heartbeat_interval=HEARTBEAT_INTERVAL, transition_timeout=60.0)
+    first.cycles = DrainCycles(first)  # type: ignore[attr-defined]
+    first.start()
+    second = None
+    try:
+        quiet.announce()
+        assert first.wait_for_workers(1, timeout=WAIT) == 0
+        second = make_executor(exchange, clock, transition_timeout=60.0)
+        lapsing = first.execute_task(Slow(), "atom-1", {})
+        _data, lapsed = quiet.next_request()
+        quiet.reply(lapsed, pr.RUNNING)
+        first.cycles.settle()  # type: ignore[attr-defined]
+        clock.advance(4.0)
+        running = second.execute_task(Slow(), "atom-2", {})
+        _data, kept = quiet.next_request()
+        quiet.reply(kept, pr.RUNNING)
+        second.cycles.settle()  # type: ignore[attr-defined]
+        clock.advance(2.0)  # the first engine's lease lapsed; the second's still holds
+        first.cycles.caught_up()  # type: ignore[attr-defined]
+        first.on_wait()
+        assert second.finder.get("quiet-1").silent  # type: ignore[union-attr]
+        assert [a.state for a in first.attempts()] == [lc.WAITING]
+        quiet.reply(kept, pr.SUCCESS, result="kept")  # the second engine hears from it
+        assert running.result(timeout=WAIT) == (EXECUTED, "kept")
+        # ... and so does the first: its next attempt goes there without a NOTIFY.
+        second_attempt_succeeds(quiet, lapsing, "again")
+    finally:
+        for executor in (first, second):
+            if executor is not None:
+                executor.stop()
+        quiet.proxy.stop()
+        thread.join(WAIT)
+
+
 def test_after_the_last_attempt_the_atom_fails_with_worker_lost_and_is_parked(
     exchange: str, clock: ManualClock, worker: ScriptedWorker
 ) -> None:
