@@ -369,33 +369,29 @@ class Client:
         A dead or frozen worker then costs the process one lost attempt, not one per engine
         that still took it for alive.
         """
-        with self._lock:
-            known = self._known.get(identity)
-            if known is not None:
-                known[1].silent = True
-            views = [view for view in self._views.values() if view is not by]
-        for view in views:
-            try:
-                view.worker_silenced(identity)
-            except Exception:  # one engine's bug must not keep the verdict from the others
-                LOG.exception("Telling %r that worker %s fell silent raised; the others are "
-                              "told", view, identity)
+        self._share_verdict(identity, by, silent=True)
 
     def heard_again(self, identity: str, by: View) -> None:
         """``by`` heard from worker ``identity`` (a reply to one of its attempts), which it
         took for silent: the process's other engines may send it work again too, rather than
         each waiting for its next NOTIFY."""
+        self._share_verdict(identity, by, silent=False)
+
+    def _share_verdict(self, identity: str, by: View, silent: bool) -> None:
         with self._lock:
             known = self._known.get(identity)
-            if known is not None:
-                known[1].silent = False
+            if known is not None:  # what engines attached later start with
+                known[1].silent = silent
             views = [view for view in self._views.values() if view is not by]
         for view in views:
             try:
-                view.worker_heard(identity)
-            except Exception:  # one engine's bug must not keep the news from the others
-                LOG.exception("Telling %r that worker %s was heard from again raised; the "
-                              "others are told", view, identity)
+                if silent:
+                    view.worker_silenced(identity)
+                else:
+                    view.worker_heard(identity)
+            except Exception:  # one engine's bug must not keep the verdict from the others
+                LOG.exception("Telling %r that worker %s %s raised; the others are told", view,
+                              identity, "fell silent" if silent else "was heard from again")
 
     def known_workers(self) -> list[TopicWorker]:
         """Workers heard from within the last :data:`RECENT` seconds (a silenced one as
