@@ -20,20 +20,22 @@ from __future__ import annotations
 
 import os
 import signal
-import tempfile
 import threading
 import uuid
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
 import wbe_tasks
-from worker_processes import start_worker, stop_workers, wait_until, wait_until_known
+from worker_processes import (
+    listening_executor,
+    start_worker,
+    stop_workers,
+    wait_until,
+    wait_until_known,
+)
 
 from flowengine import engines, hooks
 from flowengine.flows import linear_flow
-from flowengine.worker_based import client as broker_clients
-from flowengine.worker_based.executor import WorkerTaskExecutor
 
 EXCHANGE = f"wbe-frozen-{uuid.uuid4().hex[:6]}"
 TOPICS = ["cell-a", "cell-b"]
@@ -52,23 +54,20 @@ class SentTo(hooks.Hook):
 
 
 def main() -> None:
-    with tempfile.TemporaryDirectory(prefix="wbe-frozen-") as tmp:
-        queues, signals = Path(tmp) / "queues", Path(tmp) / "signals"
-        queues.mkdir()
+    # Listening before the workers start, so their start-up announcements are heard.
+    with listening_executor(EXCHANGE, TOPICS, "wbe-frozen-") as (listener, queues):
+        signals = queues.parent / "signals"
         signals.mkdir()
-        broker: dict[str, Any] = {
+        # Short leases, so that the example does not wait long for the verdict.
+        options: dict[str, Any] = {
             "exchange": EXCHANGE, "topics": TOPICS, "transport": "flowengine-fs",
             "transport_options": {"data_folder": str(queues)},
+            "lease_timeout": 2.0, "heartbeat_interval": 0.5,
         }  # fmt: skip
-        # Listening before the workers start, so their start-up announcements are heard.
-        listener = WorkerTaskExecutor(uuid=uuid.uuid4().hex, **broker)
-        listener.start()
         workers = []
         try:
             workers.append(start_worker("a", EXCHANGE, "cell-a", ["wbe_tasks"], queues, 2))
             wait_until_known(listener, workers)
-            # Short leases, so that the example does not wait long for the verdict.
-            options = dict(broker, lease_timeout=2.0, heartbeat_interval=0.5)
             flow = linear_flow.Flow("hold").add(wbe_tasks.HoldOnA("hold"))
             engine = engines.load(flow, engine="worker-based",
                                   store={"signal_folder": str(signals)}, **options)
@@ -102,8 +101,6 @@ def main() -> None:
                 if worker.process.poll() is None:
                     os.kill(worker.process.pid, signal.SIGCONT)
             stop_workers(workers)
-            listener.stop()
-            broker_clients.close_all()
 
 
 if __name__ == "__main__":

@@ -168,9 +168,10 @@ def worker_processes(
 
 
 @contextmanager
-def listening_executor(exchange: str, topic: str,
+def listening_executor(exchange: str, topic: str | Sequence[str],
                        prefix: str) -> Iterator[tuple[WorkerTaskExecutor, Path]]:
-    """A started executor on the ``flowengine-fs`` transport in a temporary folder.
+    """A started executor on the ``flowengine-fs`` transport in a temporary folder, asking for
+    the workers of ``topic`` (one topic, or several).
 
     It listens before any worker starts, so their start-up announcements are heard; it is
     stopped (and the folder removed) on exit.
@@ -179,7 +180,8 @@ def listening_executor(exchange: str, topic: str,
         data_folder = Path(tmp) / "queues"
         data_folder.mkdir()
         executor = WorkerTaskExecutor(
-            uuid=uuid.uuid4().hex, exchange=exchange, topics=[topic],
+            uuid=uuid.uuid4().hex, exchange=exchange,
+            topics=[topic] if isinstance(topic, str) else list(topic),
             transport=TRANSPORT, transport_options={"data_folder": str(data_folder)},
         )  # fmt: skip
         executor.start()

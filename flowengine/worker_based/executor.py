@@ -576,11 +576,15 @@ class WorkerTaskExecutor(local.WorkExecutor):
                                                  before.request_id, sub.task.name, reason,
                                                  effect.holder))
         elif isinstance(effect, lc.Silence):
+            known = self.finder.get(effect.worker)
+            # Told once: the other attempts it held lapse too, and its silence is news only once.
+            news = known is None or not known.silent
             worker = self.finder.silence(effect.worker)
             if worker is not None:
                 LOG.warning("Worker %s (topic %r) is sent nothing until it is heard from "
                             "again: %s", worker.identity, worker.topic, effect.why)
-            self._share_silence(effect.worker)
+            if news:
+                self._share_silence(effect.worker)
         elif isinstance(effect, lc.CheckPickup):
             self._check_pickup(sub, attempt, effect.topic, now)
 

@@ -127,14 +127,16 @@ class DrainCycles:
         assert self._executor.client.proxy.wait_idle_after(time.monotonic(), WAIT)
 
 
-def make_executor(exchange: str, clock: ManualClock, **options: Any) -> WorkerTaskExecutor:
+def make_executor(exchange: str, clock: ManualClock, *, known: int = 1,
+                  **options: Any) -> WorkerTaskExecutor:
+    """A started executor on ``clock``, once it knows ``known`` workers."""
     executor = WorkerTaskExecutor(
         uuid.uuid4().hex, exchange, ["leased"], transport="memory", clock=clock,
         lease_timeout=options.pop("lease_timeout", 5.0), heartbeat_interval=HEARTBEAT_INTERVAL,
         **options)
     executor.cycles = DrainCycles(executor)  # type: ignore[attr-defined]
     executor.start()
-    assert executor.wait_for_workers(1, timeout=WAIT) == 0
+    assert executor.wait_for_workers(known, timeout=WAIT) == 0
     return executor
 
 
@@ -256,11 +258,7 @@ def test_a_worker_one_engine_hears_from_again_may_be_sent_work_by_the_others(
     thread = threading.Thread(target=quiet.proxy.start, daemon=True)
     thread.start()
     assert quiet.proxy.wait(WAIT)
-    first = WorkerTaskExecutor(uuid.uuid4().hex, exchange, ["leased"], transport="memory",
-                               clock=clock, lease_timeout=5.0,
-                               heartbeat_interval=HEARTBEAT_INTERVAL, transition_timeout=60.0)
-    first.cycles = DrainCycles(first)  # type: ignore[attr-defined]
-    first.start()
+    first = make_executor(exchange, clock, known=0, transition_timeout=60.0)
     second = None
     try:
         quiet.announce()
