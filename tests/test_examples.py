@@ -231,8 +231,8 @@ EXPECTED_LINES: dict[str, list[str]] = {
     "async_and_time_limits.py": [
         "healthy hosts: 50 of 50",
         "reserve: reserved an address",
-        # The cancelled coroutine's message and the revert race each other: only the revert
-        # is checked for order.
+        # The engine waits for the cancelled coroutine's cleanup before it reverts.
+        "wait_for_boot: cancelled by its time limit",
         "reserve: released 10.0.0.7",
         "run raised TaskTimeLimitExceeded: Task 'wait_for_boot' exceeded its time limit of 0.5s",
     ],

@@ -17,6 +17,7 @@ import contextlib
 import dataclasses
 import functools
 import inspect
+import logging
 import threading
 import time
 import weakref
@@ -29,11 +30,13 @@ from flowengine import context, states
 from flowengine import exceptions as exc
 from flowengine.atom import REVERT_FLOW_FAILURES, REVERT_RESULT, Atom
 from flowengine.engines import interception
-from flowengine.engines.event_loop import EventLoopThread
+from flowengine.engines.event_loop import SHUTDOWN_GRACE, EventLoopThread
 from flowengine.engines.time_limits import Clock, Watchdog, limit_for, parse_time_limits, settle
 from flowengine.hooks import Hooks
 from flowengine.task import EVENT_UPDATE_PROGRESS, Task
 from flowengine.types.failure import Failure
+
+LOG = logging.getLogger(__name__)
 
 EXECUTED = "executed"
 REVERTED = "reverted"
@@ -497,10 +500,15 @@ class LocalTaskExecutor(WorkExecutor):
             return  # cancelled (a suspension) while it waited for a slot
         running = asyncio.current_task()
         assert running is not None
+        # Unlike a thread, a coroutine can be stopped. The watchdog fails a stand-in, and the
+        # call is cancelled; its own future settles once the coroutine has run its cleanup,
+        # so the flow's reverts never overlap it (unless it ignores the cancel: see _abandon).
+        deadline: cf.Future | None = None
         if limit is not None:
-            # Unlike a thread, a coroutine can be stopped: once the watchdog fails it, cancel it.
-            future.add_done_callback(functools.partial(_cancel_soon, loop, running))
-            self._watchdog.started(future, task.name, outcome, limit)
+            deadline = cf.Future()
+            deadline.add_done_callback(functools.partial(_cancel_soon, loop, running))
+            deadline.add_done_callback(functools.partial(_abandon, loop, future, task.name))
+            self._watchdog.started(deadline, task.name, outcome, limit)
         # A cancel of its flow interrupts it at its next await (a thread can only be told,
         # through its context's cancel_requested).
         stop_listening = (lambda: None) if ctx is None else ctx.signal.on_request(
@@ -511,8 +519,12 @@ class LocalTaskExecutor(WorkExecutor):
             value = (outcome, Failure.from_exception(_interrupted(task, ctx, err)))
         finally:
             stop_listening()
-            self._watchdog.finished(future)
-        settle(future, value, task.name)
+            if deadline is not None:
+                self._watchdog.finished(deadline)
+        if deadline is not None and deadline.done():
+            value = deadline.result()  # past its limit: whatever it ended with comes too late
+        if not future.done():  # (_abandon settles it when the coroutine ignored its cancel)
+            settle(future, value, task.name)
 
     def submit(self, work: Work) -> cf.Future:
         task, arguments, progress = work.task, work.arguments, work.progress_callback
@@ -555,14 +567,35 @@ def _coroutine_in(ctx: context.TaskContext | None,
 
 
 def _interrupted(task: Task, ctx: context.TaskContext | None,
-                 err: asyncio.CancelledError) -> BaseException:
+                 err: asyncio.CancelledError) -> Exception:
     """What an ``async def`` call cancelled at an await failed with: its flow's cancel, said
-    so, or the cancellation itself (a time limit, the loop stopping)."""
+    so, or a failure that says it was cancelled (a time limit, the loop stopping)."""
     if ctx is not None and ctx.signal.requested:
         return exc.FlowCancelled(
             f"Task {task.name!r} was interrupted at an await: its flow is being cancelled "
             f"({ctx.signal.reason})", reason=ctx.signal.reason, cause=err)
-    return err
+    # A Failure holds an Exception, which CancelledError is not: say what happened instead.
+    return exc.ExecutionFailure(
+        f"Task {task.name!r} was cancelled at an await (its time limit passed, or its "
+        f"engine's event loop stopped)", cause=err)
+
+
+def _abandon(loop: asyncio.AbstractEventLoop, future: cf.Future, task_name: str,
+             deadline: cf.Future) -> None:
+    """Settle ``future`` with its time limit's failure if its cancelled coroutine has not
+    ended within :data:`~.event_loop.SHUTDOWN_GRACE` (it ignored the cancel): the engine goes
+    on rather than hang on it."""
+
+    def give_up() -> None:
+        if not future.done():
+            LOG.warning("Task %r ignored the cancel its time limit sent for %.1f s; going on "
+                        "without it", task_name, SHUTDOWN_GRACE)
+            settle(future, deadline.result(), task_name)
+
+    try:
+        loop.call_soon_threadsafe(loop.call_later, SHUTDOWN_GRACE, give_up)
+    except RuntimeError:
+        give_up()  # the loop already closed: nothing is left to wait for
 
 
 def _cancel_soon(loop: asyncio.AbstractEventLoop, task: asyncio.Task, _done: Any) -> None:

@@ -111,6 +111,57 @@ def test_an_async_task_past_its_time_limit_is_cancelled(engine_factory: EngineFa
     assert engine.storage.get_flow_state() == states.REVERTED
 
 
+def test_a_timed_out_coroutine_finishes_its_cleanup_before_the_flow_reverts(
+        local_engine_factory: EngineFactory) -> None:
+    # A local engine awaits the cancelled coroutine (its except/finally blocks) before it
+    # reverts the steps before it: the two never overlap.
+    engine = local_engine_factory(lf.Flow("f").add(tasks.Step("a"), _SlowCleanup("slow")))
+    with pytest.raises(exc.TaskTimeLimitExceeded, match="'slow' exceeded its time limit"):
+        engine.run()
+    assert tasks.first_seq("cleaned up", "slow") < tasks.first_seq("revert", "a")
+    assert engine.storage.get_flow_state() == states.REVERTED
+
+
+class _SlowCleanup(task.Task):
+    """Takes a few awaits to clean up once its time limit cancels it."""
+
+    time_limit = 0.2
+
+    async def execute(self) -> None:
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            await asyncio.sleep(0.3)  # e.g. telling a remote service to stop
+            tasks.record("cleaned up", self.name)
+            raise
+
+
+class _IgnoresCancel(task.Task):
+    """Swallows the cancel its time limit sends and goes on waiting (a badly written task);
+    the second cancel, when its engine's event loop stops, ends it."""
+
+    time_limit = 0.2
+
+    async def execute(self) -> None:
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            tasks.record("cancelled", self.name)
+        await asyncio.sleep(60)
+
+
+def test_a_coroutine_that_ignores_its_time_limit_does_not_hang_the_engine(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ex, "SHUTDOWN_GRACE", 0.1)
+    flow = lf.Flow("f").add(tasks.Step("a"), _IgnoresCancel("stubborn"))
+    engine = engines.load(flow, engine="serial")
+    with pytest.raises(exc.TaskTimeLimitExceeded, match="'stubborn' exceeded"):
+        engine.run()
+    assert tasks.names("cancelled") == ["stubborn"]
+    assert tasks.names("revert") == ["a"]
+    assert engine.storage.get_flow_state() == states.REVERTED
+
+
 def test_an_async_call_cancelled_before_it_starts_never_runs() -> None:
     # What a suspension does to atoms that have not started: their futures are cancelled.
     executor = ex.ParallelThreadTaskExecutor(max_async_tasks=1)
