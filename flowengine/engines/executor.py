@@ -569,15 +569,16 @@ def _coroutine_in(ctx: context.TaskContext | None,
 def _interrupted(task: Task, ctx: context.TaskContext | None,
                  err: asyncio.CancelledError) -> Exception:
     """What an ``async def`` call cancelled at an await failed with: its flow's cancel, said
-    so, or a failure that says it was cancelled (a time limit, the loop stopping)."""
+    so, or its engine's event loop stopping."""
     if ctx is not None and ctx.signal.requested:
         return exc.FlowCancelled(
             f"Task {task.name!r} was interrupted at an await: its flow is being cancelled "
             f"({ctx.signal.reason})", reason=ctx.signal.reason, cause=err)
     # A Failure holds an Exception, which CancelledError is not: say what happened instead.
+    # (A time limit's cancel ends in the limit's own failure: see _await.)
     return exc.ExecutionFailure(
-        f"Task {task.name!r} was cancelled at an await (its time limit passed, or its "
-        f"engine's event loop stopped)", cause=err)
+        f"Task {task.name!r} was cancelled at an await: its engine's event loop stopped",
+        cause=err)
 
 
 def _abandon(loop: asyncio.AbstractEventLoop, future: cf.Future, task_name: str,

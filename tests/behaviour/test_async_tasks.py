@@ -192,6 +192,28 @@ def test_an_async_call_cancelled_before_it_starts_never_runs() -> None:
     assert ran == ["holds"]
 
 
+def test_a_coroutine_cancelled_as_its_loop_stops_fails_naming_the_task() -> None:
+    executor = ex.ParallelThreadTaskExecutor()
+    executor.start()
+    started = threading.Event()
+
+    class Endless(task.Task):
+        async def execute(self) -> None:
+            started.set()
+            await asyncio.sleep(60)
+
+    future = executor.execute_task(Endless("endless"), "u1", {})
+    try:
+        assert started.wait(10), "the coroutine never started"
+    finally:
+        executor.stop()  # cancels what its loop still awaits
+    outcome, failure = future.result(timeout=10)
+    assert outcome == ex.EXECUTED
+    assert failure.check(exc.ExecutionFailure), failure
+    assert "'endless' was cancelled at an await: its engine's event loop stopped" in str(
+        failure.exception)
+
+
 def test_retry_controllers_retry_async_tasks(engine_factory: EngineFactory) -> None:
     flow = lf.Flow("f", retry=retry.Times(3)).add(AsyncFlaky("flaky", provides="out"))
     engine = engine_factory.run(flow)
