@@ -6,7 +6,11 @@ transport (flowengine's, and TaskFlow's when it is installed), once to warm up, 
 with a profiler that records every module whose Python code runs from ``engine.run()`` until it
 returns, on any thread. Reported per project: ``modules`` (how many), ``engine_thread``
 (those run on the engine's own thread), ``other_threads`` (the worker's and the broker
-client's threads), and the sorted module names.
+client's threads), and the sorted module names. The same flow is then run, measured the same
+way, on the project's serial engine: ``remote_only`` counts the modules the worker-based run
+crossed and the serial one did not (``remote_names``), the request's own path without the
+engine core every engine shares (compiling, storing, the run loop). That is the figure issue
+26's "about 20 modules" and TaskFlow's "about 15" compare with; ``modules`` is the whole run's.
 
 It also counts, by reading flowengine's source, the process-global live state the design
 carries: ``registries`` (module-level names bound to a mutable container: a dict, list, set,
@@ -29,7 +33,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
 from typing import Any
@@ -83,14 +87,29 @@ def _profiled(modules: _Modules) -> Iterator[None]:
         threading.setprofile(None)  # type: ignore[arg-type]
 
 
-def _report(modules: _Modules, engine_thread: str, listed: bool) -> dict[str, Any]:
-    every = set().union(*modules.by_thread.values()) if modules.by_thread else set()
+def _crossed(modules: _Modules) -> set[str]:
+    return set().union(*modules.by_thread.values()) if modules.by_thread else set()
+
+
+def _report(modules: _Modules, local: _Modules, engine_thread: str,
+            listed: bool) -> dict[str, Any]:
+    every = _crossed(modules)
     own = modules.by_thread.get(engine_thread, set())
+    remote = every - _crossed(local)
     row: dict[str, Any] = {"modules": len(every), "engine_thread": len(own),
-                           "other_threads": len(every - own)}
+                           "other_threads": len(every - own), "remote_only": len(remote)}
     if listed:
         row["names"] = sorted(every)
+        row["remote_names"] = sorted(remote)
     return row
+
+
+def _serial_run(modules: _Modules, run: Callable[[str], None]) -> None:
+    """Run ``run`` (given a flow name) on a serial engine once warm, then once measured."""
+    with _profiled(modules):
+        run("serial-warm")
+        with modules.measuring():
+            run("serial-measured")
 
 
 def _flowengine(listed: bool) -> dict[str, Any]:
@@ -123,7 +142,10 @@ def _flowengine(listed: bool) -> dict[str, Any]:
             worker.stop(grace=5)
             runner.join(timeout=10)
             client.close_all()
-    return _report(modules, threading.current_thread().name, listed)
+    local = _Modules("flowengine")
+    _serial_run(local, lambda name: engines.load(
+        linear_flow.Flow(name).add(Noop("t")), engine="serial").run())
+    return _report(modules, local, threading.current_thread().name, listed)
 
 
 def _taskflow(listed: bool) -> dict[str, Any]:
@@ -150,7 +172,10 @@ def _taskflow(listed: bool) -> dict[str, Any]:
         finally:
             worker.stop()
             runner.join(timeout=10)
-    return _report(modules, threading.current_thread().name, listed)
+    local = _Modules("taskflow")
+    _serial_run(local, lambda name: engines.load(
+        linear_flow.Flow(name).add(TaskflowNoop("t")), engine="serial").run())
+    return _report(modules, local, threading.current_thread().name, listed)
 
 
 def _container(value: ast.expr) -> str | None:

@@ -78,6 +78,12 @@ def test_remote_path_lists_the_modules_one_request_crosses_on_both_projects() ->
         assert "error" not in row, row
         assert row["modules"] == len(row["names"]) == row["engine_thread"] + row["other_threads"]
         assert all(name.startswith(project) for name in row["names"]), row["names"]
+        # The request's own path: what the worker-based run crossed and a serial run did not.
+        assert row["remote_only"] == len(row["remote_names"]) > 0
+        assert set(row["remote_names"]) <= set(row["names"])
+        # The engine core every engine runs is not counted in it; the remote executor is.
+        assert f"{project}.storage" not in row["remote_names"]
+        assert any(name.endswith("worker_based.executor") for name in row["remote_names"])
     names = report["flowengine"]["names"]
     # The request went out and came back: the executor, the worker's server and the task ran.
     for module in ("flowengine.worker_based.executor", "flowengine.worker_based.server",
