@@ -3,8 +3,10 @@
 ``FetchPage`` is ``async def execute`` (it awaits half a second, as an HTTP call would). The
 worker (``--threads 1``) awaits all hundred on its event loop at once, so the flow takes about
 half a second, not fifty. Then ``CallHangingService`` waits on a service that never answers:
-its ``time_limit`` (1 s) cancels the coroutine on the worker, the atom fails with
-``TaskTimeLimitExceeded`` and the async revert of ``Reserve``, which ran before it, undoes it.
+its ``time_limit`` (1 s) cancels the coroutine on the worker, which hangs up on the service
+(its cleanup takes a few awaits), then the atom fails with ``TaskTimeLimitExceeded`` and the
+async revert of ``Reserve``, which ran before it, undoes it: the engine waits for the
+cleanup's end before it reverts, and the worker's output shows the two in that order.
 
 Run: python examples/wbe_async.py
 """
@@ -55,6 +57,11 @@ def main() -> None:
                 print(f"the hanging call failed: {err}")
             print(f"reserve: {engine.storage.get_atom_state('reserve')}, revert result "
                   f"{engine.storage.get_revert_result('reserve')!r}")
+            # The worker's own output, in its order: the engine waited for the cancelled
+            # call's cleanup (its reply comes after it) before it sent the revert.
+            for line in worker.log.read_text(errors="replace").splitlines():
+                if line.startswith(("call:", "reserve:")):
+                    print(f"worker: {line}")
             print(f"flow state: {engine.storage.get_flow_state()}")
             assert engine.storage.get_flow_state() == states.REVERTED
 

@@ -114,16 +114,22 @@ class Reserve(task.Task):
 
     async def revert(self, result: Any, **kwargs: Any) -> str:
         await asyncio.sleep(0)
+        print(f"reserve: released {result}", flush=True)
         return f"released {result}"
 
 
 class CallHangingService(task.Task):
-    """Waits on a service that never answers: its time limit cancels it."""
+    """Waits on a service that never answers: its time limit cancels it, and it hangs up."""
 
     time_limit = 1.0
 
     async def execute(self) -> None:
-        await asyncio.sleep(3600)
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            await asyncio.sleep(0.3)  # hanging up takes a round trip to the service
+            print("call: cancelled by its time limit; hung up", flush=True)
+            raise
 
 
 # -- wbe_frozen_worker.py: a worker frozen while it runs a task ------------------------------

@@ -105,6 +105,13 @@ EXPECTED_LINES: dict[str, list[str]] = {
         "resumed here: SUCCESS, 5 steps done",
     ],
     "wbe_autoscale.py": ["task threads at start: 1", "flow SUCCESS"],
+    "wbe_async.py": [
+        # The worker's own order: the cancelled call's cleanup ends before the revert starts.
+        "reserve: REVERTED, revert result 'released slot-7'",
+        "worker: call: cancelled by its time limit; hung up",
+        "worker: reserve: released slot-7",
+        "flow state: REVERTED",
+    ],
     "wbe_frozen_worker.py": [
         "hold started on worker a, which was then frozen",
         "hold ran on worker b (attempt 2): SUCCESS",

@@ -465,7 +465,8 @@ class WorkerTaskExecutor(local.WorkExecutor):
         # The first attempt's id was stored with the atom's state (reserve_request_id).
         request_id = self._reserved.pop(task_uuid, None) or uuid_mod.uuid4().hex
         attempt = lc.first(request_id, task.name, body.action, self._policy, self._clock(),
-                           time_limit=self._time_limit(task), not_before=not_before)
+                           time_limit=self._time_limit(task), not_before=not_before,
+                           awaited=body.action in local.async_methods(task))
         sub = _Submission(task, task_uuid, body, future, attempt,
                           context=context.active(),  # made current by the engine around this
                           on_delayed_job=on_delayed_job)

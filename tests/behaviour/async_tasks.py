@@ -181,3 +181,17 @@ class AsyncContextProbe(AsyncStep):
         await asyncio.sleep(0)
         tasks.record("execute", self.name, context=tasks.context_record())
         return self.name
+
+
+class SlowCleanup(task.Task):
+    """Hangs; once its time limit cancels it, takes a few awaits to clean up."""
+
+    time_limit = 0.2
+
+    async def execute(self) -> None:
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            await asyncio.sleep(0.3)  # e.g. telling a remote service to stop
+            tasks.record("cleaned up", self.name)
+            raise

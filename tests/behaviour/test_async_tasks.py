@@ -28,6 +28,7 @@ from .async_tasks import (
     AsyncFlaky,
     AsyncProgress,
     AsyncStep,
+    SlowCleanup,
     gates,
     wait_for_entry,
 )
@@ -111,26 +112,13 @@ def test_an_async_task_past_its_time_limit_is_cancelled(engine_factory: EngineFa
     assert engine.storage.get_flow_state() == states.REVERTED
 
 
-class _SlowCleanup(task.Task):
-    """Takes a few awaits to clean up once its time limit cancels it."""
-
-    time_limit = 0.2
-
-    async def execute(self) -> None:
-        try:
-            await asyncio.sleep(60)
-        except asyncio.CancelledError:
-            await asyncio.sleep(0.3)  # e.g. telling a remote service to stop
-            tasks.record("cleaned up", self.name)
-            raise
-
-
 def test_a_timed_out_coroutine_finishes_its_cleanup_before_the_flow_reverts(
-        local_engine_factory: EngineFactory) -> None:
-    # A local engine awaits the cancelled coroutine (its except/finally blocks) before it
-    # reverts the steps before it: the two never overlap.
-    engine = local_engine_factory(lf.Flow("f").add(tasks.Step("a"), _SlowCleanup("slow")))
-    with pytest.raises(exc.TaskTimeLimitExceeded, match="'slow' exceeded its time limit"):
+        engine_factory: EngineFactory) -> None:
+    # The engine waits for the cancelled coroutine (its except/finally blocks) before it
+    # reverts the steps before it, the two never overlap: a local engine awaits it, a worker
+    # replies once it has run (lifecycle.CLEANUP_GRACE).
+    engine = engine_factory(lf.Flow("f").add(tasks.Step("a"), SlowCleanup("slow")))
+    with engine_factory.raises(exc.TaskTimeLimitExceeded, match="'slow' exceeded its time limit"):
         engine.run()
     assert tasks.first_seq("cleaned up", "slow") < tasks.first_seq("revert", "a")
     assert engine.storage.get_flow_state() == states.REVERTED

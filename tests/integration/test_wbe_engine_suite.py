@@ -61,9 +61,6 @@ EXCLUDED = {
     "test_a_revert_past_its_time_limit_is_a_revert_failure": _LOCAL_WATCHDOG,
     "test_the_engine_option_overrides_the_class_limit": _LOCAL_WATCHDOG,
     "test_a_call_past_its_time_limit_fails_the_atom_and_reverts": _LOCAL_WATCHDOG,
-    "test_a_timed_out_coroutine_finishes_its_cleanup_before_the_flow_reverts":
-        "the engine's own clock may fail a remote attempt before the worker's reply, which "
-        "comes after the coroutine's cleanup (tests/unit/test_wb_async_worker.py)",
     "test_a_backend_that_stays_down_is_not_written_again_until_the_engine_runs_again":
         _LOCAL_BACKEND_FAULTS,
     "test_a_failure_that_cannot_be_stored_halts_and_a_resume_reverts": _LOCAL_BACKEND_FAULTS,

@@ -60,6 +60,17 @@ class Waits(task.Task):
         return self.name
 
 
+class Swallows(task.Task):
+    """Catches the cancel its time limit sends and returns a result anyway."""
+
+    async def execute(self) -> str:
+        try:
+            await asyncio.sleep(WAIT)
+        except asyncio.CancelledError:
+            CANCELLED.append(self.name)
+        return "late"
+
+
 class Reports(task.Task):
     async def execute(self) -> str:
         for value in (0.25, 0.5):
@@ -87,7 +98,8 @@ def async_worker(exchange: str, transport: dict[str, Any]) -> Iterator[wk.Worker
     RUNS.clear()
     OPEN.clear()
     STARTED.clear()
-    worker, thread = start_worker(exchange, transport, [Waits, Reports, Plain], threads_count=1)
+    worker, thread = start_worker(exchange, transport, [Waits, Swallows, Reports, Plain],
+                                  threads_count=1)
     yield worker
     OPEN.set()
     worker.stop(grace=WAIT)
@@ -184,6 +196,17 @@ def test_an_async_task_past_its_time_limit_is_cancelled_and_fails(
     assert failure["exc_type_names"][0].endswith(".TaskTimeLimitExceeded"), failure
     assert "'slow' exceeded its time limit of 0.1" in failure["exception_str"]
     assert CANCELLED == ["slow"]
+
+
+def test_what_a_coroutine_returns_after_its_time_limit_is_not_its_outcome(
+        async_worker: wk.Worker, requester: Requester) -> None:
+    # It caught the cancel and returned: the limit's failure stands, as on a local engine.
+    request = requester.send(Swallows(name="stubborn"), headers={pr.HEADER_TIME_LIMIT: 0.1})
+    last = requester.outcome(request)[-1]
+    assert last["state"] == pr.FAILURE, last
+    failure = last["data"]["result"]
+    assert failure["exc_type_names"][0].endswith(".TaskTimeLimitExceeded"), failure
+    assert CANCELLED == ["stubborn"]
 
 
 def test_heartbeats_and_progress_flow_while_a_coroutine_runs(

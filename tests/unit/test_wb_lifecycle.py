@@ -8,6 +8,7 @@ time limits, an outage of the engine's own, and replies that come too late to ma
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -212,6 +213,46 @@ def test_the_time_limit_fails_a_running_attempt() -> None:
     assert ended.ending == lc.TIMED_OUT
     [fail] = effects
     assert isinstance(fail, lc.Fail) and isinstance(fail.error, exc.TaskTimeLimitExceeded)
+
+
+def test_an_awaited_call_on_a_flowengine_worker_gets_its_cleanup_grace_past_the_limit() -> None:
+    # Its worker cancels the coroutine at the limit and replies after its cleanup: the engine
+    # waits for that reply (its failure is the outcome) before it reverts anything.
+    clock = ManualClock()
+    attempt, _ = lc.step(sent(clock, time_limit=3.0, awaited=True), lc.Started("w1", True),
+                         clock.now)
+    assert lc.due(attempt, clock.now) == clock.now + 3.0 + lc.CLEANUP_GRACE
+    clock.advance(3.5)
+    assert lc.step(attempt, lc.Tick(), clock.now) == (attempt, [])
+    failure = Failure.from_exception(exc.TaskTimeLimitExceeded("resize", 3.0, elapsed=3.0))
+    ended, effects = lc.step(attempt, lc.Finished(lc.FAILURE, failure), clock.now)
+    assert (ended.state, ended.ending) == (lc.FAILURE, lc.FINISHED)
+    assert effects == [lc.Complete(failure)]
+    # A worker that never replies: the engine's own verdict once the grace is over.
+    clock.advance(lc.CLEANUP_GRACE)
+    ended, effects = lc.step(attempt, lc.Tick(), clock.now)
+    assert ended.ending == lc.TIMED_OUT
+    [fail] = effects
+    assert isinstance(fail, lc.Fail) and isinstance(fail.error, exc.TaskTimeLimitExceeded)
+    assert "time limit of 3s (ran 5.500s)" in str(fail.error)
+
+
+@pytest.mark.parametrize(("awaited", "flowengine"), [(False, True), (True, False)])
+def test_a_thread_call_or_a_taskflow_worker_gets_no_grace(awaited: bool,
+                                                         flowengine: bool) -> None:
+    # A thread cannot be stopped, and a TaskFlow worker knows no limits: nothing to wait for.
+    clock = ManualClock()
+    attempt, _ = lc.step(sent(clock, flowengine=flowengine, time_limit=3.0, awaited=awaited),
+                         lc.Started("w1", flowengine), clock.now)
+    assert lc.due(attempt, clock.now) == clock.now + 3.0
+    clock.advance(3.5)
+    assert lc.step(attempt, lc.Tick(), clock.now)[0].ending == lc.TIMED_OUT
+
+
+def test_the_next_attempt_is_awaited_as_its_predecessor_was() -> None:
+    clock = ManualClock()
+    ended, _ = lc.step(running(clock), lc.Lost("its worker w1 expired"), clock.now)
+    assert lc.follow(dataclasses.replace(ended, awaited=True), "req-2", clock.now).awaited
 
 
 def test_a_lost_attempt_is_sent_again_until_max_attempts_then_parked_and_failed() -> None:

@@ -57,6 +57,13 @@ MAX_OTHER_VERSION = 200
 #: Hand-backs by workers that do not run the class, and attempts sent elsewhere because nobody
 #: took them, before the engine stops sending a task again that way.
 MAX_NOT_SERVED = 20
+#: Seconds past its time limit an engine waits for the outcome of an awaited call (``async
+#: def``) on a flowengine worker. That worker cancels the coroutine at the limit and replies
+#: once its cleanup (``except asyncio.CancelledError``, ``finally``) has run, so the flow's
+#: reverts never overlap it: one second, the grace a local engine gives a cancelled coroutine,
+#: and one for the reply to arrive. A thread's call cannot be stopped, so its verdict is at the
+#: limit itself, as it is on a TaskFlow worker, which knows no limits.
+CLEANUP_GRACE = 2.0
 
 # Why an attempt ended (its ``ending``).
 FINISHED = "finished"  # its outcome arrived
@@ -132,6 +139,7 @@ class Attempt:
         ending: Why it ended (None while it has not).
         tally: The submission's counts, this attempt's included.
         time_limit: Seconds it may be RUNNING (None: no limit).
+        awaited: Its call is a coroutine its worker awaits (see :data:`CLEANUP_GRACE`).
         not_before: No worker may take it before (a delay; None: none).
         topic: Where it was sent.
         worker: Who holds it: the worker it was sent to, or the one that said it runs it.
@@ -157,6 +165,7 @@ class Attempt:
     ending: str | None = None
     tally: Tally = Tally()
     time_limit: float | None = None
+    awaited: bool = False
     not_before: float | None = None
     topic: str = ""
     worker: str | None = None
@@ -181,6 +190,14 @@ class Attempt:
         return self.state in (WAITING, PENDING)
 
     @property
+    def limit_ends(self) -> float | None:
+        """When the engine fails it for running past its time limit (None: never)."""
+        if not self.time_limit or self.started is None:
+            return None
+        grace = CLEANUP_GRACE if self.awaited and self.flowengine_peer else 0.0
+        return self.started + self.time_limit + grace
+
+    @property
     def counted(self) -> int:
         """How many of the submission's attempts so far count against ``max_attempts``."""
         return self.tally.counted(self.number)
@@ -191,12 +208,13 @@ class Attempt:
 
 
 def first(request_id: str, task_name: str, action: str, policy: Policy, now: float,
-          time_limit: float | None = None, not_before: float | None = None) -> Attempt:
+          time_limit: float | None = None, not_before: float | None = None,
+          awaited: bool = False) -> Attempt:
     """A submission's first attempt, WAITING (its timeouts count from ``not_before`` when that
     is later than ``now``)."""
     created = now if not_before is None else max(now, not_before)
     return Attempt(request_id, task_name, action, 1, policy, created, time_limit=time_limit,
-                   not_before=not_before)
+                   awaited=awaited, not_before=not_before)
 
 
 def follow(ended: Attempt, request_id: str, now: float) -> Attempt:
@@ -206,8 +224,8 @@ def follow(ended: Attempt, request_id: str, now: float) -> Attempt:
         else None
     return Attempt(request_id, ended.task_name, ended.action, ended.number + 1, ended.policy,
                    now if not_before is None else not_before, tally=ended.tally,
-                   time_limit=ended.time_limit, not_before=not_before,
-                   stopping=ended.stopping)
+                   time_limit=ended.time_limit, awaited=ended.awaited,
+                   not_before=not_before, stopping=ended.stopping)
 
 
 # -- events: what happens to an attempt ----------------------------------------------------
@@ -510,9 +528,8 @@ def due(attempt: Attempt, now: float) -> float:
         return expiry
     if attempt.state != RUNNING:
         return math.inf
-    when = math.inf
-    if attempt.time_limit and attempt.started is not None:
-        when = attempt.started + attempt.time_limit
+    limit_ends = attempt.limit_ends
+    when = math.inf if limit_ends is None else limit_ends
     if attempt.lease_until is not None:
         when = min(when, _verdict_due(attempt.lease_until, attempt.policy.lease_timeout, now))
     return when
@@ -722,10 +739,10 @@ def _tick(attempt: Attempt, event: Tick, now: float) -> Step:
         return attempt, []
     if attempt.state != RUNNING:
         return attempt, []
-    if attempt.time_limit and attempt.started is not None \
-            and now - attempt.started > attempt.time_limit:
+    limit_ends = attempt.limit_ends
+    if limit_ends is not None and attempt.started is not None and now > limit_ends:
         return _end(attempt, TIMED_OUT), [Fail(exc.TaskTimeLimitExceeded(
-            attempt.task_name, attempt.time_limit, elapsed=now - attempt.started))]
+            attempt.task_name, attempt.time_limit or 0.0, elapsed=now - attempt.started))]
     if (attempt.lease_until is not None and now > attempt.lease_until
             and _silent(attempt.lease_until, policy.lease_timeout, event, now)):
         why = attempt.suspect or "its lease lapsed (no heartbeat)"

@@ -219,9 +219,15 @@ class AsyncRunner:
                 job.started = True
                 started = time.monotonic()
                 try:
-                    async with asyncio.timeout(job.limit):
+                    async with asyncio.timeout(job.limit) as limit:
                         outcome = await job.call()
+                    late = limit.expired()
                 except TimeoutError:
+                    late = True
+                if late:
+                    # Past its limit, even when the coroutine caught the cancel and returned
+                    # (or failed in its cleanup): the limit's failure stands, as on a local
+                    # engine, and nothing it returned late is sent.
                     error = exc.TaskTimeLimitExceeded(job.name, job.limit or 0.0,
                                                       elapsed=time.monotonic() - started)
                     LOG.warning("%s; its coroutine was cancelled", error)
