@@ -464,9 +464,10 @@ class WorkerTaskExecutor(local.WorkExecutor):
                 lambda _f: notifier.deregister(EVENT_UPDATE_PROGRESS, progress_callback))
         # The first attempt's id was stored with the atom's state (reserve_request_id).
         request_id = self._reserved.pop(task_uuid, None) or uuid_mod.uuid4().hex
+        limit = self._time_limit(task)
         attempt = lc.first(request_id, task.name, body.action, self._policy, self._clock(),
-                           time_limit=self._time_limit(task), not_before=not_before,
-                           awaited=body.action in local.async_methods(task))
+                           time_limit=limit, not_before=not_before,
+                           awaited=limit is not None and body.action in local.async_methods(task))
         sub = _Submission(task, task_uuid, body, future, attempt,
                           context=context.active(),  # made current by the engine around this
                           on_delayed_job=on_delayed_job)

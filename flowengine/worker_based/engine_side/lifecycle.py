@@ -139,7 +139,8 @@ class Attempt:
         ending: Why it ended (None while it has not).
         tally: The submission's counts, this attempt's included.
         time_limit: Seconds it may be RUNNING (None: no limit).
-        awaited: Its call is a coroutine its worker awaits (see :data:`CLEANUP_GRACE`).
+        awaited: Its call is a coroutine its worker awaits, which only its time limit reads
+            (see :data:`CLEANUP_GRACE`).
         not_before: No worker may take it before (a delay; None: none).
         topic: Where it was sent.
         worker: Who holds it: the worker it was sent to, or the one that said it runs it.
