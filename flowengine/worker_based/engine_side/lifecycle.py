@@ -31,6 +31,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeAlias
 
 from flowengine import exceptions as exc
+from flowengine.engines.event_loop import SHUTDOWN_GRACE
 from flowengine.types.failure import Failure
 from flowengine.worker_based.wire.request_machine import (
     FAILURE,
@@ -60,10 +61,10 @@ MAX_NOT_SERVED = 20
 #: Seconds past its time limit an engine waits for the outcome of an awaited call (``async
 #: def``) on a flowengine worker. That worker cancels the coroutine at the limit and replies
 #: once its cleanup (``except asyncio.CancelledError``, ``finally``) has run, so the flow's
-#: reverts never overlap it: one second, the grace a local engine gives a cancelled coroutine,
-#: and one for the reply to arrive. A thread's call cannot be stopped, so its verdict is at the
-#: limit itself, as it is on a TaskFlow worker, which knows no limits.
-CLEANUP_GRACE = 2.0
+#: reverts never overlap it: the grace a local engine gives a cancelled coroutine, and one
+#: second more for the reply to arrive. A thread's call cannot be stopped, so its verdict is at
+#: the limit itself, as it is on a TaskFlow worker, which knows no limits.
+CLEANUP_GRACE = SHUTDOWN_GRACE + 1.0
 
 # Why an attempt ended (its ``ending``).
 FINISHED = "finished"  # its outcome arrived
